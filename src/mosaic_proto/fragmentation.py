@@ -1,0 +1,147 @@
+"""The coordinate-to-fragment map C: [0, d) -> [0, K), identical on every node of a run."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from .rng import Purpose, keyed_rng
+
+
+class Strategy(StrEnum):
+    RANDOM = "random"
+    CONTIGUOUS = "contiguous"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The model's flat vector: ordered tensor names and shapes (float tensors only)."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.shapes):
+            raise ValueError("layout needs one shape per name")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("layout tensor names must be unique")
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            if any(int(s) < 0 for s in shape):
+                raise ValueError(f"tensor {name!r} has a negative dimension: {shape}")
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, Sequence[int]]]) -> Layout:
+        return cls(tuple(n for n, _ in pairs), tuple(tuple(int(s) for s in shape) for _, shape in pairs))
+
+    @classmethod
+    def flat(cls, d: int, name: str = "x") -> Layout:
+        return cls((name,), ((int(d),),))
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        return tuple(int(o) for o in np.concatenate([[0], np.cumsum(self.sizes)]))
+
+    @property
+    def dim(self) -> int:
+        return sum(self.sizes)
+
+    def to_json(self) -> list[list]:
+        return [[n, list(s)] for n, s in zip(self.names, self.shapes, strict=True)]
+
+    @classmethod
+    def from_json(cls, data: list) -> Layout:
+        return cls.from_pairs([(str(n), tuple(int(x) for x in s)) for n, s in data])
+
+    def digest(self) -> bytes:
+        return hashlib.sha256(repr(self.to_json()).encode()).digest()
+
+
+def _deal(n: int, k: int) -> np.ndarray:
+    """Part index of each of n positions dealt into k near-equal contiguous parts (sizes differ by <= 1)."""
+    return (np.arange(n, dtype=np.int64) * k // max(n, 1)).astype(np.int32) if n else np.zeros(0, np.int32)
+
+
+@dataclass(frozen=True, eq=False)
+class Fragmentation:
+    """C for one run. Derived from (layout, K, seed, strategy); only its fingerprint is ever sent."""
+
+    layout: Layout
+    k: int
+    seed: int
+    strategy: Strategy
+    assignment: np.ndarray = field(repr=False)
+    indices: tuple[np.ndarray, ...] = field(repr=False)
+    fingerprint: bytes
+
+    @classmethod
+    def build(cls, layout: Layout, k: int, seed: int, strategy: Strategy | str = Strategy.RANDOM) -> Fragmentation:
+        strategy = Strategy(strategy)
+        d = layout.dim
+        if k < 1:
+            raise ValueError(f"K (fragments) must be >= 1, got {k}")
+        if d > 0 and k > d:
+            raise ValueError(f"K={k} fragments is more than the model's {d} coordinates")
+        if strategy is Strategy.CONTIGUOUS:
+            assignment = _deal(d, k)
+        else:
+            assignment = np.empty(d, dtype=np.int32)
+            for t, (lo, size) in enumerate(zip(layout.offsets[:-1], layout.sizes, strict=True)):
+                perm = keyed_rng(seed, Purpose.FRAGMENTATION, node=t).permutation(size)
+                assignment[lo + perm] = _deal(size, k)
+        order = np.argsort(assignment, kind="stable")
+        counts = np.bincount(assignment, minlength=k)
+        indices = tuple(np.split(order.astype(np.int64), np.cumsum(counts)[:-1]))
+        for ix in indices:
+            ix.flags.writeable = False
+        assignment.flags.writeable = False
+        h = hashlib.sha256()
+        h.update(f"mosaic-fragmentation/v1 k={k} d={d} strategy={strategy.value}".encode())
+        h.update(layout.digest())
+        h.update(assignment.astype("<i4").tobytes())
+        return cls(layout, k, seed, strategy, assignment, indices, h.digest()[:8])
+
+    @property
+    def dim(self) -> int:
+        return self.layout.dim
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(ix) for ix in self.indices)
+
+    def split(self, vector: np.ndarray) -> list[np.ndarray]:
+        """The K fragments of a flat vector, each a new contiguous array."""
+        self._check(vector)
+        return [vector[ix] for ix in self.indices]
+
+    def take(self, vector: np.ndarray, fragment: int) -> np.ndarray:
+        self._check(vector)
+        return vector[self.indices[fragment]]
+
+    def put(self, vector: np.ndarray, fragment: int, values: np.ndarray) -> None:
+        """Write one fragment's values back into a flat vector, in place."""
+        self._check(vector)
+        ix = self.indices[fragment]
+        if values.shape != ix.shape:
+            raise ValueError(f"fragment {fragment} has {len(ix)} values, got {values.shape}")
+        vector[ix] = values
+
+    def merge(self, fragments: Sequence[np.ndarray], dtype: np.dtype | type = np.float32) -> np.ndarray:
+        """The flat vector whose fragments are the given ones (inverse of split)."""
+        if len(fragments) != self.k:
+            raise ValueError(f"expected {self.k} fragments, got {len(fragments)}")
+        out = np.empty(self.dim, dtype=dtype)
+        for f, values in enumerate(fragments):
+            self.put(out, f, values)
+        return out
+
+    def _check(self, vector: np.ndarray) -> None:
+        if vector.ndim != 1 or vector.shape[0] != self.dim:
+            raise ValueError(f"expected a flat vector of {self.dim} values, got shape {vector.shape}")

@@ -1,0 +1,34 @@
+"""Every random choice of a run comes from a generator keyed by (seed, purpose, round, node, fragment).
+
+Keying (instead of drawing from one shared stream) is what makes a run reproducible whether the nodes
+live in one process or on many hosts: nobody has to replay anybody else's draws.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+NONE = -1
+
+
+class Purpose(IntEnum):
+    """Separates the streams of different uses of the same (round, node, fragment) key."""
+
+    FRAGMENTATION = 1
+    SAMPLING = 2
+    GRAPH = 3
+    INIT = 4
+    TRAIN = 5
+    DATA = 6
+
+
+def keyed_rng(seed: int, purpose: Purpose, round: int = NONE, node: int = NONE, fragment: int = NONE) -> np.random.Generator:
+    """A fresh PCG64 generator for one key; NONE (-1) marks a key part that does not apply."""
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    key = [int(seed), int(purpose), int(round) + 1, int(node) + 1, int(fragment) + 1]
+    if min(key) < 0:
+        raise ValueError(f"key parts must be >= -1, got round={round} node={node} fragment={fragment}")
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))

@@ -1,0 +1,167 @@
+"""`RoundState`: one node's view of one gossip round, with no I/O.
+
+The daemon (or the in-memory network) feeds it bytes and gets bytes and decisions back:
+
+    state = RoundState(node=3, round=t, members=[...], fragmentation=C, sampler=S, run_id="r")
+    state.receive(data)                 # any time during the round: accept, buffer (later round) or WireError
+    for msg in state.outgoing(x_half):  # after local training: one message per receiving peer
+        send(msg.peer, msg.payload)
+    outcome = state.finish()            # after the barrier: new vector, report, and the buffered messages
+    next_state = RoundState(..., round=t + 1, early=outcome.early)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from .aggregation import aggregate
+from .fragmentation import Fragmentation
+from .sampling import PeerSampler
+from .wire import DEFAULT_MAX_BYTES, FragmentBatch, Reason, WireError, decode, encode
+
+DEFAULT_WINDOW = 2
+
+
+class Receipt(StrEnum):
+    ACCEPTED = "accepted"
+    BUFFERED = "buffered"
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    peer: int
+    fragments: tuple[int, ...]
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class EarlyMessage:
+    """A message for a later round, kept until that round's state exists."""
+
+    batch: FragmentBatch
+    nbytes: int
+
+
+@dataclass
+class RoundReport:
+    round: int
+    messages_out: int = 0
+    fragments_out: int = 0
+    bytes_out: int = 0
+    messages_in: int = 0
+    fragments_in: int = 0
+    bytes_in: int = 0
+    refused: Counter = field(default_factory=Counter)
+    fragments_unsent: int = 0
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "refused"}
+        d["refused"] = dict(self.refused)
+        return d
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    vector: np.ndarray
+    report: RoundReport
+    early: tuple[EarlyMessage, ...]
+
+
+class RoundState:
+    def __init__(self, *, node: int, round: int, members: Sequence[int], fragmentation: Fragmentation,
+                 sampler: PeerSampler, run_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
+                 window: int = DEFAULT_WINDOW, early: Iterable[EarlyMessage] = ()) -> None:
+        self.node, self.round, self.run_id = node, round, run_id
+        self.members = tuple(sorted(set(members)))
+        if node not in self.members:
+            raise ValueError(f"node {node} is not among the members {self.members}")
+        self.fragmentation, self.sampler = fragmentation, sampler
+        self.max_bytes, self.window = max_bytes, window
+        self.report = RoundReport(round)
+        self._received: dict[int, dict[int, np.ndarray]] = {}
+        self._early: dict[tuple[int, int], EarlyMessage] = {}
+        self._local: np.ndarray | None = None
+        self._finished = False
+        for message in early:
+            try:
+                self._accept(message.batch, message.nbytes)
+            except WireError as exc:
+                self.report.refused[exc.reason.value] += 1
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def receive(self, data: bytes | bytearray | memoryview) -> Receipt:
+        """Take one message. Raises WireError, leaving the state as it was, when the message is refused."""
+        try:
+            batch = decode(data, self.fragmentation, run_id=self.run_id, max_bytes=self.max_bytes)
+            return self._accept(batch, len(data))
+        except WireError as exc:
+            self.report.refused[exc.reason.value] += 1
+            raise
+
+    def _accept(self, batch: FragmentBatch, nbytes: int) -> Receipt:
+        if batch.sender not in self.members or batch.sender == self.node:
+            raise WireError(Reason.UNKNOWN_SENDER, f"sender {batch.sender} is not a member of round {self.round}")
+        if batch.round < self.round or (batch.round == self.round and self._finished):
+            raise WireError(Reason.STALE_ROUND, f"round {batch.round} is already aggregated (now {self.round})")
+        if batch.round > self.round + self.window:
+            raise WireError(Reason.FUTURE_ROUND, f"round {batch.round} is more than {self.window} ahead of {self.round}")
+        if batch.round > self.round:
+            key = (batch.round, batch.sender)
+            if key in self._early:
+                raise WireError(Reason.DUPLICATE_FRAGMENT, f"sender {batch.sender} already sent round {batch.round}")
+            self._early[key] = EarlyMessage(batch, nbytes)
+            return Receipt.BUFFERED
+        have = self._received.get(batch.sender, {})
+        dup = sorted(set(have) & set(batch.fragments))
+        if dup:
+            raise WireError(Reason.DUPLICATE_FRAGMENT, f"sender {batch.sender} already sent fragments {dup}")
+        self._received.setdefault(batch.sender, {}).update(batch.fragments)
+        self.report.messages_in += 1
+        self.report.fragments_in += len(batch.fragments)
+        self.report.bytes_in += nbytes
+        return Receipt.ACCEPTED
+
+    def plan(self) -> dict[int, list[int]]:
+        """peer -> the fragments this node sends it this round."""
+        return self.sampler.plan(self.round, self.node, self.fragmentation.k, self.members)
+
+    def outgoing(self, local: np.ndarray) -> list[OutgoingMessage]:
+        """Record the locally trained vector and encode this round's messages, one per receiving peer."""
+        local = np.ascontiguousarray(local, dtype=np.float32)
+        fragments = self.fragmentation.split(local)
+        self._local = local
+        messages = []
+        for peer, frags in self.plan().items():
+            batch = FragmentBatch(self.run_id, self.round, self.node, self.fragmentation.k,
+                                  self.fragmentation.fingerprint, {f: fragments[f] for f in frags})
+            messages.append(OutgoingMessage(peer, tuple(frags), encode(batch)))
+        self.report.messages_out = len(messages)
+        self.report.fragments_out = sum(len(m.fragments) for m in messages)
+        self.report.bytes_out = sum(len(m.payload) for m in messages)
+        return messages
+
+    def mark_unsent(self, message: OutgoingMessage) -> None:
+        """The transport gave up on a message: keep the report honest."""
+        self.report.messages_out -= 1
+        self.report.fragments_out -= len(message.fragments)
+        self.report.bytes_out -= len(message.payload)
+        self.report.fragments_unsent += len(message.fragments)
+
+    def finish(self) -> RoundOutcome:
+        """Aggregate what arrived (call after the barrier) and hand on messages for later rounds."""
+        if self._local is None:
+            raise RuntimeError("finish() before outgoing(): the round has no local vector")
+        if self._finished:
+            raise RuntimeError(f"round {self.round} is already finished")
+        self._finished = True
+        vector = aggregate(self._local, self.fragmentation, self._received)
+        early = tuple(m for _, m in sorted(self._early.items()))
+        return RoundOutcome(vector, self.report, early)
