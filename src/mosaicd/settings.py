@@ -1,0 +1,147 @@
+"""One settings model for every entry point: CLI flags > MOSAIC_* environment > TOML file > defaults."""
+
+from __future__ import annotations
+
+import tomllib
+from contextvars import ContextVar
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from mosaic_proto import SamplerKind, Strategy
+from mosaic_proto.quadratic import Curvature
+
+
+class TaskName(StrEnum):
+    QUADRATIC = "quadratic"
+    DIGITS = "digits"
+    CIFAR10 = "cifar10"
+    CIFAR100 = "cifar100"
+    MOVIELENS = "movielens"
+    SHAKESPEARE = "shakespeare"
+
+
+class Partition(StrEnum):
+    IID = "iid"
+    DIRICHLET = "dirichlet"
+    SHARDS = "shards"
+    NATURAL = "natural"
+
+
+class SettingsError(ValueError):
+    """A settings problem, worded for the person who typed the flag."""
+
+
+_toml_path: ContextVar[Path | None] = ContextVar("mosaic_toml_path", default=None)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = _toml_path.get()
+        if path is None:
+            return {}
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        return {k.replace("-", "_"): v for k, v in data.get("mosaic", data).items() if not isinstance(v, dict)}
+
+
+class Settings(BaseSettings):
+    """Every knob of a run, a node, the barrier and the tooling. Field names are the CLI flags."""
+
+    model_config = SettingsConfigDict(env_prefix="MOSAIC_", extra="forbid", validate_default=True)
+
+    # the run (identical on every node; the barrier hands its own to registering nodes)
+    run_id: str = Field("mosaic", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                        description="name of the run; messages of another run are refused")
+    task: TaskName = Field(TaskName.QUADRATIC, description="workload")
+    nodes: int = Field(8, ge=1, le=10_000, description="number of nodes n")
+    rounds: int = Field(20, ge=1, description="rounds T")
+    fragments: int = Field(4, ge=1, description="fragments K (1 = Epidemic Learning)")
+    fanout: int = Field(2, ge=1, description="receivers s per fragment (degree of the graph)")
+    sampler: SamplerKind = Field(SamplerKind.LOCAL, description="local (EL-Local), oracle (EL-Oracle), static (D-PSGD)")
+    strategy: Strategy = Field(Strategy.RANDOM, description="fragmentation: random (layer-stratified) or contiguous")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="run seed")
+    out: Path = Field(Path("runs/latest"), description="output directory")
+    # learning
+    train: bool = Field(True, description="run local training (off: protocol-only rounds)")
+    local_steps: int = Field(1, ge=0, description="local SGD steps H per round")
+    lr: float = Field(0.05, gt=0, description="learning rate eta")
+    batch_size: int = Field(32, ge=1, description="mini-batch size B")
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    eval_every: int = Field(1, ge=0, description="evaluate every E rounds (0: only at the end)")
+    partition: Partition = Field(Partition.IID, description="data partition across nodes")
+    alpha: float = Field(1.0, gt=0, description="Dirichlet concentration")
+    shards_per_node: int = Field(2, ge=1, description="label shards per node (partition=shards)")
+    min_samples: int = Field(8, ge=1, description="least samples a node gets (dirichlet)")
+    data_dir: Path = Field(Path("data"), description="where data sets live")
+    dim: int = Field(16, ge=1, description="model size d of the quadratic task")
+    curvature: Curvature = Field(Curvature.CORRELATED, description="quadratic task's A")
+    heterogeneous: bool = Field(False, description="quadratic task: a different optimum per node")
+    # the network
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
+    advertise: str | None = Field(None, description="host:port other nodes use to reach this one")
+    barrier_url: str | None = Field(None, description="barrier peer, e.g. http://barrier:8000")
+    peer_list: Path | None = Field(None, description="file of host:port lines; rank 0 hosts the barrier")
+    expect_dns: str | None = Field(None, description="barrier: count nodes as the addresses this name resolves to")
+    round_deadline: float = Field(120.0, gt=0, description="seconds a barrier waits for a round's stragglers")
+    register_deadline: float = Field(300.0, gt=0, description="seconds to wait for every node to register")
+    drop_after: int = Field(2, ge=1, description="rounds a member may miss before it is dropped")
+    request_timeout: float = Field(30.0, gt=0, description="seconds per HTTP request")
+    retries: int = Field(3, ge=0, description="retries of a failed send")
+    max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="largest accepted request body")
+    linger: float = Field(0.0, ge=0, description="seconds a node keeps serving after its last round")
+    log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$")
+    log_json: bool | None = Field(None, description="JSON logs (default: when not on a terminal)")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple:
+        return init_settings, env_settings, _TomlSource(settings_cls)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.fanout >= self.nodes and self.nodes > 1:
+            raise ValueError(f"fanout s={self.fanout} needs at least s+1={self.fanout + 1} nodes, got --nodes {self.nodes}")
+        if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
+            raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")
+        return self
+
+    @classmethod
+    def load(cls, config: Path | None = None, **flags: Any) -> Settings:
+        """Build settings from explicit flags, the environment and an optional TOML file; errors name the flag."""
+        if config is not None and not Path(config).is_file():
+            raise SettingsError(f"--config: no such file: {config}")
+        token = _toml_path.set(Path(config) if config else None)
+        try:
+            return cls(**{k: v for k, v in flags.items() if v is not None})
+        except ValidationError as exc:
+            raise SettingsError(format_errors(exc)) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"--config {config}: not valid TOML: {exc}") from None
+        finally:
+            _toml_path.reset(token)
+
+    def run_fields(self) -> dict[str, Any]:
+        """The fields every node of a run must share (what the barrier hands out)."""
+        skip = {"host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "out", "log_level",
+                "log_json", "data_dir", "linger"}
+        return self.model_dump(mode="json", exclude=skip)
+
+
+def format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [str(x) for x in err["loc"]]
+        where = f"--{loc[0].replace('_', '-')} (MOSAIC_{loc[0].upper()})" if loc else "settings"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}" + (f" (got {err['input']!r})" if loc and "input" in err else ""))
+    return "; ".join(lines)

@@ -1,0 +1,23 @@
+"""The workloads. `build_task(settings)` is the one way to get one."""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from ..settings import Settings, TaskName
+from .base import DataMissing, Task
+
+_REGISTRY = {
+    TaskName.QUADRATIC: "mosaicd.tasks.quadratic:QuadraticTask",
+}
+
+
+def build_task(settings: Settings) -> Task:
+    target = _REGISTRY.get(settings.task)
+    if target is None:
+        raise ValueError(f"--task {settings.task.value}: not available in this build")
+    module, cls = target.split(":")
+    return getattr(import_module(module), cls)(settings)
+
+
+__all__ = ["DataMissing", "Task", "build_task"]
