@@ -1,2 +1,102 @@
-def main() -> None:
-    raise SystemExit("mosaicd: not yet")
+"""`mosaicd`: one command, subcommands for each role. Flags come from the one `Settings` model."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .logs import configure_logging
+from .settings import Settings, SettingsError
+
+COMMANDS = {
+    "node": "run one node daemon (also: mosaicd --peer-list peers.txt ...)",
+    "barrier": "run the barrier peer",
+    "cluster": "run a barrier and --nodes node processes on 127.0.0.1",
+    "simulate": "run all --nodes nodes in this process (same outputs and models as cluster)",
+}
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file with settings (keys as the flags, '-' or '_')")
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = field.description or ""
+        default = field.default.value if hasattr(field.default, "value") else field.default
+        help_text += f" [default: {default}; env MOSAIC_{name.upper()}]"
+        if field.annotation in (bool, bool | None):
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mosaicd", description="Mosaic Learning: decentralized learning with "
+                                     "model fragmentation.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_settings_flags(p)
+        if name in ("cluster", "simulate"):
+            p.add_argument("--quiet", action="store_true", help="no progress line")
+    return parser
+
+
+def load_settings(args: argparse.Namespace) -> Settings:
+    flags: dict[str, Any] = {name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None)
+                             is not None}
+    return Settings.load(config=args.config, **flags)
+
+
+def _print_final(summary: dict) -> None:
+    final = summary.get("final") or {}
+    out = summary["settings"]["out"]
+    keys = ("metric", "node_average", "average_model", "consensus_distance", "node_spread", "train_loss")
+    print(json.dumps({"out": out, **{k: final.get(k) for k in keys}, "wall_s": summary.get("wall_s")}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "node")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        raise SystemExit(2)
+    try:
+        settings = load_settings(args)
+    except SettingsError as exc:
+        parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
+    configure_logging(settings.log_level, settings.log_json)
+    try:
+        raise SystemExit(run_command(args, settings))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (ValueError, FileNotFoundError, TimeoutError) as exc:
+        parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
+
+
+def run_command(args: argparse.Namespace, settings: Settings) -> int:
+    if args.command == "node":
+        from .node import run_node
+        return asyncio.run(run_node(settings))
+    if args.command == "barrier":
+        from .node import run_barrier
+        return asyncio.run(run_barrier(settings))
+    if args.command == "cluster":
+        from .cluster import ClusterFailed, run_cluster
+        try:
+            _print_final(run_cluster(settings, progress=not args.quiet))
+        except ClusterFailed as exc:
+            print(f"mosaicd cluster: error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "simulate":
+        from .simulate import run_simulation
+        _print_final(run_simulation(settings, progress=not args.quiet))
+        return 0
+    raise AssertionError(args.command)

@@ -1,0 +1,120 @@
+"""HTTP plumbing shared by the node and the barrier: JSON errors, and one client with deadlines and retries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_error(status: int, reason: str, detail: str) -> web.Response:
+    return web.json_response({"reason": reason, "detail": detail}, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as JSON with a machine-readable reason, including aiohttp's own 404/405/413."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        reason = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status, "bad_request")
+        return json_error(exc.status, reason, exc.text or exc.reason)
+
+
+async def read_json(request: web.Request, required: dict[str, type]) -> dict[str, Any]:
+    """Parse a JSON object body and check the named fields' types; 4xx JSON errors otherwise."""
+    if request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(
+            text=json.dumps({"reason": "unsupported_media_type", "detail": "expected application/json"}),
+            content_type="application/json")
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("malformed", "body is not JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("malformed", "body must be a JSON object")
+    for name, kind in required.items():
+        value = body.get(name)
+        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)):
+            raise bad_request("bad_field", f"field {name!r} must be a {'non-negative integer' if kind is int else kind.__name__}")
+    return body
+
+
+def bad_request(reason: str, detail: str, status: int = 400) -> web.HTTPException:
+    cls = {400: web.HTTPBadRequest, 403: web.HTTPForbidden, 404: web.HTTPNotFound, 409: web.HTTPConflict,
+           410: web.HTTPGone, 415: web.HTTPUnsupportedMediaType, 503: web.HTTPServiceUnavailable}[status]
+    return cls(text=json.dumps({"reason": reason, "detail": detail}), content_type="application/json")
+
+
+def metrics_handler(registry: CollectorRegistry) -> Handler:
+    async def metrics(request: web.Request) -> web.Response:
+        resp = web.Response(body=generate_latest(registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+    return metrics
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+class HttpError(Exception):
+    """A peer answered 4xx (not retried) or every attempt failed."""
+
+    def __init__(self, status: int | None, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}" if status else detail)
+        self.status = status
+        self.detail = detail
+
+
+class Client:
+    """One shared aiohttp session; per-request deadlines; retries with exponential backoff on 5xx/network errors."""
+
+    def __init__(self, timeout: float, retries: int, backoff: float = 0.1) -> None:
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self._session: ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        self._session = ClientSession(connector=TCPConnector(limit=256, force_close=False))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session:
+            await self._session.close()
+
+    async def request(self, method: str, url: str, *, timeout: float | None = None, retries: int | None = None,
+                      **kwargs: Any) -> tuple[int, bytes, str]:
+        assert self._session is not None, "Client used outside 'async with'"
+        attempts = 1 + (self.retries if retries is None else retries)
+        last = "no attempt"
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                async with self._session.request(method, url, timeout=ClientTimeout(total=timeout or self.timeout),
+                                                 **kwargs) as resp:
+                    body = await resp.read()
+                    if resp.status < 400:
+                        return resp.status, body, resp.content_type
+                    last = body.decode(errors="replace")[:300]
+                    if resp.status < 500:
+                        raise HttpError(resp.status, last)
+            except (TimeoutError, ClientError, OSError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+        raise HttpError(None, f"{method} {url} failed after {attempts} attempts: {last}")
+
+    async def post_json(self, url: str, payload: dict, **kwargs: Any) -> dict:
+        _, body, _ = await self.request("POST", url, json=payload, **kwargs)
+        return json.loads(body)
+
+    async def get_json(self, url: str, **kwargs: Any) -> dict:
+        _, body, _ = await self.request("GET", url, **kwargs)
+        return json.loads(body)

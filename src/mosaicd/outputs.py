@@ -1,0 +1,97 @@
+"""What a run leaves behind, identical for `cluster`, `simulate` and compose runs:
+
+    OUT/summary.json   settings, per-round network metrics, final metrics, model_sha256 per node
+    OUT/rounds.csv     one row per evaluated round: the spec's four metrics and the mean training loss
+    OUT/nodes.csv      one row per node and round: loss, bytes and fragments in/out, phase timings
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .settings import Settings
+
+NODE_COLUMNS = ["round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
+                "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s"]
+ROUND_COLUMNS = ["round", "metric", "node_average", "average_model", "consensus_distance", "node_spread",
+                 "train_loss", "elapsed_s"]
+
+
+def model_sha256(vector: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(vector, dtype="<f4").tobytes()).hexdigest()
+
+
+def is_eval_round(round: int, settings: Settings) -> bool:
+    return round == settings.rounds - 1 or (settings.eval_every > 0 and (round + 1) % settings.eval_every == 0)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, np.generic):
+        return _clean(value.item())
+    return value
+
+
+class RunRecorder:
+    """Appends per-round rows as the run goes and writes summary.json at the end."""
+
+    def __init__(self, out: Path, settings: Settings, mode: str) -> None:
+        self.out, self.settings, self.mode = Path(out), settings, mode
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.started = time.time()
+        self.rounds: list[dict[str, Any]] = []
+        self.losses: dict[int, dict[int, float]] = {}
+        for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
+            with open(self.out / name, "w", newline="") as f:
+                csv.writer(f).writerow(columns)
+
+    def node_round(self, report: Mapping[str, Any]) -> None:
+        row = dict(report)
+        row["refused"] = sum(dict(row.get("refused") or {}).values())
+        self.losses.setdefault(int(row["round"]), {})[int(row["node"])] = float(row.get("loss", math.nan))
+        with open(self.out / "nodes.csv", "a", newline="") as f:
+            csv.writer(f).writerow([row.get(c, "") for c in NODE_COLUMNS])
+
+    def network_round(self, round: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        losses = [x for _, x in sorted(self.losses.get(round, {}).items()) if math.isfinite(x)]
+        row = {"round": round, **{k: v for k, v in metrics.items() if k != "per_node"},
+               "train_loss": float(np.mean(losses)) if losses else math.nan,
+               "elapsed_s": round_(time.time() - self.started)}
+        self.rounds.append(_clean({**row, "per_node": metrics.get("per_node")}))
+        with open(self.out / "rounds.csv", "a", newline="") as f:
+            csv.writer(f).writerow([row.get(c, "") for c in ROUND_COLUMNS])
+        return row
+
+    def finish(self, vectors: Mapping[int, np.ndarray], **extra: Any) -> dict[str, Any]:
+        summary = {
+            "mode": self.mode,
+            "settings": self.settings.model_dump(mode="json"),
+            "rounds": self.rounds,
+            "final": self.rounds[-1] if self.rounds else None,
+            "model_sha256": {str(k): model_sha256(v) for k, v in sorted(vectors.items())},
+            "wall_s": round_(time.time() - self.started),
+            **extra,
+        }
+        summary = _clean(summary)
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(self.out / "summary.json")
+        return summary
+
+
+def round_(x: float) -> float:
+    return float(f"{x:.3f}")

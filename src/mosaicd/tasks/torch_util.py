@@ -1,0 +1,52 @@
+"""A torch model as the spec's flat vector: every floating-point tensor of its state_dict, in order."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from mosaic_proto import Layout, Purpose, keyed_rng
+
+__all__ = ["float_state", "layout_of", "load_vector", "to_vector", "train_generator", "train_seed"]
+
+
+def float_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every floating-point parameter and buffer, in state_dict order."""
+    return [(name, t) for name, t in model.state_dict(keep_vars=False).items() if t.is_floating_point()]
+
+
+def layout_of(model: nn.Module) -> Layout:
+    return Layout.from_pairs([(name, tuple(t.shape)) for name, t in float_state(model)])
+
+
+def to_vector(model: nn.Module) -> np.ndarray:
+    """The model's state as one new float32 numpy vector."""
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for _, t in float_state(model)])
+    return flat.numpy()
+
+
+def load_vector(model: nn.Module, vector: np.ndarray) -> None:
+    """Copy a flat vector into the model's float tensors, in place."""
+    entries = float_state(model)
+    total = sum(t.numel() for _, t in entries)
+    v = np.asarray(vector)
+    if v.ndim != 1 or v.shape[0] != total:
+        raise ValueError(f"vector has shape {v.shape}, the model needs ({total},)")
+    flat = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))
+    offset = 0
+    with torch.no_grad():
+        for _, t in entries:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view(t.shape))
+            offset += n
+
+
+def train_seed(seed: int, node: int, round: int) -> int:
+    """The integer that seeds node `node`'s torch generator in round `round`."""
+    return int(keyed_rng(seed, Purpose.TRAIN, round, node).integers(2**62))
+
+
+def train_generator(seed: int, node: int, round: int) -> torch.Generator:
+    return torch.Generator().manual_seed(train_seed(seed, node, round))
