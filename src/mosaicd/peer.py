@@ -56,7 +56,11 @@ def own_address(settings: Settings, port: int) -> str:
 
 
 class Peer:
-    def __init__(self, settings: Settings, layout: Layout, *, evaluate: Any = None) -> None:
+    def __init__(self, settings: Settings, layout: Layout | Any, *, evaluate: Any = None) -> None:
+        """`layout` is the model's Layout, or a torch module whose float state is the gossiped vector."""
+        if not isinstance(layout, Layout):
+            from .tasks.torch_util import layout_of
+            layout = layout_of(layout)
         self.settings, self.layout, self.evaluate = settings, layout, evaluate
         self.log = get_logger(role="node", run=settings.run_id)
         self.rank = -1
@@ -172,8 +176,16 @@ class Peer:
                           max_bytes=self.settings.max_body_bytes, early=early)
 
     # -- one round -----------------------------------------------------------------------------------
-    async def gossip(self, local: np.ndarray, *, loss: float = math.nan, train_s: float = 0.0) -> np.ndarray:
-        """Send this round's fragments of `local`, wait at the barrier, and return the aggregated vector."""
+    async def gossip(self, local: np.ndarray | Any, *, loss: float = math.nan, train_s: float = 0.0) -> np.ndarray:
+        """Send this round's fragments of `local`, wait at the barrier, and return the aggregated vector.
+
+        `local` is a flat float32 vector, or a torch module: then its state is gossiped and overwritten in place.
+        """
+        if not isinstance(local, np.ndarray) and hasattr(local, "state_dict"):
+            from .tasks.torch_util import load_vector, to_vector
+            vector = await self.gossip(to_vector(local), loss=loss, train_s=train_s)
+            load_vector(local, vector)
+            return vector
         state = self.state
         if state is None or self.finished:
             raise RuntimeError("gossip() needs a registered, unfinished peer")
