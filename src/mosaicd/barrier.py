@@ -177,6 +177,7 @@ class Barrier:
         if self.roster is not None or not self.expected or len(self.pending) < self.expected:
             return
         self.roster = Roster(tuple(rank_addresses(list(self.pending))))
+        self.settings = self.settings.model_copy(update={"nodes": len(self.roster.addresses)})
         self.members = {r: MemberState(a) for r, a in enumerate(self.roster.addresses)}
         self.live = self.roster.members
         self.phase = "running"
@@ -188,7 +189,7 @@ class Barrier:
     def _registration(self, address: str) -> dict[str, Any]:
         assert self.roster is not None
         return {"rank": self.roster.rank_of(address), "members": list(self.roster.addresses),
-                "settings": {**self.settings.run_fields(), "nodes": len(self.roster.addresses)}}
+                "settings": self.settings.run_fields()}
 
     # -- rounds ------------------------------------------------------------------------------------
     async def handle_arrive(self, request: web.Request) -> web.Response:

@@ -46,6 +46,9 @@ async def run_node(settings: Settings) -> int:
     log = get_logger(role="node", run=settings.run_id)
     async with Peer(settings, task.layout, evaluate=lambda vs: network_metrics(task, vs)) as peer:
         log = log.bind(node=peer.rank)
+        final = Settings.load(**{**settings.model_dump(), **peer.run_settings})
+        if final != settings:  # the barrier counted the nodes (DNS) only when registration closed
+            settings, task = final, build_task(final)
         vector = task.initial(peer.rank)
         peer.vector = vector
         for t in range(settings.rounds):
@@ -74,8 +77,16 @@ async def run_node(settings: Settings) -> int:
 async def run_barrier(settings: Settings) -> int:
     from aiohttp import web
 
-    task = build_task(settings)
-    barrier = Barrier(settings, evaluate=lambda vs: network_metrics(task, vs))
+    tasks: dict[int, object] = {}
+
+    def evaluate(vectors: list) -> dict:
+        """The task as the run finally is (the node count may be known only at registration close)."""
+        if barrier.settings.nodes not in tasks:
+            tasks.clear()
+            tasks[barrier.settings.nodes] = build_task(barrier.settings)
+        return network_metrics(tasks[barrier.settings.nodes], vectors)
+
+    barrier = Barrier(settings, evaluate=evaluate)
     runner = web.AppRunner(barrier.app(), access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()

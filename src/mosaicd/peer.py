@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
 import time
 from typing import Any
 
@@ -52,7 +53,27 @@ def embedded_barrier_url(settings: Settings) -> str:
 
 
 def own_address(settings: Settings, port: int) -> str:
-    return settings.advertise or f"{settings.host}:{port}"
+    """The address peers use to reach this node: --advertise, else the listening host, else (when listening
+    on every interface) the local IP of the route towards the barrier."""
+    if settings.advertise:
+        return settings.advertise
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = route_ip(settings.barrier_url or (f"http://{read_peer_list(settings.peer_list)[0]}"
+                                                 if settings.peer_list else None))
+    return f"{host}:{port}"
+
+
+def route_ip(url: str | None) -> str:
+    """The local IP the kernel would use to reach `url`'s host (a UDP connect sends nothing)."""
+    from urllib.parse import urlsplit
+
+    target = urlsplit(url).hostname if url else None
+    if not target:
+        return socket.gethostbyname(socket.gethostname())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((socket.gethostbyname(target), 9))
+        return sock.getsockname()[0]
 
 
 class Peer:
@@ -159,6 +180,7 @@ class Peer:
                                              timeout=self.settings.register_deadline + 30,
                                              retries=max(self.settings.retries, 10))
         self.rank, self.addresses = int(reply["rank"]), list(reply["members"])
+        self.run_settings: dict[str, Any] = dict(reply.get("settings") or {})
         self.members = list(range(len(self.addresses)))
         self.log = self.log.bind(node=self.rank)
         s = self.settings
@@ -291,7 +313,8 @@ class Peer:
             round_ = int(raw)
             vector = self.snapshots.get(round_)
             if vector is None:
-                raise bad_request("no_snapshot", f"no model kept for round {round_} (have {sorted(self.snapshots)})", 404)
+                kept = sorted(self.snapshots)
+                raise bad_request("no_snapshot", f"no model kept for round {round_} (have {kept})", 404)
         if vector is None:
             raise bad_request("no_model", "this node has no model yet", 404)
         return web.Response(body=encode_model(self.rank, round_, self.layout, vector), content_type="application/cbor")
