@@ -9,6 +9,11 @@ from .base import DataMissing, Task
 
 _REGISTRY = {
     TaskName.QUADRATIC: "mosaicd.tasks.quadratic:QuadraticTask",
+    TaskName.DIGITS: "mosaicd.tasks.digits:DigitsTask",
+    TaskName.CIFAR10: "mosaicd.tasks.cifar:Cifar10Task",
+    TaskName.CIFAR100: "mosaicd.tasks.cifar:Cifar100Task",
+    TaskName.MOVIELENS: "mosaicd.tasks.movielens:MovieLensTask",
+    TaskName.SHAKESPEARE: "mosaicd.tasks.shakespeare:ShakespeareTask",
 }
 
 
