@@ -80,7 +80,7 @@ def missing(task: str, path: Path, what: str = "") -> DataMissing:
 def load_digits(seed: int, test_fraction: float = 0.2) -> Split:
     """scikit-learn's bundled 8x8 digits: float32 (N, 1, 8, 8) standardised images, int64 labels.
 
-    The train/test split is a seeded permutation (stratified by nothing; 360 test images of 1797).
+    The train/test split is a seeded permutation (359 test images of 1797).
     """
     from sklearn.datasets import load_digits as sk_digits
 

@@ -32,7 +32,7 @@ class DigitsCNN(nn.Module):
 
 
 class DigitsTask(TorchTask):
-    """1797 images, a seeded 1437/360 train/test split; partitions iid, dirichlet, shards."""
+    """1797 images, a seeded 1438/359 train/test split; partitions iid, dirichlet, shards."""
 
     name = "digits"
 
