@@ -24,7 +24,8 @@ class Purpose(IntEnum):
     DATA = 6
 
 
-def keyed_rng(seed: int, purpose: Purpose, round: int = NONE, node: int = NONE, fragment: int = NONE) -> np.random.Generator:
+def keyed_rng(seed: int, purpose: Purpose, round: int = NONE, node: int = NONE,
+              fragment: int = NONE) -> np.random.Generator:
     """A fresh PCG64 generator for one key; NONE (-1) marks a key part that does not apply."""
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")

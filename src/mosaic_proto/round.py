@@ -112,7 +112,12 @@ class RoundState:
         if batch.round < self.round or (batch.round == self.round and self._finished):
             raise WireError(Reason.STALE_ROUND, f"round {batch.round} is already aggregated (now {self.round})")
         if batch.round > self.round + self.window:
-            raise WireError(Reason.FUTURE_ROUND, f"round {batch.round} is more than {self.window} ahead of {self.round}")
+            raise WireError(Reason.FUTURE_ROUND,
+                            f"round {batch.round} is more than {self.window} ahead of {self.round}")
+        if batch.round > self.round and self._finished:
+            # finish() has already handed the buffered messages on: keeping this one would silently lose it.
+            raise WireError(Reason.ROUND_CLOSED, f"round {self.round} is finished: give round {batch.round}'s "
+                            "message to the next round's state")
         if batch.round > self.round:
             key = (batch.round, batch.sender)
             if key in self._early:

@@ -4,11 +4,14 @@
      "frags": [[index, 85(bytes)], ...]}      85 = RFC 8746 typed array, float32 little-endian
 
 Encoding writes the CBOR framing by hand around the fragments' own buffers (one copy into the
-message); decoding trusts nothing and raises only `WireError`.
+message); decoding trusts nothing and raises only `WireError`. Messages of `_ZERO_COPY_MIN_BYTES` and more
+that are laid out exactly as `encode` writes them are parsed without copying the fragments (the arrays are
+read-only views into the message); anything else goes through cbor2. Both feed the same validation.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from dataclasses import dataclass, field
@@ -27,6 +30,9 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 _KEYS = ("v", "run", "round", "sender", "k", "fp", "dtype", "frags")
 _MAX_ID = 2**31 - 1
 _MAX_RUN_ID = 128
+_KEYSET = frozenset(_KEYS)
+# Messages at least this big are parsed by `_fast_parse` (no copy of the fragments); cbor2 is quicker below.
+_ZERO_COPY_MIN_BYTES = 1 << 16
 
 
 class Reason(StrEnum):
@@ -84,73 +90,227 @@ def _head(major: int, n: int) -> bytes:
     raise ValueError(n)
 
 
+_KEY_CBOR = tuple((key, cbor2.dumps(key)) for key in _KEYS)
+
+
+def _item(value: object) -> bytes:
+    """Canonical CBOR of one header value (the same bytes as cbor2.dumps, without its per-call overhead)."""
+    if type(value) is int and 0 <= value < 2**64:
+        return _head(0, value)
+    if type(value) is str:
+        raw = value.encode()
+        return _head(3, len(raw)) + raw
+    if type(value) is bytes:
+        return _head(2, len(value)) + value
+    return cbor2.dumps(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _framing(run_id: str, k: int, fingerprint: bytes) -> tuple[bytes, bytes, bytes]:
+    """The framing before round, between round and sender, and after sender: the same for every message of a run."""
+    key = dict(_KEY_CBOR)
+    before_round = b"".join([_head(5, len(_KEYS)), key["v"], _item(VERSION), key["run"], _item(run_id), key["round"]])
+    after_sender = b"".join([key["k"], _item(k), key["fp"], _item(fingerprint), key["dtype"], _item(DTYPE),
+                             key["frags"]])
+    return before_round, key["sender"], after_sender
+
+
 def encode(batch: FragmentBatch) -> bytes:
-    parts: list[bytes | memoryview] = [_head(5, len(_KEYS))]
-    header = {"v": VERSION, "run": batch.run_id, "round": batch.round, "sender": batch.sender,
-              "k": batch.k, "fp": batch.fingerprint, "dtype": DTYPE}
-    for key, value in header.items():
-        parts += [cbor2.dumps(key), cbor2.dumps(value)]
-    parts += [cbor2.dumps("frags"), _head(4, len(batch.fragments))]
+    if type(batch.run_id) is str and type(batch.k) is int and type(batch.fingerprint) is bytes:
+        before_round, sender_key, after_sender = _framing(batch.run_id, batch.k, batch.fingerprint)
+        parts: list[bytes | memoryview] = [before_round, _item(batch.round), sender_key, _item(batch.sender),
+                                           after_sender]
+    else:
+        header = (VERSION, batch.run_id, batch.round, batch.sender, batch.k, batch.fingerprint, DTYPE)
+        parts = [_head(5, len(_KEYS))]
+        for (_, key), value in zip(_KEY_CBOR, header, strict=False):
+            parts += [key, _item(value)]
+        parts.append(_KEY_CBOR[-1][1])
+    parts.append(_head(4, len(batch.fragments)))
     for index in sorted(batch.fragments):
         values = np.ascontiguousarray(batch.fragments[index], dtype=DTYPE)
         parts += [b"\x82", _head(0, index), b"\xd8\x55", _head(2, values.nbytes), memoryview(values).cast("B")]
     return b"".join(parts)
 
 
+def _show(value: object, limit: int = 40) -> str:
+    """A short, safe description of an untrusted decoded value for error details.
+
+    Never calls repr/str on containers or big integers: those can be huge, deeply nested or over Python's
+    int-to-str digit limit (which raises ValueError).
+    """
+    if type(value) is int:
+        return repr(value) if value.bit_length() <= 64 else f"<int of {value.bit_length()} bits>"
+    if type(value) in (str, bytes):
+        text = repr(value[:limit])
+        return text if len(value) <= limit else text + "..."
+    if value is None or type(value) in (bool, float):
+        return repr(value)
+    return f"<{type(value).__name__}>"
+
+
 def _int(value: object, name: str, hi: int = _MAX_ID) -> int:
     if type(value) is not int or not 0 <= value <= hi:
-        raise WireError(Reason.BAD_HEADER, f"{name} must be an integer in [0, {hi}], got {value!r:.40}")
+        raise WireError(Reason.BAD_HEADER, f"{name} must be an integer in [0, {hi}], got {_show(value)}")
     return value
 
 
-def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *, run_id: str | None = None,
-           max_bytes: int = DEFAULT_MAX_BYTES) -> FragmentBatch:
-    """Parse and validate one message against this run's fragmentation."""
-    if len(data) > max_bytes:
-        raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes is over the {max_bytes}-byte limit")
+@dataclass(frozen=True)
+class _Span:
+    """Where the fast path found a tag-85 byte string inside the message (so its bytes are not copied)."""
+
+    offset: int
+    length: int
+
+
+def _head_at(data: bytes, pos: int) -> tuple[int, int, int] | None:
+    """(major type, argument, position after the head) of a definite-length CBOR head, or None."""
+    if pos >= len(data):
+        return None
+    initial = data[pos]
+    info = initial & 31
+    if info < 24:
+        return initial >> 5, info, pos + 1
+    if info > 27:
+        return None
+    end = pos + 1 + (1 << (info - 24))
+    if end > len(data):
+        return None
+    return initial >> 5, int.from_bytes(data[pos + 1:end], "big"), end
+
+
+def _fast_parse(data: bytes) -> dict | None:
+    """The message as decoded objects, for exactly the canonical layout `encode` writes; None for anything else.
+
+    It only recognises well-formed CBOR (it gives up on anything it does not expect), so every message it
+    parses is one cbor2 would decode to the same objects; the validation that follows is shared. The
+    fragments' byte strings are not copied: they are returned as `_Span`s into `data`.
+    """
+    if not data or data[0] != 0xA0 | len(_KEYS):
+        return None
+    pos, obj = 1, {}
+    for key, raw_key in _KEY_CBOR:
+        if not data.startswith(raw_key, pos):
+            return None
+        head = _head_at(data, pos + len(raw_key))
+        if head is None:
+            return None
+        major, arg, pos = head
+        if key == "frags":
+            break
+        if major == 0:
+            obj[key] = arg
+        elif major in (2, 3):
+            if pos + arg > len(data):
+                return None
+            raw = data[pos:pos + arg]
+            pos += arg
+            if major == 2:
+                obj[key] = raw
+            else:
+                try:
+                    obj[key] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return None
+        else:
+            return None
+    if major != 4 or arg * 4 > len(data) - pos:  # every fragment item takes at least 4 bytes
+        return None
+    frags = []
+    for _ in range(arg):
+        if not data.startswith(b"\x82", pos):
+            return None
+        head = _head_at(data, pos + 1)
+        if head is None or head[0] != 0 or not data.startswith(b"\xd8\x55", head[2]):
+            return None
+        index, pos = head[1], head[2] + 2
+        head = _head_at(data, pos)
+        if head is None or head[0] != 2 or head[2] + head[1] > len(data):
+            return None
+        frags.append([index, _Span(head[2], head[1])])
+        pos = head[2] + head[1]
+    if pos != len(data):
+        return None
+    obj["frags"] = frags
+    return obj
+
+
+def _slow_parse(data: bytes) -> dict:
+    """Any CBOR through cbor2 (which copies byte strings); WireError unless it is one item with no trailing bytes."""
     stream = io.BytesIO(data)
     try:
-        obj = cbor2.CBORDecoder(stream).decode()
+        # strict_hashable_types: only text/byte-string map keys, so no hash-collision flood (ints collide freely);
+        # allow_duplicate_keys=False: a message has exactly one value per key.
+        obj = cbor2.CBORDecoder(stream, allow_duplicate_keys=False, strict_hashable_types=True).decode()
     except Exception as exc:  # cbor2 raises several types (and RecursionError on deep nesting)
         raise WireError(Reason.MALFORMED, f"not a CBOR item: {type(exc).__name__}") from None
     if stream.tell() != len(data):
         raise WireError(Reason.MALFORMED, f"{len(data) - stream.tell()} trailing bytes after the message")
-    if not isinstance(obj, dict) or set(obj) != set(_KEYS):
-        keys = sorted(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
+    return obj
+
+
+def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *, run_id: str | None = None,
+           max_bytes: int = DEFAULT_MAX_BYTES) -> FragmentBatch:
+    """Parse and validate one message against this run's fragmentation.
+
+    The returned fragments are read-only float32 arrays; for `bytes` input they are views into `data`
+    (no copy), any other buffer is copied once first so that they never alias memory the caller may reuse.
+    """
+    if not isinstance(data, bytes):
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise WireError(Reason.MALFORMED, f"expected a bytes-like object, got {type(data).__name__}") from None
+        if view.nbytes > max_bytes:
+            raise WireError(Reason.TOO_LARGE, f"{view.nbytes} bytes is over the {max_bytes}-byte limit")
+        data = view.tobytes()
+    if len(data) > max_bytes:
+        raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes is over the {max_bytes}-byte limit")
+    obj = _fast_parse(data) if len(data) >= _ZERO_COPY_MIN_BYTES else None
+    if obj is None:
+        obj = _slow_parse(data)
+    if not isinstance(obj, dict) or obj.keys() != _KEYSET:
+        keys = sorted(_show(key) for key in obj)[:20] if isinstance(obj, dict) else _show(obj)
         raise WireError(Reason.BAD_HEADER, f"expected a map with keys {list(_KEYS)}, got {keys}")
-    if obj["v"] != VERSION or type(obj["v"]) is not int:
-        raise WireError(Reason.UNSUPPORTED_VERSION, f"format version {obj['v']!r:.20} (this node speaks {VERSION})")
+    version = obj["v"]
+    if type(version) is not int or version != VERSION:
+        raise WireError(Reason.UNSUPPORTED_VERSION, f"format version {_show(version)} (this node speaks {VERSION})")
     run = obj["run"]
     if not isinstance(run, str) or not 0 < len(run) <= _MAX_RUN_ID:
         raise WireError(Reason.BAD_HEADER, "run must be a non-empty text of at most 128 characters")
     if run_id is not None and run != run_id:
-        raise WireError(Reason.WRONG_RUN, f"message of run {run!r}, this node is in run {run_id!r}")
+        raise WireError(Reason.WRONG_RUN, f"message of run {_show(run)}, this node is in run {run_id!r}")
     round_, sender, k = _int(obj["round"], "round"), _int(obj["sender"], "sender"), _int(obj["k"], "k")
     if k != fragmentation.k:
         raise WireError(Reason.WRONG_K, f"message has K={k}, this run has K={fragmentation.k}")
-    if obj["fp"] != fragmentation.fingerprint:
+    fp = obj["fp"]
+    if type(fp) is not bytes or fp != fragmentation.fingerprint:
         raise WireError(Reason.FOREIGN_FINGERPRINT, "the sender fragments the model differently (fingerprint mismatch)")
-    if obj["dtype"] != DTYPE:
-        raise WireError(Reason.BAD_DTYPE, f"dtype must be {DTYPE!r}, got {obj['dtype']!r:.20}")
+    if type(obj["dtype"]) is not str or obj["dtype"] != DTYPE:
+        raise WireError(Reason.BAD_DTYPE, f"dtype must be {DTYPE!r}, got {_show(obj['dtype'])}")
     frags = obj["frags"]
     if not isinstance(frags, list) or not 0 < len(frags) <= k:
         raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
     fragments: dict[int, np.ndarray] = {}
     for item in frags:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], cbor2.CBORTag)):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], cbor2.CBORTag | _Span)):
             raise WireError(Reason.BAD_FRAGMENT, "each fragment must be [index, typed array]")
         index, tag = item
         if type(index) is not int or not 0 <= index < k:
-            raise WireError(Reason.BAD_FRAGMENT, f"fragment index must be in [0, {k}), got {index!r:.20}")
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment index must be in [0, {k}), got {_show(index)}")
         if index in fragments:
             raise WireError(Reason.DUPLICATE_FRAGMENT, f"fragment {index} appears twice")
-        if tag.tag != TAG_FLOAT32_LE or not isinstance(tag.value, bytes):
+        if isinstance(tag, _Span):
+            buffer, offset, nbytes = data, tag.offset, tag.length
+        elif tag.tag == TAG_FLOAT32_LE and isinstance(tag.value, bytes):
+            buffer, offset, nbytes = tag.value, 0, len(tag.value)
+        else:
             raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} is not a tag-85 float32 typed array")
-        expected = fragmentation.sizes[index] * 4
-        if len(tag.value) != expected:
-            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} has {len(tag.value)} bytes, expected {expected}")
-        values = np.frombuffer(tag.value, dtype=DTYPE)
+        expected = len(fragmentation.indices[index]) * 4
+        if nbytes != expected:
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} has {nbytes} bytes, expected {expected}")
+        values = np.frombuffer(buffer, dtype=DTYPE, count=nbytes // 4, offset=offset)
         if not np.isfinite(values).all():
             raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
         fragments[index] = values
-    return FragmentBatch(run, round_, sender, k, obj["fp"], fragments)
+    return FragmentBatch(run, round_, sender, k, fp, fragments)

@@ -1,0 +1,463 @@
+"""The wire codec: exact round trips, one refusal reason per class of bad input, and a fuzz test.
+
+`decode` has two parsers in front of one shared validation: cbor2 for small messages and a zero-copy
+parser of the canonical layout for big ones (`wire._ZERO_COPY_MIN_BYTES`). Every test that decodes runs
+through both (the `path` parameter), and the fuzz test checks that both give the same outcome.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cbor2
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mosaic_proto import Fragmentation, FragmentBatch, Layout, Reason, WireError, decode, encode, wire
+
+PATHS = ("cbor2", "zero_copy")
+RUN = "run-1"
+FR = Fragmentation.build(Layout.flat(40), 4, seed=7)  # four fragments of 10 floats
+OTHER_FP = Fragmentation.build(Layout.flat(40), 4, seed=8).fingerprint
+
+
+def decode_via(path: str, data: Any, fragmentation: Fragmentation = FR, **kwargs: Any) -> FragmentBatch:
+    """decode() with the parser for `path` forced, whatever the message size."""
+    saved = wire._ZERO_COPY_MIN_BYTES
+    wire._ZERO_COPY_MIN_BYTES = 0 if path == "zero_copy" else 1 << 62
+    try:
+        return decode(data, fragmentation, **kwargs)
+    finally:
+        wire._ZERO_COPY_MIN_BYTES = saved
+
+
+def values(f: int, n: int | None = None) -> np.ndarray:
+    n = FR.sizes[f] if n is None else n
+    return (np.arange(n, dtype=np.float32) + 100 * f) / 7
+
+
+def tag(array: Any) -> cbor2.CBORTag:
+    return cbor2.CBORTag(85, np.asarray(array, dtype="<f4").tobytes())
+
+
+def fields(**overrides: Any) -> dict:
+    base = {"v": 1, "run": RUN, "round": 5, "sender": 2, "k": 4, "fp": FR.fingerprint, "dtype": "<f4",
+            "frags": [[0, tag(values(0))], [2, tag(values(2))]]}
+    base.update(overrides)
+    return base
+
+
+def message(**overrides: Any) -> bytes:
+    return cbor2.dumps(fields(**overrides))
+
+
+GOOD = message()
+
+
+def same_batch(a: FragmentBatch, b: FragmentBatch) -> bool:
+    return ((a.run_id, a.round, a.sender, a.k, a.fingerprint) == (b.run_id, b.round, b.sender, b.k, b.fingerprint)
+            and a.fragments.keys() == b.fragments.keys()
+            and all(np.array_equal(a.fragments[f].view(np.uint32), b.fragments[f].view(np.uint32))
+                    for f in a.fragments))
+
+
+# -- round trips ------------------------------------------------------------------------------------------
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[FragmentBatch, Fragmentation]:
+    d = draw(st.integers(1, 300))
+    k = draw(st.integers(1, min(d, 16)))
+    fr = Fragmentation.build(Layout.flat(d), k, draw(st.integers(0, 2**32)))
+    chosen = draw(st.sets(st.integers(0, k - 1), min_size=1))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32)))
+    special = np.array([0.0, -0.0, 1e-45, -1e-45, 3.4028235e38, -3.4028235e38, 1.1754944e-38], np.float32)
+    frags = {}
+    for f in chosen:
+        v = (rng.standard_normal(fr.sizes[f]) * 10.0 ** rng.integers(-30, 30)).astype(np.float32)
+        v[rng.random(len(v)) < 0.2] = rng.choice(special)
+        frags[f] = v
+    run = draw(st.text(min_size=1, max_size=128))
+    batch = FragmentBatch(run, draw(st.integers(0, 2**31 - 1)), draw(st.integers(0, 2**31 - 1)), k,
+                          fr.fingerprint, frags)
+    return batch, fr
+
+
+@pytest.mark.parametrize("path", PATHS)
+@settings(max_examples=60, deadline=None)
+@given(case=batches())
+def test_round_trip_is_exact(path: str, case: tuple[FragmentBatch, Fragmentation]) -> None:
+    batch, fr = case
+    data = encode(batch)
+    back = decode_via(path, data, fr, run_id=batch.run_id)
+    assert same_batch(back, batch)
+    assert back.floats == batch.floats == sum(fr.sizes[f] for f in batch.fragments)
+    assert all(v.dtype == np.float32 and not v.flags.writeable for v in back.fragments.values())
+    assert encode(back) == data
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=batches())
+def test_encoding_is_canonical_cbor(case: tuple[FragmentBatch, Fragmentation]) -> None:
+    """The hand-written framing is byte for byte what cbor2 writes for the documented structure."""
+    batch, _ = case
+    expected = cbor2.dumps({"v": 1, "run": batch.run_id, "round": batch.round, "sender": batch.sender,
+                            "k": batch.k, "fp": batch.fingerprint, "dtype": "<f4",
+                            "frags": [[f, tag(batch.fragments[f])] for f in sorted(batch.fragments)]})
+    assert encode(batch) == expected
+
+
+def test_encode_converts_and_sorts_fragments() -> None:
+    batch = FragmentBatch(RUN, 5, 2, 4, FR.fingerprint, {2: values(2).astype(np.float64), 0: values(0)[::-1][::-1]})
+    assert encode(batch) == GOOD
+    assert message() == GOOD
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_decode_accepts_any_bytes_like_input(path: str) -> None:
+    expected = decode_via(path, GOOD)
+    for data in (bytearray(GOOD), memoryview(GOOD), memoryview(bytearray(GOOD))):
+        assert same_batch(decode_via(path, data), expected)
+    assert decode_via(path, GOOD, run_id=None).run_id == RUN
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fragments_never_alias_a_mutable_input(path: str) -> None:
+    buffer = bytearray(GOOD)
+    batch = decode_via(path, buffer)
+    before = {f: v.copy() for f, v in batch.fragments.items()}
+    buffer[-8:] = b"\xff" * 8
+    assert all(np.array_equal(before[f], batch.fragments[f]) for f in before)
+
+
+def test_big_messages_are_decoded_without_copying_the_fragments() -> None:
+    n = wire._ZERO_COPY_MIN_BYTES  # floats: the message is 4x the threshold
+    fr = Fragmentation.build(Layout.flat(n), 1, 0)
+    data = encode(FragmentBatch(RUN, 0, 1, 1, fr.fingerprint, {0: np.ones(n, np.float32)}))
+    batch = decode(data, fr)
+    assert np.shares_memory(batch.fragments[0], np.frombuffer(data, np.uint8))
+    assert not batch.fragments[0].flags.writeable
+
+
+# -- one test per class of malformed input -------------------------------------------------------------------
+
+def raw_map(pairs: list[tuple[Any, Any]]) -> bytes:
+    """A CBOR map written pair by pair (so it may repeat keys)."""
+    assert len(pairs) < 24
+    return bytes([0xA0 | len(pairs)]) + b"".join(cbor2.dumps(k) + cbor2.dumps(v) for k, v in pairs)
+
+
+def without(key: str) -> bytes:
+    return cbor2.dumps({k: v for k, v in fields().items() if k != key})
+
+
+CASES: list[tuple[str, Callable[[], bytes], Reason]] = [
+    # not CBOR / truncated
+    ("empty", lambda: b"", Reason.MALFORMED),
+    ("break_byte", lambda: b"\xff", Reason.MALFORMED),
+    ("reserved_info", lambda: b"\x1c", Reason.MALFORMED),
+    ("bad_utf8_text", lambda: b"\x62\xff\xfe", Reason.MALFORMED),
+    ("truncated_by_one", lambda: GOOD[:-1], Reason.MALFORMED),
+    ("truncated_in_header", lambda: GOOD[:12], Reason.MALFORMED),
+    ("truncated_to_one_byte", lambda: GOOD[:1], Reason.MALFORMED),
+    ("too_deep", lambda: b"\x81" * 1000 + b"\x00", Reason.MALFORMED),
+    ("claims_huge_array", lambda: b"\x9b" + (2**40).to_bytes(8, "big"), Reason.MALFORMED),
+    # trailing bytes
+    ("trailing_zero", lambda: GOOD + b"\x00", Reason.MALFORMED),
+    ("two_messages", lambda: GOOD + GOOD, Reason.MALFORMED),
+    # not a map / missing key / extra key / repeated key / non-text key
+    ("array", lambda: cbor2.dumps([1, 2, 3]), Reason.BAD_HEADER),
+    ("integer", lambda: cbor2.dumps(5), Reason.BAD_HEADER),
+    ("text", lambda: cbor2.dumps("v"), Reason.BAD_HEADER),
+    ("null", lambda: cbor2.dumps(None), Reason.BAD_HEADER),
+    ("typed_array_alone", lambda: cbor2.dumps(tag(values(0))), Reason.BAD_HEADER),
+    ("empty_map", lambda: cbor2.dumps({}), Reason.BAD_HEADER),
+    *[(f"missing_{key}", lambda key=key: without(key), Reason.BAD_HEADER) for key in fields()],
+    ("extra_key", lambda: message(extra=1), Reason.BAD_HEADER),
+    ("renamed_key", lambda: cbor2.dumps({("V" if k == "v" else k): v for k, v in fields().items()}),
+     Reason.BAD_HEADER),
+    ("repeated_key", lambda: raw_map([*fields().items(), ("round", 5)]), Reason.MALFORMED),
+    ("integer_key", lambda: cbor2.dumps({**fields(), 1: 2}), Reason.MALFORMED),
+    # unknown version
+    ("version_2", lambda: message(v=2), Reason.UNSUPPORTED_VERSION),
+    ("version_0", lambda: message(v=0), Reason.UNSUPPORTED_VERSION),
+    ("version_text", lambda: message(v="1"), Reason.UNSUPPORTED_VERSION),
+    ("version_float", lambda: message(v=1.0), Reason.UNSUPPORTED_VERSION),
+    ("version_bool", lambda: message(v=True), Reason.UNSUPPORTED_VERSION),
+    ("version_bignum", lambda: message(v=10**6000), Reason.UNSUPPORTED_VERSION),
+    # run id
+    ("wrong_run", lambda: message(run="run-2"), Reason.WRONG_RUN),
+    ("empty_run", lambda: message(run=""), Reason.BAD_HEADER),
+    ("long_run", lambda: message(run="r" * 129), Reason.BAD_HEADER),
+    ("run_as_bytes", lambda: message(run=RUN.encode()), Reason.BAD_HEADER),
+    # K
+    ("k_3", lambda: message(k=3), Reason.WRONG_K),
+    ("k_5", lambda: message(k=5), Reason.WRONG_K),
+    ("k_negative", lambda: message(k=-4), Reason.BAD_HEADER),
+    ("k_text", lambda: message(k="4"), Reason.BAD_HEADER),
+    # fingerprint
+    ("foreign_fp", lambda: message(fp=OTHER_FP), Reason.FOREIGN_FINGERPRINT),
+    ("short_fp", lambda: message(fp=FR.fingerprint[:4]), Reason.FOREIGN_FINGERPRINT),
+    ("fp_as_hex_text", lambda: message(fp=FR.fingerprint.hex()), Reason.FOREIGN_FINGERPRINT),
+    ("fp_as_array", lambda: message(fp=list(FR.fingerprint)), Reason.FOREIGN_FINGERPRINT),
+    # dtype
+    ("dtype_f8", lambda: message(dtype="<f8"), Reason.BAD_DTYPE),
+    ("dtype_big_endian", lambda: message(dtype=">f4"), Reason.BAD_DTYPE),
+    ("dtype_name", lambda: message(dtype="float32"), Reason.BAD_DTYPE),
+    ("dtype_bytes", lambda: message(dtype=b"<f4"), Reason.BAD_DTYPE),
+    ("dtype_bignum", lambda: message(dtype=10**6000), Reason.BAD_DTYPE),
+    # the fragment list
+    ("no_fragments", lambda: message(frags=[]), Reason.BAD_FRAGMENT),
+    ("more_than_k_fragments", lambda: message(frags=[[f % 4, tag(values(f % 4))] for f in range(5)]),
+     Reason.BAD_FRAGMENT),
+    ("frags_as_map", lambda: message(frags={"0": tag(values(0))}), Reason.BAD_FRAGMENT),
+    ("item_not_a_pair", lambda: message(frags=[[0]]), Reason.BAD_FRAGMENT),
+    ("item_a_triple", lambda: message(frags=[[0, tag(values(0)), 1]]), Reason.BAD_FRAGMENT),
+    ("untagged_bytes", lambda: message(frags=[[0, values(0).tobytes()]]), Reason.BAD_FRAGMENT),
+    ("plain_float_list", lambda: message(frags=[[0, values(0).tolist()]]), Reason.BAD_FRAGMENT),
+    # fragment index out of range
+    ("index_k", lambda: message(frags=[[4, tag(values(0))]]), Reason.BAD_FRAGMENT),
+    ("index_negative", lambda: message(frags=[[-1, tag(values(0))]]), Reason.BAD_FRAGMENT),
+    ("index_huge", lambda: message(frags=[[2**64, tag(values(0))]]), Reason.BAD_FRAGMENT),
+    ("index_bignum", lambda: message(frags=[[10**6000, tag(values(0))]]), Reason.BAD_FRAGMENT),
+    ("index_bool", lambda: message(frags=[[False, tag(values(0))]]), Reason.BAD_FRAGMENT),
+    ("index_text", lambda: message(frags=[["0", tag(values(0))]]), Reason.BAD_FRAGMENT),
+    # duplicate fragment index
+    ("duplicate_index", lambda: message(frags=[[1, tag(values(1))], [1, tag(values(1))]]),
+     Reason.DUPLICATE_FRAGMENT),
+    ("duplicate_index_apart", lambda: message(frags=[[3, tag(values(3))], [0, tag(values(0))],
+                                                     [3, tag(values(3))]]), Reason.DUPLICATE_FRAGMENT),
+    # wrong length
+    ("one_float_short", lambda: message(frags=[[0, tag(values(0, 9))]]), Reason.BAD_FRAGMENT),
+    ("one_float_long", lambda: message(frags=[[0, tag(values(0, 11))]]), Reason.BAD_FRAGMENT),
+    ("no_floats", lambda: message(frags=[[0, tag(values(0, 0))]]), Reason.BAD_FRAGMENT),
+    ("one_byte_long", lambda: message(frags=[[0, cbor2.CBORTag(85, values(0).tobytes() + b"\0")]]),
+     Reason.BAD_FRAGMENT),
+    ("whole_vector_as_fragment", lambda: message(frags=[[0, tag(np.zeros(40))]]), Reason.BAD_FRAGMENT),
+    # wrong tag
+    ("tag_86_float64", lambda: message(frags=[[0, cbor2.CBORTag(86, values(0).astype("<f8").tobytes())]]),
+     Reason.BAD_FRAGMENT),
+    ("tag_81_big_endian", lambda: message(frags=[[0, cbor2.CBORTag(81, values(0).astype(">f4").tobytes())]]),
+     Reason.BAD_FRAGMENT),
+    ("tag_64_uint8", lambda: message(frags=[[0, cbor2.CBORTag(64, values(0).tobytes())]]), Reason.BAD_FRAGMENT),
+    ("tag_85_of_text", lambda: message(frags=[[0, cbor2.CBORTag(85, "x" * 40)]]), Reason.BAD_FRAGMENT),
+    ("tag_85_of_array", lambda: message(frags=[[0, cbor2.CBORTag(85, values(0).tolist())]]), Reason.BAD_FRAGMENT),
+    # non-finite values
+    ("nan", lambda: message(frags=[[0, tag(np.r_[values(0, 9), np.nan])]]), Reason.NON_FINITE),
+    ("plus_inf", lambda: message(frags=[[2, tag(np.r_[np.inf, values(2, 9)])]]), Reason.NON_FINITE),
+    ("minus_inf", lambda: message(frags=[[0, tag(values(0))], [1, tag(np.full(10, -np.inf))]]), Reason.NON_FINITE),
+    ("signalling_nan", lambda: message(frags=[[0, cbor2.CBORTag(85, struct.pack("<I", 0x7F800001) * 10)]]),
+     Reason.NON_FINITE),
+    ("negative_nan", lambda: message(frags=[[0, cbor2.CBORTag(85, struct.pack("<I", 0xFFC00000) * 10)]]),
+     Reason.NON_FINITE),
+    # round and sender: negative, bool, huge, not an integer
+    *[(f"{key}_{name}", lambda key=key, bad=bad: message(**{key: bad}), Reason.BAD_HEADER)
+      for key in ("round", "sender")
+      for name, bad in [("negative", -1), ("true", True), ("false", False), ("2_31", 2**31), ("2_63", 2**63),
+                        ("bignum", 2**64), ("huge_bignum", 10**6000), ("negative_bignum", -(2**70)),
+                        ("float", 1.0), ("nan", math.nan), ("text", "3"), ("null", None), ("array", [3])]],
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(("make", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_malformed_input_is_refused_with_its_reason(path: str, make: Callable[[], bytes], reason: Reason) -> None:
+    data = make()
+    with pytest.raises(WireError) as info:
+        decode_via(path, data, run_id=RUN)
+    assert info.value.reason is reason, info.value
+    assert info.value.to_json()["reason"] == reason.value
+    assert len(str(info.value)) < 400  # details stay short whatever the input
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_too_large(path: str) -> None:
+    assert decode_via(path, GOOD, max_bytes=len(GOOD)).round == 5
+    for data in (GOOD, bytearray(GOOD), memoryview(GOOD)):
+        with pytest.raises(WireError) as info:
+            decode_via(path, data, max_bytes=len(GOOD) - 1)
+        assert info.value.reason is Reason.TOO_LARGE
+    # the limit is on bytes, also for a buffer of wider items
+    wide = memoryview(np.frombuffer(GOOD[: len(GOOD) // 4 * 4], np.float32))
+    with pytest.raises(WireError) as info:
+        decode_via(path, wide, max_bytes=len(wide) + 1)
+    assert info.value.reason is Reason.TOO_LARGE
+
+
+def test_wrong_run_only_when_a_run_is_expected() -> None:
+    data = message(run="run-2")
+    assert decode(data, FR).run_id == "run-2"
+    with pytest.raises(WireError) as info:
+        decode(data, FR, run_id=RUN)
+    assert info.value.reason is Reason.WRONG_RUN
+
+
+def test_colliding_integer_keys_are_refused_quickly() -> None:
+    """Regression: ints hash to themselves mod 2**61-1, so a map of colliding int keys took quadratic time."""
+    m, p = 20_000, (1 << 61) - 1
+    data = b"\xba" + m.to_bytes(4, "big") + b"".join(cbor2.dumps(i * p) + b"\x00" for i in range(m))
+    started = time.perf_counter()
+    with pytest.raises(WireError) as info:
+        decode(data, FR)
+    assert info.value.reason is Reason.MALFORMED
+    assert time.perf_counter() - started < 0.5
+
+
+def test_not_bytes_like() -> None:
+    with pytest.raises(WireError) as info:
+        decode("a text", FR)  # type: ignore[arg-type]
+    assert info.value.reason is Reason.MALFORMED
+
+
+# -- fuzz ----------------------------------------------------------------------------------------------------
+
+INTERESTING = [0x00, 0x01, 0x17, 0x18, 0x19, 0x1A, 0x1B, 0x1C, 0x1F, 0x20, 0x3B, 0x40, 0x5B, 0x5F, 0x60, 0x7B,
+               0x7F, 0x80, 0x9B, 0x9F, 0xA0, 0xBB, 0xBF, 0xC2, 0xC3, 0xD8, 0xF4, 0xF5, 0xF6, 0xF7, 0xF9, 0xFA,
+               0xFB, 0xFF]
+RAW_SNIPPETS = [b"\xd8\x1c\x81\xd8\x1d\x00",  # a shared array holding itself
+                b"\x9f\x9f\xff\xff", b"\x5f\x41\x00\xff", b"\xd9\x01\x02\x82\x01\x02", b"\xc4\x82\x21\x19\x01\x00",
+                b"\xd8\x1e\x82\x01\x00", b"\xd8\x23\x61\x28", b"\xc1\xfb\x7f\xf0\x00\x00\x00\x00\x00\x00"]
+
+
+def random_object(rng: np.random.Generator, depth: int = 0) -> Any:
+    kind = int(rng.integers(14 if depth < 3 else 9))
+    if kind == 0:
+        return int(rng.integers(-(2**63), 2**63 - 1))
+    if kind == 1:
+        return [0, 1, 2, 4, 5, 2**31 - 1, 2**31, 2**64, -1, 10**30, -(10**30), 10**5000][int(rng.integers(12))]
+    if kind == 2:
+        return float(rng.choice([0.0, -0.0, 1.5, math.nan, math.inf, -math.inf, 1e300]))
+    if kind == 3:
+        return "".join(chr(int(c)) for c in rng.integers(32, 0x2FF, size=int(rng.integers(0, 12))))
+    if kind == 4:
+        return rng.bytes(int(rng.integers(0, 48)))
+    if kind == 5:
+        return [None, True, False, cbor2.undefined][int(rng.integers(4))]
+    if kind == 6:
+        return str(rng.choice(list(fields()) + ["x", ""]))
+    if kind == 7:
+        return FR.fingerprint if rng.random() < 0.5 else OTHER_FP
+    if kind == 8:
+        return tag(values(int(rng.integers(4)), int(rng.choice([0, 9, 10, 11]))))
+    if kind == 9:
+        return [random_object(rng, depth + 1) for _ in range(int(rng.integers(0, 4)))]
+    if kind == 10:
+        return {random_object(rng, 9): random_object(rng, depth + 1) for _ in range(int(rng.integers(0, 4)))}
+    if kind == 11:
+        return [int(rng.integers(-1, 6)), random_object(rng, depth + 1)]
+    if kind == 12:
+        return cbor2.CBORTag(int(rng.choice([0, 1, 2, 3, 4, 5, 30, 32, 37, 64, 81, 85, 86, 258, 1000])),
+                             random_object(rng, depth + 1))
+    # a valid message with one field (or one fragment item) replaced
+    out = fields()
+    key = str(rng.choice(list(out)))
+    out[key] = random_object(rng, depth + 1)
+    return out
+
+
+def valid_messages(rng: np.random.Generator) -> list[bytes]:
+    out = [GOOD]
+    for _ in range(8):
+        chosen = sorted(rng.choice(4, size=int(rng.integers(1, 5)), replace=False))
+        batch = FragmentBatch(RUN, int(rng.integers(0, 2**31)), int(rng.integers(0, 2**31)), 4, FR.fingerprint,
+                              {int(f): rng.standard_normal(10).astype(np.float32) for f in chosen})
+        out.append(encode(batch))
+    return out
+
+
+def mutate(rng: np.random.Generator, data: bytes) -> bytes:
+    buf = bytearray(data)
+    if not buf:
+        return rng.bytes(int(rng.integers(1, 9)))
+    op = int(rng.integers(6))
+    if op == 0:  # bit flips
+        for _ in range(int(rng.integers(1, 9))):
+            i = int(rng.integers(len(buf)))
+            buf[i] ^= 1 << int(rng.integers(8))
+    elif op == 1:  # truncation
+        del buf[int(rng.integers(len(buf))):]
+    elif op == 2:  # insertion
+        i = int(rng.integers(len(buf) + 1))
+        buf[i:i] = rng.bytes(int(rng.integers(1, 9)))
+    elif op == 3:  # deletion
+        i = int(rng.integers(len(buf)))
+        del buf[i:i + int(rng.integers(1, 9))]
+    elif op == 4:  # interesting bytes, mostly in the header and the fragment framing
+        for _ in range(int(rng.integers(1, 4))):
+            i = int(rng.integers(min(len(buf), 80)))
+            buf[i] = int(rng.choice(INTERESTING))
+    else:  # splice in a raw CBOR snippet
+        i = int(rng.integers(len(buf) + 1))
+        buf[i:i + int(rng.integers(0, 4))] = RAW_SNIPPETS[int(rng.integers(len(RAW_SNIPPETS)))]
+    return bytes(buf)
+
+
+def fuzz_inputs(seed: int, count: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    valid = valid_messages(rng)
+    out: list[bytes] = []
+    while len(out) < count:
+        kind = len(out) % 4
+        if kind == 0:
+            data = rng.bytes(int(rng.integers(0, 160)))
+            if rng.random() < 0.5 and data:  # start like a map, so that cbor2 gets further in
+                data = bytes([int(rng.choice([0xA8, 0xBF, 0xA9, 0xA7]))]) + data[1:]
+        elif kind in (1, 2):
+            data = mutate(rng, valid[int(rng.integers(len(valid)))])
+            if rng.random() < 0.3:
+                data = mutate(rng, data)
+        else:
+            try:
+                data = cbor2.dumps(random_object(rng))
+            except Exception:  # cbor2 cannot encode every random structure (e.g. unhashable keys)
+                continue
+        out.append(data)
+    return out
+
+
+def outcome(path: str, data: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", decode_via(path, data, run_id=RUN)
+    except WireError as exc:
+        assert isinstance(exc.reason, Reason) and exc.detail
+        return "refused", exc.reason
+
+
+def test_fuzz_decode_raises_only_wire_errors() -> None:
+    inputs = fuzz_inputs(seed=20260501, count=12_000)
+    accepted, reasons = 0, set()
+    for data in inputs:
+        slow = outcome("cbor2", data)  # anything but WireError propagates and fails the test
+        fast = outcome("zero_copy", data)
+        assert slow[0] == fast[0], data
+        if slow[0] == "ok":
+            accepted += 1
+            assert same_batch(slow[1], fast[1])
+            assert same_batch(decode(encode(slow[1]), FR, run_id=RUN), slow[1])
+        else:
+            assert slow[1] is fast[1], (data, slow[1], fast[1])
+            reasons.add(slow[1])
+    # the fuzzer reaches deep into the validation, not only the CBOR parser
+    assert accepted > 0
+    assert {Reason.MALFORMED, Reason.BAD_HEADER, Reason.BAD_FRAGMENT, Reason.NON_FINITE,
+            Reason.FOREIGN_FINGERPRINT, Reason.DUPLICATE_FRAGMENT} <= reasons
+
+
+def test_fuzz_zero_copy_parser_agrees_with_cbor2() -> None:
+    """Whatever the zero-copy parser accepts, cbor2 decodes to the same objects."""
+    parsed = 0
+    for data in fuzz_inputs(seed=7, count=4_000):
+        fast = wire._fast_parse(data)
+        if fast is None:
+            continue
+        parsed += 1
+        slow = wire._slow_parse(data)
+        fast["frags"] = [[i, cbor2.CBORTag(85, data[s.offset:s.offset + s.length])] for i, s in fast["frags"]]
+        assert fast == slow
+        assert [type(v) for v in fast.values()] == [type(slow[k]) for k in fast]
+    assert parsed > 100
