@@ -39,7 +39,8 @@ from .settings import Settings
 
 SNAPSHOTS_KEPT = 3
 _STATUS_OF_REASON = {Reason.TOO_LARGE: 413, Reason.STALE_ROUND: 409, Reason.FUTURE_ROUND: 409,
-                     Reason.DUPLICATE_FRAGMENT: 409, Reason.UNKNOWN_SENDER: 403, Reason.WRONG_RUN: 409}
+                     Reason.DUPLICATE_FRAGMENT: 409, Reason.UNKNOWN_SENDER: 403, Reason.WRONG_RUN: 409,
+                     Reason.ROUND_CLOSED: 409}
 
 
 class PeerDropped(RuntimeError):
@@ -287,11 +288,11 @@ class Peer:
     async def handle_fragments(self, request: web.Request) -> web.Response:
         if request.content_type != CONTENT_TYPE:
             return json_error(415, "unsupported_media_type", f"expected {CONTENT_TYPE}, got {request.content_type}")
-        state = self.state
+        body = await request.read()
+        state = self.state  # read after the body: the round may have moved on meanwhile
         if state is None:
             reason = "finished" if self.finished else "not_ready"
             return json_error(409 if self.finished else 503, reason, f"node is {self.phase}")
-        body = await request.read()
         try:
             receipt = state.receive(body)
         except WireError as exc:
