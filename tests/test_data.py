@@ -10,6 +10,7 @@ import pytest
 
 from mosaicd.data import (
     LEAF_LETTERS,
+    RowFile,
     data_path,
     encode_chars,
     fetch,
@@ -43,15 +44,31 @@ def test_cifar_reads_the_official_layout_and_caches_it(tmp_path):
     split = load_cifar(tmp_path, 10)
     assert split.x_train.shape == (20, 3, 32, 32) and split.x_train.dtype == np.uint8
     assert split.x_test.shape == (4, 3, 32, 32)
-    assert np.array_equal(split.x_train.reshape(20, -1), images[:20])
-    assert np.array_equal(split.x_test.reshape(4, -1), images[20:])
+    assert np.array_equal(np.asarray(split.x_train).reshape(20, -1), images[:20])
+    assert np.array_equal(np.asarray(split.x_test).reshape(4, -1), images[20:])
     # channel-major rows: the first 1024 bytes of a row are the red plane
-    assert np.array_equal(split.x_train[0, 0].reshape(-1), images[0, :1024])
+    assert np.array_equal(split.x_train[0][0].reshape(-1), images[0, :1024])
     assert split.y_train.tolist() == [0, 1, 2, 3] * 5
-    assert isinstance(split.x_train, np.memmap)
+    assert isinstance(split.x_train, RowFile)
     assert (tmp_path / "cifar-10-batches-py" / "mosaic-cache" / "manifest.json").is_file()
     again = load_cifar(tmp_path, 10)
     assert np.array_equal(again.x_train, split.x_train)
+
+
+def test_row_file_reads_rows_by_int_slice_and_array(tmp_path):
+    data = np.arange(5 * 6, dtype=np.int16).reshape(5, 2, 3)
+    (tmp_path / "rows").write_bytes(data.tobytes())
+    rows = RowFile(tmp_path / "rows", (5, 2, 3), np.int16)
+    assert len(rows) == 5 and rows.ndim == 3
+    assert np.array_equal(rows[3], data[3]) and np.array_equal(rows[-1], data[-1])
+    assert np.array_equal(rows[1:4], data[1:4]) and np.array_equal(rows[::2], data[::2])
+    assert rows[4:2].shape == (0, 2, 3)
+    pick = np.array([4, 0, 4, 2])
+    assert np.array_equal(rows[pick], data[pick]) and np.array_equal(np.asarray(rows), data)
+    with pytest.raises(IndexError):
+        rows[np.array([5])]
+    with pytest.raises(IndexError):
+        rows[np.array([0.5])]
 
 
 def test_cifar_cache_follows_changed_sources(tmp_path):
@@ -70,8 +87,17 @@ def test_cifar_without_writable_cache_loads_into_memory(tmp_path, monkeypatch):
 
     monkeypatch.setattr("mosaicd.data._write_cache", refuse)
     split = load_cifar(tmp_path, 100)
-    assert split.x_train.shape == (12, 3, 32, 32) and not isinstance(split.x_train, np.memmap)
+    assert split.x_train.shape == (12, 3, 32, 32) and isinstance(split.x_train, np.ndarray)
     assert split.y_train.max() < 100
+
+
+def test_cifar_cache_falls_back_to_another_folder(tmp_path, monkeypatch):
+    write_synthetic("cifar10", tmp_path / "data", train=10, test=5)
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setattr("mosaicd.data.cache_dirs", lambda root: [tmp_path / "a-file" / "cache", tmp_path / "alt"])
+    split = load_cifar(tmp_path / "data")
+    assert isinstance(split.x_train, RowFile) and split.x_train.path.parent == tmp_path / "alt"
+    assert len(split.y_train) == 10
 
 
 def test_cifar_pickle_with_code_is_refused(tmp_path):

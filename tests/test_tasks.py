@@ -12,7 +12,7 @@ from mosaicd.partition import PartitionError
 from mosaicd.settings import Settings, TaskName
 from mosaicd.tasks import DataMissing, Task, build_task
 from mosaicd.tasks.cifar import GNLeNet
-from mosaicd.tasks.torch_util import float_state, layout_of, load_vector, to_vector
+from mosaicd.tasks.torch_util import SGD, float_state, layout_of, load_vector, to_vector
 
 torch.set_num_threads(1)
 
@@ -134,6 +134,23 @@ def test_vector_round_trip_includes_float_buffers_only():
     assert model[1].num_batches_tracked.dtype == torch.int64
     with pytest.raises(ValueError, match="needs"):
         load_vector(model, v[:-1])
+
+
+@pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.5, 1e-3)])
+def test_sgd_matches_torch_optim_bit_for_bit(momentum, weight_decay):
+    torch.manual_seed(0)
+    ours, ref = GNLeNet(10), GNLeNet(10)
+    ref.load_state_dict(ours.state_dict())
+    opt_ours = SGD(ours.parameters(), lr=0.05, momentum=momentum, weight_decay=weight_decay)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=momentum, weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = torch.randn(4, 3, 32, 32, generator=gen), torch.randint(0, 10, (4,), generator=gen)
+        for model, opt in ((ours, opt_ours), (ref, opt_ref)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert np.array_equal(to_vector(ours), to_vector(ref))
 
 
 def test_digits_learns():

@@ -9,12 +9,15 @@ Layout under data_dir (what the official archives unpack to):
 - digits: bundled with scikit-learn, nothing on disk.
 
 CIFAR images are converted once into raw uint8 files in a `mosaic-cache` folder next to the pickles and
-memory-mapped from then on: a process only holds the pages it touches, and every process on a host
-shares them through the page cache. Where that folder cannot be written, the arrays are kept in memory.
+read from there row by row (`RowFile`, plain pread): the pixels stay in the kernel's page cache, shared
+by every process on the host, instead of in each process (a memory map would not do: with large page-cache
+folios one touched row maps megabytes into the process). Where that folder cannot be written, the
+arrays are kept in memory (about 180 MB for CIFAR).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -34,7 +37,7 @@ from .partition import DataStream, data_rng
 from .tasks.base import DataMissing
 
 __all__ = [
-    "LEAF_LETTERS", "Split", "data_path", "fetch", "load_cifar", "load_digits", "load_movielens",
+    "LEAF_LETTERS", "RowFile", "Split", "data_path", "fetch", "load_cifar", "load_digits", "load_movielens",
     "load_shakespeare", "missing",
 ]
 
@@ -98,6 +101,78 @@ def load_digits(seed: int, test_fraction: float = 0.2) -> Split:
 # ----------------------------------------------------------------------------------------------- CIFAR
 
 
+class RowFile:
+    """A read-only array of fixed-size rows in a raw file, read on demand with pread.
+
+    Indexing with an int, a slice or an integer array returns a fresh numpy array; nothing of the file
+    is kept in the process. `np.asarray(rows)` reads everything.
+    """
+
+    def __init__(self, path: Path | str, shape: tuple[int, ...], dtype: Any = np.uint8) -> None:
+        self.path = Path(path)
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"RowFile({str(self.path)!r}, shape={self.shape}, dtype={self.dtype})"
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        n = self.shape[0]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step == 1:
+                return self._read_run(start, max(stop - start, 0))
+            key = np.arange(start, stop, step)
+        scalar = np.ndim(key) == 0
+        idx = np.atleast_1d(np.asarray(key))
+        if idx.dtype.kind not in "iu":
+            raise IndexError(f"RowFile rows are selected by int, slice or integer array, got {idx.dtype}")
+        idx = np.where(idx < 0, idx + n, idx).astype(np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise IndexError(f"row index out of range for {n} rows")
+        out = np.empty((len(idx),) + self.shape[1:], dtype=self.dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        rb = self.row_bytes
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for k, i in enumerate(idx.tolist()):
+                self._pread(fd, view[k * rb:(k + 1) * rb], i * rb)
+        finally:
+            os.close(fd)
+        return out[0] if scalar else out
+
+    def _read_run(self, start: int, count: int) -> np.ndarray:
+        out = np.empty((count,) + self.shape[1:], dtype=self.dtype)
+        if count:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                self._pread(fd, memoryview(out.reshape(-1).view(np.uint8)), start * self.row_bytes)
+            finally:
+                os.close(fd)
+        return out
+
+    def _pread(self, fd: int, buf: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(buf):
+            got = os.preadv(fd, [buf[done:]], offset + done)
+            if got <= 0:
+                raise OSError(f"{self.path}: short read at byte {offset + done}")
+            done += got
+
+
+
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles CIFAR batches: plain containers and numpy arrays only, nothing executable."""
 
@@ -138,23 +213,44 @@ def load_cifar(data_dir: Path | str, classes: int = 10) -> Split:
     absent = [p.name for p in train_files + test_files if not p.is_file()]
     if absent:
         raise missing(task, root, "missing " + ", ".join(absent))
-    cache = root / "mosaic-cache"
     stamp = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in train_files + test_files}
-    try:
-        arrays = _open_cache(cache, stamp)
-        if arrays is None:
-            _write_cache(cache, stamp, {"train": train_files, "test": test_files}, key)
+    for cache in cache_dirs(root):
+        try:
             arrays = _open_cache(cache, stamp)
-        if arrays is None:  # pragma: no cover - a cache we just wrote that does not read back
-            raise OSError("cache unreadable")
-    except OSError:
+            if arrays is None:
+                _write_cache(cache, stamp, {"train": train_files, "test": test_files}, key)
+                arrays = _open_cache(cache, stamp)
+        except OSError:
+            continue
+        if arrays is not None:
+            break
+    else:
         arrays = {}
         for part, files in (("train", train_files), ("test", test_files)):
-            batches = [_read_batch(p, key) for p in files]
-            arrays[f"{part}_x"] = np.concatenate([b[0] for b in batches]).reshape(-1, 3, 32, 32)
-            arrays[f"{part}_y"] = np.concatenate([b[1] for b in batches])
+            arrays[f"{part}_x"], arrays[f"{part}_y"] = _read_batches(files, key)
     return Split(arrays["train_x"], arrays["train_y"], arrays["test_x"], arrays["test_y"],
                  info={"classes": classes})
+
+
+def cache_dirs(root: Path) -> list[Path]:
+    """Where CIFAR's converted cache may live: next to the pickles, else in the temp folder."""
+    tag = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+    return [root / "mosaic-cache", Path(tempfile.gettempdir()) / f"mosaicd-cache-{os.getuid()}" / tag]
+
+
+def _read_batches(files: list[Path], key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """All batches in one array without holding two copies (pages of np.empty fill as they are written)."""
+    batches = [_read_batch(p, key) for p in files]
+    labels = np.concatenate([b[1] for b in batches])
+    images = np.empty((len(labels), 3, 32, 32), dtype=np.uint8)
+    pos = 0
+    for k in range(len(batches)):
+        data = batches[k][0]
+        images[pos:pos + len(data)] = data.reshape(-1, 3, 32, 32)
+        pos += len(data)
+        batches[k] = (np.zeros((0, 3072), np.uint8), batches[k][1])
+        del data
+    return images, labels
 
 
 def _open_cache(cache: Path, stamp: dict) -> dict[str, np.ndarray] | None:
@@ -173,14 +269,14 @@ def _open_cache(cache: Path, stamp: dict) -> dict[str, np.ndarray] | None:
         raw = cache / f"{part}_x.u8"
         if raw.stat().st_size != count * 3072:
             return None
-        out[f"{part}_x"] = np.memmap(raw, dtype=np.uint8, mode="r", shape=(count, 3, 32, 32))
+        out[f"{part}_x"] = RowFile(raw, (count, 3, 32, 32), np.uint8)
         out[f"{part}_y"] = np.load(cache / f"{part}_y.npy")
     return out
 
 
 def _write_cache(cache: Path, stamp: dict, files: dict[str, list[Path]], key: bytes) -> None:
     """Streams the pickles' pixels into raw files, one batch in memory at a time."""
-    cache.mkdir(exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
     counts = {}
     for part, paths in files.items():
         labels = []

@@ -35,6 +35,7 @@ class GNLeNet(nn.Module):
 class Cifar10Task(TorchTask):
     name = "cifar10"
     classes = 10
+    eval_batch_size = 100  # activations of 1000 images would take half a GB
 
     def load(self) -> Split:
         return load_cifar(self.settings.data_dir, self.classes)

@@ -3,6 +3,13 @@
 A subclass says how to load its `Split`, build its model and turn stored arrays into tensors. One
 object serves every node of a process: data and the partition are computed once, the model object is
 reused (a lock serialises calls), and a node's work depends only on (settings, node, round, vector).
+
+Repeatability: batches come from a torch.Generator keyed by (seed, node, round); no global RNG is used
+(the initial model is built under fork_rng). The CPU kernels used here give the same bits for the same
+inputs and the same torch thread count; a different thread count changes the summation order of some
+backward reductions (conv weight gradients), hence the last bits. torch.use_deterministic_algorithms
+is not called: it would import torch._dynamo (~70 MB per process) and changes nothing on CPU. For the
+same reason SGD is `torch_util.SGD` (torch.optim.SGD's arithmetic, tested bit-equal), not torch.optim.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from ..data import Split
 from ..partition import PartitionError, partition, supported_message
 from ..settings import Partition, Settings
 from .base import Task
-from .torch_util import layout_of, load_vector, to_vector, train_generator
+from .torch_util import SGD, layout_of, load_vector, to_vector, train_generator
 
 __all__ = ["TorchTask"]
 
@@ -35,8 +42,6 @@ class TorchTask(Task):
         if settings.partition not in self.partitions:
             raise PartitionError(supported_message(self.name, settings.partition.value,
                                                    [p.value for p in self.partitions]))
-        # CPU kernels are deterministic already; this makes torch refuse (warn) where they are not.
-        torch.use_deterministic_algorithms(True, warn_only=True)
         self._lock = threading.RLock()
         self._split: Split | None = None
         self._shards: list[np.ndarray] | None = None
@@ -140,7 +145,7 @@ class TorchTask(Task):
                 with torch.no_grad():
                     loss = self.loss(model(self.inputs(split.x_train[idx])), self.targets(split.y_train[idx]))
                 return np.asarray(vector, dtype=np.float32).copy(), float(loss)
-            opt = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
+            opt = SGD(model.parameters(), lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
             losses = []
             order, pos = np.zeros(0, dtype=np.int64), 0
             for _ in range(s.local_steps):
@@ -148,7 +153,7 @@ class TorchTask(Task):
                     order, pos = torch.randperm(len(shard), generator=gen).numpy(), 0
                 idx = shard[order[pos:pos + batch]]
                 pos += batch
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad()
                 loss = self.loss(model(self.inputs(split.x_train[idx])), self.targets(split.y_train[idx]))
                 loss.backward()
                 opt.step()

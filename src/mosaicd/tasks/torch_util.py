@@ -8,7 +8,7 @@ from torch import nn
 
 from mosaic_proto import Layout, Purpose, keyed_rng
 
-__all__ = ["float_state", "layout_of", "load_vector", "to_vector", "train_generator", "train_seed"]
+__all__ = ["SGD", "float_state", "layout_of", "load_vector", "to_vector", "train_generator", "train_seed"]
 
 
 def float_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -50,3 +50,37 @@ def train_seed(seed: int, node: int, round: int) -> int:
 
 def train_generator(seed: int, node: int, round: int) -> torch.Generator:
     return torch.Generator().manual_seed(train_seed(seed, node, round))
+
+
+class SGD:
+    """torch.optim.SGD's arithmetic (dampening 0, no Nesterov), bit for bit, without torch.optim.
+
+    Constructing any torch.optim optimizer imports torch._dynamo (about 70 MB of resident memory per
+    process); a node needs only these few lines. Momentum buffers live as long as this object.
+    """
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            grad = p.grad
+            if grad is None:
+                continue
+            if self.weight_decay != 0:
+                grad = grad.add(p, alpha=self.weight_decay)
+            if self.momentum != 0:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = self.buffers[i] = torch.clone(grad).detach()
+                else:
+                    buf.mul_(self.momentum).add_(grad, alpha=1.0)
+                grad = buf
+            p.add_(grad, alpha=-self.lr)
