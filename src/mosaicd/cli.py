@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .logs import configure_logging
-from .settings import Settings, SettingsError
+from .settings import Settings, SettingsError, TaskName
 
 COMMANDS = {
     "node": "run one node daemon (also: mosaicd --peer-list peers.txt ...)",
@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add_settings_flags(p)
         if name in ("cluster", "simulate"):
             p.add_argument("--quiet", action="store_true", help="no progress line")
+    data = sub.add_parser("data", help="download a data set (for users who are online)")
+    data.add_argument("action", choices=["fetch"])
+    data.add_argument("dataset", metavar="TASK", choices=[t.value for t in TaskName])
+    data.add_argument("--data-dir", type=Path, default=None, help="where data sets live [default: data]")
     return parser
 
 
@@ -67,6 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         raise SystemExit(2)
+    if args.command == "data":
+        from .data import fetch
+
+        fetch(args.dataset, args.data_dir or Settings.model_fields["data_dir"].default)
+        return
     try:
         settings = load_settings(args)
     except SettingsError as exc:

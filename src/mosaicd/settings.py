@@ -76,6 +76,8 @@ class Settings(BaseSettings):
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     eval_every: int = Field(1, ge=0, description="evaluate every E rounds (0: only at the end)")
+    threads: int = Field(1, ge=1, le=256, description="torch threads per process; part of the run, since the "
+                         "thread count changes floating-point results")
     partition: Partition = Field(Partition.IID, description="data partition across nodes")
     alpha: float = Field(1.0, gt=0, description="Dirichlet concentration")
     shards_per_node: int = Field(2, ge=1, description="label shards per node (partition=shards)")
@@ -103,14 +105,13 @@ class Settings(BaseSettings):
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple:
+                                   env_settings: PydanticBaseSettingsSource, **_: PydanticBaseSettingsSource) -> tuple:
         return init_settings, env_settings, _TomlSource(settings_cls)
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.fanout >= self.nodes and self.nodes > 1:
-            raise ValueError(f"fanout s={self.fanout} needs at least s+1={self.fanout + 1} nodes, got --nodes {self.nodes}")
+            raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
         if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
             raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")
         return self

@@ -42,6 +42,7 @@ class TorchTask(Task):
         if settings.partition not in self.partitions:
             raise PartitionError(supported_message(self.name, settings.partition.value,
                                                    [p.value for p in self.partitions]))
+        torch.set_num_threads(settings.threads)  # the thread count changes float results: same on every node
         self._lock = threading.RLock()
         self._split: Split | None = None
         self._shards: list[np.ndarray] | None = None
