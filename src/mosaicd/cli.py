@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ COMMANDS = {
     "cluster": "run a barrier and --nodes node processes on 127.0.0.1",
     "simulate": "run all --nodes nodes in this process (same outputs and models as cluster)",
 }
+# experiment tooling: subcommands with their own flags, no run settings (module: HELP, add_arguments, main)
+TOOLS = {"sweep": "mosaicd.sweep", "report": "mosaicd.report", "analyze": "mosaicd.analysis"}
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("action", choices=["fetch"])
     data.add_argument("dataset", metavar="TASK", choices=[t.value for t in TaskName])
     data.add_argument("--data-dir", type=Path, default=None, help="where data sets live [default: data]")
+    for name, module_name in TOOLS.items():
+        module = import_module(module_name)
+        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.__doc__.split("\n\n")[0]))
     return parser
 
 
@@ -71,6 +77,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         raise SystemExit(2)
+    if args.command in TOOLS:
+        configure_logging()
+        try:
+            raise SystemExit(import_module(TOOLS[args.command]).main(args))
+        except KeyboardInterrupt:
+            raise SystemExit(130) from None
+        except (ValueError, FileNotFoundError) as exc:
+            parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
     if args.command == "data":
         from .data import fetch
 

@@ -1,0 +1,397 @@
+"""`mosaicd report RUN_DIR`: the paper's figures and a results table from a sweep's folder.
+
+RUN_DIR is the `out` of `mosaicd sweep` (it holds sweep.json and runs/*/summary.json). Unfinished runs
+(no summary.json) are left out. Writes, in RUN_DIR/report/ (or --out):
+
+    metric_vs_rounds.png      node-average and average-model metric vs rounds
+    consensus_vs_rounds.png   consensus distance and node spread vs rounds
+    best_vs_fanout.png        best node-average metric over rounds vs the degree s (when the grid varies fanout)
+    best_vs_alpha.png         the same vs the Dirichlet alpha (when the grid varies alpha)
+    report.md                 the final table and the figures
+
+Grouping: one line per K (`fragments`); lines are the mean over seeds (`seed` in the grid), the shaded
+band spans min..max over seeds (error bars in the best-vs-s/alpha figures: +-1 std). Every other grid
+key with several values (alpha, fanout, sampler, ...) gets its own row of subplots. Accuracy is shown in
+percent; RMSE and the quadratic loss as they are (lower is better). "Best" is the best evaluated round
+(highest accuracy, lowest RMSE/loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HELP = "figures (PNG) and a results table (report.md) from a sweep's folder"
+
+LINE_KEY, SEED_KEY = "fragments", "seed"
+SERIES = ("node_average", "average_model", "consensus_distance", "node_spread")
+
+
+@dataclass
+class RunData:
+    name: str
+    point: dict[str, Any]
+    settings: dict[str, Any]
+    rounds: list[dict[str, Any]]
+    wall_s: float | None
+
+    @property
+    def metric(self) -> str:
+        return str(self.rounds[-1].get("metric", "metric")) if self.rounds else "metric"
+
+    def series(self, key: str) -> dict[int, float]:
+        return {int(r["round"]): _num(r.get(key)) for r in self.rounds}
+
+
+@dataclass
+class Sweep:
+    folder: Path
+    info: dict[str, Any]
+    grid: dict[str, list[Any]]
+    runs: list[RunData]
+    missing: list[str]
+
+    @property
+    def panel_keys(self) -> list[str]:
+        return [k for k, v in self.grid.items() if k not in (LINE_KEY, SEED_KEY) and len(v) > 1]
+
+    @property
+    def seeds(self) -> int:
+        return len(self.grid.get(SEED_KEY, [None]))
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and value is not None else math.nan
+
+
+def load(folder: Path | str) -> Sweep:
+    folder = Path(folder)
+    path = folder / "sweep.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no sweep.json here; give the `out` folder of a `mosaicd sweep`")
+    info = json.loads(path.read_text())
+    runs, missing = [], []
+    for entry in info["runs"]:
+        summary_path = folder / entry["dir"] / "summary.json"
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (OSError, ValueError):
+            missing.append(entry["name"])
+            continue
+        runs.append(RunData(entry["name"], entry["point"], summary.get("settings", {}), summary.get("rounds") or [],
+                            summary.get("wall_s")))
+    if not runs:
+        raise FileNotFoundError(f"{folder}: none of the {len(info['runs'])} runs has finished (no summary.json)")
+    return Sweep(folder, info, info.get("grid", {}), runs, missing)
+
+
+# ---------------------------------------------------------------------------------------------- units
+
+
+@dataclass(frozen=True)
+class Unit:
+    metric: str
+    scale: float
+    label: str          # y label of the metric
+    spread_label: str   # y label of the node spread
+    higher_is_better: bool
+
+    def fmt(self, value: float) -> str:
+        return "-" if not math.isfinite(value) else f"{value * self.scale:.2f}" if self.scale == 100 else \
+            f"{value:.4g}"
+
+
+def unit_of(metric: str) -> Unit:
+    if metric == "accuracy":
+        return Unit(metric, 100.0, "test accuracy (%)", "node spread (std of node accuracy, points)", True)
+    if metric == "rmse":
+        return Unit(metric, 1.0, "test RMSE (lower is better)", "node spread (std of node RMSE)", False)
+    if metric == "loss":
+        return Unit(metric, 1.0, "global loss f(x) (lower is better)", "node spread (std of node loss)", False)
+    return Unit(metric, 1.0, metric, f"node spread (std of node {metric})", True)
+
+
+def best_of(run: RunData, unit: Unit) -> float:
+    values = [v for v in run.series("node_average").values() if math.isfinite(v)]
+    if not values:
+        return math.nan
+    return max(values) if unit.higher_is_better else min(values)
+
+
+# ---------------------------------------------------------------------------------------------- grouping
+
+
+def _label(key: str, value: Any) -> str:
+    names = {"fragments": "K", "fanout": "s", "alpha": "alpha", "nodes": "n", "local_steps": "H"}
+    return f"{names.get(key, key)}={value}"
+
+
+def panels(sweep: Sweep, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Every combination of the given grid keys' values (one subplot each), in grid order."""
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(sweep.grid[k] for k in keys))]
+
+
+def select(sweep: Sweep, where: dict[str, Any]) -> list[RunData]:
+    return [r for r in sweep.runs if all(r.point.get(k) == v for k, v in where.items())]
+
+
+def line_values(sweep: Sweep) -> list[Any]:
+    if LINE_KEY in sweep.grid:
+        return list(sorted(sweep.grid[LINE_KEY]))
+    return [sweep.runs[0].settings.get(LINE_KEY)]
+
+
+def in_line(run: RunData, k: Any) -> bool:
+    return run.point.get(LINE_KEY, run.settings.get(LINE_KEY)) == k
+
+
+def aggregate(runs: list[RunData], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rounds common to all runs; mean, min, max and std over runs (seeds) of `key` at those rounds."""
+    series = [r.series(key) for r in runs]
+    common = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    values = np.array([[s[t] for t in common] for s in series], dtype=float).reshape(len(series), len(common))
+    x = np.array(common, dtype=float) + 1  # rounds completed
+    with np.errstate(all="ignore"):
+        return x, np.nanmean(values, 0), np.nanmin(values, 0), np.nanmax(values, 0), np.nanstd(values, 0)
+
+
+# ---------------------------------------------------------------------------------------------- figures
+
+
+def _colors(n: int) -> list:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"]
+    return [cmap(0.9 * i / max(1, n - 1)) for i in range(n)]
+
+
+def _panel_title(where: dict[str, Any]) -> str:
+    return ", ".join(_label(k, v) for k, v in where.items())
+
+
+def _context(sweep: Sweep) -> str:
+    s = sweep.runs[0].settings
+    parts = [str(s.get("task")), f"n={s.get('nodes')}"]
+    for key, name in (("fanout", "s"), ("sampler", "sampler"), ("partition", "partition"), ("alpha", "alpha"),
+                      ("local_steps", "H"), ("lr", "lr")):
+        if key not in sweep.grid and key in s and not (key == "alpha" and s.get("partition") != "dirichlet"):
+            parts.append(f"{name}={s[key]}")
+    seeds = sweep.seeds
+    return ", ".join(parts) + (f" | mean over {seeds} seeds, band = min..max" if seeds > 1 else "")
+
+
+def _wants_log(ax: Any, unit: Unit, key: str) -> bool:
+    """Log y for losses, RMSE spreads and distances that span more than two decades (never for accuracy)."""
+    if unit.metric == "accuracy" and key != "consensus_distance":
+        return False
+    values = np.concatenate([line.get_ydata() for line in ax.get_lines()] or [np.array([])]).astype(float)
+    values = values[np.isfinite(values)]
+    return bool(values.size) and values.min() > 0 and values.max() / values.min() > 100
+
+
+def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    rows = panels(sweep, sweep.panel_keys)
+    ks = line_values(sweep)
+    colors = _colors(len(ks))
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.8 * len(rows) + 0.6), squeeze=False)
+    for row, where in zip(axes, rows, strict=True):
+        chosen = select(sweep, where)
+        if not chosen:
+            for ax in row:
+                ax.set_visible(False)
+            continue
+        unit = unit_of(chosen[0].metric)
+        for ax, key, title in zip(row, keys, titles, strict=True):
+            scale = unit.scale if key in ("node_average", "average_model", "node_spread") else 1.0
+            for k, color in zip(ks, colors, strict=True):
+                runs = [r for r in chosen if in_line(r, k)]
+                if not runs:
+                    continue
+                x, mean, lo, hi, _ = aggregate(runs, key)
+                ax.plot(x, mean * scale, color=color, lw=1.8, marker="o" if len(x) <= 12 else None, ms=3,
+                        label=f"K={k}" + (f" ({len(runs)} seeds)" if len(runs) != sweep.seeds else ""))
+                if len(runs) > 1:
+                    ax.fill_between(x, lo * scale, hi * scale, color=color, alpha=0.18, lw=0)
+            ylabel = {"node_average": unit.label, "average_model": unit.label, "node_spread": unit.spread_label,
+                      "consensus_distance": "consensus distance (mean L2 to the average model)"}[key]
+            ax.set_xlabel("round")
+            ax.set_ylabel(ylabel)
+            metric_name = {"accuracy": "accuracy", "rmse": "RMSE", "loss": "loss"}.get(unit.metric, unit.metric)
+            ax.set_title(title.format(metric=metric_name) + (f" ({_panel_title(where)})" if where else ""))
+            if _wants_log(ax, unit, key):
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8, loc="best")
+    fig.suptitle(_context(sweep), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def figure_best_vs(sweep: Sweep, x_key: str, x_label: str, path: Path, log_x: bool = False) -> Path:
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in sweep.panel_keys if k != x_key]
+    rows = panels(sweep, keys)
+    ks = line_values(sweep)
+    colors = _colors(len(ks))
+    cols = min(3, len(rows))
+    nrows = math.ceil(len(rows) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4.0 * nrows + 0.6), squeeze=False)
+    xs = sorted(sweep.grid[x_key])
+    for ax, where in zip(axes.flat, rows, strict=False):
+        chosen = select(sweep, where)
+        if not chosen:
+            ax.set_visible(False)
+            continue
+        unit = unit_of(chosen[0].metric)
+        for k, color in zip(ks, colors, strict=True):
+            means, stds, used = [], [], []
+            for xv in xs:
+                values = [best_of(r, unit) for r in chosen if in_line(r, k) and r.point.get(x_key) == xv]
+                values = [v for v in values if math.isfinite(v)]
+                if values:
+                    used.append(xv)
+                    means.append(np.mean(values) * unit.scale)
+                    stds.append(np.std(values) * unit.scale)
+            if used:
+                ax.errorbar(used, means, yerr=stds, color=color, marker="o", ms=4, capsize=3, lw=1.6,
+                            label=f"K={k}")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("best " + unit.label.replace("test ", "test ", 1) + " over rounds")
+        ax.set_title(f"best node-average {'accuracy' if unit.metric == 'accuracy' else unit.metric} vs {x_label}"
+                     + (f" ({_panel_title(where)})" if where else ""))
+        if log_x:
+            ax.set_xscale("log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(v) for v in xs])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.set_visible(False)
+    context = _context(sweep).replace("band = min..max", "error bars = +-1 std")
+    fig.suptitle(context, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- the table
+
+
+def _pm(values: list[float], unit: Unit | None) -> str:
+    values = [v for v in values if math.isfinite(v)]
+    if not values:
+        return "-"
+    scale = unit.scale if unit else 1.0
+    mean, std = float(np.mean(values)) * scale, float(np.std(values)) * scale
+    digits = 2 if scale == 100 else None
+    if digits is None:
+        return f"{mean:.4g}" + (f" ± {std:.2g}" if len(values) > 1 else "")
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if len(values) > 1 else "")
+
+
+def table(sweep: Sweep) -> list[str]:
+    keys = [k for k in sweep.grid if k != SEED_KEY]
+    order = sweep.panel_keys + ([LINE_KEY] if LINE_KEY in sweep.grid else [])
+    keys = order + [k for k in keys if k not in order]
+    unit = unit_of(sweep.runs[0].metric)
+    m = unit.label.replace(" (lower is better)", "")
+    header = [*(_label(k, "").rstrip("=") for k in keys), "seeds", f"node-average {m}", f"average-model {m}",
+              f"best node-average {m}", "consensus distance", unit.spread_label.split(" (")[0]
+              + (" (points)" if unit.scale == 100 else ""), "train loss", "wall (s)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    values = [sorted(sweep.grid[k]) if k == LINE_KEY else sweep.grid[k] for k in keys]
+    cells = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+    for cell in cells:
+        runs = select(sweep, cell)
+        if not runs:
+            continue
+        finals = [r.rounds[-1] for r in runs if r.rounds]
+        lines.append("| " + " | ".join([
+            *(str(cell[k]) for k in keys), str(len(runs)),
+            _pm([_num(f.get("node_average")) for f in finals], unit),
+            _pm([_num(f.get("average_model")) for f in finals], unit),
+            _pm([best_of(r, unit) for r in runs], unit),
+            _pm([_num(f.get("consensus_distance")) for f in finals], None),
+            _pm([_num(f.get("node_spread")) for f in finals], unit),
+            _pm([_num(f.get("train_loss")) for f in finals], None),
+            _pm([_num(r.wall_s) for r in runs], None),
+        ]) + " |")
+    return lines
+
+
+def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    sweep = load(folder)
+    out = Path(out) if out else sweep.folder / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    figures: list[tuple[str, Path]] = [
+        ("Node-average and average-model metric vs rounds", figure_vs_rounds(
+            sweep, ("node_average", "average_model"), ("node-average {metric}", "average-model {metric}"),
+            out / "metric_vs_rounds.png")),
+        ("Consensus distance and node spread vs rounds", figure_vs_rounds(
+            sweep, ("consensus_distance", "node_spread"), ("consensus distance", "node spread"),
+            out / "consensus_vs_rounds.png")),
+    ]
+    if len(sweep.grid.get("fanout", [])) > 1:
+        figures.append(("Best node-average metric vs degree s", figure_best_vs(
+            sweep, "fanout", "degree s (receivers per fragment)", out / "best_vs_fanout.png")))
+    if len(sweep.grid.get("alpha", [])) > 1:
+        figures.append(("Best node-average metric vs Dirichlet alpha",
+                        figure_best_vs(sweep, "alpha", "Dirichlet alpha", out / "best_vs_alpha.png", log_x=True)))
+    s = sweep.runs[0].settings
+    base = ", ".join(f"{k}={v}" for k, v in sweep.info.get("base", {}).items())
+    final_round = max((r.rounds[-1]["round"] + 1 for r in sweep.runs if r.rounds), default=0)
+    lines = [f"# Sweep report: {sweep.folder}", ""]
+    if sweep.info.get("description"):
+        lines += [sweep.info["description"], ""]
+    lines += [
+        f"- spec: `{sweep.info.get('spec')}`, mode `{sweep.info.get('mode')}`",
+        f"- runs: {len(sweep.runs)} finished of {len(sweep.runs) + len(sweep.missing)}"
+        + (f" (missing: {', '.join(sweep.missing)})" if sweep.missing else ""),
+        f"- base settings: {base or '(defaults)'}",
+        "- grid: " + ", ".join(f"{k} = {v}" for k, v in sweep.grid.items()),
+        f"- task {s.get('task')}, metric {sweep.runs[0].metric}, {final_round} rounds",
+        "",
+        "## Final figures (last evaluated round; mean ± std over seeds)",
+        "",
+        *table(sweep),
+        "",
+        "Best node-average: the best evaluated round of each run, then mean ± std over seeds. Consensus distance: "
+        "mean over nodes of ||x_i - mean_j x_j||. Node spread: std over nodes of the node metric. Wall: seconds "
+        "per run.",
+        "",
+        "## Figures",
+        "",
+    ]
+    for title, path in figures:
+        lines += [f"### {title}", "", f"![{title}]({path.name})", ""]
+    (out / "report.md").write_text("\n".join(lines))
+    return {"out": str(out), "report": str(out / "report.md"), "figures": [str(p) for _, p in figures],
+            "runs": len(sweep.runs), "missing": len(sweep.missing)}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a sweep's folder (the spec's `out`)")
+    parser.add_argument("--out", type=Path, default=None, help="where to write [default: RUN_DIR/report]")
+
+
+def main(args: argparse.Namespace) -> int:
+    result = write_report(args.run_dir, args.out)
+    print(json.dumps(result))
+    return 0
