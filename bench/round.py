@@ -1,0 +1,208 @@
+"""Protocol-only gossip rounds through the real cluster (processes + HTTP on loopback) vs a plain socket.
+
+For every configuration (n nodes, K fragments, fanout s, quadratic task with d coordinates, training off,
+evaluation only at the end) it runs `mosaicd`'s `Cluster` (one barrier and n node processes on 127.0.0.1)
+for --rounds rounds and reports, over the rounds after the --warmup first ones:
+
+- seconds per round: the mean interval between the barrier's successive round releases (from the barrier's
+  log timestamps); the last release of a run (the final model collection) is never counted;
+- bytes sent per node per round (nodes.csv bytes_out) against s * d * 4; every row must be within 1%
+  (the spec: fragmentation changes who gets what, not how much), else the row is flagged;
+- where a node's round time goes: mean send_s, wait_s and aggregate_s per node and round (nodes.csv);
+- the 1-minute load average just before the run (rounds are CPU-bound: other load on the machine slows them);
+- the time to move the same bytes (n * s * d * 4 per round) through one plain TCP socket pair on 127.0.0.1
+  (sendall of d*4-byte buffers, a reader thread with recv_into; best of --socket-repeats, measured once per
+  byte count) and the slowdown of a cluster round against it.
+
+s is capped at n - 1 (a node has n - 1 possible receivers; the settings refuse s >= n).
+
+Usage: .venv/bin/python bench/round.py [--nodes 8,16,32] [--fragments 1,16] [--fanout 8] [--dim 1000000]
+                                       [--rounds 6] [--warmup 1] [--keep DIR]
+The last line of stdout is a JSON list with one row per configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+from mosaicd.cluster import Cluster
+from mosaicd.settings import Settings
+
+BYTES_TOLERANCE = 0.01
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+# -- the reference: a plain loopback socket pair -------------------------------------------------------------
+def socket_seconds(total: int, chunk: int, repeats: int) -> float:
+    """Best time to push `total` bytes (as sendall()s of `chunk`-byte buffers) through TCP on 127.0.0.1."""
+    payload = os.urandom(chunk)
+    best = float("inf")
+    for _ in range(repeats):
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            sender = socket.create_connection(server.getsockname())
+            receiver, _ = server.accept()
+        got = [0]
+
+        def read(sock: socket.socket = receiver, got: list[int] = got) -> None:
+            buf = memoryview(bytearray(chunk))
+            while got[0] < total:
+                n = sock.recv_into(buf)
+                if not n:
+                    break
+                got[0] += n
+
+        reader = threading.Thread(target=read)
+        started = time.perf_counter()
+        reader.start()
+        sent = 0
+        while sent < total:
+            piece = payload if total - sent >= chunk else payload[:total - sent]
+            sender.sendall(piece)
+            sent += len(piece)
+        reader.join()
+        elapsed = time.perf_counter() - started
+        sender.close()
+        receiver.close()
+        assert got[0] == total, (got[0], total)
+        best = min(best, elapsed)
+    return best
+
+
+# -- one cluster configuration ----------------------------------------------------------------------------
+def release_times(barrier_log: Path) -> dict[int, float]:
+    """round -> wall time (s) of the barrier's release of that round, from its JSON log lines."""
+    times: dict[int, float] = {}
+    for line in barrier_log.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") == "released" and not entry.get("finished"):
+            ts = datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
+            times[int(entry["round"])] = ts
+    return times
+
+
+def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Path) -> dict:
+    settings = Settings.load(
+        run_id=f"bench-round-n{n}-k{k}", nodes=n, rounds=rounds, fragments=k, fanout=s, dim=d, task="quadratic",
+        train=False, eval_every=0, round_deadline=900.0, request_timeout=300.0, register_deadline=300.0,
+        out=out, log_level="info")
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    Cluster(settings, progress=False).run(timeout=1800)
+    wall = time.perf_counter() - started
+
+    releases = release_times(out / "logs" / "barrier.log")
+    measured = [r for r in range(max(warmup, 1), rounds) if r in releases and r - 1 in releases]
+    intervals = [releases[r] - releases[r - 1] for r in measured]
+
+    with open(out / "nodes.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["round"]) >= warmup]
+    expected = s * d * 4
+    per_row = [int(r["bytes_out"]) for r in rows]
+    bad = [(r["round"], r["node"], r["bytes_out"]) for r in rows
+           if abs(int(r["bytes_out"]) / expected - 1) > BYTES_TOLERANCE]
+
+    def mean(col: str) -> float:
+        return statistics.fmean(float(r[col]) for r in rows)
+
+    node_round = statistics.fmean(sum(float(r[c]) for c in ("train_s", "send_s", "wait_s", "aggregate_s"))
+                                  for r in rows)
+    bytes_node = statistics.fmean(per_row)
+    return {
+        "n": n, "d": d, "K": k, "s": s,
+        "rounds_measured": len(intervals),
+        "seconds_per_round": statistics.fmean(intervals),
+        "seconds_per_round_max": max(intervals),
+        "node_round_s": node_round,
+        "bytes_per_node_round": bytes_node,
+        "expected_bytes": expected,
+        "bytes_ratio": bytes_node / expected,
+        "bytes_rows_off": len(bad),
+        "messages_per_node_round": mean("messages_out"),
+        "send_s": mean("send_s"), "wait_s": mean("wait_s"), "aggregate_s": mean("aggregate_s"),
+        "cluster_wall_s": wall,
+        "load1": load_before,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=_ints, default=[8, 16, 32], help="comma-separated n values")
+    parser.add_argument("--fragments", type=_ints, default=[1, 16], help="comma-separated K values")
+    parser.add_argument("--fanout", type=int, default=8, help="s (capped at n - 1)")
+    parser.add_argument("--dim", type=int, default=1_000_000, help="d of the quadratic task")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per run (the first --warmup not counted)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--socket-repeats", type=int, default=5, help="socket transfers timed (best counts)")
+    parser.add_argument("--keep", type=Path, help="keep every run's outputs under this directory")
+    args = parser.parse_args()
+    if args.rounds <= max(args.warmup, 1):
+        parser.error("--rounds must be more than --warmup (and at least 2)")
+
+    print(f"bench/round.py: python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}; "
+          f"d={args.dim}, rounds={args.rounds} (first {args.warmup} not counted), training off, eval at the end only",
+          flush=True)
+    root = args.keep or Path(tempfile.mkdtemp(prefix="mosaic-bench-round-"))
+    rows = []
+    sockets: dict[int, float] = {}  # total bytes -> seconds (K does not change the bytes: measured once per n)
+    try:
+        for n in args.nodes:
+            s = min(args.fanout, n - 1)
+            for k in args.fragments:
+                row = run_config(n, k, s, args.dim, args.rounds, args.warmup, root / f"n{n}-k{k}")
+                total = n * s * args.dim * 4
+                if total not in sockets:
+                    sockets[total] = socket_seconds(total, args.dim * 4, args.socket_repeats)
+                row["socket_seconds"] = sockets[total]
+                row["slowdown_vs_socket"] = row["seconds_per_round"] / row["socket_seconds"]
+                rows.append(row)
+                flag = "" if row["bytes_rows_off"] == 0 else f"  !! {row['bytes_rows_off']} rows off by >1%"
+                note = f"  (s capped at n-1={s})" if s != args.fanout else ""
+                print(f"  done n={n:>3} K={k:>3} s={s}: {row['seconds_per_round']:.3f} s/round, cluster wall "
+                      f"{row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}{note}{flag}", flush=True)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    print()
+    head = (f"{'n':>3} {'K':>3} {'s':>2} {'s/round':>8} {'max':>7} {'MB/node/rnd':>11} {'ratio':>8} {'msgs':>5} "
+            f"{'send_s':>7} {'wait_s':>7} {'aggr_s':>7} {'socket_s':>8} {'slowdown':>8} {'MB/s':>6} {'load':>5}")
+    print(head)
+    for r in rows:
+        mbps = r["n"] * r["bytes_per_node_round"] / r["seconds_per_round"] / 1e6
+        print(f"{r['n']:>3} {r['K']:>3} {r['s']:>2} {r['seconds_per_round']:>8.3f} {r['seconds_per_round_max']:>7.3f} "
+              f"{r['bytes_per_node_round'] / 1e6:>11.3f} {r['bytes_ratio']:>8.5f} {r['messages_per_node_round']:>5.1f} "
+              f"{r['send_s']:>7.3f} {r['wait_s']:>7.3f} {r['aggregate_s']:>7.3f} {r['socket_seconds']:>8.3f} "
+              f"{r['slowdown_vs_socket']:>8.1f} {mbps:>6.0f} {r['load1']:>5.1f}")
+    off = [r for r in rows if r["bytes_rows_off"] or abs(r["bytes_ratio"] - 1) > BYTES_TOLERANCE]
+    print("bytes check: every node-round within 1% of s*d*4" if not off else
+          f"bytes check FAILED for {[(r['n'], r['K']) for r in off]}")
+    print("max: slowest measured round; MB/s: all nodes' bytes_out per second of round; socket_s: the same bytes "
+          "through one TCP pair; load: 1-min load average before the run")
+    keys = ("n", "d", "K", "s", "seconds_per_round", "bytes_per_node_round", "expected_bytes", "bytes_ratio",
+            "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket")
+    print(json.dumps([{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in keys} for r in rows]))
+    if off:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
