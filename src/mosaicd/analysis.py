@@ -207,7 +207,20 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+EPILOG = """\
+what is computed (details: the docstring of mosaicd/analysis.py):
+  one round: x <- (I - 2 eta A)^H x on every node, then fragment-wise gossip; stacked n*d state:
+  x_{t+1} = P_t (I (x) G) x_t. e_t = sum_i ||x_i - mean x||^2 (consensus error).
+  rho_after_step   = lambda_max E[(Q M U)^T (Q M U)], M = (I (x) G) P_t  (state read after the local step)
+  rho_after_gossip = the same for M = P_t (I (x) G)  (state read after gossip; provably independent of K)
+  Q: projector on the disagreement subspace, U: an orthonormal basis of it; E[e_{t+1}] <= rho E[e_t].
+  E over the sampler's graphs, estimated from --samples sampled rounds; sim_rate: measured per-round factor.
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
     parser.add_argument("--nodes", "-n", type=int, default=16, help="nodes n [default: 16]")
     parser.add_argument("--dim", "-d", type=int, default=None, help="model size d [default: 16, or the file's]")
     parser.add_argument("--fragments", "-K", type=_ints, default=[1, 2, 4, 8, 16],

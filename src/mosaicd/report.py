@@ -119,6 +119,12 @@ def unit_of(metric: str) -> Unit:
     return Unit(metric, 1.0, metric, f"node spread (std of node {metric})", True)
 
 
+def mean_over_rounds(run: RunData) -> float:
+    """Mean node-average metric over the evaluated rounds: a learning-speed summary (area under the curve)."""
+    values = [v for v in run.series("node_average").values() if math.isfinite(v)]
+    return float(np.mean(values)) if values else math.nan
+
+
 def best_of(run: RunData, unit: Unit) -> float:
     values = [v for v in run.series("node_average").values() if math.isfinite(v)]
     if not values:
@@ -173,6 +179,13 @@ def _colors(n: int) -> list:
     return [cmap(0.9 * i / max(1, n - 1)) for i in range(n)]
 
 
+def _k_label(k: Any, runs: list[RunData]) -> str:
+    samplers = {r.settings.get("sampler") for r in runs}
+    if k == 1 and samplers and "static" not in samplers:
+        return "K=1 (EL)"
+    return f"K={k}" + (" (D-PSGD)" if samplers == {"static"} else "")
+
+
 def _panel_title(where: dict[str, Any]) -> str:
     return ", ".join(_label(k, v) for k, v in where.items())
 
@@ -219,7 +232,7 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
                     continue
                 x, mean, lo, hi, _ = aggregate(runs, key)
                 ax.plot(x, mean * scale, color=color, lw=1.8, marker="o" if len(x) <= 12 else None, ms=3,
-                        label=f"K={k}" + (f" ({len(runs)} seeds)" if len(runs) != sweep.seeds else ""))
+                        label=_k_label(k, runs) + (f" ({len(runs)} seeds)" if len(runs) != sweep.seeds else ""))
                 if len(runs) > 1:
                     ax.fill_between(x, lo * scale, hi * scale, color=color, alpha=0.18, lw=0)
             ylabel = {"node_average": unit.label, "average_model": unit.label, "node_spread": unit.spread_label,
@@ -267,7 +280,7 @@ def figure_best_vs(sweep: Sweep, x_key: str, x_label: str, path: Path, log_x: bo
                     stds.append(np.std(values) * unit.scale)
             if used:
                 ax.errorbar(used, means, yerr=stds, color=color, marker="o", ms=4, capsize=3, lw=1.6,
-                            label=f"K={k}")
+                            label=_k_label(k, [r for r in chosen if in_line(r, k)]))
         ax.set_xlabel(x_label)
         ax.set_ylabel("best " + unit.label.replace("test ", "test ", 1) + " over rounds")
         ax.set_title(f"best node-average {'accuracy' if unit.metric == 'accuracy' else unit.metric} vs {x_label}"
@@ -309,9 +322,10 @@ def table(sweep: Sweep) -> list[str]:
     keys = order + [k for k in keys if k not in order]
     unit = unit_of(sweep.runs[0].metric)
     m = unit.label.replace(" (lower is better)", "")
+    spread = unit.spread_label.split(" (")[0] + (" (points)" if unit.scale == 100 else "")
     header = [*(_label(k, "").rstrip("=") for k in keys), "seeds", f"node-average {m}", f"average-model {m}",
-              f"best node-average {m}", "consensus distance", unit.spread_label.split(" (")[0]
-              + (" (points)" if unit.scale == 100 else ""), "train loss", "wall (s)"]
+              f"best node-average {m}", f"node-average {m}, mean over rounds", "consensus distance", spread,
+              "train loss", "wall (s)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     values = [sorted(sweep.grid[k]) if k == LINE_KEY else sweep.grid[k] for k in keys]
     cells = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
@@ -325,6 +339,7 @@ def table(sweep: Sweep) -> list[str]:
             _pm([_num(f.get("node_average")) for f in finals], unit),
             _pm([_num(f.get("average_model")) for f in finals], unit),
             _pm([best_of(r, unit) for r in runs], unit),
+            _pm([mean_over_rounds(r) for r in runs], unit),
             _pm([_num(f.get("consensus_distance")) for f in finals], None),
             _pm([_num(f.get("node_spread")) for f in finals], unit),
             _pm([_num(f.get("train_loss")) for f in finals], None),
@@ -372,9 +387,10 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
         "",
         *table(sweep),
         "",
-        "Best node-average: the best evaluated round of each run, then mean ± std over seeds. Consensus distance: "
-        "mean over nodes of ||x_i - mean_j x_j||. Node spread: std over nodes of the node metric. Wall: seconds "
-        "per run.",
+        "Best node-average: the best evaluated round of each run; mean over rounds: the node-average metric "
+        "averaged over the evaluated rounds (how fast it learns); both then mean ± std over seeds. Consensus "
+        "distance: mean over nodes of ||x_i - mean_j x_j||. Node spread: std over nodes of the node metric. "
+        "Wall: seconds per run.",
         "",
         "## Figures",
         "",

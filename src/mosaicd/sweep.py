@@ -328,15 +328,15 @@ class SweepDisplay:
     def line(self) -> str:
         eta = self.eta()
         current = f" | {self.current}: round {self.round}/{self.run_rounds}{self.detail}" if self.current else ""
-        return (f"runs {self.done}/{self.total}{current} | {_clock(time.monotonic() - self.started)} elapsed, "
-                + (f"~{_clock(eta)} left" if eta is not None else "time left: measuring"))
+        return (f"runs {self.done}/{self.total} | {_clock(time.monotonic() - self.started)} elapsed, "
+                + (f"~{_clock(eta)} left" if eta is not None else "time left: measuring") + current)
 
     def draw(self, force: bool = False) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
         if self.tty:
-            self.stream.write("\r\033[K" + self.line())
+            self.stream.write("\r\033[K" + self.line()[: shutil.get_terminal_size().columns - 1])
             self.stream.flush()
         elif force or now - self.last_print >= 30:
             print(self.line(), file=self.stream, flush=True)
@@ -353,16 +353,17 @@ class _RunProgress:
 
     def __init__(self, display: SweepDisplay, log: TextIO, total: int, enabled: bool = True, label: str = "") -> None:
         self.display, self.log, self.total = display, log, total
+        self.metrics = ""
 
     def update(self, round: int, loss: float | None = None, row: dict[str, Any] | None = None,
                extra: str = "") -> None:
-        detail = f" loss {loss:.4f}" if loss is not None and math.isfinite(loss) else ""
+        loss_text = f" loss {loss:.4f}" if loss is not None and math.isfinite(loss) else ""
         if row:
-            detail += (f" | {row.get('metric', 'metric')} node-avg {row.get('node_average', math.nan):.4f}"
-                       f" avg-model {row.get('average_model', math.nan):.4f}")
-        self.log.write(f"{_now()} round {round + 1}/{self.total}{detail}{extra}\n")
+            self.metrics = (f" | {row.get('metric', 'metric')} node-avg {row.get('node_average', math.nan):.4f}"
+                            f" avg-model {row.get('average_model', math.nan):.4f}")
+        self.log.write(f"{_now()} round {round + 1}/{self.total}{loss_text}{self.metrics if row else ''}{extra}\n")
         self.log.flush()
-        self.display.round_done(round, detail)
+        self.display.round_done(round, loss_text + self.metrics)
 
     def close(self) -> None:
         pass
