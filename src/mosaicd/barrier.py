@@ -25,10 +25,8 @@ from .http import Client, HttpError, bad_request, healthz, json_errors, metrics_
 from .logs import get_logger
 from .membership import MembershipError, Roster, parse_address, rank_addresses, resolve_all
 from .model_codec import decode_model
-from .outputs import RunRecorder, is_eval_round
+from .outputs import NODE_COLUMNS, RunRecorder, is_eval_round
 from .settings import Settings
-
-DNS_SETTLE_S = 3.0
 
 
 @dataclass
@@ -49,6 +47,27 @@ class MemberState:
     missed: int = 0
     last_contact: float = field(default_factory=time.monotonic)
     last_round: int = -1
+
+
+_REPORT_NUMBERS = [c for c in NODE_COLUMNS if c not in ("round", "node", "refused")]
+
+
+def _checked_report(report: Any, round_: int) -> dict[str, Any] | None:
+    """A node's report of its previous round, as sent with /v1/arrive; 400 (nothing recorded) if malformed."""
+    if report is None:
+        return None
+    if not isinstance(report, dict):
+        raise bad_request("bad_field", "field 'report' must be an object or null")
+    r = report.get("round")
+    if type(r) is not int or not 0 <= r < round_:
+        raise bad_request("bad_field", f"report.round must be an integer in [0, {round_})")
+    for key in _REPORT_NUMBERS:
+        if report.get(key) is not None and type(report[key]) not in (int, float):
+            raise bad_request("bad_field", f"report.{key} must be a number")
+    refused = report.get("refused")
+    if refused is not None and not (isinstance(refused, dict) and all(type(v) is int for v in refused.values())):
+        raise bad_request("bad_field", "report.refused must map reasons to counts")
+    return report
 
 
 class Barrier:
@@ -130,9 +149,11 @@ class Barrier:
         stable_since, last = time.monotonic(), -1
         while self.roster is None:
             count = len(await asyncio.to_thread(resolve_all, self.settings.expect_dns))
-            if count != last:
+            if count != last:  # still moving (replicas starting): nothing is counted until it holds still
                 last, stable_since = count, time.monotonic()
-            if count and time.monotonic() - stable_since >= DNS_SETTLE_S:
+                self._dns_count = 0
+                self.m_expected.set(0)
+            if count and time.monotonic() - stable_since >= self.settings.dns_settle:
                 self._dns_count = count
                 self.m_expected.set(count)
                 self._maybe_close_registration()
@@ -201,16 +222,16 @@ class Barrier:
             raise bad_request("dropped", f"rank {rank} was dropped from the run", 410)
         if round_ > self.settings.rounds:
             raise bad_request("bad_round", f"round {round_} is past the run's {self.settings.rounds} rounds")
+        report = _checked_report(body.get("report"), round_)
         member = self.members[rank]
         member.last_contact = time.monotonic()
-        report = body.get("report")
-        if isinstance(report, dict) and report.get("round", -1) > member.last_round:
-            member.last_round = int(report["round"])
+        if round_ > self.round:  # checked before the report is recorded: a refused arrival records nothing
+            raise bad_request("future_round", f"round {round_} is not open (the barrier is at {self.round})", 409)
+        if report is not None and report["round"] > member.last_round:
+            member.last_round = report["round"]
             self.recorder.node_round({**report, "node": rank})
         if round_ in self.released:
             return web.json_response(self.released[round_].to_json())
-        if round_ > self.round:
-            raise bad_request("future_round", f"round {round_} is not open (the barrier is at {self.round})", 409)
         self.arrived.add(rank)
         if self.first_arrival is None:
             self.first_arrival = time.monotonic()

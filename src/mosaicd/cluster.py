@@ -56,6 +56,8 @@ class Cluster:
         self.settings, self.progress = settings, progress
         self.out = Path(settings.out)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.barrier_port: int | None = None  # set by run(): where to scrape the barrier's /v1/status, /metrics
+        self.node_ports: list[int] = []  # node-i listens on node_ports[i] (its rank is its address' sort order)
 
     def _spawn(self, name: str, command: str, env: dict[str, str]) -> None:
         logs = self.out / "logs"
@@ -78,6 +80,7 @@ class Cluster:
         self.out.mkdir(parents=True, exist_ok=True)
         ports = free_ports(s.nodes + 1)
         barrier_port, node_ports = ports[0], ports[1:]
+        self.barrier_port, self.node_ports = barrier_port, node_ports
         barrier_url = f"http://127.0.0.1:{barrier_port}"
         self._spawn("barrier", "barrier", settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True))
         for i, port in enumerate(node_ports):

@@ -18,7 +18,7 @@ class MembershipError(ValueError):
 
 def parse_address(text: str, where: str = "address") -> tuple[str, int]:
     host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
         raise MembershipError(f"{where}: expected host:port, got {text.strip()!r}")
     return host.strip("[]"), int(port)
 

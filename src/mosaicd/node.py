@@ -11,7 +11,7 @@ from .evaluation import network_metrics
 from .http import Client
 from .logs import get_logger
 from .outputs import is_eval_round
-from .peer import Peer, embedded_barrier_url, own_address
+from .peer import Peer, embedded_barrier_url, listed_addresses, own_address
 from .settings import Settings
 from .tasks import build_task
 
@@ -19,8 +19,8 @@ from .tasks import build_task
 async def run_settings(settings: Settings) -> Settings:
     """The run's settings as the barrier holds them (the barrier is authoritative for every run field)."""
     if settings.peer_list is not None and not settings.barrier_url:
-        from .membership import read_peer_list
-        if read_peer_list(settings.peer_list)[0] == own_address(settings, settings.port):
+        # check the list names this node before waiting on rank 0 (it may never answer a node it does not list)
+        if listed_addresses(settings)[0] == own_address(settings, settings.port):
             return settings
         url = embedded_barrier_url(settings)
     elif settings.barrier_url:

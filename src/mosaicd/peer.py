@@ -65,6 +65,17 @@ def own_address(settings: Settings, port: int) -> str:
     return f"{host}:{port}"
 
 
+def listed_addresses(settings: Settings) -> list[str]:
+    """The --peer-list addresses in rank order; a ValueError naming --peer-list if this node is not among them."""
+    assert settings.peer_list is not None
+    addresses = read_peer_list(settings.peer_list)
+    me = own_address(settings, settings.port)
+    if me not in addresses:
+        raise ValueError(f"--peer-list {settings.peer_list}: this node's address {me} is not listed "
+                         f"(set --advertise host:port to the line that names this node)")
+    return addresses
+
+
 def route_ip(url: str | None) -> str:
     """The local IP the kernel would use to reach `url`'s host (a UDP connect sends nothing)."""
     from urllib.parse import urlsplit
@@ -155,11 +166,8 @@ class Peer:
         app = self.app()
         settings = self.settings
         if settings.peer_list is not None:
-            addresses = read_peer_list(settings.peer_list)
+            addresses = listed_addresses(settings)
             me = own_address(settings, settings.port)
-            if me not in addresses:
-                raise ValueError(f"--peer-list {settings.peer_list}: this node's address {me} is not listed "
-                                 f"(set --advertise host:port to the line that names this node)")
             self.barrier_url = self.barrier_url or embedded_barrier_url(settings)
             if addresses[0] == me and not settings.barrier_url:
                 self.barrier = Barrier(settings.model_copy(update={"nodes": len(addresses), "expect_dns": None}),
@@ -194,9 +202,17 @@ class Peer:
 
     def _round_state(self, round: int, members: list[int], early: tuple) -> RoundState:
         assert self.fragmentation is not None
-        return RoundState(node=self.rank, round=round, members=members, fragmentation=self.fragmentation,
-                          sampler=self.sampler, run_id=self.settings.run_id,
-                          max_bytes=self.settings.max_body_bytes, early=early)
+        state = RoundState(node=self.rank, round=round, members=members, fragmentation=self.fragmentation,
+                           sampler=self.sampler, run_id=self.settings.run_id,
+                           max_bytes=self.settings.max_body_bytes, early=early)
+        # messages buffered for this round were accepted (or refused) just now: count them like live ones
+        report = state.report
+        self.m_msgs_in.inc(report.messages_in)
+        self.m_bytes_in.inc(report.bytes_in)
+        self.m_frags_in.inc(report.fragments_in)
+        for reason, count in report.refused.items():
+            self.m_refused.labels(reason).inc(count)
+        return state
 
     # -- one round -----------------------------------------------------------------------------------
     async def gossip(self, local: np.ndarray | Any, *, loss: float = math.nan, train_s: float = 0.0) -> np.ndarray:
@@ -236,9 +252,7 @@ class Peer:
             raise PeerDropped(f"node {self.rank} was dropped from the run after round {t}")
         self.state = self._round_state(t + 1, self.members, outcome.early)
         done = time.perf_counter()
-        report = outcome.report
-        for reason, count in report.refused.items():
-            self.m_refused.labels(reason).inc(count)
+        report = outcome.report  # refusals and accepted messages were counted as they came (handle_fragments)
         self.m_bytes_out.inc(report.bytes_out)
         self.m_frags_out.inc(report.fragments_out)
         timings = {"train_s": train_s, "send_s": sent - started, "wait_s": waited - sent, "aggregate_s": done - waited}
@@ -293,14 +307,16 @@ class Peer:
         if state is None:
             reason = "finished" if self.finished else "not_ready"
             return json_error(409 if self.finished else 503, reason, f"node is {self.phase}")
+        fragments_before = state.report.fragments_in
         try:
             receipt = state.receive(body)
         except WireError as exc:
             self.m_refused.labels(exc.reason.value).inc()
             return web.json_response(exc.to_json(), status=_STATUS_OF_REASON.get(exc.reason, 400))
-        if receipt.value == "accepted":
+        if receipt.value == "accepted":  # buffered ones are counted when their round's state takes them
             self.m_msgs_in.inc()
             self.m_bytes_in.inc(len(body))
+            self.m_frags_in.inc(state.report.fragments_in - fragments_before)
         return web.json_response({"status": receipt.value, "round": state.round})
 
     async def handle_model(self, request: web.Request) -> web.Response:

@@ -93,6 +93,8 @@ class Settings(BaseSettings):
     barrier_url: str | None = Field(None, description="barrier peer, e.g. http://barrier:8000")
     peer_list: Path | None = Field(None, description="file of host:port lines; rank 0 hosts the barrier")
     expect_dns: str | None = Field(None, description="barrier: count nodes as the addresses this name resolves to")
+    dns_settle: float = Field(3.0, gt=0, description="barrier with --expect-dns: seconds the DNS answer must hold "
+                              "still before it counts (raise it when many replicas start slowly)")
     round_deadline: float = Field(120.0, gt=0, description="seconds a barrier waits for a round's stragglers")
     register_deadline: float = Field(300.0, gt=0, description="seconds to wait for every node to register")
     drop_after: int = Field(2, ge=1, description="rounds a member may miss before it is dropped")
@@ -133,8 +135,8 @@ class Settings(BaseSettings):
 
     def run_fields(self) -> dict[str, Any]:
         """The fields every node of a run must share (what the barrier hands out)."""
-        skip = {"host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "out", "log_level",
-                "log_json", "data_dir", "linger"}
+        skip = {"host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "dns_settle", "out",
+                "log_level", "log_json", "data_dir", "linger"}
         return self.model_dump(mode="json", exclude=skip)
 
 
@@ -142,6 +144,9 @@ def format_errors(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         loc = [str(x) for x in err["loc"]]
+        if err["type"] == "extra_forbidden" and loc:  # only a --config file can name a setting that does not exist
+            lines.append(f"unknown setting {loc[0]!r} (a --config key or Settings argument; see mosaicd node --help)")
+            continue
         where = f"--{loc[0].replace('_', '-')} (MOSAIC_{loc[0].upper()})" if loc else "settings"
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {msg}" + (f" (got {err['input']!r})" if loc and "input" in err else ""))

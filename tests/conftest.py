@@ -1,0 +1,119 @@
+"""Shared fixtures of the daemon tests: a tiny HTTP client, deadlines, and the in-memory reference run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import structlog
+
+from mosaic_proto import Fragmentation, InMemoryNetwork, Layout, PeerSampler, Quadratic
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    content_type: str
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http(method: str, url: str, body: bytes | None = None, content_type: str | None = None,
+         timeout: float = 10.0) -> Reply:
+    """One request on loopback; 4xx/5xx answers are returned, not raised."""
+    request = urllib.request.Request(url, data=body, method=method)
+    if content_type is not None:
+        request.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return Reply(resp.status, resp.read(), resp.headers.get_content_type())
+    except urllib.error.HTTPError as exc:
+        return Reply(exc.code, exc.read(), exc.headers.get_content_type())
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def flags(values: dict[str, Any]) -> list[str]:
+    """Settings as mosaicd command-line flags: {"dim": 8, "train": False} -> ["--dim", "8", "--no-train"]."""
+    out: list[str] = []
+    for key, value in values.items():
+        name = key.replace("_", "-")
+        out += [f"--{name}" if value else f"--no-{name}"] if isinstance(value, bool) else [f"--{name}", str(value)]
+    return out
+
+
+def sha256_f32(vector: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(vector, dtype="<f4").tobytes()).hexdigest()
+
+
+def reference_vectors(settings: Any) -> list[np.ndarray]:
+    """The run of `settings` (quadratic task) by mosaic_proto's InMemoryNetwork, built here from its parts."""
+    s = settings
+    q = Quadratic.build(s.nodes, s.dim, s.curvature, s.seed, heterogeneous=s.heterogeneous, lr=s.lr,
+                        local_steps=s.local_steps)
+    fragmentation = Fragmentation.build(Layout.flat(s.dim), s.fragments, s.seed, s.strategy)
+    network = InMemoryNetwork([q.initial(i) for i in range(s.nodes)], fragmentation,
+                              PeerSampler(s.sampler, s.fanout, s.seed), q.train if s.train else None)
+    network.run(s.rounds)
+    return network.vectors
+
+
+def reference_hashes(settings: Any) -> dict[str, str]:
+    """rank -> sha256 of the final model, as summary.json's model_sha256."""
+    return {str(i): sha256_f32(v) for i, v in enumerate(reference_vectors(settings))}
+
+
+@pytest.fixture(autouse=True)
+def _no_mosaic_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings read MOSAIC_* variables: a test sees only those it sets itself."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("MOSAIC_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _structlog_restored() -> Any:
+    """A test that runs `mosaicd.cli.main` in-process reconfigures structlog onto its own captured stderr, which
+    pytest closes after it: later in-process daemons would fail to log ("I/O operation on closed file")."""
+    config = structlog.get_config()
+    yield
+    structlog.configure(**config)
+
+
+class Kit:
+    """Helpers shared by the daemon tests (through a fixture, so test modules need not import conftest)."""
+
+    mosaicd = (sys.executable, "-m", "mosaicd")
+    http = staticmethod(http)
+    flags = staticmethod(flags)
+    wait_until = staticmethod(wait_until)
+    sha256_f32 = staticmethod(sha256_f32)
+    reference_vectors = staticmethod(reference_vectors)
+    reference_hashes = staticmethod(reference_hashes)
+
+
+@pytest.fixture(scope="session")
+def kit() -> type[Kit]:
+    return Kit

@@ -1,0 +1,202 @@
+"""`mosaicd`'s settings: flag errors name the flag, MOSAIC_* and --config apply, CLI > env > TOML, peer lists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mosaicd.cli import build_parser, load_settings, main
+from mosaicd.cluster import free_ports
+from mosaicd.settings import Settings, SettingsError
+
+
+def settings_of(argv: list[str]) -> Settings:
+    """What a command line resolves to (flags, then the environment, then --config), without running anything."""
+    return load_settings(build_parser().parse_args(argv))
+
+
+def cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """Run `mosaicd ARGV` in this process, expecting it to stop before doing anything; (exit code, stderr)."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    return stopped.value.code, capsys.readouterr().err
+
+
+def run(kit: Any, *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    import os
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")} | (env or {})
+    return subprocess.run([*kit.mosaicd, *argv], capture_output=True, text=True, timeout=timeout, env=environment,
+                          cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+# -- flag validation ---------------------------------------------------------------------------------------------
+
+def test_fanout_too_large_for_the_nodes_names_fanout(kit: Any) -> None:
+    proc = run(kit, "simulate", "--fanout", "9", "--nodes", "4")
+    assert proc.returncode == 2
+    assert "--fanout" in proc.stderr and "--nodes 4" in proc.stderr
+    assert proc.stderr.startswith("mosaicd simulate: error:") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["simulate", "--sampler", "bogus"], "--sampler"),
+    (["simulate", "--strategy", "zigzag"], "--strategy"),
+    (["simulate", "--task", "mnist"], "--task"),
+    (["simulate", "--rounds", "abc"], "--rounds"),
+    (["simulate", "--rounds", "0"], "--rounds"),
+    (["simulate", "--fanout", "0"], "--fanout"),
+    (["simulate", "--lr", "-0.1"], "--lr"),
+    (["simulate", "--momentum", "1"], "--momentum"),
+    (["simulate", "--fragments", "32", "--dim", "16"], "--fragments"),
+    (["cluster", "--fanout", "8"], "--fanout"),  # the default --nodes is 8
+    (["node", "--run-id", "no spaces allowed"], "--run-id"),
+    (["node", "--port", "70000"], "--port"),
+    (["node", "--round-deadline", "0"], "--round-deadline"),
+    (["barrier", "--max-body-bytes", "10"], "--max-body-bytes"),
+    (["barrier", "--log-level", "loud"], "--log-level"),
+    (["simulate", "--seed", "-1"], "--seed"),
+])
+def test_flag_errors_name_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = cli_error(argv, capsys)
+    assert code == 2
+    assert err.startswith(f"mosaicd {argv[0]}: error: ") and flag in err, err
+
+
+def test_several_errors_are_all_named(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = cli_error(["simulate", "--rounds", "x", "--sampler", "y"], capsys)
+    assert code == 2 and "--rounds" in err and "--sampler" in err
+
+
+def test_env_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("MOSAIC_ROUNDS", "many")
+    code, err = cli_error(["simulate"], capsys)
+    assert code == 2 and "MOSAIC_ROUNDS" in err and "'many'" in err
+
+
+def test_config_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.toml"
+    code, err = cli_error(["simulate", "--config", str(missing)], capsys)
+    assert code == 2 and "--config" in err and "no such file" in err and str(missing) in err
+    broken = tmp_path / "broken.toml"
+    broken.write_text("rounds = \n")
+    code, err = cli_error(["simulate", "--config", str(broken)], capsys)
+    assert code == 2 and "--config" in err and "not valid TOML" in err and "line 1" in err
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text("[mosaic]\nrounds = 'x'\n")
+    code, err = cli_error(["simulate", "--config", str(wrong)], capsys)
+    assert code == 2 and "--rounds" in err and "'x'" in err
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("roundz = 3\n")
+    code, err = cli_error(["simulate", "--config", str(unknown)], capsys)
+    assert code == 2 and "unknown setting 'roundz'" in err
+
+
+def test_missing_config_file_from_the_command(tmp_path: Path, kit: Any) -> None:
+    proc = run(kit, "simulate", "--config", str(tmp_path / "absent.toml"), cwd=tmp_path)
+    assert proc.returncode == 2 and "--config: no such file" in proc.stderr
+    assert not (tmp_path / "runs").exists()  # it stopped before running anything
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main([])
+    assert stopped.value.code == 2 and "cluster" in capsys.readouterr().out
+
+
+# -- where settings come from ------------------------------------------------------------------------------------
+
+def test_environment_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOSAIC_ROUNDS", "7")
+    monkeypatch.setenv("MOSAIC_SAMPLER", "oracle")
+    monkeypatch.setenv("MOSAIC_TRAIN", "false")
+    monkeypatch.setenv("MOSAIC_ROUND_DEADLINE", "2.5")
+    s = settings_of(["node"])
+    assert (s.rounds, s.sampler.value, s.train, s.round_deadline) == (7, "oracle", False, 2.5)
+    assert s.nodes == Settings.model_fields["nodes"].default  # untouched fields keep their defaults
+
+
+def test_config_file_applies(tmp_path: Path) -> None:
+    top = tmp_path / "top.toml"
+    top.write_text('rounds = 9\nround-deadline = 4.5\nsampler = "static"\ntrain = false\n')
+    s = settings_of(["simulate", "--config", str(top)])
+    assert (s.rounds, s.round_deadline, s.sampler.value, s.train) == (9, 4.5, "static", False)
+    table = tmp_path / "table.toml"
+    table.write_text('# a run\n[mosaic]\nrun_id = "from-toml"\nfragments = 2\n')
+    s = settings_of(["simulate", "--config", str(table)])
+    assert (s.run_id, s.fragments) == ("from-toml", 2)
+
+
+def test_cli_beats_env_beats_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("[mosaic]\nrounds = 3\nnodes = 5\nseed = 11\n")
+    monkeypatch.setenv("MOSAIC_ROUNDS", "4")
+    monkeypatch.setenv("MOSAIC_NODES", "6")
+    s = settings_of(["simulate", "--config", str(config), "--rounds", "5"])
+    assert (s.rounds, s.nodes, s.seed) == (5, 6, 11)
+    s = settings_of(["simulate", "--config", str(config)])
+    assert (s.rounds, s.nodes, s.seed) == (4, 6, 11)
+    monkeypatch.delenv("MOSAIC_ROUNDS")
+    assert settings_of(["simulate", "--config", str(config)]).rounds == 3
+    # a bad value in a lower layer is harmless when a higher one overrides it
+    config.write_text("[mosaic]\nrounds = 'lots'\n")
+    assert settings_of(["simulate", "--config", str(config), "--rounds", "2"]).rounds == 2
+
+
+def test_settings_load_reports_like_the_cli() -> None:
+    with pytest.raises(SettingsError, match="--fanout"):
+        Settings.load(nodes=3, fanout=3)
+
+
+def test_env_and_config_reach_a_real_run(tmp_path: Path, kit: Any) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("[mosaic]\nnodes = 4\nfanout = 1\nrounds = 9\ndim = 8\n")
+    out = tmp_path / "out"
+    proc = run(kit, "simulate", "--config", str(config), "--rounds", "2", "--quiet",
+               env={"MOSAIC_OUT": str(out), "MOSAIC_SEED": "3", "MOSAIC_FRAGMENTS": "2"})
+    assert proc.returncode == 0, proc.stderr
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert {k: settings[k] for k in ("nodes", "fanout", "rounds", "dim", "seed", "fragments")} == dict(
+        nodes=4, fanout=1, rounds=2, dim=8, seed=3, fragments=2)
+
+
+# -- peer lists --------------------------------------------------------------------------------------------------
+
+def test_peer_list_without_this_node_is_a_clear_error(tmp_path: Path, kit: Any) -> None:
+    mine, other_a, other_b = free_ports(3)
+    peers = tmp_path / "peers.txt"
+    peers.write_text(f"127.0.0.1:{other_a}\n127.0.0.1:{other_b}\n")
+    # no subcommand: `mosaicd --peer-list ...` is `mosaicd node --peer-list ...`; it must not wait for rank 0
+    for argv in (["--peer-list", str(peers)], ["node", "--peer-list", str(peers)]):
+        proc = run(kit, *argv, "--port", str(mine), "--host", "127.0.0.1", "--register-deadline", "30", timeout=20)
+        assert proc.returncode == 1, proc.stderr
+        assert "--peer-list" in proc.stderr and f"127.0.0.1:{mine} is not listed" in proc.stderr
+        assert "--advertise" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("# nodes\n127.0.0.1:9001\n\nnot-an-address\n", "line 4: expected host:port, got 'not-an-address'"),
+    ("127.0.0.1:9001\n127.0.0.1:99999  # too high\n", "line 2: expected host:port"),
+    ("127.0.0.1:\n", "line 1: expected host:port"),
+    ("\n\n   :9001\n", "line 3: expected host:port"),
+    ("127.0.0.1:9001 127.0.0.1:9002\n", "line 1: expected host:port"),
+    ("127.0.0.1:9001\n127.0.0.1:9001\n", "the same address is listed twice"),
+    ("# only comments\n\n", "no host:port lines"),
+])
+def test_malformed_peer_lists_name_the_line(tmp_path: Path, kit: Any, text: str, expected: str) -> None:
+    peers = tmp_path / "peers.txt"
+    peers.write_text(text)
+    proc = run(kit, "--peer-list", str(peers), "--port", "9001", timeout=20)
+    assert proc.returncode == 1, proc.stderr
+    assert f"--peer-list {peers}" in proc.stderr and expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_peer_list_is_named(tmp_path: Path, kit: Any) -> None:
+    proc = run(kit, "node", "--peer-list", str(tmp_path / "absent.txt"), "--port", "9001", timeout=20)
+    assert proc.returncode == 1 and "--peer-list" in proc.stderr and "No such file" in proc.stderr
