@@ -380,6 +380,7 @@ def _run_hooks(display: SweepDisplay, log: TextIO) -> Iterator[None]:
     from . import cluster, simulate
     modules = [m for m in (simulate, cluster) if hasattr(m, "Progress")]
     saved = [(m, m.Progress) for m in modules]
+    factory = structlog.get_config()["logger_factory"]
     for m in modules:
         m.Progress = lambda total, enabled=True, label="": _RunProgress(display, log, total, enabled, label)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(log))
@@ -388,7 +389,7 @@ def _run_hooks(display: SweepDisplay, log: TextIO) -> Iterator[None]:
     finally:
         for m, original in saved:
             m.Progress = original
-        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+        structlog.configure(logger_factory=factory)
 
 
 def _now() -> str:
