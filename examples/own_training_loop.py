@@ -28,7 +28,8 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
-async def node(settings: Settings, x: torch.Tensor, y: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor) -> float:
+async def node(settings: Settings, x: torch.Tensor, y: torch.Tensor, x_test: torch.Tensor,
+               y_test: torch.Tensor) -> float:
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     async with Peer(settings, model) as peer:

@@ -117,3 +117,11 @@ class Kit:
 @pytest.fixture(scope="session")
 def kit() -> type[Kit]:
     return Kit
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Keep each phase's report on the test item, so fixtures can tell whether the test failed (rep_call)."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)

@@ -292,6 +292,7 @@ class Barrier:
     async def _collect(self, round_: int, final: bool) -> None:
         """Fetch every live node's model after `round_` and evaluate the network (in a worker thread)."""
         vectors: dict[int, np.ndarray] = {}
+        taken_at = time.time()
         async with Client(timeout=self.settings.request_timeout, retries=1) as client:
             async def fetch(rank: int) -> None:
                 url = f"http://{self.members[rank].address}/v1/model?round={round_}"
@@ -306,16 +307,17 @@ class Barrier:
         if self.evaluate is None or not vectors:
             return
         previous = self._evaluation
-        self._evaluation = asyncio.ensure_future(self._evaluate(round_, vectors, previous))
+        self._evaluation = asyncio.ensure_future(self._evaluate(round_, vectors, previous, taken_at))
         if final:
             await self._evaluation
 
-    async def _evaluate(self, round_: int, vectors: dict[int, np.ndarray], previous: asyncio.Future | None) -> None:
+    async def _evaluate(self, round_: int, vectors: dict[int, np.ndarray], previous: asyncio.Future | None,
+                        taken_at: float) -> None:
         ranks = sorted(vectors)
         metrics = await asyncio.to_thread(self.evaluate, [vectors[r] for r in ranks])
         if previous is not None:
             await previous
-        row = self.recorder.network_round(round_, {**metrics, "nodes": ranks})
+        row = self.recorder.network_round(round_, {**metrics, "nodes": ranks}, taken_at)
         self.last_metrics = row
         for key in ("node_average", "average_model", "consensus_distance", "node_spread", "train_loss"):
             if isinstance(row.get(key), float):

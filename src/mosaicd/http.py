@@ -44,7 +44,8 @@ async def read_json(request: web.Request, required: dict[str, type]) -> dict[str
     for name, kind in required.items():
         value = body.get(name)
         if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)):
-            raise bad_request("bad_field", f"field {name!r} must be a {'non-negative integer' if kind is int else kind.__name__}")
+            wanted = "non-negative integer" if kind is int else kind.__name__
+            raise bad_request("bad_field", f"field {name!r} must be a {wanted}")
     return body
 
 

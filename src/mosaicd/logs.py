@@ -21,7 +21,7 @@ def configure_logging(level: str = "info", json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the stderr of the moment (pytest swaps it)
         cache_logger_on_first_use=False,
     )
 

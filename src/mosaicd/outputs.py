@@ -66,11 +66,12 @@ class RunRecorder:
         with open(self.out / "nodes.csv", "a", newline="") as f:
             csv.writer(f).writerow([row.get(c, "") for c in NODE_COLUMNS])
 
-    def network_round(self, round: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    def network_round(self, round: int, metrics: Mapping[str, Any], taken_at: float | None = None) -> dict[str, Any]:
+        """`taken_at`: when the models were taken (time.time()), so that a slow evaluation does not shift it."""
         losses = [x for _, x in sorted(self.losses.get(round, {}).items()) if math.isfinite(x)]
         row = {"round": round, **{k: v for k, v in metrics.items() if k != "per_node"},
                "train_loss": float(np.mean(losses)) if losses else math.nan,
-               "elapsed_s": round_(time.time() - self.started)}
+               "elapsed_s": round_((taken_at or time.time()) - self.started)}
         self.rounds.append(_clean({**row, "per_node": metrics.get("per_node")}))
         with open(self.out / "rounds.csv", "a", newline="") as f:
             csv.writer(f).writerow([row.get(c, "") for c in ROUND_COLUMNS])

@@ -27,7 +27,8 @@ class Progress:
                             f" avg-model {row.get('average_model', float('nan')):.4f}"
                             f" consensus {row.get('consensus_distance', float('nan')):.4g}")
         loss_text = f" loss {loss:.4f}" if loss is not None else ""
-        line = f"{self.label}round {done}/{self.total}{loss_text}{self.metrics}{extra} | {elapsed:.0f}s, ~{left:.0f}s left"
+        timing = f"{elapsed:.0f}s, ~{left:.0f}s left"
+        line = f"{self.label}round {done}/{self.total}{loss_text}{self.metrics}{extra} | {timing}"
         if self.tty:
             sys.stderr.write("\r\033[K" + line)
         else:

@@ -36,8 +36,9 @@ def run_simulation(settings: Settings, progress: bool = True) -> dict:
                                  "train_s": elapsed / settings.nodes})
         row = None
         if is_eval_round(record.round, settings):
+            taken_at = time.time()
             row = recorder.network_round(record.round, {**network_metrics(task, network.vectors),
-                                                        "nodes": network.members})
+                                                        "nodes": network.members}, taken_at)
         losses = [x for x in record.losses if math.isfinite(x)]
         bar.update(record.round, loss=sum(losses) / len(losses) if losses else None, row=row)
     bar.close()

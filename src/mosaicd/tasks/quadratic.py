@@ -16,7 +16,6 @@ import numpy as np
 from mosaic_proto import Layout, Quadratic
 from mosaic_proto.rng import Purpose, keyed_rng
 
-from ..settings import Settings
 from .base import Task
 
 EVAL_MAX_DIM = 8192  # A alone is d^2 * 8 bytes (512 MiB here), and building it is a d x d QR

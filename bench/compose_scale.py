@@ -1,0 +1,256 @@
+"""`docker compose up --scale node=N`, measured on this host: time from `up` to the first round, seconds per
+round, memory per container and in total, and whether every node took part in every round.
+
+    MOSAIC_BASE=mosaic-base:bookworm docker-compose build        # the image (offline base: see README)
+    python bench/compose_scale.py --nodes 60 --rounds 20
+
+It runs compose.yaml as it is (only MOSAIC_* settings through the environment), samples every container's
+memory from its cgroup once a second, reads the round releases from the barrier's log, and keeps the run's
+results. Writes OUT/scale.json, OUT/memory.csv, OUT/scale.png and OUT/results/; the last line of stdout is the
+JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MB = 1024 * 1024
+
+
+def compose_cli() -> list[str]:
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    sys.exit("compose_scale: neither `docker compose` nor `docker-compose` is installed")
+
+
+def cgroup_dir(container: str) -> Path | None:
+    for path in (Path("/sys/fs/cgroup/memory/docker") / container,             # cgroup v1, cgroupfs driver
+                 Path("/sys/fs/cgroup/system.slice") / f"docker-{container}.scope",  # v2, systemd driver
+                 Path("/sys/fs/cgroup/docker") / container):                  # v2, cgroupfs driver
+        if path.is_dir():
+            return path
+    return None
+
+
+def memory_of(path: Path) -> tuple[int, int]:
+    """(resident anonymous memory, usage including page cache) of one container's cgroup, in bytes."""
+    stat = dict(line.split() for line in (path / "memory.stat").read_text().splitlines())
+    if (path / "memory.usage_in_bytes").exists():
+        return int(stat["total_rss"]), int((path / "memory.usage_in_bytes").read_text())
+    return int(stat["anon"]), int((path / "memory.current").read_text())
+
+
+class MemorySampler(threading.Thread):
+    def __init__(self, project: str, interval: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.project, self.interval, self.t0 = project, interval, time.time()
+        self.rows: list[tuple[float, int, float, float]] = []
+        self.peak_rss: dict[str, int] = {}
+        self.names: dict[str, str] = {}
+        self.stop = threading.Event()
+
+    def containers(self) -> dict[str, str]:
+        out = subprocess.run(["docker", "ps", "--no-trunc", "--format", "{{.ID}} {{.Names}}", "--filter",
+                              f"label=com.docker.compose.project={self.project}"], capture_output=True, text=True)
+        return dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.strip())
+
+    def run(self) -> None:
+        listed = 0.0
+        while not self.stop.is_set():
+            if time.time() - listed > 5:
+                self.names.update(self.containers())
+                listed = time.time()
+            rss_total = usage_total = alive = 0
+            for cid in list(self.names):
+                path = cgroup_dir(cid)
+                try:
+                    rss, usage = memory_of(path) if path else (0, 0)
+                except (OSError, KeyError, ValueError):
+                    continue
+                if usage:
+                    alive += 1
+                    rss_total += rss
+                    usage_total += usage
+                    self.peak_rss[cid] = max(self.peak_rss.get(cid, 0), rss)
+            self.rows.append((round(time.time() - self.t0, 2), alive, rss_total / MB, usage_total / MB))
+            self.stop.wait(self.interval)
+
+
+def barrier_status(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/status", timeout=5) as resp:
+            return json.load(resp)
+    except OSError:
+        return None
+
+
+def log_events(compose: list[str], env: dict[str, str]) -> list[dict]:
+    out = subprocess.run([*compose, "logs", "--no-color", "barrier"], env=env, capture_output=True, text=True)
+    events = []
+    for line in out.stdout.splitlines():
+        _, _, text = line.partition("| ")
+        try:
+            event = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "timestamp" in event:
+            event["t"] = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+            events.append(event)
+    return events
+
+
+def plot(path: Path, rows: list, marks: dict[str, float], releases: list[float], nodes: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.plot([r[0] for r in rows], [r[2] / 1024 for r in rows], label="resident (sum over containers)")
+    ax.plot([r[0] for r in rows], [r[3] / 1024 for r in rows], label="with page cache", alpha=0.6)
+    for t in releases:
+        ax.axvline(t, color="grey", lw=0.5, alpha=0.5)
+    for name, t in marks.items():
+        ax.axvline(t, color="red", lw=1, ls="--")
+        ax.text(t, ax.get_ylim()[1] * 0.95, f" {name}", color="red", fontsize=8, va="top")
+    ax.set_xlabel("seconds since `up` (grey: round releases)")
+    ax.set_ylabel("GiB")
+    ax.set_title(f"docker compose up --scale node={nodes}: memory of barrier + nodes")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--image", default=os.environ.get("MOSAIC_IMAGE", "mosaic:latest"))
+    parser.add_argument("--project", default="mosaicscale")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compose-scale")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds the whole run may take")
+    args = parser.parse_args()
+
+    out = args.out.resolve()
+    results = out / "results"
+    shutil.rmtree(results, ignore_errors=True)
+    results.mkdir(parents=True)
+    compose = [*compose_cli(), "-p", args.project, "-f", str(ROOT / "compose.yaml")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
+    env.update(MOSAIC_IMAGE=args.image, MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="",
+               MOSAIC_ROUNDS=str(args.rounds), MOSAIC_EVAL_EVERY=str(args.eval_every), MOSAIC_BARRIER_LINGER="30")
+    if subprocess.run(["docker", "image", "inspect", args.image], capture_output=True).returncode:
+        sys.exit(f"compose_scale: no image {args.image}; build it first (see this file's docstring)")
+    peak_file = Path("/sys/fs/cgroup/memory/docker/memory.max_usage_in_bytes")
+    try:
+        peak_file.write_text("0")  # cgroup v1: reset the peak of all containers together
+    except OSError:
+        peak_file = Path("/nonexistent")
+
+    sampler = MemorySampler(args.project)
+    t0 = sampler.t0
+    sampler.start()
+    try:
+        print(f"compose_scale: up --scale node={args.nodes}, {args.rounds} rounds", flush=True)
+        up = subprocess.run([*compose, "up", "-d", "--no-build", "--scale", f"node={args.nodes}"], env=env,
+                            capture_output=True, text=True)
+        if up.returncode:
+            sys.exit(f"compose_scale: up failed:\n{up.stderr[-3000:]}")
+        t_started = time.time() - t0
+        port = subprocess.run([*compose, "port", "barrier", "8000"], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip().rsplit(":", 1)[1]
+        url = f"http://127.0.0.1:{port}"
+        status, last = None, ""
+        while time.time() - t0 < args.timeout:
+            status = barrier_status(url) or status
+            if status:
+                line = (f"{status['phase']}: registered {status['registered']}/{status['expected'] or '?'}, "
+                        f"round {status['round']}/{status['rounds']}")
+                if line != last:
+                    print(f"{time.time() - t0:6.0f}s {line}", flush=True)
+                    last = line
+                if status["phase"] in ("finished", "failed"):
+                    break
+            time.sleep(1)
+        time.sleep(2)
+        kernel_peak = int(peak_file.read_text()) if peak_file.exists() else None
+        events = log_events(compose, env)
+    finally:
+        sampler.stop.set()
+        subprocess.run([*compose, "down", "-v"], env=env, capture_output=True)
+    if not status or status["phase"] != "finished":
+        sys.exit(f"compose_scale: the run did not finish: {status}")
+
+    closed = next(e["t"] - t0 for e in events if e["event"] == "registration_closed")
+    releases = [(e["round"], e["t"] - t0) for e in events if e["event"] == "released"]
+    times = [t for _, t in releases]
+    durations = [b - a for a, b in zip([closed, *times], times, strict=False)][: args.rounds]
+    eval_rounds = {r for r in range(args.rounds) if (r + 1) % args.eval_every == 0 or r == args.rounds - 1}
+    collected = {r + 1 for r in eval_rounds}  # the release after an evaluated round collects the models
+    later = durations[1:]
+    steady = [d for (r, _), d in zip(releases, durations, strict=False) if r >= 1 and r not in collected]
+    with open(results / "nodes.csv") as f:
+        per_round: dict[int, set[int]] = {}
+        for row in csv.DictReader(f):
+            per_round.setdefault(int(row["round"]), set()).add(int(row["node"]))
+    summary = json.loads((results / "summary.json").read_text())
+    everyone = all(per_round.get(r) == set(range(args.nodes)) for r in range(args.rounds))
+    stragglers = sum(len(e.get("stragglers", [])) for e in events if e["event"] == "stragglers")
+
+    names = sampler.names
+    node_peaks = [v for k, v in sampler.peak_rss.items() if "barrier" not in names.get(k, "")]
+    barrier_peak = [v for k, v in sampler.peak_rss.items() if "barrier" in names.get(k, "")]
+    with open(out / "memory.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["t_s", "containers", "resident_mb", "with_page_cache_mb"])
+        writer.writerows(sampler.rows)
+    figures = {
+        "nodes": args.nodes, "rounds": args.rounds, "task": summary["settings"]["task"],
+        "compose": " ".join(compose[:2] if compose[0] == "docker" else compose[:1]),
+        "up_returned_s": round(t_started, 1),
+        "up_to_registration_closed_s": round(closed, 1),
+        "up_to_first_round_s": round(times[0], 1),
+        "first_round_s": round(durations[0], 2),
+        "seconds_per_round_mean": round(statistics.mean(durations), 2),
+        "seconds_per_round_after_first_mean": round(statistics.mean(later), 2) if later else None,
+        "seconds_per_round_after_first_median": round(statistics.median(later), 2) if later else None,
+        "seconds_per_round_without_collection_mean": round(statistics.mean(steady), 2) if steady else None,
+        "seconds_per_round_max": round(max(durations), 2),
+        "node_rss_peak_mb_max": round(max(node_peaks) / MB, 1),
+        "node_rss_peak_mb_median": round(statistics.median(node_peaks) / MB, 1),
+        "barrier_rss_peak_mb": round(barrier_peak[0] / MB, 1) if barrier_peak else None,
+        "total_rss_peak_mb": round(max(r[2] for r in sampler.rows), 1),
+        "total_with_page_cache_peak_mb": round(max(r[3] for r in sampler.rows), 1),
+        "kernel_peak_all_containers_mb": round(kernel_peak / MB, 1) if kernel_peak else None,
+        "all_nodes_every_round": everyone,
+        "members_at_end": len(status["live"]), "dropped": status["dropped"], "straggler_reports": stragglers,
+        "final_node_average": summary["final"]["node_average"] if summary.get("final") else None,
+        "round_seconds": [round(d, 2) for d in durations],
+    }
+    (out / "scale.json").write_text(json.dumps(figures, indent=2))
+    plot(out / "scale.png", sampler.rows, {"up returned": t_started, "registered": closed, "round 0": times[0]},
+         times, args.nodes)
+    for key, value in figures.items():
+        if key != "round_seconds":
+            print(f"{key:45s} {value}")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
