@@ -110,7 +110,13 @@ def test_status_and_metrics_move_during_a_run(tmp_path: Path, kit: Any) -> None:
             return {"node": node_view, "barrier": barrier_view} if node_view["status"]["round"] >= at_least else None
 
         first = kit.wait_until(lambda: at_round(2), 60, "round 2 on node-0")
-        second = kit.wait_until(lambda: at_round(first["node"]["status"]["round"] + 2), 60, "two more rounds")
+        def later(view: dict[str, Any] | None) -> dict[str, Any] | None:
+            # the barrier is scraped after the node, so each view's barrier may be a round ahead of its node
+            barrier_moved = view is not None and (view["barrier"]["metrics"]["mosaic_barrier_round"]
+                                                  > first["barrier"]["metrics"]["mosaic_barrier_round"])
+            return view if barrier_moved else None
+
+        second = kit.wait_until(lambda: later(at_round(first["node"]["status"]["round"] + 2)), 60, "two more rounds")
     finally:
         thread.join(timeout=150)
     assert not thread.is_alive()
