@@ -183,6 +183,29 @@ def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, re
     assert summary["model_sha256"] == simulated_hashes(kit, summary, tmp_path / "simulated")
 
 
+def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(kit, image: str, results: Path,
+                                                                        projects: list[Project]) -> None:
+    project = Project(f"mosaictestf{os.getpid()}", "compose.yaml", environment(
+        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="", MOSAIC_FANOUT="4", MOSAIC_BARRIER_LINGER="1"))
+    projects.append(project)
+    project("up", "-d", "--no-build", "--scale", "node=3")
+    containers = project("ps", "-q").split()
+    assert len(containers) == 4
+
+    def exit_codes() -> list[int] | None:
+        states = [sh("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c).stdout.split()
+                  for c in containers]
+        return [int(code) for _, code in states] if all(status == "exited" for status, _ in states) else None
+
+    assert kit.wait_until(exit_codes, timeout=300, what="every container to stop", interval=2) == [1, 1, 1, 1]
+    reason = "--fanout 4 needs at least 5 nodes, got --nodes 3"
+    assert reason in project("logs", "--no-color", "barrier")
+    for container in project("ps", "-q", "node").split():
+        logs = sh("docker", "logs", container)
+        assert "HTTP 422" in logs.stderr + logs.stdout and reason in logs.stderr + logs.stdout
+    assert not (results / "summary.json").exists()
+
+
 def test_multihost_files_join_nodes_of_several_projects_by_barrier_address(kit, image: str, results: Path,
                                                                            projects: list[Project]) -> None:
     """Two 'hosts' (compose projects on the host network) with 2 and 3 nodes join one barrier by its address."""

@@ -26,7 +26,7 @@ from .logs import get_logger
 from .membership import MembershipError, Roster, parse_address, rank_addresses, resolve_all
 from .model_codec import decode_model
 from .outputs import NODE_COLUMNS, RunRecorder, is_eval_round
-from .settings import Settings
+from .settings import Settings, SettingsError
 
 
 @dataclass
@@ -81,6 +81,7 @@ class Barrier:
         self.roster: Roster | None = None
         self.registered = asyncio.Event()
         self.register_error: str | None = None
+        self.register_status = 503  # 422 when the run as registered is invalid: retrying cannot help
         self.members: dict[int, MemberState] = {}
         self.live: list[int] = []
         self.round = 0
@@ -162,12 +163,15 @@ class Barrier:
     async def _registration_deadline(self) -> None:
         await asyncio.sleep(self.settings.register_deadline)
         if self.roster is None:
-            self.register_error = (f"registration deadline ({self.settings.register_deadline:g}s) passed with "
-                                   f"{len(self.pending)} of {self.expected or '?'} nodes")
-            self.log.error("registration_failed", detail=self.register_error)
-            self.phase = "failed"
-            self.registered.set()
-            self.done.set()
+            self._fail_registration(f"registration deadline ({self.settings.register_deadline:g}s) passed with "
+                                    f"{len(self.pending)} of {self.expected or '?'} nodes", 503)
+
+    def _fail_registration(self, reason: str, status: int) -> None:
+        self.register_error, self.register_status = reason, status
+        self.log.error("registration_failed", detail=reason)
+        self.phase = "failed"
+        self.registered.set()
+        self.done.set()
 
     async def handle_register(self, request: web.Request) -> web.Response:
         body = await read_json(request, {"address": str})
@@ -181,7 +185,7 @@ class Barrier:
                 return web.json_response(self._registration(address))
             raise bad_request("registration_closed", f"run {self.settings.run_id} started without {address}", 409)
         if self.register_error:
-            raise bad_request("registration_failed", self.register_error, 503)
+            raise bad_request("registration_failed", self.register_error, self.register_status)
         self.pending.setdefault(address, asyncio.get_running_loop().create_future())
         self.m_registered.set(len(self.pending))
         self.log.info("registered", address=address, registered=len(self.pending), expected=self.expected)
@@ -191,14 +195,23 @@ class Barrier:
         except TimeoutError:
             pass
         if self.roster is None or address not in self.roster.addresses:
-            raise bad_request("registration_failed", self.register_error or "registration did not complete", 503)
+            raise bad_request("registration_failed", self.register_error or "registration did not complete",
+                              self.register_status)
         return web.json_response(self._registration(address))
 
     def _maybe_close_registration(self) -> None:
         if self.roster is not None or not self.expected or len(self.pending) < self.expected:
             return
+        try:  # the node count may be known only now (DNS): check the run as it will be
+            settings = Settings.load(**{**self.settings.model_dump(), "nodes": len(self.pending)})
+        except SettingsError as exc:
+            dns = self.settings.expect_dns
+            counted = f" ({dns} resolved to that many addresses)" if dns else ""
+            self._fail_registration(f"{len(self.pending)} nodes registered{counted}, but the run is invalid with "
+                                    f"them: {exc}", 422)
+            return
         self.roster = Roster(tuple(rank_addresses(list(self.pending))))
-        self.settings = self.settings.model_copy(update={"nodes": len(self.roster.addresses)})
+        self.settings = settings
         self.members = {r: MemberState(a) for r, a in enumerate(self.roster.addresses)}
         self.live = self.roster.members
         self.phase = "running"

@@ -101,6 +101,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(130) from None
     except (ValueError, FileNotFoundError, TimeoutError) as exc:
         parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
+    except Exception as exc:
+        from .http import HttpError  # a peer or the barrier refused (4xx) or stayed unreachable
+
+        if not isinstance(exc, HttpError):
+            raise
+        parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
 
 
 def run_command(args: argparse.Namespace, settings: Settings) -> int:

@@ -49,9 +49,13 @@ async def read_json(request: web.Request, required: dict[str, type]) -> dict[str
     return body
 
 
+_ERRORS: dict[int, type[web.HTTPError]] = {
+    cls.status_code: cls for cls in vars(web).values()
+    if isinstance(cls, type) and issubclass(cls, web.HTTPError) and cls.status_code >= 400}
+
+
 def bad_request(reason: str, detail: str, status: int = 400) -> web.HTTPException:
-    cls = {400: web.HTTPBadRequest, 403: web.HTTPForbidden, 404: web.HTTPNotFound, 409: web.HTTPConflict,
-           410: web.HTTPGone, 415: web.HTTPUnsupportedMediaType, 503: web.HTTPServiceUnavailable}[status]
+    cls = _ERRORS[status]
     return cls(text=json.dumps({"reason": reason, "detail": detail}), content_type="application/json")
 
 

@@ -186,8 +186,12 @@ def _k_label(k: Any, runs: list[RunData]) -> str:
     return f"K={k}" + (" (D-PSGD)" if samplers == {"static"} else "")
 
 
-def _panel_title(where: dict[str, Any]) -> str:
-    return ", ".join(_label(k, v) for k, v in where.items())
+def _panel_title(sweep: Sweep, where: dict[str, Any]) -> str:
+    """The panel's grid point; alpha joins a Dirichlet panel when only the partition varies in the grid."""
+    alpha = sweep.runs[0].settings.get("alpha")
+    return ", ".join(_label(k, v) + (f" (alpha={alpha})" if k == "partition" and v == "dirichlet"
+                                     and "alpha" not in sweep.grid and alpha is not None else "")
+                     for k, v in where.items())
 
 
 def _context(sweep: Sweep) -> str:
@@ -195,7 +199,8 @@ def _context(sweep: Sweep) -> str:
     parts = [str(s.get("task")), f"n={s.get('nodes')}"]
     for key, name in (("fanout", "s"), ("sampler", "sampler"), ("partition", "partition"), ("alpha", "alpha"),
                       ("local_steps", "H"), ("lr", "lr")):
-        if key not in sweep.grid and key in s and not (key == "alpha" and s.get("partition") != "dirichlet"):
+        if key not in sweep.grid and key in s and not (key == "alpha" and (
+                s.get("partition") != "dirichlet" or "partition" in sweep.grid)):
             parts.append(f"{name}={s[key]}")
     seeds = sweep.seeds
     return ", ".join(parts) + (f" | mean over {seeds} seeds, band = min..max" if seeds > 1 else "")
@@ -240,7 +245,7 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
             ax.set_xlabel("round")
             ax.set_ylabel(ylabel)
             metric_name = {"accuracy": "accuracy", "rmse": "RMSE", "loss": "loss"}.get(unit.metric, unit.metric)
-            ax.set_title(title.format(metric=metric_name) + (f" ({_panel_title(where)})" if where else ""))
+            ax.set_title(title.format(metric=metric_name) + (f" ({_panel_title(sweep, where)})" if where else ""))
             if _wants_log(ax, unit, key):
                 ax.set_yscale("log")
             ax.grid(alpha=0.3)
@@ -284,7 +289,7 @@ def figure_best_vs(sweep: Sweep, x_key: str, x_label: str, path: Path, log_x: bo
         ax.set_xlabel(x_label)
         ax.set_ylabel("best " + unit.label.replace("test ", "test ", 1) + " over rounds")
         ax.set_title(f"best node-average {'accuracy' if unit.metric == 'accuracy' else unit.metric} vs {x_label}"
-                     + (f" ({_panel_title(where)})" if where else ""))
+                     + (f" ({_panel_title(sweep, where)})" if where else ""))
         if log_x:
             ax.set_xscale("log")
         ax.set_xticks(xs)
