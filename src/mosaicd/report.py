@@ -189,7 +189,7 @@ def _k_label(k: Any, runs: list[RunData]) -> str:
 def _panel_title(sweep: Sweep, where: dict[str, Any]) -> str:
     """The panel's grid point; alpha joins a Dirichlet panel when only the partition varies in the grid."""
     alpha = sweep.runs[0].settings.get("alpha")
-    return ", ".join(_label(k, v) + (f" (alpha={alpha})" if k == "partition" and v == "dirichlet"
+    return ", ".join(_label(k, v) + (f", alpha={alpha}" if k == "partition" and v == "dirichlet"
                                      and "alpha" not in sweep.grid and alpha is not None else "")
                      for k, v in where.items())
 
