@@ -30,12 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 MB = 1024 * 1024
 
 
-def compose_cli() -> list[str]:
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    sys.exit("compose_scale: neither `docker compose` nor `docker-compose` is installed")
+COMPOSE_CLIS = {"v2": ["docker", "compose"], "v1": ["docker-compose"]}
+
+
+def compose_cli(wanted: str) -> tuple[list[str], str]:
+    """The compose command and its version line: `wanted` (v1, v2), or v2 when installed, else v1."""
+    for name in ([wanted] if wanted in COMPOSE_CLIS else ["v2", "v1"]):
+        cli = COMPOSE_CLIS[name]
+        if shutil.which(cli[0]):
+            done = subprocess.run([*cli, "version"], capture_output=True, text=True)
+            if done.returncode == 0:
+                return cli, done.stdout.splitlines()[0].strip()
+    sys.exit(f"compose_scale: --compose {wanted}: no such compose CLI installed")
 
 
 def cgroup_dir(container: str) -> Path | None:
@@ -143,6 +149,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--image", default=os.environ.get("MOSAIC_IMAGE", "mosaic:latest"))
     parser.add_argument("--project", default="mosaicscale")
+    parser.add_argument("--compose", choices=["auto", "v2", "v1"], default="auto",
+                        help="docker compose (v2) or docker-compose (v1); auto: v2 when installed")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compose-scale")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the whole run may take")
     args = parser.parse_args()
@@ -151,7 +159,8 @@ def main() -> None:
     results = out / "results"
     shutil.rmtree(results, ignore_errors=True)
     results.mkdir(parents=True)
-    compose = [*compose_cli(), "-p", args.project, "-f", str(ROOT / "compose.yaml")]
+    cli, cli_version = compose_cli(args.compose)
+    compose = [*cli, "-p", args.project, "-f", str(ROOT / "compose.yaml")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
     env.update(MOSAIC_IMAGE=args.image, MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="",
                MOSAIC_ROUNDS=str(args.rounds), MOSAIC_EVAL_EVERY=str(args.eval_every), MOSAIC_BARRIER_LINGER="30")
@@ -222,7 +231,7 @@ def main() -> None:
         writer.writerows(sampler.rows)
     figures = {
         "nodes": args.nodes, "rounds": args.rounds, "task": summary["settings"]["task"],
-        "compose": " ".join(compose[:2] if compose[0] == "docker" else compose[:1]),
+        "compose": cli_version,
         "up_returned_s": round(t_started, 1),
         "up_to_registration_closed_s": round(closed, 1),
         "up_to_first_round_s": round(times[0], 1),

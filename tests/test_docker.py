@@ -1,5 +1,5 @@
 """Containers, for real: the image from deploy/Dockerfile, compose.yaml with 8 scaled nodes, the multi-host
-compose files, and the Swarm stack on a one-host swarm.
+compose files (each under Compose v2 and v1), and the Swarm stack on a one-host swarm.
 
 They need a Docker engine. `.ci/run` installs and starts one and sets MOSAIC_REQUIRE_DOCKER=1, so that there a
 missing engine fails these tests instead of skipping them. The image is built offline, from the debootstrapped
@@ -39,13 +39,18 @@ def sh(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
     return done
 
 
-def compose_cli() -> list[str]:
-    """Compose v2 (`docker compose`) where it is installed, else v1 (`docker-compose`)."""
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    pytest.fail("neither `docker compose` nor `docker-compose` is installed")
+COMPOSE_CLIS = {"v2": ["docker", "compose"], "v1": ["docker-compose"]}
+
+
+@pytest.fixture(params=sorted(COMPOSE_CLIS))
+def compose(request: pytest.FixtureRequest) -> list[str]:
+    """Compose v2 (`docker compose`) and v1 (`docker-compose`): the compose files must work with both."""
+    cli = COMPOSE_CLIS[request.param]
+    if shutil.which(cli[0]) is None or sh(*cli, "version", check=False, timeout=60).returncode != 0:
+        if os.environ.get("MOSAIC_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"MOSAIC_REQUIRE_DOCKER=1 but `{' '.join(cli)}` is not installed (.ci/run installs both)")
+        pytest.skip(f"`{' '.join(cli)}` is not installed")
+    return cli
 
 
 def free_port() -> int:
@@ -116,8 +121,8 @@ def simulated_hashes(kit, summary: dict, tmp: Path) -> dict[str, str]:
 class Project:
     """One compose project: `up`, and on exit its logs (when the test failed) and `down -v`."""
 
-    def __init__(self, name: str, file: str, env: dict[str, str]) -> None:
-        self.cmd = [*compose_cli(), "-p", name, "-f", str(ROOT / file)]
+    def __init__(self, compose: list[str], name: str, file: str, env: dict[str, str]) -> None:
+        self.cmd = [*compose, "-p", name, "-f", str(ROOT / file)]
         self.env = env
 
     def __call__(self, *args: str, timeout: float = 600) -> str:
@@ -144,10 +149,10 @@ def container_ip(container: str) -> str:
               container).stdout.strip()
 
 
-def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, results: Path, tmp_path: Path,
-                                                             projects: list[Project]) -> None:
+def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, compose: list[str], results: Path,
+                                                             tmp_path: Path, projects: list[Project]) -> None:
     nodes, rounds = 8, 6
-    project = Project(f"mosaictest{os.getpid()}", "compose.yaml", environment(
+    project = Project(compose, f"mosaictest{os.getpid()}", "compose.yaml", environment(
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="", MOSAIC_ROUNDS=str(rounds), MOSAIC_NODE_LINGER="120",
         MOSAIC_BARRIER_LINGER="120"))
     projects.append(project)
@@ -183,9 +188,9 @@ def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, re
     assert summary["model_sha256"] == simulated_hashes(kit, summary, tmp_path / "simulated")
 
 
-def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(kit, image: str, results: Path,
-                                                                        projects: list[Project]) -> None:
-    project = Project(f"mosaictestf{os.getpid()}", "compose.yaml", environment(
+def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(kit, image: str, compose: list[str],
+                                                                        results: Path, projects: list[Project]) -> None:
+    project = Project(compose, f"mosaictestf{os.getpid()}", "compose.yaml", environment(
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="", MOSAIC_FANOUT="4", MOSAIC_BARRIER_LINGER="1"))
     projects.append(project)
     project("up", "-d", "--no-build", "--scale", "node=3")
@@ -206,18 +211,18 @@ def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(kit, im
     assert not (results / "summary.json").exists()
 
 
-def test_multihost_files_join_nodes_of_several_projects_by_barrier_address(kit, image: str, results: Path,
-                                                                           projects: list[Project]) -> None:
+def test_multihost_files_join_nodes_of_several_projects_by_barrier_address(
+        kit, image: str, compose: list[str], results: Path, projects: list[Project]) -> None:
     """Two 'hosts' (compose projects on the host network) with 2 and 3 nodes join one barrier by its address."""
     rounds, port = 4, free_port()
     env = environment(MOSAIC_RESULTS=str(results), MOSAIC_NODES="5", MOSAIC_ROUNDS=str(rounds),
                       MOSAIC_BARRIER_PORT=str(port), MOSAIC_BARRIER_URL=f"http://127.0.0.1:{port}")
     pid = os.getpid()
-    barrier = Project(f"mosaictestb{pid}", "deploy/multihost/barrier.yaml", env)
+    barrier = Project(compose, f"mosaictestb{pid}", "deploy/multihost/barrier.yaml", env)
     projects.append(barrier)
     barrier("up", "-d", "--no-build")
     for host, scale in (("a", 2), ("b", 3)):
-        nodes = Project(f"mosaictest{host}{pid}", "deploy/multihost/nodes.yaml", env)
+        nodes = Project(compose, f"mosaictest{host}{pid}", "deploy/multihost/nodes.yaml", env)
         projects.append(nodes)
         nodes("up", "-d", "--no-build", "--scale", f"node={scale}")
     status = kit.wait_until(lambda: barrier_finished(kit, f"http://127.0.0.1:{port}"), timeout=600,
