@@ -203,7 +203,7 @@ class Barrier:
         if self.roster is not None or not self.expected or len(self.pending) < self.expected:
             return
         try:  # the node count may be known only now (DNS): check the run as it will be
-            settings = Settings.load(**{**self.settings.model_dump(), "nodes": len(self.pending)})
+            settings = self.settings.updated(nodes=len(self.pending))
         except SettingsError as exc:
             dns = self.settings.expect_dns
             counted = f" ({dns} resolved to that many addresses)" if dns else ""

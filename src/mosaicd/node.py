@@ -37,7 +37,7 @@ async def run_settings(settings: Settings) -> Settings:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no barrier answered at {url} within --register-deadline") from None
                 await asyncio.sleep(0.5)
-    return Settings.load(**{**settings.model_dump(), **remote})
+    return settings.updated(**remote)
 
 
 async def run_node(settings: Settings) -> int:
@@ -46,7 +46,7 @@ async def run_node(settings: Settings) -> int:
     log = get_logger(role="node", run=settings.run_id)
     async with Peer(settings, task.layout, evaluate=lambda vs: network_metrics(task, vs)) as peer:
         log = log.bind(node=peer.rank)
-        final = Settings.load(**{**settings.model_dump(), **peer.run_settings})
+        final = settings.updated(**peer.run_settings)
         if final != settings:  # the barrier counted the nodes (DNS) only when registration closed
             settings, task = final, build_task(final)
         vector = task.initial(peer.rank)

@@ -133,6 +133,10 @@ class Settings(BaseSettings):
         finally:
             _toml_path.reset(token)
 
+    def updated(self, **changes: Any) -> Settings:
+        """A copy with `changes`, validated like flags (`model_copy` does not validate); SettingsError if invalid."""
+        return type(self).load(**{**self.model_dump(), **changes})
+
     def run_fields(self) -> dict[str, Any]:
         """The fields every node of a run must share (what the barrier hands out)."""
         skip = {"host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "dns_settle", "out",
