@@ -1,13 +1,10 @@
 #!/bin/sh
-# Used by deploy/Dockerfile (deps stage) after /opt/venv holds the dependencies: refuse CUDA
-# torch, run pip check, optionally prune torch (PRUNE_TORCH=1), and smoke-import the packages.
-# Usage: finish-venv [--deps-only]   (--deps-only: the project itself is not installed yet)
+# Used by deploy/Dockerfile (deps stage) after /opt/venv holds the dependencies, before the project is
+# installed: refuse CUDA torch, run pip check, optionally prune torch (PRUNE_TORCH=1), and smoke-import the
+# dependencies. (The final stage checks the installed project itself.)
 set -eu
 VENV=${VENV:-/opt/venv}
-modules="torch, torch.multiprocessing, mosaic_proto, mosaicd"
-if [ "${1:-}" = --deps-only ]; then
-    modules="torch, torch.multiprocessing, numpy, cbor2, aiohttp, pydantic_settings, structlog, prometheus_client, sklearn"
-fi
+modules="torch, torch.multiprocessing, numpy, cbor2, aiohttp, pydantic_settings, structlog, prometheus_client, sklearn"
 if "$VENV/bin/pip" list --format=freeze | grep -iE '^(nvidia-|triton=)'; then
     echo "finish-venv: CUDA packages installed (see above); torch must be the CPU build" >&2
     exit 1
