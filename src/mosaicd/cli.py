@@ -10,6 +10,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+from .http import HttpError
 from .logs import configure_logging
 from .settings import Settings, SettingsError, TaskName
 
@@ -99,13 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(run_command(args, settings))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
-    except (ValueError, FileNotFoundError, TimeoutError) as exc:
-        parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
-    except Exception as exc:
-        from .http import HttpError  # a peer or the barrier refused (4xx) or stayed unreachable
-
-        if not isinstance(exc, HttpError):
-            raise
+    except (ValueError, FileNotFoundError, TimeoutError, HttpError) as exc:  # HttpError: 4xx, or unreachable
         parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
 
 
