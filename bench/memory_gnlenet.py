@@ -24,16 +24,16 @@ import time
 
 CHILD = r"""
 import json, resource, sys, time
-import mosaicd.data
+import mosaicd.learning.data
 from mosaicd.settings import Settings
-from mosaicd.tasks import build_task
+from mosaicd.learning.tasks import build_task
 
 data_dir, rounds, nodes, in_memory = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 if in_memory:
     def refuse(*args, **kwargs):
         raise PermissionError("cache folder not writable")
-    mosaicd.data._write_cache = refuse
-    mosaicd.data._open_cache = lambda *args: None
+    mosaicd.learning.data._write_cache = refuse
+    mosaicd.learning.data._open_cache = lambda *args: None
 after_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 settings = Settings(task="cifar10", nodes=nodes, fanout=max(1, min(2, nodes - 1)), data_dir=data_dir,
                     batch_size=32, local_steps=5, lr=0.05)
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--target-mb", type=float, default=400.0)
     args = parser.parse_args()
 
-    from mosaicd.data import write_synthetic
+    from mosaicd.learning.data import write_synthetic
 
     with tempfile.TemporaryDirectory(prefix="mosaic-bench-") as tmp:
         started = time.perf_counter()

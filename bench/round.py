@@ -38,7 +38,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from mosaicd.cluster import Cluster
+from mosaicd.experiments.cluster import Cluster
 from mosaicd.settings import Settings
 
 BYTES_TOLERANCE = 0.01

@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from mosaicd.cluster import run_cluster
+from mosaicd.experiments.cluster import run_cluster
+from mosaicd.experiments.simulate import run_simulation
 from mosaicd.logs import configure_logging
 from mosaicd.settings import Settings
-from mosaicd.simulate import run_simulation
 
 
 def main() -> None:

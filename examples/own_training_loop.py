@@ -18,7 +18,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from mosaicd import Peer, Settings
-from mosaicd.barrier import Barrier
+from mosaicd.daemon.barrier import Barrier
 
 NODES, ROUNDS = 4, 15
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mosaicd.cli import build_parser, load_settings, main
-from mosaicd.cluster import free_ports
+from mosaicd.experiments.cluster import free_ports
 from mosaicd.settings import Settings, SettingsError
 
 

@@ -1,3 +1,3 @@
-from .cli import main
+from mosaicd.cli import main
 
 main()

@@ -10,9 +10,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from .http import HttpError
-from .logs import configure_logging
-from .settings import Settings, SettingsError, TaskName
+from mosaicd.daemon.http import HttpError
+from mosaicd.logs import configure_logging
+from mosaicd.settings import Settings, SettingsError, TaskName
 
 COMMANDS = {
     "node": "run one node daemon (also: mosaicd --peer-list peers.txt ...)",
@@ -21,7 +21,8 @@ COMMANDS = {
     "simulate": "run all --nodes nodes in this process (same outputs and models as cluster)",
 }
 # experiment tooling: subcommands with their own flags, no run settings (module: HELP, add_arguments, main)
-TOOLS = {"sweep": "mosaicd.sweep", "report": "mosaicd.report", "analyze": "mosaicd.analysis"}
+TOOLS = {"sweep": "mosaicd.experiments.sweep", "report": "mosaicd.experiments.report",
+         "analyze": "mosaicd.experiments.analysis"}
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, FileNotFoundError) as exc:
             parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
     if args.command == "data":
-        from .data import fetch
+        from mosaicd.learning.data import fetch
 
         fetch(args.dataset, args.data_dir or Settings.model_fields["data_dir"].default)
         return
@@ -106,13 +107,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def run_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "node":
-        from .node import run_node
+        from mosaicd.daemon.node import run_node
         return asyncio.run(run_node(settings))
     if args.command == "barrier":
-        from .node import run_barrier
+        from mosaicd.daemon.node import run_barrier
         return asyncio.run(run_barrier(settings))
     if args.command == "cluster":
-        from .cluster import ClusterFailed, run_cluster
+        from mosaicd.experiments.cluster import ClusterFailed, run_cluster
         try:
             _print_final(run_cluster(settings, progress=not args.quiet))
         except ClusterFailed as exc:
@@ -120,7 +121,7 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
             return 1
         return 0
     if args.command == "simulate":
-        from .simulate import run_simulation
+        from mosaicd.experiments.simulate import run_simulation
         _print_final(run_simulation(settings, progress=not args.quiet))
         return 0
     raise AssertionError(args.command)

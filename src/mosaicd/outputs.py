@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .settings import Settings
+from mosaicd.settings import Settings
 
 NODE_COLUMNS = ["round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
                 "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s"]

@@ -1,0 +1,1 @@
+"""Experiment tooling: the in-process simulator, the local cluster launcher, progress, sweeps, reports, analysis."""

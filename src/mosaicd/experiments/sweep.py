@@ -1,0 +1,518 @@
+"""`mosaicd sweep SPEC.toml`: run a grid of experiments, one output folder per run, resumably.
+
+A run spec is a TOML file with two top-level keys and two tables:
+
+    mode = "simulate"            # "simulate" (every node in this process) or "cluster" (real processes)
+    out = "runs/digits-quick"    # the sweep's folder, relative to the working directory (--out overrides)
+
+    [run]                        # base settings: any `Settings` field (the flags of `mosaicd simulate`)
+    task = "digits"
+    nodes = 16
+    partition = "dirichlet"
+    alpha = 0.1
+
+    [grid]                       # swept settings: each a non-empty list; the runs are their product
+    fragments = [1, 4, 16]
+    seed = [0, 1, 2]
+
+Keys may be written with '-' or '_'. A key may be in [run] or in [grid], not both; `out` is set by the
+sweep and may be in neither. An optional top-level `description` string is copied into the report.
+Every grid point is validated with the one `Settings` model (flags > MOSAIC_* environment > defaults,
+as for `mosaicd simulate`) before anything runs; an error names the file, the table and the key.
+
+What a sweep leaves in OUT:
+
+    OUT/sweep.json                  the spec as read, the grid and the run list (read by `mosaicd report`)
+    OUT/grid.csv                    one row per finished run: its grid values and final figures
+    OUT/runs/<k=v,k=v,...>/         one run: settings.json, summary.json, rounds.csv, nodes.csv, run.log
+                                    (cluster mode also: logs/ and nodes/)
+
+Run folders are named by the grid values in the order the [grid] table lists them
+(e.g. `fragments=4,seed=1`). Resuming: a run whose summary.json exists and whose run settings
+(`Settings.run_fields()`) equal the spec's is skipped; a folder without summary.json (a run that was
+interrupted or failed) or with other settings is deleted and run again from scratch. summary.json is
+written last and atomically, so Ctrl-C at any point leaves either a finished run or one that is redone.
+grid.csv is rewritten after every finished run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import difflib
+import itertools
+import json
+import math
+import re
+import shutil
+import sys
+import time
+import tomllib
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from mosaicd.settings import Settings, SettingsError
+
+HELP = "run a grid of experiments from a TOML spec (resumable; see examples/)"
+
+MODES = ("simulate", "cluster")
+TOP_LEVEL = {"mode", "out", "description", "run", "grid"}
+GRID_COLUMNS = ["metric", "higher_is_better", "rounds", "node_average", "average_model", "consensus_distance",
+                "node_spread", "best_node_average", "best_round", "train_loss", "wall_s"]
+
+
+class SpecError(SettingsError):
+    """A run spec problem; the message names the file, the table and the key."""
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str                      # folder name under OUT/runs
+    point: dict[str, Any]          # the grid values of this run, in [grid] order
+    settings: Settings
+
+    def folder(self, out: Path) -> Path:
+        return out / "runs" / self.name
+
+
+@dataclass
+class Spec:
+    path: Path
+    mode: str
+    out: Path
+    base: dict[str, Any]
+    grid: dict[str, list[Any]]
+    runs: list[Run] = field(default_factory=list)
+    description: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": str(self.path), "mode": self.mode, "out": str(self.out), "description": self.description,
+                "base": self.base, "grid": self.grid,
+                "runs": [{"name": r.name, "point": r.point, "dir": f"runs/{r.name}"} for r in self.runs]}
+
+
+# ---------------------------------------------------------------------------------------------- the spec
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value) if isinstance(value, float) else str(value)
+    return "".join(c if c.isalnum() or c in "._-+" else "_" for c in text)
+
+
+def run_name(point: dict[str, Any]) -> str:
+    """The folder name of a grid point: `k=v,k=v` in [grid] order (`single` for an empty grid)."""
+    return ",".join(f"{k}={_value_text(v)}" for k, v in point.items()) or "single"
+
+
+def _keys(table: dict[str, Any], where: str, path: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    fields = Settings.model_fields
+    for raw, value in table.items():
+        key = raw.replace("-", "_")
+        if key not in fields:
+            hint = difflib.get_close_matches(key, list(fields), n=1)
+            raise SpecError(f"{path}: [{where}] {raw}: unknown setting"
+                            + (f" (did you mean {hint[0]}?)" if hint else ""))
+        if key == "out":
+            raise SpecError(f"{path}: [{where}] out: the sweep sets each run's out; put the sweep's folder in "
+                            f"the top-level `out` key")
+        if key in out:
+            raise SpecError(f"{path}: [{where}] {raw}: given twice")
+        out[key] = value
+    return out
+
+
+def _flag_names(message: str, keys: list[str]) -> list[str]:
+    """The keys whose flag (`--local-steps`) a SettingsError message mentions."""
+    return [k for k in keys if re.search(rf"--{re.escape(k.replace('_', '-'))}(?![\w-])", message)]
+
+
+def load_spec(path: Path | str, out: Path | str | None = None) -> Spec:
+    """Read and validate a spec: every grid point becomes a `Settings`, or a SpecError names what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such spec file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    for key in data:
+        if key not in TOP_LEVEL:
+            hint = " (settings go in the [run] table)" if key.replace("-", "_") in Settings.model_fields else ""
+            raise SpecError(f"{path}: {key}: unknown top-level key; expected mode, out, description, [run], "
+                            f"[grid]{hint}")
+    mode = data.get("mode", "simulate")
+    if mode not in MODES:
+        raise SpecError(f"{path}: mode: must be one of {', '.join(MODES)}, got {mode!r}")
+    if out is None:
+        if "out" not in data:
+            raise SpecError(f"{path}: out: missing (the sweep's folder, e.g. out = \"runs/{path.stem}\")")
+        out = data["out"]
+    if not isinstance(out, str | Path) or not str(out):
+        raise SpecError(f"{path}: out: must be a folder name, got {out!r}")
+    for table in ("run", "grid"):
+        if not isinstance(data.get(table, {}), dict):
+            raise SpecError(f"{path}: {table}: must be a table ([{table}])")
+    base = _keys(data.get("run", {}), "run", path)
+    grid = _keys(data.get("grid", {}), "grid", path)
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"{path}: [grid] {key}: must be a non-empty list of values, got {values!r}")
+        if len({json.dumps(v) for v in values}) != len(values):
+            raise SpecError(f"{path}: [grid] {key}: repeated values in {values!r}")
+        if key in base:
+            raise SpecError(f"{path}: {key}: in both [run] and [grid]; keep one")
+    spec = Spec(path, mode, Path(out), base, grid, description=str(data.get("description", "")))
+    errors: list[str] = []
+    names: dict[str, dict[str, Any]] = {}
+    for combo in itertools.product(*grid.values()):
+        point = dict(zip(grid, combo, strict=True))
+        name = run_name(point)
+        if name in names:
+            raise SpecError(f"{path}: [grid] points {names[name]} and {point} give the same folder name {name!r}")
+        names[name] = point
+        try:
+            settings = Settings.load(**{**base, **point, "out": spec.out / "runs" / name})
+        except SettingsError as exc:
+            message = str(exc)
+            named = _flag_names(message, list(base) + list(point))
+            where = ", ".join(f"[grid] {k} = {point[k]!r}" if k in point else f"[run] {k} = {base[k]!r}"
+                              for k in named) or "the settings"
+            errors.append(f"{where}: {message}" + (f" (grid point {name})" if point else ""))
+            continue
+        spec.runs.append(Run(name, point, settings))
+    if errors:
+        shown = list(dict.fromkeys(errors))
+        more = f"\n  ... and {len(shown) - 5} more" if len(shown) > 5 else ""
+        raise SpecError(f"{path}: {len(errors)} of {len(names)} runs have invalid settings:\n  "
+                        + "\n  ".join(shown[:5]) + more)
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+def _best(rounds: list[dict[str, Any]]) -> tuple[float | None, int | None]:
+    values = [(r.get("node_average"), r.get("round")) for r in rounds
+              if isinstance(r.get("node_average"), int | float) and math.isfinite(r["node_average"])]
+    if not values:
+        return None, None
+    higher = _higher_is_better(rounds)
+    value, round_ = (max if higher else min)(values, key=lambda x: x[0])
+    return value, round_
+
+
+def _higher_is_better(rounds: list[dict[str, Any]]) -> bool:
+    for r in rounds:
+        if "higher_is_better" in r:
+            return bool(r["higher_is_better"])
+    metric = rounds[0].get("metric") if rounds else None
+    return metric not in ("rmse", "loss")
+
+
+def grid_row(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
+    """The run's grid values and final figures (one grid.csv row)."""
+    final = summary.get("final") or {}
+    rounds = summary.get("rounds") or []
+    best, best_round = _best(rounds)
+    return {"run": run.name, **run.point, "metric": final.get("metric"),
+            "higher_is_better": _higher_is_better(rounds) if rounds else None,
+            "rounds": summary.get("settings", {}).get("rounds"),
+            **{k: final.get(k) for k in ("node_average", "average_model", "consensus_distance", "node_spread")},
+            "best_node_average": best, "best_round": best_round, "train_loss": final.get("train_loss"),
+            "wall_s": summary.get("wall_s")}
+
+
+def write_grid_csv(spec: Spec, rows: list[dict[str, Any]]) -> Path:
+    path = spec.out / "grid.csv"
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, ["run", *spec.grid, *GRID_COLUMNS])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    tmp.replace(path)
+    return path
+
+
+def run_state(run: Run, out: Path) -> tuple[str, dict[str, Any] | None]:
+    """'done' (with its summary), 'todo' (no folder), 'broken' (no summary.json) or 'changed' (other settings)."""
+    folder = run.folder(out)
+    if not folder.exists():
+        return "todo", None
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return "broken", None
+    wanted = run.settings.run_fields()
+    had = summary.get("settings") or {}
+    if any(had.get(k) != v for k, v in wanted.items()):
+        return "changed", None
+    return "done", summary
+
+
+# ---------------------------------------------------------------------------------------------- progress
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class SweepDisplay:
+    """One status line: runs done / total, the current run and its round, and the time left.
+
+    Time left = (seconds per round so far) x (rounds left in the runs still to run); skipped runs do not count.
+    On a terminal the line is redrawn in place; otherwise it is printed at most every 30 s. Messages (a run
+    started, done, skipped, redone) are printed as lines either way.
+    """
+
+    def __init__(self, total: int, rounds_to_run: int, enabled: bool = True, stream: TextIO | None = None) -> None:
+        self.total, self.rounds_to_run, self.enabled = total, rounds_to_run, enabled
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.done = 0
+        self.rounds_done = 0
+        self.started = time.monotonic()
+        self.current = ""
+        self.detail = ""
+        self.round = 0
+        self.run_rounds = 0
+        self.last_print = time.monotonic()
+
+    def message(self, text: str, always: bool = False) -> None:
+        if not (self.enabled or always):
+            return
+        if self.tty and self.enabled:
+            self.stream.write("\r\033[K")
+        print(text, file=self.stream, flush=True)
+        self.draw(force=self.tty)
+
+    def start_run(self, name: str, rounds: int) -> None:
+        self.current, self.detail, self.round, self.run_rounds = name, "", 0, rounds
+        self.message(f"sweep: [{self.done + 1}/{self.total}] {name} ...")
+
+    def round_done(self, round_: int, detail: str = "") -> None:
+        new = round_ + 1 - self.round
+        if new > 0:
+            self.rounds_done += new
+            self.round = round_ + 1
+        self.detail = detail
+        self.draw()
+
+    def end_run(self, text: str, always: bool = False) -> None:
+        self.rounds_done += max(0, self.run_rounds - self.round)
+        self.done += 1
+        self.current = ""
+        eta = self.eta()
+        self.message(f"sweep: [{self.done}/{self.total}] {text}"
+                     + (f"; ~{_clock(eta)} left" if eta and self.done < self.total else ""), always=always)
+
+    def skip(self) -> None:
+        self.done += 1
+
+    def eta(self) -> float | None:
+        if self.rounds_done <= 0:
+            return None
+        elapsed = time.monotonic() - self.started
+        return elapsed / self.rounds_done * max(0, self.rounds_to_run - self.rounds_done)
+
+    def line(self) -> str:
+        eta = self.eta()
+        current = f" | {self.current}: round {self.round}/{self.run_rounds}{self.detail}" if self.current else ""
+        return (f"runs {self.done}/{self.total} | {_clock(time.monotonic() - self.started)} elapsed, "
+                + (f"~{_clock(eta)} left" if eta is not None else "time left: measuring") + current)
+
+    def draw(self, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write("\r\033[K" + self.line()[: shutil.get_terminal_size().columns - 1])
+            self.stream.flush()
+        elif force or now - self.last_print >= 30:
+            print(self.line(), file=self.stream, flush=True)
+            self.last_print = now
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+class _RunProgress:
+    """Stands in for `progress.Progress` inside one run: feeds the sweep's line and the run's log."""
+
+    def __init__(self, display: SweepDisplay, log: TextIO, total: int, enabled: bool = True, label: str = "") -> None:
+        self.display, self.log, self.total = display, log, total
+        self.metrics = ""
+
+    def update(self, round: int, loss: float | None = None, row: dict[str, Any] | None = None,
+               extra: str = "") -> None:
+        loss_text = f" loss {loss:.4f}" if loss is not None and math.isfinite(loss) else ""
+        if row:
+            self.metrics = (f" | {row.get('metric', 'metric')} node-avg {row.get('node_average', math.nan):.4f}"
+                            f" avg-model {row.get('average_model', math.nan):.4f}")
+        self.log.write(f"{_now()} round {round + 1}/{self.total}{loss_text}{self.metrics if row else ''}{extra}\n")
+        self.log.flush()
+        self.display.round_done(round, loss_text + self.metrics)
+
+    def close(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _run_hooks(display: SweepDisplay, log: TextIO) -> Iterator[None]:
+    """Route the run's progress line and structlog output to the sweep display and the run's log file.
+
+    `simulate` and `cluster` build a `Progress` each; the sweep swaps in `_RunProgress` for the run.
+    """
+    import structlog
+
+    from . import cluster, simulate
+    modules = [m for m in (simulate, cluster) if hasattr(m, "Progress")]
+    saved = [(m, m.Progress) for m in modules]
+    factory = structlog.get_config()["logger_factory"]
+    for m in modules:
+        m.Progress = lambda total, enabled=True, label="": _RunProgress(display, log, total, enabled, label)
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(log))
+    try:
+        yield
+    finally:
+        for m, original in saved:
+            m.Progress = original
+        structlog.configure(logger_factory=factory)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+
+
+def execute(run: Run, out: Path, mode: str, display: SweepDisplay, timeout: float | None = None) -> dict[str, Any]:
+    """One run from scratch in its own folder; returns its summary."""
+    folder = run.folder(out)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    (folder / "settings.json").write_text(json.dumps(run.settings.model_dump(mode="json"), indent=2) + "\n")
+    with open(folder / "run.log", "a") as log:
+        log.write(f"{_now()} start {run.name} mode={mode}\n")
+        log.flush()
+        started = time.monotonic()
+        try:
+            with _run_hooks(display, log):
+                if mode == "cluster":
+                    from mosaicd.experiments.cluster import run_cluster
+                    summary = run_cluster(run.settings, progress=True, timeout=timeout)
+                else:
+                    from mosaicd.experiments.simulate import run_simulation
+                    summary = run_simulation(run.settings, progress=True)
+        except KeyboardInterrupt:
+            log.write(f"{_now()} interrupted after {time.monotonic() - started:.1f}s (no summary.json: the next "
+                      f"sweep redoes this run)\n")
+            raise
+        except Exception:
+            log.write(f"{_now()} failed after {time.monotonic() - started:.1f}s\n{traceback.format_exc()}")
+            raise
+        final = summary.get("final") or {}
+        log.write(f"{_now()} done in {time.monotonic() - started:.1f}s: "
+                  + json.dumps({k: final.get(k) for k in ("metric", "node_average", "average_model",
+                                                          "consensus_distance", "node_spread", "train_loss")})
+                  + "\n")
+    return summary
+
+
+def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeout: float | None = None,
+              stream: TextIO | None = None) -> dict[str, Any]:
+    """Run every grid point not already done; returns counts and the grid.csv path. Ctrl-C propagates."""
+    stream = stream or sys.stderr
+    spec.out.mkdir(parents=True, exist_ok=True)
+    (spec.out / "sweep.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    states = {run.name: run_state(run, spec.out) for run in spec.runs}
+    to_run = [r for r in spec.runs if states[r.name][0] != "done"]
+    display = SweepDisplay(len(spec.runs), sum(r.settings.rounds for r in to_run), enabled=progress, stream=stream)
+    rows: dict[str, dict[str, Any]] = {}
+    counts = {"total": len(spec.runs), "skipped": 0, "ran": 0, "redone": 0, "failed": 0}
+    failed: list[str] = []
+    for run in spec.runs:
+        state, summary = states[run.name]
+        if state == "done" and summary is not None:
+            rows[run.name] = grid_row(run, summary)
+            counts["skipped"] += 1
+            display.skip()
+            display.message(f"sweep: skip {run.name} (summary.json matches its settings)")
+    write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
+    try:
+        for run in to_run:
+            state = states[run.name][0]
+            if state in ("broken", "changed"):
+                why = "no summary.json" if state == "broken" else "its settings differ from the spec"
+                display.message(f"sweep: redoing {run.name} from scratch ({why})")
+                counts["redone"] += 1
+            display.start_run(run.name, run.settings.rounds)
+            try:
+                summary = execute(run, spec.out, spec.mode, display, timeout)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                failed.append(run.name)
+                counts["failed"] += 1
+                display.end_run(f"{run.name} failed: {exc} (see {run.folder(spec.out) / 'run.log'})", always=True)
+                if not keep_going:
+                    break
+                continue
+            counts["ran"] += 1
+            rows[run.name] = grid_row(run, summary)
+            write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
+            display.end_run(f"{run.name} done in {summary.get('wall_s')}s")
+    finally:
+        display.close()
+    return {**counts, "done": len(rows), "failed_runs": failed, "grid_csv": str(spec.out / "grid.csv"),
+            "out": str(spec.out)}
+
+
+# ---------------------------------------------------------------------------------------------- the command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", type=Path, metavar="SPEC.toml", help="run spec (see examples/*.toml)")
+    parser.add_argument("--out", type=Path, default=None, help="the sweep's folder [default: the spec's `out`]")
+    parser.add_argument("--dry-run", action="store_true", help="validate the spec, list the runs and their state")
+    parser.add_argument("--keep-going", action="store_true", help="go on with the next run after a failed one")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per run (cluster mode)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec, args.out)
+    except SettingsError as exc:
+        print(f"mosaicd sweep: error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for run in spec.runs:
+            print(f"{run_state(run, spec.out)[0]:8s} {run.folder(spec.out)}")
+        print(f"{len(spec.runs)} runs, mode {spec.mode}, out {spec.out}")
+        return 0
+    started = time.monotonic()
+    try:
+        result = run_sweep(spec, progress=not args.quiet, keep_going=args.keep_going, timeout=args.timeout)
+    except KeyboardInterrupt:
+        done = sum(1 for r in spec.runs if run_state(r, spec.out)[0] == "done")
+        print(f"mosaicd sweep: interrupted; {done}/{len(spec.runs)} runs done in {spec.out / 'runs'}. Run the same "
+              f"command again to resume (the interrupted run is redone from scratch).", file=sys.stderr)
+        return 130
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    print(json.dumps(result))
+    return 1 if result["failed"] else 0

@@ -1,0 +1,44 @@
+"""What a workload is to Mosaic: a flat float32 vector that trains on a node's shard and evaluates.
+
+One `Task` object serves every node that lives in a process (one for a daemon, all n for `simulate`),
+so data is loaded once and each node's shard is derived from (seed, rank, n).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+
+from mosaic_proto import Layout
+from mosaicd.settings import Settings
+
+
+class Task(ABC):
+    name: str
+    metric: str = "accuracy"
+    higher_is_better: bool = True
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @property
+    @abstractmethod
+    def layout(self) -> Layout:
+        """Ordered float tensors of the model (the spec's flattening order)."""
+
+    @abstractmethod
+    def initial(self, node: int) -> np.ndarray:
+        """x_0 of `node` as a float32 vector of layout.dim values."""
+
+    @abstractmethod
+    def train(self, node: int, round: int, vector: np.ndarray) -> tuple[np.ndarray, float]:
+        """H local steps from `vector` on the node's shard; the new vector and the mean training loss."""
+
+    @abstractmethod
+    def evaluate(self, vector: np.ndarray) -> dict[str, float]:
+        """Metrics of one model on the global test set; always holds the key `self.metric`."""
+
+    def evaluate_many(self, vectors: Sequence[np.ndarray]) -> list[dict[str, float]]:
+        return [self.evaluate(v) for v in vectors]

@@ -1,0 +1,179 @@
+"""What every torch workload shares: lazy data, cached shards, seeded local SGD, batched evaluation.
+
+A subclass says how to load its `Split`, build its model and turn stored arrays into tensors. One
+object serves every node of a process: data and the partition are computed once, the model object is
+reused (a lock serialises calls), and a node's work depends only on (settings, node, round, vector).
+
+Repeatability: batches come from a torch.Generator keyed by (seed, node, round); no global RNG is used
+(the initial model is built under fork_rng). The CPU kernels used here give the same bits for the same
+inputs and the same torch thread count; a different thread count changes the summation order of some
+backward reductions (conv weight gradients), hence the last bits. torch.use_deterministic_algorithms
+is not called: it would import torch._dynamo (~70 MB per process) and changes nothing on CPU. For the
+same reason SGD is `torch_util.SGD` (torch.optim.SGD's arithmetic, tested bit-equal), not torch.optim.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import abstractmethod
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mosaic_proto import Layout
+from mosaicd.learning.data import Split
+from mosaicd.learning.partition import PartitionError, partition, supported_message
+from mosaicd.settings import Partition, Settings
+
+from .base import Task
+from .torch_util import SGD, layout_of, load_vector, to_vector, train_generator
+
+__all__ = ["TorchTask"]
+
+
+class TorchTask(Task):
+    partitions: tuple[Partition, ...] = (Partition.IID, Partition.DIRICHLET, Partition.SHARDS)
+    eval_batch_size: int = 1000
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        if settings.partition not in self.partitions:
+            raise PartitionError(supported_message(self.name, settings.partition.value,
+                                                   [p.value for p in self.partitions]))
+        torch.set_num_threads(settings.threads)  # the thread count changes float results: same on every node
+        self._lock = threading.RLock()
+        self._split: Split | None = None
+        self._shards: list[np.ndarray] | None = None
+        self._model: nn.Module | None = None
+        self._initial: np.ndarray | None = None
+
+    # ---- what a subclass provides
+
+    @abstractmethod
+    def load(self) -> Split:
+        """Read the data set (called once per object)."""
+
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """A freshly initialised model (called under torch.manual_seed(settings.seed))."""
+
+    def inputs(self, x: np.ndarray) -> torch.Tensor:
+        """Model input from stored rows (a copy; stored arrays may be read-only memory maps)."""
+        return torch.from_numpy(np.array(x))
+
+    def targets(self, y: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(y))
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, target)
+
+    def score(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        """Sums over one test batch, turned into metrics by `summarize`."""
+        return {"loss": float(F.cross_entropy(output, target, reduction="sum")),
+                "correct": float((output.argmax(dim=1) == target).sum())}
+
+    def summarize(self, sums: dict[str, float], count: int) -> dict[str, float]:
+        return {"accuracy": sums["correct"] / count, "test_loss": sums["loss"] / count}
+
+    # ---- shared machinery
+
+    @property
+    def split(self) -> Split:
+        with self._lock:
+            if self._split is None:
+                self._split = self.load()
+            return self._split
+
+    def groups(self) -> np.ndarray:
+        """What the partition splits on: client ids (natural) or labels."""
+        split = self.split
+        if self.settings.partition is Partition.NATURAL:
+            if split.clients is None:  # pragma: no cover - guarded by `partitions`
+                raise PartitionError(supported_message(self.name, "natural", [p.value for p in self.partitions]))
+            return split.clients
+        return split.y_train
+
+    def shard(self, node: int) -> np.ndarray:
+        """Indices of node `node`'s training samples (the partition of all nodes is computed once)."""
+        s = self.settings
+        if not 0 <= node < s.nodes:
+            raise ValueError(f"node {node} is not in 0..{s.nodes - 1}")
+        with self._lock:
+            if self._shards is None:
+                self._shards = partition(self.groups(), s.nodes, s.partition, s.seed, alpha=s.alpha,
+                                         shards_per_node=s.shards_per_node, min_samples=s.min_samples)
+            return self._shards[node]
+
+    def _fresh_model(self) -> nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.settings.seed)
+            return self.build_model()
+
+    @property
+    def model(self) -> nn.Module:
+        with self._lock:
+            if self._model is None:
+                self._model = self._fresh_model()
+                self._initial = to_vector(self._model)
+            return self._model
+
+    @property
+    def layout(self) -> Layout:
+        return layout_of(self.model)
+
+    def initial(self, node: int) -> np.ndarray:
+        with self._lock:
+            _ = self.model
+            assert self._initial is not None
+            return self._initial.copy()
+
+    def train(self, node: int, round: int, vector: np.ndarray) -> tuple[np.ndarray, float]:
+        s = self.settings
+        split = self.split
+        shard = self.shard(node)
+        if len(shard) == 0:
+            raise ValueError(f"node {node} has no training samples")
+        batch = min(s.batch_size, len(shard))
+        gen = train_generator(s.seed, node, round)
+        with self._lock:
+            model = self.model
+            load_vector(model, vector)
+            model.train()
+            if s.local_steps == 0:  # report the loss of one batch without stepping
+                idx = shard[torch.randperm(len(shard), generator=gen)[:batch].numpy()]
+                with torch.no_grad():
+                    loss = self.loss(model(self.inputs(split.x_train[idx])), self.targets(split.y_train[idx]))
+                return np.asarray(vector, dtype=np.float32).copy(), float(loss)
+            opt = SGD(model.parameters(), lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
+            losses = []
+            order, pos = np.zeros(0, dtype=np.int64), 0
+            for _ in range(s.local_steps):
+                if pos + batch > len(order):  # a fresh pass over the shard, dropping the last partial batch
+                    order, pos = torch.randperm(len(shard), generator=gen).numpy(), 0
+                idx = shard[order[pos:pos + batch]]
+                pos += batch
+                opt.zero_grad()
+                loss = self.loss(model(self.inputs(split.x_train[idx])), self.targets(split.y_train[idx]))
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            return to_vector(model), float(np.mean(losses))
+
+    def evaluate(self, vector: np.ndarray) -> dict[str, float]:
+        split = self.split
+        count = len(split.y_test)
+        if count == 0:
+            raise ValueError(f"task {self.name}: the test set is empty")
+        sums: dict[str, float] = {}
+        with self._lock, torch.no_grad():
+            model = self.model
+            load_vector(model, vector)
+            model.eval()
+            for start in range(0, count, self.eval_batch_size):
+                sl = slice(start, start + self.eval_batch_size)
+                out = model(self.inputs(split.x_test[sl]))
+                for key, value in self.score(out, self.targets(split.y_test[sl])).items():
+                    sums[key] = sums.get(key, 0.0) + value
+        return self.summarize(sums, count)

@@ -1,0 +1,176 @@
+"""The daemon end to end on loopback: real processes and real HTTP give mosaic_proto's in-memory models, bit for bit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from mosaic_proto import Layout
+from mosaicd import Peer, Settings
+from mosaicd.daemon.barrier import Barrier
+from mosaicd.experiments.cluster import Cluster, free_ports
+
+RUN = dict(nodes=8, rounds=5, fragments=4, fanout=2, seed=0)  # the quadratic task's defaults otherwise
+
+
+@pytest.mark.slow  # about 8 s on 2 idle cores (9 processes start), more on a busy machine
+def test_cluster_matches_in_memory_network(tmp_path: Path, kit: Any) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run([*kit.mosaicd, "cluster", *kit.flags(RUN), "--out", str(out), "--quiet"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mode"] == "cluster"
+    assert summary["dropped"] == []
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**RUN))
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["out"] == str(out)
+
+
+@pytest.mark.slow  # about 6 s on 2 idle cores, more on a busy machine
+def test_peer_list_matches_in_memory_network(tmp_path: Path, kit: Any) -> None:
+    ports = free_ports(RUN["nodes"])
+    lines = ["# the run's nodes, one host:port a line; rank = sorted order", ""]
+    for port in reversed(ports):  # not in rank order: ranks come from sorting
+        lines += [f"127.0.0.1:{port}   # node on {port}", ""]
+    peers = tmp_path / "peers.txt"
+    peers.write_text("\n".join(lines) + "\n")
+    procs = {}
+    try:
+        for port in ports:
+            log = open(tmp_path / f"node-{port}.log", "wb")
+            procs[port] = subprocess.Popen(
+                [*kit.mosaicd, "node", "--peer-list", str(peers), "--port", str(port), "--host", "127.0.0.1",
+                 "--out", str(tmp_path / f"out-{port}"), "--log-json", *kit.flags(RUN)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            log.close()
+        for port, proc in procs.items():
+            rc = proc.wait(timeout=120)
+            assert rc == 0, (tmp_path / f"node-{port}.log").read_text()[-3000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    rank0 = min(ports)
+    summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
+    assert summary["addresses"] == [f"127.0.0.1:{p}" for p in sorted(ports)]
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**RUN))
+    assert not any((tmp_path / f"out-{p}" / "summary.json").exists() for p in ports if p != rank0)
+
+
+def scrape(kit: Any, port: int) -> dict[str, Any]:
+    """GET /v1/status and /metrics of one daemon: {"status": {...}, "metrics": {"name{labels}": value}}."""
+    status = kit.http("GET", f"http://127.0.0.1:{port}/v1/status", timeout=5)
+    metrics = kit.http("GET", f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert status.status == 200 and metrics.status == 200
+    assert status.content_type == "application/json" and metrics.content_type == "text/plain"
+    samples = {}
+    for family in text_string_to_metric_families(metrics.body.decode()):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return {"status": status.json(), "metrics": samples}
+
+
+@pytest.mark.slow
+def test_status_and_metrics_move_during_a_run(tmp_path: Path, kit: Any) -> None:
+    # protocol-only rounds of a 500k-float model: each round moves ~4 MB per node, so a run takes seconds
+    settings = Settings(nodes=4, rounds=40, fragments=4, fanout=2, dim=500_000, train=False, eval_every=0,
+                        out=tmp_path / "run")
+    cluster = Cluster(settings, progress=False)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["summary"] = cluster.run(timeout=120)
+        except BaseException as exc:  # reported by the test thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        kit.wait_until(lambda: cluster.barrier_port and cluster.node_ports, 30, "the cluster's ports")
+        node, barrier = cluster.node_ports[0], cluster.barrier_port
+
+        def at_round(at_least: int) -> dict[str, Any] | None:
+            if "error" in result:
+                raise result["error"]
+            try:
+                node_view, barrier_view = scrape(kit, node), scrape(kit, barrier)
+            except OSError:  # not listening yet
+                return None
+            return {"node": node_view, "barrier": barrier_view} if node_view["status"]["round"] >= at_least else None
+
+        first = kit.wait_until(lambda: at_round(2), 60, "round 2 on node-0")
+        def later(view: dict[str, Any] | None) -> dict[str, Any] | None:
+            # the barrier is scraped after the node, so each view's barrier may be a round ahead of its node
+            barrier_moved = view is not None and (view["barrier"]["metrics"]["mosaic_barrier_round"]
+                                                  > first["barrier"]["metrics"]["mosaic_barrier_round"])
+            return view if barrier_moved else None
+
+        second = kit.wait_until(lambda: later(at_round(first["node"]["status"]["round"] + 2)), 60, "two more rounds")
+    finally:
+        thread.join(timeout=150)
+    assert not thread.is_alive()
+    if "error" in result:
+        raise result["error"]
+    assert result["summary"]["settings"]["rounds"] == 40 and len(result["summary"]["model_sha256"]) == 4
+
+    a, b = first["node"], second["node"]
+    assert a["status"]["round"] < b["status"]["round"] < settings.rounds  # both scrapes during the run
+    assert a["status"]["last_round"]["round"] < b["status"]["last_round"]["round"]
+    assert a["status"]["rank"] == b["status"]["rank"] and a["status"]["phase"] != "done"
+    for name in ("mosaic_round", "mosaic_bytes_sent_total", "mosaic_bytes_received_total",
+                 "mosaic_fragments_sent_total", "mosaic_fragments_received_total", "mosaic_messages_received_total"):
+        assert a["metrics"][name] < b["metrics"][name], name
+    # every node sends s=2 copies of each of its K fragments per round: exactly s*d floats plus headers
+    assert b["metrics"]["mosaic_fragments_sent_total"] == 2 * 4 * b["metrics"]["mosaic_round"]
+    assert b["metrics"]["mosaic_bytes_sent_total"] >= 2 * 4 * settings.dim * b["metrics"]["mosaic_round"]
+
+    a, b = first["barrier"], second["barrier"]
+    assert a["status"]["role"] == "barrier" and a["status"]["phase"] == "running"
+    assert a["status"]["round"] < b["status"]["round"]
+    assert a["metrics"]["mosaic_barrier_round"] < b["metrics"]["mosaic_barrier_round"]
+    assert b["metrics"]["mosaic_barrier_members"] == 4 and b["metrics"]["mosaic_barrier_registered"] == 4
+    assert b["status"]["live"] == [0, 1, 2, 3] and b["status"]["dropped"] == []
+    assert sum(m["last_round"] for m in a["status"]["members"]) < sum(m["last_round"] for m in b["status"]["members"])
+
+
+async def test_python_api_peers_match_in_memory_network(tmp_path: Path, kit: Any) -> None:
+    run = dict(nodes=5, rounds=4, fragments=3, fanout=2, dim=30, seed=11, train=False, eval_every=2,
+               host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
+    barrier = Barrier(Settings(**run, out=tmp_path / "barrier"))
+    runner = web.AppRunner(barrier.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    settings = Settings(**run, barrier_url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
+        assert sorted(p.rank for p in peers) == list(range(settings.nodes))
+        reference = kit.reference_vectors(settings)
+        initial = kit.reference_vectors(settings.model_copy(update={"rounds": 0}))
+        vectors = {p.rank: initial[p.rank] for p in peers}
+        for t in range(settings.rounds):
+            results = await asyncio.wait_for(asyncio.gather(*(p.gossip(vectors[p.rank]) for p in peers)), 30)
+            vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
+            assert all(p.round == t + 1 and p.last_report["round"] == t for p in peers)
+        await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 30)
+        for rank, vector in vectors.items():
+            assert kit.sha256_f32(vector) == kit.sha256_f32(reference[rank]), rank
+        await asyncio.wait_for(barrier.done.wait(), 10)
+        summary = json.loads((tmp_path / "barrier" / "summary.json").read_text())
+        assert summary["model_sha256"] == {str(r): kit.sha256_f32(v) for r, v in enumerate(reference)}
+        with pytest.raises(RuntimeError):
+            await peers[0].gossip(vectors[peers[0].rank])
+    finally:
+        await asyncio.gather(*(p.close() for p in peers))
+        await runner.cleanup()

@@ -1,0 +1,198 @@
+"""Failures on loopback: a node killed mid-run is a straggler, then dropped, and the others finish; and the
+`Cluster` launcher leaves no process behind when a run fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from mosaicd import Settings
+from mosaicd.experiments.cluster import Cluster, ClusterFailed, free_ports
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on `port` any more."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may linger in TIME_WAIT
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def status(kit: Any, port: int) -> dict | None:
+    try:
+        reply = kit.http("GET", f"http://127.0.0.1:{port}/v1/status", timeout=2)
+    except OSError:
+        return None
+    return reply.json() if reply.status == 200 else None
+
+
+@pytest.mark.slow
+def test_killed_node_is_a_straggler_then_dropped_and_the_others_finish(tmp_path: Path, kit: Any) -> None:
+    run = dict(nodes=6, rounds=40, fragments=4, fanout=2, round_deadline=2, drop_after=2, eval_every=10,
+               request_timeout=5, retries=1)
+    ports = free_ports(run["nodes"] + 1)
+    barrier_port, node_ports = ports[0], ports[1:]
+    procs: dict[int, subprocess.Popen] = {}
+
+    def spawn(name: str, port: int, *args: str) -> None:
+        with open(tmp_path / f"{name}.log", "wb") as log:
+            procs[port] = subprocess.Popen(
+                [*kit.mosaicd, *args, "--host", "127.0.0.1", "--port", str(port), "--log-json", *kit.flags(run)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    try:
+        spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"))
+        for i, port in enumerate(node_ports):
+            spawn(f"node-{i}", port, "node", "--barrier-url", f"http://127.0.0.1:{barrier_port}",
+                  "--out", str(tmp_path / f"node-{i}"))
+        view = kit.wait_until(lambda: (s := status(kit, barrier_port)) and s["round"] >= 3 and s, 60, "round 3")
+        victim = 2
+        address = next(m["address"] for m in view["members"] if m["rank"] == victim)
+        victim_port = int(address.rsplit(":", 1)[1])
+        assert view["round"] < run["rounds"] - 10, "the run went too fast to kill a node in the middle of it"
+        procs[victim_port].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert procs[victim_port].wait(timeout=10) == -signal.SIGKILL
+
+        seen: list[tuple[float, list[int], list[int], list[int]]] = []  # (time, stragglers, dropped, live)
+
+        def watch() -> bool:
+            s = status(kit, barrier_port)
+            if s is None:  # the barrier is gone: the run is over
+                return True
+            seen.append((time.monotonic() - killed_at, s["stragglers"], s["dropped"], s["live"]))
+            return s["phase"] == "finished"
+
+        kit.wait_until(watch, 60, "the barrier to finish the run", interval=0.02)
+        for port, proc in procs.items():
+            if port != victim_port:
+                assert proc.wait(timeout=30) == 0, (port, (tmp_path / "barrier.log").read_text()[-3000:])
+        finished_in = time.monotonic() - killed_at
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    # straggler first (missed one deadline), then dropped (missed --drop-after of them)
+    straggling = [t for t, stragglers, dropped, _ in seen if victim in stragglers and victim not in dropped]
+    dropped_at = [t for t, _, dropped, live in seen if victim in dropped and victim not in live]
+    assert straggling and dropped_at, seen[:50]
+    assert min(straggling) < min(dropped_at)
+    # it takes about drop_after round deadlines (2 x 2 s) to drop a dead node, and the run goes on after that
+    assert 1.5 < min(dropped_at) < 30
+    assert finished_in < 60
+    others = [r for r in range(run["nodes"]) if r != victim]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["dropped"] == [victim]
+    assert summary["members"] == others
+    assert sorted(summary["model_sha256"], key=int) == [str(r) for r in others]
+    assert summary["rounds"][-1]["round"] == run["rounds"] - 1 and summary["rounds"][-1]["nodes"] == others
+    # every other node reported every round; the victim's reports stop where it died
+    rows = (tmp_path / "run" / "nodes.csv").read_text().splitlines()[1:]
+    per_node: dict[int, set[int]] = {}
+    for row in rows:
+        t, node = row.split(",")[:2]
+        per_node.setdefault(int(node), set()).add(int(t))
+    assert all(per_node[r] == set(range(run["rounds"])) for r in others)
+    assert max(per_node[victim]) < view["round"] + 2
+
+
+def run_in_thread(cluster: Cluster, timeout: float) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["summary"] = cluster.run(timeout=timeout)
+        except BaseException as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_cluster_fails_and_leaves_no_process_when_a_node_is_killed(tmp_path: Path, kit: Any) -> None:
+    settings = Settings(nodes=4, rounds=100_000, fanout=2, eval_every=0, out=tmp_path / "run")
+    cluster = Cluster(settings, progress=False)
+    thread, result = run_in_thread(cluster, timeout=120)
+    try:
+        kit.wait_until(lambda: (s := status(kit, cluster.barrier_port or 0)) and s["round"] >= 2, 60, "round 2")
+        pids = {name: p.pid for name, p in cluster.procs.items()}
+        assert len(pids) == 5 and all(not gone(pid) for pid in pids.values())
+        os.kill(pids["node-1"], signal.SIGKILL)
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    finally:
+        cluster.stop()
+    assert isinstance(result.get("error"), ClusterFailed), result
+    assert "node-1" in str(result["error"]) and "-9" in str(result["error"])
+    kit.wait_until(lambda: all(gone(pid) for pid in pids.values()), 10, "every cluster process to exit")
+    children = {c.pid for c in psutil.Process().children(recursive=True)}
+    assert not children & set(pids.values())
+    assert all(port_free(p) for p in [cluster.barrier_port, *cluster.node_ports])
+
+
+def test_cluster_timeout_leaves_no_process(tmp_path: Path, kit: Any) -> None:
+    settings = Settings(nodes=3, rounds=100_000, fanout=1, eval_every=0, out=tmp_path / "run")
+    cluster = Cluster(settings, progress=False)
+    started = time.monotonic()
+    with pytest.raises(ClusterFailed, match="did not finish in time"):
+        cluster.run(timeout=4)
+    assert time.monotonic() - started < 20
+    pids = [p.pid for p in cluster.procs.values()]
+    assert len(pids) == 4 and all(gone(pid) for pid in pids)
+    assert all(p.returncode is not None for p in cluster.procs.values())
+
+
+def test_killed_cluster_command_takes_its_processes_with_it(tmp_path: Path, kit: Any) -> None:
+    """`mosaicd cluster` killed with SIGKILL (no chance to clean up): its children die with it (PDEATHSIG)."""
+    out = tmp_path / "run"
+    parent = subprocess.Popen([*kit.mosaicd, "cluster", "--nodes", "3", "--fanout", "1", "--rounds", "100000",
+                               "--eval-every", "0", "--out", str(out), "--quiet"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    procs: list[psutil.Process] = []
+    try:
+        def children() -> list[psutil.Process] | None:
+            found = psutil.Process(parent.pid).children(recursive=True)
+            return found if len(found) == 4 else None
+
+        procs = kit.wait_until(children, 30, "the barrier and 3 nodes")
+
+        def some_rounds() -> bool:
+            return (out / "nodes.csv").exists() and len((out / "nodes.csv").read_text().splitlines()) > 6
+
+        kit.wait_until(some_rounds, 60, "a few rounds")
+        parent.kill()
+        assert parent.wait(timeout=10) == -signal.SIGKILL
+        kit.wait_until(lambda: all(gone(p.pid) for p in procs), 15, "the children to die with their parent")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+        for proc in procs:  # only left if the test failed
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass

@@ -1,0 +1,270 @@
+"""Containers, for real: the image from deploy/Dockerfile, compose.yaml with 8 scaled nodes, the multi-host
+compose files (each under Compose v2 and v1), and the Swarm stack on a one-host swarm.
+
+They need a Docker engine. `.ci/run` installs and starts one and sets MOSAIC_REQUIRE_DOCKER=1, so that there a
+missing engine fails these tests instead of skipping them. The image is built offline, from the debootstrapped
+base (deploy/build-base-image.sh) and ./wheels (deploy/build-wheels.sh); set MOSAIC_BASE to build on another base.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("MOSAIC_TEST_IMAGE", "mosaic:test")
+BASE = os.environ.get("MOSAIC_BASE", "mosaic-base:bookworm")
+RUN = {"MOSAIC_TASK": "digits", "MOSAIC_FRAGMENTS": "4", "MOSAIC_FANOUT": "4", "MOSAIC_EVAL_EVERY": "3",
+       "MOSAIC_DNS_SETTLE": "5", "MOSAIC_SEED": "0", "MOSAIC_BARRIER_LINGER": "60"}
+
+
+def sh(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
+       check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        output = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        raise AssertionError(f"{' '.join(args)} exited {done.returncode}:\n{output}")
+    return done
+
+
+COMPOSE_CLIS = {"v2": ["docker", "compose"], "v1": ["docker-compose"]}
+
+
+@pytest.fixture(params=sorted(COMPOSE_CLIS))
+def compose(request: pytest.FixtureRequest) -> list[str]:
+    """Compose v2 (`docker compose`) and v1 (`docker-compose`): the compose files must work with both."""
+    cli = COMPOSE_CLIS[request.param]
+    if shutil.which(cli[0]) is None or sh(*cli, "version", check=False, timeout=60).returncode != 0:
+        if os.environ.get("MOSAIC_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"MOSAIC_REQUIRE_DOCKER=1 but `{' '.join(cli)}` is not installed (.ci/run installs both)")
+        pytest.skip(f"`{' '.join(cli)}` is not installed")
+    return cli
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
+    return {**env, "MOSAIC_IMAGE": IMAGE, **RUN, **extra}
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    if shutil.which("docker") is None or sh("docker", "info", check=False, timeout=60).returncode != 0:
+        if os.environ.get("MOSAIC_REQUIRE_DOCKER") == "1":
+            pytest.fail("MOSAIC_REQUIRE_DOCKER=1 but no Docker engine answers `docker info`")
+        pytest.skip("no Docker engine (.ci/run installs and starts one)")
+    if BASE == "mosaic-base:bookworm":
+        sh("deploy/build-base-image.sh", timeout=900)  # a no-op when the image exists
+    if not list((ROOT / "wheels").glob("*.whl")):
+        sh("deploy/build-wheels.sh", timeout=900)
+    sh("docker", "build", "--build-arg", f"BASE={BASE}", "-f", "deploy/Dockerfile", "-t", IMAGE, ".", timeout=1800)
+    return IMAGE
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    folder = tmp_path / "results"
+    folder.mkdir()
+    return folder
+
+
+def barrier_finished(kit, url: str) -> dict | None:
+    try:
+        status = kit.http("GET", f"{url}/v1/status", timeout=5).json()
+    except OSError:
+        return None
+    assert status["phase"] != "failed", status
+    return status if status["phase"] == "finished" else None
+
+
+def check_results(folder: Path, nodes: int, rounds: int) -> dict:
+    """summary.json has every node's model hash; nodes.csv has every node in every round."""
+    summary = json.loads((folder / "summary.json").read_text())
+    assert sorted(summary["model_sha256"], key=int) == [str(i) for i in range(nodes)]
+    assert summary["dropped"] == []
+    with open(folder / "nodes.csv") as f:
+        seen = {(int(row["round"]), int(row["node"])) for row in csv.DictReader(f)}
+    assert seen == {(r, i) for r in range(rounds) for i in range(nodes)}
+    with open(folder / "rounds.csv") as f:
+        evaluated = [int(row["round"]) for row in csv.DictReader(f)]
+    assert evaluated == [r for r in range(rounds) if (r + 1) % 3 == 0 or r == rounds - 1]
+    return summary
+
+
+def simulated_hashes(kit, summary: dict, tmp: Path) -> dict[str, str]:
+    """The final model hashes of the same run in one process on this host: `mosaicd simulate` with its settings."""
+    from mosaicd.settings import Settings
+
+    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items() if v is not None}
+    sh(*kit.mosaicd, "simulate", *kit.flags(run), "--out", str(tmp),
+       env={k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")})
+    return json.loads((tmp / "summary.json").read_text())["model_sha256"]
+
+
+class Project:
+    """One compose project: `up`, and on exit its logs (when the test failed) and `down -v`."""
+
+    def __init__(self, compose: list[str], name: str, file: str, env: dict[str, str]) -> None:
+        self.cmd = [*compose, "-p", name, "-f", str(ROOT / file)]
+        self.env = env
+
+    def __call__(self, *args: str, timeout: float = 600) -> str:
+        return sh(*self.cmd, *args, env=self.env, timeout=timeout).stdout
+
+    def down(self) -> None:
+        sh(*self.cmd, "down", "-v", "--remove-orphans", env=self.env, check=False, timeout=300)
+
+
+@pytest.fixture
+def projects(request: pytest.FixtureRequest) -> Iterator[list[Project]]:
+    started: list[Project] = []
+    yield started
+    failed = getattr(request.node, "rep_call", None) is None or request.node.rep_call.failed
+    for project in started:
+        if failed:
+            logs = sh(*project.cmd, "logs", "--no-color", "--tail", "15", env=project.env, check=False)
+            print(logs.stdout[-6000:], file=sys.stderr)
+        project.down()
+
+
+def container_ip(container: str) -> str:
+    return sh("docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+              container).stdout.strip()
+
+
+def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, compose: list[str], results: Path,
+                                                             tmp_path: Path, projects: list[Project]) -> None:
+    nodes, rounds = 8, 6
+    project = Project(compose, f"mosaictest{os.getpid()}", "compose.yaml", environment(
+        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="", MOSAIC_ROUNDS=str(rounds), MOSAIC_NODE_LINGER="120",
+        MOSAIC_BARRIER_LINGER="120"))
+    projects.append(project)
+    project("up", "-d", "--no-build", "--scale", f"node={nodes}")
+    port = project("port", "barrier", "8000").strip().rsplit(":", 1)[1]
+    barrier = f"http://127.0.0.1:{port}"
+    status = kit.wait_until(lambda: barrier_finished(kit, barrier), timeout=600, what="the compose run to finish",
+                        interval=2)
+    assert status["expected"] == status["registered"] == nodes
+    assert status["live"] == list(range(nodes)) and status["dropped"] == []
+    assert all(m["last_round"] == rounds - 1 for m in status["members"])
+    metrics = kit.http("GET", f"{barrier}/metrics").body.decode()
+    assert f"mosaic_barrier_members {nodes:.1f}" in metrics and "mosaic_barrier_round " in metrics
+
+    containers = project("ps", "-q", "node").split()
+    assert len(containers) == nodes
+    ranks = set()
+    for container in containers:
+        node = f"http://{container_ip(container)}:8000"
+        state = kit.http("GET", f"{node}/v1/status").json()
+        assert state["round"] == rounds and len(state["members"]) == nodes
+        assert state["last_round"]["fragments_out"] == 4 * 4 and state["last_round"]["bytes_in"] > 0
+        ranks.add(state["rank"])
+        metrics = kit.http("GET", f"{node}/metrics").body.decode()
+        assert f"mosaic_round {rounds:.1f}" in metrics
+        sent = [line for line in metrics.splitlines() if line.startswith("mosaic_fragments_sent_total ")]
+        assert sent and float(sent[0].split()[1]) == rounds * 4 * 4
+    assert ranks == set(range(nodes))
+
+    project.down()
+    summary = check_results(results, nodes, rounds)
+    assert summary["final"]["node_average"] > 0.5
+    assert summary["model_sha256"] == simulated_hashes(kit, summary, tmp_path / "simulated")
+
+
+def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(kit, image: str, compose: list[str],
+                                                                        results: Path, projects: list[Project]) -> None:
+    project = Project(compose, f"mosaictestf{os.getpid()}", "compose.yaml", environment(
+        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="", MOSAIC_FANOUT="4", MOSAIC_BARRIER_LINGER="1"))
+    projects.append(project)
+    project("up", "-d", "--no-build", "--scale", "node=3")
+    containers = project("ps", "-q").split()
+    assert len(containers) == 4
+
+    def exit_codes() -> list[int] | None:
+        states = [sh("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c).stdout.split()
+                  for c in containers]
+        return [int(code) for _, code in states] if all(status == "exited" for status, _ in states) else None
+
+    assert kit.wait_until(exit_codes, timeout=300, what="every container to stop", interval=2) == [1, 1, 1, 1]
+    reason = "--fanout 4 needs at least 5 nodes, got --nodes 3"
+    assert reason in project("logs", "--no-color", "barrier")
+    for container in project("ps", "-q", "node").split():
+        logs = sh("docker", "logs", container)
+        assert "HTTP 422" in logs.stderr + logs.stdout and reason in logs.stderr + logs.stdout
+    assert not (results / "summary.json").exists()
+
+
+def test_multihost_files_join_nodes_of_several_projects_by_barrier_address(
+        kit, image: str, compose: list[str], results: Path, projects: list[Project]) -> None:
+    """Two 'hosts' (compose projects on the host network) with 2 and 3 nodes join one barrier by its address."""
+    rounds, port = 4, free_port()
+    env = environment(MOSAIC_RESULTS=str(results), MOSAIC_NODES="5", MOSAIC_ROUNDS=str(rounds),
+                      MOSAIC_BARRIER_PORT=str(port), MOSAIC_BARRIER_URL=f"http://127.0.0.1:{port}")
+    pid = os.getpid()
+    barrier = Project(compose, f"mosaictestb{pid}", "deploy/multihost/barrier.yaml", env)
+    projects.append(barrier)
+    barrier("up", "-d", "--no-build")
+    for host, scale in (("a", 2), ("b", 3)):
+        nodes = Project(compose, f"mosaictest{host}{pid}", "deploy/multihost/nodes.yaml", env)
+        projects.append(nodes)
+        nodes("up", "-d", "--no-build", "--scale", f"node={scale}")
+    status = kit.wait_until(lambda: barrier_finished(kit, f"http://127.0.0.1:{port}"), timeout=600,
+                        what="the multi-host run to finish", interval=2)
+    addresses = [m["address"] for m in status["members"]]
+    assert len(set(addresses)) == 5 and all(a.startswith("127.0.0.1:") for a in addresses)
+    kit.wait_until(lambda: (results / "summary.json").exists(), timeout=60, what="summary.json")
+    check_results(results, 5, rounds)
+
+
+@pytest.fixture
+def swarm(image: str) -> Iterator[None]:
+    state = sh("docker", "info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
+    ours = state == "inactive"
+    if ours:
+        sh("docker", "swarm", "init", "--advertise-addr", "127.0.0.1")
+    elif state != "active":
+        pytest.fail(f"the Docker engine's swarm is {state!r}")
+    yield
+    if ours:
+        sh("docker", "swarm", "leave", "--force", check=False)
+
+
+def test_swarm_stack_discovers_nodes_through_tasks_dns(kit, swarm: None, results: Path) -> None:
+    nodes, rounds, port = 5, 4, free_port()
+    stack = f"mosaictest{os.getpid()}"
+    env = environment(MOSAIC_RESULTS=str(results), MOSAIC_NODES=str(nodes), MOSAIC_ROUNDS=str(rounds),
+                      MOSAIC_BARRIER_PORT=str(port))
+    sh("docker", "stack", "deploy", "-c", "deploy/stack.yaml", stack, env=env)
+    try:
+        status = kit.wait_until(lambda: barrier_finished(kit, f"http://127.0.0.1:{port}"), timeout=600,
+                            what="the swarm run to finish", interval=2)
+        assert status["expected"] == nodes and status["live"] == list(range(nodes))
+        kit.wait_until(lambda: (results / "summary.json").exists(), timeout=60, what="summary.json")
+        check_results(results, nodes, rounds)
+    except BaseException:
+        for service in ("barrier", "node"):
+            logs = sh("docker", "service", "logs", "--tail", "15", f"{stack}_{service}", check=False)
+            print(logs.stdout[-4000:], logs.stderr[-4000:], file=sys.stderr)
+        raise
+    finally:
+        sh("docker", "stack", "rm", stack, check=False)
+        kit.wait_until(lambda: not sh("docker", "network", "ls", "-q", "-f", f"name={stack}_").stdout.strip(),
+                   timeout=120, what="the stack's network to go", interval=1)
+        time.sleep(1)

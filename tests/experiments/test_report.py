@@ -1,0 +1,76 @@
+"""`mosaicd report`: PNGs and report.md from a tiny quadratic sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mosaicd.cli import main
+from mosaicd.experiments.report import write_report
+from mosaicd.experiments.sweep import load_spec, run_sweep
+
+SPEC = """
+mode = "simulate"
+out = "{out}"
+description = "tiny quadratic sweep"
+[run]
+task = "quadratic"
+nodes = 5
+dim = 8
+rounds = 4
+eval_every = 2
+[grid]
+fanout = [1, 2]
+fragments = [1, 4]
+seed = [0, 1]
+"""
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("report")
+    spec = root / "spec.toml"
+    spec.write_text(SPEC.format(out=root / "sweep"))
+    run_sweep(load_spec(spec), progress=False)
+    return root / "sweep"
+
+
+def png_ok(path: Path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_report_writes_figures_and_table(swept: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(swept)])
+    assert done.value.code == 0
+    result = json.loads(capsys.readouterr().out)
+    out = swept / "report"
+    assert result["out"] == str(out) and result["runs"] == 8
+    for name in ("metric_vs_rounds.png", "consensus_vs_rounds.png", "best_vs_fanout.png"):
+        assert png_ok(out / name), name
+    assert not (out / "best_vs_alpha.png").exists()  # alpha is not swept
+    md = (out / "report.md").read_text()
+    assert "tiny quadratic sweep" in md and "](metric_vs_rounds.png)" in md and "](best_vs_fanout.png)" in md
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| s | K | seeds | node-average")
+    assert len(table) == 1 + 4  # header + one row per (s, K) cell
+    assert " ± " in table[1]
+
+
+def test_report_leaves_out_unfinished_runs(swept: Path, tmp_path: Path) -> None:
+    summary = swept / "runs" / "fanout=2,fragments=4,seed=1" / "summary.json"
+    saved = summary.read_bytes()
+    summary.unlink()
+    try:
+        result = write_report(swept, tmp_path / "r")
+    finally:
+        summary.write_bytes(saved)
+    assert result["runs"] == 7 and result["missing"] == 1
+    assert "missing: fanout=2,fragments=4,seed=1" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_report_of_a_folder_without_a_sweep(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="sweep.json"):
+        write_report(tmp_path)

@@ -1,0 +1,160 @@
+"""`mosaicd sweep`: spec validation names the key and file; runs, grid.csv, skip, redo, interrupt and resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from mosaicd.experiments import sweep
+from mosaicd.cli import main
+from mosaicd.experiments.sweep import SpecError, load_spec, run_sweep
+
+TINY = """
+mode = "simulate"
+out = "{out}"
+[run]
+task = "quadratic"
+nodes = 5
+dim = 8
+rounds = 3
+[grid]
+fragments = [1, 4]
+seed = [0, 1]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "spec.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def spec_error(tmp_path: Path, text: str) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    message = str(err.value)
+    assert str(path) in message
+    return message
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    ("[grid]\nfragments = [1, 32]", ["[grid] fragments = 32", "--dim"]),
+    ("[run]\nlr = -1.0", ["[run] lr = -1.0", "greater than 0"]),
+    ("[run]\nnodes = 4\n[grid]\nfanout = [2, 4]", ["[grid] fanout = 4", "[run] nodes = 4"]),
+    ("[grid]\nfragmentz = [1, 2]", ["[grid] fragmentz", "unknown setting", "fragments"]),
+    ("[run]\nlocal-stepz = 2", ["[run] local-stepz", "unknown setting"]),
+    ("[grid]\nseed = 3", ["[grid] seed", "list"]),
+    ("[grid]\nseed = []", ["[grid] seed", "non-empty"]),
+    ("[run]\nseed = 1\n[grid]\nseed = [1, 2]", ["seed", "both"]),
+    ("[run]\nout = \"x\"", ["[run] out"]),
+    ("[grid]\nsampler = [\"local\", \"gossip\"]", ["[grid] sampler = 'gossip'"]),
+    ("nodes = 3", ["nodes", "top-level", "[run]"]),
+])
+def test_spec_errors_name_the_key_and_the_file(tmp_path: Path, body: str, names: list[str]) -> None:
+    message = spec_error(tmp_path, f'mode = "simulate"\nout = "{tmp_path / "o"}"\n{body}\n')
+    for name in names:
+        assert name in message
+
+
+def test_spec_needs_a_known_mode_and_an_out(tmp_path: Path) -> None:
+    assert "mode" in spec_error(tmp_path, 'mode = "cloud"\nout = "o"\n')
+    assert "out" in spec_error(tmp_path, 'mode = "simulate"\n')
+    assert "not valid TOML" in spec_error(tmp_path, "mode = \n")
+
+
+def test_every_point_is_validated_before_anything_runs(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    message = spec_error(tmp_path, TINY.format(out=out).replace("fragments = [1, 4]", "fragments = [1, 4, 9]"))
+    assert "2 of 6 runs" in message and "fragments = 9" in message
+    assert not out.exists()
+
+
+def test_run_names_follow_the_grid_order(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, TINY.format(out=tmp_path / "o")))
+    assert [r.name for r in spec.runs] == ["fragments=1,seed=0", "fragments=1,seed=1", "fragments=4,seed=0",
+                                           "fragments=4,seed=1"]
+    assert spec.runs[2].settings.fragments == 4 and spec.runs[2].settings.out == tmp_path / "o/runs/fragments=4,seed=0"
+    assert load_spec(write(tmp_path, TINY.format(out="x")), out=tmp_path / "y").out == tmp_path / "y"
+
+
+def mtimes(out: Path) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+
+
+def test_sweep_runs_skips_and_redoes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o"
+    spec_path = write(tmp_path, TINY.format(out=out))
+    with pytest.raises(SystemExit) as done:
+        main(["sweep", str(spec_path), "--quiet"])
+    assert done.value.code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["ran"] == 4 and result["skipped"] == 0
+    for name in ("fragments=1,seed=0", "fragments=4,seed=1"):
+        folder = out / "runs" / name
+        for f in ("settings.json", "summary.json", "rounds.csv", "nodes.csv", "run.log"):
+            assert (folder / f).is_file(), f
+    with open(out / "grid.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == [r.name for r in load_spec(spec_path).runs]
+    assert {"fragments", "seed", "node_average", "average_model", "consensus_distance", "node_spread",
+            "best_node_average", "train_loss", "wall_s"} <= set(rows[0])
+    assert rows[3]["fragments"] == "4" and rows[3]["seed"] == "1" and float(rows[3]["node_average"]) > 0
+    assert json.loads((out / "sweep.json").read_text())["grid"] == {"fragments": [1, 4], "seed": [0, 1]}
+
+    before = mtimes(out)
+    (out / "runs" / "fragments=4,seed=0" / "summary.json").unlink()  # a broken run
+    again = run_sweep(load_spec(spec_path), progress=True)
+    err = capsys.readouterr().err
+    assert again["skipped"] == 3 and again["ran"] == 1 and again["redone"] == 1
+    assert "skip fragments=1,seed=0" in err and "redoing fragments=4,seed=0" in err
+    after = mtimes(out)
+    assert set(after) == set(before)
+    assert all(after[k] == before[k] for k in before if k != "fragments=4,seed=0")
+    assert len(list(csv.DictReader(open(out / "grid.csv")))) == 4
+
+    # changed settings: the run is redone
+    changed = write(tmp_path, TINY.format(out=out).replace("rounds = 3", "rounds = 2"), "changed.toml")
+    assert run_sweep(load_spec(changed), progress=False)["redone"] == 4
+
+
+def test_interrupted_sweep_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "o"
+    spec = load_spec(write(tmp_path, TINY.format(out=out)))
+    original = sweep._RunProgress.update
+    calls = {"n": 0}
+
+    def interrupting(self, round, *args, **kwargs):  # Ctrl-C in round 2 of the third run
+        calls["n"] += 1
+        if calls["n"] == 2 * 3 + 2:
+            raise KeyboardInterrupt
+        return original(self, round, *args, **kwargs)
+
+    monkeypatch.setattr(sweep._RunProgress, "update", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, progress=False)
+    broken = out / "runs" / "fragments=4,seed=0"
+    assert broken.is_dir() and not (broken / "summary.json").exists()
+    assert "interrupted" in (broken / "run.log").read_text()
+    assert len(list(csv.DictReader(open(out / "grid.csv")))) == 2
+    monkeypatch.setattr(sweep._RunProgress, "update", original)
+    resumed = run_sweep(load_spec(spec.path), progress=False)
+    assert resumed["skipped"] == 2 and resumed["ran"] == 2 and resumed["redone"] == 1
+    assert (broken / "summary.json").is_file()
+
+
+def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mosaicd.experiments.simulate
+
+    def boom(settings, progress=True):
+        raise RuntimeError("no data")
+
+    monkeypatch.setattr(mosaicd.experiments.simulate, "run_simulation", boom)
+    spec = load_spec(write(tmp_path, TINY.format(out=tmp_path / "o")))
+    result = run_sweep(spec, progress=False)
+    assert result["failed"] == 1 and result["ran"] == 0
+    assert "RuntimeError: no data" in (tmp_path / "o/runs/fragments=1,seed=0/run.log").read_text()
+    assert run_sweep(spec, progress=False, keep_going=True)["failed"] == 4
