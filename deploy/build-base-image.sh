@@ -6,8 +6,8 @@
 # Usage: deploy/build-base-image.sh [--force] [--tag IMAGE] [--mirror URL]
 #   --force        rebuild even if the image already exists
 #   --tag IMAGE    image name (default: mosaic-base:bookworm, or $MOSAIC_BASE_IMAGE)
-#   --mirror URL   Debian mirror (default: read from /etc/apt/sources.list{,.d/*},
-#                  falling back to http://deb.debian.org/debian)
+#   --mirror URL   Debian mirror (default: the one apt uses here, printed by
+#                  deploy/apt-mirror.sh; fails when apt has none and no --mirror is given)
 # Env: DEBOOTSTRAP_CACHE=DIR  keep downloaded .debs in DIR (speeds up --force rebuilds)
 # Needs root (debootstrap), debootstrap and a running docker daemon.
 set -euo pipefail
@@ -16,7 +16,6 @@ IMAGE="${MOSAIC_BASE_IMAGE:-mosaic-base:bookworm}"
 SUITE=bookworm
 FORCE=0
 MIRROR=""
-FALLBACK_MIRROR="http://deb.debian.org/debian"
 INCLUDE="python3,python3-venv,python3-pip,ca-certificates"
 
 log() { printf '[build-base-image] %s\n' "$*" >&2; }
@@ -44,53 +43,11 @@ fi
 [[ $(id -u) -eq 0 ]] || die "debootstrap needs root"
 command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install -y debootstrap)"
 
-# Find the main Debian archive URI apt uses: one-line *.list entries
-# ("deb [opts] URI SUITE COMP...") and deb822 *.sources stanzas (URIs:/Suites:).
-# Security and third-party repositories are skipped: we want an entry that serves
-# the plain bookworm suite. Disabled files (other suffixes) are not read.
-detect_mirror() {
-    local files=()
-    [[ -f /etc/apt/sources.list ]] && files+=(/etc/apt/sources.list)
-    local f
-    for f in /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-        [[ -f $f ]] && files+=("$f")
-    done
-    [[ ${#files[@]} -gt 0 ]] || return 0
-    awk -v suite="$SUITE" '
-        function flush() {
-            if (types ~ /(^|[ \t])deb([ \t]|$)/ && enabled != "no") {
-                n = split(uris, u, /[ \t]+/); m = split(suites, s, /[ \t]+/)
-                for (j = 1; j <= m; j++) if (s[j] == suite)
-                    for (i = 1; i <= n; i++) if (u[i] != "") { print u[i]; found = 1 }
-            }
-            types = uris = suites = ""; enabled = ""
-        }
-        FNR == 1 { flush() }
-        /^[ \t]*#/ { next }
-        FILENAME ~ /\.sources$/ {
-            if ($0 ~ /^[ \t]*$/) { flush(); next }
-            key = tolower($1); sub(/^[^:]*:[ \t]*/, "")
-            if (key == "types:") types = $0
-            else if (key == "uris:") uris = $0
-            else if (key == "suites:") suites = $0
-            else if (key == "enabled:") enabled = tolower($0)
-            next
-        }
-        $1 == "deb" {
-            i = 2
-            if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
-            if ($(i + 1) == suite) print $i
-        }
-        END { flush() }
-    ' "${files[@]}" | grep -E '^https?://' | grep -v -- '-security' | grep -E '/debian/?$' | head -n1
-}
-
+# The Debian mirror apt already uses (deploy/apt-mirror.sh reads apt's sources; any Debian
+# archive mirror serves the $SUITE suite). No fallback host: pass --mirror when apt has none.
 if [[ -z $MIRROR ]]; then
-    MIRROR="$(detect_mirror || true)"
-    if [[ -z $MIRROR ]]; then
-        MIRROR="$FALLBACK_MIRROR"
-        log "no Debian mirror found in apt sources; falling back to $MIRROR"
-    fi
+    MIRROR="$(bash "$(dirname "$0")/apt-mirror.sh")" \
+        || die "no Debian mirror configured for apt here (see deploy/apt-mirror.sh); pass --mirror URL"
 fi
 MIRROR="${MIRROR%/}"
 log "mirror: $MIRROR"
