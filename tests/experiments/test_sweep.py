@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mosaicd.experiments import sweep
 from mosaicd.cli import main
+from mosaicd.experiments import sweep
+from mosaicd.experiments.progress import RoundProgress
 from mosaicd.experiments.sweep import SpecError, load_spec, run_sweep
 
 TINY = """
@@ -97,6 +98,7 @@ def test_sweep_runs_skips_and_redoes(tmp_path: Path, capsys: pytest.CaptureFixtu
         folder = out / "runs" / name
         for f in ("settings.json", "summary.json", "rounds.csv", "nodes.csv", "run.log"):
             assert (folder / f).is_file(), f
+        assert "round 3/3" in (folder / "run.log").read_text()
     with open(out / "grid.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["run"] for r in rows] == [r.name for r in load_spec(spec_path).runs]
@@ -111,6 +113,7 @@ def test_sweep_runs_skips_and_redoes(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert again["skipped"] == 3 and again["ran"] == 1 and again["redone"] == 1
     assert "skip fragments=1,seed=0" in err and "redoing fragments=4,seed=0" in err
+    assert "runs 3/4" in err and "fragments=4,seed=0: round 1/3" in err  # the sweep's status line (not a tty)
     after = mtimes(out)
     assert set(after) == set(before)
     assert all(after[k] == before[k] for k in before if k != "fragments=4,seed=0")
@@ -121,26 +124,24 @@ def test_sweep_runs_skips_and_redoes(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert run_sweep(load_spec(changed), progress=False)["redone"] == 4
 
 
-def test_interrupted_sweep_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
     out = tmp_path / "o"
     spec = load_spec(write(tmp_path, TINY.format(out=out)))
-    original = sweep._RunProgress.update
-    calls = {"n": 0}
+    seen: list[tuple[str, int]] = []
 
-    def interrupting(self, round, *args, **kwargs):  # Ctrl-C in round 2 of the third run
-        calls["n"] += 1
-        if calls["n"] == 2 * 3 + 2:
+    def interrupting(run: sweep.Run, p: RoundProgress) -> None:  # Ctrl-C in round 2 of the third run
+        seen.append((run.name, p.round))
+        if len(seen) == 2 * 3 + 2:
             raise KeyboardInterrupt
-        return original(self, round, *args, **kwargs)
 
-    monkeypatch.setattr(sweep._RunProgress, "update", interrupting)
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(spec, progress=False)
+        run_sweep(spec, progress=False, on_round=interrupting)
+    assert seen[-1] == ("fragments=4,seed=0", 1)
     broken = out / "runs" / "fragments=4,seed=0"
     assert broken.is_dir() and not (broken / "summary.json").exists()
-    assert "interrupted" in (broken / "run.log").read_text()
+    log = (broken / "run.log").read_text()
+    assert "interrupted" in log and "round 2/3" in log and "round 3/3" not in log
     assert len(list(csv.DictReader(open(out / "grid.csv")))) == 2
-    monkeypatch.setattr(sweep._RunProgress, "update", original)
     resumed = run_sweep(load_spec(spec.path), progress=False)
     assert resumed["skipped"] == 2 and resumed["ran"] == 2 and resumed["redone"] == 1
     assert (broken / "summary.json").is_file()
@@ -149,7 +150,7 @@ def test_interrupted_sweep_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import mosaicd.experiments.simulate
 
-    def boom(settings, progress=True):
+    def boom(settings, progress=True, on_round=None):
         raise RuntimeError("no data")
 
     monkeypatch.setattr(mosaicd.experiments.simulate, "run_simulation", boom)

@@ -1,4 +1,9 @@
-"""`mosaicd cluster`: a barrier and N node processes on 127.0.0.1, with progress, and no orphans left behind."""
+"""`mosaicd cluster`: a barrier and N node processes on 127.0.0.1, with progress, and no orphans left behind.
+
+Progress: `progress=True` shows the `ProgressPrinter` on stderr; `on_round`, when given, is called with a
+`RoundProgress` once per round, in order, as the barrier's /v1/status shows rounds released (polled every
+0.2 s); the last round is reported once the run's summary is written, with the final evaluation row.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from mosaicd.experiments.progress import Progress
+from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.settings import Settings
 
 PR_SET_PDEATHSIG = 1
@@ -52,8 +57,8 @@ def _die_with_parent() -> None:
 
 
 class Cluster:
-    def __init__(self, settings: Settings, progress: bool = True) -> None:
-        self.settings, self.progress = settings, progress
+    def __init__(self, settings: Settings, progress: bool = True, on_round: OnRound | None = None) -> None:
+        self.settings, self.progress, self.on_round = settings, progress, on_round
         self.out = Path(settings.out)
         self.procs: dict[str, subprocess.Popen] = {}
         self.barrier_port: int | None = None  # set by run(): where to scrape the barrier's /v1/status, /metrics
@@ -87,29 +92,33 @@ class Cluster:
             self._spawn(f"node-{i}", "node", settings_env(
                 s, host="127.0.0.1", port=port, barrier_url=barrier_url, log_json=True,
                 out=str(self.out / "nodes" / str(i)), advertise=f"127.0.0.1:{port}"))
-        bar = Progress(s.rounds, enabled=self.progress)
         deadline = time.monotonic() + (timeout or s.register_deadline + s.rounds * (s.round_deadline + 60))
-        last_round = -1
-        try:
-            while True:
-                barrier = self.procs["barrier"].poll()
-                failed = {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
-                if failed:
-                    raise ClusterFailed(f"processes failed: {failed}; see {self.out / 'logs'}")
-                if barrier == 0 and all(p.poll() is not None for p in self.procs.values()):
-                    break
-                if time.monotonic() > deadline:
-                    raise ClusterFailed(f"the run did not finish in time; see {self.out / 'logs'}")
-                status = self.status(barrier_port)
-                if status and status.get("round", 0) - 1 > last_round and status["round"] > 0:
-                    last_round = status["round"] - 1
-                    bar.update(min(last_round, s.rounds - 1), row=status.get("metrics"),
-                               extra=f" | members {len(status.get('live', []))}/{len(status.get('members', []))}")
-                time.sleep(0.2)
-        finally:
-            bar.close()
-            self.stop()
-        return json.loads((self.out / "summary.json").read_text())
+        with ProgressPrinter(enabled=self.progress) as printer:
+            printer.start_run("", s.rounds)
+            reported = _Reported(s.rounds, [printer.on_round] + ([self.on_round] if self.on_round else []))
+            try:
+                while True:
+                    barrier = self.procs["barrier"].poll()
+                    failed = {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
+                    if failed:
+                        raise ClusterFailed(f"processes failed: {failed}; see {self.out / 'logs'}")
+                    if barrier == 0 and all(p.poll() is not None for p in self.procs.values()):
+                        break
+                    if time.monotonic() > deadline:
+                        raise ClusterFailed(f"the run did not finish in time; see {self.out / 'logs'}")
+                    status = self.status(barrier_port)
+                    if status:
+                        # "round": rounds released so far; the last one is reported with the summary, below
+                        reported.upto(min(int(status.get("round", 0)), s.rounds - 1), status.get("metrics"),
+                                      len(status.get("live", [])), len(status.get("members", [])))
+                    time.sleep(0.2)
+            finally:
+                self.stop()
+            summary = json.loads((self.out / "summary.json").read_text())
+            rows = summary.get("rounds") or []
+            final = {k: v for k, v in rows[-1].items() if k != "per_node"} if rows else None
+            reported.upto(s.rounds, final, reported.live, reported.members)
+        return summary
 
     def stop(self, grace: float = 5.0) -> None:
         for p in self.procs.values():
@@ -128,5 +137,32 @@ class ClusterFailed(RuntimeError):
     pass
 
 
-def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None) -> dict:
-    return Cluster(settings, progress).run(timeout)
+class _Reported:
+    """Rounds reported to the callbacks so far: each round once, in order; each evaluation row once."""
+
+    def __init__(self, rounds: int, callbacks: list[OnRound]) -> None:
+        self.rounds, self.callbacks = rounds, callbacks
+        self.done = 0            # rounds reported
+        self.row_round = -1      # the round of the latest row reported
+        self.live: int | None = None
+        self.members: int | None = None
+
+    def upto(self, done: int, row: dict[str, Any] | None, live: int | None, members: int | None) -> None:
+        """Report the rounds before `done` not reported yet; a row not reported yet, of one of those rounds, goes
+        with the last of them."""
+        self.live, self.members = live, members
+        done = min(done, self.rounds)
+        new_row = row if row and isinstance(row.get("round"), int) and self.row_round < row["round"] < done else None
+        for r in range(self.done, done):
+            last = r == done - 1
+            p = RoundProgress(r, self.rounds, row=new_row if last else None, live=live, members=members)
+            if last and new_row is not None:
+                self.row_round = new_row["round"]
+            self.done = r + 1
+            for callback in self.callbacks:
+                callback(p)
+
+
+def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
+                on_round: OnRound | None = None) -> dict:
+    return Cluster(settings, progress, on_round).run(timeout)

@@ -38,7 +38,6 @@ grid.csv is rewritten after every finished run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import difflib
 import itertools
@@ -50,12 +49,16 @@ import sys
 import time
 import tomllib
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from mosaicd.experiments.progress import ProgressPrinter, RoundProgress, clock, metrics_text
 from mosaicd.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = "run a grid of experiments from a TOML spec (resumable; see examples/)"
 
@@ -257,150 +260,31 @@ def run_state(run: Run, out: Path) -> tuple[str, dict[str, Any] | None]:
     return "done", summary
 
 
-# ---------------------------------------------------------------------------------------------- progress
-
-
-def _clock(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-class SweepDisplay:
-    """One status line: runs done / total, the current run and its round, and the time left.
-
-    Time left = (seconds per round so far) x (rounds left in the runs still to run); skipped runs do not count.
-    On a terminal the line is redrawn in place; otherwise it is printed at most every 30 s. Messages (a run
-    started, done, skipped, redone) are printed as lines either way.
-    """
-
-    def __init__(self, total: int, rounds_to_run: int, enabled: bool = True, stream: TextIO | None = None) -> None:
-        self.total, self.rounds_to_run, self.enabled = total, rounds_to_run, enabled
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.done = 0
-        self.rounds_done = 0
-        self.started = time.monotonic()
-        self.current = ""
-        self.detail = ""
-        self.round = 0
-        self.run_rounds = 0
-        self.last_print = time.monotonic()
-
-    def message(self, text: str, always: bool = False) -> None:
-        if not (self.enabled or always):
-            return
-        if self.tty and self.enabled:
-            self.stream.write("\r\033[K")
-        print(text, file=self.stream, flush=True)
-        self.draw(force=self.tty)
-
-    def start_run(self, name: str, rounds: int) -> None:
-        self.current, self.detail, self.round, self.run_rounds = name, "", 0, rounds
-        self.message(f"sweep: [{self.done + 1}/{self.total}] {name} ...")
-
-    def round_done(self, round_: int, detail: str = "") -> None:
-        new = round_ + 1 - self.round
-        if new > 0:
-            self.rounds_done += new
-            self.round = round_ + 1
-        self.detail = detail
-        self.draw()
-
-    def end_run(self, text: str, always: bool = False) -> None:
-        self.rounds_done += max(0, self.run_rounds - self.round)
-        self.done += 1
-        self.current = ""
-        eta = self.eta()
-        self.message(f"sweep: [{self.done}/{self.total}] {text}"
-                     + (f"; ~{_clock(eta)} left" if eta and self.done < self.total else ""), always=always)
-
-    def skip(self) -> None:
-        self.done += 1
-
-    def eta(self) -> float | None:
-        if self.rounds_done <= 0:
-            return None
-        elapsed = time.monotonic() - self.started
-        return elapsed / self.rounds_done * max(0, self.rounds_to_run - self.rounds_done)
-
-    def line(self) -> str:
-        eta = self.eta()
-        current = f" | {self.current}: round {self.round}/{self.run_rounds}{self.detail}" if self.current else ""
-        return (f"runs {self.done}/{self.total} | {_clock(time.monotonic() - self.started)} elapsed, "
-                + (f"~{_clock(eta)} left" if eta is not None else "time left: measuring") + current)
-
-    def draw(self, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if self.tty:
-            self.stream.write("\r\033[K" + self.line()[: shutil.get_terminal_size().columns - 1])
-            self.stream.flush()
-        elif force or now - self.last_print >= 30:
-            print(self.line(), file=self.stream, flush=True)
-            self.last_print = now
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-
-
-class _RunProgress:
-    """Stands in for `progress.Progress` inside one run: feeds the sweep's line and the run's log."""
-
-    def __init__(self, display: SweepDisplay, log: TextIO, total: int, enabled: bool = True, label: str = "") -> None:
-        self.display, self.log, self.total = display, log, total
-        self.metrics = ""
-
-    def update(self, round: int, loss: float | None = None, row: dict[str, Any] | None = None,
-               extra: str = "") -> None:
-        loss_text = f" loss {loss:.4f}" if loss is not None and math.isfinite(loss) else ""
-        if row:
-            self.metrics = (f" | {row.get('metric', 'metric')} node-avg {row.get('node_average', math.nan):.4f}"
-                            f" avg-model {row.get('average_model', math.nan):.4f}")
-        self.log.write(f"{_now()} round {round + 1}/{self.total}{loss_text}{self.metrics if row else ''}{extra}\n")
-        self.log.flush()
-        self.display.round_done(round, loss_text + self.metrics)
-
-    def close(self) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _run_hooks(display: SweepDisplay, log: TextIO) -> Iterator[None]:
-    """Route the run's progress line and structlog output to the sweep display and the run's log file.
-
-    `simulate` and `cluster` build a `Progress` each; the sweep swaps in `_RunProgress` for the run.
-    """
-    import structlog
-
-    from . import cluster, simulate
-    modules = [m for m in (simulate, cluster) if hasattr(m, "Progress")]
-    saved = [(m, m.Progress) for m in modules]
-    factory = structlog.get_config()["logger_factory"]
-    for m in modules:
-        m.Progress = lambda total, enabled=True, label="": _RunProgress(display, log, total, enabled, label)
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(log))
-    try:
-        yield
-    finally:
-        for m, original in saved:
-            m.Progress = original
-        structlog.configure(logger_factory=factory)
+# ---------------------------------------------------------------------------------------------- a run's log
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def _log_round(log: TextIO, p: RoundProgress) -> None:
+    loss = f" loss {p.loss:.4f}" if p.loss is not None and math.isfinite(p.loss) else ""
+    metrics = f" | {metrics_text(p.row)}" if p.row else ""
+    members = f" | members {p.live}/{p.members}" if p.members is not None else ""
+    log.write(f"{_now()} round {p.done}/{p.rounds}{loss}{metrics}{members}\n")
+    log.flush()
+
+
 # ---------------------------------------------------------------------------------------------- the sweep
 
 
-def execute(run: Run, out: Path, mode: str, display: SweepDisplay, timeout: float | None = None) -> dict[str, Any]:
-    """One run from scratch in its own folder; returns its summary."""
+def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: float | None = None,
+            on_round: Callable[[Run, RoundProgress], None] | None = None) -> dict[str, Any]:
+    """One run from scratch in its own folder; returns its summary.
+
+    Each round goes to the run's log (OUT/runs/<run>/run.log), to the sweep's printer, then to `on_round`.
+    The run's own components log nothing in this process (cluster nodes and barrier log to OUT/.../logs/).
+    """
     folder = run.folder(out)
     if folder.exists():
         shutil.rmtree(folder)
@@ -409,15 +293,21 @@ def execute(run: Run, out: Path, mode: str, display: SweepDisplay, timeout: floa
     with open(folder / "run.log", "a") as log:
         log.write(f"{_now()} start {run.name} mode={mode}\n")
         log.flush()
+
+        def round_done(p: RoundProgress) -> None:
+            _log_round(log, p)
+            printer.on_round(p)
+            if on_round is not None:
+                on_round(run, p)
+
         started = time.monotonic()
         try:
-            with _run_hooks(display, log):
-                if mode == "cluster":
-                    from mosaicd.experiments.cluster import run_cluster
-                    summary = run_cluster(run.settings, progress=True, timeout=timeout)
-                else:
-                    from mosaicd.experiments.simulate import run_simulation
-                    summary = run_simulation(run.settings, progress=True)
+            if mode == "cluster":
+                from mosaicd.experiments.cluster import run_cluster
+                summary = run_cluster(run.settings, progress=False, timeout=timeout, on_round=round_done)
+            else:
+                from mosaicd.experiments.simulate import run_simulation
+                summary = run_simulation(run.settings, progress=False, on_round=round_done)
         except KeyboardInterrupt:
             log.write(f"{_now()} interrupted after {time.monotonic() - started:.1f}s (no summary.json: the next "
                       f"sweep redoes this run)\n")
@@ -434,50 +324,63 @@ def execute(run: Run, out: Path, mode: str, display: SweepDisplay, timeout: floa
 
 
 def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeout: float | None = None,
-              stream: TextIO | None = None) -> dict[str, Any]:
-    """Run every grid point not already done; returns counts and the grid.csv path. Ctrl-C propagates."""
-    stream = stream or sys.stderr
+              console: Console | None = None,
+              on_round: Callable[[Run, RoundProgress], None] | None = None) -> dict[str, Any]:
+    """Run every grid point not already done; returns counts and the grid.csv path. Ctrl-C propagates.
+
+    Progress and news go to one `ProgressPrinter` (on `console`, default stderr), with a line for the sweep and
+    one for the current run; `progress=False` leaves only failures. `on_round(run, p)` is called after every
+    round of every run (an exception there ends the run as a failure would; KeyboardInterrupt, the sweep).
+    """
     spec.out.mkdir(parents=True, exist_ok=True)
     (spec.out / "sweep.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     states = {run.name: run_state(run, spec.out) for run in spec.runs}
     to_run = [r for r in spec.runs if states[r.name][0] != "done"]
-    display = SweepDisplay(len(spec.runs), sum(r.settings.rounds for r in to_run), enabled=progress, stream=stream)
     rows: dict[str, dict[str, Any]] = {}
     counts = {"total": len(spec.runs), "skipped": 0, "ran": 0, "redone": 0, "failed": 0}
     failed: list[str] = []
-    for run in spec.runs:
-        state, summary = states[run.name]
-        if state == "done" and summary is not None:
-            rows[run.name] = grid_row(run, summary)
-            counts["skipped"] += 1
-            display.skip()
-            display.message(f"sweep: skip {run.name} (summary.json matches its settings)")
-    write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
-    try:
+    with ProgressPrinter(enabled=progress, console=console, plain_every=30.0) as printer:
+        printer.start_sweep(len(spec.runs), len(to_run), sum(r.settings.rounds for r in to_run))
+
+        def end_run(text: str, always: bool = False) -> None:
+            printer.end_run()
+            eta = printer.sweep_eta()
+            done = counts["skipped"] + counts["ran"] + counts["failed"]
+            printer.message(f"sweep: [{done}/{len(spec.runs)}] {text}"
+                            + (f"; ~{clock(eta)} left" if eta and done < len(spec.runs) else ""), always=always)
+
+        for run in spec.runs:
+            state, summary = states[run.name]
+            if state == "done" and summary is not None:
+                rows[run.name] = grid_row(run, summary)
+                counts["skipped"] += 1
+                printer.skip_run()
+                printer.message(f"sweep: skip {run.name} (summary.json matches its settings)")
+        write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
         for run in to_run:
             state = states[run.name][0]
             if state in ("broken", "changed"):
                 why = "no summary.json" if state == "broken" else "its settings differ from the spec"
-                display.message(f"sweep: redoing {run.name} from scratch ({why})")
+                printer.message(f"sweep: redoing {run.name} from scratch ({why})")
                 counts["redone"] += 1
-            display.start_run(run.name, run.settings.rounds)
+            done = counts["skipped"] + counts["ran"] + counts["failed"]
+            printer.message(f"sweep: [{done + 1}/{len(spec.runs)}] {run.name} ...")
+            printer.start_run(run.name, run.settings.rounds)
             try:
-                summary = execute(run, spec.out, spec.mode, display, timeout)
+                summary = execute(run, spec.out, spec.mode, printer, timeout, on_round)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
                 failed.append(run.name)
                 counts["failed"] += 1
-                display.end_run(f"{run.name} failed: {exc} (see {run.folder(spec.out) / 'run.log'})", always=True)
+                end_run(f"{run.name} failed: {exc} (see {run.folder(spec.out) / 'run.log'})", always=True)
                 if not keep_going:
                     break
                 continue
             counts["ran"] += 1
             rows[run.name] = grid_row(run, summary)
             write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
-            display.end_run(f"{run.name} done in {summary.get('wall_s')}s")
-    finally:
-        display.close()
+            end_run(f"{run.name} done in {summary.get('wall_s')}s")
     return {**counts, "done": len(rows), "failed_runs": failed, "grid_csv": str(spec.out / "grid.csv"),
             "out": str(spec.out)}
 
