@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build ./wheels/ (repo root): wheels for every runtime dependency of mosaic-learning and for
-# its build backend ([build-system].requires), resolved under ./constraints.txt, so that
-# deploy/Dockerfile can install offline. The Dockerfile takes only the dependencies from here
+# Build ./wheels/ (repo root): wheels for every runtime dependency of mosaic-learning[learning] (the
+# core and torch, scikit-learn: what deploy/Dockerfile installs) and for its build backend
+# ([build-system].requires), resolved under ./constraints.txt, so that deploy/Dockerfile can
+# install offline. The Dockerfile takes only the dependencies from here
 # and builds the project itself from the checkout, so wheels/ needs a rebuild only when
 # pyproject.toml's dependencies or constraints.txt change (the Dockerfile says so when a
 # dependency is missing). The mosaic_learning wheel built here is used only by the check below.
@@ -84,9 +85,9 @@ fi
 mapfile -t build_reqs < <("$PYTHON" -c 'import sys, tomllib
 print("\n".join(tomllib.load(open(sys.argv[1], "rb")).get("build-system", {}).get("requires", [])))' \
     "$ROOT/pyproject.toml" | sed '/^$/d')
-log "pip ${pip_args[*]} $WORK/src ${build_reqs[*]}"
+log "pip ${pip_args[*]} $WORK/src[learning] ${build_reqs[*]}"
 start=$SECONDS
-"$PYTHON" -m pip "${pip_args[@]}" "$WORK/src" "${build_reqs[@]}"
+"$PYTHON" -m pip "${pip_args[@]}" "$WORK/src[learning]" "${build_reqs[@]}"
 log "pip wheel done in $((SECONDS - start))s"
 
 # Sanity checks before replacing wheels/.
@@ -129,7 +130,7 @@ if [[ $VERIFY -eq 1 ]]; then
         docker run --rm --network none -v "$OUT:/wheels:ro" "$BASE_IMAGE" sh -ec '
             python3 -m venv /tmp/venv
             /tmp/venv/bin/pip install --disable-pip-version-check --no-index --find-links /wheels \
-                --dry-run --quiet --report /tmp/report.json mosaic-learning
+                --dry-run --quiet --report /tmp/report.json "mosaic-learning[learning]"
             python3 -c "import json; r = json.load(open(\"/tmp/report.json\")); print(len(r[\"install\"]), \"packages resolve offline\")"
         ' >&2 || die "offline install check in $BASE_IMAGE failed"
     else

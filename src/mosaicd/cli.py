@@ -38,9 +38,19 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_text)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mosaic-learning")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mosaicd", description="Mosaic Learning: decentralized learning with "
                                      "model fragmentation.")
+    parser.add_argument("--version", action="version", version=f"mosaicd {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -72,7 +82,7 @@ def _print_final(summary: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "node")
     parser = build_parser()
     args = parser.parse_args(argv)

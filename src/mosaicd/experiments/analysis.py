@@ -67,6 +67,7 @@ from mosaic_proto import (
     consensus_error,
     curvature_matrix,
 )
+from mosaicd.extras import needs, require
 
 HELP = "spectral consensus rate of Mosaic gossip on identical quadratics, and the simulated consensus error"
 
@@ -135,7 +136,8 @@ def _lambda_max(terms: list[tuple[np.ndarray, np.ndarray]]) -> float:
     size = terms[0][0].shape[0] * terms[0][1].shape[0]
     if size <= DENSE_MAX:
         return float(np.linalg.eigvalsh(sum(np.kron(a, b) for a, b in terms))[-1])
-    from scipy.sparse.linalg import LinearOperator, eigsh
+    with needs(f"an eigenproblem of size {size} > {DENSE_MAX}"):
+        from scipy.sparse.linalg import LinearOperator, eigsh
 
     rows, cols = terms[0][0].shape[0], terms[0][1].shape[0]
 
@@ -382,6 +384,8 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not args.no_plot:
+        require("drawing the figure (--no-plot skips it)", "matplotlib")
     rows, curves = analyze(args)
     args.out.mkdir(parents=True, exist_ok=True)
     _write_csv(args.out / "analysis.csv", rows)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
+from mosaicd.learning.tasks import require_task
 from mosaicd.settings import Settings
 
 PR_SET_PDEATHSIG = 1
@@ -82,6 +83,7 @@ class Cluster:
 
     def run(self, timeout: float | None = None) -> dict:
         s = self.settings
+        require_task(s.task)  # the one-line error here, not one per node log
         self.out.mkdir(parents=True, exist_ok=True)
         ports = free_ports(s.nodes + 1)
         barrier_port, node_ports = ports[0], ports[1:]

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from mosaicd.extras import needs
+
 HELP = "figures (PNG) and a results table (report.md) from a sweep's folder"
 
 LINE_KEY, SEED_KEY = "fragments", "seed"
@@ -354,7 +356,8 @@ def table(sweep: Sweep) -> list[str]:
 
 
 def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str, Any]:
-    import matplotlib
+    with needs("drawing figures"):
+        import matplotlib
 
     matplotlib.use("Agg")
     sweep = load(folder)
