@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .barrier import BarrierState, Release
 from .fragmentation import Fragmentation
 from .round import RoundReport, RoundState
 from .sampling import PeerSampler
@@ -28,38 +29,75 @@ def consensus_error(vectors: np.ndarray) -> float:
 
 @dataclass
 class RoundRecord:
+    """One round: `losses` and `reports` of the members that took part (`nodes`), and the barrier's release."""
+
     round: int
     losses: list[float]
     reports: list[RoundReport]
+    nodes: list[int]
+    release: Release | None = None
 
 
 class InMemoryNetwork:
-    """Runs rounds of train -> send -> aggregate for nodes 0..n-1, all in this process."""
+    """Runs rounds of train -> send -> barrier -> aggregate for nodes 0..n-1, all in this process.
+
+    With a `BarrierState` the rounds go through the same barrier decisions as a deployed run, on a virtual
+    clock: `step(absent={3})` makes node 3 miss the round (it neither trains, sends, receives nor arrives;
+    messages to it are lost), so it straggles after `round_deadline` and is dropped as the barrier decides.
+    """
 
     def __init__(self, vectors: Sequence[np.ndarray], fragmentation: Fragmentation, sampler: PeerSampler,
-                 train: TrainFn | None, run_id: str = "inmemory") -> None:
+                 train: TrainFn | None, run_id: str = "inmemory", barrier: BarrierState | None = None) -> None:
         self.vectors = [np.ascontiguousarray(v, dtype=np.float32) for v in vectors]
         self.fragmentation, self.sampler, self.train, self.run_id = fragmentation, sampler, train, run_id
         self.round = 0
+        self.clock = 0.0
+        self.members = list(range(len(self.vectors)))
+        self.barrier = barrier
+        if barrier is not None:
+            for i in self.members:
+                barrier.register(f"inmemory:{i + 1}", self.clock)
+            barrier.close(self.clock)
 
-    @property
-    def members(self) -> list[int]:
-        return list(range(len(self.vectors)))
-
-    def step(self) -> RoundRecord:
+    def step(self, absent: Collection[int] = ()) -> RoundRecord:
         t, members = self.round, self.members
-        states = [RoundState(node=i, round=t, members=members, fragmentation=self.fragmentation,
-                             sampler=self.sampler, run_id=self.run_id) for i in members]
+        present = [i for i in members if i not in absent]
+        states = {i: RoundState(node=i, round=t, members=members, fragmentation=self.fragmentation,
+                                sampler=self.sampler, run_id=self.run_id) for i in present}
         losses = []
-        for i, state in enumerate(states):
+        for i, state in states.items():
             local, loss = self.train(i, t, self.vectors[i]) if self.train else (self.vectors[i], float("nan"))
             losses.append(loss)
             for message in state.outgoing(local):
-                states[message.peer].receive(message.payload)
-        outcomes = [s.finish() for s in states]
-        self.vectors = [o.vector for o in outcomes]
+                if message.peer in states:
+                    states[message.peer].receive(message.payload)
+                else:
+                    state.mark_unsent(message)
+        release = self._barrier(t, present)
+        outcomes = {i: s.finish() for i, s in states.items()}
+        for i, outcome in outcomes.items():
+            self.vectors[i] = outcome.vector
+        if release is not None:
+            self.members = list(release.members)
         self.round += 1
-        return RoundRecord(t, losses, [o.report for o in outcomes])
+        return RoundRecord(t, losses, [o.report for o in outcomes.values()], present, release)
+
+    def _barrier(self, round: int, present: list[int]) -> Release | None:
+        """Every present member arrives now; if some are missing, the clock runs to the round's deadline."""
+        if self.barrier is None:
+            return None
+        release = None
+        for i in present:
+            release = self.barrier.arrive(i, round, self.clock) or release
+        if release is None:
+            self.clock = self.barrier.deadline if self.barrier.deadline is not None else self.clock
+            release = self.barrier.tick(self.clock)
+        assert release is not None, "a round with no arrival cannot be released"
+        return release
+
+    def finish(self) -> Release | None:
+        """The members arrive at round `rounds` (done with the run): the barrier's final release."""
+        return self._barrier(self.round, self.members) if self.barrier is not None else None
 
     def run(self, rounds: int, on_round: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
         records = []

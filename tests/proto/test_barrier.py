@@ -1,0 +1,177 @@
+"""BarrierState: registration, releases, deadlines, stragglers and drops, with no I/O; and the in-memory network
+driving it through the same decisions a deployed barrier makes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mosaic_proto import (
+    BarrierError,
+    BarrierPhase,
+    BarrierState,
+    Fragmentation,
+    InMemoryNetwork,
+    Layout,
+    PeerSampler,
+    Quadratic,
+    received_counts,
+)
+
+
+def running(n: int = 4, rounds: int = 10, deadline: float = 5.0, drop_after: int = 2) -> BarrierState:
+    state = BarrierState(rounds=rounds, round_deadline=deadline, drop_after=drop_after, expected=n)
+    for i in reversed(range(n)):
+        assert state.register(f"10.0.0.{i + 1}:9000", 0.0) is None
+    assert state.complete
+    state.close(0.0)
+    return state
+
+
+def test_registration_ranks_are_sorted_addresses_and_closes_once() -> None:
+    state = BarrierState(rounds=3, round_deadline=1, drop_after=2, expected=3)
+    for address in ("10.0.0.10:1", "10.0.0.9:1", "host-b:1"):
+        assert state.register(address, 0.0) is None
+    assert state.complete
+    assert state.close(1.0) == ("10.0.0.9:1", "10.0.0.10:1", "host-b:1")
+    assert state.register("10.0.0.10:1", 2.0) == 1 and not state.complete
+    with pytest.raises(BarrierError) as err:
+        state.register("10.0.0.11:1", 2.0)
+    assert err.value.reason == "registration_closed"
+    with pytest.raises(BarrierError) as err:
+        BarrierState(rounds=1, round_deadline=1, drop_after=1, expected=1).register("no port", 0.0)
+    assert err.value.reason == "bad_address"
+
+
+def test_failed_registration_refuses_later_nodes() -> None:
+    state = BarrierState(rounds=3, round_deadline=1, drop_after=2, expected=3)
+    state.register("a:1", 0.0)
+    state.fail("deadline passed")
+    assert state.phase is BarrierPhase.FAILED
+    with pytest.raises(BarrierError) as err:
+        state.register("b:1", 1.0)
+    assert (err.value.reason, err.value.detail) == ("registration_failed", "deadline passed")
+
+
+def test_round_releases_when_every_member_arrived() -> None:
+    state = running(3)
+    assert state.arrive(2, 0, 1.0) is None and state.arrive(0, 0, 1.5) is None
+    assert state.deadline == 6.0
+    release = state.arrive(1, 0, 2.0, {"round": 0})
+    assert release is not None and (release.round, release.members, release.stragglers) == (0, (0, 1, 2), ())
+    assert state.round == 1 and state.deadline is None
+    assert state.closed[0][1] == (0.0, {"round": 0}) and state.closed[0][2][0] == 1.0  # waited 1 s
+    assert state.arrive(1, 0, 3.0) is release  # a retry gets the same answer
+
+
+def test_deadline_makes_stragglers_and_drop_after_drops() -> None:
+    state = running(4, deadline=5.0, drop_after=2)
+    for r in (0, 1, 2):
+        state.arrive(r, 0, 10.0)
+    assert state.tick(14.9) is None
+    first = state.tick(15.0)
+    assert first is not None and first.stragglers == (3,) and first.dropped == () and first.members == (0, 1, 2, 3)
+    state.arrive(3, 0, 16.0)  # late: gets the release it missed, and counts as contact only
+    for r in (0, 1, 2):
+        state.arrive(r, 1, 20.0)
+    second = state.tick(25.0)
+    assert second is not None and second.stragglers == (3,) and second.dropped == (3,)
+    assert second.members == (0, 1, 2) and state.live == [0, 1, 2]
+    with pytest.raises(BarrierError) as err:
+        state.arrive(3, 2, 26.0)
+    assert err.value.reason == "dropped"
+    assert [e.round for e in state.events] == [0, 1]
+
+
+def test_a_member_that_arrives_again_is_no_longer_missing() -> None:
+    state = running(3, drop_after=2)
+    state.arrive(0, 0, 0.0)
+    state.arrive(1, 0, 0.0)
+    assert state.tick(5.0).stragglers == (2,)
+    for r in range(3):
+        state.arrive(r, 1, 6.0)
+    state.arrive(0, 2, 7.0)
+    state.arrive(1, 2, 7.0)
+    assert state.tick(12.0).dropped == ()  # missed rounds 0 and 2, not two in a row
+
+
+@pytest.mark.parametrize("rank, round, reason", [
+    (9, 0, "unknown_rank"), (0, 11, "bad_round"), (0, 1, "future_round")])
+def test_refused_arrivals_change_nothing(rank: int, round: int, reason: str) -> None:
+    state = running(3)
+    state.arrive(1, 0, 1.0)
+    before = (state.round, dict(state._open.arrivals), state.deadline)
+    with pytest.raises(BarrierError) as err:
+        state.arrive(rank, round, 2.0)
+    assert err.value.reason == reason
+    assert (state.round, dict(state._open.arrivals), state.deadline) == before
+
+
+def test_rounds_released_long_ago_are_refused_not_counted() -> None:
+    state = running(2, rounds=20)
+    for t in range(6):
+        state.arrive(0, t, t)
+        state.arrive(1, t, t)
+    with pytest.raises(BarrierError) as err:
+        state.arrive(0, 1, 7.0)
+    assert err.value.reason == "stale_round" and state._open.arrivals == {}
+
+
+def test_final_arrival_finishes_the_run() -> None:
+    state = running(2, rounds=1)
+    state.arrive(0, 0, 0.0)
+    state.arrive(1, 0, 0.0)
+    state.arrive(0, 1, 1.0)
+    final = state.arrive(1, 1, 1.0)
+    assert final is not None and final.finished and state.phase is BarrierPhase.FINISHED
+
+
+def test_received_counts_sum_the_senders_deliveries() -> None:
+    reports = {0: {"delivered": {"1": [2, 100], "2": [1, 50]}}, 1: {"delivered": {"2": [3, 120]}}, 2: None}
+    assert received_counts(reports) == {1: (1, 2, 100), 2: (2, 4, 170)}
+
+
+def network(n: int, rounds: int, barrier: BarrierState | None) -> InMemoryNetwork:
+    q = Quadratic.build(n, 12, "correlated", seed=4, lr=0.05, local_steps=1)
+    fragmentation = Fragmentation.build(Layout.flat(12), 3, 4, "random")
+    return InMemoryNetwork([q.initial(i) for i in range(n)], fragmentation, PeerSampler("local", 2, 4), q.train,
+                           barrier=barrier)
+
+
+def test_in_memory_barrier_changes_nothing_when_every_node_is_there() -> None:
+    plain, barred = network(6, 8, None), network(6, 8, BarrierState(rounds=8, round_deadline=3, drop_after=2,
+                                                                      expected=6))
+    for _ in range(8):
+        plain.step()
+        record = barred.step()
+        assert record.release is not None and record.release.stragglers == ()
+    final = barred.finish()
+    assert final is not None and final.finished
+    for a, b in zip(plain.vectors, barred.vectors, strict=True):
+        assert np.array_equal(a, b)
+
+
+def missed_rounds(first: int, last: int, node: int = 3, n: int = 6, rounds: int = 12, drop_after: int = 2
+                  ) -> tuple[list[dict], list[int]]:
+    """In memory: `node` misses rounds first..last; the releases with stragglers, and the final members."""
+    barrier = BarrierState(rounds=rounds, round_deadline=3.0, drop_after=drop_after, expected=n)
+    net = network(n, rounds, barrier)
+    for t in range(rounds):
+        net.step(absent={node} if first <= t <= last else ())
+    net.finish()
+    return [e.to_json() for e in barrier.events], net.members
+
+
+def test_node_missing_rounds_4_to_6_straggles_then_is_dropped() -> None:
+    events, members = missed_rounds(4, 6)
+    assert events == [
+        {"round": 4, "members": [0, 1, 2, 3, 4, 5], "stragglers": [3], "dropped": [], "finished": False},
+        {"round": 5, "members": [0, 1, 2, 4, 5], "stragglers": [3], "dropped": [3], "finished": False},
+    ]
+    assert members == [0, 1, 2, 4, 5]
+
+
+def test_node_missing_one_round_straggles_and_goes_on() -> None:
+    events, members = missed_rounds(4, 4)
+    assert [(e["round"], e["stragglers"], e["dropped"]) for e in events] == [(4, [3], [])]
+    assert members == list(range(6))
