@@ -34,7 +34,7 @@ async def node(settings: Settings, x: torch.Tensor, y: torch.Tensor, x_test: tor
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     async with Peer(settings, model) as peer:
         shard = np.arange(len(x))[peer.rank::NODES]  # your own data split
-        for _ in range(settings.rounds):
+        for _ in range(peer.run.rounds):  # the run's settings, as the barrier handed them out
             for _ in range(5):  # your own local steps
                 batch = torch.from_numpy(np.random.default_rng().choice(shard, 32))
                 optimizer.zero_grad()
@@ -52,7 +52,7 @@ async def main() -> None:
     y = torch.tensor(digits.target)
     out = tempfile.mkdtemp(prefix="mosaic-example-")
     settings = Settings.load(nodes=NODES, rounds=ROUNDS, fragments=4, fanout=2, out=out, port=0, log_level="warning")
-    barrier = Barrier(settings)
+    barrier = Barrier(settings.run_config(), settings.daemon_options())
     runner = web.AppRunner(barrier.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -12,6 +12,7 @@ from typing import Any
 
 from mosaicd.daemon.http import HttpError
 from mosaicd.logs import configure_logging
+from mosaicd.outputs import SUMMARY_KEYS
 from mosaicd.settings import Settings, SettingsError, TaskName
 
 COMMANDS = {
@@ -76,7 +77,7 @@ def load_settings(args: argparse.Namespace) -> Settings:
 def _print_final(summary: dict) -> None:
     final = summary.get("final") or {}
     out = summary["settings"]["out"]
-    keys = ("metric", "node_average", "average_model", "consensus_distance", "node_spread", "train_loss")
+    keys = SUMMARY_KEYS
     print(json.dumps({"out": out, **{k: final.get(k) for k in keys}, "wall_s": summary.get("wall_s")}))
 
 

@@ -17,21 +17,28 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
-from mosaicd.settings import Settings
+from mosaicd.settings import RunConfig
 
 NODE_COLUMNS = ["round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
                 "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s"]
-ROUND_COLUMNS = ["round", "metric", "node_average", "average_model", "consensus_distance", "node_spread",
-                 "train_loss", "elapsed_s"]
+NETWORK_METRICS = ("node_average", "average_model", "consensus_distance", "node_spread")  # the spec's four
+SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads first of an evaluation row
+ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s"]
 
 
 def model_sha256(vector: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(vector, dtype="<f4").tobytes()).hexdigest()
 
 
-def is_eval_round(round: int, settings: Settings) -> bool:
-    return round == settings.rounds - 1 or (settings.eval_every > 0 and (round + 1) % settings.eval_every == 0)
+def higher_is_better(rounds: list[Mapping[str, Any]]) -> bool | None:
+    """Whether the run's metric is better higher, as its task said in the evaluation rows (None: no row)."""
+    return next((bool(r["higher_is_better"]) for r in rounds if "higher_is_better" in r), None)
+
+
+def is_eval_round(round: int, run: RunConfig) -> bool:
+    return round == run.rounds - 1 or (run.eval_every > 0 and (round + 1) % run.eval_every == 0)
 
 
 def _clean(value: Any) -> Any:
@@ -49,8 +56,10 @@ def _clean(value: Any) -> Any:
 class RunRecorder:
     """Appends per-round rows as the run goes and writes summary.json at the end."""
 
-    def __init__(self, out: Path, settings: Settings, mode: str) -> None:
-        self.out, self.settings, self.mode = Path(out), settings, mode
+    def __init__(self, out: Path, settings: BaseModel | Mapping[str, Any], mode: str) -> None:
+        """`settings`: what summary.json records as the run's settings."""
+        self.out, self.mode = Path(out), mode
+        self.settings = settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings)
         self.out.mkdir(parents=True, exist_ok=True)
         self.started = time.time()
         self.rounds: list[dict[str, Any]] = []
@@ -58,6 +67,10 @@ class RunRecorder:
         for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
             with open(self.out / name, "w", newline="") as f:
                 csv.writer(f).writerow(columns)
+
+    def clock(self) -> float:
+        """The wall clock that `elapsed_s` is measured on (pass its value as network_round's `taken_at`)."""
+        return time.time()
 
     def node_round(self, report: Mapping[str, Any]) -> None:
         row = dict(report)
@@ -80,7 +93,7 @@ class RunRecorder:
     def finish(self, vectors: Mapping[int, np.ndarray], **extra: Any) -> dict[str, Any]:
         summary = {
             "mode": self.mode,
-            "settings": self.settings.model_dump(mode="json"),
+            "settings": self.settings,
             "rounds": self.rounds,
             "final": self.rounds[-1] if self.rounds else None,
             "model_sha256": {str(k): model_sha256(v) for k, v in sorted(vectors.items())},

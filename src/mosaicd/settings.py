@@ -8,7 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from mosaic_proto import SamplerKind, Strategy
@@ -51,10 +51,13 @@ class _TomlSource(PydanticBaseSettingsSource):
         return {k.replace("-", "_"): v for k, v in data.get("mosaic", data).items() if not isinstance(v, dict)}
 
 
-class Settings(BaseSettings):
-    """Every knob of a run, a node, the barrier and the tooling. Field names are the CLI flags."""
+class RunConfig(BaseModel):
+    """What every node of a run must share: the algorithm, the workload and the seed.
 
-    model_config = SettingsConfigDict(env_prefix="MOSAIC_", extra="forbid", validate_default=True)
+    The barrier hands its `RunConfig` to every node as it registers; a node never mixes it with its own.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     # the run (identical on every node; the barrier hands its own to registering nodes)
     run_id: str = Field("mosaic", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
@@ -67,7 +70,6 @@ class Settings(BaseSettings):
     sampler: SamplerKind = Field(SamplerKind.LOCAL, description="local (EL-Local), oracle (EL-Oracle), static (D-PSGD)")
     strategy: Strategy = Field(Strategy.RANDOM, description="fragmentation: random (layer-stratified) or contiguous")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="run seed")
-    out: Path = Field(Path("runs/latest"), description="output directory")
     # learning
     train: bool = Field(True, description="run local training (off: protocol-only rounds)")
     local_steps: int = Field(1, ge=0, description="local SGD steps H per round")
@@ -82,10 +84,29 @@ class Settings(BaseSettings):
     alpha: float = Field(1.0, gt=0, description="Dirichlet concentration")
     shards_per_node: int = Field(2, ge=1, description="label shards per node (partition=shards)")
     min_samples: int = Field(8, ge=1, description="least samples a node gets (dirichlet)")
-    data_dir: Path = Field(Path("data"), description="where data sets live")
     dim: int = Field(16, ge=1, description="model size d of the quadratic task")
     curvature: Curvature = Field(Curvature.CORRELATED, description="quadratic task's A")
     heterogeneous: bool = Field(False, description="quadratic task: a different optimum per node")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        if self.fanout >= self.nodes and self.nodes > 1:
+            raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
+        if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
+            raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")
+        return self
+
+    def with_nodes(self, nodes: int) -> RunConfig:
+        """The same run with `nodes` members (counted at registration), validated; ValueError if invalid."""
+        return RunConfig.model_validate({**self.model_dump(), "nodes": nodes})
+
+
+class DaemonOptions(BaseModel):
+    """How one process listens, reaches the others, waits and writes. Nothing here changes the models."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    out: Path = Field(Path("runs/latest"), description="output directory")
     # the network
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
@@ -101,6 +122,15 @@ class Settings(BaseSettings):
     request_timeout: float = Field(30.0, gt=0, description="seconds per HTTP request")
     retries: int = Field(3, ge=0, description="retries of a failed send")
     max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="largest accepted request body")
+
+
+
+class Settings(BaseSettings, RunConfig, DaemonOptions):
+    """Every knob of a run, a node, the barrier and the tooling. Field names are the CLI flags."""
+
+    model_config = SettingsConfigDict(env_prefix="MOSAIC_", extra="forbid", validate_default=True, frozen=False)
+
+    data_dir: Path = Field(Path("data"), description="where data sets live")
     linger: float = Field(0.0, ge=0, description="seconds a node keeps serving after its last round")
     log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$")
     log_json: bool | None = Field(None, description="JSON logs (default: when not on a terminal)")
@@ -109,14 +139,6 @@ class Settings(BaseSettings):
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
                                    env_settings: PydanticBaseSettingsSource, **_: PydanticBaseSettingsSource) -> tuple:
         return init_settings, env_settings, _TomlSource(settings_cls)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Settings:
-        if self.fanout >= self.nodes and self.nodes > 1:
-            raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
-        if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
-            raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")
-        return self
 
     @classmethod
     def load(cls, config: Path | None = None, **flags: Any) -> Settings:
@@ -133,15 +155,15 @@ class Settings(BaseSettings):
         finally:
             _toml_path.reset(token)
 
-    def updated(self, **changes: Any) -> Settings:
-        """A copy with `changes`, validated like flags (`model_copy` does not validate); SettingsError if invalid."""
-        return type(self).load(**{**self.model_dump(), **changes})
+    def run_config(self) -> RunConfig:
+        return RunConfig.model_validate({k: getattr(self, k) for k in RunConfig.model_fields})
+
+    def daemon_options(self) -> DaemonOptions:
+        return DaemonOptions.model_validate({k: getattr(self, k) for k in DaemonOptions.model_fields})
 
     def run_fields(self) -> dict[str, Any]:
-        """The fields every node of a run must share (what the barrier hands out)."""
-        skip = {"host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "dns_settle", "out",
-                "log_level", "log_json", "data_dir", "linger"}
-        return self.model_dump(mode="json", exclude=skip)
+        """The fields every node of a run must share, as JSON (what the barrier hands out)."""
+        return self.run_config().model_dump(mode="json")
 
 
 def format_errors(exc: ValidationError) -> str:

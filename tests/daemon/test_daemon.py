@@ -147,7 +147,8 @@ def test_status_and_metrics_move_during_a_run(tmp_path: Path, kit: Any) -> None:
 async def test_python_api_peers_match_in_memory_network(tmp_path: Path, kit: Any) -> None:
     run = dict(nodes=5, rounds=4, fragments=3, fanout=2, dim=30, seed=11, train=False, eval_every=2,
                host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
-    barrier = Barrier(Settings(**run, out=tmp_path / "barrier"))
+    barrier_settings = Settings(**run, out=tmp_path / "barrier")
+    barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
     runner = web.AppRunner(barrier.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -196,3 +196,63 @@ def test_killed_cluster_command_takes_its_processes_with_it(tmp_path: Path, kit:
                 proc.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+@pytest.mark.slow
+def test_stopped_node_gets_the_barrier_decisions_of_the_in_memory_barrier(tmp_path: Path, kit: Any) -> None:
+    """SIGSTOP a node on a loopback cluster: the barrier's release, straggler and drop sequence is exactly what
+    `InMemoryNetwork` + `BarrierState` decide when that node misses the same rounds in memory."""
+    from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, Layout, PeerSampler, Quadratic
+
+    run = dict(nodes=6, rounds=40, fragments=4, fanout=2, dim=16, seed=3, round_deadline=3, drop_after=2,
+               eval_every=10, request_timeout=1, retries=0)
+    ports = free_ports(run["nodes"] + 1)
+    barrier_port, node_ports = ports[0], ports[1:]
+    procs: dict[int, subprocess.Popen] = {}
+
+    def spawn(name: str, port: int, *args: str) -> None:
+        with open(tmp_path / f"{name}.log", "wb") as log:
+            procs[port] = subprocess.Popen(
+                [*kit.mosaicd, *args, "--host", "127.0.0.1", "--port", str(port), "--log-json", *kit.flags(run)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    victim = 3
+    try:
+        spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"))
+        for i, port in enumerate(node_ports):
+            spawn(f"node-{i}", port, "node", "--barrier-url", f"http://127.0.0.1:{barrier_port}")
+        view = kit.wait_until(lambda: (s := status(kit, barrier_port)) and s["round"] >= 3 and s, 60, "round 3")
+        address = next(m["address"] for m in view["members"] if m["rank"] == victim)
+        proc = procs[int(address.rsplit(":", 1)[1])]
+        proc.send_signal(signal.SIGSTOP)
+        assert view["round"] < run["rounds"] - 10, "the run went too fast to stop a node in the middle of it"
+        kit.wait_until(lambda: (s := status(kit, barrier_port)) and victim in s["dropped"], 60, "the drop")
+        proc.send_signal(signal.SIGCONT)
+        kit.wait_until(lambda: status(kit, barrier_port) is None or status(kit, barrier_port)["phase"] == "finished",
+                       90, "the barrier to finish the run")
+        for port, p in procs.items():
+            if p is not proc:
+                assert p.wait(timeout=30) == 0, (port, (tmp_path / "barrier.log").read_text()[-3000:])
+        assert proc.wait(timeout=30) != 0  # it learns that it was dropped, and says so
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait(timeout=10)
+
+    events = json.loads((tmp_path / "run" / "summary.json").read_text())["events"]
+    assert events and all(e["stragglers"] == [victim] for e in events), events
+    first = events[0]["round"]
+    barrier = BarrierState(rounds=run["rounds"], round_deadline=run["round_deadline"], drop_after=run["drop_after"],
+                           expected=run["nodes"])
+    q = Quadratic.build(run["nodes"], run["dim"], "correlated", run["seed"], lr=0.05, local_steps=1)
+    network = InMemoryNetwork([q.initial(i) for i in range(run["nodes"])],
+                              Fragmentation.build(Layout.flat(run["dim"]), run["fragments"], run["seed"], "random"),
+                              PeerSampler("local", run["fanout"], run["seed"]), q.train, barrier=barrier)
+    for t in range(run["rounds"]):
+        network.step(absent={victim} if t >= first else ())
+    network.finish()
+    assert events == [e.to_json() for e in barrier.events]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["members"] == network.members and summary["dropped"] == [victim]

@@ -1,358 +1,233 @@
-"""The barrier peer: registration, one barrier per round, stragglers, drops, and the run's outputs.
+"""The barrier process around `mosaic_proto.BarrierState`: long polls, the clock, snapshots, outputs.
 
-Protocol (JSON over HTTP, O(n) messages per round):
-    POST /v1/register {"address"}          -> long poll until every expected node registered:
-                                              {"rank", "members": [addresses], "settings": {...}}
-    POST /v1/arrive {"rank", "round", "report"} -> long poll until the round is released:
-                                              {"round", "members": [ranks of next round], "stragglers",
-                                               "dropped", "finished"}
-Arriving at round t means: done sending round t (and, for t = rounds, done with the run).
-Before releasing round t the barrier collects the models after round t-1 at evaluation rounds.
+`BarrierState` decides (ranks, releases, stragglers, drops); this adapter feeds it requests and the
+clock, tells waiting nodes what it decided, and does the I/O that follows a release, off the round's
+critical path: it writes the round's node rows, then pulls the nodes' model snapshots at evaluation
+rounds and evaluates them in a worker thread while the next rounds go on. Nodes keep their last
+`SNAPSHOTS_KEPT` snapshots, so a collection must end before the release that would drop its snapshot.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from mosaicd.daemon.http import Client, HttpError, bad_request, healthz, json_errors, metrics_handler, read_json
-from mosaicd.daemon.membership import MembershipError, Roster, parse_address, rank_addresses, resolve_all
+from mosaic_proto import BarrierError, BarrierPhase, BarrierState, Release, received_counts
+from mosaicd.daemon.barrier_metrics import BarrierMetrics
+from mosaicd.daemon.http import Client, HttpError
+from mosaicd.daemon.membership import resolve_all
 from mosaicd.daemon.model_codec import decode_model
 from mosaicd.logs import get_logger
-from mosaicd.outputs import NODE_COLUMNS, RunRecorder, is_eval_round
-from mosaicd.settings import Settings, SettingsError
+from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, is_eval_round
+from mosaicd.settings import DaemonOptions, RunConfig
 
-
-@dataclass
-class Release:
-    round: int
-    members: list[int]
-    stragglers: list[int]
-    dropped: list[int]
-    finished: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
-
-@dataclass
-class MemberState:
-    address: str
-    missed: int = 0
-    last_contact: float = field(default_factory=time.monotonic)
-    last_round: int = -1
-
-
-_REPORT_NUMBERS = [c for c in NODE_COLUMNS if c not in ("round", "node", "refused")]
-
-
-def _checked_report(report: Any, round_: int) -> dict[str, Any] | None:
-    """A node's report of its previous round, as sent with /v1/arrive; 400 (nothing recorded) if malformed."""
-    if report is None:
-        return None
-    if not isinstance(report, dict):
-        raise bad_request("bad_field", "field 'report' must be an object or null")
-    r = report.get("round")
-    if type(r) is not int or not 0 <= r < round_:
-        raise bad_request("bad_field", f"report.round must be an integer in [0, {round_})")
-    for key in _REPORT_NUMBERS:
-        if report.get(key) is not None and type(report[key]) not in (int, float):
-            raise bad_request("bad_field", f"report.{key} must be a number")
-    refused = report.get("refused")
-    if refused is not None and not (isinstance(refused, dict) and all(type(v) is int for v in refused.values())):
-        raise bad_request("bad_field", "report.refused must map reasons to counts")
-    return report
+SNAPSHOTS_KEPT = 3  # as many as a node keeps (peer.SNAPSHOTS_KEPT)
 
 
 class Barrier:
-    def __init__(self, settings: Settings, evaluate: Any = None) -> None:
-        self.settings = settings
-        self.log = get_logger(role="barrier", run=settings.run_id)
-        self.evaluate = evaluate
-        self.recorder = RunRecorder(settings.out, settings, mode="cluster")
-        self.phase = "registering"
-        self.pending: dict[str, asyncio.Future] = {}
-        self.roster: Roster | None = None
-        self.registered = asyncio.Event()
-        self.register_error: str | None = None
+    def __init__(self, run: RunConfig, options: DaemonOptions, *,
+                 evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None) -> None:
+        """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only)."""
+        self.run, self.options, self.evaluate = run, options, evaluate
+        self.state = BarrierState(rounds=run.rounds, round_deadline=options.round_deadline,
+                                  drop_after=options.drop_after, expected=0 if options.expect_dns else run.nodes)
+        self.log = get_logger(role="barrier", run=run.run_id)
+        self.recorder = RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
+                                    mode="cluster")
+        self.metrics = BarrierMetrics()
         self.register_status = 503  # 422 when the run as registered is invalid: retrying cannot help
-        self.members: dict[int, MemberState] = {}
-        self.live: list[int] = []
-        self.round = 0
-        self.arrived: set[int] = set()
-        self.first_arrival: float | None = None
-        self.released: dict[int, Release] = {}
-        self.release_event = asyncio.Event()
-        self.dropped: list[int] = []
+        self.registered = asyncio.Event()
+        self.done = asyncio.Event()
+        self.published: dict[int, dict[str, Any]] = {}
         self.last_metrics: dict[str, Any] | None = None
         self.final_vectors: dict[int, np.ndarray] = {}
-        self.done = asyncio.Event()
-        self._tasks: set[asyncio.Task] = set()
-        self._lock = asyncio.Lock()
-        self.registry = CollectorRegistry()
-        self.m_round = Gauge("mosaic_barrier_round", "round the barrier waits on", registry=self.registry)
-        self.m_members = Gauge("mosaic_barrier_members", "live members", registry=self.registry)
-        self.m_registered = Gauge("mosaic_barrier_registered", "registered nodes", registry=self.registry)
-        self.m_expected = Gauge("mosaic_barrier_expected", "nodes expected", registry=self.registry)
-        self.m_stragglers = Counter("mosaic_barrier_stragglers", "straggler reports", registry=self.registry)
-        self.m_dropped = Counter("mosaic_barrier_dropped", "members dropped", registry=self.registry)
-        self.m_round_s = Gauge("mosaic_barrier_round_seconds", "duration of the last released round",
-                               registry=self.registry)
-        self.m_metric = Gauge("mosaic_barrier_metric", "latest network metrics", ["name"], registry=self.registry)
-        self._round_started = time.monotonic()
+        self._published = asyncio.Event()
+        self._collections: dict[int, asyncio.Task] = {}
         self._evaluation: asyncio.Future | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
 
-    # -- app -------------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors], client_max_size=1024 * 1024)
-        app.add_routes([
-            web.post("/v1/register", self.handle_register),
-            web.post("/v1/arrive", self.handle_arrive),
-            web.get("/v1/run", self.handle_run),
-            web.get("/v1/status", self.handle_status),
-            web.get("/metrics", metrics_handler(self.registry)),
-            web.get("/healthz", healthz),
-        ])
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._stop)
-        return app
+        from mosaicd.daemon.barrier_routes import barrier_app
 
-    async def _start(self, app: web.Application) -> None:
+        return barrier_app(self)
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    async def start(self) -> None:
         self._spawn(self._registration_deadline())
-        if self.settings.expect_dns:
+        if self.options.expect_dns:
             self._spawn(self._watch_dns())
-        self.m_expected.set(self.expected)
+        self.metrics.expected.set(self.state.expected)
 
-    async def _stop(self, app: web.Application) -> None:
+    async def stop(self) -> None:
+        if self._timer:
+            self._timer.cancel()
         for task in list(self._tasks):
             task.cancel()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- registration ------------------------------------------------------------------------------
-    @property
-    def expected(self) -> int:
-        return self._dns_count if self.settings.expect_dns else self.settings.nodes
+    async def register(self, address: str) -> dict[str, Any]:
+        """Long poll until the roster is made: {"rank", "members", "run"}. BarrierError if refused."""
+        rank = self.state.register(address, self.now())
+        if rank is None:
+            self.metrics.registered.set(len(self.state.pending))
+            self.log.info("registered", address=address, registered=len(self.state.pending),
+                          expected=self.state.expected)
+            self._maybe_close()
+            try:
+                await asyncio.wait_for(self.registered.wait(), timeout=self.options.register_deadline)
+            except TimeoutError:
+                pass
+            rank = self.state.register(address, self.now())
+            if rank is None:
+                raise BarrierError("registration_failed", self.state.failure or "registration did not complete")
+        return {"rank": rank, "members": list(self.state.addresses), "run": self.run.model_dump(mode="json")}
 
-    _dns_count = 0
+    def _maybe_close(self) -> None:
+        if not self.state.complete:
+            return
+        count = len(self.state.pending)
+        try:  # the node count may be known only now (DNS): check the run as it will be
+            self.run = self.run.with_nodes(count)
+        except ValueError as exc:
+            dns = self.options.expect_dns
+            counted = f" ({dns} resolved to that many addresses)" if dns else ""
+            return self._fail(f"{count} nodes registered{counted}, but the run is invalid with them: {exc}", 422)
+        self.state.close(self.now())
+        self.recorder.settings["nodes"] = count
+        self.metrics.members.set(count)
+        self.log.info("registration_closed", members=count)
+        self.registered.set()
 
-    async def _watch_dns(self) -> None:
-        """Count nodes as the addresses the service name resolves to, once the count holds still."""
-        stable_since, last = time.monotonic(), -1
-        while self.roster is None:
-            count = len(await asyncio.to_thread(resolve_all, self.settings.expect_dns))
-            if count != last:  # still moving (replicas starting): nothing is counted until it holds still
-                last, stable_since = count, time.monotonic()
-                self._dns_count = 0
-                self.m_expected.set(0)
-            if count and time.monotonic() - stable_since >= self.settings.dns_settle:
-                self._dns_count = count
-                self.m_expected.set(count)
-                self._maybe_close_registration()
-            await asyncio.sleep(0.5)
-
-    async def _registration_deadline(self) -> None:
-        await asyncio.sleep(self.settings.register_deadline)
-        if self.roster is None:
-            self._fail_registration(f"registration deadline ({self.settings.register_deadline:g}s) passed with "
-                                    f"{len(self.pending)} of {self.expected or '?'} nodes", 503)
-
-    def _fail_registration(self, reason: str, status: int) -> None:
-        self.register_error, self.register_status = reason, status
+    def _fail(self, reason: str, status: int) -> None:
+        self.state.fail(reason)
+        self.register_status = status
         self.log.error("registration_failed", detail=reason)
-        self.phase = "failed"
         self.registered.set()
         self.done.set()
 
-    async def handle_register(self, request: web.Request) -> web.Response:
-        body = await read_json(request, {"address": str})
-        address = body["address"]
-        try:
-            parse_address(address)
-        except MembershipError as exc:
-            raise bad_request("bad_address", str(exc)) from None
-        if self.roster is not None:
-            if address in self.roster.addresses:
-                return web.json_response(self._registration(address))
-            raise bad_request("registration_closed", f"run {self.settings.run_id} started without {address}", 409)
-        if self.register_error:
-            raise bad_request("registration_failed", self.register_error, self.register_status)
-        self.pending.setdefault(address, asyncio.get_running_loop().create_future())
-        self.m_registered.set(len(self.pending))
-        self.log.info("registered", address=address, registered=len(self.pending), expected=self.expected)
-        self._maybe_close_registration()
-        try:
-            await asyncio.wait_for(self.registered.wait(), timeout=self.settings.register_deadline)
-        except TimeoutError:
-            pass
-        if self.roster is None or address not in self.roster.addresses:
-            raise bad_request("registration_failed", self.register_error or "registration did not complete",
-                              self.register_status)
-        return web.json_response(self._registration(address))
+    async def _registration_deadline(self) -> None:
+        await asyncio.sleep(self.options.register_deadline)
+        if self.state.phase is BarrierPhase.REGISTERING:
+            self._fail(f"registration deadline ({self.options.register_deadline:g}s) passed with "
+                       f"{len(self.state.pending)} of {self.state.expected or '?'} nodes", 503)
 
-    def _maybe_close_registration(self) -> None:
-        if self.roster is not None or not self.expected or len(self.pending) < self.expected:
-            return
-        try:  # the node count may be known only now (DNS): check the run as it will be
-            settings = self.settings.updated(nodes=len(self.pending))
-        except SettingsError as exc:
-            dns = self.settings.expect_dns
-            counted = f" ({dns} resolved to that many addresses)" if dns else ""
-            self._fail_registration(f"{len(self.pending)} nodes registered{counted}, but the run is invalid with "
-                                    f"them: {exc}", 422)
-            return
-        self.roster = Roster(tuple(rank_addresses(list(self.pending))))
-        self.settings = settings
-        self.members = {r: MemberState(a) for r, a in enumerate(self.roster.addresses)}
-        self.live = self.roster.members
-        self.phase = "running"
-        self.m_members.set(len(self.live))
-        self.log.info("registration_closed", members=len(self.live))
-        self._round_started = time.monotonic()
-        self.registered.set()
-
-    def _registration(self, address: str) -> dict[str, Any]:
-        assert self.roster is not None
-        return {"rank": self.roster.rank_of(address), "members": list(self.roster.addresses),
-                "settings": self.settings.run_fields()}
+    async def _watch_dns(self) -> None:
+        """Count nodes as the addresses the service name resolves to, once the count holds still."""
+        stable_since, last = self.now(), -1
+        while self.state.phase is BarrierPhase.REGISTERING:
+            count = len(await asyncio.to_thread(resolve_all, self.options.expect_dns))
+            if count != last:  # still moving (replicas starting): nothing is counted until it holds still
+                last, stable_since = count, self.now()
+                self.state.expected = 0
+            if count and self.now() - stable_since >= self.options.dns_settle:
+                self.state.expected = count
+                self._maybe_close()
+            self.metrics.expected.set(self.state.expected)
+            await asyncio.sleep(0.5)
 
     # -- rounds ------------------------------------------------------------------------------------
-    async def handle_arrive(self, request: web.Request) -> web.Response:
-        body = await read_json(request, {"rank": int, "round": int})
-        rank, round_ = body["rank"], body["round"]
-        if self.roster is None or rank not in self.members:
-            raise bad_request("unknown_rank", f"rank {rank} is not registered", 404)
-        if rank in self.dropped:
-            raise bad_request("dropped", f"rank {rank} was dropped from the run", 410)
-        if round_ > self.settings.rounds:
-            raise bad_request("bad_round", f"round {round_} is past the run's {self.settings.rounds} rounds")
-        report = _checked_report(body.get("report"), round_)
-        member = self.members[rank]
-        member.last_contact = time.monotonic()
-        if round_ > self.round:  # checked before the report is recorded: a refused arrival records nothing
-            raise bad_request("future_round", f"round {round_} is not open (the barrier is at {self.round})", 409)
-        if report is not None and report["round"] > member.last_round:
-            member.last_round = report["round"]
-            self.recorder.node_round({**report, "node": rank})
-        if round_ in self.released:
-            return web.json_response(self.released[round_].to_json())
-        self.arrived.add(rank)
-        if self.first_arrival is None:
-            self.first_arrival = time.monotonic()
-            self._spawn(self._deadline(round_))
-        member.missed = 0
-        if set(self.live) <= self.arrived:
-            await self._release(round_)
-        deadline = self.settings.round_deadline + 60 + (self.settings.request_timeout * 2)
-        while round_ not in self.released:
+    async def arrive(self, rank: int, round: int, report: dict[str, Any] | None) -> dict[str, Any]:
+        """Long poll until `round` is released: the release as JSON. BarrierError if refused."""
+        release = self.state.arrive(rank, round, self.now(), report)
+        if release is not None:
+            await self._publish(release)
+        elif self._timer is None and self.state.deadline is not None:
+            self._timer = asyncio.get_running_loop().call_at(self.state.deadline, self._on_deadline)
+        limit = self.options.round_deadline + 60 + 2 * self.options.request_timeout
+        while round not in self.published:
+            event = self._published
             try:
-                await asyncio.wait_for(self.release_event.wait(), timeout=deadline)
+                await asyncio.wait_for(event.wait(), timeout=limit)
             except TimeoutError:
-                raise bad_request("barrier_timeout", f"round {round_} was not released in time", 503) from None
-        return web.json_response(self.released[round_].to_json())
+                raise BarrierError("barrier_timeout", f"round {round} was not released in time") from None
+        return self.published[round]
 
-    async def _deadline(self, round_: int) -> None:
-        await asyncio.sleep(self.settings.round_deadline)
-        if round_ not in self.released and self.round == round_:
-            await self._release(round_)
+    def _on_deadline(self) -> None:
+        self._timer = None
+        release = self.state.tick(self.now())
+        if release is not None:
+            self._spawn(self._publish(release))
 
-    async def _release(self, round_: int) -> None:
-        async with self._lock:
-            if round_ in self.released:
-                return
-            stragglers = [r for r in self.live if r not in self.arrived]
-            dropped = []
-            for r in stragglers:
-                self.members[r].missed += 1
-                if self.members[r].missed >= self.settings.drop_after:
-                    dropped.append(r)
-            if stragglers:
-                self.m_stragglers.inc(len(stragglers))
-                self.log.warning("stragglers", round=round_, stragglers=stragglers, dropped=dropped)
-            self.dropped += dropped
-            self.m_dropped.inc(len(dropped))
-            self.live = [r for r in self.live if r not in dropped]
-            finished = round_ >= self.settings.rounds
-            if round_ >= 1 and is_eval_round(round_ - 1, self.settings):
-                await self._collect(round_ - 1, final=finished)
-            release = Release(round_, list(self.live), stragglers, list(self.dropped), finished)
-            self.released[round_] = release
-            self.released.pop(round_ - 3, None)
-            self.round = round_ + 1
-            self.arrived = set()
-            self.first_arrival = None
-            now = time.monotonic()
-            self.m_round_s.set(now - self._round_started)
-            self._round_started = now
-            self.m_round.set(self.round)
-            self.m_members.set(len(self.live))
-            self.log.info("released", round=round_, members=len(self.live), finished=finished)
-            if finished:
-                self.phase = "finished"
-                self._finish()
-            self.release_event.set()
-            self.release_event = asyncio.Event()
+    async def _publish(self, release: Release) -> None:
+        """Record what the release decided, then tell the waiting nodes (after any collection whose
+        snapshots the nodes would drop once they move on)."""
+        if self._timer:
+            self._timer.cancel()
+            self._timer = None
+        t = release.round
+        self._record(release)
+        if t >= 1 and is_eval_round(t - 1, self.run):
+            self._collections[t - 1] = self._spawn(self._collect(t - 1, final=release.finished))
+        for e in [e for e in self._collections if e + SNAPSHOTS_KEPT <= t or release.finished]:
+            await self._collections.pop(e)
+        if release.finished:
+            if self._evaluation is not None:
+                await self._evaluation
+            self.recorder.finish(self.final_vectors, members=list(release.members), dropped=list(release.dropped),
+                                 addresses=list(self.state.addresses),
+                                 events=[e.to_json() for e in self.state.events])
+            self.done.set()
+        self.published[t] = release.to_json()
+        self.published.pop(t - SNAPSHOTS_KEPT, None)
+        self._published.set()
+        self._published = asyncio.Event()
 
-    async def _collect(self, round_: int, final: bool) -> None:
-        """Fetch every live node's model after `round_` and evaluate the network (in a worker thread)."""
+    def _record(self, release: Release) -> None:
+        closed = self.state.closed[release.round]
+        received = received_counts({r: report for r, (_, report) in closed.items()})
+        if not release.finished:
+            for rank, (wait_s, report) in closed.items():
+                if report is not None:
+                    messages, fragments, nbytes = received.get(rank, (0, 0, 0))
+                    self.recorder.node_round({**report, "node": rank, "wait_s": round(wait_s, 6),
+                                              "messages_in": messages, "fragments_in": fragments,
+                                              "bytes_in": nbytes})
+        self.metrics.released(release, self.now())
+        if release.stragglers:
+            self.log.warning("stragglers", round=release.round, stragglers=list(release.stragglers),
+                             dropped=list(release.dropped))
+        self.log.info("released", round=release.round, members=len(release.members), finished=release.finished)
+
+    async def _collect(self, round: int, final: bool) -> None:
+        """Fetch every live node's model after `round`, then evaluate the network in a worker thread."""
         vectors: dict[int, np.ndarray] = {}
-        taken_at = time.time()
-        async with Client(timeout=self.settings.request_timeout, retries=1) as client:
+        taken_at = self.recorder.clock()
+        async with Client(timeout=self.options.request_timeout, retries=1) as client:
             async def fetch(rank: int) -> None:
-                url = f"http://{self.members[rank].address}/v1/model?round={round_}"
+                url = f"http://{self.state.addresses[rank]}/v1/model?round={round}"
                 try:
                     _, body, _ = await client.request("GET", url)
                     vectors[rank] = decode_model(body)["vector"]
                 except (HttpError, ValueError) as exc:
-                    self.log.warning("collect_failed", rank=rank, round=round_, error=str(exc))
-            await asyncio.gather(*(fetch(r) for r in self.live))
+                    self.log.warning("collect_failed", rank=rank, round=round, error=str(exc))
+            await asyncio.gather(*(fetch(r) for r in self.state.live))
         if final:
             self.final_vectors = vectors
-        if self.evaluate is None or not vectors:
-            return
-        previous = self._evaluation
-        self._evaluation = asyncio.ensure_future(self._evaluate(round_, vectors, previous, taken_at))
-        if final:
-            await self._evaluation
+        if self.evaluate is not None and vectors:
+            previous = self._evaluation
+            self._evaluation = asyncio.ensure_future(self._evaluate(round, vectors, previous, taken_at))
 
-    async def _evaluate(self, round_: int, vectors: dict[int, np.ndarray], previous: asyncio.Future | None,
+    async def _evaluate(self, round: int, vectors: dict[int, np.ndarray], previous: asyncio.Future | None,
                         taken_at: float) -> None:
         ranks = sorted(vectors)
-        metrics = await asyncio.to_thread(self.evaluate, [vectors[r] for r in ranks])
+        assert self.evaluate is not None
+        metrics = await asyncio.to_thread(self.evaluate, self.run, [vectors[r] for r in ranks])
         if previous is not None:
             await previous
-        row = self.recorder.network_round(round_, {**metrics, "nodes": ranks}, taken_at)
-        self.last_metrics = row
-        for key in ("node_average", "average_model", "consensus_distance", "node_spread", "train_loss"):
-            if isinstance(row.get(key), float):
-                self.m_metric.labels(key).set(row[key])
-
-    def _finish(self) -> None:
-        self.recorder.finish(self.final_vectors, members=self.live, dropped=self.dropped,
-                             addresses=list(self.roster.addresses) if self.roster else [])
-        self.done.set()
-
-    async def handle_run(self, request: web.Request) -> web.Response:
-        return web.json_response({"run_id": self.settings.run_id, "settings": self.settings.run_fields()})
-
-    async def handle_status(self, request: web.Request) -> web.Response:
-        now = time.monotonic()
-        return web.json_response({
-            "role": "barrier", "run_id": self.settings.run_id, "phase": self.phase, "round": self.round,
-            "rounds": self.settings.rounds, "expected": self.expected, "registered": len(self.pending),
-            "live": self.live, "dropped": self.dropped,
-            "stragglers": self.released[max(self.released)].stragglers if self.released else [],
-            "members": [{"rank": r, "address": m.address, "missed": m.missed, "last_round": m.last_round,
-                         "last_contact_s": round(now - m.last_contact, 3)} for r, m in self.members.items()],
-            "metrics": self.last_metrics,
-            "settings": self.settings.run_fields(),
-        })
+        self.last_metrics = self.recorder.network_round(round, {**metrics, "nodes": ranks}, taken_at)
+        self.metrics.evaluated(self.last_metrics)
+        self.log.info("evaluated", round=round, **{k: self.last_metrics.get(k) for k in SUMMARY_KEYS})

@@ -8,36 +8,14 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from mosaic_proto.membership import MembershipError, address_key, parse_address, rank_addresses
+from mosaicd.settings import DaemonOptions
 
-class MembershipError(ValueError):
-    pass
-
-
-def parse_address(text: str, where: str = "address") -> tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
-        raise MembershipError(f"{where}: expected host:port, got {text.strip()!r}")
-    return host.strip("[]"), int(port)
-
-
-def address_key(address: str) -> tuple:
-    """Sort key: numeric IPs in numeric order, then names; then port."""
-    host, port = parse_address(address)
-    try:
-        ip = ipaddress.ip_address(host)
-        return (0, ip.version, int(ip), "", port)
-    except ValueError:
-        return (1, 0, 0, host, port)
-
-
-def rank_addresses(addresses: list[str]) -> list[str]:
-    unique = sorted(set(addresses), key=address_key)
-    if len(unique) != len(addresses):
-        raise MembershipError("the same address is listed twice")
-    return unique
+__all__ = ["MembershipError", "address_key", "parse_address", "rank_addresses", "read_peer_list",
+           "resolve_all", "embedded_barrier_url", "own_address", "listed_addresses", "route_ip"]
 
 
 def read_peer_list(path: Path) -> list[str]:
@@ -69,21 +47,40 @@ def resolve_all(name: str, port: int = 0) -> list[str]:
     return sorted({info[4][0] for info in infos}, key=lambda a: int(ipaddress.ip_address(a)))
 
 
-@dataclass(frozen=True)
-class Roster:
-    """The registered members of a run: rank -> address."""
+def embedded_barrier_url(options: DaemonOptions) -> str:
+    """With --peer-list, rank 0 (the first address in sorted order) also serves the barrier under /barrier."""
+    assert options.peer_list is not None
+    return f"http://{read_peer_list(options.peer_list)[0]}/barrier"
 
-    addresses: tuple[str, ...]
 
-    @property
-    def members(self) -> list[int]:
-        return list(range(len(self.addresses)))
+def own_address(options: DaemonOptions, port: int) -> str:
+    """The address peers use to reach this node: --advertise, else the listening host, else (when listening
+    on every interface) the local IP of the route towards the barrier."""
+    if options.advertise:
+        return options.advertise
+    host = options.host
+    if host in ("0.0.0.0", "::", ""):
+        host = route_ip(options.barrier_url or (f"http://{read_peer_list(options.peer_list)[0]}"
+                                                 if options.peer_list else None))
+    return f"{host}:{port}"
 
-    def address(self, rank: int) -> str:
-        return self.addresses[rank]
 
-    def rank_of(self, address: str) -> int:
-        try:
-            return self.addresses.index(address)
-        except ValueError:
-            raise MembershipError(f"{address} is not in the member list") from None
+def listed_addresses(options: DaemonOptions) -> list[str]:
+    """The --peer-list addresses in rank order; a ValueError naming --peer-list if this node is not among them."""
+    assert options.peer_list is not None
+    addresses = read_peer_list(options.peer_list)
+    me = own_address(options, options.port)
+    if me not in addresses:
+        raise ValueError(f"--peer-list {options.peer_list}: this node's address {me} is not listed "
+                         f"(set --advertise host:port to the line that names this node)")
+    return addresses
+
+
+def route_ip(url: str | None) -> str:
+    """The local IP the kernel would use to reach `url`'s host (a UDP connect sends nothing)."""
+    target = urlsplit(url).hostname if url else None
+    if not target:
+        return socket.gethostbyname(socket.gethostname())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((socket.gethostbyname(target), 9))
+        return sock.getsockname()[0]

@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 
 from mosaicd.extras import needs
+from mosaicd.outputs import NETWORK_METRICS, higher_is_better
 
 HELP = "figures (PNG) and a results table (report.md) from a sweep's folder"
 
 LINE_KEY, SEED_KEY = "fragments", "seed"
-SERIES = ("node_average", "average_model", "consensus_distance", "node_spread")
+SERIES = NETWORK_METRICS
 
 
 @dataclass
@@ -48,6 +49,10 @@ class RunData:
     @property
     def metric(self) -> str:
         return str(self.rounds[-1].get("metric", "metric")) if self.rounds else "metric"
+
+    @property
+    def unit(self) -> Unit:
+        return unit_of(self.metric, higher_is_better(self.rounds) is not False)
 
     def series(self, key: str) -> dict[int, float]:
         return {int(r["round"]): _num(r.get(key)) for r in self.rounds}
@@ -111,14 +116,17 @@ class Unit:
             f"{value:.4g}"
 
 
-def unit_of(metric: str) -> Unit:
+def unit_of(metric: str, higher_is_better: bool) -> Unit:
+    """How to show `metric`; whether higher is better is the task's word (in the evaluation rows), not guessed."""
+    better = "" if higher_is_better else " (lower is better)"
     if metric == "accuracy":
-        return Unit(metric, 100.0, "test accuracy (%)", "node spread (std of node accuracy, points)", True)
+        return Unit(metric, 100.0, f"test accuracy (%){better}", "node spread (std of node accuracy, points)",
+                    higher_is_better)
     if metric == "rmse":
-        return Unit(metric, 1.0, "test RMSE (lower is better)", "node spread (std of node RMSE)", False)
+        return Unit(metric, 1.0, f"test RMSE{better}", "node spread (std of node RMSE)", higher_is_better)
     if metric == "loss":
-        return Unit(metric, 1.0, "global loss f(x) (lower is better)", "node spread (std of node loss)", False)
-    return Unit(metric, 1.0, metric, f"node spread (std of node {metric})", True)
+        return Unit(metric, 1.0, f"global loss f(x){better}", "node spread (std of node loss)", higher_is_better)
+    return Unit(metric, 1.0, f"{metric}{better}", f"node spread (std of node {metric})", higher_is_better)
 
 
 def mean_over_rounds(run: RunData) -> float:
@@ -230,7 +238,7 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
             for ax in row:
                 ax.set_visible(False)
             continue
-        unit = unit_of(chosen[0].metric)
+        unit = chosen[0].unit
         for ax, key, title in zip(row, keys, titles, strict=True):
             scale = unit.scale if key in ("node_average", "average_model", "node_spread") else 1.0
             for k, color in zip(ks, colors, strict=True):
@@ -275,7 +283,7 @@ def figure_best_vs(sweep: Sweep, x_key: str, x_label: str, path: Path, log_x: bo
         if not chosen:
             ax.set_visible(False)
             continue
-        unit = unit_of(chosen[0].metric)
+        unit = chosen[0].unit
         for k, color in zip(ks, colors, strict=True):
             means, stds, used = [], [], []
             for xv in xs:
@@ -327,7 +335,7 @@ def table(sweep: Sweep) -> list[str]:
     keys = [k for k in sweep.grid if k != SEED_KEY]
     order = sweep.panel_keys + ([LINE_KEY] if LINE_KEY in sweep.grid else [])
     keys = order + [k for k in keys if k not in order]
-    unit = unit_of(sweep.runs[0].metric)
+    unit = sweep.runs[0].unit
     m = unit.label.replace(" (lower is better)", "")
     spread = unit.spread_label.split(" (")[0] + (" (points)" if unit.scale == 100 else "")
     header = [*(_label(k, "").rstrip("=") for k in keys), "seeds", f"node-average {m}", f"average-model {m}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 
-from mosaic_proto import Fragmentation, InMemoryNetwork, PeerSampler
+from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, PeerSampler
 from mosaic_proto.network import RoundRecord
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.learning.evaluation import network_metrics
@@ -25,8 +25,10 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
     fragmentation = Fragmentation.build(task.layout, settings.fragments, settings.seed, settings.strategy)
     sampler = PeerSampler(settings.sampler, settings.fanout, settings.seed)
     vectors = [task.initial(i) for i in range(settings.nodes)]
+    barrier = BarrierState(rounds=settings.rounds, round_deadline=settings.round_deadline,
+                           drop_after=settings.drop_after, expected=settings.nodes)
     network = InMemoryNetwork(vectors, fragmentation, sampler, task.train if settings.train else None,
-                              run_id=settings.run_id)
+                              run_id=settings.run_id, barrier=barrier)
     recorder = RunRecorder(settings.out, settings, mode="simulate")
     with ProgressPrinter(enabled=progress) as printer:
         printer.start_run("", settings.rounds)
@@ -34,17 +36,21 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
             started = time.perf_counter()
             record: RoundRecord = network.step()
             elapsed = time.perf_counter() - started
-            for node, (loss, report) in enumerate(zip(record.losses, record.reports, strict=True)):
+            for node, loss, report in zip(record.nodes, record.losses, record.reports, strict=True):
                 recorder.node_round({**report.to_json(), "node": node, "loss": loss,
-                                     "train_s": elapsed / settings.nodes})
+                                     "train_s": elapsed / len(record.nodes)})
             row = None
             if is_eval_round(record.round, settings):
                 taken_at = time.time()
-                row = recorder.network_round(record.round, {**network_metrics(task, network.vectors),
+                live = [network.vectors[i] for i in network.members]
+                row = recorder.network_round(record.round, {**network_metrics(task, live),
                                                             "nodes": network.members}, taken_at)
             losses = [x for x in record.losses if math.isfinite(x)]
             done = RoundProgress(record.round, settings.rounds, sum(losses) / len(losses) if losses else None, row)
             printer.on_round(done)
             if on_round is not None:
                 on_round(done)
-    return recorder.finish(dict(enumerate(network.vectors)), members=network.members, dropped=[])
+    final = network.finish()
+    assert final is not None and final.finished
+    return recorder.finish({i: network.vectors[i] for i in network.members}, members=network.members,
+                           dropped=list(final.dropped), events=[e.to_json() for e in barrier.events])

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from mosaicd.experiments.progress import ProgressPrinter, RoundProgress, clock, metrics_text
+from mosaicd.outputs import NETWORK_METRICS, SUMMARY_KEYS, higher_is_better
 from mosaicd.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -206,17 +207,8 @@ def _best(rounds: list[dict[str, Any]]) -> tuple[float | None, int | None]:
               if isinstance(r.get("node_average"), int | float) and math.isfinite(r["node_average"])]
     if not values:
         return None, None
-    higher = _higher_is_better(rounds)
-    value, round_ = (max if higher else min)(values, key=lambda x: x[0])
+    value, round_ = (max if higher_is_better(rounds) else min)(values, key=lambda x: x[0])
     return value, round_
-
-
-def _higher_is_better(rounds: list[dict[str, Any]]) -> bool:
-    for r in rounds:
-        if "higher_is_better" in r:
-            return bool(r["higher_is_better"])
-    metric = rounds[0].get("metric") if rounds else None
-    return metric not in ("rmse", "loss")
 
 
 def grid_row(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
@@ -225,9 +217,9 @@ def grid_row(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
     rounds = summary.get("rounds") or []
     best, best_round = _best(rounds)
     return {"run": run.name, **run.point, "metric": final.get("metric"),
-            "higher_is_better": _higher_is_better(rounds) if rounds else None,
+            "higher_is_better": higher_is_better(rounds),
             "rounds": summary.get("settings", {}).get("rounds"),
-            **{k: final.get(k) for k in ("node_average", "average_model", "consensus_distance", "node_spread")},
+            **{k: final.get(k) for k in NETWORK_METRICS},
             "best_node_average": best, "best_round": best_round, "train_loss": final.get("train_loss"),
             "wall_s": summary.get("wall_s")}
 
@@ -317,8 +309,7 @@ def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: f
             raise
         final = summary.get("final") or {}
         log.write(f"{_now()} done in {time.monotonic() - started:.1f}s: "
-                  + json.dumps({k: final.get(k) for k in ("metric", "node_average", "average_model",
-                                                          "consensus_distance", "node_spread", "train_loss")})
+                  + json.dumps({k: final.get(k) for k in SUMMARY_KEYS})
                   + "\n")
     return summary
 

@@ -1,12 +1,13 @@
-"""The workloads. `build_task(settings)` is the one way to get one."""
+"""The workloads. `build_task(run, data_dir)` is the one way to get one."""
 
 from __future__ import annotations
 
 from importlib import import_module
+from pathlib import Path
 
 from mosaicd.extras import MissingExtra, needs, require
 from mosaicd.learning.data import DataMissing
-from mosaicd.settings import Settings, TaskName
+from mosaicd.settings import RunConfig, TaskName
 
 from .base import Task
 
@@ -29,14 +30,17 @@ def require_task(task: TaskName) -> None:
     require(f"--task {task.value}", *_NEEDS.get(task, ("torch",)))
 
 
-def build_task(settings: Settings) -> Task:
-    target = _REGISTRY.get(settings.task)
+def build_task(run: RunConfig, data_dir: Path | str | None = None) -> Task:
+    """The run's workload; `data_dir` is where this host keeps data sets (not part of the run; a `Settings`
+    carries its own, the default for it)."""
+    data_dir = data_dir if data_dir is not None else getattr(run, "data_dir", Path("data"))
+    target = _REGISTRY.get(run.task)
     if target is None:
-        raise ValueError(f"--task {settings.task.value}: not available in this build")
-    require_task(settings.task)
+        raise ValueError(f"--task {run.task.value}: not available in this build")
+    require_task(run.task)
     module, cls = target.split(":")
-    with needs(f"--task {settings.task.value}"):  # an import of an extra that _NEEDS missed
-        return getattr(import_module(module), cls)(settings)
+    with needs(f"--task {run.task.value}"):  # an import of an extra that _NEEDS missed
+        return getattr(import_module(module), cls)(run, Path(data_dir))
 
 
 __all__ = ["DataMissing", "MissingExtra", "Task", "build_task", "require_task"]

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from mosaic_proto import Layout
-from mosaicd.settings import Settings
+from mosaicd.settings import RunConfig
 
 
 class Task(ABC):
@@ -20,8 +21,8 @@ class Task(ABC):
     metric: str = "accuracy"
     higher_is_better: bool = True
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, run: RunConfig, data_dir: Path = Path("data")) -> None:
+        self.run, self.data_dir = run, Path(data_dir)
 
     @property
     @abstractmethod

@@ -39,7 +39,7 @@ class Cifar10Task(TorchTask):
     eval_batch_size = 100  # activations of 1000 images would take half a GB
 
     def load(self) -> Split:
-        return load_cifar(self.settings.data_dir, self.classes)
+        return load_cifar(self.data_dir, self.classes)
 
     def build_model(self) -> GNLeNet:
         return GNLeNet(self.classes)

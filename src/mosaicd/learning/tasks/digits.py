@@ -38,7 +38,7 @@ class DigitsTask(TorchTask):
     name = "digits"
 
     def load(self) -> Split:
-        return load_digits(self.settings.seed)
+        return load_digits(self.run.seed)
 
     def build_model(self) -> DigitsCNN:
         return DigitsCNN()

@@ -46,7 +46,7 @@ class MovieLensTask(TorchTask):
     eval_batch_size = 8192
 
     def load(self) -> Split:
-        return load_movielens(self.settings.data_dir, self.settings.seed)
+        return load_movielens(self.data_dir, self.run.seed)
 
     def build_model(self) -> MatrixFactorization:
         info = self.split.info

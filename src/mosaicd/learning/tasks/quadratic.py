@@ -28,25 +28,25 @@ class QuadraticTask(Task):
 
     @cached_property
     def objective(self) -> Quadratic:
-        s = self.settings
+        s = self.run
         return Quadratic.build(s.nodes, s.dim, s.curvature, s.seed, heterogeneous=s.heterogeneous, lr=s.lr,
                                local_steps=s.local_steps)
 
     @property
     def layout(self) -> Layout:
-        return Layout.flat(self.settings.dim)
+        return Layout.flat(self.run.dim)
 
     def initial(self, node: int) -> np.ndarray:
         # Quadratic.initial without building A: it depends on (seed, node, d) only.
-        return keyed_rng(self.settings.seed, Purpose.INIT, node=node).standard_normal(
-            self.settings.dim).astype(np.float32)
+        return keyed_rng(self.run.seed, Purpose.INIT, node=node).standard_normal(
+            self.run.dim).astype(np.float32)
 
     def train(self, node: int, round: int, vector: np.ndarray) -> tuple[np.ndarray, float]:
         return self.objective.train(node, round, vector)
 
     def evaluate(self, vector: np.ndarray) -> dict[str, float]:
         """Loss against the mean optimum (the global objective's minimiser up to a constant)."""
-        if "objective" not in self.__dict__ and self.settings.dim > EVAL_MAX_DIM:
+        if "objective" not in self.__dict__ and self.run.dim > EVAL_MAX_DIM:
             return {"loss": math.nan}
         e = vector.astype(np.float64) - self.objective.targets.mean(axis=0)
         return {"loss": float(e @ self.objective.a @ e)}

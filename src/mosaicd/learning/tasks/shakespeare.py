@@ -36,7 +36,7 @@ class ShakespeareTask(TorchTask):
     eval_batch_size = 500
 
     def load(self) -> Split:
-        return load_shakespeare(self.settings.data_dir)
+        return load_shakespeare(self.data_dir)
 
     def build_model(self) -> CharLSTM:
         return CharLSTM()

@@ -2,7 +2,7 @@
 
 A subclass says how to load its `Split`, build its model and turn stored arrays into tensors. One
 object serves every node of a process: data and the partition are computed once, the model object is
-reused (a lock serialises calls), and a node's work depends only on (settings, node, round, vector).
+reused (a lock serialises calls), and a node's work depends only on (run, node, round, vector).
 
 Repeatability: batches come from a torch.Generator keyed by (seed, node, round); no global RNG is used
 (the initial model is built under fork_rng). The CPU kernels used here give the same bits for the same
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from abc import abstractmethod
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from torch import nn
 from mosaic_proto import Layout
 from mosaicd.learning.data import Split
 from mosaicd.learning.partition import PartitionError, partition, supported_message
-from mosaicd.settings import Partition, Settings
+from mosaicd.settings import Partition, RunConfig
 
 from .base import Task
 from .torch_util import SGD, layout_of, load_vector, to_vector, train_generator
@@ -37,12 +38,12 @@ class TorchTask(Task):
     partitions: tuple[Partition, ...] = (Partition.IID, Partition.DIRICHLET, Partition.SHARDS)
     eval_batch_size: int = 1000
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
-        if settings.partition not in self.partitions:
-            raise PartitionError(supported_message(self.name, settings.partition.value,
+    def __init__(self, run: RunConfig, data_dir: Path = Path("data")) -> None:
+        super().__init__(run, data_dir)
+        if run.partition not in self.partitions:
+            raise PartitionError(supported_message(self.name, run.partition.value,
                                                    [p.value for p in self.partitions]))
-        torch.set_num_threads(settings.threads)  # the thread count changes float results: same on every node
+        torch.set_num_threads(run.threads)  # the thread count changes float results: same on every node
         self._lock = threading.RLock()
         self._split: Split | None = None
         self._shards: list[np.ndarray] | None = None
@@ -57,7 +58,7 @@ class TorchTask(Task):
 
     @abstractmethod
     def build_model(self) -> nn.Module:
-        """A freshly initialised model (called under torch.manual_seed(settings.seed))."""
+        """A freshly initialised model (called under torch.manual_seed(run.seed))."""
 
     def inputs(self, x: np.ndarray) -> torch.Tensor:
         """Model input from stored rows (a copy; stored arrays may be read-only memory maps)."""
@@ -89,7 +90,7 @@ class TorchTask(Task):
     def groups(self) -> np.ndarray:
         """What the partition splits on: client ids (natural) or labels."""
         split = self.split
-        if self.settings.partition is Partition.NATURAL:
+        if self.run.partition is Partition.NATURAL:
             if split.clients is None:  # pragma: no cover - guarded by `partitions`
                 raise PartitionError(supported_message(self.name, "natural", [p.value for p in self.partitions]))
             return split.clients
@@ -97,7 +98,7 @@ class TorchTask(Task):
 
     def shard(self, node: int) -> np.ndarray:
         """Indices of node `node`'s training samples (the partition of all nodes is computed once)."""
-        s = self.settings
+        s = self.run
         if not 0 <= node < s.nodes:
             raise ValueError(f"node {node} is not in 0..{s.nodes - 1}")
         with self._lock:
@@ -108,7 +109,7 @@ class TorchTask(Task):
 
     def _fresh_model(self) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.settings.seed)
+            torch.manual_seed(self.run.seed)
             return self.build_model()
 
     @property
@@ -130,7 +131,7 @@ class TorchTask(Task):
             return self._initial.copy()
 
     def train(self, node: int, round: int, vector: np.ndarray) -> tuple[np.ndarray, float]:
-        s = self.settings
+        s = self.run
         split = self.split
         shard = self.shard(node)
         if len(shard) == 0:

@@ -1,0 +1,101 @@
+"""The barrier's HTTP API (JSON): input checks and status codes; the decisions live in `Barrier`.
+
+    POST /v1/register {"address"}               -> long poll until every expected node registered:
+                                                   {"rank", "members": [addresses], "run": {...}}
+    POST /v1/arrive {"rank", "round", "report"} -> long poll until the round is released:
+                                                   {"round", "members", "stragglers", "dropped", "finished"}
+Arriving at round t means: done sending round t (and, for t = rounds, done with the run); the report
+describes round t as the node saw it by then (null for the final arrival).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from mosaic_proto import BarrierError
+from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, read_json
+from mosaicd.outputs import NODE_COLUMNS
+
+if TYPE_CHECKING:
+    from mosaicd.daemon.barrier import Barrier
+
+_STATUS = {"bad_address": 400, "bad_round": 400, "unknown_rank": 404, "dropped": 410, "future_round": 409,
+           "stale_round": 409, "registration_closed": 409, "barrier_timeout": 503}
+_REPORT_NUMBERS = [c for c in NODE_COLUMNS if c not in ("round", "node", "refused")]
+
+
+def checked_report(report: Any, round: int) -> dict[str, Any] | None:
+    """A node's report of round `round`, sent with its arrival; 400 (nothing recorded) if malformed."""
+    if report is None:
+        return None
+    if not isinstance(report, dict):
+        raise bad_request("bad_field", "field 'report' must be an object or null")
+    if type(report.get("round")) is not int or report["round"] != round:
+        raise bad_request("bad_field", f"report.round must be the arrival's round {round}")
+    for key in _REPORT_NUMBERS:
+        if report.get(key) is not None and type(report[key]) not in (int, float):
+            raise bad_request("bad_field", f"report.{key} must be a number")
+    refused = report.get("refused")
+    if refused is not None and not (isinstance(refused, dict) and all(type(v) is int for v in refused.values())):
+        raise bad_request("bad_field", "report.refused must map reasons to counts")
+    delivered = report.get("delivered")
+    if delivered is not None and not (isinstance(delivered, dict) and all(
+            k.isdigit() and isinstance(v, list) and len(v) == 2 and all(type(x) is int and x >= 0 for x in v)
+            for k, v in delivered.items())):
+        raise bad_request("bad_field", "report.delivered must map peer ranks to [fragments, bytes]")
+    return report
+
+
+def barrier_app(barrier: Barrier) -> web.Application:
+    async def register(request: web.Request) -> web.Response:
+        body = await read_json(request, {"address": str})
+        try:
+            return web.json_response(await barrier.register(body["address"]))
+        except BarrierError as exc:
+            status = barrier.register_status if exc.reason == "registration_failed" else _STATUS[exc.reason]
+            raise bad_request(exc.reason, exc.detail, status) from None
+
+    async def arrive(request: web.Request) -> web.Response:
+        body = await read_json(request, {"rank": int, "round": int})
+        try:
+            barrier.state.check(body["rank"], body["round"])
+            report = checked_report(body.get("report"), body["round"])
+            return web.json_response(await barrier.arrive(body["rank"], body["round"], report))
+        except BarrierError as exc:
+            raise bad_request(exc.reason, exc.detail, _STATUS.get(exc.reason, 400)) from None
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(barrier_status(barrier))
+
+    async def on_startup(app: web.Application) -> None:
+        await barrier.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await barrier.stop()
+
+    app = web.Application(middlewares=[json_errors], client_max_size=1024 * 1024)
+    app.add_routes([
+        web.post("/v1/register", register),
+        web.post("/v1/arrive", arrive),
+        web.get("/v1/status", status),
+        web.get("/metrics", metrics_handler(barrier.metrics.registry)),
+        web.get("/healthz", healthz),
+    ])
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def barrier_status(barrier: Barrier) -> dict[str, Any]:
+    state, now = barrier.state, barrier.now()
+    last = state.released[max(state.released)] if state.released else None
+    return {
+        "role": "barrier", "run_id": barrier.run.run_id, "phase": state.phase.value, "round": state.round,
+        "rounds": barrier.run.rounds, "expected": state.expected, "registered": len(state.pending),
+        "live": state.live, "dropped": state.dropped, "stragglers": list(last.stragglers) if last else [],
+        "members": [{"rank": r, "address": m.address, "missed": m.missed, "last_round": m.last_round,
+                     "last_contact_s": round(now - m.last_contact, 3)} for r, m in state.members.items()],
+        "metrics": barrier.last_metrics, "settings": barrier.run.model_dump(mode="json"),
+    }

@@ -1,0 +1,63 @@
+"""A node's HTTP API; the state behind it lives in `Peer`."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from mosaic_proto import CONTENT_TYPE
+from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler
+from mosaicd.daemon.model_codec import encode_model
+
+if TYPE_CHECKING:
+    from mosaicd.daemon.peer import Peer
+
+
+def node_app(peer: Peer) -> web.Application:
+    async def fragments(request: web.Request) -> web.Response:
+        if request.content_type != CONTENT_TYPE:
+            raise bad_request("unsupported_media_type", f"expected {CONTENT_TYPE}, got {request.content_type}", 415)
+        status, answer = await peer.receive(await request.read())
+        return web.json_response(answer, status=status)
+
+    async def model(request: web.Request) -> web.Response:
+        raw = request.query.get("round")
+        if raw is not None and not (raw.lstrip("-").isdigit() and raw.isascii() and len(raw) < 20):
+            raise bad_request("bad_round", f"round must be an integer, got {raw!r}")
+        if raw is None:
+            round = max(peer.snapshots) if peer.snapshots else -1
+            vector = peer.snapshots.get(round, peer.vector)
+            if vector is None or peer.layout is None:
+                raise bad_request("no_model", "this node has no model yet", 404)
+        else:
+            round, vector = int(raw), peer.snapshots.get(int(raw))
+            if vector is None or peer.layout is None:
+                raise bad_request("no_snapshot", f"no model kept for round {raw} (have {sorted(peer.snapshots)})", 404)
+        return web.Response(body=encode_model(peer.rank, round, peer.layout, vector), content_type="application/cbor")
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(node_status(peer))
+
+    app = web.Application(middlewares=[json_errors], client_max_size=peer.options.max_body_bytes)
+    app.add_routes([
+        web.post("/v1/fragments", fragments),
+        web.get("/v1/status", status),
+        web.get("/v1/model", model),
+        web.get("/metrics", metrics_handler(peer.metrics.registry)),
+        web.get("/healthz", healthz),
+    ])
+    return app
+
+
+def node_status(peer: Peer) -> dict[str, Any]:
+    run = peer.run
+    return {
+        "node": peer.rank, "rank": peer.rank, "address": peer.address, "run_id": run.run_id if run else None,
+        "round": peer.round, "rounds": run.rounds if run else None, "phase": peer.phase,
+        "members": peer.members, "fragments": run.fragments if run else None,
+        "fanout": run.fanout if run else None, "sampler": run.sampler.value if run else None,
+        "dim": peer.layout.dim if peer.layout else None,
+        "loss": peer.loss if math.isfinite(peer.loss) else None, "last_round": peer.last_report,
+    }
