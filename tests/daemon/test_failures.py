@@ -47,12 +47,10 @@ def status(kit: Any, port: int) -> dict | None:
     return reply.json() if reply.status == 200 else None
 
 
-@pytest.mark.slow
-def test_killed_node_is_a_straggler_then_dropped_and_the_others_finish(tmp_path: Path, kit: Any) -> None:
-    run = dict(nodes=6, rounds=40, fragments=4, fanout=2, round_deadline=2, drop_after=2, eval_every=10,
-               request_timeout=5, retries=1)
+def launcher(tmp_path: Path, kit: Any, run: dict[str, Any]) -> tuple[int, list[int], dict[int, subprocess.Popen],
+                                                                   Any]:
+    """Free ports for a barrier and run["nodes"] nodes, and spawn(name, port, *args) for their processes."""
     ports = free_ports(run["nodes"] + 1)
-    barrier_port, node_ports = ports[0], ports[1:]
     procs: dict[int, subprocess.Popen] = {}
 
     def spawn(name: str, port: int, *args: str) -> None:
@@ -60,6 +58,15 @@ def test_killed_node_is_a_straggler_then_dropped_and_the_others_finish(tmp_path:
             procs[port] = subprocess.Popen(
                 [*kit.mosaicd, *args, "--host", "127.0.0.1", "--port", str(port), "--log-json", *kit.flags(run)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    return ports[0], ports[1:], procs, spawn
+
+
+@pytest.mark.slow
+def test_killed_node_is_a_straggler_then_dropped_and_the_others_finish(tmp_path: Path, kit: Any) -> None:
+    run = dict(nodes=6, rounds=40, fragments=4, fanout=2, round_deadline=2, drop_after=2, eval_every=10,
+               request_timeout=5, retries=1)
+    barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
 
     try:
         spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"))
@@ -206,15 +213,7 @@ def test_stopped_node_gets_the_barrier_decisions_of_the_in_memory_barrier(tmp_pa
 
     run = dict(nodes=6, rounds=40, fragments=4, fanout=2, dim=16, seed=3, round_deadline=3, drop_after=2,
                eval_every=10, request_timeout=1, retries=0)
-    ports = free_ports(run["nodes"] + 1)
-    barrier_port, node_ports = ports[0], ports[1:]
-    procs: dict[int, subprocess.Popen] = {}
-
-    def spawn(name: str, port: int, *args: str) -> None:
-        with open(tmp_path / f"{name}.log", "wb") as log:
-            procs[port] = subprocess.Popen(
-                [*kit.mosaicd, *args, "--host", "127.0.0.1", "--port", str(port), "--log-json", *kit.flags(run)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
 
     victim = 3
     try:
