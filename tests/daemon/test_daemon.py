@@ -32,6 +32,9 @@ def test_cluster_matches_in_memory_network(tmp_path: Path, kit: Any) -> None:
     assert summary["dropped"] == []
     assert summary["model_sha256"] == kit.reference_hashes(Settings(**RUN))
     assert json.loads(proc.stdout.strip().splitlines()[-1])["out"] == str(out)
+    for rank in range(RUN["nodes"]):  # logs/node-<rank>.log holds that rank
+        lines = [json.loads(x) for x in (out / "logs" / f"node-{rank}.log").read_text().splitlines() if x[:1] == "{"]
+        assert {x["node"] for x in lines if "node" in x} == {rank}
 
 
 @pytest.mark.slow  # about 6 s on 2 idle cores, more on a busy machine

@@ -86,7 +86,7 @@ class Cluster:
         require_task(s.task)  # the one-line error here, not one per node log
         self.out.mkdir(parents=True, exist_ok=True)
         ports = free_ports(s.nodes + 1)
-        barrier_port, node_ports = ports[0], ports[1:]
+        barrier_port, node_ports = ports[0], sorted(ports[1:])  # ranks follow address order: node-i is rank i
         self.barrier_port, self.node_ports = barrier_port, node_ports
         barrier_url = f"http://127.0.0.1:{barrier_port}"
         self._spawn("barrier", "barrier", settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True))
