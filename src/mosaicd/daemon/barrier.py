@@ -28,6 +28,19 @@ from mosaicd.settings import DaemonOptions, RunConfig
 SNAPSHOTS_KEPT = 3  # as many as a node keeps (peer.SNAPSHOTS_KEPT)
 
 
+def phase_means(closed: dict[int, tuple[float, dict[str, Any] | None]]) -> dict[str, float]:
+    """Mean seconds per phase over the members that arrived: train, send, aggregate (their reports), wait (the
+    barrier's clock)."""
+    seconds: dict[str, list[float]] = {"train": [], "send": [], "wait": [], "aggregate": []}
+    for wait, report in closed.values():
+        seconds["wait"].append(wait)
+        for phase in ("train", "send", "aggregate"):
+            value = (report or {}).get(f"{phase}_s")
+            if isinstance(value, int | float):
+                seconds[phase].append(float(value))
+    return {f"{phase}_s": round(float(np.mean(v)), 6) for phase, v in seconds.items() if v}
+
+
 class Barrier:
     def __init__(self, run: RunConfig, options: DaemonOptions, *,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None) -> None:
@@ -50,6 +63,9 @@ class Barrier:
         self._evaluation: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.history: list[dict[str, Any]] = []  # per released round: duration, mean phase seconds, stragglers
+        self._released_at: float | None = None
+        self._logged_eval: int | None = None
 
     def app(self) -> web.Application:
         from mosaicd.daemon.barrier_routes import barrier_app
@@ -196,11 +212,21 @@ class Barrier:
                     self.recorder.node_round({**report, "node": rank, "wait_s": round(wait_s, 6),
                                               "messages_in": messages, "fragments_in": fragments,
                                               "bytes_in": nbytes})
-        self.metrics.released(release, self.now())
-        if release.stragglers:
-            self.log.warning("stragglers", round=release.round, stragglers=list(release.stragglers),
-                             dropped=list(release.dropped))
-        self.log.info("released", round=release.round, members=len(release.members), finished=release.finished)
+        now = self.now()
+        duration = now - self._released_at if self._released_at is not None else None
+        self._released_at = now
+        phases = phase_means(closed)
+        self.history.append({"round": release.round, "duration_s": None if duration is None else round(duration, 6),
+                             **phases, "members": len(release.members), "stragglers": list(release.stragglers),
+                             "dropped": list(release.dropped)})
+        self.metrics.released(release, now)
+        news = {}
+        if self.last_metrics and self.last_metrics.get("round") != self._logged_eval:
+            self._logged_eval = self.last_metrics.get("round")
+            news = {"evaluated_round": self._logged_eval, **{k: self.last_metrics.get(k) for k in SUMMARY_KEYS}}
+        log = self.log.warning if release.stragglers else self.log.info
+        log("released", round=release.round, duration_s=self.history[-1]["duration_s"], members=len(release.members),
+            stragglers=list(release.stragglers), dropped=list(release.dropped), finished=release.finished, **news)
 
     async def _collect(self, round: int, final: bool) -> None:
         """Fetch every live node's model after `round`, then evaluate the network in a worker thread."""
