@@ -131,12 +131,12 @@ def test_status_and_metrics_move_during_a_run(tmp_path: Path, kit: Any) -> None:
     assert a["status"]["round"] < b["status"]["round"] < settings.rounds  # both scrapes during the run
     assert a["status"]["last_round"]["round"] < b["status"]["last_round"]["round"]
     assert a["status"]["rank"] == b["status"]["rank"] and a["status"]["phase"] != "done"
-    for name in ("mosaic_round", "mosaic_bytes_sent_total", "mosaic_bytes_received_total",
-                 "mosaic_fragments_sent_total", "mosaic_fragments_received_total", "mosaic_messages_received_total"):
+    for name in ("mosaic_round", "mosaic_sent_bytes_total", "mosaic_received_bytes_total",
+                 "mosaic_sent_fragments_total", "mosaic_received_fragments_total", "mosaic_received_messages_total"):
         assert a["metrics"][name] < b["metrics"][name], name
     # every node sends s=2 copies of each of its K fragments per round: exactly s*d floats plus headers
-    assert b["metrics"]["mosaic_fragments_sent_total"] == 2 * 4 * b["metrics"]["mosaic_round"]
-    assert b["metrics"]["mosaic_bytes_sent_total"] >= 2 * 4 * settings.dim * b["metrics"]["mosaic_round"]
+    assert b["metrics"]["mosaic_sent_fragments_total"] == 2 * 4 * b["metrics"]["mosaic_round"]
+    assert b["metrics"]["mosaic_sent_bytes_total"] >= 2 * 4 * settings.dim * b["metrics"]["mosaic_round"]
 
     a, b = first["barrier"], second["barrier"]
     assert a["status"]["role"] == "barrier" and a["status"]["phase"] == "running"

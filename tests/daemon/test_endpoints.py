@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import threading
 from collections.abc import Callable
@@ -148,7 +149,8 @@ def metrics(kit: Any, base: str) -> dict[str, float]:
 def snapshot(kit: Any, net: Net) -> dict[str, Any]:
     """What a refused request must not change: the daemon's status and traffic counters, the barrier's state."""
     node = kit.http("GET", f"{net.node}/v1/status").json()
-    node_metrics = {k: v for k, v in metrics(kit, net.node).items() if not k.startswith("mosaic_messages_refused")}
+    node_metrics = {k: "NaN" if math.isnan(v) else v for k, v in metrics(kit, net.node).items()
+                    if not k.startswith(("mosaic_refused_messages", "process_"))}  # the process's own move
     barrier = kit.http("GET", f"{net.barrier}/v1/status").json()
     for member in barrier["members"]:
         member.pop("last_contact_s")  # any request from a member's rank counts as contact
@@ -157,7 +159,7 @@ def snapshot(kit: Any, net: Net) -> dict[str, Any]:
 
 
 def refused(kit: Any, net: Net, reason: str) -> float:
-    return metrics(kit, net.node).get(f"mosaic_messages_refused_total{{reason={reason}}}", 0.0)
+    return metrics(kit, net.node).get(f"mosaic_refused_messages_total{{reason={reason}}}", 0.0)
 
 
 def check_refused(kit: Any, net: Net, method: str, url: str, body: bytes | None, content_type: str | None,
@@ -353,7 +355,7 @@ def test_valid_rounds_after_the_bad_input_give_the_reference(net: Net, kit: Any)
     """Last in this module: plays rounds 1..T-1 and finishes; every model is the in-memory reference's."""
     assert _status(kit, net.node) == (1, "barrier")
     def refusals() -> float:
-        return sum(v for k, v in metrics(kit, net.node).items() if k.startswith("mosaic_messages_refused_total"))
+        return sum(v for k, v in metrics(kit, net.node).items() if k.startswith("mosaic_refused_messages_total"))
 
     refused_by_daemon = refusals()
     net.call(asyncio.wait_for(_play(net, 1), 30), timeout=40)

@@ -178,7 +178,7 @@ def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, co
         ranks.add(state["rank"])
         metrics = kit.http("GET", f"{node}/metrics").body.decode()
         assert f"mosaic_round {rounds:.1f}" in metrics
-        sent = [line for line in metrics.splitlines() if line.startswith("mosaic_fragments_sent_total ")]
+        sent = [line for line in metrics.splitlines() if line.startswith("mosaic_sent_fragments_total ")]
         assert sent and float(sent[0].split()[1]) == rounds * 4 * 4
     assert ranks == set(range(nodes))
 

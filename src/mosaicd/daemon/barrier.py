@@ -51,7 +51,7 @@ class Barrier:
         self.log = get_logger(role="barrier", run=run.run_id)
         self.recorder = RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
                                     mode="cluster")
-        self.metrics = BarrierMetrics()
+        self.metrics = BarrierMetrics(run)
         self.register_status = 503  # 422 when the run as registered is invalid: retrying cannot help
         self.registered = asyncio.Event()
         self.done = asyncio.Event()

@@ -1,31 +1,47 @@
-"""A node's Prometheus metrics: what it sent, took and refused, and how its last round went."""
+"""A node's Prometheus metrics: what it sent, took and refused, and how its rounds went.
+
+Names follow Prometheus conventions: base units in the name (`_bytes`, `_seconds`), `_total` on counters, one
+metric per quantity; round phase durations are a histogram (`mosaic_round_phase_seconds{phase}`); the
+registry also holds the `process_*` metrics and serves no `_created` series (`daemon/http.py`).
+"""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from mosaic_proto import Reason, RoundReport
 
 PHASES = ("train", "send", "wait", "aggregate")
+# from a millisecond (protocol-only rounds on loopback) to minutes (a CIFAR epoch on CPU, a long barrier wait)
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                   300.0, 600.0)
 
 
 class NodeMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.round = Gauge("mosaic_round", "current round", registry=r)
-        self.bytes_out = Counter("mosaic_bytes_sent", "fragment bytes sent", registry=r)
-        self.bytes_in = Counter("mosaic_bytes_received", "fragment bytes accepted", registry=r)
-        self.frags_out = Counter("mosaic_fragments_sent", "fragments sent", registry=r)
-        self.frags_in = Counter("mosaic_fragments_received", "fragments accepted", registry=r)
-        self.msgs_in = Counter("mosaic_messages_received", "messages accepted", registry=r)
-        self.refusals = Counter("mosaic_messages_refused", "messages refused", ["reason"], registry=r)
-        self.unsent = Counter("mosaic_fragments_unsent", "fragments the transport gave up on", registry=r)
-        self.phase = Gauge("mosaic_round_phase_seconds", "time spent per phase in the last round", ["phase"],
-                           registry=r)
-        self.loss = Gauge("mosaic_train_loss", "training loss of the last round", registry=r)
+        ProcessCollector(registry=r)
+        self.round = Gauge("mosaic_round", "rounds this node has finished (the round it is in)", registry=r)
+        self.bytes_out = Counter("mosaic_sent_bytes", "fragment message bytes sent", registry=r)
+        self.bytes_in = Counter("mosaic_received_bytes", "fragment message bytes accepted", registry=r)
+        self.msgs_out = Counter("mosaic_sent_messages", "fragment messages sent", registry=r)
+        self.frags_out = Counter("mosaic_sent_fragments", "fragments sent", registry=r)
+        self.frags_in = Counter("mosaic_received_fragments", "fragments accepted", registry=r)
+        self.msgs_in = Counter("mosaic_received_messages", "fragment messages accepted", registry=r)
+        self.refusals = Counter("mosaic_refused_messages", "fragment messages refused, by reason", ["reason"],
+                                registry=r)
+        self.unsent = Counter("mosaic_unsent_fragments", "fragments the transport gave up on", registry=r)
+        self.phase = Histogram("mosaic_round_phase_seconds", "seconds per round phase: train, send (fragments), "
+                               "wait (at the barrier), aggregate", ["phase"], buckets=SECONDS_BUCKETS, registry=r)
+        self.loss = Gauge("mosaic_train_loss", "training loss of the last round (NaN before the first)", registry=r)
+        self.loss.set(math.nan)
+        for reason in Reason:  # every series from the start, so that rates and sums see the first refusal
+            self.refusals.labels(reason.value)
+        for phase in PHASES:
+            self.phase.labels(phase)
 
     def taken(self, report: RoundReport) -> None:
         """A new round state took the messages buffered for it: count them like live ones."""
@@ -45,12 +61,16 @@ class NodeMetrics:
 
     def sent(self, report: RoundReport) -> None:
         self.bytes_out.inc(report.bytes_out)
+        self.msgs_out.inc(report.messages_out)
         self.frags_out.inc(report.fragments_out)
         self.unsent.inc(report.fragments_unsent)
 
     def round_done(self, round: int, loss: float, report: dict[str, Any]) -> None:
+        """Round `round - 1` is over: one observation per phase from its report."""
         for phase in PHASES:
-            self.phase.labels(phase).set(report.get(f"{phase}_s") or 0.0)
+            seconds = report.get(f"{phase}_s")
+            if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0:
+                self.phase.labels(phase).observe(seconds)
         if math.isfinite(loss):
             self.loss.set(loss)
         self.round.set(round)
