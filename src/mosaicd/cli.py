@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("action", choices=["fetch"])
     data.add_argument("dataset", metavar="TASK", choices=[t.value for t in TaskName])
     data.add_argument("--data-dir", type=Path, default=None, help="where data sets live [default: data]")
+    data.add_argument("--url", default=None, help="a mirror: the folder URL holding the official archives "
+                      "[default: env MOSAIC_DATA_URL, else the official sites]")
     for name, module_name in TOOLS.items():
         module = import_module(module_name)
         module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.__doc__.split("\n\n")[0]))
@@ -101,7 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "data":
         from mosaicd.learning.data import fetch
 
-        fetch(args.dataset, args.data_dir or Settings.model_fields["data_dir"].default)
+        try:
+            fetch(args.dataset, args.data_dir or Settings.model_fields["data_dir"].default, base_url=args.url)
+        except (ValueError, OSError) as exc:
+            parser.exit(1, f"mosaicd data: error: {exc}\n")
         return
     try:
         settings = load_settings(args)

@@ -13,7 +13,6 @@ from mosaicd.learning.data import (
     RowFile,
     data_path,
     encode_chars,
-    fetch,
     load_cifar,
     load_digits,
     load_movielens,
@@ -210,29 +209,3 @@ def test_safe_extract_refuses_escapes(tmp_path):
     with pytest.raises(ValueError, match="outside"):
         safe_extract_zip(zevil, tmp_path / "zout")
     assert not (tmp_path / "zout" / "ml-latest-small").exists()
-
-
-def test_fetch_unpacks_what_the_opener_serves(tmp_path):
-    """fetch with a stand-in for urlopen (no network in tests)."""
-    payload = io.BytesIO()
-    with zipfile.ZipFile(payload, "w") as z:
-        z.writestr("ml-latest-small/ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,1\n1,2,3.0,1\n")
-    asked = []
-
-    def opener(url, timeout):
-        asked.append(url)
-        return io.BytesIO(payload.getvalue())
-
-    lines = []
-    where = fetch("movielens", tmp_path, echo=lines.append, opener=opener)
-    assert asked == ["https://files.grouplens.org/datasets/movielens/ml-latest-small.zip"]
-    assert where == tmp_path / "ml-latest-small" and (where / "ratings.csv").is_file()
-    assert [p.name for p in tmp_path.iterdir()] == ["ml-latest-small"]  # the download is cleaned up
-    assert load_movielens(tmp_path, 0).info["users"] == 1
-
-
-def test_fetch_shakespeare_prints_leaf_instructions(tmp_path):
-    lines = []
-    assert fetch("shakespeare", tmp_path, echo=lines.append) is None
-    assert "preprocess.sh" in lines[0] and str(tmp_path / "shakespeare") in lines[0]
-    assert fetch("digits", tmp_path, echo=lines.append) is None
