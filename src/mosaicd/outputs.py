@@ -1,8 +1,12 @@
 """What a run leaves behind, identical for `cluster`, `simulate` and compose runs:
 
-    OUT/summary.json   settings, per-round network metrics, final metrics, model_sha256 per node
+    OUT/summary.json   status ("finished" or "failed" with its "error"), settings, per-round network metrics,
+                       final metrics, model_sha256 per node
     OUT/rounds.csv     one row per evaluated round: the spec's four metrics and the mean training loss
     OUT/nodes.csv      one row per node and round: loss, bytes and fragments in/out, phase timings
+
+A run that fails still writes summary.json, with "status": "failed", a one-line "error" and the rounds recorded
+until then (the CSV files keep their rows); a finished run's says "status": "finished".
 """
 
 from __future__ import annotations
@@ -53,8 +57,61 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def failure_text(exc: BaseException) -> str:
+    """One line that says why a run failed: the exception's message (its type where the message is empty)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (KeyboardInterrupt)"
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _write_summary(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    summary = _clean(summary)
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(out / "summary.json")
+    return summary
+
+
+def failed_summary(out: Path | str, settings: BaseModel | Mapping[str, Any], mode: str, error: str,
+                   wall_s: float | None = None, **extra: Any) -> dict[str, Any]:
+    """Write OUT/summary.json for a run that failed outside this process, from the rounds in OUT/rounds.csv.
+
+    The rounds keep the CSV's columns only (no per_node). For a run whose recorder is at hand, `RunRecorder.fail`.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rounds: list[dict[str, Any]] = []
+    try:
+        with open(out / "rounds.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                rounds.append({k: _parse(v) for k, v in row.items() if k is not None})
+    except OSError:
+        pass
+    return _write_summary(out, {
+        "mode": mode, "status": "failed", "error": " ".join(error.split()),
+        "settings": settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings),
+        "rounds": rounds, "final": rounds[-1] if rounds else None, "model_sha256": {},
+        "wall_s": None if wall_s is None else round_(wall_s), **extra})
+
+
+def _parse(text: str | None) -> Any:
+    """A CSV cell as it was written: int, float, or the text; '' is None."""
+    if text is None or text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 class RunRecorder:
-    """Appends per-round rows as the run goes and writes summary.json at the end."""
+    """Appends per-round rows as the run goes and writes summary.json at the end (`finish`, or `fail`).
+
+    A summary.json left in `out` by an earlier run is removed at the start.
+    """
 
     def __init__(self, out: Path, settings: BaseModel | Mapping[str, Any], mode: str) -> None:
         """`settings`: what summary.json records as the run's settings."""
@@ -64,6 +121,7 @@ class RunRecorder:
         self.started = time.time()
         self.rounds: list[dict[str, Any]] = []
         self.losses: dict[int, dict[int, float]] = {}
+        (self.out / "summary.json").unlink(missing_ok=True)
         for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
             with open(self.out / name, "w", newline="") as f:
                 csv.writer(f).writerow(columns)
@@ -91,20 +149,32 @@ class RunRecorder:
         return row
 
     def finish(self, vectors: Mapping[int, np.ndarray], **extra: Any) -> dict[str, Any]:
-        summary = {
+        """The run finished: summary.json with "status": "finished", the final models' hashes and `extra`."""
+        return _write_summary(self.out, {
             "mode": self.mode,
+            "status": "finished",
             "settings": self.settings,
             "rounds": self.rounds,
             "final": self.rounds[-1] if self.rounds else None,
             "model_sha256": {str(k): model_sha256(v) for k, v in sorted(vectors.items())},
             "wall_s": round_(time.time() - self.started),
             **extra,
-        }
-        summary = _clean(summary)
-        tmp = self.out / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(self.out / "summary.json")
-        return summary
+        })
+
+    def fail(self, reason: str, **extra: Any) -> dict[str, Any]:
+        """The run failed: summary.json with "status": "failed", "error": `reason` (one line) and the rounds
+        recorded so far."""
+        return _write_summary(self.out, {
+            "mode": self.mode,
+            "status": "failed",
+            "error": " ".join(str(reason).split()),
+            "settings": self.settings,
+            "rounds": self.rounds,
+            "final": self.rounds[-1] if self.rounds else None,
+            "model_sha256": {},
+            "wall_s": round_(time.time() - self.started),
+            **extra,
+        })
 
 
 def round_(x: float) -> float:

@@ -138,13 +138,17 @@ def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
         run_sweep(spec, progress=False, on_round=interrupting)
     assert seen[-1] == ("fragments=4,seed=0", 1)
     broken = out / "runs" / "fragments=4,seed=0"
-    assert broken.is_dir() and not (broken / "summary.json").exists()
+    assert broken.is_dir()
+    left = json.loads((broken / "summary.json").read_text())  # it says why, and the next sweep redoes it
+    assert left["status"] == "failed" and "interrupted" in left["error"]
+    assert [r["round"] for r in left["rounds"]] == [0, 1]  # the rounds evaluated before Ctrl-C
+    assert sweep.run_state(spec.runs[2], out)[0] == "failed"
     log = (broken / "run.log").read_text()
     assert "interrupted" in log and "round 2/3" in log and "round 3/3" not in log
     assert len(list(csv.DictReader(open(out / "grid.csv")))) == 2
     resumed = run_sweep(load_spec(spec.path), progress=False)
     assert resumed["skipped"] == 2 and resumed["ran"] == 2 and resumed["redone"] == 1
-    assert (broken / "summary.json").is_file()
+    assert json.loads((broken / "summary.json").read_text())["status"] == "finished"
 
 
 def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

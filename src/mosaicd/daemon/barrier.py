@@ -132,6 +132,7 @@ class Barrier:
         self.state.fail(reason)
         self.register_status = status
         self.log.error("registration_failed", detail=reason)
+        self.recorder.fail(f"registration failed: {reason}")
         self.registered.set()
         self.done.set()
 

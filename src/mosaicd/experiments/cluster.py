@@ -21,6 +21,7 @@ from typing import Any
 
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.learning.tasks import require_task
+from mosaicd.outputs import failed_summary, failure_text
 from mosaicd.settings import Settings
 
 PR_SET_PDEATHSIG = 1
@@ -82,9 +83,24 @@ class Cluster:
             return None
 
     def run(self, timeout: float | None = None) -> dict:
+        """Run to the end and return summary.json's content. ClusterFailed when a process fails or the run
+        does not finish in time; then (and on any other exception, Ctrl-C included) every process is stopped and
+        summary.json says "status": "failed" and why, with the rounds recorded until then."""
+        started = time.time()
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "summary.json").unlink(missing_ok=True)  # an earlier run's: it must not pass for this one's
+        try:
+            return self._run(timeout)
+        except BaseException as exc:
+            self.stop()
+            self._record_failure(exc, started)
+            raise
+        finally:
+            self.stop()
+
+    def _run(self, timeout: float | None) -> dict:
         s = self.settings
         require_task(s.task)  # the one-line error here, not one per node log
-        self.out.mkdir(parents=True, exist_ok=True)
         ports = free_ports(s.nodes + 1)
         barrier_port, node_ports = ports[0], sorted(ports[1:])  # ranks follow address order: node-i is rank i
         self.barrier_port, self.node_ports = barrier_port, node_ports
@@ -116,11 +132,32 @@ class Cluster:
                     time.sleep(0.2)
             finally:
                 self.stop()
-            summary = json.loads((self.out / "summary.json").read_text())
+            try:
+                summary = json.loads((self.out / "summary.json").read_text())
+            except (OSError, ValueError) as exc:
+                raise ClusterFailed(f"the barrier left no summary.json ({exc}); see {self.out / 'logs'}") from None
             rows = summary.get("rounds") or []
             final = {k: v for k, v in rows[-1].items() if k != "per_node"} if rows else None
             reported.upto(s.rounds, final, reported.live, reported.members)
         return summary
+
+    def _record_failure(self, exc: BaseException, started: float) -> None:
+        """summary.json after a failure: the barrier's, marked failed (its own error kept where it gave one), or
+        one made from rounds.csv where the barrier left none."""
+        error = failure_text(exc)
+        path = self.out / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            failed_summary(self.out, self.settings, "cluster", error, wall_s=time.time() - started)
+            return
+        if summary.get("status") == "failed":
+            summary.setdefault("cluster_error", error)
+        else:
+            summary.update(status="failed", error=error)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(path)
 
     def stop(self, grace: float = 5.0) -> None:
         for p in self.procs.values():

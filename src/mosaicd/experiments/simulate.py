@@ -4,6 +4,9 @@ Same settings, same outputs and the same final models (bit for bit) as `mosaicd 
 
 Progress: `progress=True` shows the `ProgressPrinter` on stderr; `on_round`, when given, is called with a
 `RoundProgress` after every round (its `row` is the evaluation row exactly at the evaluation rounds).
+
+A run that fails (missing data, an exception in training or in `on_round`, Ctrl-C) leaves summary.json with
+"status": "failed", the one-line error and the rounds evaluated until then, and the exception propagates.
 """
 
 from __future__ import annotations
@@ -16,11 +19,20 @@ from mosaic_proto.network import RoundRecord
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
-from mosaicd.outputs import RunRecorder, is_eval_round
+from mosaicd.outputs import RunRecorder, failure_text, is_eval_round
 from mosaicd.settings import Settings
 
 
 def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound | None = None) -> dict:
+    recorder = RunRecorder(settings.out, settings, mode="simulate")
+    try:
+        return _simulate(settings, recorder, progress, on_round)
+    except BaseException as exc:
+        recorder.fail(failure_text(exc))
+        raise
+
+
+def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_round: OnRound | None) -> dict:
     task = build_task(settings)
     fragmentation = Fragmentation.build(task.layout, settings.fragments, settings.seed, settings.strategy)
     sampler = PeerSampler(settings.sampler, settings.fanout, settings.seed)
@@ -29,7 +41,6 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
                            drop_after=settings.drop_after, expected=settings.nodes)
     network = InMemoryNetwork(vectors, fragmentation, sampler, task.train if settings.train else None,
                               run_id=settings.run_id, barrier=barrier)
-    recorder = RunRecorder(settings.out, settings, mode="simulate")
     with ProgressPrinter(enabled=progress) as printer:
         printer.start_run("", settings.rounds)
         for _ in range(settings.rounds):

@@ -29,9 +29,10 @@ What a sweep leaves in OUT:
 
 Run folders are named by the grid values in the order the [grid] table lists them
 (e.g. `fragments=4,seed=1`). Resuming: a run whose summary.json exists and whose run settings
-(`Settings.run_fields()`) equal the spec's is skipped; a folder without summary.json (a run that was
-interrupted or failed) or with other settings is deleted and run again from scratch. summary.json is
-written last and atomically, so Ctrl-C at any point leaves either a finished run or one that is redone.
+(`Settings.run_fields()`) equal the spec's is skipped; a folder whose summary.json says "status": "failed" (a
+run that failed or was interrupted), without summary.json (a run killed outright) or with other settings is
+deleted and run again from scratch. summary.json is written atomically, so Ctrl-C at any point leaves either a
+finished run or one that is redone.
 grid.csv is rewritten after every finished run.
 """
 
@@ -237,7 +238,8 @@ def write_grid_csv(spec: Spec, rows: list[dict[str, Any]]) -> Path:
 
 
 def run_state(run: Run, out: Path) -> tuple[str, dict[str, Any] | None]:
-    """'done' (with its summary), 'todo' (no folder), 'broken' (no summary.json) or 'changed' (other settings)."""
+    """'done' (with its summary), 'todo' (no folder), 'broken' (no summary.json), 'failed' (a summary.json that
+    says "status": "failed", with that summary) or 'changed' (other settings)."""
     folder = run.folder(out)
     if not folder.exists():
         return "todo", None
@@ -245,6 +247,8 @@ def run_state(run: Run, out: Path) -> tuple[str, dict[str, Any] | None]:
         summary = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError):
         return "broken", None
+    if summary.get("status") == "failed":
+        return "failed", summary
     wanted = run.settings.run_fields()
     had = summary.get("settings") or {}
     if any(had.get(k) != v for k, v in wanted.items()):
@@ -301,8 +305,8 @@ def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: f
                 from mosaicd.experiments.simulate import run_simulation
                 summary = run_simulation(run.settings, progress=False, on_round=round_done)
         except KeyboardInterrupt:
-            log.write(f"{_now()} interrupted after {time.monotonic() - started:.1f}s (no summary.json: the next "
-                      f"sweep redoes this run)\n")
+            log.write(f"{_now()} interrupted after {time.monotonic() - started:.1f}s (the next sweep redoes this "
+                      f"run)\n")
             raise
         except Exception:
             log.write(f"{_now()} failed after {time.monotonic() - started:.1f}s\n{traceback.format_exc()}")
@@ -349,9 +353,10 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
                 printer.message(f"sweep: skip {run.name} (summary.json matches its settings)")
         write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
         for run in to_run:
-            state = states[run.name][0]
-            if state in ("broken", "changed"):
-                why = "no summary.json" if state == "broken" else "its settings differ from the spec"
+            state, last = states[run.name]
+            if state in ("broken", "changed", "failed"):
+                why = {"broken": "no summary.json", "changed": "its settings differ from the spec",
+                       "failed": f"it failed: {(last or {}).get('error')}"}[state]
                 printer.message(f"sweep: redoing {run.name} from scratch ({why})")
                 counts["redone"] += 1
             done = counts["skipped"] + counts["ran"] + counts["failed"]

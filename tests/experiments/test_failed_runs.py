@@ -1,0 +1,110 @@
+"""A run that fails still leaves summary.json, saying "status": "failed" and why, with the rounds recorded so far;
+rounds.csv and nodes.csv keep their rows."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mosaicd import Settings
+from mosaicd.daemon.barrier import Barrier
+from mosaicd.experiments.cluster import Cluster, ClusterFailed
+from mosaicd.experiments.progress import RoundProgress
+from mosaicd.experiments.simulate import run_simulation
+from mosaicd.learning.data import DataMissing
+
+QUICK = dict(task="quadratic", nodes=4, dim=8, fragments=2, fanout=1)
+
+
+def summary_of(out: Path) -> dict[str, Any]:
+    return json.loads((out / "summary.json").read_text())
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_finished_run_says_so(tmp_path: Path) -> None:
+    summary = run_simulation(Settings.load(**QUICK, rounds=2, out=tmp_path), progress=False)
+    assert summary["status"] == "finished" and "error" not in summary
+    assert summary_of(tmp_path)["status"] == "finished"
+
+
+def test_missing_data_leaves_a_failed_summary(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    (out).mkdir()
+    (out / "summary.json").write_text(json.dumps({"status": "finished"}))  # an earlier run's: not this one's
+    settings = Settings.load(task="cifar10", nodes=4, rounds=3, data_dir=tmp_path / "nothing", out=out)
+    with pytest.raises(DataMissing) as missing:
+        run_simulation(settings, progress=False)
+    summary = summary_of(out)
+    assert summary["status"] == "failed" and summary["mode"] == "simulate"
+    assert summary["error"] == str(missing.value) and "mosaicd data fetch cifar10" in summary["error"]
+    assert "\n" not in summary["error"]
+    assert summary["rounds"] == [] and summary["final"] is None and summary["settings"]["task"] == "cifar10"
+    assert rows(out / "rounds.csv") == [] and rows(out / "nodes.csv") == []  # the headers only
+
+
+def test_a_run_failing_midway_keeps_its_rounds(tmp_path: Path) -> None:
+    def failing(p: RoundProgress) -> None:
+        if p.round == 2:
+            raise RuntimeError("disk full\nsecond line")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        run_simulation(Settings.load(**QUICK, rounds=10, eval_every=1, out=tmp_path), progress=False,
+                       on_round=failing)
+    summary = summary_of(tmp_path)
+    assert summary["status"] == "failed" and summary["error"] == "disk full second line"
+    assert [r["round"] for r in summary["rounds"]] == [0, 1, 2] and summary["final"]["round"] == 2
+    assert [int(r["round"]) for r in rows(tmp_path / "rounds.csv")] == [0, 1, 2]
+    assert len(rows(tmp_path / "nodes.csv")) == 3 * QUICK["nodes"]
+
+
+def test_a_cluster_timeout_leaves_a_failed_summary(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    settings = Settings(nodes=3, rounds=100_000, fanout=1, eval_every=0, out=out)
+    with pytest.raises(ClusterFailed, match="did not finish in time"):
+        Cluster(settings, progress=False).run(timeout=4)
+    summary = summary_of(out)
+    assert summary["status"] == "failed" and summary["mode"] == "cluster"
+    assert summary["error"].startswith("the run did not finish in time")
+    assert summary["rounds"] == [] and summary["settings"]["nodes"] == 3 and summary["wall_s"] >= 4
+
+
+def test_an_interrupted_cluster_keeps_the_rounds_evaluated(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    settings = Settings(nodes=3, rounds=100_000, fanout=1, eval_every=1, out=out)
+
+    def interrupt(p: RoundProgress) -> None:
+        if p.round == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Cluster(settings, progress=False, on_round=interrupt).run(timeout=120)
+    summary = summary_of(out)
+    assert summary["status"] == "failed" and "interrupted" in summary["error"]
+    evaluated = rows(out / "rounds.csv")
+    assert evaluated and [r["round"] for r in summary["rounds"]] == [int(r["round"]) for r in evaluated]
+    assert summary["rounds"][0]["metric"] == "loss" and isinstance(summary["rounds"][0]["node_average"], float)
+    assert summary["final"] == summary["rounds"][-1]
+    assert len(rows(out / "nodes.csv")) >= 6 * 3
+
+
+async def test_a_failed_registration_leaves_a_failed_summary(tmp_path: Path) -> None:
+    settings = Settings(nodes=3, rounds=5, register_deadline=0.3, out=tmp_path)
+    barrier = Barrier(settings.run_config(), settings.daemon_options())
+    await barrier.start()
+    try:
+        await asyncio.wait_for(barrier.done.wait(), 10)
+    finally:
+        await barrier.stop()
+    summary = summary_of(tmp_path)
+    assert summary["status"] == "failed" and summary["mode"] == "cluster"
+    assert summary["error"].startswith("registration failed: registration deadline (0.3s) passed with 0 of 3")
+    assert summary["rounds"] == []
