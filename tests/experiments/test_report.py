@@ -72,5 +72,66 @@ def test_report_leaves_out_unfinished_runs(swept: Path, tmp_path: Path) -> None:
 
 
 def test_report_of_a_folder_without_a_sweep(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="sweep.json"):
+    with pytest.raises(FileNotFoundError, match="no sweep.json or summary.json"):
         write_report(tmp_path)
+
+
+def test_report_leaves_out_failed_runs(swept: Path, tmp_path: Path) -> None:
+    summary = swept / "runs" / "fanout=1,fragments=1,seed=0" / "summary.json"
+    saved = summary.read_bytes()
+    summary.write_text(json.dumps({**json.loads(saved), "status": "failed", "error": "boom"}))
+    try:
+        result = write_report(swept, tmp_path / "r")
+    finally:
+        summary.write_bytes(saved)
+    assert result["runs"] == 7 and result["missing"] == 1
+    assert "missing: fanout=1,fragments=1,seed=0 (failed)" in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_report_of_one_simulate_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as done:
+        main(["simulate", "--task", "quadratic", "--nodes", "4", "--dim", "8", "--rounds", "4", "--eval-every", "1",
+              "--fragments", "2", "--fanout", "1", "--out", str(run), "--quiet"])
+    assert done.value.code == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(run)])
+    assert done.value.code == 0
+    result = json.loads(capsys.readouterr().out)
+    out = run / "report"
+    assert result["out"] == str(out) and result["runs"] == 1 and result["status"] == "finished"
+    assert [Path(f).name for f in result["figures"]] == ["metric_vs_rounds.png", "consensus_vs_rounds.png"]
+    for name in ("metric_vs_rounds.png", "consensus_vs_rounds.png"):
+        assert png_ok(out / name), name
+    md = (out / "report.md").read_text()
+    assert md.startswith(f"# Run report: {run}") and "mode `simulate`, status finished" in md
+    assert "task=quadratic" in md and "fragments=2" in md and "4 rounds" in md
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| seeds | node-average") and len(table) == 2  # header + the run
+    assert table[1].startswith("| 1 | ") and " ± " not in table[1]
+    final = json.loads((run / "summary.json").read_text())["final"]
+    assert f"{final['node_average']:.4g}" in table[1]
+
+
+def test_report_of_a_failed_run_shows_its_rounds_and_why(tmp_path: Path) -> None:
+    from mosaicd import Settings
+    from mosaicd.experiments.progress import RoundProgress
+    from mosaicd.experiments.simulate import run_simulation
+
+    def failing(p: RoundProgress) -> None:
+        if p.round == 2:
+            raise RuntimeError("out of memory")
+
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        run_simulation(Settings.load(task="quadratic", nodes=4, dim=8, rounds=6, out=run), progress=False,
+                       on_round=failing)
+    result = write_report(run)
+    assert result["status"] == "failed" and png_ok(run / "report" / "metric_vs_rounds.png")
+    md = (run / "report" / "report.md").read_text()
+    assert "status failed: out of memory" in md and "3 rounds of 6" in md
+
+    (run / "summary.json").write_text(json.dumps({**json.loads((run / "summary.json").read_text()), "rounds": []}))
+    with pytest.raises(ValueError, match="no evaluated round .the run failed: out of memory"):
+        write_report(run)

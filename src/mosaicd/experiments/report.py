@@ -1,7 +1,9 @@
-"""`mosaicd report RUN_DIR`: the paper's figures and a results table from a sweep's folder.
+"""`mosaicd report RUN_DIR`: the paper's figures and a results table from a sweep's folder or one run's.
 
-RUN_DIR is the `out` of `mosaicd sweep` (it holds sweep.json and runs/*/summary.json). Unfinished runs
-(no summary.json) are left out. Writes, in RUN_DIR/report/ (or --out):
+RUN_DIR is the `out` of `mosaicd sweep` (it holds sweep.json and runs/*/summary.json), or the `out` of one
+`mosaicd simulate` or `mosaicd cluster` run (it holds summary.json), reported as a sweep of one. A sweep's
+unfinished runs (no summary.json, or one that says "status": "failed") are left out; a single run is reported
+whatever its status, with the rounds it recorded. Writes, in RUN_DIR/report/ (or --out):
 
     metric_vs_rounds.png      node-average and average-model metric vs rounds
     consensus_vs_rounds.png   consensus distance and node spread vs rounds
@@ -32,9 +34,12 @@ import numpy as np
 from mosaicd.extras import needs
 from mosaicd.outputs import NETWORK_METRICS, higher_is_better
 
-HELP = "figures (PNG) and a results table (report.md) from a sweep's folder"
+HELP = "figures (PNG) and a results table (report.md) from a sweep's folder or one run's"
 
 LINE_KEY, SEED_KEY = "fragments", "seed"
+# the settings a single run's report lists
+RUN_KEYS = ("task", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "partition", "alpha",
+            "local_steps", "lr", "seed", "eval_every")
 SERIES = NETWORK_METRICS
 
 
@@ -74,16 +79,25 @@ class Sweep:
     def seeds(self) -> int:
         return len(self.grid.get(SEED_KEY, [None]))
 
+    @property
+    def single(self) -> bool:
+        """One run's folder (a summary.json), not a sweep's."""
+        return bool(self.info.get("single"))
+
 
 def _num(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and value is not None else math.nan
 
 
 def load(folder: Path | str) -> Sweep:
+    """A sweep's folder (sweep.json), or one run's (summary.json) as a sweep of one with an empty grid."""
     folder = Path(folder)
     path = folder / "sweep.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{folder}: no sweep.json here; give the `out` folder of a `mosaicd sweep`")
+        if (folder / "summary.json").is_file():
+            return load_run(folder)
+        raise FileNotFoundError(f"{folder}: no sweep.json or summary.json here; give the `out` folder of a "
+                                "`mosaicd sweep`, or of a `mosaicd simulate` or `mosaicd cluster` run")
     info = json.loads(path.read_text())
     runs, missing = [], []
     for entry in info["runs"]:
@@ -93,11 +107,31 @@ def load(folder: Path | str) -> Sweep:
         except (OSError, ValueError):
             missing.append(entry["name"])
             continue
+        if summary.get("status") == "failed":
+            missing.append(f"{entry['name']} (failed)")
+            continue
         runs.append(RunData(entry["name"], entry["point"], summary.get("settings", {}), summary.get("rounds") or [],
                             summary.get("wall_s")))
     if not runs:
         raise FileNotFoundError(f"{folder}: none of the {len(info['runs'])} runs has finished (no summary.json)")
     return Sweep(folder, info, info.get("grid", {}), runs, missing)
+
+
+def load_run(folder: Path | str) -> Sweep:
+    """One run's folder (summary.json, as `mosaicd simulate/cluster --out` leave it) as a sweep of one."""
+    folder = Path(folder)
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise FileNotFoundError(f"{folder}: cannot read summary.json ({exc})") from None
+    rounds = summary.get("rounds") or []
+    status = summary.get("status", "finished")
+    if not rounds:
+        why = f" (the run {status}: {summary.get('error')})" if status == "failed" else ""
+        raise ValueError(f"{folder}: summary.json holds no evaluated round{why}")
+    info = {"single": True, "mode": summary.get("mode"), "status": status, "error": summary.get("error")}
+    run = RunData(folder.resolve().name, {}, summary.get("settings", {}), rounds, summary.get("wall_s"))
+    return Sweep(folder, info, {}, [run], [])
 
 
 # ---------------------------------------------------------------------------------------------- units
@@ -388,18 +422,31 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
     s = sweep.runs[0].settings
     base = ", ".join(f"{k}={v}" for k, v in sweep.info.get("base", {}).items())
     final_round = max((r.rounds[-1]["round"] + 1 for r in sweep.runs if r.rounds), default=0)
-    lines = [f"# Sweep report: {sweep.folder}", ""]
-    if sweep.info.get("description"):
-        lines += [sweep.info["description"], ""]
+    if sweep.single:
+        status = str(sweep.info.get("status"))
+        error = sweep.info.get("error")
+        lines = [f"# Run report: {sweep.folder}", "",
+                 f"- mode `{sweep.info.get('mode')}`, status {status}" + (f": {error}" if error else ""),
+                 "- settings: " + ", ".join(f"{k}={s[k]}" for k in RUN_KEYS if k in s and not (
+                     k == "alpha" and s.get("partition") != "dirichlet")),
+                 f"- task {s.get('task')}, metric {sweep.runs[0].metric}, {final_round} rounds"
+                 + (f" of {s.get('rounds')}" if s.get("rounds") not in (None, final_round) else ""),
+                 "",
+                 "## Final figures (last evaluated round)"]
+    else:
+        lines = [f"# Sweep report: {sweep.folder}", ""]
+        if sweep.info.get("description"):
+            lines += [sweep.info["description"], ""]
+        lines += [
+            f"- spec: `{sweep.info.get('spec')}`, mode `{sweep.info.get('mode')}`",
+            f"- runs: {len(sweep.runs)} finished of {len(sweep.runs) + len(sweep.missing)}"
+            + (f" (missing: {', '.join(sweep.missing)})" if sweep.missing else ""),
+            f"- base settings: {base or '(defaults)'}",
+            "- grid: " + ", ".join(f"{k} = {v}" for k, v in sweep.grid.items()),
+            f"- task {s.get('task')}, metric {sweep.runs[0].metric}, {final_round} rounds",
+            "",
+            "## Final figures (last evaluated round; mean ± std over seeds)"]
     lines += [
-        f"- spec: `{sweep.info.get('spec')}`, mode `{sweep.info.get('mode')}`",
-        f"- runs: {len(sweep.runs)} finished of {len(sweep.runs) + len(sweep.missing)}"
-        + (f" (missing: {', '.join(sweep.missing)})" if sweep.missing else ""),
-        f"- base settings: {base or '(defaults)'}",
-        "- grid: " + ", ".join(f"{k} = {v}" for k, v in sweep.grid.items()),
-        f"- task {s.get('task')}, metric {sweep.runs[0].metric}, {final_round} rounds",
-        "",
-        "## Final figures (last evaluated round; mean ± std over seeds)",
         "",
         *table(sweep),
         "",
@@ -415,11 +462,13 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
         lines += [f"### {title}", "", f"![{title}]({path.name})", ""]
     (out / "report.md").write_text("\n".join(lines))
     return {"out": str(out), "report": str(out / "report.md"), "figures": [str(p) for _, p in figures],
-            "runs": len(sweep.runs), "missing": len(sweep.missing)}
+            "runs": len(sweep.runs), "missing": len(sweep.missing),
+            **({"status": sweep.info.get("status")} if sweep.single else {})}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a sweep's folder (the spec's `out`)")
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a sweep's folder (the spec's `out`) or one "
+                        "run's (the --out of `mosaicd simulate` or `mosaicd cluster`)")
     parser.add_argument("--out", type=Path, default=None, help="where to write [default: RUN_DIR/report]")
 
 
