@@ -91,7 +91,7 @@ def net(tmp_path_factory: pytest.TempPathFactory, kit: Any) -> Any:
 
     def spawn(name: str, *args: str) -> None:
         with open(tmp / f"{name}.log", "wb") as log:
-            command = [*kit.mosaicd, *args, "--host", "127.0.0.1", "--log-json", *kit.flags(RUN)]
+            command = [*kit.mosaicd, *args, "--host", "127.0.0.1", "--log-json", *kit.role_flags(args[0], RUN)]
             net.procs[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL)
 
@@ -254,6 +254,8 @@ def test_post_fragments_refuses(net: Net, kit: Any, case: str) -> None:
     ("GET", "/v1/model?round=abc", 400, "bad_round"),
     ("GET", "/v1/model?round=1.5", 400, "bad_round"),
     ("GET", "/v1/model?round=", 400, "bad_round"),
+    ("GET", "/v1/model?round=--1", 400, "bad_round"),  # was a 500: int() refused what the check let through
+    ("GET", "/v1/model?round=%D9%A3", 400, "bad_round"),  # an Arabic-Indic digit: int() takes it, the API does not
     ("GET", "/v1/model?round=99", 404, "no_snapshot"),
     ("GET", "/v1/model?round=-1", 404, "no_snapshot"),
     ("GET", "/v1/nope", 404, "not_found"),
@@ -268,6 +270,15 @@ def test_post_fragments_refuses(net: Net, kit: Any, case: str) -> None:
 def test_node_endpoints_refuse(net: Net, kit: Any, method: str, path: str, status: int, reason: str) -> None:
     body = b"{}" if method in ("POST", "PUT") else None
     check_refused(kit, net, method, net.node + path, body, "application/json" if body else None, status, reason)
+
+
+def test_node_status_is_strict_json(net: Net, kit: Any) -> None:
+    """No NaN literal (the daemon trains nothing: its losses are NaN), which browsers' JSON parsers refuse."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    status = json.loads(kit.http("GET", f"{net.node}/v1/status").body, parse_constant=refuse)
+    assert status["last_round"]["round"] == 0 and status["last_round"]["loss"] is None
 
 
 def test_node_model_of_a_kept_round_is_served(net: Net, kit: Any) -> None:
@@ -295,6 +306,10 @@ def barrier_cases(h: int, last: int) -> dict[str, tuple[str, bytes | None, str |
         "register_text_plain": ("/v1/register", js({"address": "127.0.0.1:9"}), "text/plain", 415,
                                 "unsupported_media_type"),
         "register_list": ("/v1/register", js(["127.0.0.1:9"]), "application/json", 400, "malformed"),
+        "register_nested_deep": ("/v1/register", b"[" * 100_000 + b"]" * 100_000, "application/json", 400,
+                                 "malformed"),  # was a 500 (RecursionError)
+        "register_unknown_charset": ("/v1/register", js({"address": "127.0.0.1:9"}), "application/json; charset=x",
+                                     409, "registration_closed"),  # was a 500 (LookupError): JSON is UTF-8
         "register_missing_address": ("/v1/register", js({}), "application/json", 400, "bad_field"),
         "register_address_int": ("/v1/register", js({"address": 9}), "application/json", 400, "bad_field"),
         "register_bad_address": ("/v1/register", js({"address": "no-port"}), "application/json", 400,
@@ -333,6 +348,13 @@ def barrier_cases(h: int, last: int) -> dict[str, tuple[str, bytes | None, str |
             **report, "refused": [1]}}), "application/json", 400, "bad_field"),
         "arrive_report_delivered_text": ("/v1/arrive", js({"rank": h, "round": 1, "report": {
             **report, "delivered": {"0": "all"}}}), "application/json", 400, "bad_field"),
+        # these three were taken, and failed the round's release (a 500, and no node was answered)
+        "arrive_report_delivered_superscript_rank": ("/v1/arrive", js({"rank": h, "round": 1, "report": {
+            **report, "delivered": {"\u00b2": [1, 8]}}}), "application/json", 400, "bad_field"),
+        "arrive_report_train_s_huge": ("/v1/arrive", js({"rank": h, "round": 1, "report": {
+            **report, "train_s": 10**400}}), "application/json", 400, "bad_field"),
+        "arrive_report_refused_huge": ("/v1/arrive", js({"rank": h, "round": 1, "report": {
+            **report, "refused": {"malformed": 2**64}}}), "application/json", 400, "bad_field"),
         "run_gone": ("/v1/run", js({}), "application/json", 404, "not_found"),
         "register_get": ("/v1/register", None, None, 405, "method_not_allowed"),
         "unknown_path": ("/v1/fragments", js({}), "application/json", 404, "not_found"),
@@ -347,6 +369,17 @@ def test_barrier_endpoints_refuse(net: Net, kit: Any, case: str) -> None:
     path, body, content_type, status, reason = barrier_cases(net.helper_rank(), net.settings.rounds)[case]
     method = "GET" if case.endswith("_get") else "POST"
     check_refused(kit, net, method, net.barrier + path, body, content_type, status, reason)
+
+
+def test_barrier_arrival_at_a_released_round_gets_that_release_and_records_nothing(net: Net, kit: Any) -> None:
+    """A retried arrival (its answer was lost) at a round already released: the release again, recorded once (it
+    was recorded a second time: nodes.csv rows, history)."""
+    before = snapshot(kit, net)
+    body = json.dumps({"rank": net.helper_rank(), "round": 0, "report": {"round": 0, "loss": 1.0}}).encode()
+    reply = kit.http("POST", f"{net.barrier}/v1/arrive", body, "application/json")
+    assert reply.status == 200, reply.body[:500]
+    assert reply.json() == {"round": 0, "members": [0, 1, 2, 3], "stragglers": [], "dropped": [], "finished": False}
+    assert snapshot(kit, net) == before
 
 
 # -- and the run goes on --------------------------------------------------------------------------------------------

@@ -159,8 +159,9 @@ class Barrier:
     # -- rounds ------------------------------------------------------------------------------------
     async def arrive(self, rank: int, round: int, report: dict[str, Any] | None) -> dict[str, Any]:
         """Long poll until `round` is released: the release as JSON. BarrierError if refused."""
+        retry = round < self.state.round  # a round released already: its release again, recorded once
         release = self.state.arrive(rank, round, self.now(), report)
-        if release is not None:
+        if release is not None and not retry:
             await self._publish(release)
         elif self._timer is None and self.state.deadline is not None:
             self._timer = asyncio.get_running_loop().call_at(self.state.deadline, self._on_deadline)

@@ -10,6 +10,7 @@ describes round t as the node saw it by then (null for the final arrival).
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -25,6 +26,16 @@ _STATUS = {"bad_address": 400, "bad_round": 400, "unknown_rank": 404, "dropped":
            "stale_round": 409, "registration_closed": 409, "barrier_timeout": 503}
 _REPORT_NUMBERS = [c for c in NODE_COLUMNS if c not in ("round", "node", "refused")]
 
+_RANK = re.compile(r"[0-9]{1,9}")  # a peer rank in report.delivered
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 2**63
+
+
+def _number(value: Any) -> bool:
+    return type(value) is float or (type(value) is int and -(2**63) <= value < 2**63)
+
 
 def checked_report(report: Any, round: int) -> dict[str, Any] | None:
     """A node's report of round `round`, sent with its arrival; 400 (nothing recorded) if malformed."""
@@ -34,16 +45,16 @@ def checked_report(report: Any, round: int) -> dict[str, Any] | None:
         raise bad_request("bad_field", "field 'report' must be an object or null")
     if type(report.get("round")) is not int or report["round"] != round:
         raise bad_request("bad_field", f"report.round must be the arrival's round {round}")
-    for key in _REPORT_NUMBERS:
-        if report.get(key) is not None and type(report[key]) not in (int, float):
+    for key in _REPORT_NUMBERS:  # an int past 64 bits would overflow float() when the round is recorded
+        if report.get(key) is not None and not _number(report[key]):
             raise bad_request("bad_field", f"report.{key} must be a number")
     refused = report.get("refused")
-    if refused is not None and not (isinstance(refused, dict) and all(type(v) is int for v in refused.values())):
+    if refused is not None and not (isinstance(refused, dict) and all(_count(v) for v in refused.values())):
         raise bad_request("bad_field", "report.refused must map reasons to counts")
     delivered = report.get("delivered")
     if delivered is not None and not (isinstance(delivered, dict) and all(
-            k.isdigit() and isinstance(v, list) and len(v) == 2 and all(type(x) is int and x >= 0 for x in v)
-            for k, v in delivered.items())):
+            _RANK.fullmatch(k) and isinstance(v, list) and len(v) == 2 and all(_count(x) for x in v)
+            for k, v in delivered.items())):  # ASCII digits: the release's int(rank) takes nothing else
         raise bad_request("bad_field", "report.delivered must map peer ranks to [fragments, bytes]")
     return report
 

@@ -27,7 +27,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400 or exc.content_type == "application/json":
             raise
         reason = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status, "bad_request")
-        return json_error(exc.status, reason, exc.text or exc.reason)
+        resp = json_error(exc.status, reason, exc.text or exc.reason)
+        if "Allow" in exc.headers:  # a 405 names the methods the resource has (RFC 9110)
+            resp.headers["Allow"] = exc.headers["Allow"]
+        return resp
 
 
 async def read_json(request: web.Request, required: dict[str, type]) -> dict[str, Any]:
@@ -36,9 +39,10 @@ async def read_json(request: web.Request, required: dict[str, type]) -> dict[str
         raise web.HTTPUnsupportedMediaType(
             text=json.dumps({"reason": "unsupported_media_type", "detail": "expected application/json"}),
             content_type="application/json")
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError):
+    raw = await request.read()  # JSON is UTF-8 (or 16/32, which json.loads detects): a charset parameter is not
+    try:                        # looked up (an unknown one would raise LookupError)
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise bad_request("malformed", "body is not JSON") from None
     if not isinstance(body, dict):
         raise bad_request("malformed", "body must be a JSON object")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -10,9 +11,12 @@ from aiohttp import web
 from mosaic_proto import CONTENT_TYPE
 from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler
 from mosaicd.daemon.model_codec import encode_model
+from mosaicd.outputs import _clean
 
 if TYPE_CHECKING:
     from mosaicd.daemon.peer import Peer
+
+_ROUND = re.compile(r"-?[0-9]{1,18}")
 
 
 def node_app(peer: Peer) -> web.Application:
@@ -24,7 +28,7 @@ def node_app(peer: Peer) -> web.Application:
 
     async def model(request: web.Request) -> web.Response:
         raw = request.query.get("round")
-        if raw is not None and not (raw.lstrip("-").isdigit() and raw.isascii() and len(raw) < 20):
+        if raw is not None and not _ROUND.fullmatch(raw):  # ASCII digits, one sign at most: int() takes more
             raise bad_request("bad_round", f"round must be an integer, got {raw!r}")
         if raw is None:
             round = max(peer.snapshots) if peer.snapshots else -1
@@ -59,5 +63,5 @@ def node_status(peer: Peer) -> dict[str, Any]:
         "members": peer.members, "fragments": run.fragments if run else None,
         "fanout": run.fanout if run else None, "sampler": run.sampler.value if run else None,
         "dim": peer.layout.dim if peer.layout else None,
-        "loss": peer.loss if math.isfinite(peer.loss) else None, "last_round": peer.last_report,
+        "loss": peer.loss if math.isfinite(peer.loss) else None, "last_round": _clean(peer.last_report),
     }
