@@ -63,6 +63,15 @@ def flags(values: dict[str, Any]) -> list[str]:
     return out
 
 
+def role_flags(command: str, values: dict[str, Any]) -> list[str]:
+    """`flags` of the settings that `mosaicd COMMAND` takes (the CLI refuses the others): a node given
+    --barrier-url takes no run settings, a barrier no retries."""
+    from mosaicd.cli import APPLIES, LEARNING, RUN
+
+    taken = APPLIES[command] - (set(RUN + LEARNING) if command == "node" else set())
+    return flags({k: v for k, v in values.items() if k in taken})
+
+
 def sha256_f32(vector: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(vector, dtype="<f4").tobytes()).hexdigest()
 
@@ -108,6 +117,7 @@ class Kit:
     mosaicd = (sys.executable, "-m", "mosaicd")
     http = staticmethod(http)
     flags = staticmethod(flags)
+    role_flags = staticmethod(role_flags)
     wait_until = staticmethod(wait_until)
     sha256_f32 = staticmethod(sha256_f32)
     reference_vectors = staticmethod(reference_vectors)

@@ -200,3 +200,55 @@ def test_malformed_peer_lists_name_the_line(tmp_path: Path, kit: Any, text: str,
 def test_missing_peer_list_is_named(tmp_path: Path, kit: Any) -> None:
     proc = run(kit, "node", "--peer-list", str(tmp_path / "absent.txt"), "--port", "9001", timeout=20)
     assert proc.returncode == 1 and "--peer-list" in proc.stderr and "No such file" in proc.stderr
+
+
+# -- the command line a person meets -----------------------------------------------------------------------------
+
+def test_help_is_per_subcommand_grouped_with_choices_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    helps = {}
+    for command in ("node", "barrier", "cluster", "simulate"):
+        with pytest.raises(SystemExit) as stopped:
+            main([command, "--help"])
+        assert stopped.value.code == 0
+        helps[command] = capsys.readouterr().out
+    for command, text in helps.items():
+        assert "run: the run" in text and "learning:" in text and "outputs:" in text, command
+        assert "{quadratic,digits,cifar10,cifar100,movielens,shakespeare}" in text and "[default: 20;" in text
+    assert "--barrier-url" in helps["node"] and "--barrier-url" not in helps["simulate"]
+    assert "--expect-dns" in helps["barrier"] and "--expect-dns" not in helps["node"]
+    assert "network:" not in helps["simulate"]
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["simulate", "--barrier-url", "http://x:1"], "--barrier-url does not apply to `mosaicd simulate`"),
+    (["simulate", "--retries", "99"], "--retries does not apply to `mosaicd simulate`"),
+    (["cluster", "--host", "0.0.0.0"], "--host does not apply to `mosaicd cluster`"),
+    (["simulate", "--fragmnets", "3"], "did you mean --fragments?"),
+    (["node", "--barrier-url", "http://127.0.0.1:9", "--fragments", "3"], "--fragments: with --barrier-url"),
+    (["node", "--barrier-url", "barrier:8000"], "--barrier-url (MOSAIC_BARRIER_URL): expected http://host:port"),
+])
+def test_usage_errors_exit_2_naming_the_flag(argv: list[str], expected: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = cli_error(argv, capsys)
+    assert code == 2 and expected in err, err
+
+
+def test_version(kit: Any) -> None:
+    proc = run(kit, "--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("mosaicd ")
+
+
+def test_node_says_at_once_that_its_barrier_is_unreachable(kit: Any) -> None:
+    import time
+
+    started = time.monotonic()
+    proc = subprocess.Popen([*kit.mosaicd, "node", "--barrier-url", f"http://127.0.0.1:{free_ports(1)[0]}",
+                             "--port", "0", "--register-deadline", "6", "--log-json"], stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+    first = json.loads(proc.stderr.readline())
+    said_after = time.monotonic() - started
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=30) == 1
+    assert first["event"] == "unreachable" and first["attempt"] == 1 and said_after < 5
+    assert rest.count('"unreachable"') >= 2  # it keeps saying it until the deadline
+    assert "did not answer within --register-deadline 6s" in rest

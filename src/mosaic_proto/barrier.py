@@ -60,7 +60,7 @@ class Member:
     address: str
     missed: int = 0
     last_contact: float = 0.0
-    last_round: int = -1
+    last_round: int = -1  # the last round it finished sending (the final arrival at `rounds` is not one)
 
 
 @dataclass
@@ -140,7 +140,7 @@ class BarrierState:
             self.members[rank].last_contact = now
             return self.released[round]
         member = self.members[rank]
-        member.last_contact, member.last_round, member.missed = now, round, 0
+        member.last_contact, member.last_round, member.missed = now, min(round, self.rounds - 1), 0
         self._open.arrivals.setdefault(rank, (now, report))
         if self._open.first is None:
             self._open.first = now

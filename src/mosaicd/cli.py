@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import sys
+from enum import StrEnum
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -21,22 +23,78 @@ COMMANDS = {
     "cluster": "run a barrier and --nodes node processes on 127.0.0.1",
     "simulate": "run all --nodes nodes in this process (same outputs and models as cluster)",
 }
-# experiment tooling: subcommands with their own flags, no run settings (module: HELP, add_arguments, main)
-TOOLS = {"sweep": "mosaicd.experiments.sweep", "report": "mosaicd.experiments.report",
+# tooling: subcommands with their own flags, no run settings (module: HELP, add_arguments, main)
+TOOLS = {"status": "mosaicd.status", "sweep": "mosaicd.experiments.sweep", "report": "mosaicd.experiments.report",
          "analyze": "mosaicd.experiments.analysis"}
 
+RUN = ["run_id", "task", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "seed"]
+LEARNING = ["train", "local_steps", "lr", "batch_size", "momentum", "weight_decay", "eval_every", "threads",
+            "partition", "alpha", "shards_per_node", "min_samples", "dim", "curvature", "heterogeneous"]
+NETWORK = ["host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "dns_settle", "round_deadline",
+           "register_deadline", "drop_after", "request_timeout", "retries", "max_body_bytes"]
+OUTPUTS = ["out", "data_dir", "linger", "log_level", "log_json"]
+GROUPS = {"run": RUN, "learning": LEARNING, "network": NETWORK, "outputs": OUTPUTS}
+# which settings each subcommand takes; any other settings flag is refused, naming the subcommand
+APPLIES = {
+    "node": set(RUN + LEARNING + NETWORK + OUTPUTS) - {"expect_dns", "dns_settle"},
+    "barrier": set(RUN + LEARNING + OUTPUTS) | {"host", "port", "expect_dns", "dns_settle", "round_deadline",
+                                                "register_deadline", "drop_after", "request_timeout",
+                                                "max_body_bytes"},
+    "cluster": set(RUN + LEARNING) | {"round_deadline", "register_deadline", "drop_after", "request_timeout",
+                                      "retries", "max_body_bytes", "out", "data_dir", "log_level", "log_json"},
+    "simulate": set(RUN + LEARNING) | {"out", "data_dir", "log_level", "log_json"},
+}
+GROUP_HELP = {"run": "the run (identical on every node)", "learning": "local training and evaluation",
+              "network": "listening, peers, deadlines", "outputs": "results and logs"}
+NODE_NOTE = ("With --barrier-url the run and learning flags are the barrier's (set them there); with --peer-list "
+             "rank 0 hosts the barrier and uses its own.")
 
-def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="TOML file with settings (keys as the flags, '-' or '_')")
-    for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        help_text = field.description or ""
-        default = field.default.value if hasattr(field.default, "value") else field.default
-        help_text += f" [default: {default}; env MOSAIC_{name.upper()}]"
-        if field.annotation in (bool, bool | None):
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_text)
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    for group, names in GROUPS.items():
+        section = parser.add_argument_group(f"{group}: {GROUP_HELP[group]}")
+        for name in names:
+            if name not in APPLIES[command]:
+                continue
+            field = Settings.model_fields[name]
+            default = field.default.value if hasattr(field.default, "value") else field.default
+            help_text = f"{field.description or ''} [default: {default}; env MOSAIC_{name.upper()}]".lstrip()
+            choices = [c.value for c in field.annotation] if isinstance(field.annotation, type) and issubclass(
+                field.annotation, StrEnum) else None
+            if field.annotation in (bool, bool | None):
+                section.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None,
+                                     help=help_text)
+            else:
+                section.add_argument(flag(name), dest=name, default=None,  # pydantic checks choices, naming the flag
+                                     metavar="{" + ",".join(choices) + "}" if choices else name.upper(),
+                                     help=help_text)
+    parser.add_argument_group("outputs: results and logs").add_argument(
+        "--config", type=Path, help="TOML file with settings (keys as the flags, '-' or '_')")
+
+
+def refuse_unknown(parser: argparse.ArgumentParser, command: str | None, extra: list[str]) -> None:
+    """Unknown flags get the subcommand's usage, a 'did you mean', or the subcommands a setting applies to."""
+    sub = _subparsers(parser).get(command) if command else None
+    target = sub or parser
+    word = extra[0]
+    name = word.split("=", 1)[0].removeprefix("--").removeprefix("no-").replace("-", "_")
+    if command in APPLIES and name in Settings.model_fields and name not in APPLIES[command]:
+        where = [c for c, names in APPLIES.items() if name in names]
+        target.error(f"{flag(name)} does not apply to `mosaicd {command}` (it is a setting of: {', '.join(where)})")
+    known = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1)
+    target.error(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {close[0]}?)" if close else ""))
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def _version() -> str:
@@ -54,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mosaicd {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        _add_settings_flags(p)
+        p = sub.add_parser(name, help=help_text, description=help_text + (". " + NODE_NOTE if name == "node" else ""))
+        _add_settings_flags(p, name)
         if name in ("cluster", "simulate"):
             p.add_argument("--quiet", action="store_true", help="no progress line")
     data = sub.add_parser("data", help="download a data set (for users who are online)")
@@ -88,7 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "node")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        refuse_unknown(parser, args.command, extra)
     if args.command is None:
         parser.print_help()
         raise SystemExit(2)
@@ -108,6 +168,11 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, OSError) as exc:
             parser.exit(1, f"mosaicd data: error: {exc}\n")
         return
+    if args.command == "node" and args.barrier_url:
+        given = [flag(n) for n in RUN + LEARNING if getattr(args, n, None) is not None]
+        if given:
+            parser.exit(2, f"mosaicd node: error: {', '.join(given)}: with --barrier-url the run's settings are the "
+                        "barrier's; give them to `mosaicd barrier`\n")
     try:
         settings = load_settings(args)
     except SettingsError as exc:

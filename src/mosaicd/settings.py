@@ -7,8 +7,9 @@ from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from mosaic_proto import SamplerKind, Strategy
@@ -122,6 +123,20 @@ class DaemonOptions(BaseModel):
     request_timeout: float = Field(30.0, gt=0, description="seconds per HTTP request")
     retries: int = Field(3, ge=0, description="retries of a failed send")
     max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="largest accepted request body")
+
+    @field_validator("barrier_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or parts.query:
+            raise ValueError("expected http://host:port (the barrier's address, e.g. http://barrier:8000)")
+        return value.rstrip("/")
 
 
 

@@ -56,7 +56,8 @@ def launcher(tmp_path: Path, kit: Any, run: dict[str, Any]) -> tuple[int, list[i
     def spawn(name: str, port: int, *args: str) -> None:
         with open(tmp_path / f"{name}.log", "wb") as log:
             procs[port] = subprocess.Popen(
-                [*kit.mosaicd, *args, "--host", "127.0.0.1", "--port", str(port), "--log-json", *kit.flags(run)],
+                [*kit.mosaicd, *args, "--host", "127.0.0.1", "--port", str(port), "--log-json",
+                 *kit.role_flags(args[0], run)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     return ports[0], ports[1:], procs, spawn

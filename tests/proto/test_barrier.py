@@ -124,6 +124,7 @@ def test_final_arrival_finishes_the_run() -> None:
     state.arrive(0, 1, 1.0)
     final = state.arrive(1, 1, 1.0)
     assert final is not None and final.finished and state.phase is BarrierPhase.FINISHED
+    assert [m.last_round for m in state.members.values()] == [0, 0]  # the last round each finished
 
 
 def test_received_counts_sum_the_senders_deliveries() -> None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
+
+from mosaicd.logs import get_logger
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -88,6 +92,15 @@ def metrics_handler(registry: CollectorRegistry) -> Handler:
     return metrics
 
 
+def openapi_handler(name: str) -> Handler:
+    """GET /openapi.json: the API's OpenAPI 3 document, daemon/api/<name>.openapi.json (package data)."""
+    body = (Path(__file__).parent / "api" / f"{name}.openapi.json").read_bytes()
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+    return openapi
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
@@ -123,7 +136,10 @@ class Client:
         last = "no attempt"
         for attempt in range(attempts):
             if attempt:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+                delay = self.backoff * 2 ** (attempt - 1)
+                get_logger(role="client").warning("retrying", method=method, url=url, attempt=attempt + 1,
+                                                  attempts=attempts, delay_s=round(delay, 3), error=last)
+                await asyncio.sleep(delay)
             try:
                 async with self._session.request(method, url, timeout=ClientTimeout(total=timeout or self.timeout),
                                                  **kwargs) as resp:
@@ -140,6 +156,26 @@ class Client:
     async def post_json(self, url: str, payload: dict, **kwargs: Any) -> dict:
         _, body, _ = await self.request("POST", url, json=payload, **kwargs)
         return json.loads(body)
+
+    async def post_json_until(self, url: str, payload: dict, deadline: float, flag: str, log: Any) -> dict:
+        """POST (a long poll) until `url` answers, retrying an unreachable or 5xx peer every few seconds until
+        `deadline` seconds have passed; every failed attempt is logged, so a wrong URL shows at once."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline
+        for attempt in itertools.count(1):
+            try:
+                return await self.post_json(url, payload, timeout=max(end - loop.time(), 1.0) + 5, retries=0)
+            except HttpError as exc:
+                if exc.status is not None and (exc.status < 500 or "registration_failed" in exc.detail):
+                    raise
+                delay = min(0.25 * 2 ** attempt, 5.0)
+                left = end - loop.time()
+                if left < delay:
+                    raise TimeoutError(f"{url} did not answer within {flag} {deadline:g}s: {exc.detail}") from None
+                log.warning("unreachable", url=url, attempt=attempt, retry_in_s=delay, left_s=round(left, 1),
+                            error=exc.detail)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def get_json(self, url: str, **kwargs: Any) -> dict:
         _, body, _ = await self.request("GET", url, **kwargs)

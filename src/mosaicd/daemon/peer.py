@@ -131,9 +131,8 @@ class Peer:
 
     async def _register(self) -> None:
         self.phase = "registering"
-        reply = await self._client.post_json(f"{self.barrier_url}/v1/register", {"address": self.address},
-                                             timeout=self.options.register_deadline + 30,
-                                             retries=max(self.options.retries, 10))
+        reply = await self._client.post_json_until(f"{self.barrier_url}/v1/register", {"address": self.address},
+                                                   self.options.register_deadline, "--register-deadline", self.log)
         self.rank, self.addresses = int(reply["rank"]), list(reply["members"])
         self.run = RunConfig.model_validate(reply["run"])
         self.members = list(range(len(self.addresses)))

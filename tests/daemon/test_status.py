@@ -1,0 +1,65 @@
+"""`mosaicd status URL`: the table of a live loopback cluster, from its barrier or from any node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from mosaicd import Settings
+from mosaicd.experiments.cluster import Cluster, free_ports
+from mosaicd.status import cluster_view, render
+
+
+@pytest.mark.slow
+def test_status_of_a_live_cluster_from_barrier_and_node(tmp_path: Path, kit: Any) -> None:
+    settings = Settings(nodes=4, rounds=300, fragments=4, fanout=2, train=True, eval_every=2,
+                        out=tmp_path / "run")
+    cluster = Cluster(settings, progress=False)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(summary=cluster.run(timeout=120)), daemon=True)
+    thread.start()
+    try:
+        kit.wait_until(lambda: cluster.barrier_port and cluster.node_ports, 30, "the cluster's ports")
+        barrier = f"http://127.0.0.1:{cluster.barrier_port}"
+
+        def evaluated() -> dict | None:
+            try:
+                view = cluster_view(barrier)
+            except Exception:
+                return None
+            return view if view["barrier"]["metrics"] and all(r["metric"] is not None for r in view["nodes"]) else None
+
+        view = kit.wait_until(evaluated, 60, "an evaluation of every node")
+        via_node = cluster_view(f"127.0.0.1:{cluster.node_ports[2]}")
+        proc = subprocess.run([*kit.mosaicd, "status", barrier, "--json"], capture_output=True, text=True, timeout=30)
+        console = Console(record=True, width=160)
+        console.print(render(view))
+        text = console.export_text()
+    finally:
+        thread.join(timeout=150)
+    assert "summary" in result, result
+    assert [r["rank"] for r in view["nodes"]] == [0, 1, 2, 3]
+    assert all(r["reachable"] and r["address"].startswith("127.0.0.1:") for r in view["nodes"])
+    assert all(r["phase"] in ("training", "sending", "barrier", "aggregating", "idle") for r in view["nodes"])
+    assert all(isinstance(r["metric"], float) and r["bytes_out"] > 0 for r in view["nodes"])
+    assert via_node["url"] == barrier and [r["rank"] for r in via_node["nodes"]] == [0, 1, 2, 3]
+    assert proc.returncode == 0, proc.stderr
+    scripted = json.loads(proc.stdout)
+    assert scripted["barrier"]["role"] == "barrier" and len(scripted["nodes"]) == 4
+    assert "rank" in text and "loss" in text and "loss" in text and "node-average" in text
+    for r in view["nodes"]:
+        assert r["address"] in text
+
+
+def test_status_of_nothing_says_so(kit: Any) -> None:
+    proc = subprocess.run([*kit.mosaicd, "status", f"http://127.0.0.1:{free_ports(1)[0]}"], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 1 and proc.stderr.startswith("mosaicd status: error: http://127.0.0.1:")
+    proc = subprocess.run([*kit.mosaicd, "status", "ftp://x"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and "expected http://host:port" in proc.stderr
