@@ -6,18 +6,26 @@
                                                    {"round", "members", "stragglers", "dropped", "finished"}
 Arriving at round t means: done sending round t (and, for t = rounds, done with the run); the report
 describes round t as the node saw it by then (null for the final arrival).
+
+    GET /v1/status                              -> phase, round, members, the newest evaluation, the run
+    GET /v1/history?since=R                     -> {"rounds": per released round >= R (durations, phases,
+                                                   stragglers), "evaluations": evaluation rows >= R}, each
+                                                   list at most the last HISTORY_LIMIT entries
+    GET /, GET /dashboard/{name}                -> the live dashboard (dashboard/index.html polls the two above)
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from mosaic_proto import BarrierError
 from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, read_json
-from mosaicd.outputs import NODE_COLUMNS
+from mosaicd.outputs import NODE_COLUMNS, _clean
 
 if TYPE_CHECKING:
     from mosaicd.daemon.barrier import Barrier
@@ -25,6 +33,11 @@ if TYPE_CHECKING:
 _STATUS = {"bad_address": 400, "bad_round": 400, "unknown_rank": 404, "dropped": 410, "future_round": 409,
            "stale_round": 409, "registration_closed": 409, "barrier_timeout": 503}
 _REPORT_NUMBERS = [c for c in NODE_COLUMNS if c not in ("round", "node", "refused")]
+HISTORY_LIMIT = 2000  # entries per list in one /v1/history answer: the newest ones
+DASHBOARD = Path(__file__).parent / "dashboard"
+# the files /dashboard/{name} serves, and nothing else: name -> content type
+DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css",
+                   "uPlot.iife.min.js": "text/javascript", "uPlot.min.css": "text/css", "uPlot.LICENSE": "text/plain"}
 
 _RANK = re.compile(r"[0-9]{1,9}")  # a peer rank in report.delivered
 
@@ -80,6 +93,21 @@ def barrier_app(barrier: Barrier) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.json_response(barrier_status(barrier))
 
+    async def history(request: web.Request) -> web.Response:
+        raw = request.query.get("since", "0")
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 12):
+            raise bad_request("bad_since", f"since must be a non-negative integer (a round), got {raw!r}")
+        return web.json_response(barrier_history(barrier, int(raw)))
+
+    async def dashboard(request: web.Request) -> web.Response:
+        return dashboard_file("index.html", "text/html")
+
+    async def dashboard_asset(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in DASHBOARD_FILES:
+            raise bad_request("not_found", f"no dashboard file {name!r}", 404)
+        return dashboard_file(name, DASHBOARD_FILES[name])
+
     async def on_startup(app: web.Application) -> None:
         await barrier.start()
 
@@ -91,6 +119,9 @@ def barrier_app(barrier: Barrier) -> web.Application:
         web.post("/v1/register", register),
         web.post("/v1/arrive", arrive),
         web.get("/v1/status", status),
+        web.get("/v1/history", history),
+        web.get("/", dashboard),
+        web.get("/dashboard/{name}", dashboard_asset),
         web.get("/metrics", metrics_handler(barrier.metrics.registry)),
         web.get("/healthz", healthz),
     ])
@@ -108,5 +139,21 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
         "live": state.live, "dropped": state.dropped, "stragglers": list(last.stragglers) if last else [],
         "members": [{"rank": r, "address": m.address, "missed": m.missed, "last_round": m.last_round,
                      "last_contact_s": round(now - m.last_contact, 3)} for r, m in state.members.items()],
-        "metrics": barrier.last_metrics, "settings": barrier.run.model_dump(mode="json"),
+        "metrics": _clean(barrier.last_metrics), "settings": barrier.run.model_dump(mode="json"),
     }
+
+
+def barrier_history(barrier: Barrier, since: int) -> dict[str, Any]:
+    """Released rounds and evaluation rows from round `since` on (both lists are in round order), the newest
+    HISTORY_LIMIT of each. NaN is null (a browser's JSON parser refuses NaN)."""
+    def tail(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        start = max(bisect_left(rows, since, key=lambda row: row["round"]), len(rows) - HISTORY_LIMIT)
+        return rows[start:]
+
+    return _clean({"rounds": tail(barrier.history), "evaluations": tail(barrier.recorder.rounds)})
+
+
+def dashboard_file(name: str, content_type: str) -> web.Response:
+    """One file of the dashboard folder (tens of kB at most; read per request, so an edit shows on reload)."""
+    return web.Response(body=(DASHBOARD / name).read_bytes(), content_type=content_type, charset="utf-8",
+                        headers={"Cache-Control": "no-cache"})
