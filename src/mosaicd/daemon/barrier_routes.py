@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from mosaic_proto import BarrierError
-from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, read_json
+from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, openapi_handler, read_json
 from mosaicd.outputs import NODE_COLUMNS, _clean
 
 if TYPE_CHECKING:
@@ -124,6 +124,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
         web.get("/dashboard/{name}", dashboard_asset),
         web.get("/metrics", metrics_handler(barrier.metrics.registry)),
         web.get("/healthz", healthz),
+        web.get("/openapi.json", openapi_handler("barrier")),
     ])
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

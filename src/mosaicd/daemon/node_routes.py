@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE
-from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler
+from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, openapi_handler
 from mosaicd.daemon.model_codec import encode_model
 from mosaicd.outputs import _clean
 
@@ -51,6 +51,7 @@ def node_app(peer: Peer) -> web.Application:
         web.get("/v1/model", model),
         web.get("/metrics", metrics_handler(peer.metrics.registry)),
         web.get("/healthz", healthz),
+        web.get("/openapi.json", openapi_handler("node")),
     ])
     return app
 
