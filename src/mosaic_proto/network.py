@@ -63,7 +63,7 @@ class InMemoryNetwork:
         t, members = self.round, self.members
         present = [i for i in members if i not in absent]
         states = {i: RoundState(node=i, round=t, members=members, fragmentation=self.fragmentation,
-                                sampler=self.sampler, run_id=self.run_id) for i in present}
+                                sampler=self.sampler, run_id=self.run_id, planned_only=True) for i in present}
         losses = []
         for i, state in states.items():
             local, loss = self.train(i, t, self.vectors[i]) if self.train else (self.vectors[i], float("nan"))

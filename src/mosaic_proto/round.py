@@ -75,13 +75,19 @@ class RoundOutcome:
 class RoundState:
     def __init__(self, *, node: int, round: int, members: Sequence[int], fragmentation: Fragmentation,
                  sampler: PeerSampler, run_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
-                 window: int = DEFAULT_WINDOW, early: Iterable[EarlyMessage] = ()) -> None:
+                 window: int = DEFAULT_WINDOW, early: Iterable[EarlyMessage] = (), planned_only: bool = False,
+                 max_norm: float | None = None) -> None:
+        """`planned_only`: accept only the fragments the sampler's plan has the sender send to this node (every
+        node can recompute the plan), so nobody can slip in fragments that were not its to send.
+        `max_norm`: refuse a fragment whose L2 norm exceeds max_norm times this node's own fragment's (a guard
+        against faults such as diverged or corrupted models, not a Byzantine-robust aggregator)."""
         self.node, self.round, self.run_id = node, round, run_id
         self.members = tuple(sorted(set(members)))
         if node not in self.members:
             raise ValueError(f"node {node} is not among the members {self.members}")
         self.fragmentation, self.sampler = fragmentation, sampler
-        self.max_bytes, self.window = max_bytes, window
+        self.max_bytes, self.window, self.planned_only, self.max_norm = max_bytes, window, planned_only, max_norm
+        self._own_norms: list[float] | None = None
         self.report = RoundReport(round)
         self._received: dict[int, dict[int, np.ndarray]] = {}
         self._early: dict[tuple[int, int], EarlyMessage] = {}
@@ -97,10 +103,16 @@ class RoundState:
     def finished(self) -> bool:
         return self._finished
 
-    def receive(self, data: bytes | bytearray | memoryview) -> Receipt:
-        """Take one message. Raises WireError, leaving the state as it was, when the message is refused."""
+    def receive(self, data: bytes | bytearray | memoryview, sender: int | None = None) -> Receipt:
+        """Take one message. Raises WireError, leaving the state as it was, when the message is refused.
+
+        `sender`: the member the transport authenticated (a signed request, a client certificate); the
+        message must name the same one."""
         try:
             batch = decode(data, self.fragmentation, run_id=self.run_id, max_bytes=self.max_bytes)
+            if sender is not None and batch.sender != sender:
+                raise WireError(Reason.SENDER_MISMATCH, f"the message says sender {batch.sender}, its transport "
+                                f"proved sender {sender}")
             return self._accept(batch, len(data))
         except WireError as exc:
             self.report.refused[exc.reason.value] += 1
@@ -124,6 +136,14 @@ class RoundState:
                 raise WireError(Reason.DUPLICATE_FRAGMENT, f"sender {batch.sender} already sent round {batch.round}")
             self._early[key] = EarlyMessage(batch, nbytes)
             return Receipt.BUFFERED
+        planned = self.sampler.plan(self.round, batch.sender, self.fragmentation.k, self.members).get(
+            self.node, []) if self.planned_only else list(batch.fragments)
+        unplanned = sorted(set(batch.fragments) - set(planned))
+        if unplanned:
+            raise WireError(Reason.UNPLANNED_FRAGMENT, f"sender {batch.sender} does not send fragments {unplanned} "
+                            f"to node {self.node} in round {self.round} (planned: {planned})")
+        if self._own_norms is not None:
+            self._check_norms(batch.sender, batch.fragments)
         have = self._received.get(batch.sender, {})
         dup = sorted(set(have) & set(batch.fragments))
         if dup:
@@ -143,6 +163,14 @@ class RoundState:
         local = np.ascontiguousarray(local, dtype=np.float32)
         fragments = self.fragmentation.split(local)
         self._local = local
+        if self.max_norm is not None:
+            self._own_norms = [float(np.linalg.norm(f.astype(np.float64))) for f in fragments]
+            for sender in sorted(self._received):  # what came in while this node was still training
+                try:
+                    self._check_norms(sender, self._received[sender])
+                except WireError as exc:
+                    del self._received[sender]
+                    self.report.refused[exc.reason.value] += 1
         messages = []
         for peer, frags in self.plan().items():
             batch = FragmentBatch(self.run_id, self.round, self.node, self.fragmentation.k,
@@ -152,6 +180,15 @@ class RoundState:
         self.report.fragments_out = sum(len(m.fragments) for m in messages)
         self.report.bytes_out = sum(len(m.payload) for m in messages)
         return messages
+
+    def _check_norms(self, sender: int, fragments: dict[int, np.ndarray]) -> None:
+        assert self._own_norms is not None and self.max_norm is not None
+        for f, values in fragments.items():
+            limit = self.max_norm * max(self._own_norms[f], 1e-6)
+            norm = float(np.linalg.norm(values.astype(np.float64)))
+            if norm > limit:
+                raise WireError(Reason.OUT_OF_RANGE, f"sender {sender}'s fragment {f} has norm {norm:.3g}, more than "
+                                f"--max-norm {self.max_norm:g} x this node's own ({self._own_norms[f]:.3g})")
 
     def mark_unsent(self, message: OutgoingMessage) -> None:
         """The transport gave up on a message: keep the report honest."""

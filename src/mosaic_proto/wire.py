@@ -49,7 +49,10 @@ class Reason(StrEnum):
     BAD_FRAGMENT = "bad_fragment"
     DUPLICATE_FRAGMENT = "duplicate_fragment"
     NON_FINITE = "non_finite"
+    OUT_OF_RANGE = "out_of_range"  # a fragment's norm is far beyond the receiver's own (--max-norm)
     UNKNOWN_SENDER = "unknown_sender"
+    SENDER_MISMATCH = "sender_mismatch"  # the message names another sender than the one its transport proved
+    UNPLANNED_FRAGMENT = "unplanned_fragment"  # the sampler's plan does not send this fragment here
     STALE_ROUND = "stale_round"
     FUTURE_ROUND = "future_round"
     ROUND_CLOSED = "round_closed"

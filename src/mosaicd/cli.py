@@ -31,7 +31,8 @@ RUN = ["run_id", "task", "nodes", "rounds", "fragments", "fanout", "sampler", "s
 LEARNING = ["train", "local_steps", "lr", "batch_size", "momentum", "weight_decay", "eval_every", "threads",
             "partition", "alpha", "shards_per_node", "min_samples", "dim", "curvature", "heterogeneous"]
 NETWORK = ["host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "dns_settle", "round_deadline",
-           "register_deadline", "drop_after", "request_timeout", "retries", "max_body_bytes"]
+           "register_deadline", "drop_after", "request_timeout", "retries", "max_body_bytes", "secret_file",
+           "insecure", "max_norm"]
 OUTPUTS = ["out", "data_dir", "linger", "log_level", "log_json"]
 GROUPS = {"run": RUN, "learning": LEARNING, "network": NETWORK, "outputs": OUTPUTS}
 # which settings each subcommand takes; any other settings flag is refused, naming the subcommand
@@ -39,9 +40,10 @@ APPLIES = {
     "node": set(RUN + LEARNING + NETWORK + OUTPUTS) - {"expect_dns", "dns_settle"},
     "barrier": set(RUN + LEARNING + OUTPUTS) | {"host", "port", "expect_dns", "dns_settle", "round_deadline",
                                                 "register_deadline", "drop_after", "request_timeout",
-                                                "max_body_bytes"},
+                                                "max_body_bytes", "secret_file", "insecure"},
     "cluster": set(RUN + LEARNING) | {"round_deadline", "register_deadline", "drop_after", "request_timeout",
-                                      "retries", "max_body_bytes", "out", "data_dir", "log_level", "log_json"},
+                                      "retries", "max_body_bytes", "secret_file", "max_norm", "out", "data_dir",
+                                      "log_level", "log_json"},
     "simulate": set(RUN + LEARNING) | {"out", "data_dir", "log_level", "log_json"},
 }
 GROUP_HELP = {"run": "the run (identical on every node)", "learning": "local training and evaluation",

@@ -123,6 +123,12 @@ class DaemonOptions(BaseModel):
     request_timeout: float = Field(30.0, gt=0, description="seconds per HTTP request")
     retries: int = Field(3, ge=0, description="retries of a failed send")
     max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="largest accepted request body")
+    secret_file: Path | None = Field(None, description="file holding the cluster secret (16+ bytes): every request "
+                                     "between members is signed with it and checked (MOSAIC_SECRET_FILE)")
+    max_norm: float | None = Field(None, gt=0, description="refuse a received fragment whose norm is over this many "
+                                   "times the node's own (a guard against faults, not against attacks)")
+    insecure: bool = Field(False, description="listen beyond loopback without --secret-file: anyone who reaches "
+                           "a port can join the run and send it models")
 
     @field_validator("barrier_url")
     @classmethod

@@ -358,3 +358,20 @@ def test_round_state_result_does_not_depend_on_arrival_order(seed: int, shuffler
         out = finish(state)
         results.append((out.vector.view(np.uint32), [(e.batch.sender, e.nbytes) for e in out.early]))
     assert all(np.array_equal(r[0], results[0][0]) and r[1] == results[0][1] for r in results)
+
+
+def test_max_norm_refuses_wild_fragments_before_and_after_training() -> None:
+    early = new_state(max_norm=10.0)
+    wild = np.full(D, 3e38, dtype=np.float32)
+    big = FragmentBatch(RUN, 1, 2, K, FR.fingerprint, {f: FR.take(wild, f) for f in (1,)})
+    assert early.receive(encode(big)) is Receipt.ACCEPTED  # its own fragments are not known yet
+    assert early.receive(msg(1, 1, (0, 1))) is Receipt.ACCEPTED
+    out = finish(early, vec(0, 1))
+    assert out.report.refused == {"out_of_range": 1}
+    assert np.array_equal(out.vector, aggregate(vec(0, 1), FR, received_of(msg(1, 1, (0, 1)))))
+    late = new_state(max_norm=10.0)
+    late.outgoing(vec(0, 1))
+    with pytest.raises(WireError) as err:
+        late.receive(encode(big))
+    assert err.value.reason is Reason.OUT_OF_RANGE and late.report.fragments_in == 0
+    assert late.receive(msg(1, 1, (0, 1))) is Receipt.ACCEPTED  # ordinary values pass

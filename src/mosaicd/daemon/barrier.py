@@ -17,6 +17,7 @@ import numpy as np
 from aiohttp import web
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierState, Release, received_counts
+from mosaicd.daemon.auth import Keyring, load_secret, signer
 from mosaicd.daemon.barrier_metrics import BarrierMetrics
 from mosaicd.daemon.http import Client, HttpError
 from mosaicd.daemon.membership import resolve_all
@@ -52,6 +53,8 @@ class Barrier:
         self.recorder = RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
                                     mode="cluster")
         self.metrics = BarrierMetrics(run)
+        secret = load_secret(options.secret_file)
+        self.keyring = Keyring(secret) if secret else None
         self.register_status = 503  # 422 when the run as registered is invalid: retrying cannot help
         self.registered = asyncio.Event()
         self.done = asyncio.Event()
@@ -234,11 +237,12 @@ class Barrier:
         """Fetch every live node's model after `round`, then evaluate the network in a worker thread."""
         vectors: dict[int, np.ndarray] = {}
         taken_at = self.recorder.clock()
-        async with Client(timeout=self.options.request_timeout, retries=1) as client:
+        sign = signer(lambda: self.keyring.credentials(self.run.run_id), lambda: "barrier") if self.keyring else None
+        async with Client(timeout=self.options.request_timeout, retries=1, signer=sign) as client:
             async def fetch(rank: int) -> None:
                 url = f"http://{self.state.addresses[rank]}/v1/model?round={round}"
                 try:
-                    _, body, _ = await client.request("GET", url)
+                    _, body, _ = await client.request("GET", url, round=round)
                     vectors[rank] = decode_model(body)["vector"]
                 except (HttpError, ValueError) as exc:
                     self.log.warning("collect_failed", rank=rank, round=round, error=str(exc))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from mosaic_proto import BarrierError
+from mosaicd.daemon.auth import REGISTER_RUN, auth_middleware, auth_window
 from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, openapi_handler, read_json
 from mosaicd.outputs import NODE_COLUMNS, _clean
 
@@ -72,9 +73,17 @@ def checked_report(report: Any, round: int) -> dict[str, Any] | None:
     return report
 
 
+def proven(request: web.Request, who: str) -> None:
+    """With a cluster secret, a request may speak only for the member its signature names."""
+    sender = request.get("mosaic_sender")
+    if sender is not None and sender != who:
+        raise bad_request("sender_mismatch", f"signed by {sender!r}, but speaks for {who!r}", 403)
+
+
 def barrier_app(barrier: Barrier) -> web.Application:
     async def register(request: web.Request) -> web.Response:
         body = await read_json(request, {"address": str})
+        proven(request, body["address"])
         try:
             return web.json_response(await barrier.register(body["address"]))
         except BarrierError as exc:
@@ -83,6 +92,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
 
     async def arrive(request: web.Request) -> web.Response:
         body = await read_json(request, {"rank": int, "round": int})
+        proven(request, str(body["rank"]))
         try:
             barrier.state.check(body["rank"], body["round"])
             report = checked_report(body.get("report"), body["round"])
@@ -114,7 +124,12 @@ def barrier_app(barrier: Barrier) -> web.Application:
     async def on_cleanup(app: web.Application) -> None:
         await barrier.stop()
 
-    app = web.Application(middlewares=[json_errors], client_max_size=1024 * 1024)
+    async def run_of(request: web.Request) -> str:
+        return REGISTER_RUN if request.path.endswith("/v1/register") else barrier.run.run_id
+
+    guard = [auth_middleware(barrier.keyring, run_of, auth_window(barrier.options), barrier.metrics.registry)] \
+        if barrier.keyring else []
+    app = web.Application(middlewares=[json_errors, *guard], client_max_size=1024 * 1024)
     app.add_routes([
         web.post("/v1/register", register),
         web.post("/v1/arrive", arrive),
@@ -140,8 +155,16 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
         "live": state.live, "dropped": state.dropped, "stragglers": list(last.stragglers) if last else [],
         "members": [{"rank": r, "address": m.address, "missed": m.missed, "last_round": m.last_round,
                      "last_contact_s": round(now - m.last_contact, 3)} for r, m in state.members.items()],
-        "metrics": _clean(barrier.last_metrics), "settings": barrier.run.model_dump(mode="json"),
+        "metrics": _clean(barrier.last_metrics), "latest": latest_per_node(barrier.recorder.rounds),
+        "settings": barrier.run.model_dump(mode="json"),
     }
+
+
+def latest_per_node(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """rank -> that node's metric in the newest evaluation."""
+    if not rounds or not rounds[-1].get("per_node"):
+        return {}
+    return {str(r): v for r, v in zip(rounds[-1].get("nodes") or [], rounds[-1]["per_node"], strict=False)}
 
 
 def barrier_history(barrier: Barrier, since: int) -> dict[str, Any]:

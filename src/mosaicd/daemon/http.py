@@ -117,8 +117,10 @@ class HttpError(Exception):
 class Client:
     """One shared aiohttp session; per-request deadlines; retries with exponential backoff on 5xx/network errors."""
 
-    def __init__(self, timeout: float, retries: int, backoff: float = 0.1) -> None:
-        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+    def __init__(self, timeout: float, retries: int, backoff: float = 0.1,
+                 signer: Callable[[str, str, bytes, int], dict[str, str]] | None = None) -> None:
+        """`signer(method, url, body, round)`: the authentication headers of one attempt (daemon/auth.py)."""
+        self.timeout, self.retries, self.backoff, self.signer = timeout, retries, backoff, signer
         self._session: ClientSession | None = None
 
     async def __aenter__(self) -> Client:
@@ -130,19 +132,25 @@ class Client:
             await self._session.close()
 
     async def request(self, method: str, url: str, *, timeout: float | None = None, retries: int | None = None,
-                      **kwargs: Any) -> tuple[int, bytes, str]:
+                      round: int = 0, data: bytes = b"", json_body: Any = None,
+                      headers: dict[str, str] | None = None) -> tuple[int, bytes, str]:
         assert self._session is not None, "Client used outside 'async with'"
+        headers = dict(headers or {})
+        if json_body is not None:
+            data = json.dumps(json_body).encode()
+            headers["Content-Type"] = "application/json"
         attempts = 1 + (self.retries if retries is None else retries)
         last = "no attempt"
         for attempt in range(attempts):
             if attempt:
                 delay = self.backoff * 2 ** (attempt - 1)
                 get_logger(role="client").warning("retrying", method=method, url=url, attempt=attempt + 1,
-                                                  attempts=attempts, delay_s=round(delay, 3), error=last)
+                                                  attempts=attempts, delay_s=float(f"{delay:.3f}"), error=last)
                 await asyncio.sleep(delay)
+            signed = {**headers, **self.signer(method, url, data, round)} if self.signer else headers
             try:
                 async with self._session.request(method, url, timeout=ClientTimeout(total=timeout or self.timeout),
-                                                 **kwargs) as resp:
+                                                 data=data or None, headers=signed) as resp:
                     body = await resp.read()
                     if resp.status < 400:
                         return resp.status, body, resp.content_type
@@ -154,7 +162,7 @@ class Client:
         raise HttpError(None, f"{method} {url} failed after {attempts} attempts: {last}")
 
     async def post_json(self, url: str, payload: dict, **kwargs: Any) -> dict:
-        _, body, _ = await self.request("POST", url, json=payload, **kwargs)
+        _, body, _ = await self.request("POST", url, json_body=payload, **kwargs)
         return json.loads(body)
 
     async def post_json_until(self, url: str, payload: dict, deadline: float, flag: str, log: Any) -> dict:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from mosaicd.daemon.auth import check_listen
 from mosaicd.daemon.barrier import Barrier
 from mosaicd.daemon.peer import Peer
 from mosaicd.logs import get_logger
@@ -66,6 +67,7 @@ async def run_barrier(settings: Settings) -> int:
     require_task(settings.task)  # it evaluates the task: say now, not at the first evaluation, if it cannot
     barrier = Barrier(settings.run_config(), settings.daemon_options(),
                       evaluate=NetworkEvaluation(settings.data_dir))
+    check_listen(settings, barrier.keyring)
     runner = web.AppRunner(barrier.app(), access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE
+from mosaicd.daemon.auth import REGISTER_RUN, auth_middleware, auth_window
 from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, openapi_handler
 from mosaicd.daemon.model_codec import encode_model
 from mosaicd.outputs import _clean
@@ -23,7 +24,7 @@ def node_app(peer: Peer) -> web.Application:
     async def fragments(request: web.Request) -> web.Response:
         if request.content_type != CONTENT_TYPE:
             raise bad_request("unsupported_media_type", f"expected {CONTENT_TYPE}, got {request.content_type}", 415)
-        status, answer = await peer.receive(await request.read())
+        status, answer = await peer.receive(await request.read(), request.get("mosaic_sender"))
         return web.json_response(answer, status=status)
 
     async def model(request: web.Request) -> web.Response:
@@ -44,7 +45,12 @@ def node_app(peer: Peer) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return web.json_response(node_status(peer))
 
-    app = web.Application(middlewares=[json_errors], client_max_size=peer.options.max_body_bytes)
+    async def run_of(request: web.Request) -> str | None:
+        return REGISTER_RUN if request.path.endswith("/v1/register") else await peer.run_of()
+
+    guard = [auth_middleware(peer.keyring, run_of, auth_window(peer.options), peer.metrics.registry)] \
+        if peer.keyring else []
+    app = web.Application(middlewares=[json_errors, *guard], client_max_size=peer.options.max_body_bytes)
     app.add_routes([
         web.post("/v1/fragments", fragments),
         web.get("/v1/status", status),
@@ -65,4 +71,5 @@ def node_status(peer: Peer) -> dict[str, Any]:
         "fanout": run.fanout if run else None, "sampler": run.sampler.value if run else None,
         "dim": peer.layout.dim if peer.layout else None,
         "loss": peer.loss if math.isfinite(peer.loss) else None, "last_round": _clean(peer.last_report),
+        "barrier_url": peer.barrier_url,
     }

@@ -32,6 +32,7 @@ from mosaic_proto import (
     RoundState,
     WireError,
 )
+from mosaicd.daemon.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
 from mosaicd.daemon.barrier import Barrier
 from mosaicd.daemon.http import Client, HttpError
 from mosaicd.daemon.membership import embedded_barrier_url, listed_addresses, own_address
@@ -42,7 +43,7 @@ from mosaicd.settings import DaemonOptions, RunConfig
 SNAPSHOTS_KEPT = 3
 _STATUS_OF_REASON = {Reason.TOO_LARGE: 413, Reason.STALE_ROUND: 409, Reason.FUTURE_ROUND: 409,
                      Reason.DUPLICATE_FRAGMENT: 409, Reason.UNKNOWN_SENDER: 403, Reason.WRONG_RUN: 409,
-                     Reason.ROUND_CLOSED: 409}
+                     Reason.ROUND_CLOSED: 409, Reason.SENDER_MISMATCH: 403, Reason.UNPLANNED_FRAGMENT: 403}
 
 
 class PeerDropped(RuntimeError):
@@ -83,10 +84,15 @@ class Peer:
         self.address = ""
         self.metrics = NodeMetrics()
         self._ready = asyncio.Event()
+        self._registered = asyncio.Event()
+        secret = load_secret(options.secret_file)
+        self.keyring = Keyring(secret) if secret else None
         self._aggregate_s = 0.0
         self._refused: Counter[str] = Counter()  # refusals not reported yet (some come after an arrival)
         self._runner: web.AppRunner | None = None
-        self._client = Client(options.request_timeout, options.retries)
+        self._client = Client(options.request_timeout, options.retries, signer=signer(
+            lambda: self.keyring.credentials(self.run.run_id if self.rank >= 0 else REGISTER_RUN),
+            lambda: str(self.rank) if self.rank >= 0 else self.address) if self.keyring else None)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def __aenter__(self) -> Peer:
@@ -115,6 +121,7 @@ class Peer:
 
         app = node_app(self)
         options = self.options
+        check_listen(options, self.keyring)
         if options.peer_list is not None:
             self.barrier_url = self.barrier_url or embedded_barrier_url(options)
             self.barrier = _embedded_barrier(options, self.run, self.evaluate)
@@ -138,6 +145,7 @@ class Peer:
         self.members = list(range(len(self.addresses)))
         self.log = self.log.bind(node=self.rank, run=self.run.run_id)
         self.phase = "registered"
+        self._registered.set()
         self.log.info("registered", rank=self.rank, members=len(self.members))
 
     def set_model(self, model: Layout | Any) -> None:
@@ -157,7 +165,7 @@ class Peer:
     def _round_state(self, round: int, members: list[int], early: tuple) -> RoundState:
         state = RoundState(node=self.rank, round=round, members=members, fragmentation=self.fragmentation,
                            sampler=self.sampler, run_id=self.run.run_id, max_bytes=self.options.max_body_bytes,
-                           early=early)
+                           early=early, planned_only=True, max_norm=self.options.max_norm)
         self.metrics.taken(state.report)  # messages buffered for this round were accepted (or refused) just now
         self._refused.update(state.report.refused)
         return state
@@ -215,7 +223,7 @@ class Peer:
     async def _send(self, message: OutgoingMessage) -> bool:
         url = f"http://{self.addresses[message.peer]}/v1/fragments"
         try:
-            await self._client.request("POST", url, data=message.payload,
+            await self._client.request("POST", url, data=message.payload, round=self.round,
                                        headers={"Content-Type": CONTENT_TYPE})
             return True
         except HttpError as exc:
@@ -228,7 +236,7 @@ class Peer:
         try:
             return await self._client.post_json(f"{self.barrier_url}/v1/arrive",
                                                 {"rank": self.rank, "round": round, "report": report},
-                                                timeout=timeout)
+                                                timeout=timeout, round=round)
         except HttpError as exc:
             if exc.status == 410:
                 raise PeerDropped(f"node {self.rank} was dropped from the run: {exc.detail}") from None
@@ -242,8 +250,18 @@ class Peer:
         self.phase = "done"
 
     # -- what the routes ask -----------------------------------------------------------------------------
-    async def receive(self, body: bytes) -> tuple[int, dict[str, Any]]:
-        """One fragment message: (HTTP status, JSON answer). Waits (up to a request timeout) until ready."""
+    async def run_of(self) -> str | None:
+        """The run whose key signs requests to this node, once it knows it (waits up to a request timeout)."""
+        if not self._registered.is_set():
+            try:
+                await asyncio.wait_for(self._registered.wait(), self.options.request_timeout)
+            except TimeoutError:
+                return None
+        return self.run.run_id
+
+    async def receive(self, body: bytes, sender: str | None = None) -> tuple[int, dict[str, Any]]:
+        """One fragment message: (HTTP status, JSON answer). Waits (up to a request timeout) until ready.
+        `sender`: the member the request's signature proved (None without a cluster secret)."""
         if self.state is None and not self.finished:
             try:
                 await asyncio.wait_for(self._ready.wait(), self.options.request_timeout)
@@ -255,7 +273,8 @@ class Peer:
                 (503, {"reason": "not_ready", "detail": f"node is {self.phase}"})
         before = state.report.fragments_in
         try:
-            receipt = state.receive(body)
+            receipt = state.receive(body, sender=None if sender is None else int(sender) if sender.isdigit()
+                                    else -1)
         except WireError as exc:
             self.metrics.refused(exc.reason)
             self._refused[exc.reason.value] += 1

@@ -1,0 +1,137 @@
+"""Request authentication with a cluster secret, with no I/O: HMAC-SHA256 tags, per-run keys, replay checks.
+
+Every request between members carries, in headers, who sends it (a rank, or an address when registering),
+the run, the round, a time, a nonce, the SHA-256 of the body and a tag: HMAC-SHA256 under the run's key
+over all of these plus the method and the path. The receiver checks the tag from the headers alone, before
+it reads the body, then checks the body against its hash. A tag is good for `window` seconds around its
+time, and once: the receiver remembers the nonces of that window.
+
+The run's key is HMAC-SHA256(secret, "mosaic/v1/run/" + run_id): a tag made for one run is worthless in
+another. Every member holds the same secret, so the tag proves membership, not which member: a member can
+still speak for another (see docs/security.md); TLS client certificates bind a request to one host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["AuthError", "Credentials", "ReplayGuard", "SignedHeaders", "body_digest", "run_key", "sign", "verify"]
+
+SCHEME = "Mosaic-HMAC-SHA256"
+HEADERS = ("x-mosaic-run", "x-mosaic-sender", "x-mosaic-round", "x-mosaic-time", "x-mosaic-nonce",
+           "x-mosaic-body-sha256")
+MIN_SECRET_BYTES = 16
+
+
+class AuthError(Exception):
+    """A request that does not prove membership; `reason` is machine-readable, the state is unchanged."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def run_key(secret: bytes, run_id: str) -> bytes:
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"the cluster secret must hold at least {MIN_SECRET_BYTES} bytes")
+    return hmac.new(secret, f"mosaic/v1/run/{run_id}".encode(), hashlib.sha256).digest()
+
+
+def body_digest(body: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+@dataclass(frozen=True)
+class SignedHeaders:
+    run: str
+    sender: str
+    round: int
+    time: float
+    nonce: str
+    body_sha256: str
+
+    def message(self, method: str, path: str) -> bytes:
+        return "\n".join([method.upper(), path, self.run, self.sender, str(self.round), f"{self.time:.6f}",
+                          self.nonce, self.body_sha256]).encode()
+
+    def to_headers(self, tag: str) -> dict[str, str]:
+        return {"X-Mosaic-Run": self.run, "X-Mosaic-Sender": self.sender, "X-Mosaic-Round": str(self.round),
+                "X-Mosaic-Time": f"{self.time:.6f}", "X-Mosaic-Nonce": self.nonce,
+                "X-Mosaic-Body-SHA256": self.body_sha256, "Authorization": f"{SCHEME} {tag}"}
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> tuple[SignedHeaders, str]:
+        """The signed fields and the tag; AuthError("unsigned" / "malformed_auth") if they are not all there."""
+        auth = headers.get("Authorization", "")
+        if not auth.startswith(SCHEME + " "):
+            raise AuthError("unsigned", f"no '{SCHEME}' Authorization header: this cluster needs its secret")
+        missing = [h for h in HEADERS if h not in {k.lower() for k in headers}]
+        if missing:
+            raise AuthError("malformed_auth", f"missing headers: {', '.join(missing)}")
+        try:
+            signed = cls(headers["X-Mosaic-Run"], headers["X-Mosaic-Sender"], int(headers["X-Mosaic-Round"]),
+                         float(headers["X-Mosaic-Time"]), headers["X-Mosaic-Nonce"], headers["X-Mosaic-Body-SHA256"])
+        except ValueError:
+            raise AuthError("malformed_auth", "X-Mosaic-Round and X-Mosaic-Time must be numbers") from None
+        if not (8 <= len(signed.nonce) <= 64 and len(signed.body_sha256) == 64):
+            raise AuthError("malformed_auth", "nonce of 8-64 characters and a hex SHA-256 of the body expected")
+        return signed, auth[len(SCHEME) + 1:].strip()
+
+
+def sign(key: bytes, method: str, path: str, signed: SignedHeaders) -> dict[str, str]:
+    """The headers that authenticate this request."""
+    tag = hmac.new(key, signed.message(method, path), hashlib.sha256).hexdigest()
+    return signed.to_headers(tag)
+
+
+class ReplayGuard:
+    """Nonces seen within the window (bounded): a tag is accepted once."""
+
+    def __init__(self, window: float, capacity: int = 200_000) -> None:
+        self.window, self.capacity = window, capacity
+        self._seen: OrderedDict[str, float] = OrderedDict()
+
+    def check(self, nonce: str, at: float, now: float) -> None:
+        if abs(now - at) > self.window:
+            raise AuthError("stale_tag", f"the request's time is {now - at:+.1f}s from this host's clock "
+                            f"(allowed: {self.window:g}s): replayed, or a clock is off")
+        while self._seen and (next(iter(self._seen.values())) < now - 2 * self.window
+                              or len(self._seen) >= self.capacity):
+            self._seen.popitem(last=False)
+        if nonce in self._seen:
+            raise AuthError("replayed", "this request was already received (same nonce)")
+        self._seen[nonce] = now
+
+
+def verify(key: bytes, method: str, path: str, headers: Mapping[str, str], run_id: str, guard: ReplayGuard,
+           now: float) -> SignedHeaders:
+    """The checked signed fields of a request (its body is checked apart: `check_body`); AuthError if not."""
+    signed, tag = SignedHeaders.from_headers(headers)
+    if signed.run != run_id:
+        raise AuthError("wrong_run", f"signed for run {signed.run!r}, this is run {run_id!r}")
+    expected = hmac.new(key, signed.message(method, path), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, tag):
+        raise AuthError("bad_tag", "the tag does not match: not signed with this cluster's secret")
+    guard.check(signed.nonce, signed.time, now)
+    return signed
+
+
+def check_body(signed: SignedHeaders, body: bytes | bytearray | memoryview) -> None:
+    if not hmac.compare_digest(body_digest(body), signed.body_sha256):
+        raise AuthError("bad_body", "the body does not match its signed SHA-256")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What one member signs with: the run's key and its own name (rank, or address while registering)."""
+
+    key: bytes
+    run: str
+
+    def headers(self, method: str, path: str, sender: str, round: int, body: bytes, time: float,
+                nonce: str) -> dict[str, str]:
+        return sign(self.key, method, path, SignedHeaders(self.run, sender, round, time, nonce, body_digest(body)))

@@ -1,0 +1,110 @@
+"""The cluster secret at the HTTP edge: sign outgoing requests, check incoming ones before their body is read.
+
+`mosaic_proto.auth` holds the rules; this module reads the secret file, keeps the keys (one to register,
+one per run after that), and adapts the checks to aiohttp: a middleware answers 401 with the reason to a
+request without a valid tag, before its handler runs and before its body is parsed, and counts it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
+
+from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, check_body, run_key, verify
+from mosaicd.daemon.http import Handler, json_error
+
+REGISTER_RUN = "register"  # the key for registrations, before a node knows the run
+OPEN = frozenset({"/healthz", "/metrics", "/v1/status", "/v1/history", "/", "/openapi.json"})  # read-only views
+
+
+class SecretError(ValueError):
+    """The secret file cannot be used; the message names --secret-file."""
+
+
+def load_secret(path: Path | None) -> bytes | None:
+    """The secret's bytes (surrounding whitespace dropped), or None without --secret-file."""
+    if path is None:
+        return None
+    try:
+        secret = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise SecretError(f"--secret-file {path}: {exc.strerror}") from None
+    if len(secret) < 16:
+        raise SecretError(f"--secret-file {path}: a secret of at least 16 bytes is needed (e.g. "
+                          "`head -c 32 /dev/urandom | base64 > secret`)")
+    return secret
+
+
+class Keyring:
+    """The keys derived from one secret: registration, and the run's once it is known."""
+
+    def __init__(self, secret: bytes) -> None:
+        self.secret = secret
+        self._keys: dict[str, bytes] = {}
+
+    def key(self, run_id: str) -> bytes:
+        if run_id not in self._keys:
+            self._keys[run_id] = run_key(self.secret, run_id)
+        return self._keys[run_id]
+
+    def credentials(self, run_id: str) -> Credentials:
+        return Credentials(self.key(run_id), run_id)
+
+
+def signer(credentials: Callable[[], Credentials], sender: Callable[[], str]) -> Callable[..., dict[str, str]]:
+    """`Client`'s signer: the headers of one attempt (a fresh time and nonce each time)."""
+    def sign(method: str, url: str, body: bytes, round: int) -> dict[str, str]:
+        path = urlsplit(url).path or "/"
+        return credentials().headers(method, path, sender(), round, body, time.time(), os.urandom(12).hex())
+    return sign
+
+
+def auth_window(options: Any) -> float:
+    """How far a request's signed time may be from this host's clock: a retry must still pass."""
+    return max(60.0, 2 * options.request_timeout)
+
+
+def check_listen(options: Any, keyring: Keyring | None) -> None:
+    """Refuse to listen beyond loopback without a secret, unless the user says --insecure."""
+    host = options.host
+    loopback = host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
+    if not loopback and keyring is None and not options.insecure:
+        raise SecretError(f"--host {host}: listening beyond loopback needs --secret-file (MOSAIC_SECRET_FILE), so "
+                          "that only members can join and send models; --insecure listens without one")
+
+
+def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[str | None]], window: float,
+                    registry: CollectorRegistry) -> Any:
+    """Check every request but the read-only views; `run_of(request)` says which run's key applies (None: the
+    app is not ready to tell, 503)."""
+    guard = ReplayGuard(window)
+    refused = Counter("mosaic_auth_refused", "requests refused for want of a valid tag", ["reason"],
+                      registry=registry)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if request.method == "GET" and (path in OPEN or path.startswith("/dashboard/") or path.endswith(
+                tuple(OPEN - {"/"}))):
+            return await handler(request)
+        run_id = await run_of(request)
+        if run_id is None:
+            return json_error(503, "not_ready", "this peer does not know its run yet")
+        try:
+            signed = verify(keyring.key(run_id), request.method, path, request.headers, run_id, guard, time.time())
+            if request.body_exists:
+                check_body(signed, await request.read())
+        except AuthError as exc:
+            refused.labels(exc.reason).inc()
+            return json_error(401, exc.reason, exc.detail)
+        request["mosaic_sender"] = signed.sender
+        return await handler(request)
+
+    return middleware
