@@ -12,6 +12,7 @@ import numpy as np
 from mosaicd.daemon.auth import check_listen
 from mosaicd.daemon.barrier import Barrier
 from mosaicd.daemon.peer import Peer
+from mosaicd.daemon.server import serve
 from mosaicd.logs import get_logger
 from mosaicd.settings import RunConfig, Settings
 
@@ -60,7 +61,6 @@ async def run_node(settings: Settings) -> int:
 
 
 async def run_barrier(settings: Settings) -> int:
-    from aiohttp import web
 
     from mosaicd.learning.tasks import require_task
 
@@ -68,10 +68,7 @@ async def run_barrier(settings: Settings) -> int:
     barrier = Barrier(settings.run_config(), settings.daemon_options(),
                       evaluate=NetworkEvaluation(settings.data_dir))
     check_listen(settings, barrier.keyring)
-    runner = web.AppRunner(barrier.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port).start()
-    port = runner.addresses[0][1] if runner.addresses else settings.port
+    runner, port = await serve(barrier.app(), settings)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
     try:
         await barrier.done.wait()

@@ -37,6 +37,7 @@ from mosaicd.daemon.barrier import Barrier
 from mosaicd.daemon.http import Client, HttpError
 from mosaicd.daemon.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.node_metrics import NodeMetrics
+from mosaicd.daemon.server import serve
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, RunConfig
 
@@ -129,10 +130,7 @@ class Peer:
                 app.add_subapp("/barrier", self.barrier.app())
         if not self.barrier_url:
             raise ValueError("--barrier-url or --peer-list is needed to find the other nodes")
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, options.host, options.port).start()
-        port = self._runner.addresses[0][1] if options.port == 0 else options.port
+        self._runner, port = await serve(app, options)
         self.address = own_address(options, port)
         self.log = self.log.bind(address=self.address)
 
