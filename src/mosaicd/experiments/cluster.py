@@ -112,6 +112,7 @@ class Cluster:
                 out=str(self.out / "nodes" / str(i)), advertise=f"127.0.0.1:{port}"))
         deadline = time.monotonic() + (timeout or s.register_deadline + s.rounds * (s.round_deadline + 60))
         with ProgressPrinter(enabled=self.progress) as printer:
+            printer.message(f"barrier {barrier_url}: dashboard in a browser, or `mosaicd status {barrier_url}`")
             printer.start_run("", s.rounds)
             reported = _Reported(s.rounds, [printer.on_round] + ([self.on_round] if self.on_round else []))
             try:
