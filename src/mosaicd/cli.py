@@ -32,7 +32,7 @@ LEARNING = ["train", "local_steps", "lr", "batch_size", "momentum", "weight_deca
             "partition", "alpha", "shards_per_node", "min_samples", "dim", "curvature", "heterogeneous"]
 NETWORK = ["host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "dns_settle", "round_deadline",
            "register_deadline", "drop_after", "request_timeout", "retries", "max_body_bytes", "secret_file",
-           "insecure", "max_norm"]
+           "insecure", "max_norm", "tls_cert", "tls_key", "tls_ca", "tls_client_auth"]
 OUTPUTS = ["out", "data_dir", "linger", "log_level", "log_json"]
 GROUPS = {"run": RUN, "learning": LEARNING, "network": NETWORK, "outputs": OUTPUTS}
 # which settings each subcommand takes; any other settings flag is refused, naming the subcommand
@@ -40,10 +40,11 @@ APPLIES = {
     "node": set(RUN + LEARNING + NETWORK + OUTPUTS) - {"expect_dns", "dns_settle"},
     "barrier": set(RUN + LEARNING + OUTPUTS) | {"host", "port", "expect_dns", "dns_settle", "round_deadline",
                                                 "register_deadline", "drop_after", "request_timeout",
-                                                "max_body_bytes", "secret_file", "insecure"},
+                                                "max_body_bytes", "secret_file", "insecure", "tls_cert", "tls_key",
+                                                "tls_ca", "tls_client_auth"},
     "cluster": set(RUN + LEARNING) | {"round_deadline", "register_deadline", "drop_after", "request_timeout",
                                       "retries", "max_body_bytes", "secret_file", "max_norm", "out", "data_dir",
-                                      "log_level", "log_json"},
+                                      "log_level", "log_json", "tls_cert", "tls_key", "tls_ca", "tls_client_auth"},
     "simulate": set(RUN + LEARNING) | {"out", "data_dir", "log_level", "log_json"},
 }
 GROUP_HELP = {"run": "the run (identical on every node)", "learning": "local training and evaluation",
@@ -118,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_settings_flags(p, name)
         if name in ("cluster", "simulate"):
             p.add_argument("--quiet", action="store_true", help="no progress line")
+        if name == "cluster":
+            p.add_argument("--fail-fast", action="store_true", help="end the run when a node process dies (by "
+                           "default it is reported, and the others go on without it)")
     data = sub.add_parser("data", help="download a data set (for users who are online)")
     data.add_argument("action", choices=["fetch"])
     data.add_argument("dataset", metavar="TASK", choices=[t.value for t in TaskName])
@@ -198,7 +202,7 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "cluster":
         from mosaicd.experiments.cluster import ClusterFailed, run_cluster
         try:
-            _print_final(run_cluster(settings, progress=not args.quiet))
+            _print_final(run_cluster(settings, progress=not args.quiet, fail_fast=args.fail_fast))
         except ClusterFailed as exc:
             print(f"mosaicd cluster: error: {exc}", file=sys.stderr)
             return 1

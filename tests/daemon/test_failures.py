@@ -143,7 +143,7 @@ def run_in_thread(cluster: Cluster, timeout: float) -> tuple[threading.Thread, d
 
 def test_cluster_fails_and_leaves_no_process_when_a_node_is_killed(tmp_path: Path, kit: Any) -> None:
     settings = Settings(nodes=4, rounds=100_000, fanout=2, eval_every=0, out=tmp_path / "run")
-    cluster = Cluster(settings, progress=False)
+    cluster = Cluster(settings, progress=False, fail_fast=True)
     thread, result = run_in_thread(cluster, timeout=120)
     try:
         kit.wait_until(lambda: (s := status(kit, cluster.barrier_port or 0)) and s["round"] >= 2, 60, "round 2")
@@ -256,3 +256,24 @@ def test_stopped_node_gets_the_barrier_decisions_of_the_in_memory_barrier(tmp_pa
     assert events == [e.to_json() for e in barrier.events]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["members"] == network.members and summary["dropped"] == [victim]
+
+
+@pytest.mark.slow
+def test_cluster_goes_on_without_a_killed_node(tmp_path: Path, kit: Any) -> None:
+    """`mosaicd cluster` survives what the protocol survives: a dead node is reported and dropped, the run ends."""
+    settings = Settings(nodes=5, rounds=60, fanout=2, eval_every=10, round_deadline=2, drop_after=2,
+                        request_timeout=2, retries=0, out=tmp_path / "run")
+    cluster = Cluster(settings, progress=False)
+    thread, result = run_in_thread(cluster, timeout=120)
+    try:
+        kit.wait_until(lambda: (s := status(kit, cluster.barrier_port or 0)) and s["round"] >= 3, 60, "round 3")
+        os.kill(cluster.procs["node-1"].pid, signal.SIGKILL)
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+    finally:
+        cluster.stop()
+    assert "summary" in result, result
+    summary = result["summary"]
+    assert summary["status"] == "finished" and summary["dropped"] == [1] and summary["members"] == [0, 2, 3, 4]
+    assert cluster.dead == {"node-1": -signal.SIGKILL}
+    assert [e["stragglers"] for e in summary["events"]] == [[1], [1]]

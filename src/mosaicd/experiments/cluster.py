@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from mosaicd.daemon.tls import client_context, scheme
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.learning.tasks import require_task
 from mosaicd.outputs import failed_summary, failure_text
@@ -59,8 +60,12 @@ def _die_with_parent() -> None:
 
 
 class Cluster:
-    def __init__(self, settings: Settings, progress: bool = True, on_round: OnRound | None = None) -> None:
-        self.settings, self.progress, self.on_round = settings, progress, on_round
+    def __init__(self, settings: Settings, progress: bool = True, on_round: OnRound | None = None,
+                 fail_fast: bool = False) -> None:
+        """`fail_fast`: end the run when any node process dies; by default a dead node is reported and the run
+        goes on without it, as a run started by hand does (the barrier drops it)."""
+        self.settings, self.progress, self.on_round, self.fail_fast = settings, progress, on_round, fail_fast
+        self.dead: dict[str, int] = {}
         self.out = Path(settings.out)
         self.procs: dict[str, subprocess.Popen] = {}
         self.barrier_port: int | None = None  # set by run(): where to scrape the barrier's /v1/status, /metrics
@@ -77,7 +82,8 @@ class Cluster:
 
     def status(self, port: int) -> dict | None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=2) as resp:
+            with urllib.request.urlopen(f"{scheme(self.settings)}://127.0.0.1:{port}/v1/status", timeout=2,
+                                        context=client_context(self.settings)) as resp:
                 return json.loads(resp.read())
         except (OSError, ValueError):
             return None
@@ -104,7 +110,7 @@ class Cluster:
         ports = free_ports(s.nodes + 1)
         barrier_port, node_ports = ports[0], sorted(ports[1:])  # ranks follow address order: node-i is rank i
         self.barrier_port, self.node_ports = barrier_port, node_ports
-        barrier_url = f"http://127.0.0.1:{barrier_port}"
+        barrier_url = f"{scheme(s)}://127.0.0.1:{barrier_port}"
         self._spawn("barrier", "barrier", settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True))
         for i, port in enumerate(node_ports):
             self._spawn(f"node-{i}", "node", settings_env(
@@ -119,8 +125,13 @@ class Cluster:
                 while True:
                     barrier = self.procs["barrier"].poll()
                     failed = {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
-                    if failed:
+                    if failed and (self.fail_fast or "barrier" in failed):
                         raise ClusterFailed(f"processes failed: {failed}; see {self.out / 'logs'}")
+                    for name in sorted(set(failed) - set(self.dead)):
+                        self.dead[name] = failed[name]
+                        printer.message(f"{name} exited with status {failed[name]} (see {self.out / 'logs' / name}"
+                                        ".log); the run goes on without it (--fail-fast to stop instead)",
+                                        always=True)
                     if barrier == 0 and all(p.poll() is not None for p in self.procs.values()):
                         break
                     if time.monotonic() > deadline:
@@ -204,5 +215,5 @@ class _Reported:
 
 
 def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
-                on_round: OnRound | None = None) -> dict:
-    return Cluster(settings, progress, on_round).run(timeout)
+                on_round: OnRound | None = None, fail_fast: bool = False) -> dict:
+    return Cluster(settings, progress, on_round, fail_fast).run(timeout)
