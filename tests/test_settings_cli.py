@@ -252,3 +252,12 @@ def test_node_says_at_once_that_its_barrier_is_unreachable(kit: Any) -> None:
     assert first["event"] == "unreachable" and first["attempt"] == 1 and said_after < 5
     assert rest.count('"unreachable"') >= 2  # it keeps saying it until the deadline
     assert "did not answer within --register-deadline 6s" in rest
+
+
+def test_a_bad_sweep_spec_is_a_usage_error(tmp_path: Path, kit: Any) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_text('mode = "simulate"\nout = "x"\n[run]\nroundz = 3\n')
+    proc = run(kit, "sweep", str(spec), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("mosaicd sweep: error:") and "roundz" in proc.stderr
+    proc = run(kit, "report", str(tmp_path / "absent"), cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr.startswith("mosaicd report: error:")

@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(import_module(TOOLS[args.command]).main(args))
         except KeyboardInterrupt:
             raise SystemExit(130) from None
+        except SettingsError as exc:  # a spec or flag the user wrote: a usage error
+            parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
         except (ValueError, FileNotFoundError) as exc:
             parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
     if args.command == "data":
