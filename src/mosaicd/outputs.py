@@ -146,6 +146,9 @@ class RunRecorder:
         self.rounds.append(_clean({**row, "per_node": metrics.get("per_node")}))
         with open(self.out / "rounds.csv", "a", newline="") as f:
             csv.writer(f).writerow([row.get(c, "") for c in ROUND_COLUMNS])
+        _write_summary(self.out, {"mode": self.mode, "status": "running", "settings": self.settings,
+                                  "rounds": self.rounds, "final": self.rounds[-1],
+                                  "wall_s": round_(time.time() - self.started)})  # a crash loses at most this round
         return row
 
     def finish(self, vectors: Mapping[int, np.ndarray], **extra: Any) -> dict[str, Any]:

@@ -108,3 +108,16 @@ async def test_a_failed_registration_leaves_a_failed_summary(tmp_path: Path) -> 
     assert summary["status"] == "failed" and summary["mode"] == "cluster"
     assert summary["error"].startswith("registration failed: registration deadline (0.3s) passed with 0 of 3")
     assert summary["rounds"] == []
+
+
+def test_a_running_run_keeps_a_partial_summary_at_every_evaluation(tmp_path: Path) -> None:
+    seen: list[tuple[int, str, int]] = []
+
+    def look(p: RoundProgress) -> None:
+        summary = summary_of(tmp_path) if (tmp_path / "summary.json").exists() else {"status": None, "rounds": []}
+        seen.append((p.round, summary["status"], len(summary["rounds"])))
+
+    run_simulation(Settings.load(**QUICK, rounds=6, eval_every=2, out=tmp_path), progress=False, on_round=look)
+    assert seen[0] == (0, None, 0)
+    assert seen[1] == (1, "running", 1) and seen[3] == (3, "running", 2)  # a crash would lose at most a round
+    assert summary_of(tmp_path)["status"] == "finished"

@@ -249,6 +249,8 @@ def run_state(run: Run, out: Path) -> tuple[str, dict[str, Any] | None]:
         return "broken", None
     if summary.get("status") == "failed":
         return "failed", summary
+    if summary.get("status") == "running":  # the partial summary of a run that was stopped mid-way
+        return "broken", None
     wanted = run.settings.run_fields()
     had = summary.get("settings") or {}
     if any(had.get(k) != v for k, v in wanted.items()):
