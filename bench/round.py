@@ -14,10 +14,18 @@ for --rounds rounds and reports, over the rounds after the --warmup first ones:
   (sendall of d*4-byte buffers, a reader thread with recv_into; best of --socket-repeats, measured once per
   byte count) and the slowdown of a cluster round against it.
 
+Security modes (what authentication and encryption cost): `--secret-file PATH` signs every request with the
+cluster secret (HMAC, `--secret-file` of mosaicd); `--tls` adds mutual TLS with certificates trustme makes for
+the run (a CA and one certificate for 127.0.0.1; `pip install trustme`, in the test extra); `--compare` runs
+every configuration in the three modes, plain, secret and secret+TLS, --repeats times in turn (plain, secret,
+secret+TLS, plain, ...: load that comes and goes hits every mode alike), and prints each mode's median seconds
+per round and its ratio to plain's median (the secret: --secret-file, else 32 random bytes).
+
 s is capped at n - 1 (a node has n - 1 possible receivers; the settings refuse s >= n).
 
 Usage: .venv/bin/python bench/round.py [--nodes 8,16,32] [--fragments 1,16] [--fanout 8] [--dim 1000000]
                                        [--rounds 6] [--warmup 1] [--keep DIR]
+                                       [--secret-file PATH] [--tls] [--compare [--repeats 3]]
 The last line of stdout is a JSON list with one row per configuration.
 """
 
@@ -42,6 +50,7 @@ from mosaicd.experiments.cluster import Cluster
 from mosaicd.settings import Settings
 
 BYTES_TOLERANCE = 0.01
+MODES = ("plain", "secret", "secret+tls")
 
 
 def _ints(text: str) -> list[int]:
@@ -99,11 +108,46 @@ def release_times(barrier_log: Path) -> dict[int, float]:
     return times
 
 
-def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Path) -> dict:
+# -- security: the cluster secret and mutual TLS --------------------------------------------------------------
+def make_secret(folder: Path) -> Path:
+    path = folder / "secret"
+    path.write_bytes(os.urandom(32))
+    return path
+
+
+def make_certs(folder: Path) -> dict[str, Path]:
+    """A CA and one certificate for 127.0.0.1 (every process shows it), made by trustme: the --tls-* settings."""
+    try:
+        import trustme
+    except ImportError:
+        sys.exit("bench/round.py: --tls and --compare need trustme (pip install trustme; it is in the test extra)")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    paths = {"tls_ca": folder / "ca.pem", "tls_cert": folder / "member.pem", "tls_key": folder / "member.key"}
+    ca.cert_pem.write_to_path(str(paths["tls_ca"]))
+    cert.private_key_pem.write_to_path(str(paths["tls_key"]))
+    for i, blob in enumerate(cert.cert_chain_pems):
+        blob.write_to_path(str(paths["tls_cert"]), append=i > 0)
+    return paths
+
+
+def security(mode: str, secret: Path | None, certs: dict[str, Path] | None) -> dict:
+    """The settings of one mode: plain, secret, tls or secret+tls."""
+    extra: dict = {}
+    if "secret" in mode:
+        extra["secret_file"] = secret
+    if "tls" in mode:
+        assert certs is not None
+        extra.update(certs, tls_client_auth=True)
+    return extra
+
+
+def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Path, mode: str = "plain",
+               **extra: object) -> dict:
     settings = Settings.load(
         run_id=f"bench-round-n{n}-k{k}", nodes=n, rounds=rounds, fragments=k, fanout=s, dim=d, task="quadratic",
         train=False, eval_every=0, round_deadline=900.0, request_timeout=300.0, register_deadline=300.0,
-        out=out, log_level="info")
+        out=out, log_level="info", **extra)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     Cluster(settings, progress=False).run(timeout=1800)
@@ -127,7 +171,7 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
                                   for r in rows)
     bytes_node = statistics.fmean(per_row)
     return {
-        "n": n, "d": d, "K": k, "s": s,
+        "n": n, "d": d, "K": k, "s": s, "mode": mode,
         "rounds_measured": len(intervals),
         "seconds_per_round": statistics.fmean(intervals),
         "seconds_per_round_max": max(intervals),
@@ -153,52 +197,91 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--socket-repeats", type=int, default=5, help="socket transfers timed (best counts)")
     parser.add_argument("--keep", type=Path, help="keep every run's outputs under this directory")
+    parser.add_argument("--secret-file", type=Path, help="sign every request with this cluster secret")
+    parser.add_argument("--tls", action="store_true", help="mutual TLS between all processes (trustme certificates)")
+    parser.add_argument("--compare", action="store_true", help="run each configuration plain, with a secret, and "
+                        "with a secret and mutual TLS; print the ratios to plain")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each mode, in turn (the median counts)")
     args = parser.parse_args()
     if args.rounds <= max(args.warmup, 1):
         parser.error("--rounds must be more than --warmup (and at least 2)")
+    if args.secret_file is not None and not args.secret_file.is_file():
+        parser.error(f"--secret-file {args.secret_file}: no such file")
+    if args.compare:
+        modes: tuple[str, ...] = MODES
+    else:
+        modes = ("+".join(m for m, on in (("secret", args.secret_file), ("tls", args.tls)) if on) or "plain",)
 
     print(f"bench/round.py: python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}; "
-          f"d={args.dim}, rounds={args.rounds} (first {args.warmup} not counted), training off, eval at the end only",
-          flush=True)
+          f"d={args.dim}, rounds={args.rounds} (first {args.warmup} not counted), training off, eval at the end only; "
+          f"modes: {', '.join(modes)}", flush=True)
     root = args.keep or Path(tempfile.mkdtemp(prefix="mosaic-bench-round-"))
+    root.mkdir(parents=True, exist_ok=True)
+    secret = args.secret_file or (make_secret(root) if any("secret" in m for m in modes) else None)
+    certs = make_certs(root) if any("tls" in m for m in modes) else None
     rows = []
     sockets: dict[int, float] = {}  # total bytes -> seconds (K does not change the bytes: measured once per n)
     try:
         for n in args.nodes:
             s = min(args.fanout, n - 1)
             for k in args.fragments:
-                row = run_config(n, k, s, args.dim, args.rounds, args.warmup, root / f"n{n}-k{k}")
-                total = n * s * args.dim * 4
-                if total not in sockets:
-                    sockets[total] = socket_seconds(total, args.dim * 4, args.socket_repeats)
-                row["socket_seconds"] = sockets[total]
-                row["slowdown_vs_socket"] = row["seconds_per_round"] / row["socket_seconds"]
-                rows.append(row)
-                flag = "" if row["bytes_rows_off"] == 0 else f"  !! {row['bytes_rows_off']} rows off by >1%"
-                note = f"  (s capped at n-1={s})" if s != args.fanout else ""
-                print(f"  done n={n:>3} K={k:>3} s={s}: {row['seconds_per_round']:.3f} s/round, cluster wall "
-                      f"{row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}{note}{flag}", flush=True)
+                for rep, mode in ((rep, mode) for rep in range(args.repeats) for mode in modes):
+                    row = run_config(n, k, s, args.dim, args.rounds, args.warmup,
+                                     root / f"n{n}-k{k}-{mode.replace('+', '-')}-{rep}", mode,
+                                     **security(mode, secret, certs))
+                    total = n * s * args.dim * 4
+                    if total not in sockets:
+                        sockets[total] = socket_seconds(total, args.dim * 4, args.socket_repeats)
+                    row["socket_seconds"] = sockets[total]
+                    row["slowdown_vs_socket"] = row["seconds_per_round"] / row["socket_seconds"]
+                    rows.append(row)
+                    flag = "" if row["bytes_rows_off"] == 0 else f"  !! {row['bytes_rows_off']} rows off by >1%"
+                    note = f"  (s capped at n-1={s})" if s != args.fanout else ""
+                    print(f"  done n={n:>3} K={k:>3} s={s} {mode}: {row['seconds_per_round']:.3f} s/round, cluster "
+                          f"wall {row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}{note}{flag}",
+                          flush=True)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
 
     print()
-    head = (f"{'n':>3} {'K':>3} {'s':>2} {'s/round':>8} {'max':>7} {'MB/node/rnd':>11} {'ratio':>8} {'msgs':>5} "
-            f"{'send_s':>7} {'wait_s':>7} {'aggr_s':>7} {'socket_s':>8} {'slowdown':>8} {'MB/s':>6} {'load':>5}")
+    head = (f"{'n':>3} {'K':>3} {'s':>2} {'mode':>10} {'s/round':>8} {'max':>7} {'MB/node/rnd':>11} {'ratio':>8} "
+            f"{'msgs':>5} {'send_s':>7} {'wait_s':>7} {'aggr_s':>7} {'socket_s':>8} {'slowdown':>8} {'MB/s':>6} "
+            f"{'load':>5}")
     print(head)
     for r in rows:
         mbps = r["n"] * r["bytes_per_node_round"] / r["seconds_per_round"] / 1e6
-        print(f"{r['n']:>3} {r['K']:>3} {r['s']:>2} {r['seconds_per_round']:>8.3f} {r['seconds_per_round_max']:>7.3f} "
+        print(f"{r['n']:>3} {r['K']:>3} {r['s']:>2} {r['mode']:>10} {r['seconds_per_round']:>8.3f} "
+              f"{r['seconds_per_round_max']:>7.3f} "
               f"{r['bytes_per_node_round'] / 1e6:>11.3f} {r['bytes_ratio']:>8.5f} {r['messages_per_node_round']:>5.1f} "
               f"{r['send_s']:>7.3f} {r['wait_s']:>7.3f} {r['aggregate_s']:>7.3f} {r['socket_seconds']:>8.3f} "
               f"{r['slowdown_vs_socket']:>8.1f} {mbps:>6.0f} {r['load1']:>5.1f}")
     off = [r for r in rows if r["bytes_rows_off"] or abs(r["bytes_ratio"] - 1) > BYTES_TOLERANCE]
     print("bytes check: every node-round within 1% of s*d*4" if not off else
-          f"bytes check FAILED for {[(r['n'], r['K']) for r in off]}")
+          f"bytes check FAILED for {sorted({(r['n'], r['K']) for r in off})}")
     print("max: slowest measured round; MB/s: all nodes' bytes_out per second of round; socket_s: the same bytes "
           "through one TCP pair; load: 1-min load average before the run")
-    keys = ("n", "d", "K", "s", "seconds_per_round", "bytes_per_node_round", "expected_bytes", "bytes_ratio",
+    runs: dict[tuple[int, int, str], list[dict]] = {}
+    for r in rows:
+        runs.setdefault((r["n"], r["K"], r["mode"]), []).append(r)
+    median = {key: statistics.median(r["seconds_per_round"] for r in group) for key, group in runs.items()}
+    for r in rows:
+        base = median.get((r["n"], r["K"], "plain"))
+        r["vs_plain"] = r["seconds_per_round"] / base if base else None
+    if len(modes) > 1:
+        print()
+        print(f"{'n':>3} {'K':>3} {'mode':>10} {'runs':>4} {'median s/round':>14} {'vs plain':>8} "
+              f"{'every run s/round':<30}")
+        for (n, k, mode), group in runs.items():
+            base = median.get((n, k, "plain"))
+            ratio = f"{median[n, k, mode] / base:>8.3f}" if base else f"{'-':>8}"
+            each = " ".join(f"{r['seconds_per_round']:.3f}" for r in group)
+            print(f"{n:>3} {k:>3} {mode:>10} {len(group):>4} {median[n, k, mode]:>14.3f} {ratio} {each}")
+        print("vs plain: the mode's median seconds per round over plain's (same n, K); the modes ran in turn, "
+              "--repeats times")
+    keys = ("n", "d", "K", "s", "mode", "seconds_per_round", "bytes_per_node_round", "expected_bytes", "bytes_ratio",
             "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket")
+    keys += ("vs_plain",) if len(modes) > 1 else ()
     print(json.dumps([{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in keys} for r in rows]))
     if off:
         sys.exit(1)

@@ -129,6 +129,14 @@ class DaemonOptions(BaseModel):
                                    "times the node's own (a guard against faults, not against attacks)")
     insecure: bool = Field(False, description="listen beyond loopback without --secret-file: anyone who reaches "
                            "a port can join the run and send it models")
+    tls_cert: Path | None = Field(None, description="PEM certificate (chain) this member serves TLS with and shows "
+                                  "as a client; with it every URL between members is https:// (needs --tls-key)")
+    tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
+    tls_ca: Path | None = Field(None, description="PEM CA bundle that signed the members' certificates: clients "
+                                "verify servers against it (else the system's CAs), and --tls-client-auth servers "
+                                "their clients")
+    tls_client_auth: bool = Field(False, description="mutual TLS: accept only clients showing a certificate that "
+                                  "--tls-ca signed (needs --tls-ca)")
 
     @field_validator("barrier_url")
     @classmethod
@@ -143,6 +151,25 @@ class DaemonOptions(BaseModel):
         if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or parts.query:
             raise ValueError("expected http://host:port (the barrier's address, e.g. http://barrier:8000)")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _tls(self) -> DaemonOptions:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together (the certificate and its private key)")
+        if self.tls_client_auth and self.tls_ca is None:
+            raise ValueError("--tls-client-auth needs --tls-ca (the CA that signed the clients' certificates)")
+        if self.tls_cert is None and (self.tls_ca is not None or self.tls_client_auth):
+            raise ValueError("--tls-ca needs --tls-cert and --tls-key: members reach each other over TLS only "
+                             "when every member serves it")
+        if self.barrier_url is not None:
+            https = urlsplit(self.barrier_url).scheme == "https"
+            if https and self.tls_cert is None:
+                raise ValueError(f"--barrier-url {self.barrier_url}: an https:// barrier needs --tls-cert and "
+                                 "--tls-key (every member of a TLS cluster serves TLS)")
+            if not https and self.tls_cert is not None:
+                raise ValueError(f"--barrier-url {self.barrier_url}: with --tls-cert the members speak TLS: "
+                                 "give the barrier's https:// address")
+        return self
 
 
 

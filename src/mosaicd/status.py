@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import ssl
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,9 +26,9 @@ class StatusError(RuntimeError):
     """The URL did not answer as a Mosaic barrier or node."""
 
 
-def fetch_json(url: str, timeout: float) -> dict[str, Any]:
+def fetch_json(url: str, timeout: float, context: ssl.SSLContext | None = None) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         raise StatusError(f"{url} answered HTTP {exc.code}") from None
@@ -42,20 +44,21 @@ def base_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def cluster_view(url: str, timeout: float = 3.0) -> dict[str, Any]:
-    """{"barrier": its status, "nodes": [one row per member]}; a node's URL leads to its barrier."""
+def cluster_view(url: str, timeout: float = 3.0, context: ssl.SSLContext | None = None) -> dict[str, Any]:
+    """{"barrier": its status, "nodes": [one row per member]}; a node's URL leads to its barrier. `context`:
+    how https:// members are verified (and this client shows itself to mutual-TLS ones)."""
     url = base_url(url)
-    status = fetch_json(f"{url}/v1/status", timeout)
+    status = fetch_json(f"{url}/v1/status", timeout, context)
     if status.get("role") != "barrier":
         barrier_url = status.get("barrier_url")
         if not barrier_url:
             raise StatusError(f"{url} is not a Mosaic barrier or node (no role, no barrier_url in /v1/status)")
-        url, status = barrier_url.rstrip("/"), fetch_json(f"{barrier_url.rstrip('/')}/v1/status", timeout)
+        url, status = barrier_url.rstrip("/"), fetch_json(f"{barrier_url.rstrip('/')}/v1/status", timeout, context)
     members = status.get("members") or []
 
     def node(member: dict[str, Any]) -> dict[str, Any] | None:
         try:
-            return fetch_json(f"http://{member['address']}/v1/status", timeout)
+            return fetch_json(f"{urlsplit(url).scheme}://{member['address']}/v1/status", timeout, context)
         except StatusError:
             return None
 
@@ -128,6 +131,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between redraws [default: 1.0]")
     parser.add_argument("--json", action="store_true", help="print the view as JSON (for scripts)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds per request [default: 3.0]")
+    tls = parser.add_argument_group("TLS: an https:// cluster (as its members' --tls-* flags)")
+    tls.add_argument("--tls-ca", type=Path, help="PEM CA bundle that signed the members' certificates "
+                     "[default: the system's CAs]")
+    tls.add_argument("--tls-cert", type=Path, help="PEM client certificate, for members with --tls-client-auth")
+    tls.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+
+
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The client context of --tls-ca/--tls-cert/--tls-key (None without them); ValueError naming the flag."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together (the certificate and its private key)")
+    from mosaicd.daemon.tls import client_context
+
+    return client_context(args)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -135,18 +152,19 @@ def main(args: argparse.Namespace) -> int:
     from rich.live import Live
 
     console = Console()
+    context = tls_context(args)
     try:
         if args.json:
-            print(json.dumps(cluster_view(args.url, args.timeout), indent=2))
+            print(json.dumps(cluster_view(args.url, args.timeout, context), indent=2))
             return 0
         if not args.watch:
-            console.print(render(cluster_view(args.url, args.timeout)))
+            console.print(render(cluster_view(args.url, args.timeout, context)))
             return 0
-        with Live(render(cluster_view(args.url, args.timeout)), console=console, auto_refresh=False) as live:
+        with Live(render(cluster_view(args.url, args.timeout, context)), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
                 try:
-                    live.update(render(cluster_view(args.url, args.timeout)), refresh=True)
+                    live.update(render(cluster_view(args.url, args.timeout, context)), refresh=True)
                 except StatusError as exc:  # the run ended, or the barrier is restarting: say so, keep watching
                     live.update(f"[{time.strftime('%H:%M:%S')}] {exc}", refresh=True)
     except StatusError as exc:

@@ -22,6 +22,7 @@ from mosaicd.daemon.barrier_metrics import BarrierMetrics
 from mosaicd.daemon.http import Client, HttpError
 from mosaicd.daemon.membership import resolve_all
 from mosaicd.daemon.model_codec import decode_model
+from mosaicd.daemon.tls import client_context, scheme
 from mosaicd.logs import get_logger
 from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
@@ -238,9 +239,10 @@ class Barrier:
         vectors: dict[int, np.ndarray] = {}
         taken_at = self.recorder.clock()
         sign = signer(lambda: self.keyring.credentials(self.run.run_id), lambda: "barrier") if self.keyring else None
-        async with Client(timeout=self.options.request_timeout, retries=1, signer=sign) as client:
+        async with Client(timeout=self.options.request_timeout, retries=1, signer=sign,
+                          ssl_context=client_context(self.options)) as client:
             async def fetch(rank: int) -> None:
-                url = f"http://{self.state.addresses[rank]}/v1/model?round={round}"
+                url = f"{scheme(self.options)}://{self.state.addresses[rank]}/v1/model?round={round}"
                 try:
                     _, body, _ = await client.request("GET", url, round=round)
                     vectors[rank] = decode_model(body)["vector"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -118,13 +119,17 @@ class Client:
     """One shared aiohttp session; per-request deadlines; retries with exponential backoff on 5xx/network errors."""
 
     def __init__(self, timeout: float, retries: int, backoff: float = 0.1,
-                 signer: Callable[[str, str, bytes, int], dict[str, str]] | None = None) -> None:
-        """`signer(method, url, body, round)`: the authentication headers of one attempt (daemon/auth.py)."""
+                 signer: Callable[[str, str, bytes, int], dict[str, str]] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """`signer(method, url, body, round)`: the authentication headers of one attempt (daemon/auth.py);
+        `ssl_context`: how https:// peers are verified and this client shows itself (daemon/tls.py)."""
         self.timeout, self.retries, self.backoff, self.signer = timeout, retries, backoff, signer
+        self.ssl_context = ssl_context
         self._session: ClientSession | None = None
 
     async def __aenter__(self) -> Client:
-        self._session = ClientSession(connector=TCPConnector(limit=256, force_close=False))
+        self._session = ClientSession(connector=TCPConnector(limit=256, force_close=False,
+                                                             ssl=self.ssl_context or True))
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -12,14 +12,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mosaic_proto.membership import MembershipError, address_key, parse_address, rank_addresses
+from mosaicd.daemon.tls import enabled, scheme
 from mosaicd.settings import DaemonOptions
 
 __all__ = ["MembershipError", "address_key", "parse_address", "rank_addresses", "read_peer_list",
            "resolve_all", "embedded_barrier_url", "own_address", "listed_addresses", "route_ip"]
 
 
-def read_peer_list(path: Path) -> list[str]:
-    """One host:port per line; '#' comments and blank lines are ignored. Returns addresses in rank order."""
+def read_peer_list(path: Path, tls: bool | None = None) -> list[str]:
+    """One host:port per line, or http://host:port or https://host:port; '#' comments and blank lines are
+    ignored. Returns the host:port addresses in rank order. `tls`: whether this node speaks TLS; a line whose
+    scheme says otherwise is an error (None: not checked)."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
@@ -28,7 +31,9 @@ def read_peer_list(path: Path) -> list[str]:
     for number, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if line:
-            parse_address(line, where=f"--peer-list {path} line {number}")
+            where = f"--peer-list {path} line {number}"
+            line = _strip_scheme(line, tls, where)
+            parse_address(line, where=where)
             addresses.append(line)
     if not addresses:
         raise MembershipError(f"--peer-list {path}: no host:port lines")
@@ -36,6 +41,21 @@ def read_peer_list(path: Path) -> list[str]:
         return rank_addresses(addresses)
     except MembershipError as exc:
         raise MembershipError(f"--peer-list {path}: {exc}") from None
+
+
+def _strip_scheme(line: str, tls: bool | None, where: str) -> str:
+    if "://" not in line:
+        return line
+    given, _, rest = line.partition("://")
+    given = given.lower()
+    if given not in ("http", "https") or "/" in rest.rstrip("/"):
+        raise MembershipError(f"{where}: expected host:port, http://host:port or https://host:port, got {line!r}")
+    if tls is not None and (given == "https") != tls:
+        need = ("is https://, but this node has no --tls-cert and --tls-key (every member of a TLS cluster "
+                "serves TLS)" if given == "https" else
+                "is http://, but this node speaks TLS (--tls-cert): write https://host:port or host:port")
+        raise MembershipError(f"{where}: {line!r} {need}")
+    return rest.rstrip("/")
 
 
 def resolve_all(name: str, port: int = 0) -> list[str]:
@@ -50,7 +70,7 @@ def resolve_all(name: str, port: int = 0) -> list[str]:
 def embedded_barrier_url(options: DaemonOptions) -> str:
     """With --peer-list, rank 0 (the first address in sorted order) also serves the barrier under /barrier."""
     assert options.peer_list is not None
-    return f"http://{read_peer_list(options.peer_list)[0]}/barrier"
+    return f"{scheme(options)}://{read_peer_list(options.peer_list, enabled(options))[0]}/barrier"
 
 
 def own_address(options: DaemonOptions, port: int) -> str:
@@ -68,7 +88,7 @@ def own_address(options: DaemonOptions, port: int) -> str:
 def listed_addresses(options: DaemonOptions) -> list[str]:
     """The --peer-list addresses in rank order; a ValueError naming --peer-list if this node is not among them."""
     assert options.peer_list is not None
-    addresses = read_peer_list(options.peer_list)
+    addresses = read_peer_list(options.peer_list, enabled(options))
     me = own_address(options, options.port)
     if me not in addresses:
         raise ValueError(f"--peer-list {options.peer_list}: this node's address {me} is not listed "

@@ -38,6 +38,7 @@ from mosaicd.daemon.http import Client, HttpError
 from mosaicd.daemon.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.node_metrics import NodeMetrics
 from mosaicd.daemon.server import serve
+from mosaicd.daemon.tls import client_context, scheme
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, RunConfig
 
@@ -93,7 +94,8 @@ class Peer:
         self._runner: web.AppRunner | None = None
         self._client = Client(options.request_timeout, options.retries, signer=signer(
             lambda: self.keyring.credentials(self.run.run_id if self.rank >= 0 else REGISTER_RUN),
-            lambda: str(self.rank) if self.rank >= 0 else self.address) if self.keyring else None)
+            lambda: str(self.rank) if self.rank >= 0 else self.address) if self.keyring else None,
+            ssl_context=client_context(options))
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def __aenter__(self) -> Peer:
@@ -219,7 +221,7 @@ class Peer:
         return outcome.vector
 
     async def _send(self, message: OutgoingMessage) -> bool:
-        url = f"http://{self.addresses[message.peer]}/v1/fragments"
+        url = f"{scheme(self.options)}://{self.addresses[message.peer]}/v1/fragments"
         try:
             await self._client.request("POST", url, data=message.payload, round=self.round,
                                        headers={"Content-Type": CONTENT_TYPE})

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from mosaicd.daemon.tls import server_context
 from mosaicd.settings import DaemonOptions
 
 
 async def serve(app: web.Application, options: DaemonOptions) -> tuple[web.AppRunner, int]:
-    """Listen on --host/--port; the runner (cleanup() stops it) and the port really bound."""
+    """Listen on --host/--port (TLS with --tls-cert); the runner (cleanup() stops it) and the port really bound."""
+    context = server_context(options)  # before anything listens: a bad certificate or key is a usage error
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    await web.TCPSite(runner, options.host, options.port).start()
+    await web.TCPSite(runner, options.host, options.port, ssl_context=context).start()
     return runner, runner.addresses[0][1] if runner.addresses else options.port
