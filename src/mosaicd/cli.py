@@ -32,6 +32,7 @@ LEARNING = ["train", "local_steps", "lr", "batch_size", "momentum", "weight_deca
             "partition", "alpha", "shards_per_node", "min_samples", "dim", "curvature", "heterogeneous"]
 NETWORK = ["host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "dns_settle", "round_deadline",
            "register_deadline", "drop_after", "request_timeout", "retries", "max_body_bytes", "secret_file",
+           "header_timeout", "max_connections", "max_bodies", "register_rate",
            "insecure", "max_norm", "tls_cert", "tls_key", "tls_ca", "tls_client_auth"]
 OUTPUTS = ["out", "data_dir", "linger", "log_level", "log_json"]
 GROUPS = {"run": RUN, "learning": LEARNING, "network": NETWORK, "outputs": OUTPUTS}
@@ -40,6 +41,7 @@ APPLIES = {
     "node": set(RUN + LEARNING + NETWORK + OUTPUTS) - {"expect_dns", "dns_settle"},
     "barrier": set(RUN + LEARNING + OUTPUTS) | {"host", "port", "expect_dns", "dns_settle", "round_deadline",
                                                 "register_deadline", "drop_after", "request_timeout",
+                                                "header_timeout", "max_connections", "max_bodies", "register_rate",
                                                 "max_body_bytes", "secret_file", "insecure", "tls_cert", "tls_key",
                                                 "tls_ca", "tls_client_auth"},
     "cluster": set(RUN + LEARNING) | {"round_deadline", "register_deadline", "drop_after", "request_timeout",

@@ -123,6 +123,17 @@ class DaemonOptions(BaseModel):
     request_timeout: float = Field(30.0, gt=0, description="seconds per HTTP request")
     retries: int = Field(3, ge=0, description="retries of a failed send")
     max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="largest accepted request body")
+    # limits under abuse (daemon/limits.py)
+    header_timeout: float = Field(20.0, gt=0, description="seconds a connection may take to send a request's "
+                                  "head, from connecting or from its previous answer: idle or slower ones are "
+                                  "closed (a body must arrive within --request-timeout, else 408)")
+    max_connections: int = Field(4096, ge=8, description="connections served at once (fewer where the open-file "
+                                 "limit is lower), a quarter of them from one address; a newcomer beyond it "
+                                 "closes the oldest idle one, or is answered 503 when none is idle")
+    max_bodies: int = Field(4, ge=1, description="request bodies received at once, half of them (at least one) "
+                            "from one address, together at most --max-body-bytes; others wait a moment, then 503")
+    register_rate: float = Field(5.0, gt=0, description="barrier: registrations a second one address may make "
+                                 "while registration is open, in bursts of --nodes + 10; beyond it 429")
     secret_file: Path | None = Field(None, description="file holding the cluster secret (16+ bytes): every request "
                                      "between members is signed with it and checked (MOSAIC_SECRET_FILE)")
     max_norm: float | None = Field(None, gt=0, description="refuse a received fragment whose norm is over this many "

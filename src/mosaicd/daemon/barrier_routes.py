@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from mosaic_proto import BarrierError
+from mosaic_proto import BarrierError, BarrierPhase
 from mosaicd.daemon.auth import REGISTER_RUN, auth_middleware, auth_window
 from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, openapi_handler, read_json
+from mosaicd.daemon.limits import LIMITS, Limits
 from mosaicd.outputs import NODE_COLUMNS, _clean
 
 if TYPE_CHECKING:
@@ -129,7 +130,10 @@ def barrier_app(barrier: Barrier) -> web.Application:
 
     guard = [auth_middleware(barrier.keyring, run_of, auth_window(barrier.options), barrier.metrics.registry)] \
         if barrier.keyring else []
-    app = web.Application(middlewares=[json_errors, *guard], client_max_size=1024 * 1024)
+    limits = Limits(barrier.options, barrier.metrics.registry, registration=lambda: barrier.run.nodes + 10
+                    if barrier.state.phase is BarrierPhase.REGISTERING else 0)  # daemon/limits.py
+    app = web.Application(middlewares=[json_errors, *limits.middlewares, *guard], client_max_size=1024 * 1024)
+    app[LIMITS] = limits
     app.add_routes([
         web.post("/v1/register", register),
         web.post("/v1/arrive", arrive),

@@ -11,6 +11,7 @@ from aiohttp import web
 from mosaic_proto import CONTENT_TYPE
 from mosaicd.daemon.auth import REGISTER_RUN, auth_middleware, auth_window
 from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, openapi_handler
+from mosaicd.daemon.limits import LIMITS, Limits
 from mosaicd.daemon.model_codec import encode_model
 from mosaicd.outputs import _clean
 
@@ -50,7 +51,10 @@ def node_app(peer: Peer) -> web.Application:
 
     guard = [auth_middleware(peer.keyring, run_of, auth_window(peer.options), peer.metrics.registry)] \
         if peer.keyring else []
-    app = web.Application(middlewares=[json_errors, *guard], client_max_size=peer.options.max_body_bytes)
+    limits = Limits(peer.options, peer.metrics.registry)  # bodies, before the guard reads them (daemon/limits.py)
+    app = web.Application(middlewares=[json_errors, *limits.middlewares, *guard],
+                          client_max_size=peer.options.max_body_bytes)
+    app[LIMITS] = limits
     app.add_routes([
         web.post("/v1/fragments", fragments),
         web.get("/v1/status", status),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from mosaicd.daemon.limits import guard_connections, handler_options
 from mosaicd.daemon.tls import server_context
 from mosaicd.settings import DaemonOptions
 
@@ -11,7 +12,8 @@ from mosaicd.settings import DaemonOptions
 async def serve(app: web.Application, options: DaemonOptions) -> tuple[web.AppRunner, int]:
     """Listen on --host/--port (TLS with --tls-cert); the runner (cleanup() stops it) and the port really bound."""
     context = server_context(options)  # before anything listens: a bad certificate or key is a usage error
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, **handler_options(options))
     await runner.setup()
+    guard_connections(runner, options, app)  # connection caps, under the open-file limit (daemon/limits.py)
     await web.TCPSite(runner, options.host, options.port, ssl_context=context).start()
     return runner, runner.addresses[0][1] if runner.addresses else options.port
