@@ -179,7 +179,8 @@ class Client:
             try:
                 return await self.post_json(url, payload, timeout=max(end - loop.time(), 1.0) + 5, retries=0)
             except HttpError as exc:
-                if exc.status is not None and (exc.status < 500 or "registration_failed" in exc.detail):
+                if exc.status is not None and exc.status != 429 and (exc.status < 500 or
+                                                                   "registration_failed" in exc.detail):
                     raise
                 delay = min(0.25 * 2 ** attempt, 5.0)
                 left = end - loop.time()
