@@ -17,12 +17,10 @@ import numpy as np
 from aiohttp import web
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierState, Release, received_counts
-from mosaicd.daemon.auth import Keyring, load_secret, signer
+from mosaicd.daemon.auth import Keyring, load_secret
 from mosaicd.daemon.barrier_metrics import BarrierMetrics
-from mosaicd.daemon.http import Client, HttpError
+from mosaicd.daemon.evaluator import NetworkEvaluator
 from mosaicd.daemon.membership import resolve_all
-from mosaicd.daemon.model_codec import decode_model
-from mosaicd.daemon.tls import client_context, scheme
 from mosaicd.logs import get_logger
 from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
@@ -47,7 +45,7 @@ class Barrier:
     def __init__(self, run: RunConfig, options: DaemonOptions, *,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None) -> None:
         """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only)."""
-        self.run, self.options, self.evaluate = run, options, evaluate
+        self.run, self.options = run, options
         self.state = BarrierState(rounds=run.rounds, round_deadline=options.round_deadline,
                                   drop_after=options.drop_after, expected=0 if options.expect_dns else run.nodes)
         self.log = get_logger(role="barrier", run=run.run_id)
@@ -60,11 +58,9 @@ class Barrier:
         self.registered = asyncio.Event()
         self.done = asyncio.Event()
         self.published: dict[int, dict[str, Any]] = {}
-        self.last_metrics: dict[str, Any] | None = None
-        self.final_vectors: dict[int, np.ndarray] = {}
+        self.evaluator = NetworkEvaluator(options, self.keyring, evaluate, self.recorder, self.metrics, self.log)
         self._published = asyncio.Event()
         self._collections: dict[int, asyncio.Task] = {}
-        self._evaluation: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self.history: list[dict[str, Any]] = []  # per released round: duration, mean phase seconds, stragglers
@@ -193,14 +189,14 @@ class Barrier:
         t = release.round
         self._record(release)
         if t >= 1 and is_eval_round(t - 1, self.run):
-            self._collections[t - 1] = self._spawn(self._collect(t - 1, final=release.finished))
+            live = {r: self.state.addresses[r] for r in self.state.live}
+            self._collections[t - 1] = self._spawn(self.evaluator.collect(self.run, t - 1, live, release.finished))
         for e in [e for e in self._collections if e + SNAPSHOTS_KEPT <= t or release.finished]:
             await self._collections.pop(e)
         if release.finished:
-            if self._evaluation is not None:
-                await self._evaluation
-            self.recorder.finish(self.final_vectors, members=list(release.members), dropped=list(release.dropped),
-                                 addresses=list(self.state.addresses),
+            await self.evaluator.drain()
+            self.recorder.finish(self.evaluator.final_vectors, members=list(release.members),
+                                 dropped=list(release.dropped), addresses=list(self.state.addresses),
                                  events=[e.to_json() for e in self.state.events])
             self.done.set()
         self.published[t] = release.to_json()
@@ -227,41 +223,10 @@ class Barrier:
                              "dropped": list(release.dropped)})
         self.metrics.released(release, now)
         news = {}
-        if self.last_metrics and self.last_metrics.get("round") != self._logged_eval:
-            self._logged_eval = self.last_metrics.get("round")
-            news = {"evaluated_round": self._logged_eval, **{k: self.last_metrics.get(k) for k in SUMMARY_KEYS}}
+        latest = self.evaluator.last_metrics
+        if latest and latest.get("round") != self._logged_eval:
+            self._logged_eval = latest.get("round")
+            news = {"evaluated_round": self._logged_eval, **{k: latest.get(k) for k in SUMMARY_KEYS}}
         log = self.log.warning if release.stragglers else self.log.info
         log("released", round=release.round, duration_s=self.history[-1]["duration_s"], members=len(release.members),
             stragglers=list(release.stragglers), dropped=list(release.dropped), finished=release.finished, **news)
-
-    async def _collect(self, round: int, final: bool) -> None:
-        """Fetch every live node's model after `round`, then evaluate the network in a worker thread."""
-        vectors: dict[int, np.ndarray] = {}
-        taken_at = self.recorder.clock()
-        sign = signer(lambda: self.keyring.credentials(self.run.run_id), lambda: "barrier") if self.keyring else None
-        async with Client(timeout=self.options.request_timeout, retries=1, signer=sign,
-                          ssl_context=client_context(self.options)) as client:
-            async def fetch(rank: int) -> None:
-                url = f"{scheme(self.options)}://{self.state.addresses[rank]}/v1/model?round={round}"
-                try:
-                    _, body, _ = await client.request("GET", url, round=round)
-                    vectors[rank] = decode_model(body)["vector"]
-                except (HttpError, ValueError) as exc:
-                    self.log.warning("collect_failed", rank=rank, round=round, error=str(exc))
-            await asyncio.gather(*(fetch(r) for r in self.state.live))
-        if final:
-            self.final_vectors = vectors
-        if self.evaluate is not None and vectors:
-            previous = self._evaluation
-            self._evaluation = asyncio.ensure_future(self._evaluate(round, vectors, previous, taken_at))
-
-    async def _evaluate(self, round: int, vectors: dict[int, np.ndarray], previous: asyncio.Future | None,
-                        taken_at: float) -> None:
-        ranks = sorted(vectors)
-        assert self.evaluate is not None
-        metrics = await asyncio.to_thread(self.evaluate, self.run, [vectors[r] for r in ranks])
-        if previous is not None:
-            await previous
-        self.last_metrics = self.recorder.network_round(round, {**metrics, "nodes": ranks}, taken_at)
-        self.metrics.evaluated(self.last_metrics)
-        self.log.info("evaluated", round=round, **{k: self.last_metrics.get(k) for k in SUMMARY_KEYS})

@@ -159,7 +159,7 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
         "live": state.live, "dropped": state.dropped, "stragglers": list(last.stragglers) if last else [],
         "members": [{"rank": r, "address": m.address, "missed": m.missed, "last_round": m.last_round,
                      "last_contact_s": round(now - m.last_contact, 3)} for r, m in state.members.items()],
-        "metrics": _clean(barrier.last_metrics), "latest": latest_per_node(barrier.recorder.rounds),
+        "metrics": _clean(barrier.evaluator.last_metrics), "latest": latest_per_node(barrier.recorder.rounds),
         "settings": barrier.run.model_dump(mode="json"),
     }
 

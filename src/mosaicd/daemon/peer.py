@@ -62,6 +62,29 @@ def _embedded_barrier(options: DaemonOptions, run: RunConfig | None, evaluate: A
     return Barrier(run.with_nodes(len(addresses)), options.model_copy(update={"expect_dns": None}), evaluate=evaluate)
 
 
+async def send_all(client: Client, state: RoundState, messages: list[OutgoingMessage], urls: list[str],
+                   log: Any) -> dict[int, list[int]]:
+    """POST every message concurrently; peer -> [fragments, bytes] of those taken. The others are marked
+    unsent in the round's report: a peer that does not take its fragments is not fatal."""
+    async def send(message: OutgoingMessage, url: str) -> bool:
+        try:
+            await client.request("POST", url, data=message.payload, round=state.round,
+                                 headers={"Content-Type": CONTENT_TYPE})
+            return True
+        except HttpError as exc:
+            log.warning("send_failed", round=state.round, peer=message.peer, status=exc.status, error=exc.detail)
+            return False
+
+    delivered: dict[int, list[int]] = {}
+    results = await asyncio.gather(*(send(m, u) for m, u in zip(messages, urls, strict=True)))
+    for message, ok in zip(messages, results, strict=True):
+        if ok:
+            delivered[message.peer] = [len(message.fragments), len(message.payload)]
+        else:
+            state.mark_unsent(message)
+    return delivered
+
+
 class Peer:
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
                  evaluate: Callable[[list[np.ndarray]], dict] | None = None) -> None:
@@ -188,12 +211,8 @@ class Peer:
         self.phase = "sending"
         started = time.perf_counter()
         messages = state.outgoing(np.asarray(local, dtype=np.float32))
-        delivered: dict[int, list[int]] = {}
-        for message, ok in zip(messages, await asyncio.gather(*(self._send(m) for m in messages)), strict=True):
-            if ok:
-                delivered[message.peer] = [len(message.fragments), len(message.payload)]
-            else:
-                state.mark_unsent(message)
+        urls = [f"{scheme(self.options)}://{self.addresses[m.peer]}/v1/fragments" for m in messages]
+        delivered = await send_all(self._client, state, messages, urls, self.log)
         report = {**state.report.to_json(), "refused": dict(self._refused), "loss": loss, "train_s": round(train_s, 6),
                   "send_s": round(time.perf_counter() - started, 6), "aggregate_s": round(self._aggregate_s, 6),
                   "delivered": delivered}
@@ -219,16 +238,6 @@ class Peer:
         self.round = t + 1
         self.phase = "idle"
         return outcome.vector
-
-    async def _send(self, message: OutgoingMessage) -> bool:
-        url = f"{scheme(self.options)}://{self.addresses[message.peer]}/v1/fragments"
-        try:
-            await self._client.request("POST", url, data=message.payload, round=self.round,
-                                       headers={"Content-Type": CONTENT_TYPE})
-            return True
-        except HttpError as exc:
-            self.log.warning("send_failed", round=self.round, peer=message.peer, status=exc.status, error=exc.detail)
-            return False
 
     async def _arrive(self, round: int, report: dict[str, Any] | None) -> dict[str, Any]:
         o = self.options

@@ -1,0 +1,68 @@
+"""The barrier's evaluation, off the round's critical path: pull the nodes' snapshots, evaluate them in a
+worker thread, record the rows in round order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mosaicd.daemon.auth import Keyring, signer
+from mosaicd.daemon.barrier_metrics import BarrierMetrics
+from mosaicd.daemon.http import Client, HttpError
+from mosaicd.daemon.model_codec import decode_model
+from mosaicd.daemon.tls import client_context, scheme
+from mosaicd.outputs import SUMMARY_KEYS, RunRecorder
+from mosaicd.settings import DaemonOptions, RunConfig
+
+
+class NetworkEvaluator:
+    def __init__(self, options: DaemonOptions, keyring: Keyring | None,
+                 evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None, recorder: RunRecorder,
+                 metrics: BarrierMetrics, log: Any) -> None:
+        """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only)."""
+        self.options, self.keyring, self.evaluate = options, keyring, evaluate
+        self.recorder, self.metrics, self.log = recorder, metrics, log
+        self.last_metrics: dict[str, Any] | None = None
+        self.final_vectors: dict[int, np.ndarray] = {}
+        self._evaluation: asyncio.Future | None = None
+
+    async def collect(self, run: RunConfig, round: int, addresses: dict[int, str], final: bool) -> None:
+        """Fetch the models after `round` of the nodes at `addresses` (rank -> host:port), then start their
+        evaluation; the final models are kept for summary.json."""
+        vectors: dict[int, np.ndarray] = {}
+        taken_at = self.recorder.clock()
+        sign = signer(lambda: self.keyring.credentials(run.run_id), lambda: "barrier") if self.keyring else None
+        async with Client(timeout=self.options.request_timeout, retries=1, signer=sign,
+                          ssl_context=client_context(self.options)) as client:
+            async def fetch(rank: int, address: str) -> None:
+                url = f"{scheme(self.options)}://{address}/v1/model?round={round}"
+                try:
+                    _, body, _ = await client.request("GET", url, round=round)
+                    vectors[rank] = decode_model(body)["vector"]
+                except (HttpError, ValueError) as exc:
+                    self.log.warning("collect_failed", rank=rank, round=round, error=str(exc))
+            await asyncio.gather(*(fetch(r, a) for r, a in addresses.items()))
+        if final:
+            self.final_vectors = vectors
+        if self.evaluate is not None and vectors:
+            previous = self._evaluation
+            self._evaluation = asyncio.ensure_future(self._evaluate(run, round, vectors, previous, taken_at))
+
+    async def drain(self) -> None:
+        """Wait for the evaluations started so far."""
+        if self._evaluation is not None:
+            await self._evaluation
+
+    async def _evaluate(self, run: RunConfig, round: int, vectors: dict[int, np.ndarray],
+                        previous: asyncio.Future | None, taken_at: float) -> None:
+        ranks = sorted(vectors)
+        assert self.evaluate is not None
+        metrics = await asyncio.to_thread(self.evaluate, run, [vectors[r] for r in ranks])
+        if previous is not None:
+            await previous
+        self.last_metrics = self.recorder.network_round(round, {**metrics, "nodes": ranks}, taken_at)
+        self.metrics.evaluated(self.last_metrics)
+        self.log.info("evaluated", round=round, **{k: self.last_metrics.get(k) for k in SUMMARY_KEYS})
