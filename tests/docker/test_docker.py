@@ -1,5 +1,7 @@
 """Containers, for real: the image from deploy/Dockerfile, compose.yaml with 8 scaled nodes, the multi-host
-compose files (each under Compose v2 and v1), and the Swarm stack on a one-host swarm.
+compose files (each under Compose v2 and v1), and the Swarm stack on a one-host swarm. Each signs its requests
+with a cluster secret, prepared as the deploy files document: none for compose.yaml (its one-shot service makes
+one), a file for the multi-host files, a Docker secret for the stack; none of them may leak it.
 
 They need a Docker engine. `.ci/run` installs and starts one and sets MOSAIC_REQUIRE_DOCKER=1, so that there a
 missing engine fails these tests instead of skipping them. The image is built offline, from the debootstrapped
@@ -94,6 +96,44 @@ def barrier_finished(kit, url: str) -> dict | None:
     return status if status["phase"] == "finished" else None
 
 
+# The one-liners of deploy/multihost/barrier.yaml and deploy/stack.yaml that make a cluster secret.
+SECRET_FILE_ONE_LINER = ("install -d -m 700 ~/.mosaic && head -c 32 /dev/urandom | base64 > ~/.mosaic/secret "
+                         "&& chmod 444 ~/.mosaic/secret")
+SWARM_SECRET_ONE_LINER = "head -c 32 /dev/urandom | base64 | docker secret create mosaic_secret -"
+
+
+def test_the_secret_one_liners_are_the_documented_ones() -> None:
+    assert SECRET_FILE_ONE_LINER in (ROOT / "deploy/multihost/barrier.yaml").read_text()
+    assert SWARM_SECRET_ONE_LINER in (ROOT / "deploy/stack.yaml").read_text()
+
+
+def assert_secret_kept(secret: str, logs: str, results: Path) -> None:
+    """The secret is in no container's log and in no file of the results."""
+    assert len(secret) >= 16
+    assert secret not in logs, "the cluster secret appears in the containers' logs"
+    files = [f for f in results.rglob("*") if f.is_file()]
+    assert files
+    for file in files:
+        assert secret.encode() not in file.read_bytes(), f"the cluster secret appears in {file.relative_to(results)}"
+
+
+def assert_unsigned_refused(kit, url: str, path: str) -> None:
+    """A request without the secret's tag is refused before it does anything: the secret is in force."""
+    reply = kit.http("POST", f"{url}{path}", b"{}", "application/json")
+    assert reply.status == 401 and reply.json()["reason"] == "unsigned", (reply.status, reply.body[:300])
+
+
+def final_summary(kit, folder: Path, timeout: float = 60) -> dict:
+    """summary.json once the run is over: the barrier rewrites it at every evaluation ("status": "running")."""
+    def read() -> dict | None:
+        try:
+            summary = json.loads((folder / "summary.json").read_text())
+        except FileNotFoundError:
+            return None
+        return summary if summary["status"] != "running" else None
+    return kit.wait_until(read, timeout=timeout, what="the final summary.json", interval=1)
+
+
 def check_results(folder: Path, nodes: int, rounds: int) -> dict:
     """summary.json has every node's model hash; nodes.csv has every node in every round."""
     summary = json.loads((folder / "summary.json").read_text())
@@ -128,6 +168,11 @@ class Project:
     def __call__(self, *args: str, timeout: float = 600) -> str:
         return sh(*self.cmd, *args, env=self.env, timeout=timeout).stdout
 
+    def logs(self) -> str:
+        """Every container's logs, stopped ones included (the one-shot `secret`)."""
+        done = sh(*self.cmd, "logs", "--no-color", env=self.env, timeout=300)
+        return done.stdout + done.stderr
+
     def down(self) -> None:
         sh(*self.cmd, "down", "-v", "--remove-orphans", env=self.env, check=False, timeout=300)
 
@@ -156,7 +201,7 @@ def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, co
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="", MOSAIC_ROUNDS=str(rounds), MOSAIC_NODE_LINGER="120",
         MOSAIC_BARRIER_LINGER="120"))
     projects.append(project)
-    project("up", "-d", "--no-build", "--scale", f"node={nodes}")
+    project("up", "-d", "--no-build", "--scale", f"node={nodes}")  # no secret prepared: `secret` makes one
     port = project("port", "barrier", "8000").strip().rsplit(":", 1)[1]
     barrier = f"http://127.0.0.1:{port}"
     status = kit.wait_until(lambda: barrier_finished(kit, barrier), timeout=600, what="the compose run to finish",
@@ -182,7 +227,18 @@ def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, co
         assert sent and float(sent[0].split()[1]) == rounds * 4 * 4
     assert ranks == set(range(nodes))
 
+    # the deployment's own secret: made by `secret`, the same in every container, readable by the node's uid
+    secret = project("exec", "-T", "barrier", "cat", "/run/mosaic-secret/secret").strip()
+    assert len(secret) == 44  # 32 random bytes, base64
+    assert project("exec", "-T", "node", "cat", "/run/mosaic-secret/secret").strip() == secret
+    assert_unsigned_refused(kit, barrier, "/v1/register")
+    assert_unsigned_refused(kit, f"http://{container_ip(containers[0])}:8000", "/v1/fragments")
+    logs = project.logs()
+    assert "mosaic-secret: made a new secret for this deployment" in logs
+
     project.down()
+    assert final_summary(kit, results)["status"] == "finished"
+    assert_secret_kept(secret, logs, results)
     summary = check_results(results, nodes, rounds)
     assert summary["final"]["node_average"] > 0.5
     assert summary["model_sha256"] == simulated_hashes(kit, summary, tmp_path / "simulated")
@@ -194,7 +250,7 @@ def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(kit, im
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="", MOSAIC_FANOUT="4", MOSAIC_BARRIER_LINGER="1"))
     projects.append(project)
     project("up", "-d", "--no-build", "--scale", "node=3")
-    containers = project("ps", "-q").split()
+    containers = project("ps", "-q", "barrier", "node").split()  # not the one-shot `secret`
     assert len(containers) == 4
 
     def exit_codes() -> list[int] | None:
@@ -208,15 +264,23 @@ def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(kit, im
     for container in project("ps", "-q", "node").split():
         logs = sh("docker", "logs", container)
         assert "HTTP 422" in logs.stderr + logs.stdout and reason in logs.stderr + logs.stdout
-    assert not (results / "summary.json").exists()
+    failed = final_summary(kit, results)  # a failed run's summary says why
+    assert failed["status"] == "failed" and reason in failed["error"] and failed["model_sha256"] == {}
 
 
 def test_multihost_files_join_nodes_of_several_projects_by_barrier_address(
-        kit, image: str, compose: list[str], results: Path, projects: list[Project]) -> None:
-    """Two 'hosts' (compose projects on the host network) with 2 and 3 nodes join one barrier by its address."""
+        kit, image: str, compose: list[str], results: Path, tmp_path: Path, projects: list[Project]) -> None:
+    """Two 'hosts' (compose projects on the host network) with 2 and 3 nodes join one barrier by its address,
+    with the secret file made by the documented one-liner."""
+    home = tmp_path / "home"
+    home.mkdir()
+    sh("sh", "-c", SECRET_FILE_ONE_LINER, env={**os.environ, "HOME": str(home)})
+    secret_file = home / ".mosaic" / "secret"
+    secret = secret_file.read_text().strip()
     rounds, port = 4, free_port()
     env = environment(MOSAIC_RESULTS=str(results), MOSAIC_NODES="5", MOSAIC_ROUNDS=str(rounds),
-                      MOSAIC_BARRIER_PORT=str(port), MOSAIC_BARRIER_URL=f"http://127.0.0.1:{port}")
+                      MOSAIC_BARRIER_PORT=str(port), MOSAIC_BARRIER_URL=f"http://127.0.0.1:{port}",
+                      MOSAIC_SECRET_PATH=str(secret_file))
     pid = os.getpid()
     barrier = Project(compose, f"mosaictestb{pid}", "deploy/multihost/barrier.yaml", env)
     projects.append(barrier)
@@ -229,8 +293,10 @@ def test_multihost_files_join_nodes_of_several_projects_by_barrier_address(
                         what="the multi-host run to finish", interval=2)
     addresses = [m["address"] for m in status["members"]]
     assert len(set(addresses)) == 5 and all(a.startswith("127.0.0.1:") for a in addresses)
-    kit.wait_until(lambda: (results / "summary.json").exists(), timeout=60, what="summary.json")
+    assert_unsigned_refused(kit, f"http://127.0.0.1:{port}", "/v1/register")
+    assert final_summary(kit, results)["status"] == "finished"
     check_results(results, 5, rounds)
+    assert_secret_kept(secret, "".join(project.logs() for project in projects), results)
 
 
 @pytest.fixture
@@ -246,18 +312,35 @@ def swarm(image: str) -> Iterator[None]:
         sh("docker", "swarm", "leave", "--force", check=False)
 
 
+def swarm_logs(stack: str) -> str:
+    out = []
+    for service in ("barrier", "node"):
+        logs = sh("docker", "service", "logs", "--raw", f"{stack}_{service}", timeout=300)
+        out += [logs.stdout, logs.stderr]
+    return "".join(out)
+
+
 def test_swarm_stack_discovers_nodes_through_tasks_dns(kit, swarm: None, results: Path) -> None:
     nodes, rounds, port = 5, 4, free_port()
     stack = f"mosaictest{os.getpid()}"
+    secret_name = f"{stack}_secret"  # the documented one-liner, under a name of this test's own
+    sh("sh", "-c", SWARM_SECRET_ONE_LINER.replace("mosaic_secret", secret_name))
     env = environment(MOSAIC_RESULTS=str(results), MOSAIC_NODES=str(nodes), MOSAIC_ROUNDS=str(rounds),
-                      MOSAIC_BARRIER_PORT=str(port))
-    sh("docker", "stack", "deploy", "-c", "deploy/stack.yaml", stack, env=env)
+                      MOSAIC_BARRIER_PORT=str(port), MOSAIC_SECRET_NAME=secret_name)
     try:
-        status = kit.wait_until(lambda: barrier_finished(kit, f"http://127.0.0.1:{port}"), timeout=600,
+        sh("docker", "stack", "deploy", "-c", "deploy/stack.yaml", stack, env=env)
+        barrier = f"http://127.0.0.1:{port}"
+        status = kit.wait_until(lambda: barrier_finished(kit, barrier), timeout=600,
                             what="the swarm run to finish", interval=2)
         assert status["expected"] == nodes and status["live"] == list(range(nodes))
-        kit.wait_until(lambda: (results / "summary.json").exists(), timeout=60, what="summary.json")
+        assert_unsigned_refused(kit, barrier, "/v1/register")
+        # the barrier lingers: read the secret as its task has it (Swarm never gives it back otherwise)
+        task = sh("docker", "ps", "-q", "-f", f"label=com.docker.swarm.service.name={stack}_barrier").stdout.split()
+        assert len(task) == 1
+        secret = sh("docker", "exec", task[0], "cat", "/run/secrets/mosaic_secret").stdout.strip()
+        assert final_summary(kit, results)["status"] == "finished"
         check_results(results, nodes, rounds)
+        assert_secret_kept(secret, swarm_logs(stack), results)
     except BaseException:
         for service in ("barrier", "node"):
             logs = sh("docker", "service", "logs", "--tail", "15", f"{stack}_{service}", check=False)
@@ -267,4 +350,8 @@ def test_swarm_stack_discovers_nodes_through_tasks_dns(kit, swarm: None, results
         sh("docker", "stack", "rm", stack, check=False)
         kit.wait_until(lambda: not sh("docker", "network", "ls", "-q", "-f", f"name={stack}_").stdout.strip(),
                    timeout=120, what="the stack's network to go", interval=1)
+        # refused while a task still uses it
+        kit.wait_until(lambda: sh("docker", "secret", "rm", secret_name, check=False).returncode == 0 or
+                       not sh("docker", "secret", "ls", "-q", "-f", f"name={secret_name}").stdout.strip(),
+                       timeout=120, what="the stack's secret to go", interval=1)
         time.sleep(1)
