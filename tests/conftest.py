@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -72,6 +73,22 @@ def role_flags(command: str, values: dict[str, Any]) -> list[str]:
     return flags({k: v for k, v in values.items() if k in taken})
 
 
+def run_in_thread(cluster: Any, timeout: float) -> tuple[threading.Thread, dict[str, Any]]:
+    """`cluster.run(timeout)` in a background thread; the dict gets "summary", or "error" (raised or not by the
+    test, as it sees fit)."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["summary"] = cluster.run(timeout=timeout)
+        except BaseException as exc:  # reported by the test thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, result
+
+
 def sha256_f32(vector: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(vector, dtype="<f4").tobytes()).hexdigest()
 
@@ -118,6 +135,7 @@ class Kit:
     http = staticmethod(http)
     flags = staticmethod(flags)
     role_flags = staticmethod(role_flags)
+    run_in_thread = staticmethod(run_in_thread)
     wait_until = staticmethod(wait_until)
     sha256_f32 = staticmethod(sha256_f32)
     reference_vectors = staticmethod(reference_vectors)

@@ -448,9 +448,7 @@ def test_an_honest_run_goes_on_under_slow_and_idle_connections(tmp_path: Path, k
     settings = Settings(nodes=4, rounds=1500, fragments=4, fanout=2, eval_every=0, round_deadline=deadline,
                         header_timeout=header_timeout, request_timeout=request_timeout, out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
-    result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.update(summary=cluster.run(timeout=120)), daemon=True)
-    thread.start()
+    thread, result = kit.run_in_thread(cluster, timeout=120)
     try:
         kit.wait_until(lambda: cluster.barrier_port and barrier_round(kit, cluster.barrier_port) >= 5, 60,
                        "round 5")

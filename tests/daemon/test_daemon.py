@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +88,7 @@ def test_status_and_metrics_move_during_a_run(tmp_path: Path, kit: Any) -> None:
     settings = Settings(nodes=4, rounds=40, fragments=4, fanout=2, dim=500_000, train=False, eval_every=0,
                         out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["summary"] = cluster.run(timeout=120)
-        except BaseException as exc:  # reported by the test thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread, result = kit.run_in_thread(cluster, timeout=120)
     try:
         kit.wait_until(lambda: cluster.barrier_port and cluster.node_ports, 30, "the cluster's ports")
         node, barrier = cluster.node_ports[0], cluster.barrier_port

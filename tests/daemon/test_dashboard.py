@@ -13,7 +13,6 @@ import math
 import os
 import re
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,16 +72,7 @@ def browser() -> Iterator[Any]:
 def cluster(tmp_path: Path, kit: Any) -> Iterator[Cluster]:
     """A loopback run in a background thread; the test reads `cluster.barrier_port`."""
     cluster = Cluster(Settings(**RUN, out=tmp_path / "run"), progress=False)
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["summary"] = cluster.run(timeout=300)
-        except BaseException as exc:  # reported by the test thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread, result = kit.run_in_thread(cluster, timeout=300)
 
     def barrier_up() -> bool:
         if "error" in result:

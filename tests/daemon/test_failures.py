@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -127,24 +126,10 @@ def test_killed_node_is_a_straggler_then_dropped_and_the_others_finish(tmp_path:
     assert max(per_node[victim]) < view["round"] + 2
 
 
-def run_in_thread(cluster: Cluster, timeout: float) -> tuple[threading.Thread, dict[str, Any]]:
-    result: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result["summary"] = cluster.run(timeout=timeout)
-        except BaseException as exc:
-            result["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, result
-
-
 def test_cluster_fails_and_leaves_no_process_when_a_node_is_killed(tmp_path: Path, kit: Any) -> None:
     settings = Settings(nodes=4, rounds=100_000, fanout=2, eval_every=0, out=tmp_path / "run")
     cluster = Cluster(settings, progress=False, fail_fast=True)
-    thread, result = run_in_thread(cluster, timeout=120)
+    thread, result = kit.run_in_thread(cluster, timeout=120)
     try:
         kit.wait_until(lambda: (s := status(kit, cluster.barrier_port or 0)) and s["round"] >= 2, 60, "round 2")
         pids = {name: p.pid for name, p in cluster.procs.items()}
@@ -264,7 +249,7 @@ def test_cluster_goes_on_without_a_killed_node(tmp_path: Path, kit: Any) -> None
     settings = Settings(nodes=5, rounds=60, fanout=2, eval_every=10, round_deadline=2, drop_after=2,
                         request_timeout=2, retries=0, out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
-    thread, result = run_in_thread(cluster, timeout=120)
+    thread, result = kit.run_in_thread(cluster, timeout=120)
     try:
         kit.wait_until(lambda: (s := status(kit, cluster.barrier_port or 0)) and s["round"] >= 3, 60, "round 3")
         os.kill(cluster.procs["node-1"].pid, signal.SIGKILL)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,7 @@ def test_status_of_a_live_cluster_from_barrier_and_node(tmp_path: Path, kit: Any
     settings = Settings(nodes=4, rounds=300, fragments=4, fanout=2, train=True, eval_every=2,
                         out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
-    result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.update(summary=cluster.run(timeout=120)), daemon=True)
-    thread.start()
+    thread, result = kit.run_in_thread(cluster, timeout=120)
     try:
         kit.wait_until(lambda: cluster.barrier_port and cluster.node_ports, 30, "the cluster's ports")
         barrier = f"http://127.0.0.1:{cluster.barrier_port}"

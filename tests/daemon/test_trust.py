@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -63,9 +62,7 @@ def test_outsiders_are_refused_and_the_run_equals_simulate(tmp_path: Path, kit: 
     run = dict(nodes=5, rounds=300, fragments=4, fanout=2, dim=64, seed=7, eval_every=50)
     settings = Settings(**run, secret_file=secret, out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
-    result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.update(summary=cluster.run(timeout=180)), daemon=True)
-    thread.start()
+    thread, result = kit.run_in_thread(cluster, timeout=180)
     answers: dict[str, tuple[int, Any]] = {}
     try:
         kit.wait_until(lambda: cluster.barrier_port and cluster.node_ports, 30, "the cluster's ports")
