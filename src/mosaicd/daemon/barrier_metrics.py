@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mosaic_proto import Release
-from mosaicd.daemon.node_metrics import SECONDS_BUCKETS
+from mosaicd.daemon.node_metrics import SECONDS_BUCKETS, asyncio_tasks
 from mosaicd.settings import RunConfig
 
 # evaluation row key -> (metric name, help)
@@ -56,6 +56,8 @@ class BarrierMetrics:
     def __init__(self, run: RunConfig | None = None) -> None:
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
+        Gauge("mosaic_asyncio_tasks", "asyncio tasks of the daemon's event loop", registry=r).set_function(
+            asyncio_tasks)
         self.round = Gauge("mosaic_barrier_round", "round the barrier waits on", registry=r)
         self.members = Gauge("mosaic_barrier_members", "live members", registry=r)
         self.registered = Gauge("mosaic_barrier_registered", "registered nodes", registry=r)
