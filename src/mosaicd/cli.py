@@ -29,13 +29,16 @@ TOOLS = {"status": "mosaicd.status", "sweep": "mosaicd.experiments.sweep", "repo
 
 RUN = ["run_id", "task", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "seed"]
 LEARNING = ["train", "local_steps", "lr", "batch_size", "momentum", "weight_decay", "eval_every", "threads",
-            "partition", "alpha", "shards_per_node", "min_samples", "dim", "curvature", "heterogeneous"]
+            "partition", "alpha", "shards_per_node", "min_samples", "dim", "curvature", "heterogeneous",
+            "device", "eval_samples"]
+SIMULATE_ONLY = ["batched"]
 NETWORK = ["host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "dns_settle", "round_deadline",
            "register_deadline", "drop_after", "request_timeout", "retries", "max_body_bytes", "secret_file",
            "header_timeout", "max_connections", "max_bodies", "register_rate",
-           "insecure", "max_norm", "tls_cert", "tls_key", "tls_ca", "tls_client_auth"]
+           "insecure", "max_norm", "tls_cert", "tls_key", "tls_ca", "tls_client_auth",
+           "barrier_grace", "allow_join", "state_dir", "checkpoint_every", "rejoin_max_age"]
 OUTPUTS = ["out", "data_dir", "linger", "log_level", "log_json"]
-GROUPS = {"run": RUN, "learning": LEARNING, "network": NETWORK, "outputs": OUTPUTS}
+GROUPS = {"run": RUN, "learning": LEARNING + SIMULATE_ONLY, "network": NETWORK, "outputs": OUTPUTS}
 # which settings each subcommand takes; any other settings flag is refused, naming the subcommand
 APPLIES = {
     "node": set(RUN + LEARNING + NETWORK + OUTPUTS) - {"expect_dns", "dns_settle"},
@@ -43,11 +46,12 @@ APPLIES = {
                                                 "register_deadline", "drop_after", "request_timeout",
                                                 "header_timeout", "max_connections", "max_bodies", "register_rate",
                                                 "max_body_bytes", "secret_file", "insecure", "tls_cert", "tls_key",
-                                                "tls_ca", "tls_client_auth"},
+                                                "tls_ca", "tls_client_auth", "allow_join"},
     "cluster": set(RUN + LEARNING) | {"round_deadline", "register_deadline", "drop_after", "request_timeout",
                                       "retries", "max_body_bytes", "secret_file", "max_norm", "out", "data_dir",
-                                      "log_level", "log_json", "tls_cert", "tls_key", "tls_ca", "tls_client_auth"},
-    "simulate": set(RUN + LEARNING) | {"out", "data_dir", "log_level", "log_json"},
+                                      "log_level", "log_json", "tls_cert", "tls_key", "tls_ca", "tls_client_auth",
+                                      "barrier_grace", "checkpoint_every"},
+    "simulate": set(RUN + LEARNING + SIMULATE_ONLY) | {"out", "data_dir", "log_level", "log_json"},
 }
 GROUP_HELP = {"run": "the run (identical on every node)", "learning": "local training and evaluation",
               "network": "listening, peers, deadlines", "outputs": "results and logs"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from contextvars import ContextVar
 from enum import StrEnum
@@ -81,6 +82,10 @@ class RunConfig(BaseModel):
     eval_every: int = Field(1, ge=0, description="evaluate every E rounds (0: only at the end)")
     threads: int = Field(1, ge=1, le=256, description="torch threads per process; part of the run, since the "
                          "thread count changes floating-point results")
+    device: str = Field("cpu", description="torch device of training and evaluation: cpu, cuda or cuda:N; part "
+                        "of the run, since the device changes floating-point results")
+    eval_samples: int | None = Field(None, ge=1, description="evaluate node models on a fixed seeded subset of N "
+                                     "test samples (the average model always on the full test set)")
     partition: Partition = Field(Partition.IID, description="data partition across nodes")
     alpha: float = Field(1.0, gt=0, description="Dirichlet concentration")
     shards_per_node: int = Field(2, ge=1, description="label shards per node (partition=shards)")
@@ -88,6 +93,13 @@ class RunConfig(BaseModel):
     dim: int = Field(16, ge=1, description="model size d of the quadratic task")
     curvature: Curvature = Field(Curvature.CORRELATED, description="quadratic task's A")
     heterogeneous: bool = Field(False, description="quadratic task: a different optimum per node")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", value):
+            raise ValueError("expected cpu, cuda or cuda:N")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -148,6 +160,16 @@ class DaemonOptions(BaseModel):
                                 "their clients")
     tls_client_auth: bool = Field(False, description="mutual TLS: accept only clients showing a certificate that "
                                   "--tls-ca signed (needs --tls-ca)")
+    # surviving faults
+    barrier_grace: float = Field(120.0, gt=0, description="node: seconds to keep retrying an unreachable barrier "
+                                 "(it may be restarting: it resumes the run from OUT/barrier-state.json)")
+    allow_join: bool = Field(False, description="barrier: let new nodes join during the run (they get the next "
+                             "free rank and a live peer's model, and are sampled from the next round on)")
+    state_dir: Path | None = Field(None, description="node: where it checkpoints its model and round (default: "
+                                   "OUT/state/<host_port>); a node started again with it rejoins the run")
+    checkpoint_every: int = Field(1, ge=0, description="node: checkpoint every N rounds (0: never)")
+    rejoin_max_age: int = Field(2, ge=0, description="node: a rejoining node takes its checkpoint if it is at most "
+                                "this many rounds old, else a live peer's model")
 
     @field_validator("barrier_url")
     @classmethod
@@ -189,6 +211,8 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
 
     model_config = SettingsConfigDict(env_prefix="MOSAIC_", extra="forbid", validate_default=True, frozen=False)
 
+    batched: bool = Field(False, description="simulate: train and evaluate all nodes' models together (vmap); "
+                          "close to, not bit-identical with, the exact run")
     data_dir: Path = Field(Path("data"), description="where data sets live")
     linger: float = Field(0.0, ge=0, description="seconds a node keeps serving after its last round")
     log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$")

@@ -1,6 +1,8 @@
 """`mosaicd simulate`: every node in this process, through the same `mosaic_proto` round states.
 
-Same settings, same outputs and the same final models (bit for bit) as `mosaicd cluster`.
+Same settings, same outputs and the same final models (bit for bit) as `mosaicd cluster`. With
+`--batched` the nodes' training of a round runs together (`experiments/batched.py`): close to, not
+bit-equal with, that reference.
 
 Progress: `progress=True` shows the `ProgressPrinter` on stderr; `on_round`, when given, is called with a
 `RoundProgress` after every round (its `row` is the evaluation row exactly at the evaluation rounds).
@@ -16,6 +18,7 @@ import time
 
 from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, PeerSampler
 from mosaic_proto.network import RoundRecord
+from mosaicd.experiments.batched import BatchedTraining
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
@@ -39,12 +42,15 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     vectors = [task.initial(i) for i in range(settings.nodes)]
     barrier = BarrierState(rounds=settings.rounds, round_deadline=settings.round_deadline,
                            drop_after=settings.drop_after, expected=settings.nodes)
-    network = InMemoryNetwork(vectors, fragmentation, sampler, task.train if settings.train else None,
-                              run_id=settings.run_id, barrier=barrier)
+    batched = BatchedTraining(task) if settings.batched and settings.train else None
+    train = (batched or task.train) if settings.train else None
+    network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier)
     with ProgressPrinter(enabled=progress) as printer:
         printer.start_run("", settings.rounds)
         for _ in range(settings.rounds):
             started = time.perf_counter()
+            if batched is not None:
+                batched.prepare(network)
             record: RoundRecord = network.step()
             elapsed = time.perf_counter() - started
             for node, loss, report in zip(record.nodes, record.losses, record.reports, strict=True):

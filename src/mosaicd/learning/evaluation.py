@@ -10,12 +10,23 @@ import numpy as np
 from mosaic_proto import consensus_distance
 from mosaicd.learning.tasks.base import Task
 
-__all__ = ["average_model", "network_metrics"]
+__all__ = ["average_model", "eval_subset", "network_metrics"]
+
+EVAL_SUBSET_KEY = 0x65766131  # "eva1": separates the evaluation subset's stream from the run's other draws
 
 
 def average_model(vectors: Sequence[np.ndarray]) -> np.ndarray:
     """mean_i x_i, summed in float64, as float32."""
     return np.mean(np.stack([np.asarray(v, dtype=np.float64) for v in vectors]), axis=0).astype(np.float32)
+
+
+def eval_subset(seed: int, size: int, samples: int | None) -> np.ndarray | None:
+    """The sorted test rows node models are evaluated on with --eval-samples: the same for every round and
+    run with this seed and test set size (None: the whole test set)."""
+    if samples is None or samples >= size:
+        return None
+    rng = np.random.default_rng(np.random.SeedSequence([seed, EVAL_SUBSET_KEY, size]))
+    return np.sort(rng.choice(size, samples, replace=False))
 
 
 def network_metrics(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]:
@@ -26,13 +37,17 @@ def network_metrics(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]
     - consensus_distance: mean over nodes of ||x_i - mean_j x_j||
     - node_spread: standard deviation (population, ddof=0) over nodes of the node metrics
     - per_node: every node's metric, in the order of `vectors`
-    plus `metric` (its name), `higher_is_better`, and the test losses (node average and average model)
-    where the task reports `test_loss`.
+    plus `metric` (its name), `higher_is_better`, the test losses (node average and average model)
+    where the task reports `test_loss`, and for tasks with a test set `eval_samples`: how many test samples
+    each node model was evaluated on (`--eval-samples`, a fixed seeded subset) and `test_size`, all of which
+    the average model is evaluated on. The node models go through `task.evaluate_many` together.
     """
     if len(vectors) == 0:
         raise ValueError("network_metrics needs at least one model")
     name = task.metric
-    node_metrics = task.evaluate_many(vectors)
+    size = task.test_size()
+    subset = eval_subset(task.run.seed, size, task.run.eval_samples) if size is not None else None
+    node_metrics = task.evaluate_many(vectors, subset)
     per_node = [float(m[name]) for m in node_metrics]
     avg = task.evaluate(average_model(vectors))
     out: dict[str, Any] = {
@@ -44,6 +59,9 @@ def network_metrics(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]
         "node_spread": float(np.std(per_node)),
         "per_node": per_node,
     }
+    if size is not None:
+        out["eval_samples"] = size if subset is None else len(subset)
+        out["test_size"] = size
     if "test_loss" in avg and all("test_loss" in m for m in node_metrics):
         out["node_average_test_loss"] = float(np.mean([m["test_loss"] for m in node_metrics]))
         out["average_model_test_loss"] = float(avg["test_loss"])

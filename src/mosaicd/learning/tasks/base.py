@@ -41,5 +41,16 @@ class Task(ABC):
     def evaluate(self, vector: np.ndarray) -> dict[str, float]:
         """Metrics of one model on the global test set; always holds the key `self.metric`."""
 
-    def evaluate_many(self, vectors: Sequence[np.ndarray]) -> list[dict[str, float]]:
+    def train_many(self, nodes: Sequence[int], round: int,
+                   vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, float]]:
+        """`train` of several nodes in one round (`--batched` simulation; a task may batch them)."""
+        return [self.train(i, round, v) for i, v in zip(nodes, vectors, strict=True)]
+
+    def test_size(self) -> int | None:
+        """How many test samples `evaluate` uses (None: no test set, e.g. the quadratic objective)."""
+        return None
+
+    def evaluate_many(self, vectors: Sequence[np.ndarray],
+                      samples: np.ndarray | None = None) -> list[dict[str, float]]:
+        """`evaluate` of several models, on the test rows `samples` (sorted indices; None: all of them)."""
         return [self.evaluate(v) for v in vectors]

@@ -34,6 +34,7 @@ class ShakespeareTask(TorchTask):
     name = "shakespeare"
     partitions = (Partition.IID, Partition.NATURAL)
     eval_batch_size = 500
+    vmappable = False  # torch.func has no batching rule for aten::lstm: many nodes go one at a time
 
     def load(self) -> Split:
         return load_shakespeare(self.data_dir)

@@ -4,6 +4,12 @@ A subclass says how to load its `Split`, build its model and turn stored arrays 
 object serves every node of a process: data and the partition are computed once, the model object is
 reused (a lock serialises calls), and a node's work depends only on (run, node, round, vector).
 
+Devices: the model lives on `run.device` (`--device`); batches are drawn on the CPU (the same generator
+and indices on every device) and moved over; vectors are numpy on the CPU.
+
+Many nodes at once (`train_many`, `evaluate_many`, `stacked.py`): stacked parameters through
+torch.func.vmap, for `--batched` simulation and the barrier's evaluation on accelerators.
+
 Repeatability: batches come from a torch.Generator keyed by (seed, node, round); no global RNG is used
 (the initial model is built under fork_rng). The CPU kernels used here give the same bits for the same
 inputs and the same torch thread count; a different thread count changes the summation order of some
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from abc import abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +35,9 @@ from mosaicd.learning.data import Split
 from mosaicd.learning.partition import PartitionError, partition, supported_message
 from mosaicd.settings import Partition, RunConfig
 
+from . import stacked
 from .base import Task
-from .torch_util import SGD, layout_of, load_vector, to_vector, train_generator
+from .torch_util import SGD, check_device, layout_of, load_vector, to_vector, train_generator
 
 __all__ = ["TorchTask"]
 
@@ -37,6 +45,8 @@ __all__ = ["TorchTask"]
 class TorchTask(Task):
     partitions: tuple[Partition, ...] = (Partition.IID, Partition.DIRICHLET, Partition.SHARDS)
     eval_batch_size: int = 1000
+    vmappable: bool = True  # torch.func.vmap runs the model (not LSTM): batched training and evaluation
+    stacked_eval: bool | None = None  # evaluate_many through vmap; None: off the CPU only (slower on CPU)
 
     def __init__(self, run: RunConfig, data_dir: Path = Path("data")) -> None:
         super().__init__(run, data_dir)
@@ -44,6 +54,7 @@ class TorchTask(Task):
             raise PartitionError(supported_message(self.name, run.partition.value,
                                                    [p.value for p in self.partitions]))
         torch.set_num_threads(run.threads)  # the thread count changes float results: same on every node
+        self.device = check_device(run.device)
         self._lock = threading.RLock()
         self._split: Split | None = None
         self._shards: list[np.ndarray] | None = None
@@ -66,6 +77,13 @@ class TorchTask(Task):
 
     def targets(self, y: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.array(y))
+
+    def x(self, rows: np.ndarray) -> torch.Tensor:
+        """`inputs` on the task's device."""
+        return self.inputs(rows).to(self.device)
+
+    def y(self, rows: np.ndarray) -> torch.Tensor:
+        return self.targets(rows).to(self.device)
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output, target)
@@ -110,7 +128,7 @@ class TorchTask(Task):
     def _fresh_model(self) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.run.seed)
-            return self.build_model()
+            return self.build_model().to(self.device)
 
     @property
     def model(self) -> nn.Module:
@@ -145,7 +163,7 @@ class TorchTask(Task):
             if s.local_steps == 0:  # report the loss of one batch without stepping
                 idx = shard[torch.randperm(len(shard), generator=gen)[:batch].numpy()]
                 with torch.no_grad():
-                    loss = self.loss(model(self.inputs(split.x_train[idx])), self.targets(split.y_train[idx]))
+                    loss = self.loss(model(self.x(split.x_train[idx])), self.y(split.y_train[idx]))
                 return np.asarray(vector, dtype=np.float32).copy(), float(loss)
             opt = SGD(model.parameters(), lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
             losses = []
@@ -156,17 +174,51 @@ class TorchTask(Task):
                 idx = shard[order[pos:pos + batch]]
                 pos += batch
                 opt.zero_grad()
-                loss = self.loss(model(self.inputs(split.x_train[idx])), self.targets(split.y_train[idx]))
+                loss = self.loss(model(self.x(split.x_train[idx])), self.y(split.y_train[idx]))
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
             return to_vector(model), float(np.mean(losses))
 
+    def train_many(self, nodes: Sequence[int], round: int,
+                   vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, float]]:
+        """Every node's `train` at once through vmap (close to, not bit-equal with, `train`); one by one when
+        the model cannot be vmapped or no step is taken."""
+        if not self.vmappable or self.run.local_steps == 0 or stacked.has_buffers(self.model):
+            return super().train_many(nodes, round, vectors)
+        with self._lock:
+            return stacked.train_stacked(self, list(nodes), round, list(vectors))
+
+    def test_size(self) -> int:
+        return len(self.split.y_test)
+
     def evaluate(self, vector: np.ndarray) -> dict[str, float]:
+        return self.evaluate_many([vector])[0] if self._stacked_eval() else self.evaluate_one(vector)
+
+    def evaluate_many(self, vectors: Sequence[np.ndarray],
+                      samples: np.ndarray | None = None) -> list[dict[str, float]]:
+        if self._stacked_eval():
+            with self._lock:
+                return stacked.evaluate_stacked(self, list(vectors), samples)
+        return [self.evaluate_one(v, samples) for v in vectors]
+
+    def _stacked_eval(self) -> bool:
+        wanted = self.device.type != "cpu" if self.stacked_eval is None else self.stacked_eval
+        return wanted and self.vmappable and not stacked.has_buffers(self.model)
+
+    def test_rows(self, samples: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The test set, or its rows `samples` (sorted indices)."""
         split = self.split
-        count = len(split.y_test)
-        if count == 0:
+        if len(split.y_test) == 0:
             raise ValueError(f"task {self.name}: the test set is empty")
+        if samples is None:
+            return split.x_test, split.y_test
+        return split.x_test[samples], split.y_test[samples]
+
+    def evaluate_one(self, vector: np.ndarray, samples: np.ndarray | None = None) -> dict[str, float]:
+        """One model, one test batch after another (`samples`: rows of the test set; None: all)."""
+        x_test, y_test = self.test_rows(samples)
+        count = len(y_test)
         sums: dict[str, float] = {}
         with self._lock, torch.no_grad():
             model = self.model
@@ -174,7 +226,7 @@ class TorchTask(Task):
             model.eval()
             for start in range(0, count, self.eval_batch_size):
                 sl = slice(start, start + self.eval_batch_size)
-                out = model(self.inputs(split.x_test[sl]))
-                for key, value in self.score(out, self.targets(split.y_test[sl])).items():
+                out = model(self.x(x_test[sl]))
+                for key, value in self.score(out, self.y(y_test[sl])).items():
                     sums[key] = sums.get(key, 0.0) + value
         return self.summarize(sums, count)

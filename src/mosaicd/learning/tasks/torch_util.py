@@ -8,7 +8,8 @@ from torch import nn
 
 from mosaic_proto import Layout, Purpose, keyed_rng
 
-__all__ = ["SGD", "float_state", "layout_of", "load_vector", "to_vector", "train_generator", "train_seed"]
+__all__ = ["SGD", "check_device", "float_state", "layout_of", "load_vector", "to_vector", "train_generator",
+           "train_seed"]
 
 
 def float_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -24,11 +25,11 @@ def to_vector(model: nn.Module) -> np.ndarray:
     """The model's state as one new float32 numpy vector."""
     with torch.no_grad():
         flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for _, t in float_state(model)])
-    return flat.numpy()
+    return flat.cpu().numpy()
 
 
 def load_vector(model: nn.Module, vector: np.ndarray) -> None:
-    """Copy a flat vector into the model's float tensors, in place."""
+    """Copy a flat vector into the model's float tensors, in place (on whatever device they are)."""
     entries = float_state(model)
     total = sum(t.numel() for _, t in entries)
     v = np.asarray(vector)
@@ -84,3 +85,15 @@ class SGD:
                     buf.mul_(self.momentum).add_(grad, alpha=1.0)
                 grad = buf
             p.add_(grad, alpha=-self.lr)
+
+
+def check_device(name: str) -> torch.device:
+    """The torch device of `--device name`, or ValueError naming --device when this machine lacks it."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available on this machine (torch {torch.__version__}, "
+                             "no usable GPU); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device

@@ -1,0 +1,147 @@
+"""Many models of one torch task at once: the n vectors as stacked parameters, run through torch.func.vmap.
+
+Training (`train_stacked`) takes every node's local steps together with the data order of
+`TorchTask.train` (the same generator per (seed, node, round), the same batches) and its SGD arithmetic
+(weight decay, momentum, lr), step by step. The results are close to the one-by-one run but not bit-equal:
+vmap turns the n convolutions into one grouped convolution and the n matrix products into batched ones,
+which sum in another order (last bits of float32), and those differences grow over rounds. That is why
+`--batched` is a separate, explicit option, and `mosaicd simulate` without it stays the bit-exact reference.
+
+Evaluation (`evaluate_stacked`) runs chunks of models over each test batch in one call.
+
+Only models without buffers (GroupNorm, not BatchNorm) and with vmap rules for every layer (not LSTM) are
+stacked; the callers fall back to one model at a time for the others.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from .torch_util import float_state, train_generator
+
+if TYPE_CHECKING:
+    from .torch_task import TorchTask
+
+__all__ = ["STACK_SAMPLES", "evaluate_stacked", "has_buffers", "train_stacked"]
+
+STACK_SAMPLES = 2048  # samples (models x batch) in one vmapped call: bounds the activations' memory
+
+
+def has_buffers(model: nn.Module) -> bool:
+    """Buffers (BatchNorm's running statistics) are updated in place by a forward pass: not stacked here."""
+    return any(True for _ in model.buffers())
+
+
+def _unstack(model: nn.Module, vectors: list[np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """name -> (m, *shape) tensor of the models' parameters (the vectors' layout is float_state's order)."""
+    flat = torch.from_numpy(np.stack([np.asarray(v, dtype=np.float32) for v in vectors])).to(device)
+    params, offset = {}, 0
+    for name, t in float_state(model):
+        n = t.numel()
+        params[name] = flat[:, offset:offset + n].reshape(len(vectors), *t.shape).clone()
+        offset += n
+    if offset != flat.shape[1]:
+        raise ValueError(f"vectors have {flat.shape[1]} values, the model needs {offset}")
+    return params
+
+
+def _restack(model: nn.Module, params: dict[str, torch.Tensor]) -> np.ndarray:
+    names = [name for name, _ in float_state(model)]
+    m = params[names[0]].shape[0]
+    return torch.cat([params[name].detach().reshape(m, -1) for name in names], dim=1).cpu().numpy()
+
+
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    size = max(1, size)
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def train_stacked(task: TorchTask, nodes: list[int], round: int,
+                  vectors: list[np.ndarray]) -> list[tuple[np.ndarray, float]]:
+    """`task.train(node, round, vector)` for every node, together; same order of results as `nodes`."""
+    results: dict[int, tuple[np.ndarray, float]] = {}
+    shards = {node: task.shard(node) for node in nodes}
+    for node, shard in shards.items():
+        if len(shard) == 0:
+            raise ValueError(f"node {node} has no training samples")
+    by_batch: dict[int, list[int]] = {}  # nodes with a smaller shard than the batch take smaller batches
+    for k, node in enumerate(nodes):
+        by_batch.setdefault(min(task.run.batch_size, len(shards[node])), []).append(k)
+    for batch, members in by_batch.items():
+        for chunk in _chunks(members, STACK_SAMPLES // batch):
+            trained, losses = _train_group(task, [nodes[k] for k in chunk], round, [vectors[k] for k in chunk],
+                                           batch)
+            for j, k in enumerate(chunk):
+                results[k] = (trained[j].copy(), losses[j])
+    return [results[k] for k in range(len(nodes))]
+
+
+def _train_group(task: TorchTask, nodes: list[int], round: int, vectors: list[np.ndarray],
+                 batch: int) -> tuple[np.ndarray, list[float]]:
+    s, split, model = task.run, task.split, task.model
+    model.train()
+    params = _unstack(model, vectors, task.device)
+
+    def node_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return task.loss(functional_call(model, p, (x,)), y)
+
+    step = vmap(grad_and_value(node_loss))
+    gens = [train_generator(s.seed, node, round) for node in nodes]
+    orders = [np.zeros(0, dtype=np.int64)] * len(nodes)
+    pos = [0] * len(nodes)
+    buffers: dict[str, torch.Tensor] = {}
+    losses = []
+    for _ in range(s.local_steps):
+        rows = []
+        for j, node in enumerate(nodes):  # exactly TorchTask.train's draws, node by node
+            if pos[j] + batch > len(orders[j]):
+                orders[j], pos[j] = torch.randperm(len(task.shard(node)), generator=gens[j]).numpy(), 0
+            rows.append(task.shard(node)[orders[j][pos[j]:pos[j] + batch]])
+            pos[j] += batch
+        x = torch.stack([task.x(split.x_train[idx]) for idx in rows])
+        y = torch.stack([task.y(split.y_train[idx]) for idx in rows])
+        grads, loss = step(params, x, y)
+        losses.append(loss.detach())
+        with torch.no_grad():
+            for name, p in params.items():  # torch_util.SGD's arithmetic on the stacked tensors
+                grad = grads[name]
+                if s.weight_decay != 0:
+                    grad = grad.add(p, alpha=s.weight_decay)
+                if s.momentum != 0:
+                    if name not in buffers:
+                        buffers[name] = torch.clone(grad).detach()
+                    else:
+                        buffers[name].mul_(s.momentum).add_(grad, alpha=1.0)
+                    grad = buffers[name]
+                p.add_(grad, alpha=-s.lr)
+    mean_loss = torch.stack(losses).double().cpu().numpy().mean(axis=0)
+    return _restack(model, params), [float(x) for x in mean_loss]
+
+
+def evaluate_stacked(task: TorchTask, vectors: list[np.ndarray],
+                     samples: np.ndarray | None = None) -> list[dict[str, float]]:
+    """`task.evaluate_one(v, samples)` of every vector, chunks of models over each test batch together."""
+    x_test, y_test = task.test_rows(samples)
+    count, model = len(y_test), task.model
+    model.eval()
+    batch = min(task.eval_batch_size, count)
+    out: list[dict[str, float]] = []
+    forward = vmap(lambda p, x: functional_call(model, p, (x,)), in_dims=(0, None))
+    with torch.no_grad():
+        for chunk in _chunks(vectors, STACK_SAMPLES // batch):
+            params = _unstack(model, chunk, task.device)
+            sums: list[dict[str, float]] = [{} for _ in chunk]
+            for start in range(0, count, batch):
+                sl = slice(start, start + batch)
+                x, y = task.x(x_test[sl]), task.y(y_test[sl])
+                outputs = forward(params, x)
+                for j in range(len(chunk)):
+                    for key, value in task.score(outputs[j], y).items():
+                        sums[j][key] = sums[j].get(key, 0.0) + value
+            out += [task.summarize(s, count) for s in sums]
+    return out
