@@ -66,3 +66,62 @@ def test_average_model_is_float32_and_needs_models():
     assert avg.dtype == np.float32 and avg.tolist() == [1.5, 1.5, 1.5]
     with pytest.raises(ValueError):
         network_metrics(Norm(Settings()), [])
+
+
+# -- --eval-samples and many models at once ----------------------------------------------------------------------
+
+def test_eval_subset_is_fixed_per_seed_and_sorted():
+    from mosaicd.learning.evaluation import eval_subset
+
+    a = eval_subset(7, 359, 100)
+    assert a is not None and len(a) == 100 and len(set(a.tolist())) == 100 and (np.diff(a) > 0).all()
+    assert a.max() < 359
+    assert np.array_equal(a, eval_subset(7, 359, 100))  # every round and every run with this seed
+    assert not np.array_equal(a, eval_subset(8, 359, 100))
+    assert eval_subset(7, 359, None) is None and eval_subset(7, 359, 359) is None and eval_subset(7, 359, 999) is None
+
+
+def test_eval_samples_subset_for_nodes_full_set_for_the_average():
+    from mosaicd.learning.evaluation import eval_subset
+
+    run = Settings(task="digits", nodes=3, fanout=1, eval_samples=60, seed=4)
+    task = build_task(run)
+    rng = np.random.default_rng(0)
+    vectors = [task.initial(0) + rng.normal(0, 0.05, task.layout.dim).astype(np.float32) for _ in range(3)]
+    m = network_metrics(task, vectors)
+    assert m["eval_samples"] == 60 and m["test_size"] == 359
+    rows = eval_subset(4, 359, 60)
+    assert m["per_node"] == [task.evaluate_one(v, rows)["accuracy"] for v in vectors]
+    assert m["average_model"] == task.evaluate(average_model(vectors))["accuracy"]
+    full = network_metrics(build_task(Settings(task="digits", nodes=3, fanout=1, seed=4)), vectors)
+    assert full["eval_samples"] == 359 and full["node_average_test_loss"] != m["node_average_test_loss"]
+    assert full["average_model"] == m["average_model"]
+
+
+@pytest.mark.parametrize("task_name", ["digits", "cifar10", "movielens"])
+def test_stacked_evaluation_and_training_match_one_by_one(task_name, tmp_path):
+    """vmap over stacked parameters: the same numbers up to float32 summation order."""
+    from mosaicd.learning.data import write_synthetic
+
+    if task_name != "digits":
+        write_synthetic(task_name, tmp_path, train=80, test=30)
+    run = Settings(task=task_name, nodes=4, fanout=1, local_steps=3, momentum=0.9, weight_decay=1e-3,
+                   batch_size=8, data_dir=tmp_path)
+    task = build_task(run)
+    rng = np.random.default_rng(1)
+    vectors = [task.initial(0) + rng.normal(0, 0.05, task.layout.dim).astype(np.float32) for _ in range(4)]
+    rows = np.array([0, 3, 4, 9, 17])
+    for samples in (None, rows):
+        one = task.evaluate_many(vectors, samples)  # one model at a time on the CPU
+        task.stacked_eval = True
+        many = task.evaluate_many(vectors, samples)
+        task.stacked_eval = None
+        assert [sorted(m) for m in one] == [sorted(m) for m in many]
+        for a, b in zip(one, many, strict=True):
+            for key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    exact = [task.train(i, 2, v) for i, v in enumerate(vectors)]
+    stacked = task.train_many(range(4), 2, vectors)
+    for (xa, la), (xb, lb) in zip(exact, stacked, strict=True):
+        assert np.abs(xa - xb).max() < 1e-5 and lb == pytest.approx(la, rel=1e-5)
+        assert np.abs(xa - vectors[0]).max() > 1e-3  # it trained
