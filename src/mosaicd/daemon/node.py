@@ -13,6 +13,7 @@ from mosaicd.daemon.auth import check_listen
 from mosaicd.daemon.barrier import Barrier
 from mosaicd.daemon.peer import Peer
 from mosaicd.daemon.server import serve
+from mosaicd.daemon.warmup import prefetch
 from mosaicd.logs import get_logger
 from mosaicd.settings import RunConfig, Settings
 
@@ -20,9 +21,9 @@ from mosaicd.settings import RunConfig, Settings
 class NetworkEvaluation:
     """The barrier's `evaluate`: the network metrics of the run's task, built once the run is final."""
 
-    def __init__(self, data_dir: Any) -> None:
+    def __init__(self, data_dir: Any, task: Any = None) -> None:
         self.data_dir = data_dir
-        self._task: Any = None
+        self._task: Any = task  # a prebuilt one (warm start) is used only if it is the run's
 
     def __call__(self, run: RunConfig, vectors: list[np.ndarray]) -> dict[str, Any]:
         from mosaicd.learning.evaluation import network_metrics
@@ -33,14 +34,21 @@ class NetworkEvaluation:
         return network_metrics(self._task, vectors)
 
 
-async def run_node(settings: Settings) -> int:
-    """Register (the barrier hands out the run), build the task, then train and gossip every round."""
+async def run_node(settings: Settings, task: Any = None) -> int:
+    """Register (the barrier hands out the run), build the task, then train and gossip every round.
+
+    `task`: one built before registration (`mosaicd cluster`'s warm start), used only if it is the registered
+    run's. Without one, the task's imports run in a thread while the node registers."""
     from mosaicd.learning.tasks import build_task
 
+    prefetched = None if task is not None else asyncio.ensure_future(asyncio.to_thread(prefetch, settings.task))
     run = settings.run_config() if settings.peer_list is not None else None
-    async with Peer(settings.daemon_options(), run=run, evaluate=NetworkEvaluation(settings.data_dir)) as peer:
+    async with Peer(settings.daemon_options(), run=run, evaluate=NetworkEvaluation(settings.data_dir, task)) as peer:
         run = peer.run
-        task = await asyncio.to_thread(build_task, run, settings.data_dir)
+        if prefetched is not None:
+            await prefetched
+        if task is None or task.run != run:
+            task = await asyncio.to_thread(build_task, run, settings.data_dir)
         peer.set_model(task.layout)
         log = get_logger(role="node", run=run.run_id, node=peer.rank)
         vector = peer.vector = task.initial(peer.rank)
@@ -60,13 +68,13 @@ async def run_node(settings: Settings) -> int:
     return 0
 
 
-async def run_barrier(settings: Settings) -> int:
+async def run_barrier(settings: Settings, task: Any = None) -> int:
 
     from mosaicd.learning.tasks import require_task
 
     require_task(settings.task)  # it evaluates the task: say now, not at the first evaluation, if it cannot
     barrier = Barrier(settings.run_config(), settings.daemon_options(),
-                      evaluate=NetworkEvaluation(settings.data_dir))
+                      evaluate=NetworkEvaluation(settings.data_dir, task))
     check_listen(settings, barrier.keyring)
     runner, port = await serve(barrier.app(), settings)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)

@@ -1,5 +1,10 @@
 """`mosaicd cluster`: a barrier and N node processes on 127.0.0.1, with progress, and no orphans left behind.
 
+Warm start (the default): the barrier process imports, loads and partitions the data, builds the model and warms
+torch up once, then forks the nodes from that state (`experiments/warm.py`); they share its read-only pages and
+skip the start-up that used to take most of a short run. They are still separate processes on their own ports,
+talking HTTP. `warm=False` (or a non-CPU device) starts every process as a fresh `mosaicd` interpreter instead.
+
 Progress: `progress=True` shows the `ProgressPrinter` on stderr; `on_round`, when given, is called with a
 `RoundProgress` once per round, in order, as the barrier's /v1/status shows rounds released (polled every
 0.2 s); the last round is reported once the run's summary is written, with the final evaluation row.
@@ -14,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +27,7 @@ from typing import Any
 
 from mosaicd.daemon.tls import client_context, scheme
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
+from mosaicd.experiments.warm import REPORT_FD
 from mosaicd.learning.tasks import require_task
 from mosaicd.outputs import failed_summary, failure_text
 from mosaicd.settings import Settings
@@ -61,13 +68,15 @@ def _die_with_parent() -> None:
 
 class Cluster:
     def __init__(self, settings: Settings, progress: bool = True, on_round: OnRound | None = None,
-                 fail_fast: bool = False) -> None:
+                 fail_fast: bool = False, warm: bool = True) -> None:
         """`fail_fast`: end the run when any node process dies; by default a dead node is reported and the run
-        goes on without it, as a run started by hand does (the barrier drops it)."""
+        goes on without it, as a run started by hand does (the barrier drops it). `warm`: fork the nodes from a
+        warmed-up barrier (see the module's docstring), else start fresh interpreters."""
         self.settings, self.progress, self.on_round, self.fail_fast = settings, progress, on_round, fail_fast
+        self.warm = warm and str(getattr(settings, "device", "cpu")) == "cpu"  # CUDA does not survive fork()
         self.dead: dict[str, int] = {}
         self.out = Path(settings.out)
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | ForkedProcess] = {}
         self.barrier_port: int | None = None  # set by run(): where to scrape the barrier's /v1/status, /metrics
         self.node_ports: list[int] = []  # node-i listens on node_ports[i] (its rank is its address' sort order)
 
@@ -79,6 +88,34 @@ class Cluster:
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=_die_with_parent)
         log.close()
+
+    def _spawn_warm(self, barrier_env: dict[str, str], node_envs: dict[str, dict[str, str]]) -> None:
+        """The barrier as the warm fork server, told the nodes to fork on its stdin; their pids and exit statuses
+        come back on a pipe (read by a thread into `ForkedProcess` handles)."""
+        logs = self.out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        children = [{"name": name, "log": str(logs / f"{name}.log"),
+                     "env": {k: v for k, v in env.items() if k.startswith("MOSAIC_")}}
+                    for name, env in node_envs.items()]
+        handles = {name: ForkedProcess(name) for name in node_envs}
+        read, write = os.pipe()
+        try:
+            with open(logs / "barrier.log", "wb") as log:
+                barrier = subprocess.Popen([sys.executable, "-m", "mosaicd.experiments.warm"],
+                                           env={**barrier_env, REPORT_FD: str(write)}, stdout=log,
+                                           stderr=subprocess.STDOUT, stdin=subprocess.PIPE, pass_fds=(write,),
+                                           preexec_fn=_die_with_parent)
+        finally:
+            os.close(write)
+        self.procs["barrier"] = barrier
+        self.procs.update(handles)
+        threading.Thread(target=_read_reports, args=(read, handles), name="warm-reports", daemon=True).start()
+        try:
+            assert barrier.stdin is not None
+            barrier.stdin.write(json.dumps({"children": children}).encode())
+            barrier.stdin.close()
+        except OSError:  # it died at once: the run's loop reports its exit status
+            pass
 
     def status(self, port: int) -> dict | None:
         try:
@@ -111,11 +148,16 @@ class Cluster:
         barrier_port, node_ports = ports[0], sorted(ports[1:])  # ranks follow address order: node-i is rank i
         self.barrier_port, self.node_ports = barrier_port, node_ports
         barrier_url = f"{scheme(s)}://127.0.0.1:{barrier_port}"
-        self._spawn("barrier", "barrier", settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True))
-        for i, port in enumerate(node_ports):
-            self._spawn(f"node-{i}", "node", settings_env(
-                s, host="127.0.0.1", port=port, barrier_url=barrier_url, log_json=True,
-                out=str(self.out / "nodes" / str(i)), advertise=f"127.0.0.1:{port}"))
+        barrier_env = settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True)
+        node_envs = {f"node-{i}": settings_env(s, host="127.0.0.1", port=port, barrier_url=barrier_url, log_json=True,
+                                               out=str(self.out / "nodes" / str(i)), advertise=f"127.0.0.1:{port}")
+                     for i, port in enumerate(node_ports)}
+        if self.warm:
+            self._spawn_warm(barrier_env, node_envs)
+        else:
+            self._spawn("barrier", "barrier", barrier_env)
+            for name, env in node_envs.items():
+                self._spawn(name, "node", env)
         deadline = time.monotonic() + (timeout or s.register_deadline + s.rounds * (s.round_deadline + 60))
         with ProgressPrinter(enabled=self.progress) as printer:
             printer.message(f"barrier {barrier_url}: dashboard in a browser, or `mosaicd status {barrier_url}`")
@@ -188,6 +230,90 @@ class ClusterFailed(RuntimeError):
     pass
 
 
+class ForkedProcess:
+    """A node forked by the warm barrier, seen from the launcher with Popen's poll/wait/send_signal/kill: its pid
+    and exit status are the barrier's reports; signals go through a pidfd, so they never reach a reused pid."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        self._pidfd: int | None = None
+        self._exited = threading.Event()
+        self._orphaned = False  # the barrier is gone: no report will come
+
+    def started(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):  # gone already (its exit report follows), or no pidfd here
+            self._pidfd = None
+
+    def exited(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+        self._exited.set()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def orphaned(self) -> None:
+        """The barrier's reports ended; a node not reported is gone with it (PDEATHSIG) or was never forked."""
+        self._orphaned = True
+        if self.pid is None:
+            self.exited(1)
+
+    def _gone(self) -> bool:
+        import select
+
+        if self._pidfd is None:
+            return True
+        return bool(select.select([self._pidfd], [], [], 0)[0])  # a pidfd reads ready once its process exited
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._orphaned and self._gone():
+            self.exited(-signal.SIGTERM)  # its parent's death signal
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = time.monotonic() + (30.0 if timeout is None else timeout)
+        while self.poll() is None:
+            if self._exited.wait(min(0.05, max(0.0, end - time.monotonic()))):
+                break
+            if time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(self.name, timeout or 30.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        pidfd = self._pidfd
+        if self.returncode is not None or pidfd is None:
+            return
+        try:
+            signal.pidfd_send_signal(pidfd, signum)
+        except (ProcessLookupError, OSError):
+            pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _read_reports(fd: int, handles: dict[str, ForkedProcess]) -> None:
+    with os.fdopen(fd, "rb") as reports:
+        for line in reports:
+            try:
+                message = json.loads(line)
+                handle = handles[message["name"]]
+            except (ValueError, KeyError):
+                continue
+            if "pid" in message:
+                handle.started(int(message["pid"]))
+            elif "exit" in message:
+                handle.exited(int(message["exit"]))
+    for handle in handles.values():
+        handle.orphaned()
+
+
 class _Reported:
     """Rounds reported to the callbacks so far: each round once, in order; each evaluation row once."""
 
@@ -215,5 +341,5 @@ class _Reported:
 
 
 def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
-                on_round: OnRound | None = None, fail_fast: bool = False) -> dict:
-    return Cluster(settings, progress, on_round, fail_fast).run(timeout)
+                on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True) -> dict:
+    return Cluster(settings, progress, on_round, fail_fast, warm).run(timeout)

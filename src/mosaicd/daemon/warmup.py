@@ -1,0 +1,70 @@
+"""Start-up work done before a node knows its rank: import the task's modules, pay torch's first-call costs.
+
+`prefetch` runs in a thread while a node registers (registration waits for every node anyway), so a node
+that is told the run is already past the imports. `warm_up` is the warm start's (`mosaicd cluster`): one
+forward and backward pass of a built task, in the process that then forks the nodes. It runs with one torch
+thread, so that no OpenMP pool thread exists at the fork (GNU libgomp's pool does not survive fork(); a child
+that uses it can hang); each forked process sets the run's thread count itself (`set_threads`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from importlib import import_module
+from typing import Any
+
+from mosaicd.logs import get_logger
+from mosaicd.settings import TaskName
+
+
+def prefetch(task: TaskName) -> None:
+    """Import what `task` needs (torch, its model's module) if it is installed; errors are the build's to report."""
+    from mosaicd.learning.tasks import _REGISTRY, MissingExtra, require_task
+
+    try:
+        require_task(task)
+        import_module(_REGISTRY[task].split(":")[0])
+    except (ImportError, MissingExtra, KeyError, ValueError):
+        pass
+
+
+def set_threads(threads: int) -> None:
+    """The run's torch thread count in this process (no-op where torch was never imported)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+
+
+def warm_up(task: Any) -> float:
+    """One training step's forward and backward and one evaluation batch on `task` (node 0's data), leaving the
+    model's state as it was; returns the seconds it took. Torch tasks only; others have nothing to warm."""
+    started = time.perf_counter()
+    if "torch" not in sys.modules:
+        return 0.0
+    import torch
+
+    from mosaicd.learning.tasks.torch_task import TorchTask
+
+    if not isinstance(task, TorchTask):
+        return 0.0
+    torch.set_num_threads(1)  # no OpenMP pool before fork(); see the module's docstring
+    split, shard = task.split, task.shard(0)
+    model = task.model
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        if len(shard):
+            idx = shard[:max(1, min(task.run.batch_size, len(shard)))]
+            model.train()
+            task.loss(model(task.inputs(split.x_train[idx])), task.targets(split.y_train[idx])).backward()
+        if len(split.y_test):
+            model.eval()
+            with torch.no_grad():
+                model(task.inputs(split.x_test[:min(64, len(split.y_test))]))
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.load_state_dict(saved)
+        torch.set_num_threads(task.run.threads)  # sets the count only: threads start at the first parallel region
+    seconds = time.perf_counter() - started
+    get_logger(role="warmup").info("warmed_up", task=task.name, seconds=round(seconds, 3))
+    return seconds

@@ -1,0 +1,231 @@
+"""Warm start of a local cluster: the barrier process pays imports, data, task and torch's warm-up once, then forks
+the nodes from that state.
+
+`mosaicd cluster` starts `python -m mosaicd.experiments.warm` as the barrier (its MOSAIC_* environment is the
+barrier's) and writes the nodes to start on its stdin, one JSON object: {"children": [{"name", "log", "env"}]}
+(`env`: each node's MOSAIC_* variables). This process then
+
+1. builds the run's task (data loaded and partitioned, model built: nothing in it depends on the rank) and warms
+   torch up with one thread (`daemon.warmup`: no OpenMP pool exists at the fork), freezes the GC's objects so
+   that the children's collections do not copy the shared pages;
+2. forks one child per node: it dies with this process (PDEATHSIG), writes to its own log, takes its own
+   MOSAIC_* environment, sets the run's torch threads and runs `run_node` as `mosaicd node` does, with the
+   prebuilt task (`run_node` uses it only if the registered run is the one it was built for); it makes its own
+   event loop, thread pool and sockets, so the nodes are separate processes talking HTTP as before;
+3. runs the barrier (`run_barrier`, evaluating with the same prebuilt task), reaps the nodes and reports each
+   one's pid and exit status as JSON lines on the file descriptor named by MOSAIC_WARM_REPORT_FD; on SIGTERM it
+   passes the signal to the nodes, reaps them, and dies of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, NoReturn
+
+from mosaicd.daemon.http import HttpError
+from mosaicd.daemon.warmup import set_threads, warm_up
+from mosaicd.logs import configure_logging, get_logger
+from mosaicd.settings import Settings, SettingsError
+
+REPORT_FD = "MOSAIC_WARM_REPORT_FD"
+REAP_DEADLINE_S = 60.0  # after the barrier's end, how long nodes may take to exit before they are killed
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """PR_SET_PDEATHSIG: this process gets `signum` when its parent dies (no orphans)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)
+    except OSError:
+        pass
+
+
+def run_role(command: str, task: Any = None) -> int:
+    """What `mosaicd node` / `mosaicd barrier` do once the settings are in the environment, with the same errors
+    and exit codes (cli.main's), given a prebuilt task."""
+    from mosaicd.daemon.node import run_barrier, run_node
+
+    try:
+        settings = Settings.load()
+    except SettingsError as exc:
+        print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_json)
+    try:
+        if command == "node":
+            return asyncio.run(run_node(settings, task=task))
+        return asyncio.run(run_barrier(settings, task=task))
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, TimeoutError, HttpError) as exc:
+        print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+class Children:
+    """The forked nodes: reaped by a thread that reports each exit on the report pipe."""
+
+    def __init__(self, report: int) -> None:
+        self.report = report
+        self.names: dict[int, str] = {}
+        self.live: set[int] = set()
+        self.lock = threading.Lock()
+        self.reaper: threading.Thread | None = None
+
+    def say(self, **message: Any) -> None:
+        try:
+            os.write(self.report, (json.dumps(message) + "\n").encode())  # one line < PIPE_BUF: atomic
+        except OSError:
+            pass  # the launcher is gone; PDEATHSIG ends us soon
+
+    def fork(self, child: dict[str, Any], task: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _child(child, task, parent, self.report)
+        with self.lock:
+            self.names[pid] = child["name"]
+            self.live.add(pid)
+        self.say(name=child["name"], pid=pid)
+
+    def start_reaping(self) -> None:
+        self.reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
+        self.reaper.start()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                return
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+            with self.lock:
+                self.live.discard(pid)
+                name = self.names.get(pid)
+            if name is not None:
+                self.say(name=name, exit=os.waitstatus_to_exitcode(status))
+
+    def signal(self, signum: int) -> None:
+        with self.lock:
+            for pid in self.live:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def join(self, timeout: float) -> bool:
+        if self.reaper is not None:
+            self.reaper.join(timeout)
+        return self.reaper is None or not self.reaper.is_alive()
+
+    def end(self, grace: float) -> None:
+        """Wait `grace` seconds for the nodes, then kill those left and reap them."""
+        if not self.join(grace):
+            self.signal(signal.SIGKILL)
+            self.join(10.0)
+
+
+def _child(child: dict[str, Any], task: Any, parent: int, report: int) -> NoReturn:
+    """A forked node: never returns into the barrier's code."""
+    code = 1
+    try:
+        die_with_parent()
+        if os.getppid() != parent:  # the barrier died before prctl: no orphan
+            os._exit(1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.close(report)
+        log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        for name in [n for n in os.environ if n.startswith("MOSAIC_")]:
+            del os.environ[name]
+        os.environ.update(child["env"])
+        if task is not None:
+            set_threads(task.run.threads)
+        code = run_role("node", task)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def prebuild(settings: Settings) -> Any:
+    """The run's task, built and warmed up; None where it cannot be (each node then builds its own, and reports
+    why it cannot) or must not be (an accelerator: CUDA does not survive fork())."""
+    from mosaicd.learning.tasks import build_task
+
+    run = settings.run_config()
+    log = get_logger(role="barrier")
+    if str(getattr(run, "device", "cpu")) != "cpu":
+        log.info("warm_start", prebuilt=False, reason=f"device {run.device}")
+        return None
+    started = time.perf_counter()
+    try:
+        task = build_task(run, settings.data_dir)
+        task.initial(0)  # the model and its initial vector
+        warm_up(task)
+    except Exception as exc:  # noqa: BLE001 - the nodes build it again and say what is wrong
+        log.warning("warm_start", prebuilt=False, reason=f"{type(exc).__name__}: {exc}")
+        return None
+    log.info("warm_start", prebuilt=True, task=run.task.value, seconds=round(time.perf_counter() - started, 3))
+    return task
+
+
+def main() -> NoReturn:
+    spec = json.loads(sys.stdin.buffer.read() or b"{}")
+    os.close(0)
+    os.open(os.devnull, os.O_RDONLY)  # fd 0 again, as the nodes' stdin
+    children = Children(int(os.environ.pop(REPORT_FD)))
+    try:
+        settings = Settings.load()
+    except SettingsError as exc:
+        print(f"mosaicd barrier: error: {exc}", file=sys.stderr)
+        os._exit(2)
+    configure_logging(settings.log_level, settings.log_json)
+    task = prebuild(settings)
+    import mosaicd.daemon.node  # noqa: F401 - imported once, here, for every node
+
+    gc.collect()
+    gc.freeze()  # the objects made so far stay where they are: shared with the nodes, not copied by their GC
+    for child in spec.get("children", []):
+        children.fork(child, task)
+    children.start_reaping()
+
+    def terminate(signum: int, _frame: Any) -> None:
+        children.signal(signum)
+        children.end(5.0)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    code = 1
+    try:
+        code = run_role("barrier", task)
+    finally:
+        children.end(REAP_DEADLINE_S)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
