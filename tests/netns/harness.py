@@ -193,7 +193,10 @@ class Lab:
 
     # -- links ---------------------------------------------------------------------------------------------
     def iptables(self, host: int, *args: str) -> str:
-        return sh("ip", "netns", "exec", self.hosts[host], "iptables", "-w", "5", *args)
+        return self._iptables(self.hosts[host], *args)
+
+    def _iptables(self, ns: str, *args: str) -> str:
+        return sh("ip", "netns", "exec", ns, "iptables", "-w", "5", *args)
 
     def loss(self, host: int, probability: float) -> None:
         """Drop each packet that reaches `host` with this probability (both directions of every path through
@@ -207,13 +210,19 @@ class Lab:
         return sum(int(line.split()[0]) for line in listing.splitlines() if "statistic" in line)
 
     def cut(self, host: int) -> None:
-        """Partition `host`: every packet in or out of its eth0 is dropped until heal()."""
-        self.iptables(host, "-I", "INPUT", "1", "-i", "eth0", *_PARTITION)
-        self.iptables(host, "-I", "OUTPUT", "1", "-o", "eth0", *_PARTITION)
+        """Partition `host`: what reaches it and what it sends vanish (dropped on arrival, at the host and at
+        the relay namespace, so no sender gets a local error, as on a real cut link) until heal()."""
+        for ns, rule in self._partition(host):
+            self._iptables(ns, "-I", *rule[:1], "1", *rule[1:])
 
     def heal(self, host: int) -> None:
-        self.iptables(host, "-D", "INPUT", "-i", "eth0", *_PARTITION)
-        self.iptables(host, "-D", "OUTPUT", "-o", "eth0", *_PARTITION)
+        for ns, rule in self._partition(host):
+            self._iptables(ns, "-D", *rule)
+
+    def _partition(self, host: int) -> list[tuple[str, list[str]]]:
+        return [(self.hosts[host], ["INPUT", "-i", "eth0", *_PARTITION]),
+                (self.relay_ns, ["INPUT", "-s", self.ip(host), *_PARTITION]),
+                (self.relay_ns, ["FORWARD", "-s", self.ip(host), *_PARTITION])]  # bridged host to host
 
     def shape(self, host: int, rate: str, burst: str = "32kb", latency: str = "400ms") -> None:
         """Limit what `host` sends to `rate` (tbf on its eth0, e.g. "8mbit")."""
