@@ -10,8 +10,14 @@ back: who has which rank, when a round is released, who straggled, who is droppe
     release = state.tick(now)                   # or once the round's deadline has passed
 
 Arriving at round t means: done sending round t (t = rounds means done with the run). The deadline of
-round t runs from its first arrival; members that have not arrived by then are stragglers, and a member
-that straggles `drop_after` rounds in a row is dropped from the next round on.
+round t runs from the round's opening (the release of round t-1, or the roster for round 0), so that every
+wait ends even if nobody arrives; members that have not arrived by then are stragglers, and a member that
+straggles `drop_after` rounds in a row is dropped from the next round on. A run whose members are all
+dropped ends, failed.
+
+    rank = state.join(address, now)             # a member that restarted (or, allow_new, a newcomer):
+                                                # it sits out the open round and is a member from the next
+    saved = state.to_json(); BarrierState.from_json(saved, now)   # what a restarted barrier resumes from
 """
 
 from __future__ import annotations
@@ -49,10 +55,16 @@ class Release:
     stragglers: tuple[int, ...]
     dropped: tuple[int, ...]  # every member dropped so far
     finished: bool = False
+    joined: tuple[int, ...] = ()  # members from the next round on that were not in this one
 
     def to_json(self) -> dict[str, Any]:
         return {"round": self.round, "members": list(self.members), "stragglers": list(self.stragglers),
-                "dropped": list(self.dropped), "finished": self.finished}
+                "dropped": list(self.dropped), "finished": self.finished, "joined": list(self.joined)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Release:
+        return cls(int(data["round"]), tuple(data["members"]), tuple(data["stragglers"]), tuple(data["dropped"]),
+                   bool(data["finished"]), tuple(data.get("joined", ())))
 
 
 @dataclass
@@ -67,8 +79,8 @@ class Member:
 class _Round:
     """Arrivals at the open round: rank -> (time, report)."""
 
+    opened: float = 0.0
     arrivals: dict[int, tuple[float, dict[str, Any] | None]] = field(default_factory=dict)
-    first: float | None = None
 
 
 class BarrierState:
@@ -86,7 +98,8 @@ class BarrierState:
         self.round = 0
         self.released: dict[int, Release] = {}
         self.closed: dict[int, dict[int, tuple[float, dict[str, Any] | None]]] = {}
-        self.events: list[Release] = []  # the releases with stragglers (and so every drop)
+        self.events: list[Release] = []  # the releases with stragglers or joins (and so every drop)
+        self.joining: list[int] = []  # members from the next round on
         self._open = _Round()
 
     # -- registration ------------------------------------------------------------------------------
@@ -104,7 +117,8 @@ class BarrierState:
         if self.addresses:
             if address in self.addresses:
                 return self.addresses.index(address)
-            raise BarrierError("registration_closed", f"the run started without {address}")
+            raise BarrierError("registration_closed", f"the run started without {address} (a barrier started "
+                                                      "with --allow-join takes new nodes during the run)")
         if self.failure:
             raise BarrierError("registration_failed", self.failure)
         self.pending.setdefault(address, now)
@@ -116,7 +130,40 @@ class BarrierState:
         self.members = {r: Member(a, last_contact=now) for r, a in enumerate(self.addresses)}
         self.live = list(self.members)
         self.phase = BarrierPhase.RUNNING
+        self._open = _Round(opened=now)
         return self.addresses
+
+    def join(self, address: str, now: float, allow_new: bool = False) -> tuple[int, Release | None]:
+        """A member that lost its round (it restarted) or, with `allow_new`, a new node: its rank, and the
+        release if nobody else is awaited now. It sits out the open round (nobody waits for it there) and is a
+        member again from the next round on.
+
+        New nodes get the next free rank, so no member's rank moves; the member list stays sorted by rank."""
+        try:
+            parse_address(address)
+        except MembershipError as exc:
+            raise BarrierError("bad_address", str(exc)) from None
+        if self.phase is not BarrierPhase.RUNNING or self.round + 1 >= self.rounds:
+            raise BarrierError("run_not_joinable", f"the run is {self.phase.value}, at round {self.round} of "
+                                                   f"{self.rounds}: no round is left to join")
+        if address in self.addresses:
+            rank = self.addresses.index(address)
+        elif not allow_new:
+            raise BarrierError("registration_closed", f"the run started without {address} (a barrier started "
+                                                      "with --allow-join takes new nodes during the run)")
+        else:
+            rank = len(self.addresses)
+            self.addresses = (*self.addresses, address)
+            self.members[rank] = Member(address, last_contact=now)
+        if rank in self.live:
+            self.live.remove(rank)
+            self._open.arrivals.pop(rank, None)
+        if rank in self.dropped:
+            self.dropped.remove(rank)
+        self.members[rank].missed, self.members[rank].last_contact = 0, now
+        if rank not in self.joining:
+            self.joining.append(rank)
+        return rank, self._release(now) if set(self.live) <= set(self._open.arrivals) else None
 
     def fail(self, reason: str) -> None:
         self.failure = reason
@@ -125,10 +172,10 @@ class BarrierState:
     # -- rounds ------------------------------------------------------------------------------------
     @property
     def deadline(self) -> float | None:
-        """When the open round is released whoever has arrived (None: nobody has arrived yet)."""
-        if self.phase is not BarrierPhase.RUNNING or self._open.first is None:
+        """When the open round is released whoever has arrived."""
+        if self.phase is not BarrierPhase.RUNNING:
             return None
-        return self._open.first + self.round_deadline
+        return self._open.opened + self.round_deadline
 
     def arrive(self, rank: int, round: int, now: float, report: dict[str, Any] | None = None) -> Release | None:
         """`rank` is done sending `round`; the release if this arrival completes the round.
@@ -142,8 +189,6 @@ class BarrierState:
         member = self.members[rank]
         member.last_contact, member.last_round, member.missed = now, min(round, self.rounds - 1), 0
         self._open.arrivals.setdefault(rank, (now, report))
-        if self._open.first is None:
-            self._open.first = now
         if set(self.live) <= set(self._open.arrivals):
             return self._release(now)
         return None
@@ -154,6 +199,8 @@ class BarrierState:
             raise BarrierError("unknown_rank", f"rank {rank} is not registered")
         if rank in self.dropped:
             raise BarrierError("dropped", f"rank {rank} was dropped from the run")
+        if rank in self.joining and round >= self.round:
+            raise BarrierError("joining", f"rank {rank} is a member again from round {self.round + 1} on")
         if round > self.rounds:
             raise BarrierError("bad_round", f"round {round} is past the run's {self.rounds} rounds")
         if round > self.round:
@@ -175,20 +222,54 @@ class BarrierState:
             if self.members[r].missed >= self.drop_after:
                 newly.append(r)
         self.dropped += newly
-        self.live = [r for r in self.live if r not in newly]
-        finished = t >= self.rounds
-        release = Release(t, tuple(self.live), stragglers, tuple(self.dropped), finished)
+        joined = tuple(sorted(self.joining))
+        self.live = sorted(r for r in [*self.live, *joined] if r not in newly)
+        self.joining = [r for r in self.joining if r not in joined]
+        everyone_dropped = not self.live
+        finished = t >= self.rounds or everyone_dropped
+        release = Release(t, tuple(self.live), stragglers, tuple(self.dropped), finished, joined)
         self.released[t] = release
-        if stragglers:
+        if stragglers or joined:
             self.events.append(release)
         self.closed[t] = {r: (now - at, report) for r, (at, report) in sorted(arrivals.items())}
         self.released.pop(t - self.kept, None)
         self.closed.pop(t - self.kept, None)
         self.round = t + 1
-        self._open = _Round()
-        if finished:
+        self._open = _Round(opened=now)
+        if everyone_dropped:
+            self.fail(f"every member was dropped by round {t} (none arrived within --round-deadline "
+                      f"{self.round_deadline:g}s for {self.drop_after} rounds)")
+        elif finished:
             self.phase = BarrierPhase.FINISHED
         return release
+
+    # -- persistence ---------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """What a restarted barrier needs to go on deciding as this one would (arrivals at the open round are
+        not kept: the nodes retry them)."""
+        return {"rounds": self.rounds, "round_deadline": self.round_deadline, "drop_after": self.drop_after,
+                "kept": self.kept, "expected": self.expected, "phase": self.phase.value, "failure": self.failure,
+                "addresses": list(self.addresses), "round": self.round, "live": self.live,
+                "dropped": self.dropped, "joining": self.joining,
+                "members": [[m.missed, m.last_round] for m in self.members.values()],
+                "released": [r.to_json() for _, r in sorted(self.released.items())],
+                "events": [e.to_json() for e in self.events]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], now: float) -> BarrierState:
+        """The state `to_json` saved; the open round (re)opens at `now`."""
+        state = cls(rounds=data["rounds"], round_deadline=data["round_deadline"], drop_after=data["drop_after"],
+                    expected=data["expected"], kept=data["kept"])
+        state.phase, state.failure = BarrierPhase(data["phase"]), data["failure"]
+        state.addresses = tuple(data["addresses"])
+        state.members = {r: Member(a, missed=m[0], last_contact=now, last_round=m[1])
+                         for r, (a, m) in enumerate(zip(state.addresses, data["members"], strict=True))}
+        state.round, state.live = data["round"], list(data["live"])
+        state.dropped, state.joining = list(data["dropped"]), list(data["joining"])
+        state.released = {r["round"]: Release.from_json(r) for r in data["released"]}
+        state.events = [Release.from_json(e) for e in data["events"]]
+        state._open = _Round(opened=now)
+        return state
 
 
 def received_counts(reports: dict[int, dict[str, Any] | None]) -> dict[int, tuple[int, int, int]]:

@@ -81,6 +81,16 @@ def failed_summary(out: Path | str, settings: BaseModel | Mapping[str, Any], mod
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    rounds = read_rounds(out)
+    return _write_summary(out, {
+        "mode": mode, "status": "failed", "error": " ".join(error.split()),
+        "settings": settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings),
+        "rounds": rounds, "final": rounds[-1] if rounds else None, "model_sha256": {},
+        "wall_s": None if wall_s is None else round_(wall_s), **extra})
+
+
+def read_rounds(out: Path) -> list[dict[str, Any]]:
+    """The evaluation rows of OUT/rounds.csv (its columns only: no per_node); none if it is missing."""
     rounds: list[dict[str, Any]] = []
     try:
         with open(out / "rounds.csv", newline="") as f:
@@ -88,11 +98,7 @@ def failed_summary(out: Path | str, settings: BaseModel | Mapping[str, Any], mod
                 rounds.append({k: _parse(v) for k, v in row.items() if k is not None})
     except OSError:
         pass
-    return _write_summary(out, {
-        "mode": mode, "status": "failed", "error": " ".join(error.split()),
-        "settings": settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings),
-        "rounds": rounds, "final": rounds[-1] if rounds else None, "model_sha256": {},
-        "wall_s": None if wall_s is None else round_(wall_s), **extra})
+    return rounds
 
 
 def _parse(text: str | None) -> Any:
@@ -113,18 +119,21 @@ class RunRecorder:
     A summary.json left in `out` by an earlier run is removed at the start.
     """
 
-    def __init__(self, out: Path, settings: BaseModel | Mapping[str, Any], mode: str) -> None:
-        """`settings`: what summary.json records as the run's settings."""
+    def __init__(self, out: Path, settings: BaseModel | Mapping[str, Any], mode: str,
+                 resume_from: float | None = None) -> None:
+        """`settings`: what summary.json records as the run's settings. `resume_from`: the wall-clock start of
+        a run that this recorder goes on with (a restarted barrier): its rows are kept and appended to."""
         self.out, self.mode = Path(out), mode
         self.settings = settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.started = time.time()
-        self.rounds: list[dict[str, Any]] = []
+        self.started = time.time() if resume_from is None else resume_from
+        self.rounds: list[dict[str, Any]] = read_rounds(self.out) if resume_from is not None else []
         self.losses: dict[int, dict[int, float]] = {}
         (self.out / "summary.json").unlink(missing_ok=True)
         for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
-            with open(self.out / name, "w", newline="") as f:
-                csv.writer(f).writerow(columns)
+            if resume_from is None or not (self.out / name).exists():
+                with open(self.out / name, "w", newline="") as f:
+                    csv.writer(f).writerow(columns)
 
     def clock(self) -> float:
         """The wall clock that `elapsed_s` is measured on (pass its value as network_round's `taken_at`)."""

@@ -3,6 +3,8 @@ driving it through the same decisions a deployed barrier makes."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -55,11 +57,11 @@ def test_failed_registration_refuses_later_nodes() -> None:
 
 def test_round_releases_when_every_member_arrived() -> None:
     state = running(3)
+    assert state.deadline == 5.0  # from the round's opening (the roster, at 0.0)
     assert state.arrive(2, 0, 1.0) is None and state.arrive(0, 0, 1.5) is None
-    assert state.deadline == 6.0
     release = state.arrive(1, 0, 2.0, {"round": 0})
     assert release is not None and (release.round, release.members, release.stragglers) == (0, (0, 1, 2), ())
-    assert state.round == 1 and state.deadline is None
+    assert state.round == 1 and state.deadline == 7.0  # round 1 opened with round 0's release
     assert state.closed[0][1] == (0.0, {"round": 0}) and state.closed[0][2][0] == 1.0  # waited 1 s
     assert state.arrive(1, 0, 3.0) is release  # a retry gets the same answer
 
@@ -67,14 +69,14 @@ def test_round_releases_when_every_member_arrived() -> None:
 def test_deadline_makes_stragglers_and_drop_after_drops() -> None:
     state = running(4, deadline=5.0, drop_after=2)
     for r in (0, 1, 2):
-        state.arrive(r, 0, 10.0)
-    assert state.tick(14.9) is None
-    first = state.tick(15.0)
+        state.arrive(r, 0, 1.0)
+    assert state.tick(4.9) is None
+    first = state.tick(5.0)
     assert first is not None and first.stragglers == (3,) and first.dropped == () and first.members == (0, 1, 2, 3)
-    state.arrive(3, 0, 16.0)  # late: gets the release it missed, and counts as contact only
+    state.arrive(3, 0, 6.0)  # late: gets the release it missed, and counts as contact only
     for r in (0, 1, 2):
-        state.arrive(r, 1, 20.0)
-    second = state.tick(25.0)
+        state.arrive(r, 1, 7.0)
+    second = state.tick(10.0)
     assert second is not None and second.stragglers == (3,) and second.dropped == (3,)
     assert second.members == (0, 1, 2) and state.live == [0, 1, 2]
     with pytest.raises(BarrierError) as err:
@@ -92,7 +94,7 @@ def test_a_member_that_arrives_again_is_no_longer_missing() -> None:
         state.arrive(r, 1, 6.0)
     state.arrive(0, 2, 7.0)
     state.arrive(1, 2, 7.0)
-    assert state.tick(12.0).dropped == ()  # missed rounds 0 and 2, not two in a row
+    assert state.tick(11.0).dropped == ()  # missed rounds 0 and 2, not two in a row
 
 
 @pytest.mark.parametrize("rank, round, reason", [
@@ -166,8 +168,10 @@ def missed_rounds(first: int, last: int, node: int = 3, n: int = 6, rounds: int 
 def test_node_missing_rounds_4_to_6_straggles_then_is_dropped() -> None:
     events, members = missed_rounds(4, 6)
     assert events == [
-        {"round": 4, "members": [0, 1, 2, 3, 4, 5], "stragglers": [3], "dropped": [], "finished": False},
-        {"round": 5, "members": [0, 1, 2, 4, 5], "stragglers": [3], "dropped": [3], "finished": False},
+        {"round": 4, "members": [0, 1, 2, 3, 4, 5], "stragglers": [3], "dropped": [], "finished": False,
+         "joined": []},
+        {"round": 5, "members": [0, 1, 2, 4, 5], "stragglers": [3], "dropped": [3], "finished": False,
+         "joined": []},
     ]
     assert members == [0, 1, 2, 4, 5]
 
@@ -176,3 +180,87 @@ def test_node_missing_one_round_straggles_and_goes_on() -> None:
     events, members = missed_rounds(4, 4)
     assert [(e["round"], e["stragglers"], e["dropped"]) for e in events] == [(4, [3], [])]
     assert members == list(range(6))
+
+
+def test_every_wait_ends_even_if_nobody_arrives() -> None:
+    state = running(3, deadline=5.0, drop_after=2)
+    first = state.tick(5.0)
+    assert first is not None and first.stragglers == (0, 1, 2) and not first.finished
+    second = state.tick(10.0)
+    assert second is not None and second.finished and second.members == () and second.dropped == (0, 1, 2)
+    assert state.phase is BarrierPhase.FAILED and "every member was dropped" in (state.failure or "")
+    assert state.deadline is None and state.tick(100.0) is None
+
+
+def test_a_restarted_member_sits_out_the_open_round_and_joins_the_next() -> None:
+    state = running(3, rounds=10)
+    for r in range(3):
+        state.arrive(r, 0, 1.0)
+    state.arrive(2, 1, 2.0)  # then rank 2 restarts and registers again
+    assert state.join("10.0.0.3:9000", 3.0) == (2, None)
+    with pytest.raises(BarrierError) as err:
+        state.arrive(2, 1, 3.5)
+    assert err.value.reason == "joining"
+    state.arrive(0, 1, 4.0)
+    release = state.arrive(1, 1, 4.0)  # nobody waits for rank 2 in round 1
+    assert release is not None and release.stragglers == () and release.joined == (2,)
+    assert release.members == (0, 1, 2) and state.arrive(2, 2, 5.0) is None and state.events == [release]
+
+
+def test_a_dropped_member_can_rejoin_and_new_nodes_only_when_allowed() -> None:
+    state = running(3, rounds=10, drop_after=1)
+    state.arrive(0, 0, 1.0)
+    state.arrive(1, 0, 1.0)
+    assert state.tick(5.0).dropped == (2,)
+    with pytest.raises(BarrierError) as err:
+        state.join("10.0.0.9:9000", 6.0)
+    assert err.value.reason == "registration_closed" and state.addresses[-1] == "10.0.0.3:9000"
+    assert state.join("10.0.0.3:9000", 6.0)[0] == 2 and state.join("10.0.0.9:9000", 6.0, allow_new=True)[0] == 3
+    state.arrive(0, 1, 7.0)
+    release = state.arrive(1, 1, 7.0)
+    assert release.members == (0, 1, 2, 3) and release.joined == (2, 3) and release.dropped == ()
+    assert state.addresses[3] == "10.0.0.9:9000"  # a newcomer takes the next rank: nobody's rank moves
+
+
+def test_no_join_when_no_round_is_left() -> None:
+    state = running(2, rounds=2)
+    state.arrive(0, 0, 1.0)
+    state.arrive(1, 0, 1.0)
+    with pytest.raises(BarrierError) as err:
+        state.join("10.0.0.1:9000", 2.0)
+    assert err.value.reason == "run_not_joinable"
+
+
+def test_a_restored_state_decides_as_the_original_would() -> None:
+    """Saved (through JSON) after round 3's release and restored: the same releases, stragglers and drops."""
+    def drive(state: BarrierState, start: int, clock: float) -> list[dict]:
+        out = []
+        for t in range(start, 8):
+            for r in list(state.live):
+                if not (r == 2 and 4 <= t <= 6):
+                    state.arrive(r, t, clock + 1)
+            release = state.tick(clock + 5) if state.round == t else state.released[t]
+            out.append(release.to_json())
+            clock = clock + 5 if release.stragglers else clock + 1
+        return out
+
+    original = running(4, rounds=8)
+    expected = drive(original, 0, 0.0)
+    stopped = running(4, rounds=8)
+    drive_rounds = [stopped.arrive(r, t, float(t)) for t in range(4) for r in range(4)]
+    assert drive_rounds[-1] is not None and stopped.round == 4
+    restored = BarrierState.from_json(json.loads(json.dumps(stopped.to_json())), 100.0)
+    assert restored.round == 4 and restored.deadline == 105.0 and restored.released[3] == stopped.released[3]
+    assert drive(restored, 4, 100.0) == expected[4:]
+    assert restored.to_json()["events"] == original.to_json()["events"]
+
+
+def test_a_join_that_leaves_nobody_awaited_releases_the_round() -> None:
+    state = running(3, rounds=10)
+    for r in range(3):
+        state.arrive(r, 0, 1.0)
+    state.arrive(0, 1, 2.0)
+    state.arrive(1, 1, 2.0)
+    rank, release = state.join("10.0.0.3:9000", 3.0)
+    assert rank == 2 and release is not None and release.round == 1 and release.joined == (2,)
+    assert release.stragglers == () and state.round == 2

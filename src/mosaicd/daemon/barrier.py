@@ -5,11 +5,15 @@ clock, tells waiting nodes what it decided, and does the I/O that follows a rele
 critical path: it writes the round's node rows, then pulls the nodes' model snapshots at evaluation
 rounds and evaluates them in a worker thread while the next rounds go on. Nodes keep their last
 `SNAPSHOTS_KEPT` snapshots, so a collection must end before the release that would drop its snapshot.
+
+Every decision is saved (barrier_journal.py) before the nodes hear of it; a barrier started again with the
+same --out resumes the run from there, while the nodes retry their arrivals (--barrier-grace).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +21,7 @@ import numpy as np
 from aiohttp import web
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierState, Release, received_counts
+from mosaicd.daemon import barrier_journal
 from mosaicd.daemon.auth import Keyring, load_secret
 from mosaicd.daemon.barrier_metrics import BarrierMetrics
 from mosaicd.daemon.evaluator import NetworkEvaluator
@@ -45,12 +50,17 @@ class Barrier:
     def __init__(self, run: RunConfig, options: DaemonOptions, *,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None) -> None:
         """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only)."""
+        self.resumed = barrier_journal.load(options.out, run)  # ResumeError: OUT holds another run in progress
+        if self.resumed:
+            run = self.resumed["run"]
+            self.state = BarrierState.from_json(self.resumed["state"], _now())
+        else:
+            self.state = BarrierState(rounds=run.rounds, round_deadline=options.round_deadline,
+                                      drop_after=options.drop_after, expected=0 if options.expect_dns else run.nodes)
         self.run, self.options = run, options
-        self.state = BarrierState(rounds=run.rounds, round_deadline=options.round_deadline,
-                                  drop_after=options.drop_after, expected=0 if options.expect_dns else run.nodes)
         self.log = get_logger(role="barrier", run=run.run_id)
         self.recorder = RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
-                                    mode="cluster")
+                                    mode="cluster", resume_from=self.resumed["started"] if self.resumed else None)
         self.metrics = BarrierMetrics(run)
         secret = load_secret(options.secret_file)
         self.keyring = Keyring(secret) if secret else None
@@ -77,10 +87,40 @@ class Barrier:
         return asyncio.get_running_loop().time()
 
     async def start(self) -> None:
+        self.metrics.expected.set(self.state.expected)
+        if self.resumed:
+            return self._resume()
         self._spawn(self._registration_deadline())
         if self.options.expect_dns:
             self._spawn(self._watch_dns())
-        self.metrics.expected.set(self.state.expected)
+
+    def _resume(self) -> None:
+        """Go on with the saved run: the open round starts again now; evaluations that the crash cut short are
+        collected again where the nodes still keep their snapshots."""
+        state = self.state
+        self.registered.set()
+        self.metrics.members.set(len(state.live))
+        self._arm()
+        self.published = {t: self._told(r) for t, r in state.released.items()}
+        done = {row.get("round") for row in self.recorder.rounds}
+        missing = [e for e in range(max(0, state.round - SNAPSHOTS_KEPT), state.round - 1)
+                   if is_eval_round(e, self.run) and e not in done]
+        live = {r: state.addresses[r] for r in state.live}
+        for e in missing:
+            self._collections[e] = self._spawn(self.evaluator.collect(self.run, e, live, False))
+        self.log.warning("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
+                         evaluations_recollected=missing)
+
+    def _save(self) -> None:
+        barrier_journal.save(self.options.out, self.run, self.state, self.recorder.started)
+
+    def _arm(self) -> None:
+        """One timer, at the open round's deadline (every wait ends, whether or not anyone arrives)."""
+        if self._timer:
+            self._timer.cancel()
+            self._timer = None
+        if self.state.deadline is not None:
+            self._timer = asyncio.get_running_loop().call_at(self.state.deadline, self._on_deadline)
 
     async def stop(self) -> None:
         if self._timer:
@@ -96,7 +136,13 @@ class Barrier:
 
     # -- registration ------------------------------------------------------------------------------
     async def register(self, address: str) -> dict[str, Any]:
-        """Long poll until the roster is made: {"rank", "members", "run"}. BarrierError if refused."""
+        """Long poll until the roster is made: {"rank", "members", "run", "round", "live"}. A node that comes
+        back (or, with --allow-join, a new one) waits for the open round's release and joins the next round.
+        BarrierError if refused."""
+        state = self.state
+        if state.phase is BarrierPhase.RUNNING and (state.round > 0 or address not in state.addresses
+                                                    or state.addresses.index(address) in state.dropped):
+            return await self._join(address)
         rank = self.state.register(address, self.now())
         if rank is None:
             self.metrics.registered.set(len(self.state.pending))
@@ -110,7 +156,19 @@ class Barrier:
             rank = self.state.register(address, self.now())
             if rank is None:
                 raise BarrierError("registration_failed", self.state.failure or "registration did not complete")
-        return {"rank": rank, "members": list(self.state.addresses), "run": self.run.model_dump(mode="json")}
+        return {"rank": rank, "members": list(self.state.addresses), "run": self.run.model_dump(mode="json"),
+                "round": 0, "live": list(self.state.live)}
+
+    async def _join(self, address: str) -> dict[str, Any]:
+        rank, release = self.state.join(address, self.now(), allow_new=self.options.allow_join)
+        at = self.state.round - (release is not None)
+        self._save()
+        self.log.warning("joining", rank=rank, address=address, from_round=at + 1)
+        if release is not None:
+            await self._publish(release)
+        told = await self._wait_published(at, self.options.round_deadline + 60)
+        return {"rank": rank, "members": list(self.state.addresses), "run": self.run.model_dump(mode="json"),
+                "round": at + 1, "live": told["members"]}
 
     def _maybe_close(self) -> None:
         if not self.state.complete:
@@ -123,6 +181,8 @@ class Barrier:
             counted = f" ({dns} resolved to that many addresses)" if dns else ""
             return self._fail(f"{count} nodes registered{counted}, but the run is invalid with them: {exc}", 422)
         self.state.close(self.now())
+        self._save()
+        self._arm()
         self.recorder.settings["nodes"] = count
         self.metrics.members.set(count)
         self.log.info("registration_closed", members=count)
@@ -163,29 +223,35 @@ class Barrier:
         release = self.state.arrive(rank, round, self.now(), report)
         if release is not None and not retry:
             await self._publish(release)
-        elif self._timer is None and self.state.deadline is not None:
-            self._timer = asyncio.get_running_loop().call_at(self.state.deadline, self._on_deadline)
-        limit = self.options.round_deadline + 60 + 2 * self.options.request_timeout
+        return await self._wait_published(round, self.options.round_deadline + 60 + 2 * self.options.request_timeout)
+
+    async def _wait_published(self, round: int, limit: float) -> dict[str, Any]:
+        end = self.now() + limit
         while round not in self.published:
             event = self._published
             try:
-                await asyncio.wait_for(event.wait(), timeout=limit)
+                await asyncio.wait_for(event.wait(), timeout=max(end - self.now(), 0))
             except TimeoutError:
                 raise BarrierError("barrier_timeout", f"round {round} was not released in time") from None
         return self.published[round]
+
+    def _told(self, release: Release) -> dict[str, Any]:
+        """A release as the nodes hear it: with the addresses of the members that join."""
+        return {**release.to_json(), "addresses": {str(r): self.state.addresses[r] for r in release.joined}}
 
     def _on_deadline(self) -> None:
         self._timer = None
         release = self.state.tick(self.now())
         if release is not None:
             self._spawn(self._publish(release))
+        else:
+            self._arm()
 
     async def _publish(self, release: Release) -> None:
-        """Record what the release decided, then tell the waiting nodes (after any collection whose
+        """Save and record what the release decided, then tell the waiting nodes (after any collection whose
         snapshots the nodes would drop once they move on)."""
-        if self._timer:
-            self._timer.cancel()
-            self._timer = None
+        self._save()
+        self._arm()
         t = release.round
         self._record(release)
         if t >= 1 and is_eval_round(t - 1, self.run):
@@ -195,11 +261,15 @@ class Barrier:
             await self._collections.pop(e)
         if release.finished:
             await self.evaluator.drain()
-            self.recorder.finish(self.evaluator.final_vectors, members=list(release.members),
-                                 dropped=list(release.dropped), addresses=list(self.state.addresses),
-                                 events=[e.to_json() for e in self.state.events])
+            outcome = {"members": list(release.members), "dropped": list(release.dropped),
+                       "addresses": list(self.state.addresses), "events": [e.to_json() for e in self.state.events]}
+            if self.state.phase is BarrierPhase.FAILED:
+                self.log.error("run_failed", detail=self.state.failure)
+                self.recorder.fail(self.state.failure or "failed", **outcome)
+            else:
+                self.recorder.finish(self.evaluator.final_vectors, **outcome)
             self.done.set()
-        self.published[t] = release.to_json()
+        self.published[t] = self._told(release)
         self.published.pop(t - SNAPSHOTS_KEPT, None)
         self._published.set()
         self._published = asyncio.Event()
@@ -229,4 +299,13 @@ class Barrier:
             news = {"evaluated_round": self._logged_eval, **{k: latest.get(k) for k in SUMMARY_KEYS}}
         log = self.log.warning if release.stragglers else self.log.info
         log("released", round=release.round, duration_s=self.history[-1]["duration_s"], members=len(release.members),
-            stragglers=list(release.stragglers), dropped=list(release.dropped), finished=release.finished, **news)
+            stragglers=list(release.stragglers), dropped=list(release.dropped), finished=release.finished,
+            **({"joined": list(release.joined)} if release.joined else {}), **news)
+
+
+def _now() -> float:
+    """The event loop's clock (asyncio's default is time.monotonic), also before a loop runs."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()

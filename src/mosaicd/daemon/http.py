@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, TraceConfig, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 
@@ -129,7 +129,8 @@ class Client:
 
     async def __aenter__(self) -> Client:
         self._session = ClientSession(connector=TCPConnector(limit=256, force_close=False,
-                                                             ssl=self.ssl_context or True))
+                                                             ssl=self.ssl_context or True),
+                                      trace_configs=[SlowConnects().trace_config()])
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -191,6 +192,66 @@ class Client:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
+    async def post_json_within(self, url: str, payload: dict, *, timeout: float, grace: float, flag: str, log: Any,
+                               round: int = 0) -> dict:
+        """POST (a long poll of up to `timeout` s); while the peer is unreachable or answers 5xx, retry with
+        backoff for `grace` seconds from the first failure, logging every retry. 4xx is raised at once."""
+        loop = asyncio.get_running_loop()
+        failing_since: float | None = None
+        for attempt in itertools.count():
+            try:
+                return await self.post_json(url, payload, timeout=timeout, retries=0, round=round)
+            except HttpError as exc:
+                if exc.status is not None and exc.status < 500:
+                    raise
+                now = loop.time()
+                failing_since = now if failing_since is None else failing_since
+                left = grace - (now - failing_since)
+                if left <= 0:
+                    raise HttpError(None, f"{url} did not answer for {flag} {grace:g}s: {exc.detail}") from None
+                delay = min(0.25 * 2 ** attempt, 5.0, left)
+                log.warning("barrier_unreachable", url=url, attempt=attempt + 1, retry_in_s=delay,
+                            left_s=float(f"{left:.1f}"), error=exc.detail)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
     async def get_json(self, url: str, **kwargs: Any) -> dict:
         _, body, _ = await self.request("GET", url, **kwargs)
         return json.loads(body)
+
+
+class SlowConnects:
+    """Logs TCP connections that take over SLOW_CONNECT_S to open, and, from the third in a process, the likely
+    causes: connects stall when the kernel drops packets to peers it cannot resolve (a full neighbour table,
+    e.g. many containers on one host) or when the network or the peer is overloaded."""
+
+    SLOW_CONNECT_S = 1.0
+    seen = 0  # slow connects in this process
+
+    def trace_config(self) -> TraceConfig:
+        config = TraceConfig()
+        config.on_request_start.append(self._request)
+        config.on_connection_create_start.append(self._start)
+        config.on_connection_create_end.append(self._end)
+        return config
+
+    async def _request(self, session: Any, context: Any, params: Any) -> None:
+        context.peer = f"{params.url.host}:{params.url.port}"
+
+    async def _start(self, session: Any, context: Any, params: Any) -> None:
+        context.connect_started = asyncio.get_running_loop().time()
+
+    async def _end(self, session: Any, context: Any, params: Any) -> None:
+        took = asyncio.get_running_loop().time() - getattr(context, "connect_started", 0.0)
+        if took <= self.SLOW_CONNECT_S:
+            return
+        SlowConnects.seen += 1
+        hint = {}
+        if SlowConnects.seen >= 3:
+            hint = {"likely_cause": "connections take seconds to open: on one host with many containers the "
+                    "kernel's neighbour (ARP) table may be full ('neighbor table overflow' in dmesg; raise "
+                    "net.ipv4.neigh.default.gc_thresh1/2/3, see the README's compose section); else the network "
+                    "or the peer is overloaded"}
+        get_logger(role="client").warning("slow_connect", peer=getattr(context, "peer", None), seconds=round(took, 3),
+                                          slow_connects=SlowConnects.seen,
+                                          **hint)

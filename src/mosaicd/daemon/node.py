@@ -9,13 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from mosaicd.daemon import checkpoint
 from mosaicd.daemon.auth import check_listen
 from mosaicd.daemon.barrier import Barrier
 from mosaicd.daemon.peer import Peer
 from mosaicd.daemon.server import serve
 from mosaicd.daemon.warmup import prefetch
 from mosaicd.logs import get_logger
-from mosaicd.settings import RunConfig, Settings
+from mosaicd.settings import DaemonOptions, RunConfig, Settings
 
 
 class NetworkEvaluation:
@@ -43,7 +44,10 @@ async def run_node(settings: Settings, task: Any = None) -> int:
 
     prefetched = None if task is not None else asyncio.ensure_future(asyncio.to_thread(prefetch, settings.task))
     run = settings.run_config() if settings.peer_list is not None else None
-    async with Peer(settings.daemon_options(), run=run, evaluate=NetworkEvaluation(settings.data_dir, task)) as peer:
+    options = settings.daemon_options()
+    saved = checkpoint.load(checkpoint.state_dir(options))
+    async with Peer(options, run=run, evaluate=NetworkEvaluation(settings.data_dir, task),
+                    rejoining=saved is not None) as peer:
         run = peer.run
         if prefetched is not None:
             await prefetched
@@ -51,8 +55,9 @@ async def run_node(settings: Settings, task: Any = None) -> int:
             task = await asyncio.to_thread(build_task, run, settings.data_dir)
         peer.set_model(task.layout)
         log = get_logger(role="node", run=run.run_id, node=peer.rank)
-        vector = peer.vector = task.initial(peer.rank)
-        for t in range(run.rounds):
+        vector = peer.vector = await starting_model(peer, task, saved, options)
+        saving = Checkpoints(options, peer)
+        for t in range(peer.round, run.rounds):
             peer.phase = "training"
             started = time.perf_counter()
             if run.train:
@@ -61,11 +66,51 @@ async def run_node(settings: Settings, task: Any = None) -> int:
                 local, loss = vector, math.nan
             vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)
             log.info("round", round=t, loss=loss)
+            await saving.after(t, vector)
+        await saving.drain()
         await peer.finish()
         if peer.barrier is not None:
             await peer.barrier.done.wait()
         await asyncio.sleep(settings.linger)
     return 0
+
+
+async def starting_model(peer: Peer, task: Any, saved: checkpoint.Checkpoint | None,
+                         options: DaemonOptions) -> np.ndarray:
+    """Round 0: the task's initial model. A node that (re)joins later: its checkpoint if it is of this run and
+    rank and at most --rejoin-max-age rounds old, else the model of a live peer."""
+    if peer.round == 0:
+        return task.initial(peer.rank)
+    fresh = saved is not None and (saved.run_id, saved.rank) == (peer.run.run_id, peer.rank) \
+        and peer.round - saved.round <= options.rejoin_max_age and saved.vector.size == task.layout.dim
+    if fresh:
+        assert saved is not None
+        peer.log.warning("rejoined", round=peer.round, model="checkpoint", checkpoint_round=saved.round)
+        return saved.vector
+    vector = await peer.download_model()
+    peer.log.warning("rejoined", round=peer.round, model="peer", checkpoint_round=saved.round if saved else None)
+    return vector
+
+
+class Checkpoints:
+    """Writes the model every --checkpoint-every rounds, in a thread while the next round goes on."""
+
+    def __init__(self, options: DaemonOptions, peer: Peer) -> None:
+        self.every, self.peer = options.checkpoint_every, peer
+        self.directory = checkpoint.state_dir(options)
+        self._writing: asyncio.Future | None = None
+
+    async def after(self, t: int, vector: np.ndarray) -> None:
+        if not self.every or self.directory is None or (t + 1) % self.every:
+            return
+        await self.drain()
+        saved = checkpoint.Checkpoint(self.peer.run.run_id, self.peer.rank, self.peer.address, t + 1, vector)
+        self._writing = asyncio.ensure_future(asyncio.to_thread(checkpoint.save, self.directory, saved))
+
+    async def drain(self) -> None:
+        if self._writing is not None:
+            await self._writing
+            self._writing = None
 
 
 async def run_barrier(settings: Settings, task: Any = None) -> int:

@@ -7,7 +7,13 @@
         await peer.finish()                               # let the barrier collect the final models
 
 `options` says how this process listens and reaches the others (`DaemonOptions`, or a whole `Settings`);
-the run itself (K, s, sampler, seed, ...) comes from the barrier at registration: `peer.run`.
+the run itself (K, s, sampler, seed, ...) comes from the barrier at registration: `peer.run`. A peer that
+registers during a run (it restarted, or joins late) starts at `peer.round` > 0, with `peer.download_model()`
+or its own checkpoint.
+
+A round's sends are bounded by its budget (--round-deadline from the round's release, less a margin for the
+arrival): a peer that does not take its fragments in time costs only those fragments, never the sender's
+place in the round.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from mosaicd.daemon.auth import REGISTER_RUN, Keyring, check_listen, load_secret
 from mosaicd.daemon.barrier import Barrier
 from mosaicd.daemon.http import Client, HttpError
 from mosaicd.daemon.membership import embedded_barrier_url, listed_addresses, own_address
+from mosaicd.daemon.model_codec import decode_model
 from mosaicd.daemon.node_metrics import NodeMetrics
 from mosaicd.daemon.server import serve
 from mosaicd.daemon.tls import client_context, scheme
@@ -62,35 +69,63 @@ def _embedded_barrier(options: DaemonOptions, run: RunConfig | None, evaluate: A
     return Barrier(run.with_nodes(len(addresses)), options.model_copy(update={"expect_dns": None}), evaluate=evaluate)
 
 
+def send_budget(options: DaemonOptions, elapsed: float) -> float:
+    """Seconds the send phase may take when `elapsed` seconds of the round (from its release) have passed: the
+    rest of --round-deadline less a margin for the arrival (a tenth of it, 1 s to half of it), at least 0.5 s."""
+    deadline = options.round_deadline
+    margin = min(max(0.1 * deadline, 1.0), 0.5 * deadline)
+    return max(deadline - margin - elapsed, 0.5)
+
+
 async def send_all(client: Client, state: RoundState, messages: list[OutgoingMessage], urls: list[str],
-                   log: Any) -> dict[int, list[int]]:
-    """POST every message concurrently; peer -> [fragments, bytes] of those taken. The others are marked
-    unsent in the round's report: a peer that does not take its fragments is not fatal."""
+                   log: Any, budget: float = math.inf) -> dict[int, list[int]]:
+    """POST every message concurrently, for at most `budget` seconds; peer -> [fragments, bytes] of those taken.
+    The others are marked unsent in the round's report: a peer that does not take its fragments is not fatal.
+    A send that takes over a quarter of the budget (and a second) is logged with its peer and time."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
     async def send(message: OutgoingMessage, url: str) -> bool:
         try:
             await client.request("POST", url, data=message.payload, round=state.round,
                                  headers={"Content-Type": CONTENT_TYPE})
-            return True
+            ok = True
         except HttpError as exc:
-            log.warning("send_failed", round=state.round, peer=message.peer, status=exc.status, error=exc.detail)
-            return False
+            ok = exc.status == 409 and "duplicate_fragment" in exc.detail  # an earlier attempt got there
+            if not ok:
+                log.warning("send_failed", round=state.round, peer=message.peer, status=exc.status, error=exc.detail)
+        took = loop.time() - started
+        if took > max(budget / 4, 1.0):
+            log.warning("slow_send", round=state.round, peer=message.peer, url=url, seconds=round(took, 3),
+                        bytes=len(message.payload), budget_s=round(budget, 3), taken=ok)
+        return ok
 
+    tasks = [asyncio.ensure_future(send(m, u)) for m, u in zip(messages, urls, strict=True)]
+    if tasks:
+        _, late = await asyncio.wait(tasks, timeout=budget)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
     delivered: dict[int, list[int]] = {}
-    results = await asyncio.gather(*(send(m, u) for m, u in zip(messages, urls, strict=True)))
-    for message, ok in zip(messages, results, strict=True):
-        if ok:
+    for message, url, task in zip(messages, urls, tasks, strict=True):
+        if not task.cancelled() and task.result():
             delivered[message.peer] = [len(message.fragments), len(message.payload)]
-        else:
-            state.mark_unsent(message)
+            continue
+        if task.cancelled():
+            log.warning("send_abandoned", round=state.round, peer=message.peer, url=url, budget_s=round(budget, 3),
+                        detail="the peer did not take its fragments within the round's budget (--round-deadline)")
+        state.mark_unsent(message)
     return delivered
 
 
 class Peer:
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
-                 evaluate: Callable[[list[np.ndarray]], dict] | None = None) -> None:
+                 evaluate: Callable[[list[np.ndarray]], dict] | None = None, rejoining: bool = False) -> None:
         """`model`: the model's Layout, or a torch module whose float state is the gossiped vector; None to
         give it after registration (`set_model`). `run` is needed only where this peer hosts the barrier
-        (rank 0 of a --peer-list); `evaluate` is that barrier's network evaluation."""
+        (rank 0 of a --peer-list); `evaluate` is that barrier's network evaluation. `rejoining`: this process
+        takes over from an earlier one (it has its checkpoint): fragments of the round it lost are refused
+        at once instead of held until it is ready."""
         self.options, self.model, self.evaluate = options, model, evaluate
         self.run: RunConfig = run  # type: ignore[assignment]  # the barrier's, once registered
         self.log = get_logger(role="node")
@@ -113,6 +148,8 @@ class Peer:
         secret = load_secret(options.secret_file)
         self.keyring = Keyring(secret) if secret else None
         self._aggregate_s = 0.0
+        self._rejoining = rejoining
+        self._opened = 0.0  # when this peer heard of the open round's start (the loop's clock)
         self._refused: Counter[str] = Counter()  # refusals not reported yet (some come after an arrival)
         self._runner: web.AppRunner | None = None
         self._client = Client(options.request_timeout, options.retries, signer=signer(
@@ -160,16 +197,35 @@ class Peer:
         self.log = self.log.bind(address=self.address)
 
     async def _register(self) -> None:
-        self.phase = "registering"
+        self.phase = "rejoining" if self._rejoining else "registering"
         reply = await self._client.post_json_until(f"{self.barrier_url}/v1/register", {"address": self.address},
                                                    self.options.register_deadline, "--register-deadline", self.log)
+        self._opened = asyncio.get_running_loop().time()
         self.rank, self.addresses = int(reply["rank"]), list(reply["members"])
         self.run = RunConfig.model_validate(reply["run"])
-        self.members = list(range(len(self.addresses)))
+        self.round = int(reply.get("round", 0))
+        self.members = [int(m) for m in reply.get("live", range(len(self.addresses)))]
         self.log = self.log.bind(node=self.rank, run=self.run.run_id)
         self.phase = "registered"
         self._registered.set()
-        self.log.info("registered", rank=self.rank, members=len(self.members))
+        self.log.info("registered", rank=self.rank, members=len(self.members), round=self.round)
+
+    async def download_model(self) -> np.ndarray:
+        """The newest model of a live peer, for a peer that starts after round 0 without a fresh checkpoint."""
+        for rank in [m for m in self.members if m != self.rank]:
+            url = f"{scheme(self.options)}://{self.addresses[rank]}/v1/model"
+            try:
+                _, body, _ = await self._client.request("GET", url, round=self.round)
+                model = decode_model(body)
+            except (HttpError, ValueError) as exc:
+                self.log.warning("model_download_failed", peer=rank, error=str(exc))
+                continue
+            if self.layout is not None and model["layout"] != self.layout:
+                self.log.warning("model_download_failed", peer=rank, error="another model layout")
+                continue
+            self.log.info("model_downloaded", peer=rank, round=model["round"])
+            return model["vector"]
+        raise RuntimeError(f"no live peer of {self.members} gave its model to node {self.rank}")
 
     def set_model(self, model: Layout | Any) -> None:
         """The model's layout, once the run is known; from now on fragments are taken."""
@@ -180,7 +236,7 @@ class Peer:
         run = self.run
         self.fragmentation = Fragmentation.build(model, run.fragments, run.seed, run.strategy)
         self.sampler = PeerSampler(run.sampler, run.fanout, run.seed)
-        self.state = self._round_state(0, self.members, ())
+        self.state = self._round_state(self.round, self.members, ())
         self.phase = "ready"
         self._ready.set()
         self.log.info("ready", dim=model.dim, fingerprint=self.fragmentation.fingerprint.hex())
@@ -212,7 +268,8 @@ class Peer:
         started = time.perf_counter()
         messages = state.outgoing(np.asarray(local, dtype=np.float32))
         urls = [f"{scheme(self.options)}://{self.addresses[m.peer]}/v1/fragments" for m in messages]
-        delivered = await send_all(self._client, state, messages, urls, self.log)
+        budget = send_budget(self.options, asyncio.get_running_loop().time() - self._opened)
+        delivered = await send_all(self._client, state, messages, urls, self.log, budget)
         report = {**state.report.to_json(), "refused": dict(self._refused), "loss": loss, "train_s": round(train_s, 6),
                   "send_s": round(time.perf_counter() - started, 6), "aggregate_s": round(self._aggregate_s, 6),
                   "delivered": delivered}
@@ -225,6 +282,10 @@ class Peer:
         outcome = state.finish()
         self.vector = self.snapshots[t] = outcome.vector
         self.snapshots.pop(t - SNAPSHOTS_KEPT, None)
+        self._opened = asyncio.get_running_loop().time()
+        for rank, address in sorted((int(r), a) for r, a in (release.get("addresses") or {}).items()):
+            if rank == len(self.addresses):  # a node that joined: the next free rank
+                self.addresses.append(address)
         self.members = [int(m) for m in release["members"]]
         if self.rank not in self.members:
             raise PeerDropped(f"node {self.rank} was dropped from the run after round {t}")
@@ -239,13 +300,15 @@ class Peer:
         self.phase = "idle"
         return outcome.vector
 
-    async def _arrive(self, round: int, report: dict[str, Any] | None) -> dict[str, Any]:
+    async def _arrive(self, t: int, report: dict[str, Any] | None) -> dict[str, Any]:
+        """Long poll at the barrier; while it is unreachable (restarting), retry for --barrier-grace seconds."""
         o = self.options
-        timeout = o.round_deadline + 2 * o.request_timeout + (600 if round >= self.run.rounds else 60)
+        timeout = o.round_deadline + 2 * o.request_timeout + (600 if t >= self.run.rounds else 60)
         try:
-            return await self._client.post_json(f"{self.barrier_url}/v1/arrive",
-                                                {"rank": self.rank, "round": round, "report": report},
-                                                timeout=timeout, round=round)
+            return await self._client.post_json_within(f"{self.barrier_url}/v1/arrive",
+                                                       {"rank": self.rank, "round": t, "report": report},
+                                                       timeout=timeout, grace=o.barrier_grace, flag="--barrier-grace",
+                                                       log=self.log, round=t)
         except HttpError as exc:
             if exc.status == 410:
                 raise PeerDropped(f"node {self.rank} was dropped from the run: {exc.detail}") from None
@@ -271,6 +334,8 @@ class Peer:
     async def receive(self, body: bytes, sender: str | None = None) -> tuple[int, dict[str, Any]]:
         """One fragment message: (HTTP status, JSON answer). Waits (up to a request timeout) until ready.
         `sender`: the member the request's signature proved (None without a cluster secret)."""
+        if self.phase == "rejoining":
+            return 503, {"reason": "not_ready", "detail": "node is rejoining the run"}
         if self.state is None and not self.finished:
             try:
                 await asyncio.wait_for(self._ready.wait(), self.options.request_timeout)

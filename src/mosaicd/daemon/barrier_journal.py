@@ -1,0 +1,63 @@
+"""What a barrier decided, kept on disk so that a barrier restarted with the same --out resumes the run.
+
+OUT/barrier-state.json holds the run's settings, `BarrierState.to_json()` and the wall-clock start of the run.
+It is replaced atomically (written beside, fsync'd, renamed, directory fsync'd) after every decision that
+nodes are told of (the roster, each release, each join), before they are told: a restarted barrier never
+takes back what a node has heard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mosaic_proto import BarrierPhase, BarrierState
+from mosaicd.settings import RunConfig
+
+STATE_FILE = "barrier-state.json"
+VERSION = 1
+
+
+class ResumeError(ValueError):
+    """OUT holds a run in progress that this barrier cannot go on with (its settings differ)."""
+
+
+def save(out: Path, run: RunConfig, state: BarrierState, started: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"version": VERSION, "run": run.model_dump(mode="json"), "started": started, "state": state.to_json()}
+    tmp = out / f"{STATE_FILE}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out / STATE_FILE)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load(out: Path, run: RunConfig) -> dict[str, Any] | None:
+    """The saved run to resume, if OUT holds one still running; None if there is none (or it ended).
+
+    ResumeError if the saved run's settings differ from `run` (other than a node count taken from DNS)."""
+    path = out / STATE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ResumeError(f"{path} cannot be read ({exc}): move it away to start a new run in {out}") from None
+    if data.get("version") != VERSION or data["state"]["phase"] != BarrierPhase.RUNNING.value:
+        return None
+    saved = RunConfig.model_validate(data["run"])
+    ours = run.with_nodes(saved.nodes).model_dump(mode="json")
+    differ = sorted(k for k, v in saved.model_dump(mode="json").items() if ours.get(k) != v)
+    if differ:
+        raise ResumeError(f"{out} holds run {saved.run_id!r} in progress, with other settings "
+                          f"({', '.join('--' + k.replace('_', '-') for k in differ)}): restart the barrier with that "
+                          f"run's settings to resume it, or give another --out")
+    return {"run": saved, "started": float(data["started"]), "state": data["state"]}

@@ -1,0 +1,66 @@
+"""A node's checkpoint: its model after a round, and which round it goes on with, so that a node started again
+with the same state directory rejoins the run where it left off.
+
+One file, STATE_DIR/checkpoint.npz, replaced atomically (written beside, fsync'd, renamed): a crash leaves the
+previous checkpoint or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mosaicd.daemon.membership import own_address
+from mosaicd.settings import DaemonOptions
+
+FILE = "checkpoint.npz"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    run_id: str
+    rank: int
+    address: str
+    round: int  # the round it goes on with (its model is the one after round - 1)
+    vector: np.ndarray
+
+
+def state_dir(options: DaemonOptions) -> Path | None:
+    """--state-dir, else OUT/state/<host>_<port>; None where no restart could find it again (--port 0)."""
+    if options.state_dir is not None:
+        return Path(options.state_dir)
+    if options.port == 0:
+        return None
+    return Path(options.out) / "state" / own_address(options, options.port).replace(":", "_")
+
+
+def save(directory: Path, checkpoint: Checkpoint) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"run_id": checkpoint.run_id, "rank": checkpoint.rank, "address": checkpoint.address,
+            "round": checkpoint.round}
+    buffer = io.BytesIO()
+    np.savez(buffer, vector=np.asarray(checkpoint.vector, dtype="<f4"), meta=np.array(json.dumps(meta)))
+    tmp = directory / f"{FILE}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(buffer.getbuffer())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, directory / FILE)
+
+
+def load(directory: Path | None) -> Checkpoint | None:
+    """The checkpoint in `directory`, or None if there is none (or it cannot be read: then it is not used)."""
+    if directory is None or not (directory / FILE).exists():
+        return None
+    try:
+        with np.load(directory / FILE, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            return Checkpoint(str(meta["run_id"]), int(meta["rank"]), str(meta["address"]), int(meta["round"]),
+                              data["vector"].astype(np.float32))
+    except (OSError, ValueError, KeyError):
+        return None
