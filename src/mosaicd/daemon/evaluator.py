@@ -1,5 +1,9 @@
 """The barrier's evaluation, off the round's critical path: pull the nodes' snapshots, evaluate them in a
-worker thread, record the rows in round order."""
+worker thread, record the rows in round order.
+
+`collect` returns once the snapshots are pulled: the evaluation is a separate future. The barrier awaits a
+collection before the release that would make nodes drop its snapshots (round e + SNAPSHOTS_KEPT), never an
+evaluation; only the run's final release waits for the evaluations (`drain`), to write summary.json."""
 
 from __future__ import annotations
 
