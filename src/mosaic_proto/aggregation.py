@@ -8,23 +8,53 @@ import numpy as np
 
 from .fragmentation import Fragmentation
 
+# Coordinates summed at a time: the float64 accumulator (256 KiB) and the blocks it reads stay in the CPU's
+# cache while every sender's values are added, instead of streaming a d-long float64 array once per sender.
+BLOCK = 1 << 15
+
 
 def aggregate(own: np.ndarray, fragmentation: Fragmentation,
-              received: Mapping[int, Mapping[int, np.ndarray]]) -> np.ndarray:
+              received: Mapping[int, Mapping[int, np.ndarray]], *, block: int = BLOCK) -> np.ndarray:
     """x[C==k] = (own[C==k] + sum of received k-values) / (1 + their count), for every fragment k.
 
     `received` maps sender -> fragment -> values. Sums run in ascending sender order in float64, so the
     result is the same bit for bit whatever order the messages arrived in. A fragment nobody sent keeps
     the node's own values.
+
+    Each coordinate goes through exactly the same float64 operations in the same order as the plain
+    `acc = own.astype(float64); acc += r_1; ...; acc /= 1 + count` (so the bits are those of that
+    reference), but block by block, and a fragment that is one contiguous range (K=1, the contiguous
+    strategy) is read and written as a slice instead of gathered and scattered. `block`: coordinates per step
+    (the result does not depend on it).
     """
-    out = np.array(own, dtype=np.float32, copy=True)
-    for f, ix in enumerate(fragmentation.indices):
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    own = np.asarray(own)
+    plan = []
+    for f, frags_ix in enumerate(fragmentation.indices):
         senders = sorted(s for s, frags in received.items() if f in frags)
-        if not senders:
+        plan.append((f, frags_ix, [received[s][f] for s in senders]))
+    if all(parts for _, _, parts in plan):
+        out = np.empty(own.shape, dtype=np.float32)  # every coordinate is written below
+    else:
+        out = np.array(own, dtype=np.float32, copy=True)
+    acc = np.empty(min(block, max((len(ix) for ix in fragmentation.indices), default=0)), dtype=np.float64)
+    for f, ix, parts in plan:
+        if not parts:
             continue
-        acc = own[ix].astype(np.float64)
-        for s in senders:
-            acc += received[s][f]
-        acc /= 1 + len(senders)
-        out[ix] = acc
+        span = fragmentation.spans[f]
+        if span is not None:
+            mine, target = own[span[0]:span[1]], out[span[0]:span[1]]
+        else:
+            mine, target = own[ix], np.empty(len(ix), dtype=np.float32)
+        count = 1 + len(parts)
+        for lo in range(0, len(ix), block):
+            hi = min(lo + block, len(ix))
+            buf = acc[:hi - lo]
+            np.add(mine[lo:hi], parts[0][lo:hi], out=buf, dtype=np.float64)
+            for values in parts[1:]:
+                np.add(buf, values[lo:hi], out=buf)
+            np.divide(buf, count, out=target[lo:hi], casting="same_kind")
+        if span is None:
+            out[ix] = target
     return out

@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 
 import numpy as np
 
@@ -116,10 +117,39 @@ class Fragmentation:
     def sizes(self) -> tuple[int, ...]:
         return tuple(len(ix) for ix in self.indices)
 
+    @cached_property
+    def spans(self) -> tuple[tuple[int, int] | None, ...]:
+        """Per fragment, (start, stop) where its coordinates are one contiguous range (always for K=1 and the
+        contiguous strategy), else None: such a fragment is a slice of the vector, read and written in place
+        instead of gathered and scattered through its index array."""
+        out: list[tuple[int, int] | None] = []
+        for ix in self.indices:
+            if len(ix) == 0:
+                out.append((0, 0))
+            elif int(ix[-1]) - int(ix[0]) == len(ix) - 1:  # indices are strictly increasing: no gaps
+                out.append((int(ix[0]), int(ix[-1]) + 1))
+            else:
+                out.append(None)
+        return tuple(out)
+
     def split(self, vector: np.ndarray) -> list[np.ndarray]:
         """The K fragments of a flat vector, each a new contiguous array."""
         self._check(vector)
         return [vector[ix] for ix in self.indices]
+
+    def views(self, vector: np.ndarray) -> list[np.ndarray]:
+        """The K fragments of a flat vector without copying where a fragment is a contiguous range (a read-only
+        view of `vector` then), gathered into a new array elsewhere: for reading, e.g. encoding."""
+        self._check(vector)
+        out = []
+        for ix, span in zip(self.indices, self.spans, strict=True):
+            if span is None:
+                out.append(vector[ix])
+            else:
+                view = vector[span[0]:span[1]]
+                view.flags.writeable = False
+                out.append(view)
+        return out
 
     def take(self, vector: np.ndarray, fragment: int) -> np.ndarray:
         self._check(vector)

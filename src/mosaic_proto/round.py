@@ -161,7 +161,7 @@ class RoundState:
     def outgoing(self, local: np.ndarray) -> list[OutgoingMessage]:
         """Record the locally trained vector and encode this round's messages, one per receiving peer."""
         local = np.ascontiguousarray(local, dtype=np.float32)
-        fragments = self.fragmentation.split(local)
+        fragments = self.fragmentation.views(local)  # a contiguous fragment is encoded from `local` directly
         self._local = local
         if self.max_norm is not None:
             self._own_norms = [float(np.linalg.norm(f.astype(np.float64))) for f in fragments]

@@ -199,3 +199,18 @@ def test_layout_validation_and_json() -> None:
         Layout(("a",), ((1,), (2,)))
     with pytest.raises(ValueError):
         Layout.from_pairs([("a", (-1,))])
+
+
+@SETTINGS
+@given(fragmentations(), st.integers(0, 2**32))
+def test_spans_and_views_agree_with_the_index_arrays(fr: Fragmentation, seed: int) -> None:
+    vector = np.random.default_rng(seed).standard_normal(fr.dim).astype(np.float32)
+    for ix, span, view, piece in zip(fr.indices, fr.spans, fr.views(vector), fr.split(vector), strict=True):
+        if span is not None:
+            assert np.array_equal(ix, np.arange(*span))
+            assert np.shares_memory(view, vector) and not view.flags.writeable
+        else:
+            assert len(ix) > 1 and np.any(np.diff(ix) > 1)
+        assert np.array_equal(view, piece)
+    if fr.strategy is Strategy.CONTIGUOUS or fr.k == 1:
+        assert all(span is not None for span in fr.spans)

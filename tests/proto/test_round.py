@@ -375,3 +375,79 @@ def test_max_norm_refuses_wild_fragments_before_and_after_training() -> None:
         late.receive(encode(big))
     assert err.value.reason is Reason.OUT_OF_RANGE and late.report.fragments_in == 0
     assert late.receive(msg(1, 1, (0, 1))) is Receipt.ACCEPTED  # ordinary values pass
+
+
+def reference_aggregate(own: np.ndarray, fr: Fragmentation, received: dict) -> np.ndarray:
+    """The plain aggregation (one d-long float64 accumulator per fragment, gathered and scattered): the bits
+    that the blocked, in-place `aggregate` must reproduce."""
+    out = np.array(own, dtype=np.float32, copy=True)
+    for f, ix in enumerate(fr.indices):
+        senders = sorted(s for s, frags in received.items() if f in frags)
+        if not senders:
+            continue
+        acc = own[ix].astype(np.float64)
+        for sdr in senders:
+            acc += received[sdr][f]
+        acc /= 1 + len(senders)
+        out[ix] = acc
+    return out
+
+
+def cancelling(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.choice([1e20, -1e20, 3.0, -1.5, 0.7, 1e-20], n).astype(np.float32)
+
+
+@st.composite
+def wide_rounds(draw: st.DrawFn) -> tuple[Fragmentation, np.ndarray, dict]:
+    """Multi-tensor layouts, both strategies, some fragments sent by nobody; values that cancel (+-1e20 next to
+    small ones), so that a change in the order of the float64 sums changes the float32 results."""
+    shapes = draw(st.lists(st.integers(1, 60), min_size=1, max_size=4))
+    layout = Layout.from_pairs([(f"t{i}", (n,)) for i, n in enumerate(shapes)])
+    k = draw(st.integers(1, min(layout.dim, 8)))
+    fr = Fragmentation.build(layout, k, draw(st.integers(0, 2**32)), draw(st.sampled_from(["random", "contiguous"])))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32)))
+
+    def values(n: int) -> np.ndarray:
+        return cancelling(rng, n)
+
+    everyone = draw(st.booleans())
+    received = {sdr: {f: values(fr.sizes[f]) for f in range(k) if everyone or rng.random() < 0.6}
+                for sdr in draw(st.sets(st.integers(0, 50), max_size=10))}
+    return fr, values(layout.dim), received
+
+
+@SETTINGS
+@given(wide_rounds(), st.integers(1, 40))
+def test_blocked_aggregation_matches_the_plain_one_bit_for_bit(case: tuple[Fragmentation, np.ndarray, dict],
+                                                               block: int) -> None:
+    fr, own, received = case
+    expected = reference_aggregate(own, fr, received)
+    assert np.array_equal(bits(aggregate(own, fr, received, block=block)), bits(expected))
+    assert np.array_equal(bits(aggregate(own, fr, received)), bits(expected))
+
+
+def test_aggregation_across_blocks_of_the_default_size() -> None:
+    from mosaic_proto.aggregation import BLOCK
+
+    for k, strategy in ((1, "random"), (3, "random"), (2, "contiguous")):
+        fr = Fragmentation.build(Layout.flat(2 * BLOCK + 77), k, seed=5, strategy=strategy)
+        assert (fr.spans[0] is not None) == (k == 1 or strategy == "contiguous")
+        rng = np.random.default_rng(k)
+        own = cancelling(rng, fr.dim)
+        received = {s: {f: cancelling(rng, fr.sizes[f]) for f in range(k) if (s + f) % 4} for s in range(8)}
+        assert np.array_equal(bits(aggregate(own, fr, received)), bits(reference_aggregate(own, fr, received)))
+    with pytest.raises(ValueError, match="block"):
+        aggregate(own, fr, received, block=0)
+
+
+def test_outgoing_encodes_contiguous_fragments_straight_from_the_vector() -> None:
+    """K=1 and the contiguous strategy send slices of the trained vector (no gather); the bytes are those of
+    the fragments `split` gives."""
+    for fr in (Fragmentation.build(Layout.flat(D), 1, seed=3), Fragmentation.build(Layout.flat(D), K, 3, "contiguous"),
+               FR):
+        state = RoundState(node=0, round=1, members=MEMBERS, fragmentation=fr, sampler=SAMPLER, run_id=RUN)
+        local = vec(0, 1)
+        for m in state.outgoing(local):
+            pieces = fr.split(local)
+            want = encode(FragmentBatch(RUN, 1, 0, fr.k, fr.fingerprint, {f: pieces[f] for f in m.fragments}))
+            assert m.payload == want
