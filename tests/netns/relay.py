@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
-from typing import Any
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
@@ -28,6 +26,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
         try:
             while chunk := await reader.read(1 << 16):
                 queue.put_nowait((loop.time() + delay, chunk))
+        except OSError:
+            pass  # a reset ends this direction like an end of stream
         finally:
             queue.put_nowait((loop.time() + delay, b""))
 
@@ -44,8 +44,6 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             await writer.drain()
     finally:
         reading.cancel()
-        with contextlib.suppress(BaseException):
-            await reading
 
 
 async def _connection(target: tuple[str, int], delay: float, reader: asyncio.StreamReader,
@@ -56,8 +54,10 @@ async def _connection(target: tuple[str, int], delay: float, reader: asyncio.Str
         writer.close()
         return
     try:
-        await asyncio.gather(_pump(reader, up_writer, delay), _pump(up_reader, writer, delay))
-    except (OSError, asyncio.IncompleteReadError):
+        async with asyncio.TaskGroup() as group:
+            group.create_task(_pump(reader, up_writer, delay))
+            group.create_task(_pump(up_reader, writer, delay))
+    except* OSError:
         pass  # a reset on either side ends the connection on both
     finally:
         for w in (writer, up_writer):
@@ -72,8 +72,8 @@ def _address(text: str) -> tuple[str, int]:
 async def main(delay: float, routes: list[tuple[tuple[str, int], tuple[str, int]]]) -> None:
     servers = []
     for listen, target in routes:
-        def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, target: tuple[str, int] = target) -> Any:
-            return _connection(target, delay, r, w)
+        async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, target: tuple[str, int] = target) -> None:
+            await _connection(target, delay, r, w)
         servers.append(await asyncio.start_server(handler, *listen))
     print("ready", flush=True)
     stop = asyncio.Event()

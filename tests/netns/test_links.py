@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from harness import Lab, NetnsCluster, missing
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.slow]  # about 20 s each (6 node processes on 2 cores)
 REQUIRE = os.environ.get("MOSAIC_REQUIRE_NETNS") == "1"  # read at import: the tests' fixtures clear MOSAIC_*
 
 
@@ -103,6 +103,29 @@ def test_partitioned_host_straggles_is_dropped_and_the_others_finish(netns: None
         rounds.setdefault(int(row["node"]), set()).add(int(row["round"]))
     assert all(rounds[r] == set(range(run["rounds"])) for r in range(4))  # the others reported every round
     assert all(max(rounds.get(r, {-1})) <= at + 1 for r in cut)
+
+
+def test_host_cut_off_briefly_straggles_and_rejoins(netns: None, tmp_path: Path, kit: Any) -> None:
+    """Host 2 cut off for one released round, --drop-after 3: its nodes straggle, are not dropped, and take up
+    the run again when the link heals (the barrier answers a late arrival with the release it kept, for 3
+    rounds); everyone finishes."""
+    run = dict(PROTOCOL, rounds=20, dim=64)
+    # a 4 s deadline: back within 3 rounds (12 s) even after TCP's backoff (a resend up to ~3 s after healing)
+    network = dict(request_timeout=1, retries=0, round_deadline=4, drop_after=3)
+    with Lab(hosts=3) as lab:
+        cluster = NetnsCluster(lab, tmp_path, kit.flags({**run, **network}), per_host=2, delay=0.01).start()
+        cluster.wait_released(2, timeout=60)
+        lab.cut(2)
+        at = cluster.released()
+        cluster.wait_released(at + 1, timeout=60)
+        lab.heal(2)
+        codes = cluster.wait(timeout=90)
+    assert codes == dict.fromkeys(range(6), 0), {r: cluster.log_tail(r) for r, c in codes.items() if c != 0}
+    summary = cluster.summary()
+    assert summary["status"] == "finished" and summary["dropped"] == [] and summary["members"] == list(range(6))
+    events = summary["events"]
+    assert events and all(set(e["stragglers"]) <= {4, 5} and not e["dropped"] for e in events), events
+    assert len(summary["model_sha256"]) == 6
 
 
 def test_shaped_host_is_slower_and_changes_nothing_else(netns: None, tmp_path: Path, kit: Any) -> None:
