@@ -1,0 +1,172 @@
+"""decentralizepy's EL-Local tutorial job on `mosaicd cluster`: wall, CPU and memory, warm start against cold.
+
+The job (issue #12): 16 node processes on this host, digits with its CNN, Dirichlet alpha=0.1, EL-Local with
+s=4 (`--sampler local --fanout 4 --fragments 1`: K=1), H=10 local steps, batch 16, lr 0.05, 60 rounds,
+evaluation every 10. Each variant runs the whole job through `Cluster` (the code of `mosaicd cluster`):
+warm (the default: nodes forked from the warmed-up barrier) and, as the reference measured in the same run,
+cold (`warm=False`: every process a fresh interpreter, as before). Figures per variant:
+
+- `wall_s`: summary.json's (the barrier's clock: from its recorder's start to the end of the run); with a
+  warm start the barrier's clock starts after the warm-up, so `launch_wall_s` is given too: from the
+  launcher's `Cluster.run` to its return (every process exited), the figure a user waits;
+- `cpu_s`: user + system seconds of every cluster process (the launcher's children and their children, all
+  reaped: getrusage(RUSAGE_CHILDREN) before and after), and `launcher_cpu_s` (the polling launcher itself);
+- memory: /proc/PID/smaps_rollup's Pss of every cluster process, sampled every 0.5 s; the sample with the
+  largest total is kept (`pss_total_mib`), with the median and largest node (`pss_node_median_mib`,
+  `pss_node_max_mib`) and the barrier (`pss_barrier_mib`) in that sample;
+- the final models' hashes (cluster == cluster: both variants must agree bit for bit).
+
+    .venv/bin/python bench/tutorial.py                # warm and cold once each: about 1.5 min on 2 idle cores
+    .venv/bin/python bench/tutorial.py --repeat 3     # medians of 3 each
+    .venv/bin/python bench/tutorial.py --no-cold --rounds 20   # a quick look
+
+Last line of stdout: a JSON object {"warm": {...}, "cold": {...}, "ratio_wall": warm/cold launch_wall_s, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from mosaicd.experiments.cluster import Cluster
+from mosaicd.logs import configure_logging
+from mosaicd.settings import Settings
+
+MIB = 1024 * 1024
+
+
+def tutorial_settings(out: Path, rounds: int, nodes: int) -> Settings:
+    return Settings.load(task="digits", nodes=nodes, rounds=rounds, sampler="local", fanout=4, fragments=1,
+                         local_steps=10, batch_size=16, lr=0.05, partition="dirichlet", alpha=0.1, eval_every=10,
+                         out=out)
+
+
+def pss_bytes(pid: int | None) -> int | None:
+    """Pss of one process from /proc/PID/smaps_rollup (None when it is gone)."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class PssSampler:
+    """Every `every` seconds, the Pss of each cluster process; keeps the sample with the largest total."""
+
+    def __init__(self, cluster: Cluster, every: float = 0.5) -> None:
+        self.cluster, self.every = cluster, every
+        self.peak: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            sample = {}
+            for name, proc in list(self.cluster.procs.items()):
+                value = pss_bytes(proc.pid)
+                if value is not None:
+                    sample[name] = value
+            if len(sample) == self.cluster.settings.nodes + 1:  # every process up
+                self.samples += 1
+                if sum(sample.values()) > sum(self.peak.values()):
+                    self.peak = sample
+
+
+def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
+    out = workdir / ("warm" if warm else "cold")
+    settings = tutorial_settings(out, rounds, nodes)
+    cluster = Cluster(settings, progress=False, warm=warm)
+    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before_self = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    with PssSampler(cluster) as sampler:
+        summary = cluster.run(timeout=900)
+    launch_wall = time.perf_counter() - started
+    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    after_self = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after_children.ru_utime - before_children.ru_utime) + (after_children.ru_stime - before_children.ru_stime)
+    own = (after_self.ru_utime - before_self.ru_utime) + (after_self.ru_stime - before_self.ru_stime)
+    peak = sampler.peak
+    node_pss = sorted(v for k, v in peak.items() if k != "barrier")
+    final = summary.get("final") or {}
+    return {
+        "wall_s": summary.get("wall_s"), "launch_wall_s": round(launch_wall, 3), "cpu_s": round(cpu, 2),
+        "launcher_cpu_s": round(own, 2),
+        "pss_total_mib": round(sum(peak.values()) / MIB, 1) if peak else None,
+        "pss_node_median_mib": round(statistics.median(node_pss) / MIB, 1) if node_pss else None,
+        "pss_node_max_mib": round(node_pss[-1] / MIB, 1) if node_pss else None,
+        "pss_barrier_mib": round(peak["barrier"] / MIB, 1) if "barrier" in peak else None,
+        "pss_samples": sampler.samples, "accuracy": final.get("average_model"),
+        "model_sha256": summary.get("model_sha256"),
+    }
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    result = dict(runs[-1])
+    for key, value in runs[-1].items():
+        if isinstance(value, (int, float)) and all(isinstance(r.get(key), (int, float)) for r in runs):
+            result[key] = statistics.median(r[key] for r in runs)
+    result["runs"] = len(runs)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per variant; figures are medians")
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold reference")
+    parser.add_argument("--workdir", type=Path, default=None, help="where runs go [default: a temporary folder]")
+    args = parser.parse_args()
+    configure_logging("warning")
+    variants = [True] if args.no_cold else [True, False]
+    with tempfile.TemporaryDirectory(prefix="mosaic-tutorial-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        results: dict[str, Any] = {}
+        for warm in variants:
+            name = "warm" if warm else "cold"
+            runs = [run_once(warm, args.rounds, args.nodes, workdir) for _ in range(args.repeat)]
+            results[name] = median_of(runs)
+            r = results[name]
+            print(f"{name:5s} wall {r['wall_s']:.1f} s (launch to end {r['launch_wall_s']:.1f} s), "
+                  f"cpu {r['cpu_s']:.1f} s,"
+                  f" PSS total {r['pss_total_mib']} MiB, per node median {r['pss_node_median_mib']} MiB "
+                  f"(max {r['pss_node_max_mib']}), barrier {r['pss_barrier_mib']} MiB, accuracy {r['accuracy']}")
+    report: dict[str, Any] = {"job": {"nodes": args.nodes, "rounds": args.rounds, "repeat": args.repeat},
+                              "cores": os.cpu_count(), **results}
+    if "cold" in results:
+        warm, cold = results["warm"], results["cold"]
+        report["ratio_wall"] = round(warm["launch_wall_s"] / cold["launch_wall_s"], 3)
+        report["ratio_pss_total"] = (round(warm["pss_total_mib"] / cold["pss_total_mib"], 3)
+                                     if warm["pss_total_mib"] and cold["pss_total_mib"] else None)
+        report["same_models"] = warm["model_sha256"] == cold["model_sha256"]
+        print(f"warm / cold: wall {report['ratio_wall']}, PSS {report['ratio_pss_total']}, "
+              f"same models: {report['same_models']}")
+    for r in results.values():
+        r.pop("model_sha256", None)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""`mosaicd cluster`'s warm start: nodes forked from the warmed-up barrier are real processes of their own and
+end with the models of the in-process run, bit for bit, torch threads included; the cold start still works.
+
+(Node death, --fail-fast and no orphans under the warm start: tests/daemon/test_failures.py; every task's
+cluster against simulate: tests/experiments/test_task_runs.py.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from mosaicd.experiments.cluster import Cluster, ForkedProcess
+from mosaicd.experiments.progress import RoundProgress
+from mosaicd.experiments.simulate import run_simulation
+from mosaicd.settings import Settings
+
+
+@pytest.mark.slow  # about 15 s on 2 busy cores
+def test_forked_digits_nodes_with_two_torch_threads_match_simulate(tmp_path: Path) -> None:
+    """threads=2: the barrier warms torch up with one thread (no OpenMP pool crosses the fork), each node then
+    trains with two; a pool inherited from the parent would hang the nodes, a wrong thread count changes bits."""
+    common = dict(task="digits", nodes=3, rounds=3, fragments=2, fanout=1, local_steps=2, seed=4, threads=2,
+                  partition="dirichlet", alpha=0.1, min_samples=8, eval_every=3)
+    cluster = Cluster(Settings.load(**common, out=tmp_path / "cluster"), progress=False)
+    parents: dict[str, int] = {}
+
+    def on_round(p: RoundProgress) -> None:
+        if p.round == 0:  # every node is running: whose children are they?
+            for name, proc in cluster.procs.items():
+                parents[name] = psutil.Process(proc.pid).ppid()
+
+    cluster.on_round = on_round
+    clustered = cluster.run(timeout=240)
+    simulated = run_simulation(Settings.load(**common, out=tmp_path / "sim"), progress=False)
+    assert clustered["model_sha256"] == simulated["model_sha256"]
+    assert clustered["final"]["average_model"] == simulated["final"]["average_model"]
+    barrier = cluster.procs["barrier"].pid
+    assert {n: p for n, p in parents.items() if n != "barrier"} == {f"node-{i}": barrier for i in range(3)}
+    assert all(isinstance(cluster.procs[f"node-{i}"], ForkedProcess) for i in range(3))
+    assert {p.returncode for p in cluster.procs.values()} == {0}
+    log = [json.loads(x) for x in (tmp_path / "cluster" / "logs" / "barrier.log").read_text().splitlines()
+           if x.startswith("{")]
+    assert any(x["event"] == "warm_start" and x["prebuilt"] is True for x in log)
+    for i in range(3):  # each node logs its own rounds in its own file
+        lines = [json.loads(x) for x in (tmp_path / "cluster" / "logs" / f"node-{i}.log").read_text().splitlines()
+                 if x.startswith("{")]
+        assert {x["round"] for x in lines if x.get("event") == "round"} == {0, 1, 2}
+        assert {x["node"] for x in lines if "node" in x} == {i}
+
+
+@pytest.mark.slow  # about 8 s on 2 busy cores
+def test_cold_cluster_still_matches_the_reference(tmp_path: Path, kit: Any) -> None:
+    run = dict(nodes=4, rounds=4, fragments=4, fanout=2, seed=1)
+    cluster = Cluster(Settings(**run, out=tmp_path / "run"), progress=False, warm=False)
+    summary = cluster.run(timeout=120)
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+    assert not any(isinstance(p, ForkedProcess) for p in cluster.procs.values())
+    assert {p.returncode for p in cluster.procs.values()} == {0}
