@@ -58,6 +58,9 @@ class MovieLensTask(TorchTask):
     def score(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         return {"sq": float(((output.double() - target.double()) ** 2).sum())}
 
+    def score_stacked(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"sq": ((outputs.double() - target.double()) ** 2).sum(dim=1)}
+
     def summarize(self, sums: dict[str, float], count: int) -> dict[str, float]:
         mse = sums["sq"] / count
         return {"rmse": float(np.sqrt(mse)), "test_loss": mse}

@@ -7,7 +7,7 @@ vmap turns the n convolutions into one grouped convolution and the n matrix prod
 which sum in another order (last bits of float32), and those differences grow over rounds. That is why
 `--batched` is a separate, explicit option, and `mosaicd simulate` without it stays the bit-exact reference.
 
-Evaluation (`evaluate_stacked`) runs chunks of models over each test batch in one call.
+Evaluation through the same stacking: `torch_eval.evaluate_stacked`.
 
 Only models without buffers (GroupNorm, not BatchNorm) and with vmap rules for every layer (not LSTM) are
 stacked; the callers fall back to one model at a time for the others.
@@ -27,9 +27,9 @@ from .torch_util import float_state, train_generator
 if TYPE_CHECKING:
     from .torch_task import TorchTask
 
-__all__ = ["STACK_SAMPLES", "evaluate_stacked", "has_buffers", "train_stacked"]
+__all__ = ["STACK_SAMPLES", "chunks", "has_buffers", "restack", "train_stacked", "unstack"]
 
-STACK_SAMPLES = 2048  # samples (models x batch) in one vmapped call: bounds the activations' memory
+STACK_SAMPLES = 2048  # samples (models x batch) in one vmapped training call: bounds the activations' memory
 
 
 def has_buffers(model: nn.Module) -> bool:
@@ -37,7 +37,7 @@ def has_buffers(model: nn.Module) -> bool:
     return any(True for _ in model.buffers())
 
 
-def _unstack(model: nn.Module, vectors: list[np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+def unstack(model: nn.Module, vectors: list[np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
     """name -> (m, *shape) tensor of the models' parameters (the vectors' layout is float_state's order)."""
     flat = torch.from_numpy(np.stack([np.asarray(v, dtype=np.float32) for v in vectors])).to(device)
     params, offset = {}, 0
@@ -50,13 +50,13 @@ def _unstack(model: nn.Module, vectors: list[np.ndarray], device: torch.device) 
     return params
 
 
-def _restack(model: nn.Module, params: dict[str, torch.Tensor]) -> np.ndarray:
+def restack(model: nn.Module, params: dict[str, torch.Tensor]) -> np.ndarray:
     names = [name for name, _ in float_state(model)]
     m = params[names[0]].shape[0]
     return torch.cat([params[name].detach().reshape(m, -1) for name in names], dim=1).cpu().numpy()
 
 
-def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+def chunks(items: list[Any], size: int) -> list[list[Any]]:
     size = max(1, size)
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -73,7 +73,7 @@ def train_stacked(task: TorchTask, nodes: list[int], round: int,
     for k, node in enumerate(nodes):
         by_batch.setdefault(min(task.run.batch_size, len(shards[node])), []).append(k)
     for batch, members in by_batch.items():
-        for chunk in _chunks(members, STACK_SAMPLES // batch):
+        for chunk in chunks(members, STACK_SAMPLES // batch):
             trained, losses = _train_group(task, [nodes[k] for k in chunk], round, [vectors[k] for k in chunk],
                                            batch)
             for j, k in enumerate(chunk):
@@ -85,7 +85,7 @@ def _train_group(task: TorchTask, nodes: list[int], round: int, vectors: list[np
                  batch: int) -> tuple[np.ndarray, list[float]]:
     s, split, model = task.run, task.split, task.model
     model.train()
-    params = _unstack(model, vectors, task.device)
+    params = unstack(model, vectors, task.device)
 
     def node_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return task.loss(functional_call(model, p, (x,)), y)
@@ -103,8 +103,11 @@ def _train_group(task: TorchTask, nodes: list[int], round: int, vectors: list[np
                 orders[j], pos[j] = torch.randperm(len(task.shard(node)), generator=gens[j]).numpy(), 0
             rows.append(task.shard(node)[orders[j][pos[j]:pos[j] + batch]])
             pos[j] += batch
-        x = torch.stack([task.x(split.x_train[idx]) for idx in rows])
-        y = torch.stack([task.y(split.y_train[idx]) for idx in rows])
+        flat = np.concatenate(rows)  # one transfer per step; the same rows and values as node by node
+        x = task.x(split.x_train[flat])
+        x = x.reshape(len(nodes), batch, *x.shape[1:])
+        y = task.y(split.y_train[flat])
+        y = y.reshape(len(nodes), batch, *y.shape[1:])
         grads, loss = step(params, x, y)
         losses.append(loss.detach())
         with torch.no_grad():
@@ -120,28 +123,4 @@ def _train_group(task: TorchTask, nodes: list[int], round: int, vectors: list[np
                     grad = buffers[name]
                 p.add_(grad, alpha=-s.lr)
     mean_loss = torch.stack(losses).double().cpu().numpy().mean(axis=0)
-    return _restack(model, params), [float(x) for x in mean_loss]
-
-
-def evaluate_stacked(task: TorchTask, vectors: list[np.ndarray],
-                     samples: np.ndarray | None = None) -> list[dict[str, float]]:
-    """`task.evaluate_one(v, samples)` of every vector, chunks of models over each test batch together."""
-    x_test, y_test = task.test_rows(samples)
-    count, model = len(y_test), task.model
-    model.eval()
-    batch = min(task.eval_batch_size, count)
-    out: list[dict[str, float]] = []
-    forward = vmap(lambda p, x: functional_call(model, p, (x,)), in_dims=(0, None))
-    with torch.no_grad():
-        for chunk in _chunks(vectors, STACK_SAMPLES // batch):
-            params = _unstack(model, chunk, task.device)
-            sums: list[dict[str, float]] = [{} for _ in chunk]
-            for start in range(0, count, batch):
-                sl = slice(start, start + batch)
-                x, y = task.x(x_test[sl]), task.y(y_test[sl])
-                outputs = forward(params, x)
-                for j in range(len(chunk)):
-                    for key, value in task.score(outputs[j], y).items():
-                        sums[j][key] = sums[j].get(key, 0.0) + value
-            out += [task.summarize(s, count) for s in sums]
-    return out
+    return restack(model, params), [float(x) for x in mean_loss]

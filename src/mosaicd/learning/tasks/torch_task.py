@@ -20,7 +20,6 @@ same reason SGD is `torch_util.SGD` (torch.optim.SGD's arithmetic, tested bit-eq
 
 from __future__ import annotations
 
-import copy
 import threading
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ from mosaicd.learning.data import Split
 from mosaicd.learning.partition import PartitionError, partition, supported_message
 from mosaicd.settings import Partition, RunConfig
 
-from . import stacked
+from . import stacked, torch_eval
 from .base import Task
 from .torch_util import SGD, check_device, layout_of, load_vector, to_vector, train_generator
 
@@ -96,6 +95,12 @@ class TorchTask(Task):
         return {"loss": float(F.cross_entropy(output, target, reduction="sum")),
                 "correct": float((output.argmax(dim=1) == target).sum())}
 
+    def score_stacked(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`score` of m models' outputs (m, B, ...) at once: tensors of m sums, left on the device."""
+        m = outputs.shape[0]
+        loss = F.cross_entropy(outputs.flatten(0, 1), target.repeat(m), reduction="none").view(m, -1).sum(dim=1)
+        return {"loss": loss, "correct": (outputs.argmax(dim=-1) == target).sum(dim=1)}
+
     def summarize(self, sums: dict[str, float], count: int) -> dict[str, float]:
         return {"accuracy": sums["correct"] / count, "test_loss": sums["loss"] / count}
 
@@ -140,21 +145,6 @@ class TorchTask(Task):
                 self._model = self._fresh_model()
                 self._initial = to_vector(self._model)
             return self._model
-
-    @property
-    def eval_model(self) -> nn.Module:
-        """What `evaluate_one` runs: the model, or with `eval_channels_last` a channels-last copy of it (the
-        training model keeps its memory format: its kernels, hence its bits, must not change)."""
-        with self._lock:
-            if not self.eval_channels_last:
-                return self.model
-            if self._eval_model is None:
-                self._eval_model = copy.deepcopy(self.model).to(memory_format=torch.channels_last)
-            return self._eval_model
-
-    def _eval_x(self, rows: np.ndarray) -> torch.Tensor:
-        x = self.x(rows)
-        return x.contiguous(memory_format=torch.channels_last) if self.eval_channels_last and x.dim() == 4 else x
 
     @property
     def layout(self) -> Layout:
@@ -217,34 +207,14 @@ class TorchTask(Task):
                       samples: np.ndarray | None = None) -> list[dict[str, float]]:
         if self._stacked_eval():
             with self._lock:
-                return stacked.evaluate_stacked(self, list(vectors), samples)
+                return torch_eval.evaluate_stacked(self, list(vectors), samples)
         return [self.evaluate_one(v, samples) for v in vectors]
 
     def _stacked_eval(self) -> bool:
         wanted = self.device.type != "cpu" if self.stacked_eval is None else self.stacked_eval
         return wanted and self.vmappable and not stacked.has_buffers(self.model)
 
-    def test_rows(self, samples: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """The test set, or its rows `samples` (sorted indices)."""
-        split = self.split
-        if len(split.y_test) == 0:
-            raise ValueError(f"task {self.name}: the test set is empty")
-        if samples is None:
-            return split.x_test, split.y_test
-        return split.x_test[samples], split.y_test[samples]
-
     def evaluate_one(self, vector: np.ndarray, samples: np.ndarray | None = None) -> dict[str, float]:
         """One model, one test batch after another (`samples`: rows of the test set; None: all)."""
-        x_test, y_test = self.test_rows(samples)
-        count = len(y_test)
-        sums: dict[str, float] = {}
-        with self._lock, torch.no_grad():
-            model = self.eval_model
-            load_vector(model, vector)
-            model.eval()
-            for start in range(0, count, self.eval_batch_size):
-                sl = slice(start, start + self.eval_batch_size)
-                out = model(self._eval_x(x_test[sl]))
-                for key, value in self.score(out, self.y(y_test[sl])).items():
-                    sums[key] = sums.get(key, 0.0) + value
-        return self.summarize(sums, count)
+        with self._lock:
+            return torch_eval.evaluate_one(self, vector, samples)
