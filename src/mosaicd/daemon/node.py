@@ -57,11 +57,12 @@ async def run_node(settings: Settings, task: Any = None) -> int:
         log = get_logger(role="node", run=run.run_id, node=peer.rank)
         vector = peer.vector = await starting_model(peer, task, saved, options)
         saving = Checkpoints(options, peer)
+        data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
         for t in range(peer.round, run.rounds):
             peer.phase = "training"
             started = time.perf_counter()
             if run.train:
-                local, loss = await asyncio.to_thread(task.train, peer.rank, t, vector)
+                local, loss = await asyncio.to_thread(task.train, data_rank, t, vector)
             else:
                 local, loss = vector, math.nan
             vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)

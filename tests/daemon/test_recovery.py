@@ -1,0 +1,234 @@
+"""Recovery on loopback, with real processes: a barrier SIGKILLed mid-run and started again resumes the run
+(same models as the in-memory reference); a node SIGKILLed and started again rejoins from its checkpoint; a
+node that starts late joins with --allow-join; a node frozen for a while costs nobody their place.
+
+Each test prints how long the recovery took (pytest -s shows it); nothing here asserts a speed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mosaicd import Settings
+from mosaicd.experiments.cluster import free_ports
+
+pytestmark = pytest.mark.slow
+
+
+class Lab:
+    """A barrier and nodes as separate `mosaicd` processes on 127.0.0.1 (fixed ports, so a restart is the same
+    member), each with its own log."""
+
+    def __init__(self, tmp_path: Path, kit: Any, run: dict[str, Any], extra_ports: int = 0) -> None:
+        self.tmp, self.kit, self.run = tmp_path, kit, run
+        ports = free_ports(run["nodes"] + 1 + extra_ports)
+        self.barrier_port, self.node_ports = ports[0], ports[1:]
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.out = tmp_path / "run"
+
+    def spawn(self, name: str, port: int, command: str, *args: str) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")
+        proc = subprocess.Popen([*self.kit.mosaicd, command, *args, "--host", "127.0.0.1", "--port", str(port),
+                                 "--log-json", *self.kit.role_flags(command, self.run)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def barrier(self, *args: str) -> subprocess.Popen:
+        return self.spawn("barrier", self.barrier_port, "barrier", "--out", str(self.out), *args)
+
+    def node(self, i: int, *args: str) -> subprocess.Popen:
+        return self.spawn(f"node-{i}", self.node_ports[i], "node", "--barrier-url",
+                          f"http://127.0.0.1:{self.barrier_port}", "--out", str(self.tmp / f"node-{i}"), *args)
+
+    def status(self) -> dict | None:
+        try:
+            reply = self.kit.http("GET", f"http://127.0.0.1:{self.barrier_port}/v1/status", timeout=2)
+        except OSError:
+            return None
+        return reply.json() if reply.status == 200 else None
+
+    def at_round(self, round: int, timeout: float = 60) -> dict:
+        return self.kit.wait_until(lambda: (s := self.status()) and s["round"] >= round and s, timeout,
+                                   f"the barrier at round {round}", interval=0.01)
+
+    def summary(self, timeout: float = 120) -> dict:
+        path = self.out / "summary.json"
+        self.kit.wait_until(lambda: path.exists() and json.loads(path.read_text())["status"] != "running", timeout,
+                            "the run's final summary.json")
+        return json.loads(path.read_text())
+
+    def log(self, name: str) -> list[dict]:
+        lines = (self.tmp / f"{name}.log").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def node_rounds(out: Path) -> dict[int, set[int]]:
+    rounds: dict[int, set[int]] = {}
+    for row in (out / "nodes.csv").read_text().splitlines()[1:]:
+        t, node = row.split(",")[:2]
+        rounds.setdefault(int(node), set()).add(int(t))
+    return rounds
+
+
+# many short rounds: whenever the test acts (round 10 or a little later), most of the run is still ahead
+RUN = dict(nodes=5, rounds=300, fragments=4, fanout=2, dim=64, seed=5, eval_every=50, drop_after=2)
+
+
+def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_reference_models(
+        tmp_path: Path, kit: Any) -> None:
+    run = {**RUN, "round_deadline": 20, "request_timeout": 5, "retries": 1, "barrier_grace": 60}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.barrier()
+        for i in range(run["nodes"]):
+            lab.node(i)
+        lab.at_round(10)
+        lab.procs["barrier"].kill()
+        killed_at = time.monotonic()
+        assert lab.procs["barrier"].wait(timeout=10) == -signal.SIGKILL
+        saved = json.loads((lab.out / "barrier-state.json").read_text())["state"]
+        assert 10 <= saved["round"] < run["rounds"] - 50, "the run went too fast to kill the barrier mid-run"
+        time.sleep(1.0)  # the nodes find it gone and retry (--barrier-grace)
+        lab.barrier()
+        lab.at_round(saved["round"] + 1)
+        resumed_in = time.monotonic() - killed_at
+        summary = lab.summary()
+        for name, proc in lab.procs.items():
+            assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+    finally:
+        lab.stop()
+    print(f"\nbarrier SIGKILLed at round {saved['round']}, restarted 1.0 s later: round {saved['round']} released "
+          f"{resumed_in:.2f} s after the kill")
+    assert summary["status"] == "finished" and summary["events"] == [] and summary["members"] == list(range(5))
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+    assert [r["round"] for r in summary["rounds"]] == [49, 99, 149, 199, 249, 299]  # across the restart too
+    assert all(rounds == set(range(run["rounds"])) for rounds in node_rounds(lab.out).values())
+    restarted = lab.log("barrier")
+    assert any(e["event"] == "resumed" and e["round"] == saved["round"] for e in restarted)
+    retries = [e for i in range(run["nodes"]) for e in lab.log(f"node-{i}") if e["event"] == "barrier_unreachable"]
+    assert retries and all("left_s" in e and "retry_in_s" in e for e in retries)  # every retry said so
+
+
+def test_restarted_barrier_refuses_another_runs_settings(tmp_path: Path, kit: Any) -> None:
+    """A run in progress in OUT is resumed only with its own settings; else the barrier says which differ."""
+    from mosaic_proto import BarrierState
+    from mosaicd.daemon import barrier_journal
+
+    run = Settings(nodes=3, rounds=5, fanout=1, out=tmp_path / "run")
+    state = BarrierState(rounds=5, round_deadline=9, drop_after=2, expected=3)
+    for port in (1, 2, 3):
+        state.register(f"127.0.0.1:{port}", 0.0)
+    state.close(0.0)
+    barrier_journal.save(run.out, run.run_config(), state, 0.0)
+    proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(run.out), "--nodes", "3", "--rounds", "7",
+                           "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "holds run 'mosaic' in progress" in proc.stderr and "--rounds" in proc.stderr, proc.stderr
+    assert json.loads((run.out / "barrier-state.json").read_text())["state"]["round"] == 0  # untouched
+
+
+def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, kit: Any) -> None:
+    run = {**RUN, "round_deadline": 4, "request_timeout": 2, "retries": 1, "drop_after": 3}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.barrier()
+        for i in range(run["nodes"]):
+            lab.node(i)
+        members = lab.at_round(10)["members"]
+        victim = next(m["rank"] for m in members if m["address"] == f"127.0.0.1:{lab.node_ports[2]}")
+        lab.procs["node-2"].kill()
+        killed_at = time.monotonic()
+        assert lab.procs["node-2"].wait(timeout=10) == -signal.SIGKILL
+        lab.node(2)
+        view = lab.kit.wait_until(lambda: (s := lab.status()) and victim in s["live"] and s["round"] > 12 and s,
+                                  60, "the node to be a member again")
+        rejoined_in = time.monotonic() - killed_at
+        summary = lab.summary()
+        for name, proc in lab.procs.items():
+            if proc.returncode != -signal.SIGKILL:
+                assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+    finally:
+        lab.stop()
+    joined = [e for e in summary["events"] if victim in e["joined"]]
+    assert len(joined) == 1, summary["events"]
+    back_from = joined[0]["round"] + 1
+    print(f"\nnode {victim} SIGKILLed at round ~10, started again at once: a member again from round {back_from}, "
+          f"seen live {rejoined_in:.2f} s after the kill (barrier at round {view['round']})")
+    assert summary["status"] == "finished" and summary["members"] == list(range(5)) and summary["dropped"] == []
+    assert set(summary["model_sha256"]) == {str(r) for r in range(5)}
+    rejoined = [e for e in lab.log("node-2") if e["event"] == "rejoined"]
+    assert len(rejoined) == 1 and rejoined[0]["model"] == "checkpoint" and rejoined[0]["round"] == back_from
+    assert back_from - rejoined[0]["checkpoint_round"] <= 2
+    assert any(e["event"] == "joining" and e["rank"] == victim for e in lab.log("barrier"))
+    rounds = node_rounds(lab.out)[victim]
+    assert set(range(back_from, run["rounds"])) <= rounds  # it took part in every round after it came back
+
+
+def test_late_node_joins_with_allow_join_and_takes_part_from_its_join_round(tmp_path: Path, kit: Any) -> None:
+    run = {**RUN, "nodes": 4, "round_deadline": 10, "request_timeout": 2, "retries": 1}
+    lab = Lab(tmp_path, kit, run, extra_ports=1)
+    late = 4
+    try:
+        lab.barrier("--allow-join")
+        for i in range(run["nodes"]):
+            lab.node(i)
+        lab.at_round(8)
+        asked_at = time.monotonic()
+        lab.node(late)
+        lab.kit.wait_until(lambda: (s := lab.status()) and late in s["live"] and s, 60, "the late node to join")
+        joined_in = time.monotonic() - asked_at
+        summary = lab.summary()
+        for name, proc in lab.procs.items():
+            assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+    finally:
+        lab.stop()
+    (event,) = [e for e in summary["events"] if e["joined"]]
+    join_round = event["round"] + 1
+    print(f"\nnode started at round ~8 joined {joined_in:.2f} s later, a member from round {join_round}")
+    assert event["joined"] == [late] and summary["members"] == [0, 1, 2, 3, 4]
+    assert summary["addresses"][late] == f"127.0.0.1:{lab.node_ports[late]}"  # the next rank: nobody's moved
+    assert node_rounds(lab.out)[late] == set(range(join_round, run["rounds"]))
+    assert [e["model"] for e in lab.log(f"node-{late}") if e["event"] == "rejoined"] == ["peer"]
+    assert summary["rounds"][-1]["nodes"] == [0, 1, 2, 3, 4]
+    # the others sent it fragments from its join round on (it was sampled like any member)
+    rows = [r.split(",") for r in (lab.out / "nodes.csv").read_text().splitlines()[1:]]
+    header = (lab.out / "nodes.csv").read_text().splitlines()[0].split(",")
+    got = [int(r[header.index("fragments_in")]) for r in rows if int(r[1]) == late]
+    assert sum(got) > 0
+
+
+def test_frozen_node_resumed_within_the_round_costs_nothing(tmp_path: Path, kit: Any) -> None:
+    """SIGSTOP a node for 3 s: its peers' sends wait for it within the round's budget (retrying), nobody
+    straggles, and since no message was lost the models are the reference's."""
+    run = {**RUN, "round_deadline": 12, "request_timeout": 1.5, "retries": 8}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.barrier()
+        for i in range(run["nodes"]):
+            lab.node(i)
+        lab.at_round(8)
+        lab.procs["node-3"].send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+        lab.procs["node-3"].send_signal(signal.SIGCONT)
+        summary = lab.summary()
+        for name, proc in lab.procs.items():
+            assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+    finally:
+        lab.stop()
+    assert summary["status"] == "finished" and summary["events"] == []
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
