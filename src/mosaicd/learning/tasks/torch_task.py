@@ -5,7 +5,9 @@ object serves every node of a process: data and the partition are computed once,
 reused (a lock serialises calls), and a node's work depends only on (run, node, round, vector).
 
 Devices: the model lives on `run.device` (`--device`); batches are drawn on the CPU (the same generator
-and indices on every device) and moved over; vectors are numpy on the CPU.
+and indices on every device) and moved over; vectors are numpy on the CPU. On a GPU, deterministic
+kernels are asked for (`torch_util.deterministic_cuda`), so that the same run gives the same bits there too
+(on the same GPU model and software; a CPU run and a GPU run differ in the last bits).
 
 Many nodes at once (`train_many`, `evaluate_many`, `stacked.py`): stacked parameters through
 torch.func.vmap, for `--batched` simulation and the barrier's evaluation on accelerators.

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from torch import nn
 
 from mosaic_proto import Layout, Purpose, keyed_rng
 
-__all__ = ["SGD", "check_device", "float_state", "layout_of", "load_vector", "to_vector", "train_generator",
-           "train_seed"]
+__all__ = ["SGD", "check_device", "deterministic_cuda", "float_state", "layout_of", "load_vector", "to_vector",
+           "train_generator", "train_seed"]
 
 
 def float_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -87,6 +89,16 @@ class SGD:
             p.add_(grad, alpha=-self.lr)
 
 
+def deterministic_cuda() -> None:
+    """Same inputs, same bits on a GPU too, as `mosaicd simulate` and `mosaicd cluster` must agree: cuDNN's
+    deterministic kernels without autotuning, torch's deterministic algorithms (embedding backward sorts
+    instead of adding atomically) and the cuBLAS workspace setting they need (read when cuBLAS starts)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def check_device(name: str) -> torch.device:
     """The torch device of `--device name`, or ValueError naming --device when this machine lacks it."""
     device = torch.device(name)
@@ -96,4 +108,5 @@ def check_device(name: str) -> torch.device:
                              "no usable GPU); use --device cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        deterministic_cuda()
     return device
