@@ -102,3 +102,18 @@ def test_batched_applies_to_simulate_only(capsys: pytest.CaptureFixture[str]) ->
         main(["cluster", "--batched"])
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and "--batched does not apply to `mosaicd cluster`" in err, err
+
+
+def test_eval_samples_in_simulate_and_in_the_cluster_barrier(tmp_path: Path) -> None:
+    """--eval-samples is a run setting: the barrier of a cluster evaluates the same subset as simulate, and the
+    models stay bit-equal."""
+    from mosaicd.experiments.cluster import run_cluster
+
+    common = {"task": "digits", "nodes": 3, "fanout": 1, "rounds": 2, "eval_samples": 40, "seed": 2,
+              "round_deadline": 60}
+    simulated = run_simulation(Settings.load(**common, out=tmp_path / "sim"), progress=False)
+    clustered = run_cluster(Settings.load(**common, out=tmp_path / "cluster"), progress=False, timeout=120)
+    assert simulated["model_sha256"] == clustered["model_sha256"]
+    for a, b in zip(simulated["rounds"], clustered["rounds"], strict=True):
+        assert a["eval_samples"] == b["eval_samples"] == 40 and a["test_size"] == b["test_size"] == 359
+        assert a["per_node"] == b["per_node"] and a["average_model"] == b["average_model"]
