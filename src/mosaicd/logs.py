@@ -5,7 +5,13 @@ from __future__ import annotations
 import logging
 import sys
 
-import structlog
+# structlog.dev imports rich (and pygments) when installed, only to draw tracebacks, which format_exc_info below
+# renders already: hidden while structlog is imported, so that a node or barrier does not import it (~0.1 s).
+_rich_hidden = sys.modules.setdefault("rich", None) is None  # type: ignore[arg-type]
+import structlog  # noqa: E402
+
+if _rich_hidden:
+    del sys.modules["rich"]  # importable again, for those who draw with it (status, progress)
 
 
 def configure_logging(level: str = "info", json: bool | None = None) -> None:

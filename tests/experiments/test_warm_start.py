@@ -8,6 +8,8 @@ cluster against simulate: tests/experiments/test_task_runs.py.)
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +63,36 @@ def test_cold_cluster_still_matches_the_reference(tmp_path: Path, kit: Any) -> N
     assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
     assert not any(isinstance(p, ForkedProcess) for p in cluster.procs.values())
     assert {p.returncode for p in cluster.procs.values()} == {0}
+
+
+def test_roles_import_neither_torch_nor_plotting() -> None:
+    """A node or barrier imports torch only for a torch task (lazily, where it trains or evaluates), never
+    matplotlib; structlog does not drag rich in. A fresh interpreter, as `mosaicd node` starts."""
+    code = ("import sys; import mosaicd.cli as c; c.build_parser(); import mosaicd.daemon.node, "
+            "mosaicd.experiments.cluster, mosaicd.experiments.warm; from mosaicd.learning.tasks import require_task; "
+            "from mosaicd.settings import TaskName; require_task(TaskName.DIGITS); "
+            "print(sorted(m for m in ('torch', 'sklearn', 'matplotlib', 'rich', 'pygments') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def mapped(pid: int, library: str) -> bool:
+    return library in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.slow  # about 6 s on 2 busy cores
+def test_quadratic_cluster_never_loads_torch(tmp_path: Path, kit: Any) -> None:
+    """The warm barrier builds what the run needs: for the quadratic task, no process of the cluster maps torch."""
+    run = dict(nodes=3, rounds=4, fragments=2, fanout=1, seed=2)
+    cluster = Cluster(Settings(**run, out=tmp_path / "run"), progress=False)
+    seen: dict[str, bool] = {}
+
+    def on_round(p: RoundProgress) -> None:
+        if p.round == 0:
+            seen.update({name: mapped(proc.pid, "libtorch") for name, proc in cluster.procs.items()})
+
+    cluster.on_round = on_round
+    summary = cluster.run(timeout=120)
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+    assert seen == {"barrier": False, "node-0": False, "node-1": False, "node-2": False}
