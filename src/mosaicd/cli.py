@@ -36,7 +36,7 @@ NETWORK = ["host", "port", "advertise", "barrier_url", "peer_list", "expect_dns"
            "register_deadline", "drop_after", "request_timeout", "retries", "max_body_bytes", "secret_file",
            "header_timeout", "max_connections", "max_bodies", "register_rate",
            "insecure", "max_norm", "tls_cert", "tls_key", "tls_ca", "tls_client_auth",
-           "barrier_grace", "allow_join", "state_dir", "checkpoint_every", "rejoin_max_age"]
+           "barrier_grace", "allow_join", "state_dir", "checkpoint_every", "rejoin_max_age", "rejoin_dropped"]
 OUTPUTS = ["out", "data_dir", "linger", "log_level", "log_json"]
 GROUPS = {"run": RUN, "learning": LEARNING + SIMULATE_ONLY, "network": NETWORK, "outputs": OUTPUTS}
 # which settings each subcommand takes; any other settings flag is refused, naming the subcommand

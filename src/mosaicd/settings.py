@@ -170,6 +170,8 @@ class DaemonOptions(BaseModel):
     checkpoint_every: int = Field(1, ge=0, description="node: checkpoint every N rounds (0: never)")
     rejoin_max_age: int = Field(2, ge=0, description="node: a rejoining node takes its checkpoint if it is at most "
                                 "this many rounds old, else a live peer's model")
+    rejoin_dropped: bool = Field(False, description="node: when the barrier drops it (it was cut off or stalled), "
+                                 "register again and rejoin at the next round boundary instead of exiting")
 
     @field_validator("barrier_url")
     @classmethod

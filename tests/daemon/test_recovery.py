@@ -232,3 +232,34 @@ def test_frozen_node_resumed_within_the_round_costs_nothing(tmp_path: Path, kit:
         lab.stop()
     assert summary["status"] == "finished" and summary["events"] == []
     assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+
+
+def test_dropped_node_rejoins_with_rejoin_dropped(tmp_path: Path, kit: Any) -> None:
+    """A node stalled until the barrier drops it (as a host cut off would be) comes back on its own with
+    --rejoin-dropped: it registers again and is a member from the next round boundary on."""
+    run = {**RUN, "round_deadline": 3, "request_timeout": 1, "retries": 30, "rejoin_dropped": True}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.barrier()
+        for i in range(run["nodes"]):
+            lab.node(i)
+        members = lab.at_round(10)["members"]
+        victim = next(m["rank"] for m in members if m["address"] == f"127.0.0.1:{lab.node_ports[1]}")
+        lab.procs["node-1"].send_signal(signal.SIGSTOP)
+        lab.kit.wait_until(lambda: (s := lab.status()) and victim in s["dropped"], 60, "the drop")
+        lab.procs["node-1"].send_signal(signal.SIGCONT)
+        resumed_at = time.monotonic()
+        lab.kit.wait_until(lambda: (s := lab.status()) and victim in s["live"], 60, "the node to be back")
+        back_in = time.monotonic() - resumed_at
+        summary = lab.summary()
+        for name, proc in lab.procs.items():
+            assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+    finally:
+        lab.stop()
+    print(f"\nnode {victim} dropped while stopped, resumed: a member again {back_in:.2f} s later")
+    stragglers = [e for e in summary["events"] if e["stragglers"]]
+    assert stragglers and all(e["stragglers"] == [victim] for e in stragglers)  # only the stalled node
+    (joined,) = [e for e in summary["events"] if e["joined"]]
+    assert joined["joined"] == [victim] and summary["members"] == list(range(5)) and summary["dropped"] == []
+    assert set(range(joined["round"] + 1, run["rounds"])) <= node_rounds(lab.out)[victim]
+    assert [e["event"] for e in lab.log("node-1") if e["event"] in ("dropped", "rejoined")] == ["dropped", "rejoined"]

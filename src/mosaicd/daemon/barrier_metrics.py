@@ -65,6 +65,8 @@ class BarrierMetrics:
         self.stragglers = Counter("mosaic_barrier_stragglers", "straggler reports: members a round was released "
                                   "without (at its deadline)", registry=r)
         self.dropped = Counter("mosaic_barrier_dropped", "members dropped from the run", registry=r)
+        self.joined = Counter("mosaic_barrier_joined", "members that joined during the run (came back after a "
+                              "restart or a drop, or joined late)", registry=r)
         self.round_s = Histogram("mosaic_barrier_round_seconds", "seconds between consecutive round releases",
                                  buckets=SECONDS_BUCKETS, registry=r)
         self.info = Info("mosaic_run", "the run: its id, task and the task metric the _metric gauges hold",
@@ -74,7 +76,7 @@ class BarrierMetrics:
         self._run_info = {"run_id": run.run_id, "task": run.task.value} if run is not None else {}
         self.info.info({**self._run_info, "metric": "", "higher_is_better": ""})
         self._last: float | None = None
-        self._dropped = 0
+        self._dropped: set[int] = set()
 
     def released(self, release: Release, now: float) -> None:
         if self._last is not None:
@@ -83,8 +85,9 @@ class BarrierMetrics:
         self.round.set(release.round + 1)
         self.members.set(len(release.members))
         self.stragglers.inc(len(release.stragglers))
-        self.dropped.inc(len(release.dropped) - self._dropped)
-        self._dropped = len(release.dropped)
+        self.dropped.inc(len(set(release.dropped) - self._dropped))  # a member can be dropped, come back, ...
+        self._dropped = set(release.dropped)
+        self.joined.inc(len(release.joined))
 
     def evaluated(self, row: dict[str, Any]) -> None:
         self._evaluation.row = dict(row)

@@ -12,7 +12,7 @@ import numpy as np
 from mosaicd.daemon import checkpoint
 from mosaicd.daemon.auth import check_listen
 from mosaicd.daemon.barrier import Barrier
-from mosaicd.daemon.peer import Peer
+from mosaicd.daemon.peer import Peer, PeerDropped
 from mosaicd.daemon.server import serve
 from mosaicd.daemon.warmup import prefetch
 from mosaicd.logs import get_logger
@@ -58,14 +58,21 @@ async def run_node(settings: Settings, task: Any = None) -> int:
         vector = peer.vector = await starting_model(peer, task, saved, options)
         saving = Checkpoints(options, peer)
         data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
-        for t in range(peer.round, run.rounds):
+        while peer.round < run.rounds:
+            t = peer.round
             peer.phase = "training"
             started = time.perf_counter()
             if run.train:
                 local, loss = await asyncio.to_thread(task.train, data_rank, t, vector)
             else:
                 local, loss = vector, math.nan
-            vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)
+            try:
+                vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)
+            except PeerDropped as exc:
+                if not options.rejoin_dropped:
+                    raise
+                vector = await rejoin_after_drop(peer, t, exc, options)
+                continue
             log.info("round", round=t, loss=loss)
             await saving.after(t, vector)
         await saving.drain()
@@ -90,6 +97,20 @@ async def starting_model(peer: Peer, task: Any, saved: checkpoint.Checkpoint | N
         return saved.vector
     vector = await peer.download_model()
     peer.log.warning("rejoined", round=peer.round, model="peer", checkpoint_round=saved.round if saved else None)
+    return vector
+
+
+async def rejoin_after_drop(peer: Peer, t: int, dropped: PeerDropped, options: DaemonOptions) -> np.ndarray:
+    """--rejoin-dropped: register again; go on with this node's own newest model if it is at most
+    --rejoin-max-age rounds behind the round it rejoins at, else with a live peer's."""
+    peer.log.warning("dropped", round=t, detail=str(dropped), next="registering again (--rejoin-dropped)")
+    own = peer.vector
+    await peer.rejoin()
+    if peer.round - t <= options.rejoin_max_age and own is not None:
+        peer.log.warning("rejoined", round=peer.round, model="own", behind=peer.round - t)
+        return own
+    vector = await peer.download_model()
+    peer.log.warning("rejoined", round=peer.round, model="peer", behind=peer.round - t)
     return vector
 
 

@@ -210,6 +210,17 @@ class Peer:
         self._registered.set()
         self.log.info("registered", rank=self.rank, members=len(self.members), round=self.round)
 
+    async def rejoin(self) -> None:
+        """Register again after the barrier dropped this peer: a member from the next round boundary on
+        (`self.round`), with the membership of that round."""
+        self._rejoining = True
+        try:
+            await self._register()
+        finally:
+            self._rejoining = False
+        self.state = self._round_state(self.round, self.members, ())
+        self.phase = "ready"
+
     async def download_model(self) -> np.ndarray:
         """The newest model of a live peer, for a peer that starts after round 0 without a fresh checkpoint."""
         for rank in [m for m in self.members if m != self.rank]:
