@@ -280,7 +280,7 @@ def main() -> None:
         print("vs plain: the mode's median seconds per round over plain's (same n, K); the modes ran in turn, "
               "--repeats times")
     keys = ("n", "d", "K", "s", "mode", "seconds_per_round", "bytes_per_node_round", "expected_bytes", "bytes_ratio",
-            "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket")
+            "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket", "load1")
     keys += ("vs_plain",) if len(modes) > 1 else ()
     print(json.dumps([{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in keys} for r in rows]))
     if off:

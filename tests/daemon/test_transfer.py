@@ -1,0 +1,124 @@
+"""Large fragment messages over real HTTP on loopback: the copy-saving paths (a body sent as head + pieces, a body
+read as its chunks joined, blocked aggregation) give mosaic_proto's in-memory models bit for bit, signed or not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp import ClientSession, web
+
+from mosaic_proto import CONTENT_TYPE, Fragmentation, InMemoryNetwork, Layout, PeerSampler
+from mosaicd import Peer, Settings
+from mosaicd.daemon.barrier import Barrier
+from mosaicd.daemon.http import Client, HttpError, _body, _PiecewiseBody
+from mosaicd.daemon.node_routes import keep_freed_memory, read_body
+
+# K=1 (one contiguous fragment) and K=3 (random fragments); d big enough that every message is a piecewise body
+RUNS = [dict(fragments=1, strategy="random"), dict(fragments=3, strategy="random")]
+
+
+@pytest.mark.parametrize("secret", [False, True], ids=["plain", "secret"])
+@pytest.mark.parametrize("run", RUNS, ids=["k1", "k3"])
+async def test_large_messages_give_the_in_memory_models(tmp_path: Path, kit: Any, run: dict, secret: bool) -> None:
+    extra: dict[str, Any] = {}
+    if secret:
+        (tmp_path / "secret").write_bytes(b"s" * 32)
+        extra["secret_file"] = tmp_path / "secret"
+    settings = dict(nodes=4, rounds=3, fanout=2, dim=300_000, seed=7, train=False, eval_every=0, host="127.0.0.1",
+                    port=0, round_deadline=60, register_deadline=30, request_timeout=30, **run, **extra)
+    barrier_settings = Settings(**settings, out=tmp_path / "barrier")
+    barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
+    runner = web.AppRunner(barrier.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    peer_settings = Settings(**settings, barrier_url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    peers = [Peer(peer_settings, Layout.flat(peer_settings.dim)) for _ in range(peer_settings.nodes)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 60)
+        s = peer_settings
+        rng = np.random.default_rng(3)  # any starting models: the same for the daemons and the reference
+        initial = [(rng.standard_normal(s.dim) * 10.0 ** rng.integers(-20, 20, s.dim)).astype(np.float32)
+                   for _ in range(s.nodes)]
+        network = InMemoryNetwork(initial, Fragmentation.build(Layout.flat(s.dim), s.fragments, s.seed, s.strategy),
+                                  PeerSampler(s.sampler, s.fanout, s.seed), None, run_id=s.run_id)
+        network.run(s.rounds)
+        reference = network.vectors
+        vectors = {p.rank: initial[p.rank] for p in peers}
+        for _ in range(peer_settings.rounds):
+            results = await asyncio.wait_for(asyncio.gather(*(p.gossip(vectors[p.rank]) for p in peers)), 60)
+            vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
+            for p in peers:
+                report = p.last_report
+                assert not report["refused"] and report["fragments_unsent"] == 0 and report["delivered"]
+                # every message was big enough to be sent as head + pieces
+                assert all(size > 4 * _PiecewiseBody.FIRST for _, size in report["delivered"].values())
+        await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 60)
+        for rank, vector in vectors.items():
+            assert kit.sha256_f32(vector) == kit.sha256_f32(reference[rank]), rank
+        await asyncio.wait_for(barrier.done.wait(), 30)
+        summary = json.loads((tmp_path / "barrier" / "summary.json").read_text())
+        assert summary["model_sha256"] == {str(r): kit.sha256_f32(v) for r, v in enumerate(reference)}
+    finally:
+        await asyncio.gather(*(p.close() for p in peers))
+        await runner.cleanup()
+
+
+async def test_read_body_joins_chunks_refuses_oversized_and_takes_chunked_bodies() -> None:
+    """read_body against request.read() on the same bodies: Content-Length and chunked, in one piece or many."""
+    seen: list[tuple[bytes, bytes]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await read_body(request)
+        assert type(body) is bytes
+        seen.append((body, await request.read()))  # what is left for request.read() after read_body: nothing
+        return web.Response(text=str(len(body)))
+
+    app = web.Application(client_max_size=1 << 20)
+    app.add_routes([web.post("/b", handler)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/b"
+    payload = np.random.default_rng(1).bytes(700_000)
+    try:
+        async with Client(10, 0) as client:
+            for data in (b"x", payload[:1000], payload):
+                status, answer, _ = await client.request("POST", url, data=data,
+                                                         headers={"Content-Type": CONTENT_TYPE})
+                assert (status, answer) == (200, str(len(data)).encode())
+                assert seen[-1][0] == data
+            with pytest.raises(HttpError) as refused:
+                await client.request("POST", url, data=payload * 2, headers={"Content-Type": CONTENT_TYPE})
+            assert refused.value.status == 413
+
+        async def pieces() -> Any:  # chunked transfer encoding, many small chunks
+            for i in range(0, len(payload), 70_001):
+                yield payload[i:i + 70_001]
+
+        async with ClientSession() as session:
+            async with session.post(url, data=pieces()) as resp:
+                assert resp.status == 200 and await resp.text() == str(len(payload))
+            assert seen[-1][0] == payload
+
+            async def too_many() -> Any:
+                for _ in range(20):
+                    yield payload[:100_000]
+
+            async with session.post(url, data=too_many()) as resp:
+                assert resp.status == 413
+    finally:
+        await runner.cleanup()
+
+
+def test_body_wrapping_and_allocator_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _body(b"") is None and _body(b"abc") == b"abc"
+    big = bytes(5 * _PiecewiseBody.FIRST)
+    assert isinstance(_body(big), _PiecewiseBody) and _body(big).size == len(big)
+    assert keep_freed_memory() is True  # glibc (this project's Linux images) takes the settings
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")  # the environment's own settings win
+    assert keep_freed_memory() is False
