@@ -249,7 +249,8 @@ class Barrier:
 
     async def _publish(self, release: Release) -> None:
         """Save and record what the release decided, then tell the waiting nodes (after any collection whose
-        snapshots the nodes would drop once they move on)."""
+        snapshots the nodes would drop once they move on; at the end, after the final models are collected, but
+        before they are evaluated: nodes never wait for an evaluation)."""
         self._save()
         self._arm()
         t = release.round
@@ -259,7 +260,11 @@ class Barrier:
             self._collections[t - 1] = self._spawn(self.evaluator.collect(self.run, t - 1, live, release.finished))
         for e in [e for e in self._collections if e + SNAPSHOTS_KEPT <= t or release.finished]:
             await self._collections.pop(e)
-        if release.finished:
+        self.published[t] = self._told(release)
+        self.published.pop(t - SNAPSHOTS_KEPT, None)
+        self._published.set()
+        self._published = asyncio.Event()
+        if release.finished:  # the nodes are free to go once their models are collected; evaluation goes on
             await self.evaluator.drain()
             outcome = {"members": list(release.members), "dropped": list(release.dropped),
                        "addresses": list(self.state.addresses), "events": [e.to_json() for e in self.state.events]}
@@ -269,10 +274,6 @@ class Barrier:
             else:
                 self.recorder.finish(self.evaluator.final_vectors, **outcome)
             self.done.set()
-        self.published[t] = self._told(release)
-        self.published.pop(t - SNAPSHOTS_KEPT, None)
-        self._published.set()
-        self._published = asyncio.Event()
 
     def _record(self, release: Release) -> None:
         closed = self.state.closed[release.round]
