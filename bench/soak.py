@@ -1,7 +1,7 @@
 """A protocol-only soak: --rounds rounds (default 1,000) of a 16-node loopback cluster, watching for anything
 that grows with the rounds: resident memory, open file descriptors, sockets, asyncio tasks.
 
-    .venv/bin/python bench/soak.py                         # 16 nodes x 1,000 rounds: about 80 s on 2 idle cores
+    .venv/bin/python bench/soak.py                         # 16 nodes x 1,000 rounds: ~85 s on 2 idle cores
     .venv/bin/python bench/soak.py --nodes 8 --rounds 300  # a quick look
 
 It runs `mosaicd cluster` (`Cluster`: one barrier and --nodes node processes on 127.0.0.1) protocol-only: the
