@@ -263,3 +263,26 @@ def test_dropped_node_rejoins_with_rejoin_dropped(tmp_path: Path, kit: Any) -> N
     assert joined["joined"] == [victim] and summary["members"] == list(range(5)) and summary["dropped"] == []
     assert set(range(joined["round"] + 1, run["rounds"])) <= node_rounds(lab.out)[victim]
     assert [e["event"] for e in lab.log("node-1") if e["event"] in ("dropped", "rejoined")] == ["dropped", "rejoined"]
+
+
+def test_barrier_whose_nodes_all_died_ends_the_run(tmp_path: Path, kit: Any) -> None:
+    """Every wait ends: with every node dead, each round ends at its deadline (from its release), every node
+    is dropped after --drop-after rounds, and the barrier writes a failed summary.json and exits 1."""
+    run = {**RUN, "nodes": 3, "fanout": 1, "round_deadline": 2, "request_timeout": 1}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.barrier()
+        for i in range(run["nodes"]):
+            lab.node(i)
+        lab.at_round(5)
+        for i in range(run["nodes"]):
+            lab.procs[f"node-{i}"].kill()
+        killed_at = time.monotonic()
+        assert lab.procs["barrier"].wait(timeout=60) == 1
+        ended_in = time.monotonic() - killed_at
+    finally:
+        lab.stop()
+    summary = json.loads((lab.out / "summary.json").read_text())
+    print(f"\nevery node SIGKILLed: the barrier ended the run {ended_in:.2f} s later")
+    assert summary["status"] == "failed" and "every member was dropped" in summary["error"]
+    assert summary["dropped"] == [0, 1, 2] and summary["members"] == []
