@@ -135,7 +135,7 @@ class Checkpoints:
             self._writing = None
 
 
-async def run_barrier(settings: Settings, task: Any = None) -> int:
+async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) -> int:
 
     from mosaicd.learning.tasks import require_task
 
@@ -143,7 +143,7 @@ async def run_barrier(settings: Settings, task: Any = None) -> int:
     barrier = Barrier(settings.run_config(), settings.daemon_options(),
                       evaluate=NetworkEvaluation(settings.data_dir, task))
     check_listen(settings, barrier.keyring)
-    runner, port = await serve(barrier.app(), settings)
+    runner, port = await serve(barrier.app(), settings, sock)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
     try:
         await barrier.done.wait()

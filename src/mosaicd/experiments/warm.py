@@ -24,6 +24,7 @@ import gc
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -49,9 +50,9 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
         pass
 
 
-def run_role(command: str, task: Any = None) -> int:
+def run_role(command: str, task: Any = None, sock: socket.socket | None = None) -> int:
     """What `mosaicd node` / `mosaicd barrier` do once the settings are in the environment, with the same errors
-    and exit codes (cli.main's), given a prebuilt task."""
+    and exit codes (cli.main's), given a prebuilt task (and the barrier's listening socket)."""
     from mosaicd.daemon.node import run_barrier, run_node
 
     try:
@@ -63,7 +64,7 @@ def run_role(command: str, task: Any = None) -> int:
     try:
         if command == "node":
             return asyncio.run(run_node(settings, task=task))
-        return asyncio.run(run_barrier(settings, task=task))
+        return asyncio.run(run_barrier(settings, task=task, sock=sock))
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, TimeoutError, HttpError) as exc:
@@ -87,12 +88,14 @@ class Children:
         except OSError:
             pass  # the launcher is gone; PDEATHSIG ends us soon
 
-    def fork(self, child: dict[str, Any], task: Any) -> None:
+    def fork(self, child: dict[str, Any], task: Any, listening: socket.socket | None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
+            if listening is not None:
+                listening.close()  # the barrier's
             _child(child, task, parent, self.report)
         with self.lock:
             self.names[pid] = child["name"]
@@ -190,6 +193,18 @@ def prebuild(settings: Settings) -> Any:
     return task
 
 
+def listen(settings: Settings) -> socket.socket | None:
+    """The barrier's socket, listening before the nodes are forked: their registrations wait in its backlog
+    instead of being refused and retried with backoff while the barrier starts. None: let serve() bind."""
+    try:
+        sock = socket.create_server((settings.host, settings.port), family=socket.AF_INET, backlog=4096,
+                                    reuse_port=False)
+    except (OSError, ValueError):
+        return None
+    sock.setblocking(False)
+    return sock
+
+
 def main() -> NoReturn:
     spec = json.loads(sys.stdin.buffer.read() or b"{}")
     os.close(0)
@@ -204,10 +219,11 @@ def main() -> NoReturn:
     task = prebuild(settings)
     import mosaicd.daemon.node  # noqa: F401 - imported once, here, for every node
 
+    listening = listen(settings)
     gc.collect()
     gc.freeze()  # the objects made so far stay where they are: shared with the nodes, not copied by their GC
     for child in spec.get("children", []):
-        children.fork(child, task)
+        children.fork(child, task, listening)
     children.start_reaping()
 
     def terminate(signum: int, _frame: Any) -> None:
@@ -219,7 +235,7 @@ def main() -> NoReturn:
     signal.signal(signal.SIGTERM, terminate)
     code = 1
     try:
-        code = run_role("barrier", task)
+        code = run_role("barrier", task, listening)
     finally:
         children.end(REAP_DEADLINE_S)
         sys.stdout.flush()
