@@ -79,7 +79,7 @@ class Children:
         self.report = report
         self.names: dict[int, str] = {}
         self.live: set[int] = set()
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # the SIGTERM handler may run while this thread holds it
         self.reaper: threading.Thread | None = None
 
     def say(self, **message: Any) -> None:
