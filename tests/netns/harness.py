@@ -242,8 +242,11 @@ class NetnsCluster:
     address at port 9000 + i and is advertised at the relay's, so ranks follow i and rank 0 (host 0) serves the
     barrier. Signed with a fresh cluster secret (they listen beyond loopback)."""
 
-    def __init__(self, lab: Lab, tmp: Path, flags: list[str], per_host: int = 2, delay: float = 0.0) -> None:
+    def __init__(self, lab: Lab, tmp: Path, flags: list[str], per_host: int = 2, delay: float = 0.0,
+                 extra: dict[int, list[str]] | None = None) -> None:
+        """`flags`: every node's; `extra`: rank -> more flags for that node only."""
         self.lab, self.tmp, self.flags, self.per_host, self.delay = lab, tmp, flags, per_host, delay
+        self.extra = extra or {}
         self.nodes = len(lab.hosts) * per_host
         self.procs: dict[int, subprocess.Popen] = {}
         self.out = tmp / "out-0"  # rank 0's: the barrier's outputs
@@ -263,7 +266,8 @@ class NetnsCluster:
             host = self.host_of(i)
             argv = [sys.executable, "-m", "mosaicd", "node", "--peer-list", str(peers), "--secret-file", str(secret),
                     "--host", self.lab.ip(host), "--port", str(BASE_PORT + i), "--advertise",
-                    f"{RELAY_IP}:{BASE_PORT + i}", "--out", str(self.tmp / f"out-{i}"), "--log-json", *self.flags]
+                    f"{RELAY_IP}:{BASE_PORT + i}", "--out", str(self.tmp / f"out-{i}"), "--log-json", *self.flags,
+                    *self.extra.get(i, [])]
             self.procs[i] = self.lab.popen(self.lab.hosts[host], argv, log=self.tmp / f"node-{i}.log")
         return self
 

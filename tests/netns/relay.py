@@ -7,13 +7,14 @@ read at time t leaves at t + delay whatever came before it), in both directions:
 take `delay` more, so the round trip grows by twice it. Connection set-up is not delayed. The harness runs it in
 the relay namespace and advertises its ports as the nodes' addresses, so every request between nodes (fragments,
 the barrier's long polls, model collection) crosses it. Prints "ready" once every port listens; runs until
-killed (SIGTERM).
+killed (SIGTERM: it exits at once, the kernel closing its connections).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 
 
@@ -75,14 +76,11 @@ async def main(delay: float, routes: list[tuple[tuple[str, int], tuple[str, int]
         async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, target: tuple[str, int] = target) -> None:
             await _connection(target, delay, r, w)
         servers.append(await asyncio.start_server(handler, *listen))
-    print("ready", flush=True)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    await stop.wait()
-    for server in servers:
-        server.close()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # stop at once: the kernel closes every socket
+        loop.add_signal_handler(signum, os._exit, 0)
+    print("ready", flush=True)
+    await asyncio.gather(*(server.serve_forever() for server in servers))
 
 
 if __name__ == "__main__":

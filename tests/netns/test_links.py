@@ -75,10 +75,14 @@ def test_partitioned_host_straggles_is_dropped_and_the_others_finish(netns: None
     run = dict(PROTOCOL, rounds=30, dim=64)
     # sends to the cut host give up after 1 s (no retry); the 3 s deadline leaves the others 2 s to spare,
     # so only the cut host's nodes straggle
-    network = dict(request_timeout=1, retries=0, round_deadline=3, drop_after=2)
+    network = dict(request_timeout=1, retries=0, round_deadline=3, drop_after=2, barrier_grace=30)
     cut = [4, 5]
+    # the others may finish within seconds of the heal, before TCP's backoff lets a cut node's request through:
+    # rank 0 keeps its barrier serving for 20 s after the run, so that the cut nodes hear that they were dropped
+    linger = {0: ["--linger", "20"]}
     with Lab(hosts=3) as lab:
-        cluster = NetnsCluster(lab, tmp_path, kit.flags({**run, **network}), per_host=2, delay=0.01).start()
+        cluster = NetnsCluster(lab, tmp_path, kit.flags({**run, **network}), per_host=2, delay=0.01,
+                               extra=linger).start()
         cluster.wait_released(2, timeout=60)
         lab.cut(2)
         at = cluster.released()
