@@ -81,9 +81,10 @@ def scenario(tmp: Path, rounds: int, delay: float, loss: float = 0.0, shape: str
 
 def partition(tmp: Path, rounds: int) -> dict[str, Any]:
     """Host 2 cut at round 3 for 3 released rounds (request timeout 1 s, no retry, deadline 3 s, drop after 2)."""
-    network = dict(request_timeout=1, retries=0, round_deadline=3, drop_after=2)
-    with Lab(hosts=3) as lab:
-        cluster = NetnsCluster(lab, tmp, flags({**RUN, **network, "rounds": rounds}), delay=0.01).start()
+    network = dict(request_timeout=1, retries=0, round_deadline=3, drop_after=2, barrier_grace=30)
+    with Lab(hosts=3) as lab:  # rank 0 serves 20 s after the run: the cut nodes hear they were dropped
+        cluster = NetnsCluster(lab, tmp, flags({**RUN, **network, "rounds": rounds}), delay=0.01,
+                               extra={0: ["--linger", "20"]}).start()
         cluster.wait_released(2, timeout=120)
         lab.cut(2)
         cut_at, cut_round = time.monotonic(), cluster.released()
