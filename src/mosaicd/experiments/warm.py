@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import json
 import os
 import signal
@@ -160,7 +161,7 @@ def _child(child: dict[str, Any], task: Any, parent: int, report: int) -> NoRetu
             set_threads(task.run.threads)
         code = run_role("node", task)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     except BaseException:
         traceback.print_exc()
     finally:
@@ -195,8 +196,11 @@ def prebuild(settings: Settings) -> Any:
 
 def listen(settings: Settings) -> socket.socket | None:
     """The barrier's socket, listening before the nodes are forked: their registrations wait in its backlog
-    instead of being refused and retried with backoff while the barrier starts. None: let serve() bind."""
+    instead of being refused and retried with backoff while the barrier starts. None: let serve() bind (and
+    check first, off loopback, that it may listen there)."""
     try:
+        if not ipaddress.ip_address(settings.host).is_loopback:
+            return None
         sock = socket.create_server((settings.host, settings.port), family=socket.AF_INET, backlog=4096,
                                     reuse_port=False)
     except (OSError, ValueError):
