@@ -3,7 +3,8 @@ through bench/soak.py, and nothing grows with the rounds: resident memory, descr
 
 500 rounds, not the issue's 1,000: on this 2-core machine shared with other work a round of 16 processes
 takes 0.06 s idle to 0.3 s loaded, so 1,000 rounds took 290 s under load (`bench/soak.py` runs those); 500
-rounds (fitted over rounds 100-475) take about 40-100 s. What the verdict catches is shown on made-up samples
+rounds (fitted over rounds 100-475) take 75 CPU-seconds: about 40 s on 2 idle cores, 87 s measured here with
+the machine loaded (load average 14). What the verdict catches is shown on made-up samples
 by the second test: one descriptor, socket or task leaked per round is +200 on the floor of the second half of
 the fitted samples against the first (allowed: +8), and a page (4 KiB) of memory per round is a growth of
 1.5 MiB over 375 rounds (allowed: 2 KiB per round, 0.73 MiB, or 3 x the fit's noise, here about 0.03 MiB).
