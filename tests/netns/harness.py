@@ -243,10 +243,11 @@ class NetnsCluster:
     barrier. Signed with a fresh cluster secret (they listen beyond loopback)."""
 
     def __init__(self, lab: Lab, tmp: Path, flags: list[str], per_host: int = 2, delay: float = 0.0,
-                 extra: dict[int, list[str]] | None = None) -> None:
-        """`flags`: every node's; `extra`: rank -> more flags for that node only."""
+                 extra: dict[int, list[str]] | None = None, signed: bool = True) -> None:
+        """`flags`: every node's; `extra`: rank -> more flags for that node only; `signed`: with a cluster
+        secret (else --insecure: the lab's namespaces are the whole network)."""
         self.lab, self.tmp, self.flags, self.per_host, self.delay = lab, tmp, flags, per_host, delay
-        self.extra = extra or {}
+        self.extra, self.signed = extra or {}, signed
         self.nodes = len(lab.hosts) * per_host
         self.procs: dict[int, subprocess.Popen] = {}
         self.out = tmp / "out-0"  # rank 0's: the barrier's outputs
@@ -264,7 +265,8 @@ class NetnsCluster:
                                     for i in range(self.nodes)}, self.tmp / "relay.log")
         for i in range(self.nodes):
             host = self.host_of(i)
-            argv = [sys.executable, "-m", "mosaicd", "node", "--peer-list", str(peers), "--secret-file", str(secret),
+            trust = ["--secret-file", str(secret)] if self.signed else ["--insecure"]
+            argv = [sys.executable, "-m", "mosaicd", "node", "--peer-list", str(peers), *trust,
                     "--host", self.lab.ip(host), "--port", str(BASE_PORT + i), "--advertise",
                     f"{RELAY_IP}:{BASE_PORT + i}", "--out", str(self.tmp / f"out-{i}"), "--log-json", *self.flags,
                     *self.extra.get(i, [])]
