@@ -1,7 +1,7 @@
 """A protocol-only soak: --rounds rounds (default 1,000) of a 16-node loopback cluster, watching for anything
 that grows with the rounds: resident memory, open file descriptors, sockets, asyncio tasks.
 
-    .venv/bin/python bench/soak.py                         # 16 nodes x 1,000 rounds: ~85 s on 2 idle cores
+    .venv/bin/python bench/soak.py                         # 16 nodes x 1,000 rounds: ~70 s on 2 idle cores
     .venv/bin/python bench/soak.py --nodes 8 --rounds 300  # a quick look
 
 It runs `mosaicd cluster` (`Cluster`: one barrier and --nodes node processes on 127.0.0.1) protocol-only: the
@@ -15,9 +15,10 @@ Verdict, per process, over the samples after the first --warmup rounds (allocato
 and caches fill up first):
 - memory: a least-squares line through RSS against the round. Its slope (MiB per 100 rounds) times the
   rounds the fit spans is the growth; the noise is the residual standard deviation of the fit. Flat means
-  growth <= max(--flat-kib x the rounds spanned, 3 x noise): less than --flat-kib (2 KiB) per round, or
+  growth <= max(--flat-kib x the rounds spanned, 3 x noise): less than --flat-kib (3 KiB) per round, or
   within the noise. A leak of a page (4 KiB) per round fails; the barrier's history of releases (one row
-  per round, kept for /v1/history and the dashboard: about 1.5 KiB per round measured here) passes.
+  per round, kept for /v1/history and the dashboard: about 1.5 KiB per round measured here) passes with
+  room for noise in its slope.
 - descriptors, sockets and tasks: work in flight at the moment of a sample (a connection being made, the
   barrier's waiting long polls: its task count swings by the node count) only adds to a count, so the
   floor of each count is what a leak raises. The floor over the second half of the fitted samples may
@@ -223,7 +224,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200, help="rounds before the fitted samples")
     parser.add_argument("--dim", type=positive, default=16, help="model size d of the quadratic task")
     parser.add_argument("--slack", type=int, default=8, help="growth of fds, sockets or tasks still no leak")
-    parser.add_argument("--flat-kib", type=float, default=2.0, help="RSS growth per round (KiB) taken as flat")
+    parser.add_argument("--flat-kib", type=float, default=3.0, help="RSS growth per round (KiB) taken as flat")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds the run may take")
     parser.add_argument("--quiet", action="store_true", help="no line per sample")

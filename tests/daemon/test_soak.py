@@ -7,7 +7,8 @@ rounds (fitted over rounds 100-475) take 75 CPU-seconds: about 40 s on 2 idle co
 the machine loaded (load average 14). What the verdict catches is shown on made-up samples
 by the second test: one descriptor, socket or task leaked per round is +200 on the floor of the second half of
 the fitted samples against the first (allowed: +8), and a page (4 KiB) of memory per round is a growth of
-1.5 MiB over 375 rounds (allowed: 2 KiB per round, 0.73 MiB, or 3 x the fit's noise, here about 0.03 MiB).
+1.5 MiB over 375 rounds (allowed: 3 KiB per round, 1.1 MiB, or 3 x the fit's noise, here about 0.03 MiB); the
+barrier's history of releases (about 1.5 KiB per round, 0.58 MiB here) passes.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def test_the_verdict_catches_a_leak_of_one_per_round_and_a_page_per_round() -> N
     soak, rounds = soak_module(), range(0, ROUNDS - EVERY + 1, EVERY)
 
     def leaks(**per_round: float) -> list[str]:
-        return soak.judge(samples(rounds, **per_round), WARMUP, SLACK, 2.0)["leaks"]
+        return soak.judge(samples(rounds, **per_round), WARMUP, SLACK, 3.0)["leaks"]
 
     assert leaks() == []
     for key in ("fds", "sockets", "tasks"):
@@ -84,4 +85,4 @@ def test_the_verdict_catches_a_leak_of_one_per_round_and_a_page_per_round() -> N
     assert len(found) == 1 and found[0].startswith("node-1: RSS grows 1.46 MiB"), found
     assert leaks(rss_mib=1.5 / 1024) == []  # the barrier's history: about 1.5 KiB per round
     with pytest.raises(ValueError, match="samples after the warm-up"):
-        soak.judge(samples(range(0, 100, 25)), WARMUP, SLACK, 2.0)
+        soak.judge(samples(range(0, 100, 25)), WARMUP, SLACK, 3.0)
