@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -14,7 +14,8 @@ BLOCK = 1 << 15
 
 
 def aggregate(own: np.ndarray, fragmentation: Fragmentation,
-              received: Mapping[int, Mapping[int, np.ndarray]], *, block: int = BLOCK) -> np.ndarray:
+              received: Mapping[int, Mapping[int, np.ndarray]], *, block: int = BLOCK,
+              own_fragments: Sequence[np.ndarray] | None = None) -> np.ndarray:
     """x[C==k] = (own[C==k] + sum of received k-values) / (1 + their count), for every fragment k.
 
     `received` maps sender -> fragment -> values. Sums run in ascending sender order in float64, so the
@@ -25,10 +26,13 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
     `acc = own.astype(float64); acc += r_1; ...; acc /= 1 + count` (so the bits are those of that
     reference), but block by block, and a fragment that is one contiguous range (K=1, the contiguous
     strategy) is read and written as a slice instead of gathered and scattered. `block`: coordinates per step
-    (the result does not depend on it).
+    (the result does not depend on it). `own_fragments`: `own`'s fragments as `fragmentation.views(own)` gave
+    them (the node gathered them to send them), so that they are not gathered again.
     """
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
+    if own_fragments is not None and [len(v) for v in own_fragments] != [len(ix) for ix in fragmentation.indices]:
+        raise ValueError("own_fragments must be own's K fragments, in fragment order")
     own = np.asarray(own)
     plan = []
     for f, frags_ix in enumerate(fragmentation.indices):
@@ -46,7 +50,8 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
         if span is not None:
             mine, target = own[span[0]:span[1]], out[span[0]:span[1]]
         else:
-            mine, target = own[ix], np.empty(len(ix), dtype=np.float32)
+            mine = own[ix] if own_fragments is None else own_fragments[f]
+            target = np.empty(len(ix), dtype=np.float32)
         count = 1 + len(parts)
         for lo in range(0, len(ix), block):
             hi = min(lo + block, len(ix))

@@ -92,6 +92,7 @@ class RoundState:
         self._received: dict[int, dict[int, np.ndarray]] = {}
         self._early: dict[tuple[int, int], EarlyMessage] = {}
         self._local: np.ndarray | None = None
+        self._own_fragments: list[np.ndarray] | None = None
         self._finished = False
         for message in early:
             try:
@@ -162,7 +163,7 @@ class RoundState:
         """Record the locally trained vector and encode this round's messages, one per receiving peer."""
         local = np.ascontiguousarray(local, dtype=np.float32)
         fragments = self.fragmentation.views(local)  # a contiguous fragment is encoded from `local` directly
-        self._local = local
+        self._local, self._own_fragments = local, fragments  # finish() sums from these: no second gather
         if self.max_norm is not None:
             self._own_norms = [float(np.linalg.norm(f.astype(np.float64))) for f in fragments]
             for sender in sorted(self._received):  # what came in while this node was still training
@@ -204,6 +205,7 @@ class RoundState:
         if self._finished:
             raise RuntimeError(f"round {self.round} is already finished")
         self._finished = True
-        vector = aggregate(self._local, self.fragmentation, self._received)
+        vector = aggregate(self._local, self.fragmentation, self._received, own_fragments=self._own_fragments)
+        self._own_fragments = None
         early = tuple(m for _, m in sorted(self._early.items()))
         return RoundOutcome(vector, self.report, early)

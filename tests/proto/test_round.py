@@ -424,6 +424,9 @@ def test_blocked_aggregation_matches_the_plain_one_bit_for_bit(case: tuple[Fragm
     expected = reference_aggregate(own, fr, received)
     assert np.array_equal(bits(aggregate(own, fr, received, block=block)), bits(expected))
     assert np.array_equal(bits(aggregate(own, fr, received)), bits(expected))
+    # what RoundState.finish does: the own fragments gathered for sending are summed from, not gathered again
+    assert np.array_equal(bits(aggregate(own, fr, received, block=block, own_fragments=fr.views(own))),
+                          bits(expected))
 
 
 def test_aggregation_across_blocks_of_the_default_size() -> None:
@@ -438,6 +441,8 @@ def test_aggregation_across_blocks_of_the_default_size() -> None:
         assert np.array_equal(bits(aggregate(own, fr, received)), bits(reference_aggregate(own, fr, received)))
     with pytest.raises(ValueError, match="block"):
         aggregate(own, fr, received, block=0)
+    with pytest.raises(ValueError, match="own_fragments"):
+        aggregate(own, fr, received, own_fragments=fr.views(own)[:-1])
 
 
 def test_outgoing_encodes_contiguous_fragments_straight_from_the_vector() -> None:
