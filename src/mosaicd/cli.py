@@ -12,7 +12,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from mosaicd.daemon.http import HttpError
+from mosaicd.daemon.http import HttpError, PeerDropped
 from mosaicd.logs import configure_logging
 from mosaicd.outputs import SUMMARY_KEYS
 from mosaicd.settings import Settings, SettingsError, TaskName
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(run_command(args, settings))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
-    except (ValueError, FileNotFoundError, TimeoutError, HttpError) as exc:  # HttpError: 4xx, or unreachable
+    except (ValueError, FileNotFoundError, TimeoutError, HttpError, PeerDropped) as exc:  # HttpError: 4xx, unreachable
         parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
 
 

@@ -117,7 +117,7 @@ def test_mutual_tls_cluster_with_secret_equals_the_reference(tmp_path: Path, kit
         def finished() -> bool:
             for name, proc in procs.items():
                 assert proc.poll() is None, (name, log(name))
-            return summary_file.exists()
+            return summary_file.exists() and json.loads(summary_file.read_text())["status"] != "running"
 
         kit.wait_until(finished, 120, "the run to finish")
         # mosaicd status speaks TLS too: with the CA and a member's certificate it sees every node

@@ -132,8 +132,6 @@ def test_host_cut_off_briefly_straggles_and_rejoins(netns: None, tmp_path: Path,
     assert len(summary["model_sha256"]) == 6
 
 
-@pytest.mark.xfail(strict=True, reason="--rejoin-dropped registers again signed with the run's key, not the "
-                   "registration key (Peer.rejoin keeps rank >= 0): the barrier answers 401 wrong_run")
 def test_dropped_host_rejoins_with_rejoin_dropped(netns: None, tmp_path: Path, kit: Any) -> None:
     """As the partition above, with --rejoin-dropped: host 2's nodes are dropped, and once the link heals they
     register again and are members from the next round boundary on; everyone finishes."""

@@ -31,6 +31,7 @@ from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
 
 SNAPSHOTS_KEPT = 3  # as many as a node keeps (peer.SNAPSHOTS_KEPT)
+HISTORY_KEPT = 2000  # released rounds kept for /v1/history and the dashboard (barrier_routes.HISTORY_LIMIT)
 
 
 def phase_means(closed: dict[int, tuple[float, dict[str, Any] | None]]) -> dict[str, float]:
@@ -292,6 +293,8 @@ class Barrier:
         self.history.append({"round": release.round, "duration_s": None if duration is None else round(duration, 6),
                              **phases, "members": len(release.members), "stragglers": list(release.stragglers),
                              "dropped": list(release.dropped)})
+        if len(self.history) > 2 * HISTORY_KEPT:  # memory stays flat in long runs; /v1/history serves fewer
+            del self.history[:-HISTORY_KEPT]
         self.metrics.released(release, now)
         news = {}
         latest = self.evaluator.last_metrics

@@ -135,6 +135,10 @@ def _body(data: bytes) -> bytes | payload.Payload | None:
     return _PiecewiseBody(data) if len(data) > 4 * _PiecewiseBody.FIRST else (data or None)
 
 
+class PeerDropped(RuntimeError):
+    """The barrier dropped this node from the run (it missed too many rounds, or fell too far behind)."""
+
+
 class Client:
     """One shared aiohttp session; per-request deadlines; retries with exponential backoff on 5xx/network errors."""
 

@@ -40,7 +40,7 @@ from mosaic_proto import (
 )
 from mosaicd.daemon.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
 from mosaicd.daemon.barrier import Barrier
-from mosaicd.daemon.http import Client, HttpError
+from mosaicd.daemon.http import Client, HttpError, PeerDropped
 from mosaicd.daemon.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.model_codec import decode_model
 from mosaicd.daemon.node_metrics import NodeMetrics
@@ -53,10 +53,6 @@ SNAPSHOTS_KEPT = 3
 _STATUS_OF_REASON = {Reason.TOO_LARGE: 413, Reason.STALE_ROUND: 409, Reason.FUTURE_ROUND: 409,
                      Reason.DUPLICATE_FRAGMENT: 409, Reason.UNKNOWN_SENDER: 403, Reason.WRONG_RUN: 409,
                      Reason.ROUND_CLOSED: 409, Reason.SENDER_MISMATCH: 403, Reason.UNPLANNED_FRAGMENT: 403}
-
-
-class PeerDropped(RuntimeError):
-    """The barrier dropped this node from the run (it missed too many rounds)."""
 
 
 def _embedded_barrier(options: DaemonOptions, run: RunConfig | None, evaluate: Any) -> Barrier | None:
@@ -213,7 +209,7 @@ class Peer:
     async def rejoin(self) -> None:
         """Register again after the barrier dropped this peer: a member from the next round boundary on
         (`self.round`), with the membership of that round."""
-        self._rejoining = True
+        self._rejoining, self.rank = True, -1  # it registers as its address again, signed as one that registers
         try:
             await self._register()
         finally:
@@ -323,6 +319,8 @@ class Peer:
         except HttpError as exc:
             if exc.status == 410:
                 raise PeerDropped(f"node {self.rank} was dropped from the run: {exc.detail}") from None
+            if exc.status == 409 and "stale_round" in exc.detail:  # it fell behind further than the barrier keeps
+                raise PeerDropped(f"node {self.rank} fell behind the run: {exc.detail}") from None
             raise
 
     async def finish(self) -> None:
