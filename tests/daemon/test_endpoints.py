@@ -150,7 +150,8 @@ def snapshot(kit: Any, net: Net) -> dict[str, Any]:
     """What a refused request must not change: the daemon's status and traffic counters, the barrier's state."""
     node = kit.http("GET", f"{net.node}/v1/status").json()
     node_metrics = {k: "NaN" if math.isnan(v) else v for k, v in metrics(kit, net.node).items()
-                    if not k.startswith(("mosaic_refused_messages", "process_", "mosaic_asyncio_tasks"))}
+                    if not k.startswith(("mosaic_refused_messages", "mosaic_limited_requests", "process_",
+                                         "mosaic_asyncio_tasks"))}  # counts of refusals; the process's own moves
     barrier = kit.http("GET", f"{net.barrier}/v1/status").json()
     for member in barrier["members"]:
         member.pop("last_contact_s")  # any request from a member's rank counts as contact

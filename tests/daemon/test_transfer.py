@@ -16,7 +16,8 @@ from mosaic_proto import CONTENT_TYPE, Fragmentation, InMemoryNetwork, Layout, P
 from mosaicd import Peer, Settings
 from mosaicd.daemon.barrier import Barrier
 from mosaicd.daemon.http import Client, HttpError, _body, _PiecewiseBody
-from mosaicd.daemon.node_routes import keep_freed_memory, read_body
+from mosaicd.daemon.node_routes import read_body
+from mosaicd.daemon.server import keep_freed_memory
 
 # K=1 (one contiguous fragment) and K=3 (random fragments); d big enough that every message is a piecewise body
 RUNS = [dict(fragments=1, strategy="random"), dict(fragments=3, strategy="random")]

@@ -13,7 +13,7 @@ from mosaicd.daemon import checkpoint
 from mosaicd.daemon.auth import check_listen
 from mosaicd.daemon.barrier import Barrier
 from mosaicd.daemon.peer import Peer, PeerDropped
-from mosaicd.daemon.server import serve
+from mosaicd.daemon.server import keep_freed_memory, serve
 from mosaicd.daemon.warmup import prefetch
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, RunConfig, Settings
@@ -42,6 +42,7 @@ async def run_node(settings: Settings, task: Any = None) -> int:
     run's. Without one, the task's imports run in a thread while the node registers."""
     from mosaicd.learning.tasks import build_task
 
+    keep_freed_memory()  # this process is a node: let it reuse what each round frees (daemon/server.py)
     prefetched = None if task is not None else asyncio.ensure_future(asyncio.to_thread(prefetch, settings.task))
     run = settings.run_config() if settings.peer_list is not None else None
     options = settings.daemon_options()

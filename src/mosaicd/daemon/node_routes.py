@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -21,32 +19,6 @@ if TYPE_CHECKING:
     from mosaicd.daemon.peer import Peer
 
 _ROUND = re.compile(r"-?[0-9]{1,18}")
-
-
-# glibc malloc: blocks below MMAP_BELOW come from the heap, and up to KEEP_FREED bytes freed at its top stay there
-MMAP_BELOW = 32 << 20  # glibc's own largest automatic value
-KEEP_FREED = 128 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def keep_freed_memory() -> bool:
-    """Let this process reuse the memory a round frees, instead of handing it back to the system and faulting
-    it in again (zeroed, page by page) in the next round; True where the C library took the settings.
-
-    A round allocates and frees every message it sends and receives (s * d * 4 bytes each way, in pieces the
-    socket reads come in); glibc returns freed memory above 2x its largest freed block at once, so each round
-    pays page faults for all of it, a third of a receiving node's CPU time at d=1e6 (bench/round.py). The
-    peak memory is the same; between rounds up to KEEP_FREED bytes stay mapped. MALLOC_TRIM_THRESHOLD_ or
-    MALLOC_MMAP_THRESHOLD_ in the environment win.
-    """
-    if any(k in os.environ for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (or no C library symbols): nothing to tune
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_BELOW)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED))
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -77,7 +49,6 @@ async def read_body(request: web.Request) -> bytes:
 
 
 def node_app(peer: Peer) -> web.Application:
-    keep_freed_memory()
     async def fragments(request: web.Request) -> web.Response:
         if request.content_type != CONTENT_TYPE:
             raise bad_request("unsupported_media_type", f"expected {CONTENT_TYPE}, got {request.content_type}", 415)
