@@ -28,7 +28,9 @@ def test_forked_digits_nodes_with_two_torch_threads_match_simulate(tmp_path: Pat
     trains with two; a pool inherited from the parent would hang the nodes, a wrong thread count changes bits."""
     common = dict(task="digits", nodes=3, rounds=3, fragments=2, fanout=1, local_steps=2, seed=4, threads=2,
                   partition="dirichlet", alpha=0.1, min_samples=8, eval_every=3)
-    cluster = Cluster(Settings.load(**common, out=tmp_path / "cluster"), progress=False)
+    # --linger 3: the nodes stay 3 s after the run, so that round 0 is reported while they are alive even when
+    # the whole run is over before the launcher's first look at the barrier
+    cluster = Cluster(Settings.load(**common, linger=3, out=tmp_path / "cluster"), progress=False)
     parents: dict[str, int] = {}
 
     def on_round(p: RoundProgress) -> None:
@@ -85,7 +87,7 @@ def mapped(pid: int, library: str) -> bool:
 def test_quadratic_cluster_never_loads_torch(tmp_path: Path, kit: Any) -> None:
     """The warm barrier builds what the run needs: for the quadratic task, no process of the cluster maps torch."""
     run = dict(nodes=3, rounds=4, fragments=2, fanout=1, seed=2)
-    cluster = Cluster(Settings(**run, out=tmp_path / "run"), progress=False)
+    cluster = Cluster(Settings(**run, linger=3, out=tmp_path / "run"), progress=False)  # alive when round 0 shows
     seen: dict[str, bool] = {}
 
     def on_round(p: RoundProgress) -> None:
