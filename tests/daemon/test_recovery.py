@@ -44,6 +44,17 @@ class Lab:
     def barrier(self, *args: str) -> subprocess.Popen:
         return self.spawn("barrier", self.barrier_port, "barrier", "--out", str(self.out), *args)
 
+    def start(self, *barrier_args: str) -> None:
+        self.barrier(*barrier_args)
+        for i in range(self.run["nodes"]):
+            self.node(i)
+
+    def exited_cleanly(self) -> None:
+        """Every process that was not SIGKILLed exits 0."""
+        for name, proc in self.procs.items():
+            if proc.returncode != -signal.SIGKILL:
+                assert proc.wait(timeout=30) == 0, (name, (self.tmp / f"{name}.log").read_text()[-3000:])
+
     def node(self, i: int, *args: str) -> subprocess.Popen:
         return self.spawn(f"node-{i}", self.node_ports[i], "node", "--barrier-url",
                           f"http://127.0.0.1:{self.barrier_port}", "--out", str(self.tmp / f"node-{i}"), *args)
@@ -94,9 +105,7 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
     run = {**RUN, "round_deadline": 20, "request_timeout": 5, "retries": 1, "barrier_grace": 60}
     lab = Lab(tmp_path, kit, run)
     try:
-        lab.barrier()
-        for i in range(run["nodes"]):
-            lab.node(i)
+        lab.start()
         lab.at_round(10)
         lab.procs["barrier"].kill()
         killed_at = time.monotonic()
@@ -108,8 +117,7 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
         lab.at_round(saved["round"] + 1)
         resumed_in = time.monotonic() - killed_at
         summary = lab.summary()
-        for name, proc in lab.procs.items():
-            assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+        lab.exited_cleanly()
     finally:
         lab.stop()
     print(f"\nbarrier SIGKILLed at round {saved['round']}, restarted 1.0 s later: round {saved['round']} released "
@@ -146,9 +154,7 @@ def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, k
     run = {**RUN, "round_deadline": 4, "request_timeout": 2, "retries": 1, "drop_after": 3}
     lab = Lab(tmp_path, kit, run)
     try:
-        lab.barrier()
-        for i in range(run["nodes"]):
-            lab.node(i)
+        lab.start()
         members = lab.at_round(10)["members"]
         victim = next(m["rank"] for m in members if m["address"] == f"127.0.0.1:{lab.node_ports[2]}")
         lab.procs["node-2"].kill()
@@ -159,9 +165,7 @@ def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, k
                                   60, "the node to be a member again")
         rejoined_in = time.monotonic() - killed_at
         summary = lab.summary()
-        for name, proc in lab.procs.items():
-            if proc.returncode != -signal.SIGKILL:
-                assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+        lab.exited_cleanly()
     finally:
         lab.stop()
     joined = [e for e in summary["events"] if victim in e["joined"]]
@@ -184,17 +188,14 @@ def test_late_node_joins_with_allow_join_and_takes_part_from_its_join_round(tmp_
     lab = Lab(tmp_path, kit, run, extra_ports=1)
     late = 4
     try:
-        lab.barrier("--allow-join")
-        for i in range(run["nodes"]):
-            lab.node(i)
+        lab.start("--allow-join")
         lab.at_round(8)
         asked_at = time.monotonic()
         lab.node(late)
         lab.kit.wait_until(lambda: (s := lab.status()) and late in s["live"] and s, 60, "the late node to join")
         joined_in = time.monotonic() - asked_at
         summary = lab.summary()
-        for name, proc in lab.procs.items():
-            assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+        lab.exited_cleanly()
     finally:
         lab.stop()
     (event,) = [e for e in summary["events"] if e["joined"]]
@@ -218,16 +219,13 @@ def test_frozen_node_resumed_within_the_round_costs_nothing(tmp_path: Path, kit:
     run = {**RUN, "round_deadline": 12, "request_timeout": 1.5, "retries": 8}
     lab = Lab(tmp_path, kit, run)
     try:
-        lab.barrier()
-        for i in range(run["nodes"]):
-            lab.node(i)
+        lab.start()
         lab.at_round(8)
         lab.procs["node-3"].send_signal(signal.SIGSTOP)
         time.sleep(3.0)
         lab.procs["node-3"].send_signal(signal.SIGCONT)
         summary = lab.summary()
-        for name, proc in lab.procs.items():
-            assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+        lab.exited_cleanly()
     finally:
         lab.stop()
     assert summary["status"] == "finished" and summary["events"] == []
@@ -240,9 +238,7 @@ def test_dropped_node_rejoins_with_rejoin_dropped(tmp_path: Path, kit: Any) -> N
     run = {**RUN, "round_deadline": 3, "request_timeout": 1, "retries": 30, "rejoin_dropped": True}
     lab = Lab(tmp_path, kit, run)
     try:
-        lab.barrier()
-        for i in range(run["nodes"]):
-            lab.node(i)
+        lab.start()
         members = lab.at_round(10)["members"]
         victim = next(m["rank"] for m in members if m["address"] == f"127.0.0.1:{lab.node_ports[1]}")
         lab.procs["node-1"].send_signal(signal.SIGSTOP)
@@ -252,8 +248,7 @@ def test_dropped_node_rejoins_with_rejoin_dropped(tmp_path: Path, kit: Any) -> N
         lab.kit.wait_until(lambda: (s := lab.status()) and victim in s["live"], 60, "the node to be back")
         back_in = time.monotonic() - resumed_at
         summary = lab.summary()
-        for name, proc in lab.procs.items():
-            assert proc.wait(timeout=30) == 0, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+        lab.exited_cleanly()
     finally:
         lab.stop()
     print(f"\nnode {victim} dropped while stopped, resumed: a member again {back_in:.2f} s later")
@@ -271,9 +266,7 @@ def test_barrier_whose_nodes_all_died_ends_the_run(tmp_path: Path, kit: Any) -> 
     run = {**RUN, "nodes": 3, "fanout": 1, "round_deadline": 2, "request_timeout": 1}
     lab = Lab(tmp_path, kit, run)
     try:
-        lab.barrier()
-        for i in range(run["nodes"]):
-            lab.node(i)
+        lab.start()
         lab.at_round(5)
         for i in range(run["nodes"]):
             lab.procs[f"node-{i}"].kill()
