@@ -131,8 +131,15 @@ class Checkpoints:
         self._writing = asyncio.ensure_future(asyncio.to_thread(checkpoint.save, self.directory, saved))
 
     async def drain(self) -> None:
+        """Wait for the checkpoint being written; one that cannot be written is logged, and the run goes on
+        without checkpoints (a node that cannot checkpoint can still take a peer's model if it restarts)."""
         if self._writing is not None:
-            await self._writing
+            try:
+                await self._writing
+            except OSError as exc:
+                self.peer.log.warning("checkpoint_failed", directory=str(self.directory), error=str(exc),
+                                      detail="no more checkpoints in this run (--state-dir, --checkpoint-every)")
+                self.every = 0
             self._writing = None
 
 
