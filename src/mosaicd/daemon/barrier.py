@@ -20,31 +20,18 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from mosaic_proto import BarrierError, BarrierPhase, BarrierState, Release, received_counts
+from mosaic_proto import BarrierError, BarrierPhase, BarrierState, Release
 from mosaicd.daemon import barrier_journal
 from mosaicd.daemon.auth import Keyring, load_secret
 from mosaicd.daemon.barrier_metrics import BarrierMetrics
 from mosaicd.daemon.evaluator import NetworkEvaluator
 from mosaicd.daemon.membership import resolve_all
+from mosaicd.daemon.release_log import ReleaseLog
 from mosaicd.logs import get_logger
-from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, is_eval_round
+from mosaicd.outputs import RunRecorder, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
 
 SNAPSHOTS_KEPT = 3  # as many as a node keeps (peer.SNAPSHOTS_KEPT)
-HISTORY_KEPT = 2000  # released rounds kept for /v1/history and the dashboard (barrier_routes.HISTORY_LIMIT)
-
-
-def phase_means(closed: dict[int, tuple[float, dict[str, Any] | None]]) -> dict[str, float]:
-    """Mean seconds per phase over the members that arrived: train, send, aggregate (their reports), wait (the
-    barrier's clock)."""
-    seconds: dict[str, list[float]] = {"train": [], "send": [], "wait": [], "aggregate": []}
-    for wait, report in closed.values():
-        seconds["wait"].append(wait)
-        for phase in ("train", "send", "aggregate"):
-            value = (report or {}).get(f"{phase}_s")
-            if isinstance(value, int | float):
-                seconds[phase].append(float(value))
-    return {f"{phase}_s": round(float(np.mean(v)), 6) for phase, v in seconds.items() if v}
 
 
 class Barrier:
@@ -74,9 +61,8 @@ class Barrier:
         self._collections: dict[int, asyncio.Task] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
-        self.history: list[dict[str, Any]] = []  # per released round: duration, mean phase seconds, stragglers
-        self._released_at: float | None = None
-        self._logged_eval: int | None = None
+        self.releases = ReleaseLog(self.recorder, self.metrics, self.log)
+        self.history = self.releases.history  # per released round: duration, mean phase seconds, stragglers
 
     def app(self) -> web.Application:
         from mosaicd.daemon.barrier_routes import barrier_app
@@ -91,9 +77,9 @@ class Barrier:
         self.metrics.expected.set(self.state.expected)
         if self.resumed:
             return self._resume()
-        self._spawn(self._registration_deadline())
+        self._spawn(registration_deadline(self))
         if self.options.expect_dns:
-            self._spawn(self._watch_dns())
+            self._spawn(watch_dns(self))
 
     def _resume(self) -> None:
         """Go on with the saved run: the open round starts again now; evaluations that the crash cut short are
@@ -149,7 +135,7 @@ class Barrier:
             self.metrics.registered.set(len(self.state.pending))
             self.log.info("registered", address=address, registered=len(self.state.pending),
                           expected=self.state.expected)
-            self._maybe_close()
+            self.maybe_close()
             try:
                 await asyncio.wait_for(self.registered.wait(), timeout=self.options.register_deadline)
             except TimeoutError:
@@ -171,7 +157,7 @@ class Barrier:
         return {"rank": rank, "members": list(self.state.addresses), "run": self.run.model_dump(mode="json"),
                 "round": at + 1, "live": told["members"]}
 
-    def _maybe_close(self) -> None:
+    def maybe_close(self) -> None:
         if not self.state.complete:
             return
         count = len(self.state.pending)
@@ -180,7 +166,8 @@ class Barrier:
         except ValueError as exc:
             dns = self.options.expect_dns
             counted = f" ({dns} resolved to that many addresses)" if dns else ""
-            return self._fail(f"{count} nodes registered{counted}, but the run is invalid with them: {exc}", 422)
+            return self.fail_registration(f"{count} nodes registered{counted}, but the run is invalid with them: "
+                                          f"{exc}", 422)
         self.state.close(self.now())
         self._save()
         self._arm()
@@ -189,33 +176,13 @@ class Barrier:
         self.log.info("registration_closed", members=count)
         self.registered.set()
 
-    def _fail(self, reason: str, status: int) -> None:
+    def fail_registration(self, reason: str, status: int) -> None:
         self.state.fail(reason)
         self.register_status = status
         self.log.error("registration_failed", detail=reason)
         self.recorder.fail(f"registration failed: {reason}")
         self.registered.set()
         self.done.set()
-
-    async def _registration_deadline(self) -> None:
-        await asyncio.sleep(self.options.register_deadline)
-        if self.state.phase is BarrierPhase.REGISTERING:
-            self._fail(f"registration deadline ({self.options.register_deadline:g}s) passed with "
-                       f"{len(self.state.pending)} of {self.state.expected or '?'} nodes", 503)
-
-    async def _watch_dns(self) -> None:
-        """Count nodes as the addresses the service name resolves to, once the count holds still."""
-        stable_since, last = self.now(), -1
-        while self.state.phase is BarrierPhase.REGISTERING:
-            count = len(await asyncio.to_thread(resolve_all, self.options.expect_dns))
-            if count != last:  # still moving (replicas starting): nothing is counted until it holds still
-                last, stable_since = count, self.now()
-                self.state.expected = 0
-            if count and self.now() - stable_since >= self.options.dns_settle:
-                self.state.expected = count
-                self._maybe_close()
-            self.metrics.expected.set(self.state.expected)
-            await asyncio.sleep(0.5)
 
     # -- rounds ------------------------------------------------------------------------------------
     async def arrive(self, rank: int, round: int, report: dict[str, Any] | None) -> dict[str, Any]:
@@ -277,34 +244,30 @@ class Barrier:
             self.done.set()
 
     def _record(self, release: Release) -> None:
-        closed = self.state.closed[release.round]
-        received = received_counts({r: report for r, (_, report) in closed.items()})
-        if not release.finished:
-            for rank, (wait_s, report) in closed.items():
-                if report is not None:
-                    messages, fragments, nbytes = received.get(rank, (0, 0, 0))
-                    self.recorder.node_round({**report, "node": rank, "wait_s": round(wait_s, 6),
-                                              "messages_in": messages, "fragments_in": fragments,
-                                              "bytes_in": nbytes})
-        now = self.now()
-        duration = now - self._released_at if self._released_at is not None else None
-        self._released_at = now
-        phases = phase_means(closed)
-        self.history.append({"round": release.round, "duration_s": None if duration is None else round(duration, 6),
-                             **phases, "members": len(release.members), "stragglers": list(release.stragglers),
-                             "dropped": list(release.dropped)})
-        if len(self.history) > 2 * HISTORY_KEPT:  # memory stays flat in long runs; /v1/history serves fewer
-            del self.history[:-HISTORY_KEPT]
-        self.metrics.released(release, now)
-        news = {}
-        latest = self.evaluator.last_metrics
-        if latest and latest.get("round") != self._logged_eval:
-            self._logged_eval = latest.get("round")
-            news = {"evaluated_round": self._logged_eval, **{k: latest.get(k) for k in SUMMARY_KEYS}}
-        log = self.log.warning if release.stragglers else self.log.info
-        log("released", round=release.round, duration_s=self.history[-1]["duration_s"], members=len(release.members),
-            stragglers=list(release.stragglers), dropped=list(release.dropped), finished=release.finished,
-            **({"joined": list(release.joined)} if release.joined else {}), **news)
+        self.releases.record(release, self.state.closed[release.round], self.now(), self.evaluator.last_metrics)
+
+
+async def registration_deadline(barrier: Barrier) -> None:
+    """Fail the registration if it is not complete by --register-deadline."""
+    await asyncio.sleep(barrier.options.register_deadline)
+    if barrier.state.phase is BarrierPhase.REGISTERING:
+        barrier.fail_registration(f"registration deadline ({barrier.options.register_deadline:g}s) passed with "
+                                  f"{len(barrier.state.pending)} of {barrier.state.expected or '?'} nodes", 503)
+
+
+async def watch_dns(barrier: Barrier) -> None:
+    """Count nodes as the addresses the service name resolves to, once the count holds still."""
+    stable_since, last = barrier.now(), -1
+    while barrier.state.phase is BarrierPhase.REGISTERING:
+        count = len(await asyncio.to_thread(resolve_all, barrier.options.expect_dns))
+        if count != last:  # still moving (replicas starting): nothing is counted until it holds still
+            last, stable_since = count, barrier.now()
+            barrier.state.expected = 0
+        if count and barrier.now() - stable_since >= barrier.options.dns_settle:
+            barrier.state.expected = count
+            barrier.maybe_close()
+        barrier.metrics.expected.set(barrier.state.expected)
+        await asyncio.sleep(0.5)
 
 
 def _now() -> float:

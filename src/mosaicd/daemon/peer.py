@@ -114,6 +114,42 @@ async def send_all(client: Client, state: RoundState, messages: list[OutgoingMes
     return delivered
 
 
+async def live_model(client: Client, options: DaemonOptions, addresses: list[str], peers: list[int],
+                     layout: Layout | None, log: Any) -> np.ndarray:
+    """The newest model (GET /v1/model) of the first of `peers` that gives one of this `layout`."""
+    for rank in peers:
+        url = f"{scheme(options)}://{addresses[rank]}/v1/model"
+        try:
+            _, body, _ = await client.request("GET", url)
+            model = decode_model(body)
+        except (HttpError, ValueError) as exc:
+            log.warning("model_download_failed", peer=rank, error=str(exc))
+            continue
+        if layout is not None and model["layout"] != layout:
+            log.warning("model_download_failed", peer=rank, error="another model layout")
+            continue
+        log.info("model_downloaded", peer=rank, round=model["round"])
+        return model["vector"]
+    raise RuntimeError(f"no live peer of {peers} gave its model")
+
+
+async def arrive(client: Client, barrier_url: str, rank: int, t: int, report: dict[str, Any] | None, run: RunConfig,
+                 options: DaemonOptions, log: Any) -> dict[str, Any]:
+    """Long poll at the barrier until round t is released; while the barrier is unreachable (restarting), retry
+    for --barrier-grace seconds. PeerDropped if the barrier dropped this node or it fell too far behind."""
+    timeout = options.round_deadline + 2 * options.request_timeout + (600 if t >= run.rounds else 60)
+    try:
+        return await client.post_json_within(f"{barrier_url}/v1/arrive", {"rank": rank, "round": t, "report": report},
+                                              timeout=timeout, grace=options.barrier_grace, flag="--barrier-grace",
+                                              log=log, round=t)
+    except HttpError as exc:
+        if exc.status == 410:
+            raise PeerDropped(f"node {rank} was dropped from the run: {exc.detail}") from None
+        if exc.status == 409 and "stale_round" in exc.detail:  # it fell behind further than the barrier keeps
+            raise PeerDropped(f"node {rank} fell behind the run: {exc.detail}") from None
+        raise
+
+
 class Peer:
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
                  evaluate: Callable[[list[np.ndarray]], dict] | None = None, rejoining: bool = False) -> None:
@@ -219,20 +255,8 @@ class Peer:
 
     async def download_model(self) -> np.ndarray:
         """The newest model of a live peer, for a peer that starts after round 0 without a fresh checkpoint."""
-        for rank in [m for m in self.members if m != self.rank]:
-            url = f"{scheme(self.options)}://{self.addresses[rank]}/v1/model"
-            try:
-                _, body, _ = await self._client.request("GET", url, round=self.round)
-                model = decode_model(body)
-            except (HttpError, ValueError) as exc:
-                self.log.warning("model_download_failed", peer=rank, error=str(exc))
-                continue
-            if self.layout is not None and model["layout"] != self.layout:
-                self.log.warning("model_download_failed", peer=rank, error="another model layout")
-                continue
-            self.log.info("model_downloaded", peer=rank, round=model["round"])
-            return model["vector"]
-        raise RuntimeError(f"no live peer of {self.members} gave its model to node {self.rank}")
+        return await live_model(self._client, self.options, self.addresses, [m for m in self.members if m != self.rank],
+                                self.layout, self.log)
 
     def set_model(self, model: Layout | Any) -> None:
         """The model's layout, once the run is known; from now on fragments are taken."""
@@ -308,20 +332,7 @@ class Peer:
         return outcome.vector
 
     async def _arrive(self, t: int, report: dict[str, Any] | None) -> dict[str, Any]:
-        """Long poll at the barrier; while it is unreachable (restarting), retry for --barrier-grace seconds."""
-        o = self.options
-        timeout = o.round_deadline + 2 * o.request_timeout + (600 if t >= self.run.rounds else 60)
-        try:
-            return await self._client.post_json_within(f"{self.barrier_url}/v1/arrive",
-                                                       {"rank": self.rank, "round": t, "report": report},
-                                                       timeout=timeout, grace=o.barrier_grace, flag="--barrier-grace",
-                                                       log=self.log, round=t)
-        except HttpError as exc:
-            if exc.status == 410:
-                raise PeerDropped(f"node {self.rank} was dropped from the run: {exc.detail}") from None
-            if exc.status == 409 and "stale_round" in exc.detail:  # it fell behind further than the barrier keeps
-                raise PeerDropped(f"node {self.rank} fell behind the run: {exc.detail}") from None
-            raise
+        return await arrive(self._client, self.barrier_url, self.rank, t, report, self.run, self.options, self.log)
 
     async def finish(self) -> None:
         """Tell the barrier this node is done; returns once the barrier has collected the final models."""

@@ -1,0 +1,63 @@
+"""What the barrier writes down when it releases a round: the round's node rows, its history entry (for
+/v1/history and the dashboard), its metrics and its log line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mosaic_proto import Release, received_counts
+from mosaicd.daemon.barrier_metrics import BarrierMetrics
+from mosaicd.outputs import SUMMARY_KEYS, RunRecorder
+
+HISTORY_KEPT = 2000  # released rounds kept for /v1/history and the dashboard (barrier_routes.HISTORY_LIMIT)
+
+
+def phase_means(closed: dict[int, tuple[float, dict[str, Any] | None]]) -> dict[str, float]:
+    """Mean seconds per phase over the members that arrived: train, send, aggregate (their reports), wait (the
+    barrier's clock)."""
+    seconds: dict[str, list[float]] = {"train": [], "send": [], "wait": [], "aggregate": []}
+    for wait, report in closed.values():
+        seconds["wait"].append(wait)
+        for phase in ("train", "send", "aggregate"):
+            value = (report or {}).get(f"{phase}_s")
+            if isinstance(value, int | float):
+                seconds[phase].append(float(value))
+    return {f"{phase}_s": round(float(np.mean(v)), 6) for phase, v in seconds.items() if v}
+
+
+class ReleaseLog:
+    def __init__(self, recorder: RunRecorder, metrics: BarrierMetrics, log: Any) -> None:
+        self.recorder, self.metrics, self.log = recorder, metrics, log
+        self.history: list[dict[str, Any]] = []
+        self._released_at: float | None = None
+        self._logged_eval: int | None = None
+
+    def record(self, release: Release, closed: dict[int, tuple[float, dict[str, Any] | None]], now: float,
+               latest: dict[str, Any] | None) -> None:
+        """`closed`: the round's arrivals, rank -> (seconds waited, report); `latest`: the newest evaluation row."""
+        received = received_counts({r: report for r, (_, report) in closed.items()})
+        if not release.finished:
+            for rank, (wait_s, report) in closed.items():
+                if report is not None:
+                    messages, fragments, nbytes = received.get(rank, (0, 0, 0))
+                    self.recorder.node_round({**report, "node": rank, "wait_s": round(wait_s, 6),
+                                              "messages_in": messages, "fragments_in": fragments,
+                                              "bytes_in": nbytes})
+        duration = now - self._released_at if self._released_at is not None else None
+        self._released_at = now
+        self.history.append({"round": release.round, "duration_s": None if duration is None else round(duration, 6),
+                             **phase_means(closed), "members": len(release.members),
+                             "stragglers": list(release.stragglers), "dropped": list(release.dropped)})
+        if len(self.history) > 2 * HISTORY_KEPT:  # memory stays flat in long runs; /v1/history serves fewer
+            del self.history[:-HISTORY_KEPT]
+        self.metrics.released(release, now)
+        news = {}
+        if latest and latest.get("round") != self._logged_eval:
+            self._logged_eval = latest.get("round")
+            news = {"evaluated_round": self._logged_eval, **{k: latest.get(k) for k in SUMMARY_KEYS}}
+        log = self.log.warning if release.stragglers else self.log.info
+        log("released", round=release.round, duration_s=self.history[-1]["duration_s"], members=len(release.members),
+            stragglers=list(release.stragglers), dropped=list(release.dropped), finished=release.finished,
+            **({"joined": list(release.joined)} if release.joined else {}), **news)
