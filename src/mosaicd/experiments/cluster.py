@@ -149,8 +149,11 @@ class Cluster:
         self.barrier_port, self.node_ports = barrier_port, node_ports
         barrier_url = f"{scheme(s)}://127.0.0.1:{barrier_port}"
         barrier_env = settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True)
+        # the launcher restarts no node (and picks new ports each run): checkpoints only when asked for
+        every = s.checkpoint_every if "checkpoint_every" in s.model_fields_set else 0
         node_envs = {f"node-{i}": settings_env(s, host="127.0.0.1", port=port, barrier_url=barrier_url, log_json=True,
-                                               out=str(self.out / "nodes" / str(i)), advertise=f"127.0.0.1:{port}")
+                                               out=str(self.out / "nodes" / str(i)), advertise=f"127.0.0.1:{port}",
+                                               checkpoint_every=every)
                      for i, port in enumerate(node_ports)}
         if self.warm:
             self._spawn_warm(barrier_env, node_envs)
