@@ -278,4 +278,4 @@ def test_barrier_whose_nodes_all_died_ends_the_run(tmp_path: Path, kit: Any) -> 
     summary = json.loads((lab.out / "summary.json").read_text())
     print(f"\nevery node SIGKILLed: the barrier ended the run {ended_in:.2f} s later")
     assert summary["status"] == "failed" and "every member was dropped" in summary["error"]
-    assert summary["dropped"] == [0, 1, 2] and summary["members"] == []
+    assert sorted(summary["dropped"]) == [0, 1, 2] and summary["members"] == []  # in the order they were dropped
