@@ -10,10 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from harness import RELAY_IP, Lab, missing, sh
+from harness import RELAY_IP, Lab, require_netns, sh
 
 pytestmark = pytest.mark.netns
-REQUIRE = os.environ.get("MOSAIC_REQUIRE_NETNS") == "1"
 HERE = Path(__file__).parent
 
 ECHO = "import socket\ns = socket.create_server(('{ip}', 7000))\nprint('up', flush=True)\n" \
@@ -35,11 +34,7 @@ PROBE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def netns() -> None:
-    why = missing()
-    if why:
-        if REQUIRE:
-            pytest.fail(f"MOSAIC_REQUIRE_NETNS=1 but {why}")
-        pytest.skip(why)
+    require_netns()
 
 
 def namespaces() -> set[str]:

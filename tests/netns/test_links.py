@@ -9,26 +9,20 @@ deadline, request timeout, retries, drop-after) are explained in docs/networks.m
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Lab, NetnsCluster, missing
+from harness import Lab, NetnsCluster, require_netns
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]  # about 20 s each (6 node processes on 2 cores)
-REQUIRE = os.environ.get("MOSAIC_REQUIRE_NETNS") == "1"  # read at import: the tests' fixtures clear MOSAIC_*
 
 
 @pytest.fixture(scope="module")
 def netns() -> None:
-    why = missing()
-    if why:
-        if REQUIRE:
-            pytest.fail(f"MOSAIC_REQUIRE_NETNS=1 but {why}")
-        pytest.skip(why)
+    require_netns()
 
 
 def simulate_hashes(tmp_path: Path, kit: Any, run: dict[str, Any]) -> dict[str, str]:
