@@ -87,31 +87,33 @@ async def run_node(settings: Settings, task: Any = None) -> int:
 async def starting_model(peer: Peer, task: Any, saved: checkpoint.Checkpoint | None,
                          options: DaemonOptions) -> np.ndarray:
     """Round 0: the task's initial model. A node that (re)joins later: its checkpoint if it is of this run and
-    rank and at most --rejoin-max-age rounds old, else the model of a live peer."""
+    rank (and recent enough: `rejoin_model`), else the model of a live peer."""
     if peer.round == 0:
         return task.initial(peer.rank)
-    fresh = saved is not None and (saved.run_id, saved.rank) == (peer.run.run_id, peer.rank) \
-        and peer.round - saved.round <= options.rejoin_max_age and saved.vector.size == task.layout.dim
-    if fresh:
-        assert saved is not None
-        peer.log.warning("rejoined", round=peer.round, model="checkpoint", checkpoint_round=saved.round)
-        return saved.vector
-    vector = await peer.download_model()
-    peer.log.warning("rejoined", round=peer.round, model="peer", checkpoint_round=saved.round if saved else None)
-    return vector
+    ours = saved is not None and (saved.run_id, saved.rank) == (peer.run.run_id, peer.rank) \
+        and saved.vector.size == task.layout.dim
+    return await rejoin_model(peer, saved.vector if ours and saved else None, saved.round if saved else None,
+                              "checkpoint", options, checkpoint_round=saved.round if saved else None)
 
 
 async def rejoin_after_drop(peer: Peer, t: int, dropped: PeerDropped, options: DaemonOptions) -> np.ndarray:
-    """--rejoin-dropped: register again; go on with this node's own newest model if it is at most
-    --rejoin-max-age rounds behind the round it rejoins at, else with a live peer's."""
+    """--rejoin-dropped: register again, then go on with this node's own newest model or a live peer's."""
     peer.log.warning("dropped", round=t, detail=str(dropped), next="registering again (--rejoin-dropped)")
     own = peer.vector
     await peer.rejoin()
-    if peer.round - t <= options.rejoin_max_age and own is not None:
-        peer.log.warning("rejoined", round=peer.round, model="own", behind=peer.round - t)
-        return own
+    return await rejoin_model(peer, own, t, "own", options)
+
+
+async def rejoin_model(peer: Peer, kept: np.ndarray | None, kept_round: int | None, source: str,
+                       options: DaemonOptions, **fields: Any) -> np.ndarray:
+    """`kept` (the model to go on with at `kept_round`) if it is at most --rejoin-max-age rounds behind the round
+    the peer rejoins at, else the newest model of a live peer."""
+    behind = None if kept_round is None else peer.round - kept_round
+    if kept is not None and behind is not None and behind <= options.rejoin_max_age:
+        peer.log.warning("rejoined", round=peer.round, model=source, behind=behind, **fields)
+        return kept
     vector = await peer.download_model()
-    peer.log.warning("rejoined", round=peer.round, model="peer", behind=peer.round - t)
+    peer.log.warning("rejoined", round=peer.round, model="peer", behind=behind, **fields)
     return vector
 
 
