@@ -18,7 +18,8 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from mosaicd import Peer, Settings
-from mosaicd.daemon.barrier import Barrier
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.routes import barrier_app
 
 NODES, ROUNDS = 4, 15
 
@@ -53,7 +54,7 @@ async def main() -> None:
     out = tempfile.mkdtemp(prefix="mosaic-example-")
     settings = Settings.load(nodes=NODES, rounds=ROUNDS, fragments=4, fanout=2, out=out, port=0, log_level="warning")
     barrier = Barrier(settings.run_config(), settings.daemon_options())
-    runner = web.AppRunner(barrier.app())
+    runner = web.AppRunner(barrier_app(barrier))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = ("torch", "sklearn", "scipy", "matplotlib")
 # Every module the core commands import: the CLI (all its subcommands' parsers), the daemon, the runners.
-CORE_IMPORTS = ("import mosaic_proto, mosaicd, mosaicd.cli, mosaicd.daemon.node, mosaicd.experiments.simulate, "
+CORE_IMPORTS = ("import mosaic_proto, mosaicd, mosaicd.cli, mosaicd.daemon.node.run, mosaicd.experiments.simulate, "
                 "mosaicd.experiments.cluster, mosaicd.experiments.sweep, mosaicd.experiments.report, "
                 "mosaicd.experiments.analysis, mosaicd.learning.tasks, mosaicd.learning.tasks.quadratic; "
                 "mosaicd.cli.build_parser()")

@@ -1,6 +1,19 @@
 """mosaicd: the asyncio daemon, barrier, local cluster and experiment tooling around mosaic_proto."""
 
-from mosaicd.daemon.peer import Peer, PeerDropped
-from mosaicd.settings import DaemonOptions, RunConfig, Settings
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["DaemonOptions", "Peer", "PeerDropped", "RunConfig", "Settings"]
+
+_HOMES = {"Peer": "mosaicd.daemon.node.peer", "PeerDropped": "mosaicd.daemon.node.peer",
+          "DaemonOptions": "mosaicd.settings", "RunConfig": "mosaicd.settings", "Settings": "mosaicd.settings"}
+
+
+def __getattr__(name: str) -> Any:
+    """Imported on first use: `mosaicd status` or `--help` need none of the daemon (aiohttp, numpy)."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'mosaicd' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(_HOMES[name]), name)

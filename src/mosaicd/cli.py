@@ -12,7 +12,8 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from mosaicd.daemon.http import HttpError, PeerDropped
+from mosaicd.daemon.http.client import HttpError
+from mosaicd.daemon.node.peer import PeerDropped
 from mosaicd.logs import configure_logging
 from mosaicd.outputs import SUMMARY_KEYS
 from mosaicd.settings import Settings, SettingsError, TaskName
@@ -202,10 +203,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def run_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "node":
-        from mosaicd.daemon.node import run_node
+        from mosaicd.daemon.node.run import run_node
         return asyncio.run(run_node(settings))
     if args.command == "barrier":
-        from mosaicd.daemon.node import run_barrier
+        from mosaicd.daemon.barrier.run import run_barrier
         return asyncio.run(run_barrier(settings))
     if args.command == "cluster":
         from mosaicd.experiments.cluster import ClusterFailed, run_cluster

@@ -142,7 +142,7 @@ def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     """The client context of --tls-ca/--tls-cert/--tls-key (None without them); ValueError naming the flag."""
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together (the certificate and its private key)")
-    from mosaicd.daemon.tls import client_context
+    from mosaicd.daemon.http.tls import client_context
 
     return client_context(args)
 

@@ -27,10 +27,11 @@ from prometheus_client import CollectorRegistry
 
 from mosaic_proto import Fragmentation, FragmentBatch, Layout, PeerSampler, Reason, RoundState, WireError, encode
 from mosaicd import Settings
-from mosaicd.daemon.barrier import Barrier
-from mosaicd.daemon.http import json_errors
-from mosaicd.daemon.limits import LIMITS, Limits, TokenBuckets, connection_caps
-from mosaicd.daemon.server import serve
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.http.errors import json_errors
+from mosaicd.daemon.http.limits import LIMITS, Limits, TokenBuckets, connection_caps
+from mosaicd.daemon.http.server import serve
 from mosaicd.experiments.cluster import Cluster, free_ports
 from mosaicd.settings import DaemonOptions
 
@@ -298,7 +299,7 @@ async def test_a_registration_burst_gets_429_per_address(tmp_path: Path) -> None
     settings = Settings(nodes=5, rounds=1, fanout=1, out=tmp_path, host="127.0.0.1", port=0, register_rate=0.5,
                         register_deadline=30)
     barrier = Barrier(settings.run_config(), settings.daemon_options())
-    runner, port = await serve(barrier.app(), settings.daemon_options())
+    runner, port = await serve(barrier_app(barrier), settings.daemon_options())
     try:
         async def register(source: str) -> tuple[int, dict[str, str], Any]:
             reader, writer = await connect(port, source)

@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mosaic_proto import Layout
 from mosaicd import Peer, Settings
-from mosaicd.daemon.barrier import Barrier
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.experiments.cluster import Cluster, free_ports
 
 RUN = dict(nodes=8, rounds=5, fragments=4, fanout=2, seed=0)  # the quadratic task's defaults otherwise
@@ -142,7 +143,7 @@ async def test_python_api_peers_match_in_memory_network(tmp_path: Path, kit: Any
                host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
     barrier_settings = Settings(**run, out=tmp_path / "barrier")
     barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
-    runner = web.AppRunner(barrier.app(), access_log=None)
+    runner = web.AppRunner(barrier_app(barrier), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     settings = Settings(**run, barrier_url=f"http://127.0.0.1:{runner.addresses[0][1]}")

@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 
 from mosaicd import Settings
-from mosaicd.daemon.barrier import Barrier
-from mosaicd.daemon.barrier_routes import DASHBOARD, HISTORY_LIMIT
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.routes import DASHBOARD, HISTORY_LIMIT, barrier_app
 from mosaicd.experiments.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,7 +153,7 @@ async def test_history_and_dashboard_routes(tmp_path: Path, aiohttp_client: Any)
     """Plain HTTP, in process: /v1/history's `since` and bound, NaN as null; the page and its allow-listed files."""
     settings = Settings(nodes=4, rounds=3000, register_deadline=60, out=tmp_path / "barrier")
     barrier = Barrier(settings.run_config(), settings.daemon_options())
-    client = await aiohttp_client(barrier.app())
+    client = await aiohttp_client(barrier_app(barrier))
 
     async def get(path: str) -> tuple[int, str, bytes]:
         async with client.get(path) as resp:
@@ -196,7 +196,7 @@ async def test_dashboard_works_under_a_prefix(tmp_path: Path, aiohttp_client: An
     relative URLs, so that they resolve there too."""
     settings = Settings(nodes=4, register_deadline=60, out=tmp_path / "barrier")
     outer = web.Application()
-    outer.add_subapp("/barrier", Barrier(settings.run_config(), settings.daemon_options()).app())
+    outer.add_subapp("/barrier", barrier_app(Barrier(settings.run_config(), settings.daemon_options())))
     client = await aiohttp_client(outer)
     async with client.get("/barrier/") as resp:
         assert resp.status == 200

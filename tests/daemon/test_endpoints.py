@@ -283,7 +283,7 @@ def test_node_status_is_strict_json(net: Net, kit: Any) -> None:
 
 
 def test_node_model_of_a_kept_round_is_served(net: Net, kit: Any) -> None:
-    from mosaicd.daemon.model_codec import decode_model
+    from mosaicd.daemon.http.model_codec import decode_model
 
     reply = kit.http("GET", f"{net.node}/v1/model?round=0")
     assert reply.status == 200 and reply.content_type == "application/cbor"

@@ -21,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mosaic_proto import Layout
 from mosaicd import Peer, Settings
-from mosaicd.daemon.barrier import Barrier
-from mosaicd.daemon.node import NetworkEvaluation
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
+from mosaicd.daemon.barrier.routes import barrier_app
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "mosaic-dashboard.json"
 NAME = re.compile(r"\b(?:mosaic|process)_[A-Za-z0-9_:]*")
@@ -64,7 +65,7 @@ async def scrapes(tmp_path: Path) -> dict[str, str]:
     barrier_settings = Settings(**run, out=tmp_path / "barrier")
     barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options(),
                       evaluate=NetworkEvaluation(tmp_path / "data"))
-    runner = web.AppRunner(barrier.app(), access_log=None)
+    runner = web.AppRunner(barrier_app(barrier), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     barrier_url = f"http://127.0.0.1:{runner.addresses[0][1]}"

@@ -20,16 +20,16 @@ from aiohttp import web
 import mosaicd.daemon
 from mosaic_proto import Layout
 from mosaicd import Peer, Settings
-from mosaicd.daemon.barrier import Barrier
-from mosaicd.daemon.barrier_routes import barrier_app
-from mosaicd.daemon.node_routes import node_app
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.node.routes import node_app
 
-API = Path(mosaicd.daemon.__file__).parent / "api"
+DAEMON = Path(mosaicd.daemon.__file__).parent
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
 def document(name: str) -> dict[str, Any]:
-    return json.loads((API / f"{name}.openapi.json").read_text())
+    return json.loads((DAEMON / name / "openapi.json").read_text())
 
 
 def documented(doc: dict[str, Any]) -> set[tuple[str, str]]:
@@ -89,7 +89,7 @@ class Live:
 
     async def __aenter__(self) -> Live:
         # a long poll that a test leaves open must not hold the cleanup for aiohttp's default minute
-        self.runner = web.AppRunner(self.barrier.app(), access_log=None, shutdown_timeout=1)
+        self.runner = web.AppRunner(barrier_app(self.barrier), access_log=None, shutdown_timeout=1)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.barrier_url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"

@@ -135,7 +135,7 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
 def test_restarted_barrier_refuses_another_runs_settings(tmp_path: Path, kit: Any) -> None:
     """A run in progress in OUT is resumed only with its own settings; else the barrier says which differ."""
     from mosaic_proto import BarrierState
-    from mosaicd.daemon import barrier_journal
+    from mosaicd.daemon.barrier import journal as barrier_journal
 
     run = Settings(nodes=3, rounds=5, fanout=1, out=tmp_path / "run")
     state = BarrierState(rounds=5, round_deadline=9, drop_after=2, expected=3)

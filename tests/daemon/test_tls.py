@@ -21,10 +21,10 @@ import trustme
 from aiohttp import web
 
 from mosaicd import Settings
-from mosaicd.daemon.http import Client, HttpError
-from mosaicd.daemon.membership import MembershipError, embedded_barrier_url, read_peer_list
-from mosaicd.daemon.server import serve
-from mosaicd.daemon.tls import TlsError, client_context, scheme, server_context
+from mosaicd.daemon.http.client import Client, HttpError
+from mosaicd.daemon.http.membership import MembershipError, embedded_barrier_url, read_peer_list
+from mosaicd.daemon.http.server import serve
+from mosaicd.daemon.http.tls import TlsError, client_context, scheme, server_context
 from mosaicd.settings import DaemonOptions, SettingsError
 from mosaicd.status import StatusError, cluster_view
 

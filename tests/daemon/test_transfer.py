@@ -14,10 +14,11 @@ from aiohttp import ClientSession, web
 
 from mosaic_proto import CONTENT_TYPE, Fragmentation, InMemoryNetwork, Layout, PeerSampler
 from mosaicd import Peer, Settings
-from mosaicd.daemon.barrier import Barrier
-from mosaicd.daemon.http import Client, HttpError, _body, _PiecewiseBody
-from mosaicd.daemon.node_routes import read_body
-from mosaicd.daemon.server import keep_freed_memory
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.http.client import Client, HttpError, _body, _PiecewiseBody
+from mosaicd.daemon.http.server import keep_freed_memory
+from mosaicd.daemon.node.routes import read_body
 
 # K=1 (one contiguous fragment) and K=3 (random fragments); d big enough that every message is a piecewise body
 RUNS = [dict(fragments=1, strategy="random"), dict(fragments=3, strategy="random")]
@@ -34,7 +35,7 @@ async def test_large_messages_give_the_in_memory_models(tmp_path: Path, kit: Any
                     port=0, round_deadline=60, register_deadline=30, request_timeout=30, **run, **extra)
     barrier_settings = Settings(**settings, out=tmp_path / "barrier")
     barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
-    runner = web.AppRunner(barrier.app(), access_log=None)
+    runner = web.AppRunner(barrier_app(barrier), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     peer_settings = Settings(**settings, barrier_url=f"http://127.0.0.1:{runner.addresses[0][1]}")

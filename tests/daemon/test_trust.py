@@ -17,7 +17,7 @@ import pytest
 from mosaic_proto import Fragmentation, FragmentBatch, Layout, encode
 from mosaic_proto.auth import Credentials, run_key
 from mosaicd import Settings
-from mosaicd.daemon.auth import REGISTER_RUN
+from mosaicd.daemon.http.auth import REGISTER_RUN
 from mosaicd.experiments.cluster import Cluster
 
 SECRET = b"a-cluster-secret-of-enough-bytes-0123456789"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mosaicd import Settings
-from mosaicd.daemon.barrier import Barrier
+from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.experiments.cluster import Cluster, ClusterFailed
 from mosaicd.experiments.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation

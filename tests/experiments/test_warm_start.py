@@ -70,7 +70,7 @@ def test_cold_cluster_still_matches_the_reference(tmp_path: Path, kit: Any) -> N
 def test_roles_import_neither_torch_nor_plotting() -> None:
     """A node or barrier imports torch only for a torch task (lazily, where it trains or evaluates), never
     matplotlib; structlog does not drag rich in. A fresh interpreter, as `mosaicd node` starts."""
-    code = ("import sys; import mosaicd.cli as c; c.build_parser(); import mosaicd.daemon.node, "
+    code = ("import sys; import mosaicd.cli as c; c.build_parser(); import mosaicd.daemon.node.run, "
             "mosaicd.experiments.cluster, mosaicd.experiments.warm; from mosaicd.learning.tasks import require_task; "
             "from mosaicd.settings import TaskName; require_task(TaskName.DIGITS); "
             "print(sorted(m for m in ('torch', 'sklearn', 'matplotlib', 'rich', 'pygments') if m in sys.modules))")

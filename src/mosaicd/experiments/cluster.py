@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from mosaicd.daemon.tls import client_context, scheme
+from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.experiments.warm import REPORT_FD
 from mosaicd.learning.tasks import require_task

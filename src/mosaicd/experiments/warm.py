@@ -32,8 +32,8 @@ import time
 import traceback
 from typing import Any, NoReturn
 
-from mosaicd.daemon.http import HttpError
-from mosaicd.daemon.warmup import set_threads, warm_up
+from mosaicd.daemon.http.client import HttpError
+from mosaicd.daemon.node.warmup import set_threads, warm_up
 from mosaicd.logs import configure_logging, get_logger
 from mosaicd.settings import Settings, SettingsError
 
@@ -54,7 +54,8 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
 def run_role(command: str, task: Any = None, sock: socket.socket | None = None) -> int:
     """What `mosaicd node` / `mosaicd barrier` do once the settings are in the environment, with the same errors
     and exit codes (cli.main's), given a prebuilt task (and the barrier's listening socket)."""
-    from mosaicd.daemon.node import run_barrier, run_node
+    from mosaicd.daemon.barrier.run import run_barrier
+    from mosaicd.daemon.node.run import run_node
 
     try:
         settings = Settings.load()
@@ -221,7 +222,7 @@ def main() -> NoReturn:
         os._exit(2)
     configure_logging(settings.log_level, settings.log_json)
     task = prebuild(settings)
-    import mosaicd.daemon.node  # noqa: F401 - imported once, here, for every node
+    import mosaicd.daemon.node.run  # noqa: F401 - imported once, here, for every node
 
     listening = listen(settings)
     gc.collect()

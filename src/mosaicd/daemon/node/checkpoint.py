@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mosaicd.daemon.membership import own_address
+from mosaicd.daemon.http.membership import own_address
 from mosaicd.settings import DaemonOptions
 
 FILE = "checkpoint.npz"

@@ -41,7 +41,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from mosaicd.daemon.http import Handler, json_error
+from mosaicd.daemon.http.errors import Handler, json_error
 from mosaicd.logs import get_logger
 
 FD_RESERVE = 384  # descriptors kept for the daemon's own client connections (256 at most), files and the rest

@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from mosaic_proto import BarrierError, BarrierPhase
-from mosaicd.daemon.auth import REGISTER_RUN, auth_middleware, auth_window
-from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, openapi_handler, read_json
-from mosaicd.daemon.limits import LIMITS, Limits
+from mosaicd.daemon.http.auth import REGISTER_RUN, auth_middleware, auth_window
+from mosaicd.daemon.http.endpoints import healthz, metrics_handler, openapi_handler
+from mosaicd.daemon.http.errors import bad_request, json_errors, read_json
+from mosaicd.daemon.http.limits import LIMITS, Limits
 from mosaicd.outputs import NODE_COLUMNS, _clean
 
 if TYPE_CHECKING:
-    from mosaicd.daemon.barrier import Barrier
+    from mosaicd.daemon.barrier.barrier import Barrier
 
 _STATUS = {"bad_address": 400, "bad_round": 400, "unknown_rank": 404, "dropped": 410, "future_round": 409,
            "stale_round": 409, "registration_closed": 409, "barrier_timeout": 503, "joining": 409,
@@ -144,7 +145,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
         web.get("/dashboard/{name}", dashboard_asset),
         web.get("/metrics", metrics_handler(barrier.metrics.registry)),
         web.get("/healthz", healthz),
-        web.get("/openapi.json", openapi_handler("barrier")),
+        web.get("/openapi.json", openapi_handler(Path(__file__).parent / "openapi.json")),
     ])
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

@@ -38,18 +38,22 @@ from mosaic_proto import (
     RoundState,
     WireError,
 )
-from mosaicd.daemon.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
-from mosaicd.daemon.barrier import Barrier
-from mosaicd.daemon.http import Client, HttpError, PeerDropped
-from mosaicd.daemon.membership import embedded_barrier_url, listed_addresses, own_address
-from mosaicd.daemon.model_codec import decode_model
-from mosaicd.daemon.node_metrics import NodeMetrics
-from mosaicd.daemon.server import serve
-from mosaicd.daemon.tls import client_context, scheme
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.http.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
+from mosaicd.daemon.http.client import Client, HttpError
+from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresses, own_address
+from mosaicd.daemon.http.model_codec import decode_model
+from mosaicd.daemon.http.server import serve
+from mosaicd.daemon.http.tls import client_context, scheme
+from mosaicd.daemon.node.metrics import NodeMetrics
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, RunConfig
 
 SNAPSHOTS_KEPT = 3
+
+
+class PeerDropped(RuntimeError):
+    """The barrier dropped this node from the run (it missed too many rounds, or fell too far behind)."""
 _STATUS_OF_REASON = {Reason.TOO_LARGE: 413, Reason.STALE_ROUND: 409, Reason.FUTURE_ROUND: 409,
                      Reason.DUPLICATE_FRAGMENT: 409, Reason.UNKNOWN_SENDER: 403, Reason.WRONG_RUN: 409,
                      Reason.ROUND_CLOSED: 409, Reason.SENDER_MISMATCH: 403, Reason.UNPLANNED_FRAGMENT: 403}
@@ -212,7 +216,8 @@ class Peer:
         await self._client.__aexit__()
 
     async def _serve(self) -> None:
-        from mosaicd.daemon.node_routes import node_app
+        from mosaicd.daemon.barrier.routes import barrier_app
+        from mosaicd.daemon.node.routes import node_app
 
         app = node_app(self)
         options = self.options
@@ -221,7 +226,7 @@ class Peer:
             self.barrier_url = self.barrier_url or embedded_barrier_url(options)
             self.barrier = _embedded_barrier(options, self.run, self.evaluate)
             if self.barrier is not None:
-                app.add_subapp("/barrier", self.barrier.app())
+                app.add_subapp("/barrier", barrier_app(self.barrier))
         if not self.barrier_url:
             raise ValueError("--barrier-url or --peer-list is needed to find the other nodes")
         self._runner, port = await serve(app, options)

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from mosaicd.daemon.auth import Keyring, signer
-from mosaicd.daemon.barrier_metrics import BarrierMetrics
-from mosaicd.daemon.http import Client, HttpError
-from mosaicd.daemon.model_codec import decode_model
-from mosaicd.daemon.tls import client_context, scheme
+from mosaicd.daemon.barrier.metrics import BarrierMetrics
+from mosaicd.daemon.http.auth import Keyring, signer
+from mosaicd.daemon.http.client import Client, HttpError
+from mosaicd.daemon.http.model_codec import decode_model
+from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.outputs import SUMMARY_KEYS, RunRecorder
 from mosaicd.settings import DaemonOptions, RunConfig
 
@@ -70,3 +70,19 @@ class NetworkEvaluator:
         self.last_metrics = self.recorder.network_round(round, {**metrics, "nodes": ranks}, taken_at)
         self.metrics.evaluated(self.last_metrics)
         self.log.info("evaluated", round=round, **{k: self.last_metrics.get(k) for k in SUMMARY_KEYS})
+
+
+class NetworkEvaluation:
+    """The barrier's `evaluate`: the network metrics of the run's task, built once the run is final."""
+
+    def __init__(self, data_dir: Any, task: Any = None) -> None:
+        self.data_dir = data_dir
+        self._task: Any = task  # a prebuilt one (warm start) is used only if it is the run's
+
+    def __call__(self, run: RunConfig, vectors: list[np.ndarray]) -> dict[str, Any]:
+        from mosaicd.learning.evaluation import network_metrics
+        from mosaicd.learning.tasks import build_task
+
+        if self._task is None or self._task.run != run:
+            self._task = build_task(run, self.data_dir)
+        return network_metrics(self._task, vectors)

@@ -18,15 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from aiohttp import web
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierState, Release
-from mosaicd.daemon import barrier_journal
-from mosaicd.daemon.auth import Keyring, load_secret
-from mosaicd.daemon.barrier_metrics import BarrierMetrics
-from mosaicd.daemon.evaluator import NetworkEvaluator
-from mosaicd.daemon.membership import resolve_all
-from mosaicd.daemon.release_log import ReleaseLog
+from mosaicd.daemon.barrier import journal as barrier_journal
+from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
+from mosaicd.daemon.barrier.metrics import BarrierMetrics
+from mosaicd.daemon.barrier.release_log import ReleaseLog
+from mosaicd.daemon.http.auth import Keyring, load_secret
+from mosaicd.daemon.http.membership import resolve_all
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
@@ -63,11 +62,6 @@ class Barrier:
         self._tasks: set[asyncio.Task] = set()
         self.releases = ReleaseLog(self.recorder, self.metrics, self.log)
         self.history = self.releases.history  # per released round: duration, mean phase seconds, stragglers
-
-    def app(self) -> web.Application:
-        from mosaicd.daemon.barrier_routes import barrier_app
-
-        return barrier_app(self)
 
     @staticmethod
     def now() -> float:

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE
-from mosaicd.daemon.auth import REGISTER_RUN, auth_middleware, auth_window
-from mosaicd.daemon.http import bad_request, healthz, json_errors, metrics_handler, openapi_handler
-from mosaicd.daemon.limits import LIMITS, Limits
-from mosaicd.daemon.model_codec import encode_model
+from mosaicd.daemon.http.auth import REGISTER_RUN, auth_middleware, auth_window
+from mosaicd.daemon.http.endpoints import healthz, metrics_handler, openapi_handler
+from mosaicd.daemon.http.errors import bad_request, json_errors
+from mosaicd.daemon.http.limits import LIMITS, Limits
+from mosaicd.daemon.http.model_codec import encode_model
 from mosaicd.outputs import _clean
 
 if TYPE_CHECKING:
-    from mosaicd.daemon.peer import Peer
+    from mosaicd.daemon.node.peer import Peer
 
 _ROUND = re.compile(r"-?[0-9]{1,18}")
 
@@ -88,7 +90,7 @@ def node_app(peer: Peer) -> web.Application:
         web.get("/v1/model", model),
         web.get("/metrics", metrics_handler(peer.metrics.registry)),
         web.get("/healthz", healthz),
-        web.get("/openapi.json", openapi_handler("node")),
+        web.get("/openapi.json", openapi_handler(Path(__file__).parent / "openapi.json")),
     ])
     return app
 

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mosaic_proto import Release
-from mosaicd.daemon.node_metrics import SECONDS_BUCKETS, asyncio_tasks
+from mosaicd.daemon.node.metrics import SECONDS_BUCKETS, asyncio_tasks
 from mosaicd.settings import RunConfig
 
 # evaluation row key -> (metric name, help)

@@ -8,8 +8,8 @@ import socket
 
 from aiohttp import web
 
-from mosaicd.daemon.limits import guard_connections, handler_options
-from mosaicd.daemon.tls import server_context
+from mosaicd.daemon.http.limits import guard_connections, handler_options
+from mosaicd.daemon.http.tls import server_context
 from mosaicd.settings import DaemonOptions
 
 

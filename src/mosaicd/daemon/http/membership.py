@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mosaic_proto.membership import MembershipError, address_key, parse_address, rank_addresses
-from mosaicd.daemon.tls import enabled, scheme
+from mosaicd.daemon.http.tls import enabled, scheme
 from mosaicd.settings import DaemonOptions
 
 __all__ = ["MembershipError", "address_key", "parse_address", "rank_addresses", "read_peer_list",

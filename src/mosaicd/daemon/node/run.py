@@ -1,4 +1,4 @@
-"""The node daemon's round loop (train off the event loop, then gossip through `Peer`) and the barrier process."""
+"""The node daemon: register, build the task, then train off the event loop and gossip through `Peer`."""
 
 from __future__ import annotations
 
@@ -9,30 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from mosaicd.daemon import checkpoint
-from mosaicd.daemon.auth import check_listen
-from mosaicd.daemon.barrier import Barrier
-from mosaicd.daemon.peer import Peer, PeerDropped
-from mosaicd.daemon.server import keep_freed_memory, serve
-from mosaicd.daemon.warmup import prefetch
+from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
+from mosaicd.daemon.http.server import keep_freed_memory
+from mosaicd.daemon.node import checkpoint
+from mosaicd.daemon.node.peer import Peer, PeerDropped
+from mosaicd.daemon.node.warmup import prefetch
 from mosaicd.logs import get_logger
-from mosaicd.settings import DaemonOptions, RunConfig, Settings
-
-
-class NetworkEvaluation:
-    """The barrier's `evaluate`: the network metrics of the run's task, built once the run is final."""
-
-    def __init__(self, data_dir: Any, task: Any = None) -> None:
-        self.data_dir = data_dir
-        self._task: Any = task  # a prebuilt one (warm start) is used only if it is the run's
-
-    def __call__(self, run: RunConfig, vectors: list[np.ndarray]) -> dict[str, Any]:
-        from mosaicd.learning.evaluation import network_metrics
-        from mosaicd.learning.tasks import build_task
-
-        if self._task is None or self._task.run != run:
-            self._task = build_task(run, self.data_dir)
-        return network_metrics(self._task, vectors)
+from mosaicd.settings import DaemonOptions, Settings
 
 
 async def run_node(settings: Settings, task: Any = None) -> int:
@@ -143,21 +126,3 @@ class Checkpoints:
                                       detail="no more checkpoints in this run (--state-dir, --checkpoint-every)")
                 self.every = 0
             self._writing = None
-
-
-async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) -> int:
-
-    from mosaicd.learning.tasks import require_task
-
-    require_task(settings.task)  # it evaluates the task: say now, not at the first evaluation, if it cannot
-    barrier = Barrier(settings.run_config(), settings.daemon_options(),
-                      evaluate=NetworkEvaluation(settings.data_dir, task))
-    check_listen(settings, barrier.keyring)
-    runner, port = await serve(barrier.app(), settings, sock)
-    get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
-    try:
-        await barrier.done.wait()
-        await asyncio.sleep(max(settings.linger, 1.0))
-    finally:
-        await runner.cleanup()
-    return 0 if barrier.state.phase.value == "finished" else 1

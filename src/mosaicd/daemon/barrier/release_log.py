@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from mosaic_proto import Release, received_counts
-from mosaicd.daemon.barrier_metrics import BarrierMetrics
+from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.outputs import SUMMARY_KEYS, RunRecorder
 
 HISTORY_KEPT = 2000  # released rounds kept for /v1/history and the dashboard (barrier_routes.HISTORY_LIMIT)

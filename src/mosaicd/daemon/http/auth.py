@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, check_body, run_key, verify
-from mosaicd.daemon.http import Handler, json_error
+from mosaicd.daemon.http.errors import Handler, json_error
 
 REGISTER_RUN = "register"  # the key for registrations, before a node knows the run
 OPEN = frozenset({"/healthz", "/metrics", "/v1/status", "/v1/history", "/", "/openapi.json"})  # read-only views

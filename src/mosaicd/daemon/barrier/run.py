@@ -1,0 +1,33 @@
+"""The barrier process (`mosaicd barrier`): the `Barrier`, its app, served until the run ends."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
+from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.http.auth import check_listen
+from mosaicd.daemon.http.server import serve
+from mosaicd.logs import get_logger
+from mosaicd.settings import Settings
+
+
+async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) -> int:
+    """Serve the barrier until the run ends; 0 if it finished. `task`: a prebuilt one (the warm start's), used
+    for evaluation if it is the run's; `sock`: a socket already listening (the warm start binds it early)."""
+    from mosaicd.learning.tasks import require_task
+
+    require_task(settings.task)  # it evaluates the task: say now, not at the first evaluation, if it cannot
+    barrier = Barrier(settings.run_config(), settings.daemon_options(),
+                      evaluate=NetworkEvaluation(settings.data_dir, task))
+    check_listen(settings, barrier.keyring)
+    runner, port = await serve(barrier_app(barrier), settings, sock)
+    get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
+    try:
+        await barrier.done.wait()
+        await asyncio.sleep(max(settings.linger, 1.0))
+    finally:
+        await runner.cleanup()
+    return 0 if barrier.state.phase.value == "finished" else 1

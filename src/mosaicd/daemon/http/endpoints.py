@@ -1,0 +1,49 @@
+"""The endpoints every member serves alike: /metrics, /openapi.json and /healthz."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+
+from mosaicd.daemon.http.errors import Handler
+
+
+class WithoutCreated:
+    """A registry's metrics less the `_created` series of counters and histograms: Prometheus needs none, and
+    they would double the series count. Only this registry's, unlike prometheus_client's process-wide switch."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            copy = Metric(family.name, family.documentation, family.type, family.unit)
+            copy.samples = [s for s in family.samples if s.name != f"{family.name}_created"]
+            yield copy
+
+
+def metrics_handler(registry: CollectorRegistry) -> Handler:
+    exposed = WithoutCreated(registry)
+
+    async def metrics(request: web.Request) -> web.Response:
+        resp = web.Response(body=generate_latest(exposed))  # type: ignore[arg-type]
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+    return metrics
+
+
+def openapi_handler(document: Path) -> Handler:
+    """GET /openapi.json: the API's OpenAPI 3 document (package data beside the role's routes)."""
+    body = document.read_bytes()
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+    return openapi
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
