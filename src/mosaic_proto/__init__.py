@@ -1,11 +1,14 @@
-"""Mosaic Learning's gossip, sans-I/O: fragmentation, peer sampling, wire format, aggregation, round state."""
+"""Mosaic Learning's gossip, sans-I/O: fragmentation, peer sampling, wire format, aggregation, round state, the
+node's and the barrier's state machines."""
 
 from .aggregation import aggregate
-from .barrier import BarrierError, BarrierPhase, BarrierState, Release, received_counts
+from .barrier import BarrierError, BarrierPhase, BarrierReason, BarrierState, Release
 from .fragmentation import Fragmentation, Layout, Strategy
 from .membership import MembershipError, parse_address, rank_addresses
 from .network import InMemoryNetwork, RoundRecord, consensus_distance, consensus_error
+from .node import SNAPSHOTS_KEPT, TRANSITIONS, Advance, NodeEvent, NodePhase, NodeRefused, NodeState, NodeStateError
 from .quadratic import Curvature, Quadratic, curvature_matrix
+from .report import NODE_COLUMNS, NodeReport, ReportError, received_counts
 from .rng import Purpose, keyed_rng
 from .round import EarlyMessage, OutgoingMessage, Receipt, RoundOutcome, RoundReport, RoundState
 from .sampling import PeerSampler, SamplerKind, SamplingError, regular_digraph
@@ -13,10 +16,11 @@ from .wire import CONTENT_TYPE, FragmentBatch, Reason, WireError, decode, encode
 
 __version__ = "0.1.0"
 __all__ = [
-    "BarrierError", "BarrierPhase", "BarrierState", "CONTENT_TYPE", "Curvature", "EarlyMessage", "FragmentBatch",
-    "Fragmentation", "InMemoryNetwork", "Layout", "MembershipError", "OutgoingMessage", "PeerSampler", "Purpose",
-    "Quadratic", "Reason", "Receipt", "Release", "RoundOutcome", "RoundRecord", "RoundReport", "RoundState",
-    "SamplerKind", "SamplingError", "Strategy", "WireError", "aggregate", "consensus_distance", "consensus_error",
-    "curvature_matrix", "decode", "encode", "keyed_rng", "parse_address", "rank_addresses", "received_counts",
-    "regular_digraph",
+    "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "BarrierError", "BarrierPhase", "BarrierReason",
+    "BarrierState", "CONTENT_TYPE", "Curvature", "EarlyMessage", "FragmentBatch", "Fragmentation", "InMemoryNetwork",
+    "Layout", "MembershipError", "NodeEvent", "NodePhase", "NodeRefused", "NodeReport", "NodeState", "NodeStateError",
+    "OutgoingMessage", "PeerSampler", "Purpose", "Quadratic", "Reason", "Receipt", "Release", "ReportError",
+    "RoundOutcome", "RoundRecord", "RoundReport", "RoundState", "SamplerKind", "SamplingError", "Strategy",
+    "WireError", "aggregate", "consensus_distance", "consensus_error", "curvature_matrix", "decode", "encode",
+    "keyed_rng", "parse_address", "rank_addresses", "received_counts", "regular_digraph",
 ]

@@ -27,8 +27,9 @@ from enum import StrEnum
 from typing import Any
 
 from .membership import MembershipError, parse_address, rank_addresses
+from .report import NodeReport
 
-__all__ = ["BarrierError", "BarrierPhase", "BarrierState", "Member", "Release", "received_counts"]
+__all__ = ["BarrierError", "BarrierPhase", "BarrierReason", "BarrierState", "Member", "Release"]
 
 
 class BarrierPhase(StrEnum):
@@ -38,10 +39,26 @@ class BarrierPhase(StrEnum):
     FAILED = "failed"
 
 
+class BarrierReason(StrEnum):
+    """Why the barrier refuses a request: the code that crosses HTTP as `reason` and comes back out of the client."""
+
+    BAD_ADDRESS = "bad_address"
+    REGISTRATION_CLOSED = "registration_closed"
+    REGISTRATION_FAILED = "registration_failed"
+    RUN_NOT_JOINABLE = "run_not_joinable"
+    UNKNOWN_RANK = "unknown_rank"
+    DROPPED = "dropped"
+    JOINING = "joining"
+    BAD_ROUND = "bad_round"
+    FUTURE_ROUND = "future_round"
+    STALE_ROUND = "stale_round"
+    BARRIER_TIMEOUT = "barrier_timeout"
+
+
 class BarrierError(Exception):
     """A request the barrier refuses; the state is unchanged. `reason` is machine-readable."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: BarrierReason, detail: str) -> None:
         super().__init__(detail)
         self.reason, self.detail = reason, detail
 
@@ -80,7 +97,7 @@ class _Round:
     """Arrivals at the open round: rank -> (time, report)."""
 
     opened: float = 0.0
-    arrivals: dict[int, tuple[float, dict[str, Any] | None]] = field(default_factory=dict)
+    arrivals: dict[int, tuple[float, NodeReport | None]] = field(default_factory=dict)
 
 
 class BarrierState:
@@ -97,7 +114,7 @@ class BarrierState:
         self.dropped: list[int] = []
         self.round = 0
         self.released: dict[int, Release] = {}
-        self.closed: dict[int, dict[int, tuple[float, dict[str, Any] | None]]] = {}
+        self.closed: dict[int, dict[int, tuple[float, NodeReport | None]]] = {}
         self.events: list[Release] = []  # the releases with stragglers or joins (and so every drop)
         self.joining: list[int] = []  # members from the next round on
         self._open = _Round()
@@ -113,14 +130,15 @@ class BarrierState:
         try:
             parse_address(address)
         except MembershipError as exc:
-            raise BarrierError("bad_address", str(exc)) from None
+            raise BarrierError(BarrierReason.BAD_ADDRESS, str(exc)) from None
         if self.addresses:
             if address in self.addresses:
                 return self.addresses.index(address)
-            raise BarrierError("registration_closed", f"the run started without {address} (a barrier started "
-                                                      "with --allow-join takes new nodes during the run)")
+            raise BarrierError(BarrierReason.REGISTRATION_CLOSED,
+                               f"the run started without {address} (a barrier started "
+                               "that allows joins takes new nodes during the run)")
         if self.failure:
-            raise BarrierError("registration_failed", self.failure)
+            raise BarrierError(BarrierReason.REGISTRATION_FAILED, self.failure)
         self.pending.setdefault(address, now)
         return None
 
@@ -142,15 +160,17 @@ class BarrierState:
         try:
             parse_address(address)
         except MembershipError as exc:
-            raise BarrierError("bad_address", str(exc)) from None
+            raise BarrierError(BarrierReason.BAD_ADDRESS, str(exc)) from None
         if self.phase is not BarrierPhase.RUNNING or self.round + 1 >= self.rounds:
-            raise BarrierError("run_not_joinable", f"the run is {self.phase.value}, at round {self.round} of "
+            raise BarrierError(BarrierReason.RUN_NOT_JOINABLE,
+                               f"the run is {self.phase.value}, at round {self.round} of "
                                                    f"{self.rounds}: no round is left to join")
         if address in self.addresses:
             rank = self.addresses.index(address)
         elif not allow_new:
-            raise BarrierError("registration_closed", f"the run started without {address} (a barrier started "
-                                                      "with --allow-join takes new nodes during the run)")
+            raise BarrierError(BarrierReason.REGISTRATION_CLOSED,
+                               f"the run started without {address} (a barrier started "
+                               "that allows joins takes new nodes during the run)")
         else:
             rank = len(self.addresses)
             self.addresses = (*self.addresses, address)
@@ -177,7 +197,7 @@ class BarrierState:
             return None
         return self._open.opened + self.round_deadline
 
-    def arrive(self, rank: int, round: int, now: float, report: dict[str, Any] | None = None) -> Release | None:
+    def arrive(self, rank: int, round: int, now: float, report: NodeReport | None = None) -> Release | None:
         """`rank` is done sending `round`; the release if this arrival completes the round.
 
         An arrival at a round already released returns that release (a retry), as long as it is kept.
@@ -196,17 +216,19 @@ class BarrierState:
     def check(self, rank: int, round: int) -> None:
         """Raise the BarrierError that an arrival of `rank` at `round` would get now (changes nothing)."""
         if not self.members or rank not in self.members:
-            raise BarrierError("unknown_rank", f"rank {rank} is not registered")
+            raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
         if rank in self.dropped:
-            raise BarrierError("dropped", f"rank {rank} was dropped from the run")
+            raise BarrierError(BarrierReason.DROPPED, f"rank {rank} was dropped from the run")
         if rank in self.joining and round >= self.round:
-            raise BarrierError("joining", f"rank {rank} is a member again from round {self.round + 1} on")
+            raise BarrierError(BarrierReason.JOINING, f"rank {rank} is a member again from round {self.round + 1} on")
         if round > self.rounds:
-            raise BarrierError("bad_round", f"round {round} is past the run's {self.rounds} rounds")
+            raise BarrierError(BarrierReason.BAD_ROUND, f"round {round} is past the run's {self.rounds} rounds")
         if round > self.round:
-            raise BarrierError("future_round", f"round {round} is not open (the barrier is at {self.round})")
+            raise BarrierError(BarrierReason.FUTURE_ROUND,
+                               f"round {round} is not open (the barrier is at {self.round})")
         if round < self.round and round not in self.released:
-            raise BarrierError("stale_round", f"round {round} was released long ago (the barrier is at {self.round})")
+            raise BarrierError(BarrierReason.STALE_ROUND,
+                               f"round {round} was released long ago (the barrier is at {self.round})")
 
     def tick(self, now: float) -> Release | None:
         """The clock moved: the release if the open round's deadline has passed."""
@@ -237,7 +259,7 @@ class BarrierState:
         self.round = t + 1
         self._open = _Round(opened=now)
         if everyone_dropped:
-            self.fail(f"every member was dropped by round {t} (none arrived within --round-deadline "
+            self.fail(f"every member was dropped by round {t} (none arrived within the round deadline "
                       f"{self.round_deadline:g}s for {self.drop_after} rounds)")
         elif finished:
             self.phase = BarrierPhase.FINISHED
@@ -270,17 +292,3 @@ class BarrierState:
         state.events = [Release.from_json(e) for e in data["events"]]
         state._open = _Round(opened=now)
         return state
-
-
-def received_counts(reports: dict[int, dict[str, Any] | None]) -> dict[int, tuple[int, int, int]]:
-    """receiver -> (messages, fragments, bytes) delivered to it, summed from the senders' `delivered` maps.
-
-    A sender knows which of its messages a peer accepted as soon as it is done sending, so a round's
-    incoming traffic is complete when the round is released, without asking the receivers again.
-    """
-    counts: dict[int, list[int]] = {}
-    for report in reports.values():
-        for peer, (fragments, nbytes) in ((report or {}).get("delivered") or {}).items():
-            c = counts.setdefault(int(peer), [0, 0, 0])
-            c[0], c[1], c[2] = c[0] + 1, c[1] + fragments, c[2] + nbytes
-    return {peer: (c[0], c[1], c[2]) for peer, c in sorted(counts.items())}

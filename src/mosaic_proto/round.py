@@ -189,7 +189,7 @@ class RoundState:
             norm = float(np.linalg.norm(values.astype(np.float64)))
             if norm > limit:
                 raise WireError(Reason.OUT_OF_RANGE, f"sender {sender}'s fragment {f} has norm {norm:.3g}, more than "
-                                f"--max-norm {self.max_norm:g} x this node's own ({self._own_norms[f]:.3g})")
+                                f"max_norm {self.max_norm:g} x this node's own ({self._own_norms[f]:.3g})")
 
     def mark_unsent(self, message: OutgoingMessage) -> None:
         """The transport gave up on a message: keep the report honest."""

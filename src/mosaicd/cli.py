@@ -12,11 +12,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from mosaicd.daemon.http.client import HttpError
-from mosaicd.daemon.node.peer import PeerDropped
 from mosaicd.logs import configure_logging
 from mosaicd.outputs import SUMMARY_KEYS
-from mosaicd.settings import Settings, SettingsError, TaskName
+from mosaicd.settings import RunConfig, Settings, SettingsError, TaskName
 
 COMMANDS = {
     "node": "run one node daemon (also: mosaicd --peer-list peers.txt ...)",
@@ -28,32 +26,19 @@ COMMANDS = {
 TOOLS = {"status": "mosaicd.status", "sweep": "mosaicd.experiments.sweep", "report": "mosaicd.experiments.report",
          "analyze": "mosaicd.experiments.analysis"}
 
-RUN = ["run_id", "task", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "seed"]
-LEARNING = ["train", "local_steps", "lr", "batch_size", "momentum", "weight_decay", "eval_every", "threads",
-            "partition", "alpha", "shards_per_node", "min_samples", "dim", "curvature", "heterogeneous",
-            "device", "eval_samples"]
-SIMULATE_ONLY = ["batched"]
-NETWORK = ["host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "dns_settle", "round_deadline",
-           "register_deadline", "drop_after", "request_timeout", "retries", "max_body_bytes", "secret_file",
-           "header_timeout", "max_connections", "max_bodies", "register_rate",
-           "insecure", "max_norm", "tls_cert", "tls_key", "tls_ca", "tls_client_auth",
-           "barrier_grace", "allow_join", "state_dir", "checkpoint_every", "rejoin_max_age", "rejoin_dropped"]
-OUTPUTS = ["out", "data_dir", "linger", "log_level", "log_json"]
-GROUPS = {"run": RUN, "learning": LEARNING + SIMULATE_ONLY, "network": NETWORK, "outputs": OUTPUTS}
-# which settings each subcommand takes; any other settings flag is refused, naming the subcommand
-APPLIES = {
-    "node": set(RUN + LEARNING + NETWORK + OUTPUTS) - {"expect_dns", "dns_settle"},
-    "barrier": set(RUN + LEARNING + OUTPUTS) | {"host", "port", "expect_dns", "dns_settle", "round_deadline",
-                                                "register_deadline", "drop_after", "request_timeout",
-                                                "header_timeout", "max_connections", "max_bodies", "register_rate",
-                                                "max_body_bytes", "secret_file", "insecure", "tls_cert", "tls_key",
-                                                "tls_ca", "tls_client_auth", "allow_join"},
-    "cluster": set(RUN + LEARNING) | {"round_deadline", "register_deadline", "drop_after", "request_timeout",
-                                      "retries", "max_body_bytes", "secret_file", "max_norm", "out", "data_dir",
-                                      "log_level", "log_json", "tls_cert", "tls_key", "tls_ca", "tls_client_auth",
-                                      "barrier_grace", "checkpoint_every"},
-    "simulate": set(RUN + LEARNING + SIMULATE_ONLY) | {"out", "data_dir", "log_level", "log_json"},
-}
+GROUP_ORDER = ("run", "learning", "network", "outputs")
+
+
+def _cli_meta(name: str) -> dict[str, Any]:
+    extra = Settings.model_fields[name].json_schema_extra
+    assert isinstance(extra, dict), f"setting {name} has no cli() metadata (settings.py)"
+    return extra
+
+
+# from the settings' own metadata (settings.cli): each group's settings, and which settings each subcommand takes;
+# any other settings flag is refused, naming the subcommands it applies to
+GROUPS = {g: [n for n in Settings.model_fields if _cli_meta(n)["group"] == g] for g in GROUP_ORDER}
+APPLIES = {c: {n for n in Settings.model_fields if c in _cli_meta(n)["commands"]} for c in COMMANDS}
 GROUP_HELP = {"run": "the run (identical on every node)", "learning": "local training and evaluation",
               "network": "listening, peers, deadlines", "outputs": "results and logs"}
 NODE_NOTE = ("With --barrier-url the run and learning flags are the barrier's (set them there); with --peer-list "
@@ -184,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.exit(1, f"mosaicd data: error: {exc}\n")
         return
     if args.command == "node" and args.barrier_url:
-        given = [flag(n) for n in RUN + LEARNING if getattr(args, n, None) is not None]
+        given = [flag(n) for n in RunConfig.model_fields if getattr(args, n, None) is not None]
         if given:
             parser.exit(2, f"mosaicd node: error: {', '.join(given)}: with --barrier-url the run's settings are the "
                         "barrier's; give them to `mosaicd barrier`\n")
@@ -193,12 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as exc:
         parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
     configure_logging(settings.log_level, settings.log_json)
-    try:
-        raise SystemExit(run_command(args, settings))
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    except (ValueError, FileNotFoundError, TimeoutError, HttpError, PeerDropped) as exc:  # HttpError: 4xx, unreachable
-        parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
+    from mosaicd.daemon.entry import run_entry
+
+    raise SystemExit(run_entry(args.command, lambda: run_command(args, settings)))
 
 
 def run_command(args: argparse.Namespace, settings: Settings) -> int:

@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from mosaic_proto import NODE_COLUMNS, NodeReport
 from mosaicd.settings import RunConfig
 
-NODE_COLUMNS = ["round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
-                "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s"]
 NETWORK_METRICS = ("node_average", "average_model", "consensus_distance", "node_spread")  # the spec's four
 SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads first of an evaluation row
 ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s"]
@@ -45,15 +44,15 @@ def is_eval_round(round: int, run: RunConfig) -> bool:
     return round == run.rounds - 1 or (run.eval_every > 0 and (round + 1) % run.eval_every == 0)
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     if isinstance(value, np.generic):
-        return _clean(value.item())
+        return clean_json(value.item())
     return value
 
 
@@ -66,7 +65,7 @@ def failure_text(exc: BaseException) -> str:
 
 
 def _write_summary(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    summary = _clean(summary)
+    summary = clean_json(summary)
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(out / "summary.json")
@@ -139,12 +138,11 @@ class RunRecorder:
         """The wall clock that `elapsed_s` is measured on (pass its value as network_round's `taken_at`)."""
         return time.time()
 
-    def node_round(self, report: Mapping[str, Any]) -> None:
-        row = dict(report)
-        row["refused"] = sum(dict(row.get("refused") or {}).values())
-        self.losses.setdefault(int(row["round"]), {})[int(row["node"])] = float(row.get("loss", math.nan))
+    def node_round(self, node: int, report: NodeReport) -> None:
+        """One node's round: a nodes.csv row (its loss also goes into the round's mean training loss)."""
+        self.losses.setdefault(report.round, {})[node] = report.loss
         with open(self.out / "nodes.csv", "a", newline="") as f:
-            csv.writer(f).writerow([row.get(c, "") for c in NODE_COLUMNS])
+            csv.writer(f).writerow(["" if v is None else v for v in report.row(node).values()])
 
     def network_round(self, round: int, metrics: Mapping[str, Any], taken_at: float | None = None) -> dict[str, Any]:
         """`taken_at`: when the models were taken (time.time()), so that a slow evaluation does not shift it."""
@@ -152,7 +150,7 @@ class RunRecorder:
         row = {"round": round, **{k: v for k, v in metrics.items() if k != "per_node"},
                "train_loss": float(np.mean(losses)) if losses else math.nan,
                "elapsed_s": round_((taken_at or time.time()) - self.started)}
-        self.rounds.append(_clean({**row, "per_node": metrics.get("per_node")}))
+        self.rounds.append(clean_json({**row, "per_node": metrics.get("per_node")}))
         with open(self.out / "rounds.csv", "a", newline="") as f:
             csv.writer(f).writerow([row.get(c, "") for c in ROUND_COLUMNS])
         _write_summary(self.out, {"mode": self.mode, "status": "running", "settings": self.settings,

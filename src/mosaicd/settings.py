@@ -33,6 +33,15 @@ class Partition(StrEnum):
     NATURAL = "natural"
 
 
+COMMANDS = ("node", "barrier", "cluster", "simulate")
+
+
+def cli(group: str, *commands: str) -> dict[str, Any]:
+    """A setting's place on the command line (Field metadata): its help group and the subcommands that take it
+    (default: all). `mosaicd`'s flags are generated from it."""
+    return {"json_schema_extra": {"group": group, "commands": list(commands or COMMANDS)}}
+
+
 class SettingsError(ValueError):
     """A settings problem, worded for the person who typed the flag."""
 
@@ -63,36 +72,41 @@ class RunConfig(BaseModel):
 
     # the run (identical on every node; the barrier hands its own to registering nodes)
     run_id: str = Field("mosaic", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
-                        description="name of the run; messages of another run are refused")
-    task: TaskName = Field(TaskName.QUADRATIC, description="workload")
-    nodes: int = Field(8, ge=1, le=10_000, description="number of nodes n")
-    rounds: int = Field(20, ge=1, description="rounds T")
-    fragments: int = Field(4, ge=1, description="fragments K (1 = Epidemic Learning)")
-    fanout: int = Field(2, ge=1, description="receivers s per fragment (degree of the graph)")
-    sampler: SamplerKind = Field(SamplerKind.LOCAL, description="local (EL-Local), oracle (EL-Oracle), static (D-PSGD)")
-    strategy: Strategy = Field(Strategy.RANDOM, description="fragmentation: random (layer-stratified) or contiguous")
-    seed: int = Field(0, ge=0, le=2**63 - 1, description="run seed")
+                        description="name of the run; messages of another run are refused", **cli("run"))
+    task: TaskName = Field(TaskName.QUADRATIC, description="workload", **cli("run"))
+    nodes: int = Field(8, ge=1, le=10_000, description="number of nodes n", **cli("run"))
+    rounds: int = Field(20, ge=1, description="rounds T", **cli("run"))
+    fragments: int = Field(4, ge=1, description="fragments K (1 = Epidemic Learning)", **cli("run"))
+    fanout: int = Field(2, ge=1, description="receivers s per fragment (degree of the graph)", **cli("run"))
+    sampler: SamplerKind = Field(SamplerKind.LOCAL, description="local (EL-Local), oracle (EL-Oracle), static (D-PSGD)",
+                                 **cli("run"))
+    strategy: Strategy = Field(Strategy.RANDOM, description="fragmentation: random (layer-stratified) or contiguous",
+                               **cli("run"))
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="run seed", **cli("run"))
+    round_deadline: float = Field(120.0, gt=0, description="seconds a round may take from its release: the barrier "
+                                  "releases it then, whoever has arrived, and a node's sends end before it",
+                                  **cli("run"))
     # learning
-    train: bool = Field(True, description="run local training (off: protocol-only rounds)")
-    local_steps: int = Field(1, ge=0, description="local SGD steps H per round")
-    lr: float = Field(0.05, gt=0, description="learning rate eta")
-    batch_size: int = Field(32, ge=1, description="mini-batch size B")
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    eval_every: int = Field(1, ge=0, description="evaluate every E rounds (0: only at the end)")
+    train: bool = Field(True, description="run local training (off: protocol-only rounds)", **cli("learning"))
+    local_steps: int = Field(1, ge=0, description="local SGD steps H per round", **cli("learning"))
+    lr: float = Field(0.05, gt=0, description="learning rate eta", **cli("learning"))
+    batch_size: int = Field(32, ge=1, description="mini-batch size B", **cli("learning"))
+    momentum: float = Field(0.0, ge=0, lt=1, **cli("learning"))
+    weight_decay: float = Field(0.0, ge=0, **cli("learning"))
+    eval_every: int = Field(1, ge=0, description="evaluate every E rounds (0: only at the end)", **cli("learning"))
     threads: int = Field(1, ge=1, le=256, description="torch threads per process; part of the run, since the "
-                         "thread count changes floating-point results")
+                         "thread count changes floating-point results", **cli("learning"))
     device: str = Field("cpu", description="torch device of training and evaluation: cpu, cuda or cuda:N; part "
-                        "of the run, since the device changes floating-point results")
+                        "of the run, since the device changes floating-point results", **cli("learning"))
     eval_samples: int | None = Field(None, ge=1, description="evaluate node models on a fixed seeded subset of N "
-                                     "test samples (the average model always on the full test set)")
-    partition: Partition = Field(Partition.IID, description="data partition across nodes")
-    alpha: float = Field(1.0, gt=0, description="Dirichlet concentration")
-    shards_per_node: int = Field(2, ge=1, description="label shards per node (partition=shards)")
-    min_samples: int = Field(8, ge=1, description="least samples a node gets (dirichlet)")
-    dim: int = Field(16, ge=1, description="model size d of the quadratic task")
-    curvature: Curvature = Field(Curvature.CORRELATED, description="quadratic task's A")
-    heterogeneous: bool = Field(False, description="quadratic task: a different optimum per node")
+                                     "test samples (the average model always on the full test set)", **cli("learning"))
+    partition: Partition = Field(Partition.IID, description="data partition across nodes", **cli("learning"))
+    alpha: float = Field(1.0, gt=0, description="Dirichlet concentration", **cli("learning"))
+    shards_per_node: int = Field(2, ge=1, description="label shards per node (partition=shards)", **cli("learning"))
+    min_samples: int = Field(8, ge=1, description="least samples a node gets (dirichlet)", **cli("learning"))
+    dim: int = Field(16, ge=1, description="model size d of the quadratic task", **cli("learning"))
+    curvature: Curvature = Field(Curvature.CORRELATED, description="quadratic task's A", **cli("learning"))
+    heterogeneous: bool = Field(False, description="quadratic task: a different optimum per node", **cli("learning"))
 
     @field_validator("device")
     @classmethod
@@ -119,59 +133,81 @@ class DaemonOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    out: Path = Field(Path("runs/latest"), description="output directory")
+    out: Path = Field(Path("runs/latest"), description="output directory", **cli("outputs"))
     # the network
-    host: str = Field("127.0.0.1", description="address to listen on")
-    port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
-    advertise: str | None = Field(None, description="host:port other nodes use to reach this one")
-    barrier_url: str | None = Field(None, description="barrier peer, e.g. http://barrier:8000")
-    peer_list: Path | None = Field(None, description="file of host:port lines; rank 0 hosts the barrier")
-    expect_dns: str | None = Field(None, description="barrier: count nodes as the addresses this name resolves to")
+    host: str = Field("127.0.0.1", description="address to listen on", **cli("network", "node", "barrier"))
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)",
+                      **cli("network", "node", "barrier"))
+    advertise: str | None = Field(None, description="host:port other nodes use to reach this one",
+                                  **cli("network", "node"))
+    barrier_url: str | None = Field(None, description="barrier peer, e.g. http://barrier:8000",
+                                    **cli("network", "node"))
+    peer_list: Path | None = Field(None, description="file of host:port lines; rank 0 hosts the barrier",
+                                   **cli("network", "node"))
+    expect_dns: str | None = Field(None, description="barrier: count nodes as the addresses this name resolves to",
+                                   **cli("network", "barrier"))
     dns_settle: float = Field(3.0, gt=0, description="barrier with --expect-dns: seconds the DNS answer must hold "
-                              "still before it counts (raise it when many replicas start slowly)")
-    round_deadline: float = Field(120.0, gt=0, description="seconds a barrier waits for a round's stragglers")
-    register_deadline: float = Field(300.0, gt=0, description="seconds to wait for every node to register")
-    drop_after: int = Field(2, ge=1, description="rounds a member may miss before it is dropped")
-    request_timeout: float = Field(30.0, gt=0, description="seconds per HTTP request")
-    retries: int = Field(3, ge=0, description="retries of a failed send")
-    max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="largest accepted request body")
+                              "still before it counts (raise it when many replicas start slowly)",
+                              **cli("network", "barrier"))
+    register_deadline: float = Field(300.0, gt=0, description="seconds to wait for every node to register",
+                                     **cli("network", "node", "barrier", "cluster"))
+    drop_after: int = Field(2, ge=1, description="rounds a member may miss before it is dropped",
+                            **cli("network", "node", "barrier", "cluster"))
+    request_timeout: float = Field(30.0, gt=0, description="seconds per HTTP request",
+                                   **cli("network", "node", "barrier", "cluster"))
+    retries: int = Field(3, ge=0, description="retries of a failed send", **cli("network", "node", "cluster"))
+    max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="largest accepted request body",
+                                **cli("network", "node", "barrier", "cluster"))
     # limits under abuse (daemon/limits.py)
     header_timeout: float = Field(20.0, gt=0, description="seconds a connection may take to send a request's "
                                   "head, from connecting or from its previous answer: idle or slower ones are "
-                                  "closed (a body must arrive within --request-timeout, else 408)")
+                                  "closed (a body must arrive within --request-timeout, else 408)",
+                                  **cli("network", "node", "barrier"))
     max_connections: int = Field(4096, ge=8, description="connections served at once (fewer where the open-file "
                                  "limit is lower), a quarter of them from one address; a newcomer beyond it "
-                                 "closes the oldest idle one, or is answered 503 when none is idle")
+                                 "closes the oldest idle one, or is answered 503 when none is idle",
+                                 **cli("network", "node", "barrier"))
     max_bodies: int = Field(4, ge=1, description="request bodies received at once, half of them (at least one) "
-                            "from one address, together at most --max-body-bytes; others wait a moment, then 503")
+                            "from one address, together at most --max-body-bytes; others wait a moment, then 503",
+                            **cli("network", "node", "barrier"))
     register_rate: float = Field(5.0, gt=0, description="barrier: registrations a second one address may make "
-                                 "while registration is open, in bursts of --nodes + 10; beyond it 429")
+                                 "while registration is open, in bursts of --nodes + 10; beyond it 429",
+                                 **cli("network", "node", "barrier"))
     secret_file: Path | None = Field(None, description="file holding the cluster secret (16+ bytes): every request "
-                                     "between members is signed with it and checked (MOSAIC_SECRET_FILE)")
+                                     "between members is signed with it and checked (MOSAIC_SECRET_FILE)",
+                                     **cli("network", "node", "barrier", "cluster"))
     max_norm: float | None = Field(None, gt=0, description="refuse a received fragment whose norm is over this many "
-                                   "times the node's own (a guard against faults, not against attacks)")
+                                   "times the node's own (a guard against faults, not against attacks)",
+                                   **cli("network", "node", "cluster"))
     insecure: bool = Field(False, description="listen beyond loopback without --secret-file: anyone who reaches "
-                           "a port can join the run and send it models")
+                           "a port can join the run and send it models", **cli("network", "node", "barrier"))
     tls_cert: Path | None = Field(None, description="PEM certificate (chain) this member serves TLS with and shows "
-                                  "as a client; with it every URL between members is https:// (needs --tls-key)")
-    tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
+                                  "as a client; with it every URL between members is https:// (needs --tls-key)",
+                                  **cli("network", "node", "barrier", "cluster"))
+    tls_key: Path | None = Field(None, description="PEM private key of --tls-cert",
+                                 **cli("network", "node", "barrier", "cluster"))
     tls_ca: Path | None = Field(None, description="PEM CA bundle that signed the members' certificates: clients "
                                 "verify servers against it (else the system's CAs), and --tls-client-auth servers "
-                                "their clients")
+                                "their clients", **cli("network", "node", "barrier", "cluster"))
     tls_client_auth: bool = Field(False, description="mutual TLS: accept only clients showing a certificate that "
-                                  "--tls-ca signed (needs --tls-ca)")
+                                  "--tls-ca signed (needs --tls-ca)", **cli("network", "node", "barrier", "cluster"))
     # surviving faults
     barrier_grace: float = Field(120.0, gt=0, description="node: seconds to keep retrying an unreachable barrier "
-                                 "(it may be restarting: it resumes the run from OUT/barrier-state.json)")
+                                 "(it may be restarting: it resumes the run from OUT/barrier-state.json)",
+                                 **cli("network", "node", "cluster"))
     allow_join: bool = Field(False, description="barrier: let new nodes join during the run (they get the next "
-                             "free rank and a live peer's model, and are sampled from the next round on)")
+                             "free rank and a live peer's model, and are sampled from the next round on)",
+                             **cli("network", "node", "barrier"))
     state_dir: Path | None = Field(None, description="node: where it checkpoints its model and round (default: "
-                                   "OUT/state/<host_port>); a node started again with it rejoins the run")
-    checkpoint_every: int = Field(1, ge=0, description="node: checkpoint every N rounds (0: never)")
+                                   "OUT/state/<host_port>); a node started again with it rejoins the run",
+                                   **cli("network", "node"))
+    checkpoint_every: int = Field(1, ge=0, description="node: checkpoint every N rounds (0: never)",
+                                  **cli("network", "node", "cluster"))
     rejoin_max_age: int = Field(2, ge=0, description="node: a rejoining node takes its checkpoint if it is at most "
-                                "this many rounds old, else a live peer's model")
+                                "this many rounds old, else a live peer's model", **cli("network", "node"))
     rejoin_dropped: bool = Field(False, description="node: when the barrier drops it (it was cut off or stalled), "
-                                 "register again and rejoin at the next round boundary instead of exiting")
+                                 "register again and rejoin at the next round boundary instead of exiting",
+                                 **cli("network", "node"))
 
     @field_validator("barrier_url")
     @classmethod
@@ -214,11 +250,12 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
     model_config = SettingsConfigDict(env_prefix="MOSAIC_", extra="forbid", validate_default=True, frozen=False)
 
     batched: bool = Field(False, description="simulate: train and evaluate all nodes' models together (vmap); "
-                          "close to, not bit-identical with, the exact run")
-    data_dir: Path = Field(Path("data"), description="where data sets live")
-    linger: float = Field(0.0, ge=0, description="seconds a node keeps serving after its last round")
-    log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$")
-    log_json: bool | None = Field(None, description="JSON logs (default: when not on a terminal)")
+                          "close to, not bit-identical with, the exact run", **cli("learning", "simulate"))
+    data_dir: Path = Field(Path("data"), description="where data sets live", **cli("outputs"))
+    linger: float = Field(0.0, ge=0, description="seconds a node keeps serving after its last round",
+                          **cli("outputs", "node", "barrier"))
+    log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$", **cli("outputs"))
+    log_json: bool | None = Field(None, description="JSON logs (default: when not on a terminal)", **cli("outputs"))
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

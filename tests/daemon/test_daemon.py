@@ -121,7 +121,7 @@ def test_status_and_metrics_move_during_a_run(tmp_path: Path, kit: Any) -> None:
     a, b = first["node"], second["node"]
     assert a["status"]["round"] < b["status"]["round"] < settings.rounds  # both scrapes during the run
     assert a["status"]["last_round"]["round"] < b["status"]["last_round"]["round"]
-    assert a["status"]["rank"] == b["status"]["rank"] and a["status"]["phase"] != "done"
+    assert a["status"]["rank"] == b["status"]["rank"] and a["status"]["phase"] != "finished"
     for name in ("mosaic_round", "mosaic_sent_bytes_total", "mosaic_received_bytes_total",
                  "mosaic_sent_fragments_total", "mosaic_received_fragments_total", "mosaic_received_messages_total"):
         assert a["metrics"][name] < b["metrics"][name], name
@@ -157,7 +157,7 @@ async def test_python_api_peers_match_in_memory_network(tmp_path: Path, kit: Any
         for t in range(settings.rounds):
             results = await asyncio.wait_for(asyncio.gather(*(p.gossip(vectors[p.rank]) for p in peers)), 30)
             vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
-            assert all(p.round == t + 1 and p.last_report["round"] == t for p in peers)
+            assert all(p.round == t + 1 and p.last_report.round == t for p in peers)
         await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 30)
         for rank, vector in vectors.items():
             assert kit.sha256_f32(vector) == kit.sha256_f32(reference[rank]), rank

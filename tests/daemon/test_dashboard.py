@@ -22,7 +22,8 @@ from aiohttp import web
 
 from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
-from mosaicd.daemon.barrier.routes import DASHBOARD, HISTORY_LIMIT, barrier_app
+from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
+from mosaicd.daemon.barrier.routes import DASHBOARD, barrier_app
 from mosaicd.experiments.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,8 +173,8 @@ async def test_history_and_dashboard_routes(tmp_path: Path, aiohttp_client: Any)
     assert [r["round"] for r in body["rounds"]] == list(range(2490, 2500))
     assert [r["round"] for r in body["evaluations"]] == [2490, 2492, 2494, 2496, 2498]
     assert body["evaluations"][0]["node_average"] is None and body["evaluations"][0]["per_node"] == [1.0, 2.0]
-    body = json.loads((await get("/v1/history?since=0"))[2])  # bounded: the newest HISTORY_LIMIT of each
-    assert [r["round"] for r in body["rounds"]] == list(range(2500 - HISTORY_LIMIT, 2500))
+    body = json.loads((await get("/v1/history?since=0"))[2])  # bounded: the newest HISTORY_KEPT of each
+    assert [r["round"] for r in body["rounds"]] == list(range(2500 - HISTORY_KEPT, 2500))
     assert len(body["evaluations"]) == 1250 and body["evaluations"][0]["round"] == 0
     assert json.loads((await get("/v1/history?since=2500"))[2]) == {"rounds": [], "evaluations": []}
 

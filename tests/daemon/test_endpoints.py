@@ -104,7 +104,7 @@ def net(tmp_path_factory: pytest.TempPathFactory, kit: Any) -> Any:
         initial = kit.reference_vectors(net.settings.model_copy(update={"rounds": 0}))
         net.vectors = {p.rank: initial[p.rank] for p in net.helpers}
         net.call(asyncio.wait_for(_play(net, 1), 30), timeout=40)
-        kit.wait_until(lambda: _status(kit, net.node) == (1, "barrier"), 30, "the daemon at round 1's barrier")
+        kit.wait_until(lambda: _status(kit, net.node) == (1, "waiting"), 30, "the daemon at round 1's barrier")
         yield net
     except BaseException:
         print(net.logs())
@@ -388,13 +388,13 @@ def test_barrier_arrival_at_a_released_round_gets_that_release_and_records_nothi
 
 def test_valid_rounds_after_the_bad_input_give_the_reference(net: Net, kit: Any) -> None:
     """Last in this module: plays rounds 1..T-1 and finishes; every model is the in-memory reference's."""
-    assert _status(kit, net.node) == (1, "barrier")
+    assert _status(kit, net.node) == (1, "waiting")
     def refusals() -> float:
         return sum(v for k, v in metrics(kit, net.node).items() if k.startswith("mosaic_refused_messages_total"))
 
     refused_by_daemon = refusals()
     net.call(asyncio.wait_for(_play(net, 1), 30), timeout=40)
-    kit.wait_until(lambda: _status(kit, net.node) == (2, "barrier"), 30, "the daemon at round 2's barrier")
+    kit.wait_until(lambda: _status(kit, net.node) == (2, "waiting"), 30, "the daemon at round 2's barrier")
     assert refusals() == refused_by_daemon  # counted once, as they came (not again when round 1 closed)
     net.call(asyncio.wait_for(_play(net, net.settings.rounds - 2), 60), timeout=70)
     net.call(asyncio.wait_for(_finish(net), 60), timeout=70)

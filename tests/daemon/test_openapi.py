@@ -47,7 +47,7 @@ def served(app: web.Application) -> set[tuple[str, str]]:
 def apps(tmp_path: Path) -> dict[str, web.Application]:
     settings = Settings(nodes=2, rounds=1, fanout=1, out=tmp_path / "barrier", barrier_url="http://127.0.0.1:9")
     barrier = Barrier(settings.run_config(), settings.daemon_options())
-    return {"node": node_app(Peer(settings.daemon_options(), Layout.flat(4))), "barrier": barrier_app(barrier)}
+    return {"node": node_app(Peer(settings.daemon_options(), Layout.flat(4)).inbox), "barrier": barrier_app(barrier)}
 
 
 @pytest.mark.parametrize("name", ["node", "barrier"])
@@ -143,10 +143,10 @@ async def targets(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
         await asyncio.wait_for(over.barrier.done.wait(), 10)
         node = next(p for p in mid.peers if p.rank == 0)
         for _ in range(100):
-            if node.phase == "barrier":
+            if node.phase == "waiting":
                 break
             await asyncio.sleep(0.05)
-        assert node.phase == "barrier" and node.round == 1
+        assert node.phase == "waiting" and node.round == 1
         yield {"node": f"http://{node.address}", "barrier": over.barrier_url}
         assert not any(t.done() for t in mid.tasks), "the fuzzer moved the run on"
 

@@ -56,9 +56,9 @@ async def test_large_messages_give_the_in_memory_models(tmp_path: Path, kit: Any
             vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
             for p in peers:
                 report = p.last_report
-                assert not report["refused"] and report["fragments_unsent"] == 0 and report["delivered"]
+                assert not report.refused and report.fragments_unsent == 0 and report.delivered
                 # every message was big enough to be sent as head + pieces
-                assert all(size > 4 * _PiecewiseBody.FIRST for _, size in report["delivered"].values())
+                assert all(size > 4 * _PiecewiseBody.FIRST for _, size in report.delivered.values())
         await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 60)
         for rank, vector in vectors.items():
             assert kit.sha256_f32(vector) == kit.sha256_f32(reference[rank]), rank

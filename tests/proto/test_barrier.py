@@ -15,6 +15,7 @@ from mosaic_proto import (
     Fragmentation,
     InMemoryNetwork,
     Layout,
+    NodeReport,
     PeerSampler,
     Quadratic,
     received_counts,
@@ -130,7 +131,8 @@ def test_final_arrival_finishes_the_run() -> None:
 
 
 def test_received_counts_sum_the_senders_deliveries() -> None:
-    reports = {0: {"delivered": {"1": [2, 100], "2": [1, 50]}}, 1: {"delivered": {"2": [3, 120]}}, 2: None}
+    reports = {0: NodeReport(0, delivered={1: (2, 100), 2: (1, 50)}), 1: NodeReport(0, delivered={2: (3, 120)}),
+               2: None}
     assert received_counts(reports) == {1: (1, 2, 100), 2: (2, 4, 170)}
 
 

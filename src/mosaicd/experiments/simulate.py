@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 
-from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, PeerSampler
+from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, NodeReport, PeerSampler
 from mosaic_proto.network import RoundRecord
 from mosaicd.experiments.batched import BatchedTraining
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
@@ -54,8 +54,8 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
             record: RoundRecord = network.step()
             elapsed = time.perf_counter() - started
             for node, loss, report in zip(record.nodes, record.losses, record.reports, strict=True):
-                recorder.node_round({**report.to_json(), "node": node, "loss": loss,
-                                     "train_s": elapsed / len(record.nodes)})
+                recorder.node_round(node, NodeReport.of_traffic(report, loss=loss,
+                                                                train_s=elapsed / len(record.nodes)))
             row = None
             if is_eval_round(record.round, settings):
                 taken_at = time.time()

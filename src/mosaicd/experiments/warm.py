@@ -32,7 +32,7 @@ import time
 import traceback
 from typing import Any, NoReturn
 
-from mosaicd.daemon.http.client import HttpError
+from mosaicd.daemon.entry import run_entry
 from mosaicd.daemon.node.warmup import set_threads, warm_up
 from mosaicd.logs import configure_logging, get_logger
 from mosaicd.settings import Settings, SettingsError
@@ -63,15 +63,9 @@ def run_role(command: str, task: Any = None, sock: socket.socket | None = None) 
         print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
-    try:
-        if command == "node":
-            return asyncio.run(run_node(settings, task=task))
-        return asyncio.run(run_barrier(settings, task=task, sock=sock))
-    except KeyboardInterrupt:
-        return 130
-    except (ValueError, FileNotFoundError, TimeoutError, HttpError) as exc:
-        print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
-        return 1
+    if command == "node":
+        return run_entry(command, lambda: asyncio.run(run_node(settings, task=task)))
+    return run_entry(command, lambda: asyncio.run(run_barrier(settings, task=task, sock=sock)))
 
 
 class Children:

@@ -19,18 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from mosaic_proto import BarrierError, BarrierPhase, BarrierState, Release
+from mosaic_proto import SNAPSHOTS_KEPT, BarrierError, BarrierPhase, BarrierReason, BarrierState, NodeReport, Release
 from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
+from mosaicd.daemon.barrier.registration import maybe_close, registration_deadline, watch_dns
 from mosaicd.daemon.barrier.release_log import ReleaseLog
+from mosaicd.daemon.deadlines import join_wait, release_wait
 from mosaicd.daemon.http.auth import Keyring, load_secret
-from mosaicd.daemon.http.membership import resolve_all
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
-
-SNAPSHOTS_KEPT = 3  # as many as a node keeps (peer.SNAPSHOTS_KEPT)
 
 
 class Barrier:
@@ -42,7 +41,7 @@ class Barrier:
             run = self.resumed["run"]
             self.state = BarrierState.from_json(self.resumed["state"], _now())
         else:
-            self.state = BarrierState(rounds=run.rounds, round_deadline=options.round_deadline,
+            self.state = BarrierState(rounds=run.rounds, round_deadline=run.round_deadline,
                                       drop_after=options.drop_after, expected=0 if options.expect_dns else run.nodes)
         self.run, self.options = run, options
         self.log = get_logger(role="barrier", run=run.run_id)
@@ -81,7 +80,7 @@ class Barrier:
         state = self.state
         self.registered.set()
         self.metrics.members.set(len(state.live))
-        self._arm()
+        self.arm_deadline()
         self.published = {t: self._told(r) for t, r in state.released.items()}
         done = {row.get("round") for row in self.recorder.rounds}
         missing = [e for e in range(max(0, state.round - SNAPSHOTS_KEPT), state.round - 1)
@@ -92,10 +91,10 @@ class Barrier:
         self.log.warning("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
                          evaluations_recollected=missing)
 
-    def _save(self) -> None:
+    def save_journal(self) -> None:
         barrier_journal.save(self.options.out, self.run, self.state, self.recorder.started)
 
-    def _arm(self) -> None:
+    def arm_deadline(self) -> None:
         """One timer, at the open round's deadline (every wait ends, whether or not anyone arrives)."""
         if self._timer:
             self._timer.cancel()
@@ -129,63 +128,37 @@ class Barrier:
             self.metrics.registered.set(len(self.state.pending))
             self.log.info("registered", address=address, registered=len(self.state.pending),
                           expected=self.state.expected)
-            self.maybe_close()
+            maybe_close(self)
             try:
                 await asyncio.wait_for(self.registered.wait(), timeout=self.options.register_deadline)
             except TimeoutError:
                 pass
             rank = self.state.register(address, self.now())
             if rank is None:
-                raise BarrierError("registration_failed", self.state.failure or "registration did not complete")
+                raise BarrierError(BarrierReason.REGISTRATION_FAILED,
+                                   self.state.failure or "registration did not complete")
         return {"rank": rank, "members": list(self.state.addresses), "run": self.run.model_dump(mode="json"),
                 "round": 0, "live": list(self.state.live)}
 
     async def _join(self, address: str) -> dict[str, Any]:
         rank, release = self.state.join(address, self.now(), allow_new=self.options.allow_join)
         at = self.state.round - (release is not None)
-        self._save()
+        self.save_journal()
         self.log.warning("joining", rank=rank, address=address, from_round=at + 1)
         if release is not None:
             await self._publish(release)
-        told = await self._wait_published(at, self.options.round_deadline + 60)
+        told = await self._wait_published(at, join_wait(self.run.round_deadline))
         return {"rank": rank, "members": list(self.state.addresses), "run": self.run.model_dump(mode="json"),
                 "round": at + 1, "live": told["members"]}
 
-    def maybe_close(self) -> None:
-        if not self.state.complete:
-            return
-        count = len(self.state.pending)
-        try:  # the node count may be known only now (DNS): check the run as it will be
-            self.run = self.run.with_nodes(count)
-        except ValueError as exc:
-            dns = self.options.expect_dns
-            counted = f" ({dns} resolved to that many addresses)" if dns else ""
-            return self.fail_registration(f"{count} nodes registered{counted}, but the run is invalid with them: "
-                                          f"{exc}", 422)
-        self.state.close(self.now())
-        self._save()
-        self._arm()
-        self.recorder.settings["nodes"] = count
-        self.metrics.members.set(count)
-        self.log.info("registration_closed", members=count)
-        self.registered.set()
-
-    def fail_registration(self, reason: str, status: int) -> None:
-        self.state.fail(reason)
-        self.register_status = status
-        self.log.error("registration_failed", detail=reason)
-        self.recorder.fail(f"registration failed: {reason}")
-        self.registered.set()
-        self.done.set()
-
     # -- rounds ------------------------------------------------------------------------------------
-    async def arrive(self, rank: int, round: int, report: dict[str, Any] | None) -> dict[str, Any]:
+    async def arrive(self, rank: int, round: int, report: NodeReport | None) -> dict[str, Any]:
         """Long poll until `round` is released: the release as JSON. BarrierError if refused."""
         retry = round < self.state.round  # a round released already: its release again, recorded once
         release = self.state.arrive(rank, round, self.now(), report)
         if release is not None and not retry:
             await self._publish(release)
-        return await self._wait_published(round, self.options.round_deadline + 60 + 2 * self.options.request_timeout)
+        return await self._wait_published(round, release_wait(self.run.round_deadline, self.options.request_timeout))
 
     async def _wait_published(self, round: int, limit: float) -> dict[str, Any]:
         end = self.now() + limit
@@ -194,7 +167,7 @@ class Barrier:
             try:
                 await asyncio.wait_for(event.wait(), timeout=max(end - self.now(), 0))
             except TimeoutError:
-                raise BarrierError("barrier_timeout", f"round {round} was not released in time") from None
+                raise BarrierError(BarrierReason.BARRIER_TIMEOUT, f"round {round} was not released in time") from None
         return self.published[round]
 
     def _told(self, release: Release) -> dict[str, Any]:
@@ -207,14 +180,14 @@ class Barrier:
         if release is not None:
             self._spawn(self._publish(release))
         else:
-            self._arm()
+            self.arm_deadline()
 
     async def _publish(self, release: Release) -> None:
         """Save and record what the release decided, then tell the waiting nodes (after any collection whose
         snapshots the nodes would drop once they move on; at the end, after the final models are collected, but
         before they are evaluated: nodes never wait for an evaluation)."""
-        self._save()
-        self._arm()
+        self.save_journal()
+        self.arm_deadline()
         t = release.round
         self._record(release)
         if t >= 1 and is_eval_round(t - 1, self.run):
@@ -239,29 +212,6 @@ class Barrier:
 
     def _record(self, release: Release) -> None:
         self.releases.record(release, self.state.closed[release.round], self.now(), self.evaluator.last_metrics)
-
-
-async def registration_deadline(barrier: Barrier) -> None:
-    """Fail the registration if it is not complete by --register-deadline."""
-    await asyncio.sleep(barrier.options.register_deadline)
-    if barrier.state.phase is BarrierPhase.REGISTERING:
-        barrier.fail_registration(f"registration deadline ({barrier.options.register_deadline:g}s) passed with "
-                                  f"{len(barrier.state.pending)} of {barrier.state.expected or '?'} nodes", 503)
-
-
-async def watch_dns(barrier: Barrier) -> None:
-    """Count nodes as the addresses the service name resolves to, once the count holds still."""
-    stable_since, last = barrier.now(), -1
-    while barrier.state.phase is BarrierPhase.REGISTERING:
-        count = len(await asyncio.to_thread(resolve_all, barrier.options.expect_dns))
-        if count != last:  # still moving (replicas starting): nothing is counted until it holds still
-            last, stable_since = count, barrier.now()
-            barrier.state.expected = 0
-        if count and barrier.now() - stable_since >= barrier.options.dns_settle:
-            barrier.state.expected = count
-            barrier.maybe_close()
-        barrier.metrics.expected.set(barrier.state.expected)
-        await asyncio.sleep(0.5)
 
 
 def _now() -> float:

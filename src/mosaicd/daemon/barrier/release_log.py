@@ -7,23 +7,23 @@ from typing import Any
 
 import numpy as np
 
-from mosaic_proto import Release, received_counts
+from mosaic_proto import NodeReport, Release, received_counts
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.outputs import SUMMARY_KEYS, RunRecorder
 
-HISTORY_KEPT = 2000  # released rounds kept for /v1/history and the dashboard (barrier_routes.HISTORY_LIMIT)
+HISTORY_KEPT = 2000  # released rounds /v1/history serves (the newest), and so the dashboard
+Arrivals = dict[int, tuple[float, NodeReport | None]]  # rank -> (seconds it waited, its report)
 
 
-def phase_means(closed: dict[int, tuple[float, dict[str, Any] | None]]) -> dict[str, float]:
+def phase_means(closed: Arrivals) -> dict[str, float]:
     """Mean seconds per phase over the members that arrived: train, send, aggregate (their reports), wait (the
     barrier's clock)."""
     seconds: dict[str, list[float]] = {"train": [], "send": [], "wait": [], "aggregate": []}
     for wait, report in closed.values():
         seconds["wait"].append(wait)
-        for phase in ("train", "send", "aggregate"):
-            value = (report or {}).get(f"{phase}_s")
-            if isinstance(value, int | float):
-                seconds[phase].append(float(value))
+        if report is not None:
+            for phase in ("train", "send", "aggregate"):
+                seconds[phase].append(getattr(report, f"{phase}_s"))
     return {f"{phase}_s": round(float(np.mean(v)), 6) for phase, v in seconds.items() if v}
 
 
@@ -34,7 +34,7 @@ class ReleaseLog:
         self._released_at: float | None = None
         self._logged_eval: int | None = None
 
-    def record(self, release: Release, closed: dict[int, tuple[float, dict[str, Any] | None]], now: float,
+    def record(self, release: Release, closed: Arrivals, now: float,
                latest: dict[str, Any] | None) -> None:
         """`closed`: the round's arrivals, rank -> (seconds waited, report); `latest`: the newest evaluation row."""
         received = received_counts({r: report for r, (_, report) in closed.items()})
@@ -42,9 +42,8 @@ class ReleaseLog:
             for rank, (wait_s, report) in closed.items():
                 if report is not None:
                     messages, fragments, nbytes = received.get(rank, (0, 0, 0))
-                    self.recorder.node_round({**report, "node": rank, "wait_s": round(wait_s, 6),
-                                              "messages_in": messages, "fragments_in": fragments,
-                                              "bytes_in": nbytes})
+                    self.recorder.node_round(rank, report.with_release(round(wait_s, 6), (), messages_in=messages,
+                                                                       fragments_in=fragments, bytes_in=nbytes))
         duration = now - self._released_at if self._released_at is not None else None
         self._released_at = now
         self.history.append({"round": release.round, "duration_s": None if duration is None else round(duration, 6),

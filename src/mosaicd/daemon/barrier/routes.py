@@ -10,70 +10,47 @@ describes round t as the node saw it by then (null for the final arrival).
     GET /v1/status                              -> phase, round, members, the newest evaluation, the run
     GET /v1/history?since=R                     -> {"rounds": per released round >= R (durations, phases,
                                                    stragglers), "evaluations": evaluation rows >= R}, each
-                                                   list at most the last HISTORY_LIMIT entries
+                                                   list at most the last HISTORY_KEPT entries
     GET /, GET /dashboard/{name}                -> the live dashboard (dashboard/index.html polls the two above)
 """
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from mosaic_proto import BarrierError, BarrierPhase
+from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, NodeReport, ReportError
+from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
 from mosaicd.daemon.http.auth import REGISTER_RUN, auth_middleware, auth_window
 from mosaicd.daemon.http.endpoints import healthz, metrics_handler, openapi_handler
 from mosaicd.daemon.http.errors import bad_request, json_errors, read_json
 from mosaicd.daemon.http.limits import LIMITS, Limits
-from mosaicd.outputs import NODE_COLUMNS, _clean
+from mosaicd.outputs import clean_json
 
 if TYPE_CHECKING:
     from mosaicd.daemon.barrier.barrier import Barrier
 
-_STATUS = {"bad_address": 400, "bad_round": 400, "unknown_rank": 404, "dropped": 410, "future_round": 409,
-           "stale_round": 409, "registration_closed": 409, "barrier_timeout": 503, "joining": 409,
-           "run_not_joinable": 409}
-_REPORT_NUMBERS = [c for c in NODE_COLUMNS if c not in ("round", "node", "refused")]
-HISTORY_LIMIT = 2000  # entries per list in one /v1/history answer: the newest ones
 DASHBOARD = Path(__file__).parent / "dashboard"
 # the files /dashboard/{name} serves, and nothing else: name -> content type
 DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css",
                    "uPlot.iife.min.js": "text/javascript", "uPlot.min.css": "text/css", "uPlot.LICENSE": "text/plain"}
-
-_RANK = re.compile(r"[0-9]{1,9}")  # a peer rank in report.delivered
-
-
-def _count(value: Any) -> bool:
-    return type(value) is int and 0 <= value < 2**63
+STATUS_OF_REASON = {BarrierReason.BAD_ADDRESS: 400, BarrierReason.BAD_ROUND: 400, BarrierReason.UNKNOWN_RANK: 404,
+                    BarrierReason.DROPPED: 410, BarrierReason.FUTURE_ROUND: 409, BarrierReason.STALE_ROUND: 409,
+                    BarrierReason.REGISTRATION_CLOSED: 409, BarrierReason.BARRIER_TIMEOUT: 503,
+                    BarrierReason.JOINING: 409, BarrierReason.RUN_NOT_JOINABLE: 409}
 
 
-def _number(value: Any) -> bool:
-    return type(value) is float or (type(value) is int and -(2**63) <= value < 2**63)
-
-
-def checked_report(report: Any, round: int) -> dict[str, Any] | None:
+def checked_report(report: Any, round: int) -> NodeReport | None:
     """A node's report of round `round`, sent with its arrival; 400 (nothing recorded) if malformed."""
     if report is None:
         return None
-    if not isinstance(report, dict):
-        raise bad_request("bad_field", "field 'report' must be an object or null")
-    if type(report.get("round")) is not int or report["round"] != round:
-        raise bad_request("bad_field", f"report.round must be the arrival's round {round}")
-    for key in _REPORT_NUMBERS:  # an int past 64 bits would overflow float() when the round is recorded
-        if report.get(key) is not None and not _number(report[key]):
-            raise bad_request("bad_field", f"report.{key} must be a number")
-    refused = report.get("refused")
-    if refused is not None and not (isinstance(refused, dict) and all(_count(v) for v in refused.values())):
-        raise bad_request("bad_field", "report.refused must map reasons to counts")
-    delivered = report.get("delivered")
-    if delivered is not None and not (isinstance(delivered, dict) and all(
-            _RANK.fullmatch(k) and isinstance(v, list) and len(v) == 2 and all(_count(x) for x in v)
-            for k, v in delivered.items())):  # ASCII digits: the release's int(rank) takes nothing else
-        raise bad_request("bad_field", "report.delivered must map peer ranks to [fragments, bytes]")
-    return report
+    try:
+        return NodeReport.from_json(report, round)
+    except ReportError as exc:
+        raise bad_request("bad_field", str(exc)) from None
 
 
 def proven(request: web.Request, who: str) -> None:
@@ -90,7 +67,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
         try:
             return web.json_response(await barrier.register(body["address"]))
         except BarrierError as exc:
-            status = barrier.register_status if exc.reason == "registration_failed" else _STATUS[exc.reason]
+            status = barrier.register_status if exc.reason == "registration_failed" else STATUS_OF_REASON[exc.reason]
             raise bad_request(exc.reason, exc.detail, status) from None
 
     async def arrive(request: web.Request) -> web.Response:
@@ -101,7 +78,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
             report = checked_report(body.get("report"), body["round"])
             return web.json_response(await barrier.arrive(body["rank"], body["round"], report))
         except BarrierError as exc:
-            raise bad_request(exc.reason, exc.detail, _STATUS.get(exc.reason, 400)) from None
+            raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
 
     async def status(request: web.Request) -> web.Response:
         return web.json_response(barrier_status(barrier))
@@ -161,7 +138,7 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
         "live": state.live, "dropped": state.dropped, "stragglers": list(last.stragglers) if last else [],
         "members": [{"rank": r, "address": m.address, "missed": m.missed, "last_round": m.last_round,
                      "last_contact_s": round(now - m.last_contact, 3)} for r, m in state.members.items()],
-        "metrics": _clean(barrier.evaluator.last_metrics), "latest": latest_per_node(barrier.recorder.rounds),
+        "metrics": clean_json(barrier.evaluator.last_metrics), "latest": latest_per_node(barrier.recorder.rounds),
         "settings": barrier.run.model_dump(mode="json"),
     }
 
@@ -175,12 +152,12 @@ def latest_per_node(rounds: list[dict[str, Any]]) -> dict[str, float]:
 
 def barrier_history(barrier: Barrier, since: int) -> dict[str, Any]:
     """Released rounds and evaluation rows from round `since` on (both lists are in round order), the newest
-    HISTORY_LIMIT of each. NaN is null (a browser's JSON parser refuses NaN)."""
+    HISTORY_KEPT of each. NaN is null (a browser's JSON parser refuses NaN)."""
     def tail(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        start = max(bisect_left(rows, since, key=lambda row: row["round"]), len(rows) - HISTORY_LIMIT)
+        start = max(bisect_left(rows, since, key=lambda row: row["round"]), len(rows) - HISTORY_KEPT)
         return rows[start:]
 
-    return _clean({"rounds": tail(barrier.history), "evaluations": tail(barrier.recorder.rounds)})
+    return clean_json({"rounds": tail(barrier.history), "evaluations": tail(barrier.recorder.rounds)})
 
 
 def dashboard_file(name: str, content_type: str) -> web.Response:

@@ -11,16 +11,37 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, TraceConfig, payload
 
+from mosaic_proto import BarrierReason
 from mosaicd.logs import get_logger
 
 
 class HttpError(Exception):
-    """A peer answered 4xx (not retried) or every attempt failed."""
+    """A peer answered 4xx (not retried) or every attempt failed (`status` None)."""
 
     def __init__(self, status: int | None, detail: str) -> None:
         super().__init__(f"HTTP {status}: {detail}" if status else detail)
         self.status = status
         self.detail = detail
+
+
+class Refused(HttpError):
+    """A peer refused the request with a reason code (its JSON error body): callers compare `reason` with the
+    code (a `Reason` or `BarrierReason` value), never the text."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(status, f"{reason}: {detail}")
+        self.reason = reason
+
+
+def refusal(status: int, body: bytes) -> HttpError:
+    """The error a 4xx/5xx answer is: `Refused` when its body is our JSON error, else a plain HttpError."""
+    try:
+        data = json.loads(body)
+        if isinstance(data, dict) and isinstance(data.get("reason"), str):
+            return Refused(status, data["reason"], str(data.get("detail", "")))
+    except ValueError:
+        pass
+    return HttpError(status, body.decode(errors="replace")[:300])
 
 
 class _PiecewiseBody(payload.BytesPayload):
@@ -88,9 +109,10 @@ class Client:
                     body = await resp.read()
                     if resp.status < 400:
                         return resp.status, body, resp.content_type
-                    last = body.decode(errors="replace")[:300]
+                    error = refusal(resp.status, body)
                     if resp.status < 500:
-                        raise HttpError(resp.status, last)
+                        raise error
+                    last = error.detail
             except (TimeoutError, ClientError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
         raise HttpError(None, f"{method} {url} failed after {attempts} attempts: {last}")
@@ -108,8 +130,8 @@ class Client:
             try:
                 return await self.post_json(url, payload, timeout=max(end - loop.time(), 1.0) + 5, retries=0)
             except HttpError as exc:
-                if exc.status is not None and exc.status != 429 and (exc.status < 500 or
-                                                                   "registration_failed" in exc.detail):
+                if exc.status is not None and exc.status != 429 and (exc.status < 500 or getattr(
+                        exc, "reason", None) == BarrierReason.REGISTRATION_FAILED):
                     raise
                 delay = min(0.25 * 2 ** attempt, 5.0)
                 left = end - loop.time()
@@ -142,10 +164,6 @@ class Client:
                             left_s=float(f"{left:.1f}"), error=exc.detail)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
-
-    async def get_json(self, url: str, **kwargs: Any) -> dict:
-        _, body, _ = await self.request("GET", url, **kwargs)
-        return json.loads(body)
 
 
 class SlowConnects:

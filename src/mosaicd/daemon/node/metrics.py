@@ -2,18 +2,17 @@
 
 Names follow Prometheus conventions: base units in the name (`_bytes`, `_seconds`), `_total` on counters, one
 metric per quantity; round phase durations are a histogram (`mosaic_round_phase_seconds{phase}`); the
-registry also holds the `process_*` metrics and serves no `_created` series (`daemon/http.py`).
+registry also holds the `process_*` metrics and serves no `_created` series (`daemon/http/endpoints.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from mosaic_proto import Reason, RoundReport
+from mosaic_proto import NodeReport, Reason, RoundReport
 
 PHASES = ("train", "send", "wait", "aggregate")
 # from a millisecond (protocol-only rounds on loopback) to minutes (a CIFAR epoch on CPU, a long barrier wait)
@@ -77,10 +76,10 @@ class NodeMetrics:
         self.frags_out.inc(report.fragments_out)
         self.unsent.inc(report.fragments_unsent)
 
-    def round_done(self, round: int, loss: float, report: dict[str, Any]) -> None:
+    def round_done(self, round: int, loss: float, report: NodeReport) -> None:
         """Round `round - 1` is over: one observation per phase from its report."""
         for phase in PHASES:
-            seconds = report.get(f"{phase}_s")
+            seconds = getattr(report, f"{phase}_s")
             if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0:
                 self.phase.labels(phase).observe(seconds)
         if math.isfinite(loss):

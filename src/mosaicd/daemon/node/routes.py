@@ -1,11 +1,9 @@
-"""A node's HTTP API; the state behind it lives in `Peer`."""
+"""A node's HTTP API over its `Inbox` (input checks and status codes; the state is the node's `NodeState`)."""
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -15,10 +13,7 @@ from mosaicd.daemon.http.endpoints import healthz, metrics_handler, openapi_hand
 from mosaicd.daemon.http.errors import bad_request, json_errors
 from mosaicd.daemon.http.limits import LIMITS, Limits
 from mosaicd.daemon.http.model_codec import encode_model
-from mosaicd.outputs import _clean
-
-if TYPE_CHECKING:
-    from mosaicd.daemon.node.peer import Peer
+from mosaicd.daemon.node.inbox import Inbox
 
 _ROUND = re.compile(r"-?[0-9]{1,18}")
 
@@ -50,59 +45,45 @@ async def read_body(request: web.Request) -> bytes:
     return chunks[0] if len(chunks) == 1 and type(chunks[0]) is bytes else b"".join(chunks)
 
 
-def node_app(peer: Peer) -> web.Application:
+def node_app(inbox: Inbox) -> web.Application:
     async def fragments(request: web.Request) -> web.Response:
         if request.content_type != CONTENT_TYPE:
             raise bad_request("unsupported_media_type", f"expected {CONTENT_TYPE}, got {request.content_type}", 415)
-        status, answer = await peer.receive(await read_body(request), request.get("mosaic_sender"))
+        status, answer = await inbox.receive(await read_body(request), request.get("mosaic_sender"))
         return web.json_response(answer, status=status)
 
     async def model(request: web.Request) -> web.Response:
         raw = request.query.get("round")
         if raw is not None and not _ROUND.fullmatch(raw):  # ASCII digits, one sign at most: int() takes more
             raise bad_request("bad_round", f"round must be an integer, got {raw!r}")
-        if raw is None:
-            round = max(peer.snapshots) if peer.snapshots else -1
-            vector = peer.snapshots.get(round, peer.vector)
-            if vector is None or peer.layout is None:
+        kept = inbox.state.model(None if raw is None else int(raw))
+        if kept is None or inbox.layout is None:
+            if raw is None:
                 raise bad_request("no_model", "this node has no model yet", 404)
-        else:
-            round, vector = int(raw), peer.snapshots.get(int(raw))
-            if vector is None or peer.layout is None:
-                raise bad_request("no_snapshot", f"no model kept for round {raw} (have {sorted(peer.snapshots)})", 404)
-        return web.Response(body=encode_model(peer.rank, round, peer.layout, vector), content_type="application/cbor")
+            raise bad_request("no_snapshot", f"no model kept for round {raw} (have {sorted(inbox.state.snapshots)})",
+                              404)
+        round, vector = kept
+        return web.Response(body=encode_model(inbox.state.rank, round, inbox.layout, vector),
+                            content_type="application/cbor")
 
     async def status(request: web.Request) -> web.Response:
-        return web.json_response(node_status(peer))
+        return web.json_response(inbox.status())
 
     async def run_of(request: web.Request) -> str | None:
-        return REGISTER_RUN if request.path.endswith("/v1/register") else await peer.run_of()
+        return REGISTER_RUN if request.path.endswith("/v1/register") else await inbox.run_of()
 
-    guard = [auth_middleware(peer.keyring, run_of, auth_window(peer.options), peer.metrics.registry)] \
-        if peer.keyring else []
-    limits = Limits(peer.options, peer.metrics.registry)  # bodies, before the guard reads them (daemon/limits.py)
+    guard = [auth_middleware(inbox.keyring, run_of, auth_window(inbox.options), inbox.metrics.registry)] \
+        if inbox.keyring else []
+    limits = Limits(inbox.options, inbox.metrics.registry)  # bodies, before the guard reads them (http/limits.py)
     app = web.Application(middlewares=[json_errors, *limits.middlewares, *guard],
-                          client_max_size=peer.options.max_body_bytes)
+                          client_max_size=inbox.options.max_body_bytes)
     app[LIMITS] = limits
     app.add_routes([
         web.post("/v1/fragments", fragments),
         web.get("/v1/status", status),
         web.get("/v1/model", model),
-        web.get("/metrics", metrics_handler(peer.metrics.registry)),
+        web.get("/metrics", metrics_handler(inbox.metrics.registry)),
         web.get("/healthz", healthz),
         web.get("/openapi.json", openapi_handler(Path(__file__).parent / "openapi.json")),
     ])
     return app
-
-
-def node_status(peer: Peer) -> dict[str, Any]:
-    run = peer.run
-    return {
-        "node": peer.rank, "rank": peer.rank, "address": peer.address, "run_id": run.run_id if run else None,
-        "round": peer.round, "rounds": run.rounds if run else None, "phase": peer.phase,
-        "members": peer.members, "fragments": run.fragments if run else None,
-        "fanout": run.fanout if run else None, "sampler": run.sampler.value if run else None,
-        "dim": peer.layout.dim if peer.layout else None,
-        "loss": peer.loss if math.isfinite(peer.loss) else None, "last_round": _clean(peer.last_report),
-        "barrier_url": peer.barrier_url,
-    }

@@ -12,7 +12,8 @@ import numpy as np
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.node import checkpoint
-from mosaicd.daemon.node.peer import Peer, PeerDropped
+from mosaicd.daemon.node.outbound import PeerDropped
+from mosaicd.daemon.node.peer import Peer
 from mosaicd.daemon.node.warmup import prefetch
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, Settings
@@ -39,12 +40,12 @@ async def run_node(settings: Settings, task: Any = None) -> int:
             task = await asyncio.to_thread(build_task, run, settings.data_dir)
         peer.set_model(task.layout)
         log = get_logger(role="node", run=run.run_id, node=peer.rank)
-        vector = peer.vector = await starting_model(peer, task, saved, options)
+        vector = await starting_model(peer, task, saved, options)
+        peer.begin(vector)
         saving = Checkpoints(options, peer)
         data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
         while peer.round < run.rounds:
             t = peer.round
-            peer.phase = "training"
             started = time.perf_counter()
             if run.train:
                 local, loss = await asyncio.to_thread(task.train, data_rank, t, vector)

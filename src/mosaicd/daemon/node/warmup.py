@@ -20,11 +20,11 @@ from mosaicd.settings import TaskName
 
 def prefetch(task: TaskName) -> None:
     """Import what `task` needs (torch, its model's module) if it is installed; errors are the build's to report."""
-    from mosaicd.learning.tasks import _REGISTRY, MissingExtra, require_task
+    from mosaicd.learning.tasks import TASK_CLASSES, MissingExtra, require_task
 
     try:
         require_task(task)
-        import_module(_REGISTRY[task].split(":")[0])
+        import_module(TASK_CLASSES[task].split(":")[0])
     except (ImportError, MissingExtra, KeyError, ValueError):
         pass
 

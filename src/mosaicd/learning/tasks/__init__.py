@@ -11,7 +11,7 @@ from mosaicd.settings import RunConfig, TaskName
 
 from .base import Task
 
-_REGISTRY = {
+TASK_CLASSES = {
     TaskName.QUADRATIC: "mosaicd.learning.tasks.quadratic:QuadraticTask",
     TaskName.DIGITS: "mosaicd.learning.tasks.digits:DigitsTask",
     TaskName.CIFAR10: "mosaicd.learning.tasks.cifar:Cifar10Task",
@@ -34,7 +34,7 @@ def build_task(run: RunConfig, data_dir: Path | str | None = None) -> Task:
     """The run's workload; `data_dir` is where this host keeps data sets (not part of the run; a `Settings`
     carries its own, the default for it)."""
     data_dir = data_dir if data_dir is not None else getattr(run, "data_dir", Path("data"))
-    target = _REGISTRY.get(run.task)
+    target = TASK_CLASSES.get(run.task)
     if target is None:
         raise ValueError(f"--task {run.task.value}: not available in this build")
     require_task(run.task)

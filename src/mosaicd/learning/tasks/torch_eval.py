@@ -44,9 +44,9 @@ def eval_model(task: TorchTask) -> nn.Module:
     """The model `evaluate_one` runs: the task's, or a channels-last copy of it (made once)."""
     if not task.eval_channels_last:
         return task.model
-    if task._eval_model is None:
-        task._eval_model = copy.deepcopy(task.model).to(memory_format=torch.channels_last)
-    return task._eval_model
+    if task.eval_model is None:
+        task.eval_model = copy.deepcopy(task.model).to(memory_format=torch.channels_last)
+    return task.eval_model
 
 
 def evaluate_one(task: TorchTask, vector: np.ndarray, samples: np.ndarray | None = None) -> dict[str, float]:

@@ -62,7 +62,7 @@ class TorchTask(Task):
         self._split: Split | None = None
         self._shards: list[np.ndarray] | None = None
         self._model: nn.Module | None = None
-        self._eval_model: nn.Module | None = None
+        self.eval_model: nn.Module | None = None  # channels-last copy for evaluation (torch_eval)
         self._initial: np.ndarray | None = None
 
     # ---- what a subclass provides

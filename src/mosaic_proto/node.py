@@ -1,0 +1,293 @@
+"""`NodeState`: one node's side of the protocol over a whole run, with no I/O (as `BarrierState` is the barrier's).
+
+The daemon (or any training loop) feeds it the registration, the trained vector, the sends' outcome, the
+barrier's release and incoming bytes, and gets messages, reports and decisions back. Its phase moves only along
+`TRANSITIONS`, the one table of which event moves which phase where (h11's `_state.py` is the model):
+
+    state = NodeState(max_bytes=..., rejoining=False)     # REGISTERING (REJOINING: it takes over a checkpoint)
+    state.registered(rank, addresses, live, round, run_id) # the barrier's answer
+    state.start(fragmentation, sampler, vector)             # the model is known: TRAINING
+    messages = state.outgoing(local)                        # SENDING
+    report = state.sent(delivered, unsent, loss, train_s)   # WAITING: the arrival carries `report`
+    advance = state.released(members, joined, stragglers)   # AGGREGATING -> TRAINING (or DROPPED)
+    state.receive(data, sender)                             # any time: accept, buffer or refuse (NodeRefused)
+    state.finishing(); state.finished()                     # the final arrival, then FINISHED
+    state.leaving(); state.left()                           # a node that stops tells the barrier: LEFT
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from .fragmentation import Fragmentation
+from .report import NodeReport
+from .round import OutgoingMessage, Receipt, RoundReport, RoundState
+from .sampling import PeerSampler
+from .wire import DEFAULT_MAX_BYTES, WireError
+
+__all__ = ["SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "NodeEvent", "NodePhase", "NodeRefused", "NodeState",
+           "NodeStateError"]
+
+SNAPSHOTS_KEPT = 3  # models after the last rounds a node keeps for the barrier's evaluation (and a rejoining peer)
+
+
+class NodePhase(StrEnum):
+    REGISTERING = "registering"
+    TRAINING = "training"
+    SENDING = "sending"
+    WAITING = "waiting"
+    AGGREGATING = "aggregating"
+    REJOINING = "rejoining"
+    LEAVING = "leaving"
+    LEFT = "left"
+    DROPPED = "dropped"
+    FINISHED = "finished"
+
+
+class NodeEvent(StrEnum):
+    REGISTERED = "registered"  # the barrier answered the registration (or, for a dropped node, the new one)
+    STARTED = "started"  # the model is known
+    OUTGOING = "outgoing"  # the trained vector is in, the round's messages out
+    SENT = "sent"  # the sends are over: the arrival goes to the barrier
+    RELEASED = "released"  # the barrier released the round
+    AGGREGATED = "aggregated"  # the next round is open
+    LEFT_OUT = "left_out"  # the release does not name this node: dropped
+    DROPPED = "dropped"  # the barrier refused an arrival: dropped (or too far behind)
+    REJOIN = "rejoin"  # a dropped node registers again
+    FINISHING = "finishing"  # the final arrival
+    FINISHED = "finished"
+    LEAVE = "leave"  # a signal: tell the barrier, then stop
+    LEFT = "left"
+
+
+P, E = NodePhase, NodeEvent
+# phase -> {event: next phase}: every transition, and nothing else (an event a phase has no row for is a bug)
+TRANSITIONS: dict[NodePhase, dict[NodeEvent, NodePhase]] = {
+    P.REGISTERING: {E.STARTED: P.TRAINING, E.LEAVE: P.LEAVING},
+    P.REJOINING: {E.STARTED: P.TRAINING, E.REGISTERED: P.TRAINING, E.LEAVE: P.LEAVING},
+    P.TRAINING: {E.OUTGOING: P.SENDING, E.FINISHING: P.WAITING, E.LEAVE: P.LEAVING},
+    P.SENDING: {E.SENT: P.WAITING, E.LEAVE: P.LEAVING},
+    P.WAITING: {E.RELEASED: P.AGGREGATING, E.FINISHED: P.FINISHED, E.DROPPED: P.DROPPED, E.LEAVE: P.LEAVING},
+    P.AGGREGATING: {E.AGGREGATED: P.TRAINING, E.LEFT_OUT: P.DROPPED},
+    P.DROPPED: {E.REJOIN: P.REJOINING, E.LEAVE: P.LEAVING},
+    P.LEAVING: {E.LEFT: P.LEFT},
+    P.LEFT: {},
+    P.FINISHED: {},
+}
+TAKES_FRAGMENTS = frozenset({P.TRAINING, P.SENDING, P.WAITING, P.AGGREGATING})
+
+
+class NodeStateError(RuntimeError):
+    """A call the node's phase does not allow (a bug in the caller, like h11's LocalProtocolError)."""
+
+
+class NodeRefused(Exception):
+    """A message this node cannot take in its phase: `reason` is machine-readable, `retry` whether a sender may
+    try again (the node will take fragments soon)."""
+
+    def __init__(self, reason: str, detail: str, retry: bool) -> None:
+        super().__init__(detail)
+        self.reason, self.detail, self.retry = reason, detail, retry
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What a release did: the round's aggregated vector and full report, the next round's early messages."""
+
+    vector: np.ndarray
+    report: NodeReport
+    taken: RoundReport  # the messages buffered for the next round, accepted (or refused) by its state just now
+    sent: RoundReport  # the finished round's outgoing traffic
+
+
+class NodeState:
+    def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_norm: float | None = None, rejoining: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`rejoining`: this process takes over from an earlier one (a checkpoint): fragments of the round it lost
+        are refused at once (retry) instead of held until it is ready. `clock`: seconds, for the phase times."""
+        self.max_bytes, self.max_norm, self.clock = max_bytes, max_norm, clock
+        self.phase = P.REJOINING if rejoining else P.REGISTERING
+        self.rank, self.round, self.run_id = -1, 0, ""
+        self.addresses: list[str] = []
+        self.members: list[int] = []
+        self.snapshots: dict[int, np.ndarray] = {}
+        self.vector: np.ndarray | None = None
+        self.last_report: NodeReport | None = None
+        self.loss = math.nan
+        self.fragmentation: Fragmentation | None = None
+        self.sampler: PeerSampler | None = None
+        self._round: RoundState | None = None
+        self._refused: Counter[str] = Counter()  # refusals not reported yet (some come after an arrival)
+        self._aggregate_s = 0.0
+        self._opened = clock()  # when this node heard that its open round started
+        self._sending = self._waiting = 0.0
+        self._report: NodeReport | None = None
+
+    # -- membership --------------------------------------------------------------------------------
+    def _fire(self, event: NodeEvent) -> None:
+        to = TRANSITIONS[self.phase].get(event)
+        if to is None:
+            raise NodeStateError(f"node {self.rank}: {event.value} is not possible while {self.phase.value}")
+        self.phase = to
+
+    def registered(self, rank: int, addresses: Sequence[str], live: Iterable[int], round: int, run_id: str) -> None:
+        """The barrier's answer to a registration: this node's rank, the members' addresses, who is live, and the
+        round it takes part from (> 0 for a node that rejoins or joins late)."""
+        if self.phase not in (P.REGISTERING, P.REJOINING):
+            raise NodeStateError(f"registered() while {self.phase.value}")
+        self.rank, self.addresses, self.round, self.run_id = rank, list(addresses), round, run_id
+        self.members = sorted(int(m) for m in live)
+        self._opened = self.clock()
+        if self.fragmentation is not None:  # a rejoin after a drop: the model is known, go on at once
+            self._fire(E.REGISTERED)
+            self._open_round(())
+
+    def start(self, fragmentation: Fragmentation, sampler: PeerSampler, vector: np.ndarray | None = None) -> None:
+        """The model's fragmentation is known (and its starting vector, where known): from now on fragments are
+        taken."""
+        if self.rank < 0:
+            raise NodeStateError("start() before registered()")
+        self._fire(E.STARTED)
+        self.fragmentation, self.sampler = fragmentation, sampler
+        self._open_round(())
+        if vector is not None:
+            self.begin(vector)
+
+    def begin(self, vector: np.ndarray) -> None:
+        """The model this node starts the run (or its rejoin) from."""
+        self.vector = vector
+
+    def rejoining(self) -> None:
+        """A dropped node registers again (--rejoin-dropped)."""
+        self._fire(E.REJOIN)
+        self.rank, self._round = -1, None
+
+    def leaving(self) -> None:
+        """This node stops (a signal): it tells the barrier, then is LEFT."""
+        if self.phase not in (P.LEAVING, P.LEFT, P.FINISHED):
+            self._fire(E.LEAVE)
+
+    def left(self) -> None:
+        self._fire(E.LEFT)
+        self._round = None
+
+    # -- one round: outgoing -> sent -> released ---------------------------------------------------------
+    def outgoing(self, local: np.ndarray) -> list[OutgoingMessage]:
+        """Record the locally trained vector; this round's messages, one per receiving peer."""
+        self._fire(E.OUTGOING)
+        self._sending = self.clock()
+        return self._round.outgoing(np.asarray(local, dtype=np.float32))
+
+    def send_budget(self, round_deadline: float) -> float:
+        """Seconds the sends may take now: what is left of the round's deadline (counted from its release) less
+        a margin for the arrival (a tenth of it, 1 s to half of it), at least 0.5 s."""
+        margin = min(max(0.1 * round_deadline, 1.0), 0.5 * round_deadline)
+        return max(round_deadline - margin - (self.clock() - self._opened), 0.5)
+
+    def sent(self, delivered: Mapping[int, tuple[int, int]], unsent: Iterable[OutgoingMessage], loss: float = math.nan,
+             train_s: float = 0.0) -> NodeReport:
+        """The sends are over: `delivered` peer -> (fragments, bytes) it took; the report the arrival carries."""
+        self._fire(E.SENT)
+        assert self._round is not None
+        for message in unsent:
+            self._round.mark_unsent(message)
+        self.loss = loss
+        self._report = NodeReport.of_traffic(
+            self._round.report, loss=loss, refused=dict(self._refused), train_s=round(train_s, 6),
+            send_s=round(self.clock() - self._sending, 6), aggregate_s=round(self._aggregate_s, 6),
+            delivered=dict(delivered))
+        self._refused.clear()
+        self._waiting = self.clock()
+        return self._report
+
+    def released(self, members: Iterable[int], joined: Mapping[int, str], stragglers: Iterable[int]) -> Advance:
+        """The barrier released the round: aggregate, keep the snapshot, open the next round (DROPPED if this
+        node is not among the next round's `members`; `joined`: rank -> address of members new to it)."""
+        self._fire(E.RELEASED)
+        assert self._round is not None and self._report is not None
+        waited = self.clock() - self._waiting
+        aggregating = self.clock()
+        outcome = self._round.finish()
+        t = self.round
+        self.vector = self.snapshots[t] = outcome.vector
+        self.snapshots.pop(t - SNAPSHOTS_KEPT, None)
+        self._opened = self.clock()
+        for rank, address in sorted(joined.items()):
+            if rank == len(self.addresses):  # a node that joined: the next free rank
+                self.addresses.append(address)
+        self.members = sorted(int(m) for m in members)
+        report = self._report.with_release(round(waited, 6), tuple(stragglers), messages_in=outcome.report.messages_in,
+                                           fragments_in=outcome.report.fragments_in,
+                                           bytes_in=outcome.report.bytes_in)
+        self.last_report, self.round = report, t + 1
+        if self.rank not in self.members:
+            self._fire(E.LEFT_OUT)
+            self._round = None
+            return Advance(outcome.vector, report, RoundReport(t + 1), outcome.report)
+        taken = self._open_round(outcome.early)
+        self._aggregate_s = self.clock() - aggregating
+        self._fire(E.AGGREGATED)
+        return Advance(outcome.vector, report, taken, outcome.report)
+
+    def dropped(self) -> None:
+        """The barrier said this node was dropped (or fell further behind than it keeps)."""
+        self._fire(E.DROPPED)
+        self._round = None
+
+    def finishing(self) -> None:
+        """The final arrival (round == rounds): no more fragments are taken."""
+        self._fire(E.FINISHING)
+        self._round = None
+
+    def finished(self) -> None:
+        self._fire(E.FINISHED)
+
+    def _open_round(self, early: tuple) -> RoundReport:
+        assert self.fragmentation is not None and self.sampler is not None
+        self._round = RoundState(node=self.rank, round=self.round, members=self.members,
+                                 fragmentation=self.fragmentation, sampler=self.sampler, run_id=self.run_id,
+                                 max_bytes=self.max_bytes, early=early, planned_only=True, max_norm=self.max_norm)
+        self._refused.update(self._round.report.refused)
+        return self._round.report
+
+    # -- incoming ------------------------------------------------------------------------------------------
+    @property
+    def takes_fragments(self) -> bool:
+        return self._round is not None and self.phase in TAKES_FRAGMENTS
+
+    def receive(self, data: bytes | bytearray | memoryview, sender: int | None = None) -> tuple[Receipt, int]:
+        """Take one message: (accepted or buffered, fragments accepted now). WireError if the message is refused,
+        NodeRefused if this node cannot take messages in its phase; the state is unchanged then."""
+        if not self.takes_fragments:
+            raise self._not_taking()
+        assert self._round is not None
+        before = self._round.report.fragments_in
+        try:
+            receipt = self._round.receive(data, sender=sender)
+        except WireError as exc:
+            self._refused[exc.reason.value] += 1
+            raise
+        return receipt, self._round.report.fragments_in - before
+
+    def _not_taking(self) -> NodeRefused:
+        if self.phase in (P.FINISHED, P.LEFT, P.LEAVING) or (self.phase is P.WAITING and self._round is None):
+            return NodeRefused("finished", f"node is {self.phase.value}: it takes no more fragments", retry=False)
+        if self.phase is P.REJOINING:
+            return NodeRefused("not_ready", "node is rejoining the run", retry=True)
+        return NodeRefused("not_ready", f"node is {self.phase.value}", retry=True)
+
+    def model(self, round: int | None = None) -> tuple[int, np.ndarray] | None:
+        """(round, model) kept for `round` (None: the newest model), or None."""
+        if round is not None:
+            vector = self.snapshots.get(round)
+            return None if vector is None else (round, vector)
+        newest = max(self.snapshots) if self.snapshots else -1
+        vector = self.snapshots.get(newest, self.vector)
+        return None if vector is None else (newest, vector)

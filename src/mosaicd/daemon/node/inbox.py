@@ -1,0 +1,75 @@
+"""`Inbox`: what a node's HTTP API is served from. It feeds incoming fragment messages to the node's `NodeState`
+(a message that comes before the node can take it waits up to a request timeout) and reads its models and
+status; `Peer` drives the same state from the other side (registration, rounds, leaving)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from mosaic_proto import Layout, NodeRefused, NodeState, Reason, WireError
+from mosaicd.daemon.http.auth import Keyring
+from mosaicd.daemon.node.metrics import NodeMetrics
+from mosaicd.outputs import clean_json
+from mosaicd.settings import DaemonOptions, RunConfig
+
+STATUS_OF_REASON = {Reason.TOO_LARGE: 413, Reason.STALE_ROUND: 409, Reason.FUTURE_ROUND: 409,
+                    Reason.DUPLICATE_FRAGMENT: 409, Reason.UNKNOWN_SENDER: 403, Reason.WRONG_RUN: 409,
+                    Reason.ROUND_CLOSED: 409, Reason.SENDER_MISMATCH: 403, Reason.UNPLANNED_FRAGMENT: 403}
+
+
+class Inbox:
+    def __init__(self, state: NodeState, options: DaemonOptions, keyring: Keyring | None) -> None:
+        self.state, self.options, self.keyring = state, options, keyring
+        self.metrics = NodeMetrics()
+        self.run: RunConfig | None = None  # the barrier's, once registered
+        self.layout: Layout | None = None
+        self.address = ""
+        self.barrier_url = options.barrier_url
+        self.registered = asyncio.Event()  # the run (and its key) is known
+        self.ready = asyncio.Event()  # the model is known: fragments are taken
+
+    async def run_of(self) -> str | None:
+        """The run whose key signs requests to this node, once it knows it (waits up to a request timeout)."""
+        if not self.registered.is_set():
+            try:
+                await asyncio.wait_for(self.registered.wait(), self.options.request_timeout)
+            except TimeoutError:
+                return None
+        return self.run.run_id if self.run else None
+
+    async def receive(self, body: bytes, sender: str | None = None) -> tuple[int, dict[str, Any]]:
+        """One fragment message: (HTTP status, JSON answer). `sender`: the member the request's signature proved
+        (None without a cluster secret)."""
+        state = self.state
+        if not state.takes_fragments and not self.ready.is_set() and state.phase.value == "registering":
+            try:  # it registers: the model comes soon
+                await asyncio.wait_for(self.ready.wait(), self.options.request_timeout)
+            except TimeoutError:
+                pass
+        try:
+            receipt, fragments = state.receive(body, sender=None if sender is None else int(sender)
+                                               if sender.isdigit() else -1)
+        except WireError as exc:
+            self.metrics.refused(exc.reason)
+            return STATUS_OF_REASON.get(exc.reason, 400), exc.to_json()
+        except NodeRefused as exc:
+            return (503 if exc.retry else 409), {"reason": exc.reason, "detail": exc.detail}
+        if receipt.value == "accepted":  # buffered ones are counted when their round's state takes them
+            self.metrics.accepted(len(body), fragments)
+        return 200, {"status": receipt.value, "round": state.round}
+
+    def status(self) -> dict[str, Any]:
+        """GET /v1/status: this node's phase, round and last round's report."""
+        run, state = self.run, self.state
+        last = state.last_report
+        return {
+            "node": state.rank, "rank": state.rank, "address": self.address, "run_id": run.run_id if run else None,
+            "round": state.round, "rounds": run.rounds if run else None, "phase": state.phase.value,
+            "members": state.members, "fragments": run.fragments if run else None,
+            "fanout": run.fanout if run else None, "sampler": run.sampler.value if run else None,
+            "dim": self.layout.dim if self.layout else None,
+            "loss": state.loss if math.isfinite(state.loss) else None,
+            "last_round": clean_json(last.to_json()) if last else None, "barrier_url": self.barrier_url,
+        }

@@ -1,0 +1,106 @@
+"""What a node asks of the others: its fragments to the sampled peers (within the round's budget), its arrival to
+the barrier (a long poll), a live peer's newest model (a node that rejoins)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import numpy as np
+
+from mosaic_proto import CONTENT_TYPE, BarrierReason, Layout, OutgoingMessage, Reason
+from mosaicd.daemon.deadlines import arrival_timeout
+from mosaicd.daemon.http.client import Client, HttpError, Refused
+from mosaicd.daemon.http.model_codec import decode_model
+from mosaicd.daemon.http.tls import scheme
+from mosaicd.settings import DaemonOptions
+
+
+class PeerDropped(RuntimeError):
+    """The barrier dropped this node from the run (it missed too many rounds, or fell too far behind)."""
+
+
+async def send_all(client: Client, round: int, messages: list[OutgoingMessage], urls: list[str], log: Any,
+                   budget: float = math.inf) -> tuple[dict[int, tuple[int, int]], list[OutgoingMessage]]:
+    """POST every message concurrently, for at most `budget` seconds: (peer -> (fragments, bytes) of those taken,
+    the messages not taken). A peer that does not take its fragments is not fatal. A send that takes over a
+    quarter of the budget (and a second) is logged with its peer and time."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def send(message: OutgoingMessage, url: str) -> bool:
+        try:
+            await client.request("POST", url, data=message.payload, round=round,
+                                 headers={"Content-Type": CONTENT_TYPE})
+            ok = True
+        except Refused as exc:
+            ok = exc.reason == Reason.DUPLICATE_FRAGMENT  # an earlier attempt got there
+            if not ok:
+                log.warning("send_failed", round=round, peer=message.peer, status=exc.status, error=exc.detail)
+        except HttpError as exc:
+            ok = False
+            log.warning("send_failed", round=round, peer=message.peer, status=exc.status, error=exc.detail)
+        took = loop.time() - started
+        if took > max(budget / 4, 1.0):
+            log.warning("slow_send", round=round, peer=message.peer, url=url, seconds=round_(took),
+                        bytes=len(message.payload), budget_s=round_(budget), taken=ok)
+        return ok
+
+    tasks = [asyncio.ensure_future(send(m, u)) for m, u in zip(messages, urls, strict=True)]
+    if tasks:
+        _, late = await asyncio.wait(tasks, timeout=budget)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+    delivered: dict[int, tuple[int, int]] = {}
+    unsent = []
+    for message, url, task in zip(messages, urls, tasks, strict=True):
+        if not task.cancelled() and task.result():
+            delivered[message.peer] = (len(message.fragments), len(message.payload))
+            continue
+        if task.cancelled():
+            log.warning("send_abandoned", round=round, peer=message.peer, url=url, budget_s=round_(budget),
+                        detail="the peer did not take its fragments within the round's budget (round_deadline)")
+        unsent.append(message)
+    return delivered, unsent
+
+
+async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: bool, round_deadline: float,
+                 options: DaemonOptions, log: Any) -> dict[str, Any]:
+    """Long poll at the barrier until the round is released; while the barrier is unreachable (restarting), retry
+    for --barrier-grace seconds. PeerDropped if the barrier dropped this node or it fell too far behind."""
+    rank, t = body["rank"], body["round"]
+    try:
+        return await client.post_json_within(f"{barrier_url}/v1/arrive", body,
+                                              timeout=arrival_timeout(round_deadline, options.request_timeout, final),
+                                              grace=options.barrier_grace, flag="--barrier-grace", log=log, round=t)
+    except Refused as exc:
+        if exc.reason == BarrierReason.DROPPED:
+            raise PeerDropped(f"node {rank} was dropped from the run: {exc.detail}") from None
+        if exc.reason == BarrierReason.STALE_ROUND:  # it fell behind further than the barrier keeps
+            raise PeerDropped(f"node {rank} fell behind the run: {exc.detail}") from None
+        raise
+
+
+async def live_model(client: Client, options: DaemonOptions, addresses: list[str], peers: list[int],
+                     layout: Layout | None, log: Any) -> np.ndarray:
+    """The newest model (GET /v1/model) of the first of `peers` that gives one of this `layout`."""
+    for rank in peers:
+        url = f"{scheme(options)}://{addresses[rank]}/v1/model"
+        try:
+            _, body, _ = await client.request("GET", url)
+            model = decode_model(body)
+        except (HttpError, ValueError) as exc:
+            log.warning("model_download_failed", peer=rank, error=str(exc))
+            continue
+        if layout is not None and model["layout"] != layout:
+            log.warning("model_download_failed", peer=rank, error="another model layout")
+            continue
+        log.info("model_downloaded", peer=rank, round=model["round"])
+        return model["vector"]
+    raise RuntimeError(f"no live peer of {peers} gave its model")
+
+
+def round_(seconds: float) -> float:
+    return round(seconds, 3)

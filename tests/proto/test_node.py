@@ -1,0 +1,208 @@
+"""NodeState (one node's side of the protocol over a run, no I/O): the phase table, refusals, and n NodeStates with
+one BarrierState exchanging bytes in memory, which must give InMemoryNetwork's models bit for bit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mosaic_proto import (
+    SNAPSHOTS_KEPT,
+    TRANSITIONS,
+    BarrierState,
+    Fragmentation,
+    InMemoryNetwork,
+    Layout,
+    NodeEvent,
+    NodePhase,
+    NodeRefused,
+    NodeReport,
+    NodeState,
+    NodeStateError,
+    PeerSampler,
+    Quadratic,
+    Reason,
+    ReportError,
+    WireError,
+)
+
+N, D, K, S, ROUNDS = 6, 12, 3, 2, 8
+FR = Fragmentation.build(Layout.flat(D), K, 4, "random")
+SAMPLER = PeerSampler("local", S, 4)
+Q = Quadratic.build(N, D, "correlated", seed=4, lr=0.05, local_steps=1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def started(rank: int = 0, clock: Clock | None = None, **kwargs: object) -> NodeState:
+    state = NodeState(clock=clock or Clock(), **kwargs)  # type: ignore[arg-type]
+    state.registered(rank, [f"h:{i + 1}" for i in range(N)], range(N), 0, "node-test")
+    state.start(FR, SAMPLER, Q.initial(rank))
+    return state
+
+
+def test_every_phase_has_a_row_every_event_is_used_and_the_end_phases_lead_nowhere() -> None:
+    assert set(TRANSITIONS) == set(NodePhase)
+    assert TRANSITIONS[NodePhase.FINISHED] == TRANSITIONS[NodePhase.LEFT] == {}
+    assert {e for row in TRANSITIONS.values() for e in row} == set(NodeEvent)
+    reachable, frontier = {NodePhase.REGISTERING, NodePhase.REJOINING}, [NodePhase.REGISTERING, NodePhase.REJOINING]
+    while frontier:
+        for to in TRANSITIONS[frontier.pop()].values():
+            if to not in reachable:
+                reachable.add(to)
+                frontier.append(to)
+    assert reachable == set(NodePhase)
+
+
+def test_a_round_moves_through_its_phases_in_order() -> None:
+    clock = Clock()
+    state = started(0, clock)
+    assert state.phase is NodePhase.TRAINING and state.round == 0
+    messages = state.outgoing(Q.initial(0))
+    assert state.phase is NodePhase.SENDING and messages
+    clock.now = 1.5
+    report = state.sent({m.peer: (len(m.fragments), len(m.payload)) for m in messages}, [], loss=0.25, train_s=0.1)
+    assert state.phase is NodePhase.WAITING
+    assert (report.round, report.loss, report.send_s, report.train_s) == (0, 0.25, 1.5, 0.1)
+    assert report.messages_out == len(messages) and set(report.delivered) == {m.peer for m in messages}
+    clock.now = 4.0
+    advance = state.released(range(N), {}, [5])
+    assert state.phase is NodePhase.TRAINING and state.round == 1
+    assert advance.report.wait_s == 2.5 and advance.report.stragglers == (5,)
+    assert state.last_report == advance.report and state.model() == (0, advance.vector)
+
+
+@pytest.mark.parametrize("call", ["released", "sent", "finished", "left"])
+def test_calls_out_of_order_are_refused_and_change_nothing(call: str) -> None:
+    state = started()
+    args = {"released": (range(N), {}, []), "sent": ({}, [])}.get(call, ())
+    with pytest.raises((NodeStateError, AssertionError)):
+        getattr(state, call)(*args)
+    assert state.phase is NodePhase.TRAINING and state.round == 0
+
+
+def test_outgoing_before_the_model_is_known_is_refused() -> None:
+    state = NodeState()
+    with pytest.raises(NodeStateError):
+        state.outgoing(np.zeros(D, np.float32))
+    with pytest.raises(NodeStateError):
+        state.start(FR, SAMPLER)  # before registered()
+
+
+def test_a_node_not_yet_taking_fragments_refuses_with_a_retry_reason() -> None:
+    registering, rejoining = NodeState(), NodeState(rejoining=True)
+    for state, phase in ((registering, NodePhase.REGISTERING), (rejoining, NodePhase.REJOINING)):
+        assert state.phase is phase
+        with pytest.raises(NodeRefused) as refused:
+            state.receive(b"\xa0")
+        assert refused.value.reason == "not_ready" and refused.value.retry
+
+
+def test_a_finished_node_refuses_for_good() -> None:
+    state = started()
+    state.finishing()
+    with pytest.raises(NodeRefused) as refused:
+        state.receive(b"\xa0")
+    assert refused.value.reason == "finished" and not refused.value.retry
+    state.finished()
+    assert state.phase is NodePhase.FINISHED
+
+
+def test_a_refused_message_is_counted_in_the_next_report() -> None:
+    state, sender = started(0), started(1)
+    message = next(m for m in sender.outgoing(Q.initial(1)) if m.peer == 0)
+    state.receive(message.payload)
+    with pytest.raises(WireError) as refused:
+        state.receive(message.payload)
+    assert refused.value.reason is Reason.DUPLICATE_FRAGMENT
+    state.outgoing(Q.initial(0))
+    report = state.sent({}, [])
+    assert report.refused == {"duplicate_fragment": 1} and report.messages_in == 1
+
+
+def test_a_node_left_out_of_the_next_round_is_dropped_and_can_rejoin() -> None:
+    state = started(2)
+    state.outgoing(Q.initial(2))
+    state.sent({}, [])
+    state.released([0, 1, 3, 4, 5], {}, [2])
+    assert state.phase is NodePhase.DROPPED
+    with pytest.raises(NodeRefused):
+        state.receive(b"\xa0")
+    state.rejoining()
+    assert state.phase is NodePhase.REJOINING and state.rank == -1
+    state.registered(2, [f"h:{i + 1}" for i in range(N)], range(N), 3, "node-test")
+    assert state.phase is NodePhase.TRAINING and state.round == 3
+
+
+def test_leaving_is_possible_from_any_live_phase_and_final() -> None:
+    for prepare in (lambda s: None, lambda s: s.outgoing(Q.initial(0))):
+        state = started()
+        prepare(state)
+        state.leaving()
+        state.left()
+        assert state.phase is NodePhase.LEFT
+        state.leaving()  # a second signal changes nothing
+        assert state.phase is NodePhase.LEFT
+        with pytest.raises(NodeStateError):
+            state.outgoing(Q.initial(0))
+
+
+def test_only_the_last_snapshots_are_kept() -> None:
+    state = started()
+    for _ in range(SNAPSHOTS_KEPT + 2):
+        state.outgoing(state.vector if state.vector is not None else Q.initial(0))
+        state.sent({}, [])
+        state.released(range(N), {}, [])
+    assert sorted(state.snapshots) == list(range(2, SNAPSHOTS_KEPT + 2))
+    assert state.model(0) is None and state.model(4) is not None
+
+
+def test_reports_round_trip_through_json_and_malformed_ones_are_refused() -> None:
+    report = NodeReport(3, loss=0.5, messages_out=2, refused={"stale_round": 1}, delivered={4: (2, 100)},
+                        wait_s=0.25, stragglers=(1,))
+    again = NodeReport.from_json(report.to_json(), 3)
+    assert again == report
+    assert math.isnan(NodeReport.from_json(NodeReport(3).to_json(), 3).loss)
+    for bad in ({"round": 2}, {"round": 3, "loss": "x"}, {"round": 3, "delivered": {"x": [1, 2]}},
+                {"round": 3, "refused": {"a": -1}}, {"round": 3, "bytes_out": 2**70}, [3]):
+        with pytest.raises(ReportError):
+            NodeReport.from_json(bad, 3)
+
+
+def test_node_states_and_a_barrier_in_memory_give_the_reference_models() -> None:
+    """The daemon's path (NodeState per node, reports to a BarrierState, its releases back) is the reference's."""
+    reference = InMemoryNetwork([Q.initial(i) for i in range(N)], FR, SAMPLER, Q.train, run_id="node-test")
+    reference.run(ROUNDS)
+    barrier = BarrierState(rounds=ROUNDS, round_deadline=10, drop_after=2, expected=N)
+    for i in range(N):
+        barrier.register(f"h:{i + 1}", 0.0)
+    barrier.close(0.0)
+    nodes = [started(i) for i in range(N)]
+    vectors = [Q.initial(i) for i in range(N)]
+    for t in range(ROUNDS):
+        outgoing = {}
+        for i, node in enumerate(nodes):
+            local, loss = Q.train(i, t, vectors[i])
+            outgoing[i] = (node.outgoing(local), loss)
+        release = None
+        for i, (messages, loss) in outgoing.items():
+            for message in messages:
+                nodes[message.peer].receive(message.payload, sender=i)
+            report = nodes[i].sent({m.peer: (len(m.fragments), len(m.payload)) for m in messages}, [], loss)
+            release = barrier.arrive(i, t, 0.0, NodeReport.from_json(report.to_json(), t)) or release
+        assert release is not None and release.round == t
+        for i, node in enumerate(nodes):
+            vectors[i] = node.released(release.members, {}, release.stragglers).vector
+    for i, node in enumerate(nodes):
+        node.finishing()
+        assert np.array_equal(vectors[i], reference.vectors[i]), i
+    assert all(barrier.arrive(i, ROUNDS, 0.0) is None for i in range(N - 1))
+    assert barrier.arrive(N - 1, ROUNDS, 0.0).finished
