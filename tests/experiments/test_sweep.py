@@ -12,6 +12,7 @@ from mosaicd.cli import main
 from mosaicd.experiments import sweep
 from mosaicd.experiments.progress import RoundProgress
 from mosaicd.experiments.sweep import SpecError, load_spec, run_sweep
+from mosaicd.outputs import read_rounds
 
 TINY = """
 mode = "simulate"
@@ -141,7 +142,7 @@ def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
     assert broken.is_dir()
     left = json.loads((broken / "summary.json").read_text())  # it says why, and the next sweep redoes it
     assert left["status"] == "failed" and "interrupted" in left["error"]
-    assert [r["round"] for r in left["rounds"]] == [0, 1]  # the rounds evaluated before Ctrl-C
+    assert [r["round"] for r in read_rounds(broken)] == [0, 1]  # the rounds evaluated before Ctrl-C
     assert sweep.run_state(spec.runs[2], out)[0] == "failed"
     log = (broken / "run.log").read_text()
     assert "interrupted" in log and "round 2/3" in log and "round 3/3" not in log

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from mosaicd.experiments.progress import ProgressPrinter, RoundProgress, clock, metrics_text
-from mosaicd.outputs import NETWORK_METRICS, SUMMARY_KEYS, higher_is_better
+from mosaicd.outputs import NETWORK_METRICS, SUMMARY_KEYS, higher_is_better, read_rounds
 from mosaicd.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -212,10 +212,9 @@ def _best(rounds: list[dict[str, Any]]) -> tuple[float | None, int | None]:
     return value, round_
 
 
-def grid_row(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
-    """The run's grid values and final figures (one grid.csv row)."""
+def grid_row(run: Run, summary: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's grid values and final figures (one grid.csv row); `rounds`: its rows (`read_rounds`)."""
     final = summary.get("final") or {}
-    rounds = summary.get("rounds") or []
     best, best_round = _best(rounds)
     return {"run": run.name, **run.point, "metric": final.get("metric"),
             "higher_is_better": higher_is_better(rounds),
@@ -349,7 +348,7 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
         for run in spec.runs:
             state, summary = states[run.name]
             if state == "done" and summary is not None:
-                rows[run.name] = grid_row(run, summary)
+                rows[run.name] = grid_row(run, summary, read_rounds(run.folder(spec.out)))
                 counts["skipped"] += 1
                 printer.skip_run()
                 printer.message(f"sweep: skip {run.name} (summary.json matches its settings)")
@@ -376,7 +375,7 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
                     break
                 continue
             counts["ran"] += 1
-            rows[run.name] = grid_row(run, summary)
+            rows[run.name] = grid_row(run, summary, read_rounds(run.folder(spec.out)))
             write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
             end_run(f"{run.name} done in {summary.get('wall_s')}s")
     return {**counts, "done": len(rows), "failed_runs": failed, "grid_csv": str(spec.out / "grid.csv"),
