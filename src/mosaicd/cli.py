@@ -1,22 +1,21 @@
-"""`mosaicd`: one command, subcommands for each role. Flags come from the one `Settings` model."""
+"""`mosaicd`: one command, subcommands for each role. Flags come from the one `Settings` model.
+
+Only what the command line names is imported: `mosaicd --help` and the tools' parsers need no pydantic, numpy or
+aiohttp, so that `mosaicd status` starts in a fraction of a second (`bench/startup_tools.py`).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import difflib
 import json
 import sys
-from enum import StrEnum
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mosaicd.daemon.http.client import HttpError
-from mosaicd.daemon.node.peer import PeerDropped
-from mosaicd.logs import configure_logging
-from mosaicd.outputs import SUMMARY_KEYS
-from mosaicd.settings import Settings, SettingsError, TaskName
+if TYPE_CHECKING:
+    from mosaicd.settings import Settings
 
 COMMANDS = {
     "node": "run one node daemon (also: mosaicd --peer-list peers.txt ...)",
@@ -24,9 +23,21 @@ COMMANDS = {
     "cluster": "run a barrier and --nodes node processes on 127.0.0.1",
     "simulate": "run all --nodes nodes in this process (same outputs and models as cluster)",
 }
-# tooling: subcommands with their own flags, no run settings (module: HELP, add_arguments, main)
-TOOLS = {"status": "mosaicd.status", "sweep": "mosaicd.experiments.sweep", "report": "mosaicd.experiments.report",
-         "analyze": "mosaicd.experiments.analysis"}
+DATA_HELP = "download a data set (for users who are online)"
+# tooling: subcommands with their own flags, no run settings (module: add_arguments, main; the module's docstring
+# describes it); the help line is here, so that `mosaicd --help` imports none of them
+TOOLS = {
+    "status": ("mosaicd.status", "show a cluster (URL: its barrier or any node) or a run's folder: one row per node, "
+               "and the run's metrics"),
+    "runs": ("mosaicd.runs", "list the runs under a folder (default runs/): id, status, task, K, rounds, metric"),
+    "log": ("mosaicd.runlog", "show a run's logs (its barrier's, or a node's with --node), --follow as it goes"),
+    "sweep": ("mosaicd.experiments.sweep", "run a grid of experiments from a TOML spec (resumable; see examples/)"),
+    "report": ("mosaicd.experiments.report", "figures (PNG) and a results table (report.md) from a sweep's folder or "
+               "one run's"),
+    "analyze": ("mosaicd.experiments.analysis", "spectral consensus rate of Mosaic gossip on identical quadratics, "
+                "and the simulated consensus error"),
+}
+QUIET_TOOLS = {"status", "runs", "log"}  # they log nothing: no logging set up (structlog is not imported)
 
 RUN = ["run_id", "task", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "seed"]
 LEARNING = ["train", "local_steps", "lr", "batch_size", "momentum", "weight_decay", "eval_every", "threads",
@@ -65,6 +76,10 @@ def flag(name: str) -> str:
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    from enum import StrEnum
+
+    from mosaicd.settings import Settings
+
     for group, names in GROUPS.items():
         section = parser.add_argument_group(f"{group}: {GROUP_HELP[group]}")
         for name in names:
@@ -92,7 +107,7 @@ def refuse_unknown(parser: argparse.ArgumentParser, command: str | None, extra: 
     target = sub or parser
     word = extra[0]
     name = word.split("=", 1)[0].removeprefix("--").removeprefix("no-").replace("-", "_")
-    if command in APPLIES and name in Settings.model_fields and name not in APPLIES[command]:
+    if command in APPLIES and name in _setting_names() and name not in APPLIES[command]:
         where = [c for c, names in APPLIES.items() if name in names]
         target.error(f"{flag(name)} does not apply to `mosaicd {command}` (it is a setting of: {', '.join(where)})")
     known = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
@@ -116,49 +131,77 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _setting_names() -> set[str]:
+    from mosaicd.settings import Settings
+
+    return set(Settings.model_fields)
+
+
+ALL = "*"
+
+
+def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
+    """The `mosaicd` parser. `command`: the subcommand to give its flags (the others are only listed, so that
+    nothing they need is imported); ALL: every one; None: none (`mosaicd --help`, `--version`)."""
     parser = argparse.ArgumentParser(prog="mosaicd", description="Mosaic Learning: decentralized learning with "
                                      "model fragmentation.")
     parser.add_argument("--version", action="version", version=f"mosaicd {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = (lambda name: True) if command == ALL else (lambda name: name == command)  # noqa: E731
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text + (". " + NODE_NOTE if name == "node" else ""))
+        if not wanted(name):
+            continue
         _add_settings_flags(p, name)
         if name in ("cluster", "simulate"):
             p.add_argument("--quiet", action="store_true", help="no progress line")
         if name == "cluster":
             p.add_argument("--fail-fast", action="store_true", help="end the run when a node process dies (by "
                            "default it is reported, and the others go on without it)")
-    data = sub.add_parser("data", help="download a data set (for users who are online)")
-    data.add_argument("action", choices=["fetch"])
-    data.add_argument("dataset", metavar="TASK", choices=[t.value for t in TaskName])
-    data.add_argument("--data-dir", type=Path, default=None, help="where data sets live [default: data]")
-    data.add_argument("--url", default=None, help="a mirror: the folder URL holding the official archives "
-                      "[default: env MOSAIC_DATA_URL, else the official sites]")
-    for name, module_name in TOOLS.items():
+    data = sub.add_parser("data", help=DATA_HELP, description=DATA_HELP)
+    if wanted("data"):
+        from mosaicd.settings import TaskName
+
+        data.add_argument("action", choices=["fetch"])
+        data.add_argument("dataset", metavar="TASK", choices=[t.value for t in TaskName])
+        data.add_argument("--data-dir", type=Path, default=None, help="where data sets live [default: data]")
+        data.add_argument("--url", default=None, help="a mirror: the folder URL holding the official archives "
+                          "[default: env MOSAIC_DATA_URL, else the official sites]")
+    for name, (module_name, help_text) in TOOLS.items():
+        if not wanted(name):
+            sub.add_parser(name, help=help_text)
+            continue
         module = import_module(module_name)
-        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.__doc__.split("\n\n")[0]))
+        module.add_arguments(sub.add_parser(name, help=help_text, description=module.__doc__.split("\n\n")[0]))
     return parser
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
+    from mosaicd.settings import Settings
+
     flags: dict[str, Any] = {name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None)
                              is not None}
     return Settings.load(config=args.config, **flags)
 
 
 def _print_final(summary: dict) -> None:
+    from mosaicd.outputs import SUMMARY_KEYS
+
     final = summary.get("final") or {}
     out = summary["settings"]["out"]
-    keys = SUMMARY_KEYS
-    print(json.dumps({"out": out, **{k: final.get(k) for k in keys}, "wall_s": summary.get("wall_s")}))
+    print(json.dumps({"out": out, **{k: final.get(k) for k in SUMMARY_KEYS}, "wall_s": summary.get("wall_s")}))
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand argv names (its first word), if any; None for `mosaicd`, `--help`, `--version`."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "node")
-    parser = build_parser()
+    parser = build_parser(_command_of(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
         refuse_unknown(parser, args.command, extra)
@@ -166,15 +209,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help()
         raise SystemExit(2)
     if args.command in TOOLS:
-        configure_logging()
-        try:
-            raise SystemExit(import_module(TOOLS[args.command]).main(args))
-        except KeyboardInterrupt:
-            raise SystemExit(130) from None
-        except SettingsError as exc:  # a spec or flag the user wrote: a usage error
-            parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
-        except (ValueError, FileNotFoundError) as exc:
-            parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
+        run_tool(parser, args)
+    from mosaicd.settings import Settings, SettingsError
+
     if args.command == "data":
         from mosaicd.learning.data import fetch
 
@@ -192,6 +229,10 @@ def main(argv: list[str] | None = None) -> None:
         settings = load_settings(args)
     except SettingsError as exc:
         parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
+    from mosaicd.daemon.http.client import HttpError
+    from mosaicd.daemon.node.peer import PeerDropped
+    from mosaicd.logs import configure_logging
+
     configure_logging(settings.log_level, settings.log_json)
     try:
         raise SystemExit(run_command(args, settings))
@@ -201,7 +242,25 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
 
 
+def run_tool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A tool's `main(args)`; its errors end in one line (exit 2: a usage error, 1: anything else)."""
+    if args.command not in QUIET_TOOLS:
+        from mosaicd.logs import configure_logging
+
+        configure_logging()
+    try:
+        raise SystemExit(import_module(TOOLS[args.command][0]).main(args))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (ValueError, OSError) as exc:
+        settings = sys.modules.get("mosaicd.settings")  # a SettingsError only where settings were imported
+        usage = settings is not None and isinstance(exc, settings.SettingsError)  # a spec or flag the user wrote
+        parser.exit(2 if usage else 1, f"mosaicd {args.command}: error: {exc}\n")
+
+
 def run_command(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
     if args.command == "node":
         from mosaicd.daemon.node.run import run_node
         return asyncio.run(run_node(settings))

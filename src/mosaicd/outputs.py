@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from mosaicd.rundir import read_rounds  # read_rounds: the rows, for everyone who reads them
 from mosaicd.settings import RunConfig
 
 NODE_COLUMNS = ["round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
@@ -39,7 +40,6 @@ SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads
 ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s",  # the first eight: as before
                  "higher_is_better", "node_average_test_loss", "average_model_test_loss", "eval_samples",
                  "test_size", "nodes", "per_node"]
-LIST_COLUMNS = ("nodes", "per_node")  # cells that hold a list: its items separated by spaces
 ROWS_KEPT = 2000          # evaluation rows a recorder keeps in memory (for /v1/history and the dashboard)
 SUMMARY_EVERY_S = 2.0     # between evaluations, summary.json's progress is refreshed at most this often
 
@@ -87,15 +87,6 @@ def _write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) -
     return summary
 
 
-def read_summary(out: Path | str) -> dict[str, Any] | None:
-    """OUT/summary.json, or None where there is none or it cannot be read."""
-    try:
-        summary = json.loads((Path(out) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
-
-
 def _started_text(started: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started))
 
@@ -116,38 +107,6 @@ def failed_summary(out: Path | str, settings: BaseModel | Mapping[str, Any], mod
         "mode": mode, "status": "failed", "error": " ".join(error.split()), "settings": settings,
         "progress": {"rounds_done": done, "rounds": settings.get("rounds")}, "final": latest,
         "model_sha256": {}, "wall_s": None if wall_s is None else round_(wall_s), **extra})
-
-
-def read_rounds(out: Path | str) -> list[dict[str, Any]]:
-    """The evaluation rows of OUT/rounds.csv, parsed back (numbers, booleans, the lists of `LIST_COLUMNS`);
-    an empty cell is None. None of them if the file is missing."""
-    rounds: list[dict[str, Any]] = []
-    try:
-        with open(Path(out) / "rounds.csv", newline="") as f:
-            for row in csv.DictReader(f):
-                rounds.append({k: _parse_list(v) if k in LIST_COLUMNS else _parse(v)
-                               for k, v in row.items() if k is not None})
-    except OSError:
-        pass
-    return rounds
-
-
-def _parse(text: str | None) -> Any:
-    """A CSV cell as it was written: int, float, bool, or the text; '' is None."""
-    if text is None or text == "":
-        return None
-    if text in ("true", "false", "True", "False"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _parse_list(text: str | None) -> list[Any] | None:
-    return None if text is None or text == "" else [_parse(item) for item in text.split()]
 
 
 def _cell(value: Any) -> Any:
@@ -175,7 +134,7 @@ class RunRecorder:
     """Appends per-round rows as the run goes and keeps summary.json small and current (`finish`, or `fail`, at
     the end). Every call costs the same whatever the round: nothing is rewritten but summary.json's few keys.
 
-    A summary.json left in `out` by an earlier run is removed at the start.
+    A summary.json left in `out` by an earlier run is replaced at the start by this run's ("status": "running").
     """
 
     def __init__(self, out: Path, settings: BaseModel | Mapping[str, Any], mode: str,
@@ -192,7 +151,6 @@ class RunRecorder:
             else 0
         self.losses: dict[int, dict[int, float]] = {}
         self._summary_at = -math.inf
-        (self.out / "summary.json").unlink(missing_ok=True)
         self.round_columns = ROUND_COLUMNS
         for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
             had = _header(self.out / name) if resume_from is not None else None
@@ -202,6 +160,7 @@ class RunRecorder:
                 continue
             with open(self.out / name, "w", newline="") as f:
                 csv.writer(f).writerow(columns)
+        self._running()  # an earlier run's summary.json is replaced: this run is listed (`mosaicd runs`) at once
 
     def clock(self) -> float:
         """The wall clock that `elapsed_s` is measured on (pass its value as network_round's `taken_at`)."""

@@ -76,8 +76,8 @@ def test_a_cluster_timeout_leaves_a_failed_summary(tmp_path: Path) -> None:
     summary = summary_of(out)
     assert summary["status"] == "failed" and summary["mode"] == "cluster"
     assert summary["error"].startswith("the run did not finish in time")
-    # wall_s: as of the barrier's last summary (its progress, refreshed every few seconds) or the launcher's
-    assert summary["final"] is None and summary["settings"]["nodes"] == 3 and summary["wall_s"] >= 1
+    # wall_s: as of the barrier's last summary (its progress, refreshed every few seconds; the launcher keeps it)
+    assert summary["final"] is None and summary["settings"]["nodes"] == 3 and summary["wall_s"] >= 0
 
 
 def test_an_interrupted_cluster_keeps_the_rounds_evaluated(tmp_path: Path) -> None:
