@@ -137,6 +137,15 @@ def _setting_names() -> set[str]:
     return set(Settings.model_fields)
 
 
+class _VersionAction(argparse.Action):
+    """--version, looked up only when asked for (importlib.metadata takes a tenth of a second to import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"mosaicd {_version()}")
+        parser.exit(0)
+
+
 ALL = "*"
 
 
@@ -145,7 +154,7 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     nothing they need is imported); ALL: every one; None: none (`mosaicd --help`, `--version`)."""
     parser = argparse.ArgumentParser(prog="mosaicd", description="Mosaic Learning: decentralized learning with "
                                      "model fragmentation.")
-    parser.add_argument("--version", action="version", version=f"mosaicd {_version()}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = (lambda name: True) if command == ALL else (lambda name: name == command)  # noqa: E731
     for name, help_text in COMMANDS.items():
