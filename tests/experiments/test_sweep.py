@@ -99,7 +99,7 @@ def test_sweep_runs_skips_and_redoes(tmp_path: Path, capsys: pytest.CaptureFixtu
         folder = out / "runs" / name
         for f in ("settings.json", "summary.json", "rounds.csv", "nodes.csv", "run.log"):
             assert (folder / f).is_file(), f
-        assert "round 3/3" in (folder / "run.log").read_text()
+        assert "round 2 (3/3 done)" in (folder / "run.log").read_text()
     with open(out / "grid.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["run"] for r in rows] == [r.name for r in load_spec(spec_path).runs]
@@ -114,7 +114,7 @@ def test_sweep_runs_skips_and_redoes(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert again["skipped"] == 3 and again["ran"] == 1 and again["redone"] == 1
     assert "skip fragments=1,seed=0" in err and "redoing fragments=4,seed=0" in err
-    assert "runs 3/4" in err and "fragments=4,seed=0: round 1/3" in err  # the sweep's status line (not a tty)
+    assert "runs 3/4" in err and "fragments=4,seed=0: round 0 (1/3 done)" in err  # the sweep's status line (not a tty)
     after = mtimes(out)
     assert set(after) == set(before)
     assert all(after[k] == before[k] for k in before if k != "fragments=4,seed=0")
@@ -145,7 +145,7 @@ def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
     assert [r["round"] for r in read_rounds(broken)] == [0, 1]  # the rounds evaluated before Ctrl-C
     assert sweep.run_state(spec.runs[2], out)[0] == "failed"
     log = (broken / "run.log").read_text()
-    assert "interrupted" in log and "round 2/3" in log and "round 3/3" not in log
+    assert "interrupted" in log and "round 1 (2/3 done)" in log and "(3/3 done)" not in log
     assert len(list(csv.DictReader(open(out / "grid.csv")))) == 2
     resumed = run_sweep(load_spec(spec.path), progress=False)
     assert resumed["skipped"] == 2 and resumed["ran"] == 2 and resumed["redone"] == 1

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from mosaicd.experiments.progress import ProgressPrinter, RoundProgress, clock, metrics_text
+from mosaicd.experiments.progress import ProgressPrinter, RoundProgress, clock, metrics_text, round_text
 from mosaicd.outputs import NETWORK_METRICS, SUMMARY_KEYS, higher_is_better, read_rounds
 from mosaicd.settings import Settings, SettingsError
 
@@ -268,7 +268,7 @@ def _log_round(log: TextIO, p: RoundProgress) -> None:
     loss = f" loss {p.loss:.4f}" if p.loss is not None and math.isfinite(p.loss) else ""
     metrics = f" | {metrics_text(p.row)}" if p.row else ""
     members = f" | members {p.live}/{p.members}" if p.members is not None else ""
-    log.write(f"{_now()} round {p.done}/{p.rounds}{loss}{metrics}{members}\n")
+    log.write(f"{_now()} {round_text(p.done, p.rounds)}{loss}{metrics}{members}\n")
     log.flush()
 
 
