@@ -83,6 +83,30 @@ def test_run_names_follow_the_grid_order(tmp_path: Path) -> None:
     assert load_spec(write(tmp_path, TINY.format(out="x")), out=tmp_path / "y").out == tmp_path / "y"
 
 
+def test_set_overrides_the_spec_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o"
+    spec_path = write(tmp_path, TINY.format(out=out))
+    with pytest.raises(SystemExit) as done:  # a [run] key, a [grid] key's list, a key that neither table has
+        main(["sweep", str(spec_path), "--quiet", "--set", "rounds=2", "--set", "fragments=[2]", "--set",
+              "sampler=oracle", "--set", "local-steps=2"])
+    assert done.value.code == 0
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["fragments=2,seed=0", "fragments=2,seed=1"]
+    summary = json.loads((out / "runs" / "fragments=2,seed=1" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["progress"] == {"rounds_done": 2, "rounds": 2}
+    assert (summary["settings"]["sampler"], summary["settings"]["local_steps"]) == ("oracle", 2)
+    assert json.loads((out / "sweep.json").read_text())["overrides"]["fragments"] == [2]
+    capsys.readouterr()
+    for item, words in (("fragmentz=2", ["--set fragmentz=2: unknown setting 'fragmentz'", "fragments"]),
+                        ("rounds", ["--set rounds: expected key=value"]),
+                        ("lr=-1", ["--set lr=-1", "greater than 0"]),
+                        ("out=x", ["--set out=x", "--out"])):
+        with pytest.raises(SystemExit) as refused:
+            main(["sweep", str(spec_path), "--dry-run", "--set", item])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and err.startswith("mosaicd sweep: error:"), err
+        assert all(w in err for w in words), err
+
+
 def mtimes(out: Path) -> dict[str, int]:
     return {p.parent.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
 
