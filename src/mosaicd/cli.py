@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as exc:
         parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
     from mosaicd.daemon.http.client import HttpError
+    from mosaicd.daemon.http.server import ListenError
     from mosaicd.daemon.node.peer import PeerDropped
     from mosaicd.logs import configure_logging
 
@@ -247,7 +248,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(run_command(args, settings))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
-    except (ValueError, FileNotFoundError, TimeoutError, HttpError, PeerDropped) as exc:  # HttpError: 4xx, unreachable
+    except SettingsError as exc:  # the settings or the peer list the user wrote: a usage error, as in load_settings
+        parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
+    except (ValueError, FileNotFoundError, TimeoutError, HttpError, PeerDropped, ListenError) as exc:  # HttpError: 4xx
         parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
 
 
@@ -267,10 +270,26 @@ def run_tool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.exit(2 if usage else 1, f"mosaicd {args.command}: error: {exc}\n")
 
 
+def check_peer_list(settings: Settings) -> None:
+    """A node of a peer list: the file (ValueError naming its line) and the run it makes with its members counted
+    (SettingsError worded as `cluster` words a bad --nodes) checked before anything starts, on every member."""
+    from mosaicd.daemon.http.membership import listed_addresses
+    from mosaicd.settings import SettingsError
+
+    assert settings.peer_list is not None
+    addresses = listed_addresses(settings.daemon_options())  # ValueError naming the file and line, or this node
+    try:
+        settings.run_config().with_nodes(len(addresses))
+    except SettingsError as exc:
+        raise SettingsError(f"--peer-list {settings.peer_list} lists {len(addresses)} nodes: {exc}") from None
+
+
 def run_command(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
     if args.command == "node":
+        if settings.peer_list is not None:
+            check_peer_list(settings)
         from mosaicd.daemon.node.run import run_node
         return asyncio.run(run_node(settings))
     if args.command == "barrier":

@@ -134,7 +134,8 @@ class RunRecorder:
     """Appends per-round rows as the run goes and keeps summary.json small and current (`finish`, or `fail`, at
     the end). Every call costs the same whatever the round: nothing is rewritten but summary.json's few keys.
 
-    A summary.json left in `out` by an earlier run is replaced at the start by this run's ("status": "running").
+    A summary.json left in `out` by an earlier run is removed at the start; this run's is written from its first
+    round on ("status": "running", then "finished" or "failed").
     """
 
     def __init__(self, out: Path, settings: BaseModel | Mapping[str, Any], mode: str,
@@ -150,7 +151,8 @@ class RunRecorder:
         self.rounds_done = self.latest["round"] + 1 if self.latest and isinstance(self.latest.get("round"), int) \
             else 0
         self.losses: dict[int, dict[int, float]] = {}
-        self._summary_at = -math.inf
+        self._summary_at = -math.inf  # the first round writes summary.json: from then on `mosaicd runs` lists it
+        (self.out / "summary.json").unlink(missing_ok=True)
         self.round_columns = ROUND_COLUMNS
         for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
             had = _header(self.out / name) if resume_from is not None else None
@@ -160,7 +162,6 @@ class RunRecorder:
                 continue
             with open(self.out / name, "w", newline="") as f:
                 csv.writer(f).writerow(columns)
-        self._running()  # an earlier run's summary.json is replaced: this run is listed (`mosaicd runs`) at once
 
     def clock(self) -> float:
         """The wall clock that `elapsed_s` is measured on (pass its value as network_round's `taken_at`)."""
