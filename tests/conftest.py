@@ -67,10 +67,10 @@ def flags(values: dict[str, Any]) -> list[str]:
 def role_flags(command: str, values: dict[str, Any]) -> list[str]:
     """`flags` of the settings that `mosaicd COMMAND` takes (the CLI refuses the others): a node given
     --barrier-url takes no run settings, a barrier no retries."""
-    from mosaicd.cli import APPLIES
+    from mosaicd.cli import applies
     from mosaicd.settings import RunConfig
 
-    taken = APPLIES[command] - (set(RunConfig.model_fields) if command == "node" else set())
+    taken = applies()[command] - (set(RunConfig.model_fields) if command == "node" else set())
     return flags({k: v for k, v in values.items() if k in taken})
 
 

@@ -197,6 +197,37 @@ def test_malformed_peer_lists_name_the_line(tmp_path: Path, kit: Any, text: str,
     assert "Traceback" not in proc.stderr
 
 
+def test_a_peer_list_too_short_for_the_fanout_is_worded_as_cluster_words_it(tmp_path: Path, kit: Any) -> None:
+    """Two lines and the default fanout 2: every member says so at once (issue #24, item 8), not pydantic."""
+    ports = free_ports(2)
+    peers = tmp_path / "peers.txt"
+    peers.write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
+    cluster = run(kit, "cluster", "--nodes", "2", "--out", str(tmp_path / "c"))
+    for port in ports:  # rank 0 (which would host the barrier) and rank 1 alike
+        proc = run(kit, "--peer-list", str(peers), "--port", str(port), "--out", str(tmp_path / str(port)), timeout=20)
+        assert proc.returncode == cluster.returncode == 2, proc.stderr
+        assert proc.stderr == (f"mosaicd node: error: --peer-list {peers} lists 2 nodes: settings: --fanout 2 needs at "
+                               "least 3 nodes, got --nodes 2\n")
+        assert cluster.stderr.endswith("settings: --fanout 2 needs at least 3 nodes, got --nodes 2\n")
+
+
+def test_a_port_in_use_is_one_line_naming_the_flag(tmp_path: Path, kit: Any) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        barrier = run(kit, "barrier", "--nodes", "3", "--port", str(port), "--out", str(tmp_path / "b"))
+        node = run(kit, "node", "--barrier-url", "http://127.0.0.1:9", "--port", str(port), "--out",
+                   str(tmp_path / "n"))
+    for role, proc in (("barrier", barrier), ("node", node)):
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr == (f"mosaicd {role}: error: --port {port}: 127.0.0.1:{port} is in use (another process "
+                               "listens there); give another --port (0: any free one)\n")
+    assert not (tmp_path / "b" / "summary.json").exists()  # no run started: none says "running"
+
+
 def test_missing_peer_list_is_named(tmp_path: Path, kit: Any) -> None:
     proc = run(kit, "node", "--peer-list", str(tmp_path / "absent.txt"), "--port", "9001", timeout=20)
     assert proc.returncode == 1 and "--peer-list" in proc.stderr and "No such file" in proc.stderr

@@ -1,20 +1,22 @@
-"""`mosaicd`: one command, subcommands for each role. Flags come from the one `Settings` model."""
+"""`mosaicd`: one command, subcommands for each role. Flags come from the one `Settings` model.
+
+Only what the command line names is imported: `mosaicd --help` and the tools' parsers need no pydantic, numpy or
+aiohttp, so that `mosaicd status` starts in a fraction of a second (`bench/startup_tools.py`).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import difflib
+import functools
 import json
 import sys
-from enum import StrEnum
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mosaicd.logs import configure_logging
-from mosaicd.outputs import SUMMARY_KEYS
-from mosaicd.settings import RunConfig, Settings, SettingsError, TaskName
+if TYPE_CHECKING:
+    from mosaicd.settings import Settings
 
 COMMANDS = {
     "node": "run one node daemon (also: mosaicd --peer-list peers.txt ...)",
@@ -22,23 +24,45 @@ COMMANDS = {
     "cluster": "run a barrier and --nodes node processes on 127.0.0.1",
     "simulate": "run all --nodes nodes in this process (same outputs and models as cluster)",
 }
-# tooling: subcommands with their own flags, no run settings (module: HELP, add_arguments, main)
-TOOLS = {"status": "mosaicd.status", "sweep": "mosaicd.experiments.sweep", "report": "mosaicd.experiments.report",
-         "analyze": "mosaicd.experiments.analysis"}
+DATA_HELP = "download a data set (for users who are online)"
+# tooling: subcommands with their own flags, no run settings (module: add_arguments, main; the module's docstring
+# describes it); the help line is here, so that `mosaicd --help` imports none of them
+TOOLS = {
+    "status": ("mosaicd.status", "show a cluster (URL: its barrier or any node) or a run's folder: one row per node, "
+               "and the run's metrics"),
+    "runs": ("mosaicd.runs", "list the runs under a folder (default runs/): id, status, task, K, rounds, metric"),
+    "log": ("mosaicd.runlog", "show a run's logs (its barrier's, or a node's with --node), --follow as it goes"),
+    "sweep": ("mosaicd.experiments.sweep", "run a grid of experiments from a TOML spec (resumable; see examples/)"),
+    "report": ("mosaicd.experiments.report", "figures (PNG) and a results table (report.md) from a sweep's folder or "
+               "one run's"),
+    "analyze": ("mosaicd.experiments.analysis", "spectral consensus rate of Mosaic gossip on identical quadratics, "
+                "and the simulated consensus error"),
+}
+QUIET_TOOLS = {"status", "runs", "log"}  # they log nothing: no logging set up (structlog is not imported)
 
 GROUP_ORDER = ("run", "learning", "network", "outputs")
 
 
-def _cli_meta(name: str) -> dict[str, Any]:
-    extra = Settings.model_fields[name].json_schema_extra
-    assert isinstance(extra, dict), f"setting {name} has no cli() metadata (settings.py)"
-    return extra
+@functools.cache
+def groups() -> dict[str, list[str]]:
+    """Each help group's settings, from the settings' own metadata (`settings.cli`)."""
+    from mosaicd.settings import Settings
+
+    meta = {n: f.json_schema_extra for n, f in Settings.model_fields.items()}
+    assert all(isinstance(m, dict) for m in meta.values()), "every setting has cli() metadata (settings.py)"
+    return {g: [n for n, m in meta.items() if m["group"] == g] for g in GROUP_ORDER}  # type: ignore[index]
 
 
-# from the settings' own metadata (settings.cli): each group's settings, and which settings each subcommand takes;
-# any other settings flag is refused, naming the subcommands it applies to
-GROUPS = {g: [n for n in Settings.model_fields if _cli_meta(n)["group"] == g] for g in GROUP_ORDER}
-APPLIES = {c: {n for n in Settings.model_fields if c in _cli_meta(n)["commands"]} for c in COMMANDS}
+@functools.cache
+def applies() -> dict[str, set[str]]:
+    """The settings each subcommand takes (its metadata again); any other settings flag is refused, naming the
+    subcommands it applies to."""
+    from mosaicd.settings import Settings
+
+    return {c: {n for n, f in Settings.model_fields.items() if c in f.json_schema_extra["commands"]}  # type: ignore
+            for c in COMMANDS}
+
+
 GROUP_HELP = {"run": "the run (identical on every node)", "learning": "local training and evaluation",
               "network": "listening, peers, deadlines", "outputs": "results and logs"}
 NODE_NOTE = ("With --barrier-url the run and learning flags are the barrier's (set them there); with --peer-list "
@@ -50,10 +74,14 @@ def flag(name: str) -> str:
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
-    for group, names in GROUPS.items():
+    from enum import StrEnum
+
+    from mosaicd.settings import Settings
+
+    for group, names in groups().items():
         section = parser.add_argument_group(f"{group}: {GROUP_HELP[group]}")
         for name in names:
-            if name not in APPLIES[command]:
+            if name not in applies()[command]:
                 continue
             field = Settings.model_fields[name]
             default = field.default.value if hasattr(field.default, "value") else field.default
@@ -77,8 +105,8 @@ def refuse_unknown(parser: argparse.ArgumentParser, command: str | None, extra: 
     target = sub or parser
     word = extra[0]
     name = word.split("=", 1)[0].removeprefix("--").removeprefix("no-").replace("-", "_")
-    if command in APPLIES and name in Settings.model_fields and name not in APPLIES[command]:
-        where = [c for c, names in APPLIES.items() if name in names]
+    if command in COMMANDS and name in _setting_names() and name not in applies()[command]:
+        where = [c for c, names in applies().items() if name in names]
         target.error(f"{flag(name)} does not apply to `mosaicd {command}` (it is a setting of: {', '.join(where)})")
     known = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
     close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1)
@@ -101,49 +129,86 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _setting_names() -> set[str]:
+    from mosaicd.settings import Settings
+
+    return set(Settings.model_fields)
+
+
+class _VersionAction(argparse.Action):
+    """--version, looked up only when asked for (importlib.metadata takes a tenth of a second to import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"mosaicd {_version()}")
+        parser.exit(0)
+
+
+ALL = "*"
+
+
+def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
+    """The `mosaicd` parser. `command`: the subcommand to give its flags (the others are only listed, so that
+    nothing they need is imported); ALL: every one; None: none (`mosaicd --help`, `--version`)."""
     parser = argparse.ArgumentParser(prog="mosaicd", description="Mosaic Learning: decentralized learning with "
                                      "model fragmentation.")
-    parser.add_argument("--version", action="version", version=f"mosaicd {_version()}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = (lambda name: True) if command == ALL else (lambda name: name == command)  # noqa: E731
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text + (". " + NODE_NOTE if name == "node" else ""))
+        if not wanted(name):
+            continue
         _add_settings_flags(p, name)
         if name in ("cluster", "simulate"):
             p.add_argument("--quiet", action="store_true", help="no progress line")
         if name == "cluster":
             p.add_argument("--fail-fast", action="store_true", help="end the run when a node process dies (by "
                            "default it is reported, and the others go on without it)")
-    data = sub.add_parser("data", help="download a data set (for users who are online)")
-    data.add_argument("action", choices=["fetch"])
-    data.add_argument("dataset", metavar="TASK", choices=[t.value for t in TaskName])
-    data.add_argument("--data-dir", type=Path, default=None, help="where data sets live [default: data]")
-    data.add_argument("--url", default=None, help="a mirror: the folder URL holding the official archives "
-                      "[default: env MOSAIC_DATA_URL, else the official sites]")
-    for name, module_name in TOOLS.items():
+    data = sub.add_parser("data", help=DATA_HELP, description=DATA_HELP)
+    if wanted("data"):
+        from mosaicd.settings import TaskName
+
+        data.add_argument("action", choices=["fetch"])
+        data.add_argument("dataset", metavar="TASK", choices=[t.value for t in TaskName])
+        data.add_argument("--data-dir", type=Path, default=None, help="where data sets live [default: data]")
+        data.add_argument("--url", default=None, help="a mirror: the folder URL holding the official archives "
+                          "[default: env MOSAIC_DATA_URL, else the official sites]")
+    for name, (module_name, help_text) in TOOLS.items():
+        if not wanted(name):
+            sub.add_parser(name, help=help_text)
+            continue
         module = import_module(module_name)
-        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.__doc__.split("\n\n")[0]))
+        module.add_arguments(sub.add_parser(name, help=help_text, description=module.__doc__.split("\n\n")[0]))
     return parser
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
+    from mosaicd.settings import Settings
+
     flags: dict[str, Any] = {name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None)
                              is not None}
     return Settings.load(config=args.config, **flags)
 
 
 def _print_final(summary: dict) -> None:
+    from mosaicd.outputs import SUMMARY_KEYS
+
     final = summary.get("final") or {}
     out = summary["settings"]["out"]
-    keys = SUMMARY_KEYS
-    print(json.dumps({"out": out, **{k: final.get(k) for k in keys}, "wall_s": summary.get("wall_s")}))
+    print(json.dumps({"out": out, **{k: final.get(k) for k in SUMMARY_KEYS}, "wall_s": summary.get("wall_s")}))
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand argv names (its first word), if any; None for `mosaicd`, `--help`, `--version`."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "node")
-    parser = build_parser()
+    parser = build_parser(_command_of(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
         refuse_unknown(parser, args.command, extra)
@@ -151,15 +216,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help()
         raise SystemExit(2)
     if args.command in TOOLS:
-        configure_logging()
-        try:
-            raise SystemExit(import_module(TOOLS[args.command]).main(args))
-        except KeyboardInterrupt:
-            raise SystemExit(130) from None
-        except SettingsError as exc:  # a spec or flag the user wrote: a usage error
-            parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
-        except (ValueError, FileNotFoundError) as exc:
-            parser.exit(1, f"mosaicd {args.command}: error: {exc}\n")
+        run_tool(parser, args)
+    from mosaicd.settings import Settings, SettingsError
+
     if args.command == "data":
         from mosaicd.learning.data import fetch
 
@@ -169,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.exit(1, f"mosaicd data: error: {exc}\n")
         return
     if args.command == "node" and args.barrier_url:
+        from mosaicd.settings import RunConfig
+
         given = [flag(n) for n in RunConfig.model_fields if getattr(args, n, None) is not None]
         if given:
             parser.exit(2, f"mosaicd node: error: {', '.join(given)}: with --barrier-url the run's settings are the "
@@ -177,14 +238,49 @@ def main(argv: list[str] | None = None) -> None:
         settings = load_settings(args)
     except SettingsError as exc:
         parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
-    configure_logging(settings.log_level, settings.log_json)
     from mosaicd.daemon.entry import run_entry
+    from mosaicd.logs import configure_logging
 
+    configure_logging(settings.log_level, settings.log_json)
     raise SystemExit(run_entry(args.command, lambda: run_command(args, settings)))
 
 
+def run_tool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A tool's `main(args)`; its errors end in one line (exit 2: a usage error, 1: anything else)."""
+    if args.command not in QUIET_TOOLS:
+        from mosaicd.logs import configure_logging
+
+        configure_logging()
+    try:
+        raise SystemExit(import_module(TOOLS[args.command][0]).main(args))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (ValueError, OSError) as exc:
+        settings = sys.modules.get("mosaicd.settings")  # a SettingsError only where settings were imported
+        usage = settings is not None and isinstance(exc, settings.SettingsError)  # a spec or flag the user wrote
+        parser.exit(2 if usage else 1, f"mosaicd {args.command}: error: {exc}\n")
+
+
+def check_peer_list(settings: Settings) -> None:
+    """A node of a peer list: the file (ValueError naming its line) and the run it makes with its members counted
+    (SettingsError worded as `cluster` words a bad --nodes) checked before anything starts, on every member."""
+    from mosaicd.daemon.http.membership import listed_addresses
+    from mosaicd.settings import SettingsError
+
+    assert settings.peer_list is not None
+    addresses = listed_addresses(settings.daemon_options())  # ValueError naming the file and line, or this node
+    try:
+        settings.run_config().with_nodes(len(addresses))
+    except SettingsError as exc:
+        raise SettingsError(f"--peer-list {settings.peer_list} lists {len(addresses)} nodes: {exc}") from None
+
+
 def run_command(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
     if args.command == "node":
+        if settings.peer_list is not None:
+            check_peer_list(settings)
         from mosaicd.daemon.node.run import run_node
         return asyncio.run(run_node(settings))
     if args.command == "barrier":

@@ -1,12 +1,19 @@
 """What a run leaves behind, identical for `cluster`, `simulate` and compose runs:
 
-    OUT/summary.json   status ("finished" or "failed" with its "error"), settings, per-round network metrics,
-                       final metrics, model_sha256 per node
-    OUT/rounds.csv     one row per evaluated round: the spec's four metrics and the mean training loss
-    OUT/nodes.csv      one row per node and round: loss, bytes and fragments in/out, phase timings
+    OUT/summary.json   status ("running", "finished" or "failed" with its "error"), settings, progress (rounds
+                       done of the run's), "final": the newest evaluation row (the last one once the run ended),
+                       and at the end model_sha256 per node; small, the same size at round 10 as at round 10,000
+    OUT/rounds.csv     one row per evaluated round, appended: the spec's four metrics, the mean training loss,
+                       the per-node metric (`per_node`, space-separated, in the order of `nodes`)
+    OUT/nodes.csv      one row per node and round, appended: loss, bytes and fragments in/out, phase timings
 
-A run that fails still writes summary.json, with "status": "failed", a one-line "error" and the rounds recorded
-until then (the CSV files keep their rows); a finished run's says "status": "finished".
+Rows are only ever appended, and summary.json holds no rows: every output costs the same per round at the end
+of a long run as at its start. `read_rounds(out)` loads the evaluation rows (as summary.json's "rounds" list
+held them before).
+
+A run that fails still writes summary.json, with "status": "failed", a one-line "error" and its newest
+evaluation (the CSV files keep their rows); a finished run's says "status": "finished". Rounds are counted
+from 0 in every file.
 """
 
 from __future__ import annotations
@@ -24,11 +31,16 @@ import numpy as np
 from pydantic import BaseModel
 
 from mosaic_proto import NODE_COLUMNS, NodeReport
+from mosaicd.rundir import read_rounds  # read_rounds: the rows, for everyone who reads them
 from mosaicd.settings import RunConfig
 
 NETWORK_METRICS = ("node_average", "average_model", "consensus_distance", "node_spread")  # the spec's four
 SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads first of an evaluation row
-ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s"]
+ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s",  # the first eight: as before
+                 "higher_is_better", "node_average_test_loss", "average_model_test_loss", "eval_samples",
+                 "test_size", "nodes", "per_node"]
+ROWS_KEPT = 2000          # evaluation rows a recorder keeps in memory (for /v1/history and the dashboard)
+SUMMARY_EVERY_S = 2.0     # between evaluations, summary.json's progress is refreshed at most this often
 
 
 def model_sha256(vector: np.ndarray) -> str:
@@ -37,7 +49,7 @@ def model_sha256(vector: np.ndarray) -> str:
 
 def higher_is_better(rounds: list[Mapping[str, Any]]) -> bool | None:
     """Whether the run's metric is better higher, as its task said in the evaluation rows (None: no row)."""
-    return next((bool(r["higher_is_better"]) for r in rounds if "higher_is_better" in r), None)
+    return next((bool(r["higher_is_better"]) for r in rounds if r.get("higher_is_better") is not None), None)
 
 
 def is_eval_round(round: int, run: RunConfig) -> bool:
@@ -64,58 +76,65 @@ def failure_text(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-def _write_summary(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
+def _write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) -> dict[str, Any]:
+    """Replace OUT/summary.json atomically. `indent=None` (a running run's, rewritten at every evaluation): one
+    line, through json's C encoder, several times faster than the indented form."""
     summary = clean_json(summary)
     tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.write_text(json.dumps(summary, indent=indent))
     tmp.replace(out / "summary.json")
     return summary
 
 
+def _started_text(started: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started))
+
+
 def failed_summary(out: Path | str, settings: BaseModel | Mapping[str, Any], mode: str, error: str,
                    wall_s: float | None = None, **extra: Any) -> dict[str, Any]:
-    """Write OUT/summary.json for a run that failed outside this process, from the rounds in OUT/rounds.csv.
+    """Write OUT/summary.json for a run that failed outside this process, from the rows in OUT/rounds.csv.
 
-    The rounds keep the CSV's columns only (no per_node). For a run whose recorder is at hand, `RunRecorder.fail`.
+    For a run whose recorder is at hand, `RunRecorder.fail`.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rounds = read_rounds(out)
+    settings = settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings)
+    latest = rounds[-1] if rounds else None
+    done = latest["round"] + 1 if latest and isinstance(latest.get("round"), int) else 0
     return _write_summary(out, {
-        "mode": mode, "status": "failed", "error": " ".join(error.split()),
-        "settings": settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings),
-        "rounds": rounds, "final": rounds[-1] if rounds else None, "model_sha256": {},
-        "wall_s": None if wall_s is None else round_(wall_s), **extra})
+        "mode": mode, "status": "failed", "error": " ".join(error.split()), "settings": settings,
+        "progress": {"rounds_done": done, "rounds": settings.get("rounds")}, "final": latest,
+        "model_sha256": {}, "wall_s": None if wall_s is None else round_(wall_s), **extra})
 
 
-def read_rounds(out: Path) -> list[dict[str, Any]]:
-    """The evaluation rows of OUT/rounds.csv (its columns only: no per_node); none if it is missing."""
-    rounds: list[dict[str, Any]] = []
+def _cell(value: Any) -> Any:
+    """A value as rounds.csv writes it: lists space-separated, booleans lower case, None empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool | np.bool_):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple | np.ndarray):
+        return " ".join(str(_cell(v)) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _header(path: Path) -> list[str] | None:
     try:
-        with open(out / "rounds.csv", newline="") as f:
-            for row in csv.DictReader(f):
-                rounds.append({k: _parse(v) for k, v in row.items() if k is not None})
+        with open(path, newline="") as f:
+            return next(csv.reader(f), None)
     except OSError:
-        pass
-    return rounds
-
-
-def _parse(text: str | None) -> Any:
-    """A CSV cell as it was written: int, float, or the text; '' is None."""
-    if text is None or text == "":
         return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 class RunRecorder:
-    """Appends per-round rows as the run goes and writes summary.json at the end (`finish`, or `fail`).
+    """Appends per-round rows as the run goes and keeps summary.json small and current (`finish`, or `fail`, at
+    the end). Every call costs the same whatever the round: nothing is rewritten but summary.json's few keys.
 
-    A summary.json left in `out` by an earlier run is removed at the start.
+    A summary.json left in `out` by an earlier run is removed at the start; this run's is written from its first
+    round on ("status": "running", then "finished" or "failed").
     """
 
     def __init__(self, out: Path, settings: BaseModel | Mapping[str, Any], mode: str,
@@ -126,13 +145,22 @@ class RunRecorder:
         self.settings = settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings)
         self.out.mkdir(parents=True, exist_ok=True)
         self.started = time.time() if resume_from is None else resume_from
-        self.rounds: list[dict[str, Any]] = read_rounds(self.out) if resume_from is not None else []
+        self.rounds: list[dict[str, Any]] = read_rounds(self.out)[-ROWS_KEPT:] if resume_from is not None else []
+        self.latest: dict[str, Any] | None = self.rounds[-1] if self.rounds else None
+        self.rounds_done = self.latest["round"] + 1 if self.latest and isinstance(self.latest.get("round"), int) \
+            else 0
         self.losses: dict[int, dict[int, float]] = {}
+        self._summary_at = -math.inf  # the first round writes summary.json: from then on `mosaicd runs` lists it
         (self.out / "summary.json").unlink(missing_ok=True)
+        self.round_columns = ROUND_COLUMNS
         for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
-            if resume_from is None or not (self.out / name).exists():
-                with open(self.out / name, "w", newline="") as f:
-                    csv.writer(f).writerow(columns)
+            had = _header(self.out / name) if resume_from is not None else None
+            if had:
+                if name == "rounds.csv":
+                    self.round_columns = had  # rows appended to a file of an earlier version keep its columns
+                continue
+            with open(self.out / name, "w", newline="") as f:
+                csv.writer(f).writerow(columns)
 
     def clock(self) -> float:
         """The wall clock that `elapsed_s` is measured on (pass its value as network_round's `taken_at`)."""
@@ -140,47 +168,57 @@ class RunRecorder:
 
     def node_round(self, node: int, report: NodeReport) -> None:
         """One node's round: a nodes.csv row (its loss also goes into the round's mean training loss)."""
-        self.losses.setdefault(report.round, {})[node] = report.loss
+        round = report.round
+        self.losses.setdefault(round, {})[node] = report.loss
         with open(self.out / "nodes.csv", "a", newline="") as f:
             csv.writer(f).writerow(["" if v is None else v for v in report.row(node).values()])
+        if round + 1 > self.rounds_done:
+            self.rounds_done = round + 1
+            if time.monotonic() - self._summary_at >= SUMMARY_EVERY_S:
+                self._running()
 
     def network_round(self, round: int, metrics: Mapping[str, Any], taken_at: float | None = None) -> dict[str, Any]:
         """`taken_at`: when the models were taken (time.time()), so that a slow evaluation does not shift it."""
         losses = [x for _, x in sorted(self.losses.get(round, {}).items()) if math.isfinite(x)]
+        for seen in [r for r in self.losses if r <= round]:  # no later evaluation needs them
+            del self.losses[seen]
         row = {"round": round, **{k: v for k, v in metrics.items() if k != "per_node"},
                "train_loss": float(np.mean(losses)) if losses else math.nan,
                "elapsed_s": round_((taken_at or time.time()) - self.started)}
-        self.rounds.append(clean_json({**row, "per_node": metrics.get("per_node")}))
+        self.latest = clean_json({**row, "per_node": metrics.get("per_node")})
+        self.rounds.append(self.latest)
+        if len(self.rounds) > 2 * ROWS_KEPT:  # memory stays flat in long runs
+            del self.rounds[:-ROWS_KEPT]
         with open(self.out / "rounds.csv", "a", newline="") as f:
-            csv.writer(f).writerow([row.get(c, "") for c in ROUND_COLUMNS])
-        _write_summary(self.out, {"mode": self.mode, "status": "running", "settings": self.settings,
-                                  "rounds": self.rounds, "final": self.rounds[-1],
-                                  "wall_s": round_(time.time() - self.started)})  # a crash loses at most this round
+            csv.writer(f).writerow([_cell({**row, "per_node": metrics.get("per_node")}.get(c))
+                                    for c in self.round_columns])
+        self._running()  # a crash loses at most this round's summary
         return row
+
+    def _base(self, status: str) -> dict[str, Any]:
+        return {"mode": self.mode, "status": status, "settings": self.settings,
+                "progress": {"rounds_done": self.rounds_done, "rounds": self.settings.get("rounds")},
+                "started": _started_text(self.started), "final": self.latest}
+
+    def _running(self) -> None:
+        self._summary_at = time.monotonic()
+        _write_summary(self.out, {**self._base("running"), "wall_s": round_(time.time() - self.started)}, indent=None)
 
     def finish(self, vectors: Mapping[int, np.ndarray], **extra: Any) -> dict[str, Any]:
         """The run finished: summary.json with "status": "finished", the final models' hashes and `extra`."""
         return _write_summary(self.out, {
-            "mode": self.mode,
-            "status": "finished",
-            "settings": self.settings,
-            "rounds": self.rounds,
-            "final": self.rounds[-1] if self.rounds else None,
+            **self._base("finished"),
             "model_sha256": {str(k): model_sha256(v) for k, v in sorted(vectors.items())},
             "wall_s": round_(time.time() - self.started),
             **extra,
         })
 
     def fail(self, reason: str, **extra: Any) -> dict[str, Any]:
-        """The run failed: summary.json with "status": "failed", "error": `reason` (one line) and the rounds
-        recorded so far."""
+        """The run failed: summary.json with "status": "failed", "error": `reason` (one line) and the newest
+        evaluation."""
         return _write_summary(self.out, {
-            "mode": self.mode,
-            "status": "failed",
+            **self._base("failed"),
             "error": " ".join(str(reason).split()),
-            "settings": self.settings,
-            "rounds": self.rounds,
-            "final": self.rounds[-1] if self.rounds else None,
             "model_sha256": {},
             "wall_s": round_(time.time() - self.started),
             **extra,

@@ -124,8 +124,12 @@ class RunConfig(BaseModel):
         return self
 
     def with_nodes(self, nodes: int) -> RunConfig:
-        """The same run with `nodes` members (counted at registration), validated; ValueError if invalid."""
-        return RunConfig.model_validate({**self.model_dump(), "nodes": nodes})
+        """The same run with `nodes` members (counted at registration, or in a peer list), validated; a
+        SettingsError (a ValueError) worded as the flags' errors if invalid."""
+        try:
+            return RunConfig.model_validate({**self.model_dump(), "nodes": nodes})
+        except ValidationError as exc:
+            raise SettingsError(format_errors(exc)) from None
 
 
 class DaemonOptions(BaseModel):

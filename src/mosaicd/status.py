@@ -1,8 +1,10 @@
-"""`mosaicd status URL`: the cluster as a table, from its barrier or any of its nodes.
+"""`mosaicd status URL|FOLDER`: a cluster as a table, from its barrier or any of its nodes, or a run from its folder.
 
 The barrier's `/v1/status` names every member; each node's `/v1/status` says its phase, round, bytes and
-loss; the barrier's newest evaluation gives each node's latest metric. `--watch` redraws in place,
-`--json` prints the same view for scripts.
+loss; the barrier's newest evaluation gives each node's latest metric. A run's folder (its --out: a finished,
+failed or crashed run, or one still going) gives the same view from its files: summary.json, the newest rows
+of nodes.csv, the per-node metrics of its newest evaluation. `--watch` redraws in place, `--json` prints the
+same view for scripts. Piped, the table is plain text, one line per row.
 """
 
 from __future__ import annotations
@@ -10,16 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import ssl
 import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-HELP = "show a running cluster: one row per node, and the run's metrics (URL: its barrier or any node)"
+if TYPE_CHECKING:
+    import ssl
+
+HELP = "show a cluster (URL: its barrier or any node) or a run's folder: one row per node, and the run's metrics"
 
 
 class StatusError(RuntimeError):
@@ -27,6 +28,9 @@ class StatusError(RuntimeError):
 
 
 def fetch_json(url: str, timeout: float, context: ssl.SSLContext | None = None) -> dict[str, Any]:
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
             return json.loads(resp.read())
@@ -62,6 +66,8 @@ def cluster_view(url: str, timeout: float = 3.0, context: ssl.SSLContext | None 
         except StatusError:
             return None
 
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(members)))) as pool:
         nodes = list(pool.map(node, members))
     latest = status.get("latest") or {}
@@ -81,6 +87,48 @@ def cluster_view(url: str, timeout: float = 3.0, context: ssl.SSLContext | None 
     return {"url": url, "barrier": status, "nodes": rows}
 
 
+def folder_view(folder: Path) -> dict[str, Any]:
+    """The view of `cluster_view` from a run's files: its summary (status, settings, progress, the newest
+    evaluation), each node's newest row of nodes.csv and its metric in the newest evaluation."""
+    from mosaicd.rundir import last_node_rows, read_summary
+
+    summary = read_summary(folder)
+    if summary is None:
+        raise StatusError(f"{folder}: no readable summary.json (not a run's folder: give its --out)")
+    settings = summary.get("settings") or {}
+    final = summary.get("final") or {}
+    progress = summary.get("progress") or {}
+    done = progress.get("rounds_done")
+    nodes = int(settings.get("nodes") or 0)
+    addresses = summary.get("addresses") or []
+    dropped = list(summary.get("dropped") or [])
+    members = summary.get("members") or [r for r in range(nodes) if r not in dropped]
+    latest = {str(r): v for r, v in zip(final.get("nodes") or [], final.get("per_node") or [], strict=False)}
+    last = last_node_rows(folder, nodes)
+    status = str(summary.get("status"))
+    barrier = {"role": "run folder", "run_id": settings.get("run_id"), "phase": status,
+               "round": done if done is not None else "-", "rounds": settings.get("rounds"), "live": members,
+               "members": [{"rank": r} for r in range(nodes)], "dropped": dropped, "settings": settings,
+               "metrics": final or None, "latest": latest, "error": summary.get("error"),
+               "started": summary.get("started"), "wall_s": summary.get("wall_s"), "mode": summary.get("mode")}
+    rows = []
+    for rank in range(nodes):
+        row = last.get(rank) or {}
+        rows.append({
+            "rank": rank, "address": addresses[rank] if rank < len(addresses) else "-", "reachable": False,
+            "phase": "dropped" if rank in dropped else status, "round": row.get("round"), "last_contact_s": None,
+            "missed": 0, "straggler": False, "dropped": rank in dropped, "bytes_out": row.get("bytes_out"),
+            "bytes_in": row.get("bytes_in"), "loss": row.get("loss"), "metric": latest.get(str(rank))})
+    return {"url": str(folder), "barrier": barrier, "nodes": rows}
+
+
+def view_of(target: str, timeout: float, context: ssl.SSLContext | None) -> dict[str, Any]:
+    """A folder's view if `target` is a folder on this machine, else the cluster's at that URL."""
+    if "://" not in target and Path(target).is_dir():
+        return folder_view(Path(target))
+    return cluster_view(target, timeout, context)
+
+
 def _num(value: Any, fmt: str) -> str:
     return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else format(value, fmt)
 
@@ -95,6 +143,10 @@ def _bytes(value: Any) -> str:
     return "-"
 
 
+def _ago(seconds: Any) -> str:
+    return "-" if seconds is None else f"{_num(seconds, '.1f')}s ago"
+
+
 def render(view: dict[str, Any]) -> Any:
     """A rich renderable: the run's line, its metrics, and the node table."""
     from rich.console import Group
@@ -105,28 +157,36 @@ def render(view: dict[str, Any]) -> Any:
     s = b.get("settings") or {}
     metrics = b.get("metrics") or {}
     metric = metrics.get("metric", "metric")
-    head = Text(f"run {b.get('run_id')}  {b.get('phase')}  round {b.get('round')}/{b.get('rounds')}  "
+    folder = b.get("role") == "run folder"
+    count = f"rounds done {b.get('round')}/{b.get('rounds')}" if folder else f"round {b.get('round')}/{b.get('rounds')}"
+    head = Text(f"run {b.get('run_id')}  {b.get('phase')}  {count}  "
                 f"live {len(b.get('live') or [])}/{len(b.get('members') or [])}  dropped {b.get('dropped') or []}  "
                 f"| task {s.get('task')} K={s.get('fragments')} s={s.get('fanout')} sampler {s.get('sampler')} "
-                f"| barrier {view['url']}")
+                + (f"| folder {view['url']}" + (f" ({b.get('mode')}, started {b.get('started')}, "
+                                                f"{b.get('wall_s')}s)" if b.get("started") else "")
+                   if folder else f"| barrier {view['url']}"))
+    if b.get("error"):
+        head.append(f"\nerror: {b['error']}")
     summary = Text(f"round {metrics.get('round', '-')}: {metric}"
                    f"  node-average {_num(metrics.get('node_average'), '.4f')}"
                    f"  average-model {_num(metrics.get('average_model'), '.4f')}"
                    f"  consensus {_num(metrics.get('consensus_distance'), '.4g')}"
                    f"  spread {_num(metrics.get('node_spread'), '.4g')}" if metrics else "no evaluation yet")
-    table = Table(box=None, header_style="bold")
-    for name in ("rank", "address", "phase", "round", "contact", "missed", "straggler", "sent", "received", "loss",
-                 metric):
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    evaluated = f"{metric} @ {metrics['round']}" if isinstance(metrics.get("round"), int) else metric
+    for name in ("rank", "address", "phase", "round", "contact", "missed", "straggler", "sent", "received",
+                 "train loss", evaluated):  # each node's metric names the round it was measured at
         table.add_column(name, justify="right" if name not in ("address", "phase") else "left")
     for r in view["nodes"]:
         table.add_row(str(r["rank"]), r["address"], r["phase"], _num(r["round"], "d"),
-                      f"{_num(r['last_contact_s'], '.1f')}s ago", str(r["missed"]), "yes" if r["straggler"] else "",
+                      _ago(r["last_contact_s"]), str(r["missed"]), "yes" if r["straggler"] else "",
                       _bytes(r["bytes_out"]), _bytes(r["bytes_in"]), _num(r["loss"], ".4f"), _num(r["metric"], ".4f"))
     return Group(head, summary, table)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", metavar="URL", help="the barrier's or any node's address, e.g. http://127.0.0.1:8000")
+    parser.add_argument("url", metavar="URL|FOLDER", help="the barrier's or any node's address, e.g. "
+                        "http://127.0.0.1:8000, or a run's folder (its --out)")
     parser.add_argument("--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between redraws [default: 1.0]")
     parser.add_argument("--json", action="store_true", help="print the view as JSON (for scripts)")
@@ -142,29 +202,33 @@ def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     """The client context of --tls-ca/--tls-cert/--tls-key (None without them); ValueError naming the flag."""
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together (the certificate and its private key)")
+    if args.tls_cert is None and args.tls_ca is None:
+        return None
     from mosaicd.daemon.http.tls import client_context
 
     return client_context(args)
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.live import Live
-
-    console = Console()
     context = tls_context(args)
     try:
         if args.json:
-            print(json.dumps(cluster_view(args.url, args.timeout, context), indent=2))
+            print(json.dumps(view_of(args.url, args.timeout, context), indent=2))
             return 0
+        from mosaicd.terminal import console as make_console
+        from mosaicd.terminal import show
+
+        console = make_console()
         if not args.watch:
-            console.print(render(cluster_view(args.url, args.timeout, context)))
+            show(console, render(view_of(args.url, args.timeout, context)))
             return 0
-        with Live(render(cluster_view(args.url, args.timeout, context)), console=console, auto_refresh=False) as live:
+        from rich.live import Live
+
+        with Live(render(view_of(args.url, args.timeout, context)), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
                 try:
-                    live.update(render(cluster_view(args.url, args.timeout, context)), refresh=True)
+                    live.update(render(view_of(args.url, args.timeout, context)), refresh=True)
                 except StatusError as exc:  # the run ended, or the barrier is restarting: say so, keep watching
                     live.update(f"[{time.strftime('%H:%M:%S')}] {exc}", refresh=True)
     except StatusError as exc:

@@ -115,7 +115,7 @@ def test_killed_node_is_a_straggler_then_dropped_and_the_others_finish(tmp_path:
     assert summary["dropped"] == [victim]
     assert summary["members"] == others
     assert sorted(summary["model_sha256"], key=int) == [str(r) for r in others]
-    assert summary["rounds"][-1]["round"] == run["rounds"] - 1 and summary["rounds"][-1]["nodes"] == others
+    assert summary["final"]["round"] == run["rounds"] - 1 and summary["final"]["nodes"] == others
     # every other node reported every round; the victim's reports stop where it died
     rows = (tmp_path / "run" / "nodes.csv").read_text().splitlines()[1:]
     per_node: dict[int, set[int]] = {}

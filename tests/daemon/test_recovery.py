@@ -17,6 +17,7 @@ import pytest
 
 from mosaicd import Settings
 from mosaicd.experiments.cluster import free_ports
+from mosaicd.outputs import read_rounds
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +125,7 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
           f"{resumed_in:.2f} s after the kill")
     assert summary["status"] == "finished" and summary["events"] == [] and summary["members"] == list(range(5))
     assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
-    assert [r["round"] for r in summary["rounds"]] == [49, 99, 149, 199, 249, 299]  # across the restart too
+    assert [r["round"] for r in read_rounds(lab.out)] == [49, 99, 149, 199, 249, 299]  # across the restart too
     assert all(rounds == set(range(run["rounds"])) for rounds in node_rounds(lab.out).values())
     restarted = lab.log("barrier")
     assert any(e["event"] == "resumed" and e["round"] == saved["round"] for e in restarted)
@@ -205,7 +206,7 @@ def test_late_node_joins_with_allow_join_and_takes_part_from_its_join_round(tmp_
     assert summary["addresses"][late] == f"127.0.0.1:{lab.node_ports[late]}"  # the next rank: nobody's moved
     assert node_rounds(lab.out)[late] == set(range(join_round, run["rounds"]))
     assert [e["model"] for e in lab.log(f"node-{late}") if e["event"] == "rejoined"] == ["peer"]
-    assert summary["rounds"][-1]["nodes"] == [0, 1, 2, 3, 4]
+    assert summary["final"]["nodes"] == [0, 1, 2, 3, 4]
     # the others sent it fragments from its join round on (it was sampled like any member)
     rows = [r.split(",") for r in (lab.out / "nodes.csv").read_text().splitlines()[1:]]
     header = (lab.out / "nodes.csv").read_text().splitlines()[0].split(",")

@@ -23,6 +23,7 @@ from mosaicd.cli import main
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.data import write_synthetic
 from mosaicd.learning.tasks import build_task
+from mosaicd.outputs import read_rounds
 from mosaicd.settings import Settings
 
 ACCURACY_TOL = 2 / 359
@@ -30,9 +31,10 @@ LOSS_TOL = 1e-4
 METRICS = ("node_average", "average_model", "node_average_test_loss", "average_model_test_loss", "train_loss")
 
 
-def _close(exact: dict, batched: dict) -> None:
-    assert [r["round"] for r in exact["rounds"]] == [r["round"] for r in batched["rounds"]]
-    for a, b in zip(exact["rounds"], batched["rounds"], strict=True):
+def _close(exact_out: Path, batched_out: Path) -> None:
+    exact, batched = read_rounds(exact_out), read_rounds(batched_out)
+    assert [r["round"] for r in exact] == [r["round"] for r in batched]
+    for a, b in zip(exact, batched, strict=True):
         for key in METRICS:
             tol = ACCURACY_TOL if key in ("node_average", "average_model") else LOSS_TOL
             assert abs(a[key] - b[key]) <= tol, (a["round"], key, a[key], b[key])
@@ -42,13 +44,14 @@ def _close(exact: dict, batched: dict) -> None:
 def test_batched_digits_matches_the_exact_run(tmp_path: Path) -> None:
     common = {"task": "digits", "nodes": 8, "rounds": 4, "fragments": 4, "fanout": 2, "local_steps": 3,
               "momentum": 0.9, "weight_decay": 1e-4, "seed": 1, "eval_every": 2}
-    exact = run_simulation(Settings.load(**common, out=tmp_path / "exact"), progress=False)
+    run_simulation(Settings.load(**common, out=tmp_path / "exact"), progress=False)
     batched = run_simulation(Settings.load(**common, batched=True, out=tmp_path / "batched"), progress=False)
     assert batched["status"] == "finished" and batched["settings"]["batched"] is True
-    assert len(batched["rounds"]) == 2 and len(batched["model_sha256"]) == 8
-    _close(exact, batched)
+    rows = read_rounds(tmp_path / "batched")
+    assert len(rows) == 2 and len(batched["model_sha256"]) == 8
+    _close(tmp_path / "exact", tmp_path / "batched")
     # the batched run learns: the metrics are not those of the initial models
-    assert batched["rounds"][-1]["train_loss"] < batched["rounds"][0]["train_loss"]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
 
 
 def test_batched_gnlenet_with_small_shards_matches(tmp_path: Path) -> None:
@@ -61,9 +64,9 @@ def test_batched_gnlenet_with_small_shards_matches(tmp_path: Path) -> None:
     task = build_task(settings)
     sizes = {len(task.shard(i)) for i in range(4)}
     assert min(sizes) < 16 <= max(sizes), sizes  # both kinds of batch are taken
-    exact = run_simulation(Settings.load(**common, out=tmp_path / "exact"), progress=False)
-    batched = run_simulation(Settings.load(**common, batched=True, out=tmp_path / "batched"), progress=False)
-    for a, b in zip(exact["rounds"], batched["rounds"], strict=True):
+    run_simulation(Settings.load(**common, out=tmp_path / "exact"), progress=False)
+    run_simulation(Settings.load(**common, batched=True, out=tmp_path / "batched"), progress=False)
+    for a, b in zip(read_rounds(tmp_path / "exact"), read_rounds(tmp_path / "batched"), strict=True):
         for key in ("node_average_test_loss", "average_model_test_loss", "train_loss"):
             assert abs(a[key] - b[key]) <= LOSS_TOL, (key, a[key], b[key])
 
@@ -114,6 +117,6 @@ def test_eval_samples_in_simulate_and_in_the_cluster_barrier(tmp_path: Path) -> 
     simulated = run_simulation(Settings.load(**common, out=tmp_path / "sim"), progress=False)
     clustered = run_cluster(Settings.load(**common, out=tmp_path / "cluster"), progress=False, timeout=120)
     assert simulated["model_sha256"] == clustered["model_sha256"]
-    for a, b in zip(simulated["rounds"], clustered["rounds"], strict=True):
+    for a, b in zip(read_rounds(tmp_path / "sim"), read_rounds(tmp_path / "cluster"), strict=True):
         assert a["eval_samples"] == b["eval_samples"] == 40 and a["test_size"] == b["test_size"] == 359
         assert a["per_node"] == b["per_node"] and a["average_model"] == b["average_model"]

@@ -58,8 +58,10 @@ def test_progress_off_a_terminal_is_plain_lines(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert not ANSI.search(proc.stderr), repr(proc.stderr)
     lines = [line for line in proc.stderr.splitlines() if "round " in line]
-    assert [line.split(" | ")[0] for line in lines] == [f"round {i}/5" for i in range(1, 6)]
-    assert "node-avg" in lines[1] and "left" in lines[-1]
+    # rounds counted from 0, as in rounds.csv; a metric names the round it was measured at
+    assert [line.split(" | ")[0] for line in lines] == [f"round {i} ({i + 1}/5 done)" for i in range(5)]
+    assert "loss @ round 1: node-avg" in lines[1] and "loss @ round 1: node-avg" in lines[2] and "left" in lines[-1]
+    assert "loss @ round 4: node-avg" in lines[-1] and "train loss" in lines[-1]
 
     quiet = subprocess.run([sys.executable, "-m", "mosaicd", "simulate", *flags({**QUICK, "rounds": 2}), "--quiet",
                             "--out", str(tmp_path / "q")], capture_output=True, text=True, env=env, timeout=120)
@@ -75,13 +77,13 @@ def test_sweep_display_off_a_terminal_has_no_escape_codes() -> None:
             printer.message(f"sweep: {name} ...")
             printer.start_run(name, 2)
             for r in range(2):
-                printer.on_round(RoundProgress(r, 2, 0.5, {"metric": "accuracy", "node_average": 0.5,
+                printer.on_round(RoundProgress(r, 2, 0.5, {"round": r, "metric": "accuracy", "node_average": 0.5,
                                                            "average_model": 0.25, "consensus_distance": 0.1}))
             printer.end_run()
     text = buf.getvalue()
     assert not ANSI.search(text), repr(text)
-    assert "sweep: a ..." in text and "runs 2/3" in text and "b: round 2/2" in text
-    assert "accuracy node-avg 0.5000 avg-model 0.2500" in text
+    assert "sweep: a ..." in text and "runs 2/3" in text and "b: round 1 (2/2 done)" in text
+    assert "accuracy @ round 1: node-avg 0.5000 avg-model 0.2500" in text
 
 
 def test_live_display_on_a_terminal() -> None:
@@ -92,7 +94,7 @@ def test_live_display_on_a_terminal() -> None:
         for r in range(3):
             printer.on_round(RoundProgress(r, 3, 1.0, None))
     text = buf.getvalue()
-    assert "\x1b[" in text and "round 3/3" in text and "loss 1.0000" in text
+    assert "\x1b[" in text and "3/3 rounds" in text and "train loss 1.0000" in text
 
 
 def test_time_left_comes_from_the_recent_rounds() -> None:

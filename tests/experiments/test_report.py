@@ -132,6 +132,6 @@ def test_report_of_a_failed_run_shows_its_rounds_and_why(tmp_path: Path) -> None
     md = (run / "report" / "report.md").read_text()
     assert "status failed: out of memory" in md and "3 rounds of 6" in md
 
-    (run / "summary.json").write_text(json.dumps({**json.loads((run / "summary.json").read_text()), "rounds": []}))
+    (run / "rounds.csv").write_text((run / "rounds.csv").read_text().splitlines()[0] + "\n")  # the header only
     with pytest.raises(ValueError, match="no evaluated round .the run failed: out of memory"):
         write_report(run)

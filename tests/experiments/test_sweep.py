@@ -12,6 +12,7 @@ from mosaicd.cli import main
 from mosaicd.experiments import sweep
 from mosaicd.experiments.progress import RoundProgress
 from mosaicd.experiments.sweep import SpecError, load_spec, run_sweep
+from mosaicd.outputs import read_rounds
 
 TINY = """
 mode = "simulate"
@@ -82,6 +83,30 @@ def test_run_names_follow_the_grid_order(tmp_path: Path) -> None:
     assert load_spec(write(tmp_path, TINY.format(out="x")), out=tmp_path / "y").out == tmp_path / "y"
 
 
+def test_set_overrides_the_spec_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o"
+    spec_path = write(tmp_path, TINY.format(out=out))
+    with pytest.raises(SystemExit) as done:  # a [run] key, a [grid] key's list, a key that neither table has
+        main(["sweep", str(spec_path), "--quiet", "--set", "rounds=2", "--set", "fragments=[2]", "--set",
+              "sampler=oracle", "--set", "local-steps=2"])
+    assert done.value.code == 0
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["fragments=2,seed=0", "fragments=2,seed=1"]
+    summary = json.loads((out / "runs" / "fragments=2,seed=1" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["progress"] == {"rounds_done": 2, "rounds": 2}
+    assert (summary["settings"]["sampler"], summary["settings"]["local_steps"]) == ("oracle", 2)
+    assert json.loads((out / "sweep.json").read_text())["overrides"]["fragments"] == [2]
+    capsys.readouterr()
+    for item, words in (("fragmentz=2", ["--set fragmentz=2: unknown setting 'fragmentz'", "fragments"]),
+                        ("rounds", ["--set rounds: expected key=value"]),
+                        ("lr=-1", ["--set lr=-1", "greater than 0"]),
+                        ("out=x", ["--set out=x", "--out"])):
+        with pytest.raises(SystemExit) as refused:
+            main(["sweep", str(spec_path), "--dry-run", "--set", item])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and err.startswith("mosaicd sweep: error:"), err
+        assert all(w in err for w in words), err
+
+
 def mtimes(out: Path) -> dict[str, int]:
     return {p.parent.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
 
@@ -98,7 +123,7 @@ def test_sweep_runs_skips_and_redoes(tmp_path: Path, capsys: pytest.CaptureFixtu
         folder = out / "runs" / name
         for f in ("settings.json", "summary.json", "rounds.csv", "nodes.csv", "run.log"):
             assert (folder / f).is_file(), f
-        assert "round 3/3" in (folder / "run.log").read_text()
+        assert "round 2 (3/3 done)" in (folder / "run.log").read_text()
     with open(out / "grid.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["run"] for r in rows] == [r.name for r in load_spec(spec_path).runs]
@@ -113,7 +138,7 @@ def test_sweep_runs_skips_and_redoes(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert again["skipped"] == 3 and again["ran"] == 1 and again["redone"] == 1
     assert "skip fragments=1,seed=0" in err and "redoing fragments=4,seed=0" in err
-    assert "runs 3/4" in err and "fragments=4,seed=0: round 1/3" in err  # the sweep's status line (not a tty)
+    assert "runs 3/4" in err and "fragments=4,seed=0: round 0 (1/3 done)" in err  # the sweep's status line (not a tty)
     after = mtimes(out)
     assert set(after) == set(before)
     assert all(after[k] == before[k] for k in before if k != "fragments=4,seed=0")
@@ -141,10 +166,10 @@ def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
     assert broken.is_dir()
     left = json.loads((broken / "summary.json").read_text())  # it says why, and the next sweep redoes it
     assert left["status"] == "failed" and "interrupted" in left["error"]
-    assert [r["round"] for r in left["rounds"]] == [0, 1]  # the rounds evaluated before Ctrl-C
+    assert [r["round"] for r in read_rounds(broken)] == [0, 1]  # the rounds evaluated before Ctrl-C
     assert sweep.run_state(spec.runs[2], out)[0] == "failed"
     log = (broken / "run.log").read_text()
-    assert "interrupted" in log and "round 2/3" in log and "round 3/3" not in log
+    assert "interrupted" in log and "round 1 (2/3 done)" in log and "(3/3 done)" not in log
     assert len(list(csv.DictReader(open(out / "grid.csv")))) == 2
     resumed = run_sweep(load_spec(spec.path), progress=False)
     assert resumed["skipped"] == 2 and resumed["ran"] == 2 and resumed["redone"] == 1

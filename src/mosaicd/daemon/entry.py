@@ -7,10 +7,14 @@ import sys
 from collections.abc import Callable
 
 from mosaicd.daemon.http.client import HttpError
+from mosaicd.daemon.http.server import ListenError
 from mosaicd.daemon.node.outbound import PeerDropped
+from mosaicd.settings import SettingsError
 
-# HttpError: a peer answered 4xx or stayed unreachable; PeerDropped: the barrier dropped this node
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, TimeoutError, HttpError, PeerDropped)
+# HttpError: a peer answered 4xx or stayed unreachable; PeerDropped: the barrier dropped this node; ListenError: the
+# port or address to listen on cannot be had
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, TimeoutError, HttpError, PeerDropped,
+                                                ListenError)
 
 
 def run_entry(command: str, main: Callable[[], int]) -> int:
@@ -19,6 +23,9 @@ def run_entry(command: str, main: Callable[[], int]) -> int:
         return main()
     except KeyboardInterrupt:
         return 130
+    except SettingsError as exc:  # the settings or the peer list the user wrote: a usage error
+        print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
+        return 2
     except USER_ERRORS as exc:
         print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
         return 1

@@ -193,8 +193,7 @@ class Cluster:
                 summary = json.loads((self.out / "summary.json").read_text())
             except (OSError, ValueError) as exc:
                 raise ClusterFailed(f"the barrier left no summary.json ({exc}); see {self.out / 'logs'}") from None
-            rows = summary.get("rounds") or []
-            final = {k: v for k, v in rows[-1].items() if k != "per_node"} if rows else None
+            final = {k: v for k, v in (summary.get("final") or {}).items() if k != "per_node"} or None
             reported.upto(s.rounds, final, reported.live, reported.members)
         return summary
 

@@ -9,6 +9,10 @@ the sweep's position when there is a sweep): a bar, rounds done/total, the time 
 latest loss and metrics. Anywhere else (a file, a pipe, CI) it prints plain lines, one per update (a sweep:
 at most one every `plain_every` seconds besides its messages), with no escape sequences.
 
+Rounds are counted from 0, as in rounds.csv, the dashboard and the logs: a line says the round that just finished
+and the count done, `round 11 (12/60 done)`, and the metrics name the round they were measured at,
+`accuracy @ round 9: node-avg ...` (the cluster's barrier evaluates in the background, a round or two behind).
+
 Time left comes from the recent rounds (the last `window` ones), not from the time since the start, which
 holds the start-up (loading data, spawning processes) and made a 60 s run announce half an hour.
 """
@@ -54,7 +58,8 @@ LABEL_WIDTH, BAR_WIDTH = 30, 20
 
 
 def metrics_text(row: dict[str, Any] | None) -> str:
-    """`accuracy node-avg 0.8123 avg-model 0.8301 consensus 0.0123` (empty without a row)."""
+    """`accuracy @ round 9: node-avg 0.8123 avg-model 0.8301 consensus 0.0123` (empty without a row): the
+    round is the one the models were taken at (0-based)."""
     if not row:
         return ""
 
@@ -62,8 +67,14 @@ def metrics_text(row: dict[str, Any] | None) -> str:
         value = row.get(key)
         return format(value, fmt) if isinstance(value, int | float) else "n/a"
 
-    return (f"{row.get('metric', 'metric')} node-avg {num('node_average', '.4f')} avg-model "
+    at = f" @ round {row['round']}:" if isinstance(row.get("round"), int) else ""
+    return (f"{row.get('metric', 'metric')}{at} node-avg {num('node_average', '.4f')} avg-model "
             f"{num('average_model', '.4f')} consensus {num('consensus_distance', '.4g')}")
+
+
+def round_text(done: int, rounds: int) -> str:
+    """`round 11 (12/60 done)`: the round that finished, counted from 0, and the count of rounds done."""
+    return f"round {done - 1} ({done}/{rounds} done)" if done > 0 else f"round - (0/{rounds} done)"
 
 
 def clock(seconds: float) -> str:
@@ -120,7 +131,7 @@ class _Run:
         return None if rate is None else rate * max(0, self.rounds - self.done)
 
     def detail(self) -> str:
-        parts = [self.metrics, f"loss {self.loss:.4f}" if self.loss is not None else "", self.members]
+        parts = [self.metrics, f"train loss {self.loss:.4f}" if self.loss is not None else "", self.members]
         return " | ".join(p for p in parts if p)
 
 
@@ -283,7 +294,7 @@ class ProgressPrinter:
         return "time left: measuring" if eta is None else f"~{clock(eta)} left"
 
     def _fields(self, run: _Run) -> dict[str, str]:
-        return {"count": f"round {run.done}/{run.rounds}", "left": self._left(run.eta()), "detail": run.detail()}
+        return {"count": f"{run.done}/{run.rounds} rounds", "left": self._left(run.eta()), "detail": run.detail()}
 
     def _sweep_fields(self, sweep: _Sweep) -> dict[str, str]:
         return {"count": f"runs {sweep.done}/{sweep.runs}", "left": self._left(self.sweep_eta()), "detail": ""}
@@ -311,7 +322,7 @@ class ProgressPrinter:
 
     def _run_line(self, run: _Run) -> str:
         detail = run.detail()
-        return (f"{run.label + ': ' if run.label else ''}round {run.done}/{run.rounds}"
+        return (f"{run.label + ': ' if run.label else ''}{round_text(run.done, run.rounds)}"
                 f"{' | ' + detail if detail else ''} | {clock(time.monotonic() - run.started)} elapsed, "
                 f"{self._left(run.eta())}")
 
@@ -321,7 +332,7 @@ class ProgressPrinter:
         run = self._run
         if run is not None:
             detail = run.detail()
-            line += f" | {run.label}: round {run.done}/{run.rounds}" + (f" | {detail}" if detail else "")
+            line += f" | {run.label}: {round_text(run.done, run.rounds)}" + (f" | {detail}" if detail else "")
         return line
 
     def _plain(self, text: str, status: bool = True) -> None:

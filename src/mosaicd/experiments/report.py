@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from mosaicd.extras import needs
-from mosaicd.outputs import NETWORK_METRICS, higher_is_better
+from mosaicd.outputs import NETWORK_METRICS, higher_is_better, read_rounds
 
 HELP = "figures (PNG) and a results table (report.md) from a sweep's folder or one run's"
 
@@ -110,8 +110,8 @@ def load(folder: Path | str) -> Sweep:
         if summary.get("status") == "failed":
             missing.append(f"{entry['name']} (failed)")
             continue
-        runs.append(RunData(entry["name"], entry["point"], summary.get("settings", {}), summary.get("rounds") or [],
-                            summary.get("wall_s")))
+        runs.append(RunData(entry["name"], entry["point"], summary.get("settings", {}),
+                            read_rounds(folder / entry["dir"]), summary.get("wall_s")))
     if not runs:
         raise FileNotFoundError(f"{folder}: none of the {len(info['runs'])} runs has finished (no summary.json)")
     return Sweep(folder, info, info.get("grid", {}), runs, missing)
@@ -124,11 +124,11 @@ def load_run(folder: Path | str) -> Sweep:
         summary = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError) as exc:
         raise FileNotFoundError(f"{folder}: cannot read summary.json ({exc})") from None
-    rounds = summary.get("rounds") or []
+    rounds = read_rounds(folder)
     status = summary.get("status", "finished")
     if not rounds:
         why = f" (the run {status}: {summary.get('error')})" if status == "failed" else ""
-        raise ValueError(f"{folder}: summary.json holds no evaluated round{why}")
+        raise ValueError(f"{folder}: rounds.csv holds no evaluated round{why}")
     info = {"single": True, "mode": summary.get("mode"), "status": status, "error": summary.get("error")}
     run = RunData(folder.resolve().name, {}, summary.get("settings", {}), rounds, summary.get("wall_s"))
     return Sweep(folder, info, {}, [run], [])
@@ -208,7 +208,7 @@ def aggregate(runs: list[RunData], key: str) -> tuple[np.ndarray, np.ndarray, np
     series = [r.series(key) for r in runs]
     common = sorted(set.intersection(*(set(s) for s in series))) if series else []
     values = np.array([[s[t] for t in common] for s in series], dtype=float).reshape(len(series), len(common))
-    x = np.array(common, dtype=float) + 1  # rounds completed
+    x = np.array(common, dtype=float)  # the round, 0-based, as in rounds.csv and on the console
     with np.errstate(all="ignore"):
         return x, np.nanmean(values, 0), np.nanmin(values, 0), np.nanmax(values, 0), np.nanstd(values, 0)
 
@@ -432,7 +432,7 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
                  f"- task {s.get('task')}, metric {sweep.runs[0].metric}, {final_round} rounds"
                  + (f" of {s.get('rounds')}" if s.get("rounds") not in (None, final_round) else ""),
                  "",
-                 "## Final figures (last evaluated round)"]
+                 f"## Final figures (round {final_round - 1}, the last evaluated; rounds count from 0)"]
     else:
         lines = [f"# Sweep report: {sweep.folder}", ""]
         if sweep.info.get("description"):
@@ -445,7 +445,7 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
             "- grid: " + ", ".join(f"{k} = {v}" for k, v in sweep.grid.items()),
             f"- task {s.get('task')}, metric {sweep.runs[0].metric}, {final_round} rounds",
             "",
-            "## Final figures (last evaluated round; mean ± std over seeds)"]
+            "## Final figures (the last evaluated round, counted from 0; mean ± std over seeds)"]
     lines += [
         "",
         *table(sweep),

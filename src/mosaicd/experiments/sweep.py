@@ -16,7 +16,10 @@ A run spec is a TOML file with two top-level keys and two tables:
     seed = [0, 1, 2]
 
 Keys may be written with '-' or '_'. A key may be in [run] or in [grid], not both; `out` is set by the
-sweep and may be in neither. An optional top-level `description` string is copied into the report.
+sweep and may be in neither. `mosaicd sweep SPEC --set key=value` (repeatable) overrides a setting of the spec:
+a key of [grid] gets the value as its list (`--set 'fragments=[1,4]'`, or one value), any other key is set in
+[run]; values are TOML (`--set lr=0.1`, `--set sampler=oracle`: a bare word is a string). An optional
+top-level `description` string is copied into the report.
 Every grid point is validated with the one `Settings` model (flags > MOSAIC_* environment > defaults,
 as for `mosaicd simulate`) before anything runs; an error names the file, the table and the key.
 
@@ -55,8 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from mosaicd.experiments.progress import ProgressPrinter, RoundProgress, clock, metrics_text
-from mosaicd.outputs import NETWORK_METRICS, SUMMARY_KEYS, higher_is_better
+from mosaicd.experiments.progress import ProgressPrinter, RoundProgress, clock, metrics_text, round_text
+from mosaicd.outputs import NETWORK_METRICS, SUMMARY_KEYS, higher_is_better, read_rounds
 from mosaicd.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -93,10 +96,11 @@ class Spec:
     grid: dict[str, list[Any]]
     runs: list[Run] = field(default_factory=list)
     description: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)  # --set key=value
 
     def to_json(self) -> dict[str, Any]:
         return {"spec": str(self.path), "mode": self.mode, "out": str(self.out), "description": self.description,
-                "base": self.base, "grid": self.grid,
+                "base": self.base, "grid": self.grid, "overrides": self.overrides,
                 "runs": [{"name": r.name, "point": r.point, "dir": f"runs/{r.name}"} for r in self.runs]}
 
 
@@ -138,8 +142,32 @@ def _flag_names(message: str, keys: list[str]) -> list[str]:
     return [k for k in keys if re.search(rf"--{re.escape(k.replace('_', '-'))}(?![\w-])", message)]
 
 
-def load_spec(path: Path | str, out: Path | str | None = None) -> Spec:
-    """Read and validate a spec: every grid point becomes a `Settings`, or a SpecError names what is wrong."""
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`--set key=value` items as settings (values read as TOML, a bare word as a string); SpecError naming the
+    item for a malformed one, an unknown key or `out`."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        raw, sep, text = item.partition("=")
+        key = raw.strip().replace("-", "_")
+        if not sep or not key:
+            raise SpecError(f"--set {item}: expected key=value (e.g. --set rounds=20)")
+        if key not in Settings.model_fields:
+            hint = difflib.get_close_matches(key, list(Settings.model_fields), n=1)
+            raise SpecError(f"--set {item}: unknown setting {raw.strip()!r}"
+                            + (f" (did you mean {hint[0]}?)" if hint else ""))
+        if key == "out":
+            raise SpecError(f"--set {item}: the sweep sets each run's out; give the sweep's folder with --out")
+        try:
+            value = tomllib.loads(f"value = {text.strip()}")["value"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        overrides[key] = value
+    return overrides
+
+
+def load_spec(path: Path | str, out: Path | str | None = None, overrides: dict[str, Any] | None = None) -> Spec:
+    """Read and validate a spec: every grid point becomes a `Settings`, or a SpecError names what is wrong.
+    `overrides` (`parse_overrides`): settings that replace the spec's, a [grid] key's list or a [run] key."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
@@ -173,7 +201,14 @@ def load_spec(path: Path | str, out: Path | str | None = None) -> Spec:
             raise SpecError(f"{path}: [grid] {key}: repeated values in {values!r}")
         if key in base:
             raise SpecError(f"{path}: {key}: in both [run] and [grid]; keep one")
-    spec = Spec(path, mode, Path(out), base, grid, description=str(data.get("description", "")))
+    overrides = dict(overrides or {})
+    for key, value in overrides.items():
+        if key in grid:
+            grid[key] = value if isinstance(value, list) and value else [value]
+        else:
+            base[key] = value
+    spec = Spec(path, mode, Path(out), base, grid, description=str(data.get("description", "")),
+                overrides=overrides)
     errors: list[str] = []
     names: dict[str, dict[str, Any]] = {}
     for combo in itertools.product(*grid.values()):
@@ -187,8 +222,8 @@ def load_spec(path: Path | str, out: Path | str | None = None) -> Spec:
         except SettingsError as exc:
             message = str(exc)
             named = _flag_names(message, list(base) + list(point))
-            where = ", ".join(f"[grid] {k} = {point[k]!r}" if k in point else f"[run] {k} = {base[k]!r}"
-                              for k in named) or "the settings"
+            where = ", ".join(f"--set {k}={overrides[k]!r}" if k in overrides else f"[grid] {k} = {point[k]!r}"
+                              if k in point else f"[run] {k} = {base[k]!r}" for k in named) or "the settings"
             errors.append(f"{where}: {message}" + (f" (grid point {name})" if point else ""))
             continue
         spec.runs.append(Run(name, point, settings))
@@ -212,10 +247,9 @@ def _best(rounds: list[dict[str, Any]]) -> tuple[float | None, int | None]:
     return value, round_
 
 
-def grid_row(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
-    """The run's grid values and final figures (one grid.csv row)."""
+def grid_row(run: Run, summary: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's grid values and final figures (one grid.csv row); `rounds`: its rows (`read_rounds`)."""
     final = summary.get("final") or {}
-    rounds = summary.get("rounds") or []
     best, best_round = _best(rounds)
     return {"run": run.name, **run.point, "metric": final.get("metric"),
             "higher_is_better": higher_is_better(rounds),
@@ -269,7 +303,7 @@ def _log_round(log: TextIO, p: RoundProgress) -> None:
     loss = f" loss {p.loss:.4f}" if p.loss is not None and math.isfinite(p.loss) else ""
     metrics = f" | {metrics_text(p.row)}" if p.row else ""
     members = f" | members {p.live}/{p.members}" if p.members is not None else ""
-    log.write(f"{_now()} round {p.done}/{p.rounds}{loss}{metrics}{members}\n")
+    log.write(f"{_now()} {round_text(p.done, p.rounds)}{loss}{metrics}{members}\n")
     log.flush()
 
 
@@ -349,7 +383,7 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
         for run in spec.runs:
             state, summary = states[run.name]
             if state == "done" and summary is not None:
-                rows[run.name] = grid_row(run, summary)
+                rows[run.name] = grid_row(run, summary, read_rounds(run.folder(spec.out)))
                 counts["skipped"] += 1
                 printer.skip_run()
                 printer.message(f"sweep: skip {run.name} (summary.json matches its settings)")
@@ -376,7 +410,7 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
                     break
                 continue
             counts["ran"] += 1
-            rows[run.name] = grid_row(run, summary)
+            rows[run.name] = grid_row(run, summary, read_rounds(run.folder(spec.out)))
             write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
             end_run(f"{run.name} done in {summary.get('wall_s')}s")
     return {**counts, "done": len(rows), "failed_runs": failed, "grid_csv": str(spec.out / "grid.csv"),
@@ -389,6 +423,9 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", type=Path, metavar="SPEC.toml", help="run spec (see examples/*.toml)")
     parser.add_argument("--out", type=Path, default=None, help="the sweep's folder [default: the spec's `out`]")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a setting of the spec (repeatable): a [grid] key's list or a [run] key; "
+                        "the value is TOML, e.g. --set rounds=5 --set 'fragments=[1,4]' --set sampler=oracle")
     parser.add_argument("--dry-run", action="store_true", help="validate the spec, list the runs and their state")
     parser.add_argument("--keep-going", action="store_true", help="go on with the next run after a failed one")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per run (cluster mode)")
@@ -397,7 +434,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        spec = load_spec(args.spec, args.out)
+        spec = load_spec(args.spec, args.out, parse_overrides(args.overrides))
     except SettingsError as exc:
         print(f"mosaicd sweep: error: {exc}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import socket
 
@@ -11,6 +12,24 @@ from aiohttp import web
 from mosaicd.daemon.http.limits import guard_connections, handler_options
 from mosaicd.daemon.http.tls import server_context
 from mosaicd.settings import DaemonOptions
+
+
+class ListenError(RuntimeError):
+    """This process cannot listen where it was told to; the message names the flag to change."""
+
+
+def listen_error(exc: OSError, host: str, port: int) -> ListenError:
+    """The one line for a failed bind: the port in use, an address this machine does not have, or a port it
+    may not open."""
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return ListenError(f"--port {port}: {where} is in use (another process listens there); give another --port "
+                           "(0: any free one)")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ListenError(f"--host {host}: not an address of this machine ({exc.strerror})")
+    if exc.errno == errno.EACCES:
+        return ListenError(f"--port {port}: not allowed to listen on {where} (ports below 1024 need privileges)")
+    return ListenError(f"--host {host} --port {port}: cannot listen on {where}: {exc.strerror or exc}")
 
 
 async def serve(app: web.Application, options: DaemonOptions,
@@ -24,7 +43,11 @@ async def serve(app: web.Application, options: DaemonOptions,
     if sock is not None:
         await web.SockSite(runner, sock, ssl_context=context).start()
     else:
-        await web.TCPSite(runner, options.host, options.port, ssl_context=context).start()
+        try:
+            await web.TCPSite(runner, options.host, options.port, ssl_context=context).start()
+        except OSError as exc:  # the port in use, a foreign address: one line naming the flag, not a traceback
+            await runner.cleanup()
+            raise listen_error(exc, options.host, options.port) from None
     return runner, runner.addresses[0][1] if runner.addresses else options.port
 
 
