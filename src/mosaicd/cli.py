@@ -28,7 +28,8 @@ COMMANDS = {
 TOOLS = {"status": "mosaicd.status", "sweep": "mosaicd.experiments.sweep", "report": "mosaicd.experiments.report",
          "analyze": "mosaicd.experiments.analysis"}
 
-RUN = ["run_id", "task", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "seed"]
+RUN = ["run_id", "task", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "seed", "aggregator",
+       "trim", "clip_radius", "byzantine", "attack", "attack_scale"]
 LEARNING = ["train", "local_steps", "lr", "batch_size", "momentum", "weight_decay", "eval_every", "threads",
             "partition", "alpha", "shards_per_node", "min_samples", "dim", "curvature", "heterogeneous",
             "device", "eval_samples"]

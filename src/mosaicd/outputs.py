@@ -3,7 +3,14 @@
     OUT/summary.json   status ("finished" or "failed" with its "error"), settings, per-round network metrics,
                        final metrics, model_sha256 per node
     OUT/rounds.csv     one row per evaluated round: the spec's four metrics and the mean training loss
-    OUT/nodes.csv      one row per node and round: loss, bytes and fragments in/out, phase timings
+    OUT/nodes.csv      one row per node and round: loss, bytes and fragments in/out, refusals, phase timings
+
+With attackers (`--byzantine`), the evaluation rows cover the honest nodes only (`"honest_only": true`, `nodes`
+lists them) and summary.json names the attackers (`byzantine_ranks`; always present, empty without attackers).
+`refused` in nodes.csv is the count of refusals, `refused_by_reason` the same by reason ("clipped=3 out_of_range=1"):
+messages refused (wire reasons; out_of_range is --max-norm) and received fragments the aggregator's rule cut
+(clipped, trimmed). A daemon reports a refusal with its next arrival: what a round's aggregation cut is in the
+node's row of the round after (in simulate, in the same round's row).
 
 A run that fails still writes summary.json, with "status": "failed", a one-line "error" and the rounds recorded
 until then (the CSV files keep their rows); a finished run's says "status": "finished".
@@ -16,7 +23,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +33,8 @@ from pydantic import BaseModel
 from mosaicd.settings import RunConfig
 
 NODE_COLUMNS = ["round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
-                "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s"]
+                "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s",
+                "refused_by_reason"]
 NETWORK_METRICS = ("node_average", "average_model", "consensus_distance", "node_spread")  # the spec's four
 SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads first of an evaluation row
 ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s"]
@@ -39,6 +47,17 @@ def model_sha256(vector: np.ndarray) -> str:
 def higher_is_better(rounds: list[Mapping[str, Any]]) -> bool | None:
     """Whether the run's metric is better higher, as its task said in the evaluation rows (None: no row)."""
     return next((bool(r["higher_is_better"]) for r in rounds if "higher_is_better" in r), None)
+
+
+def honest_nodes(run: RunConfig, members: Iterable[int]) -> tuple[list[int], dict[str, Any]]:
+    """The honest ones of `members` (what the metrics cover), and what an evaluation row says about it."""
+    attackers = set(run.byzantine_ranks())
+    return [m for m in members if m not in attackers], ({"honest_only": True} if attackers else {})
+
+
+def robustness_summary(run: RunConfig) -> dict[str, Any]:
+    """What summary.json says about attackers: their ranks, and that the metrics leave them out."""
+    return {"byzantine_ranks": list(run.byzantine_ranks()), "honest_only": run.byzantine > 0}
 
 
 def is_eval_round(round: int, run: RunConfig) -> bool:
@@ -141,7 +160,9 @@ class RunRecorder:
 
     def node_round(self, report: Mapping[str, Any]) -> None:
         row = dict(report)
-        row["refused"] = sum(dict(row.get("refused") or {}).values())
+        refused = dict(row.get("refused") or {})
+        row["refused"] = sum(refused.values())
+        row["refused_by_reason"] = " ".join(f"{k}={v}" for k, v in sorted(refused.items()) if v)
         self.losses.setdefault(int(row["round"]), {})[int(row["node"])] = float(row.get("loss", math.nan))
         with open(self.out / "nodes.csv", "a", newline="") as f:
             csv.writer(f).writerow([row.get(c, "") for c in NODE_COLUMNS])

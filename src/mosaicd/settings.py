@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from contextvars import ContextVar
@@ -13,7 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from mosaic_proto import SamplerKind, Strategy
+from mosaic_proto import Aggregator, AggregatorKind, Attack, AttackKind, SamplerKind, Strategy, byzantine_ranks
 from mosaic_proto.quadratic import Curvature
 
 
@@ -72,6 +73,20 @@ class RunConfig(BaseModel):
     sampler: SamplerKind = Field(SamplerKind.LOCAL, description="local (EL-Local), oracle (EL-Oracle), static (D-PSGD)")
     strategy: Strategy = Field(Strategy.RANDOM, description="fragmentation: random (layer-stratified) or contiguous")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="run seed")
+    # robustness (docs/security.md): how nodes aggregate, and members that lie
+    aggregator: AggregatorKind = Field(AggregatorKind.MEAN, description="fragment-wise aggregation: mean (the "
+                                       "paper's), trimmed-mean (coordinate-wise, --trim), clipped (self-centred, "
+                                       "--clip-radius)")
+    trim: float = Field(1.0, gt=0, description="trimmed-mean: values cut per side of each coordinate, own included: "
+                        "a whole number >= 1, or a fraction of the contributions below 0.5 (too few: the median)")
+    clip_radius: float = Field(0.1, gt=0, description="clipped: each received fragment's difference to the node's "
+                               "own is clipped to this many times the norm of the node's own fragment")
+    byzantine: int = Field(0, ge=0, description="attacking nodes (ranks drawn from --seed); metrics count honest "
+                           "nodes only")
+    attack: AttackKind = Field(AttackKind.SIGN_FLIP, description="what attacking nodes send: sign-flip, scale, "
+                               "noise, alie (docs/security.md)")
+    attack_scale: float | None = Field(None, description="the attack's strength: sign-flip -s*x (1), scale s*x "
+                                       "(10), noise x + s*rms(x)*N(0,1) (1), alie z (Baruch et al.'s z_max)")
     # learning
     train: bool = Field(True, description="run local training (off: protocol-only rounds)")
     local_steps: int = Field(1, ge=0, description="local SGD steps H per round")
@@ -107,7 +122,35 @@ class RunConfig(BaseModel):
             raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
         if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
             raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")
+        if not (self.trim < 0.5 or float(self.trim).is_integer()):
+            raise ValueError(f"--trim {self.trim:g}: give a whole number of values per side (1, 2, ...) or a "
+                             "fraction below 0.5")
+        if self.byzantine >= self.nodes:
+            raise ValueError(f"--byzantine {self.byzantine} leaves no honest node among --nodes {self.nodes}")
+        if self.attack_scale is not None and not math.isfinite(self.attack_scale):
+            raise ValueError("--attack-scale must be a finite number")
         return self
+
+    def aggregator_rule(self) -> Aggregator:
+        """The aggregation every node of the run applies (`mosaic_proto.robust`)."""
+        return Aggregator(self.aggregator, self.trim, self.clip_radius)
+
+    def byzantine_ranks(self) -> tuple[int, ...]:
+        """The ranks that attack, drawn from the seed: the same on every node and in simulate."""
+        return byzantine_ranks(self.seed, self.nodes, self.byzantine)
+
+    def attack_of(self, node: int) -> Attack | None:
+        """How `node` lies, or None for an honest node."""
+        if node not in self.byzantine_ranks():
+            return None
+        return Attack.of(self.attack, self.seed, node, self.nodes, self.byzantine, self.attack_scale)
+
+    def round_options(self, node: int, round: int, start: Any) -> dict[str, Any]:
+        """The `RoundState` arguments of this run's robustness settings for `node` in `round`; `start`: the model
+        the round starts from (only an ALIE attacker reads it; none in round 0, as in `InMemoryNetwork`)."""
+        attack = self.attack_of(node)
+        return {"aggregator": self.aggregator_rule(), "attack": attack,
+                "start": start if attack is not None and round > 0 else None}
 
     def with_nodes(self, nodes: int) -> RunConfig:
         """The same run with `nodes` members (counted at registration), validated; ValueError if invalid."""

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 _STATUS = {"bad_address": 400, "bad_round": 400, "unknown_rank": 404, "dropped": 410, "future_round": 409,
            "stale_round": 409, "registration_closed": 409, "barrier_timeout": 503, "joining": 409,
            "run_not_joinable": 409}
-_REPORT_NUMBERS = [c for c in NODE_COLUMNS if c not in ("round", "node", "refused")]
+_REPORT_NUMBERS = [c for c in NODE_COLUMNS if c not in ("round", "node", "refused", "refused_by_reason")]
 HISTORY_LIMIT = 2000  # entries per list in one /v1/history answer: the newest ones
 DASHBOARD = Path(__file__).parent / "dashboard"
 # the files /dashboard/{name} serves, and nothing else: name -> content type

@@ -280,7 +280,9 @@ class Peer:
     def _round_state(self, round: int, members: list[int], early: tuple) -> RoundState:
         state = RoundState(node=self.rank, round=round, members=members, fragmentation=self.fragmentation,
                            sampler=self.sampler, run_id=self.run.run_id, max_bytes=self.options.max_body_bytes,
-                           early=early, planned_only=True, max_norm=self.options.max_norm)
+                           early=early, planned_only=True, max_norm=self.options.max_norm,
+                           **self.run.round_options(self.rank, round, self.vector),
+                           on_refused=lambda why, n: (self.metrics.counted(why, n), self._refused.update({why: n})))
         self.metrics.taken(state.report)  # messages buffered for this round were accepted (or refused) just now
         self._refused.update(state.report.refused)
         return state
