@@ -52,7 +52,7 @@ APPLIES = {
     "cluster": set(RUN + LEARNING) | {"round_deadline", "register_deadline", "drop_after", "request_timeout",
                                       "retries", "max_body_bytes", "secret_file", "max_norm", "out", "data_dir",
                                       "log_level", "log_json", "tls_cert", "tls_key", "tls_ca", "tls_client_auth",
-                                      "barrier_grace", "checkpoint_every"},
+                                      "barrier_grace", "checkpoint_every", "insecure"},
     "simulate": set(RUN + LEARNING + SIMULATE_ONLY) | {"out", "data_dir", "log_level", "log_json"},
 }
 GROUP_HELP = {"run": "the run (identical on every node)", "learning": "local training and evaluation",

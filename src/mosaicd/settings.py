@@ -194,7 +194,8 @@ class DaemonOptions(BaseModel):
     max_norm: float | None = Field(None, gt=0, description="refuse a received fragment whose norm is over this many "
                                    "times the node's own (a guard against faults, not against attacks)")
     insecure: bool = Field(False, description="listen beyond loopback without --secret-file: anyone who reaches "
-                           "a port can join the run and send it models")
+                           "a port can join the run and send it models; `mosaicd cluster`: run without the secret it "
+                           "makes for each run by default")
     tls_cert: Path | None = Field(None, description="PEM certificate (chain) this member serves TLS with and shows "
                                   "as a client; with it every URL between members is https:// (needs --tls-key)")
     tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
