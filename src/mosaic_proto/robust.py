@@ -10,14 +10,15 @@ Three rules, chosen by the run's `aggregator` setting (identical on every node, 
   mean; for m = 1 the node's own values). So a fragment with a single received contribution is averaged with it.
 - `clipped`: self-centred clipping (ClippedGossip, He, Karimireddy and Jaggi 2022) with equal weights
   1 / (1 + m): x = own + sum_j clip(x_j - own, tau) / (1 + m), where clip(z, tau) = z * min(1, tau / ||z||).
-  The radius is relative to the node's own fragment: tau_k = `clip_radius` * ||own_k|| (L2, float64). It depends on
-  nothing another sender sent, so a lone liar cannot raise it, and a sender moves a fragment by at most
-  tau_k / (1 + m) per round. Honest digits fragments differ by 1-6% of their norm (measured; docs/security.md):
-  the default 0.1 leaves them alone.
+  The radius is relative to the node's own fragment: tau_k = `clip_radius` * ||own_k|| (L2 in float64, summed by
+  numpy, not BLAS). It depends on nothing another sender sent, so a lone liar cannot raise it, and a sender moves a
+  fragment by at most tau_k / (1 + m) per round. Honest digits fragments differ by 1-6% of their norm (measured;
+  docs/security.md): the default 0.1 leaves them alone.
 
 Every rule is deterministic: sums run in float64 in ascending sender order (clipped) or in ascending value order
 per coordinate (trimmed-mean), so the result does not depend on arrival order. Each also counts what its rule cut
-(`RuleCounts`): received fragments clipped, and received fragments trimmed in most of their coordinates.
+(`Aggregator.aggregate`'s Counter): received fragments clipped, and received fragments trimmed in nearly all of their
+coordinates (TRIMMED_SHARE).
 """
 
 from __future__ import annotations
@@ -89,16 +90,22 @@ class Aggregator:
         return out, +cut
 
 
+def _norm(x: np.ndarray) -> float:
+    """L2 norm by numpy's own pairwise sum, not BLAS (np.linalg.norm): the same bits whatever the BLAS library, its
+    threads or the machine's load, which clipping needs (the norm scales the values)."""
+    return math.sqrt(float(np.add.reduce(x * x)))
+
+
 def clipped_fragment(mine: np.ndarray, parts: Sequence[np.ndarray], radius: float) -> tuple[np.ndarray, int]:
     """own + sum_j clip(x_j - own, radius * ||own||) / (1 + m), summed in the order of `parts`; and how many
     parts were clipped."""
     base = np.asarray(mine, dtype=np.float64)
-    tau = radius * float(np.linalg.norm(base))
+    tau = radius * _norm(base)
     acc = np.zeros_like(base)
     clipped = 0
     for values in parts:
         diff = np.asarray(values, dtype=np.float64) - base
-        norm = float(np.linalg.norm(diff))
+        norm = _norm(diff)
         if norm > tau:
             clipped += 1
             diff *= tau / norm
@@ -108,17 +115,21 @@ def clipped_fragment(mine: np.ndarray, parts: Sequence[np.ndarray], radius: floa
 
 def trimmed_fragment(mine: np.ndarray, parts: Sequence[np.ndarray], trim: float) -> tuple[np.ndarray, int]:
     """Coordinate-wise trimmed mean of own and `parts`; and how many parts were cut in at least TRIMMED_SHARE of
-    their coordinates."""
-    stack = np.stack([np.asarray(mine, dtype=np.float64)] + [np.asarray(p, dtype=np.float64) for p in parts])
-    m = len(stack)
+    their coordinates (a value equal to the lowest or highest kept one does not count as cut)."""
+    m = 1 + len(parts)
     b = trim_count(trim, m)
+    # one row per coordinate, its m values side by side: sorting along the contiguous last axis is the fast way
+    stack = np.empty((len(mine), m), dtype=np.float64)
+    stack[:, 0] = mine
+    for j, values in enumerate(parts, start=1):
+        stack[:, j] = values
     if b == 0:
-        return (stack.sum(axis=0) / m).astype(np.float32), 0
-    order = np.argsort(stack, axis=0, kind="stable")  # ties: the lower row first, whatever the arrival order
-    ranked = np.take_along_axis(stack, order, axis=0)
-    kept = ranked[b:m - b].sum(axis=0) / (m - 2 * b)
-    cut_rows = np.concatenate([order[:b], order[m - b:]])  # which contribution each cut value came from
-    per_row = np.bincount(cut_rows.ravel(), minlength=m)
-    size = stack.shape[1]
-    trimmed = int(np.count_nonzero(per_row[1:] >= TRIMMED_SHARE * size)) if size else 0
-    return kept.astype(np.float32), trimmed
+        return (stack.sum(axis=1) / m).astype(np.float32), 0
+    ranked = np.sort(stack, axis=1)
+    kept = ranked[:, b:m - b].sum(axis=1) / (m - 2 * b)
+    size = len(mine)
+    if not size:
+        return kept.astype(np.float32), 0
+    low, high = ranked[:, b:b + 1], ranked[:, m - b - 1:m - b]
+    cut = np.count_nonzero((stack[:, 1:] < low) | (stack[:, 1:] > high), axis=0)
+    return kept.astype(np.float32), int(np.count_nonzero(cut >= TRIMMED_SHARE * size))
