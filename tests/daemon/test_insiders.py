@@ -64,7 +64,8 @@ def test_simulate_equals_cluster_with_robust_aggregation_and_attackers(tmp_path:
     simulate = run_simulation(Settings(**run, out=tmp_path / "simulate"), progress=False)
     assert cluster["status"] == simulate["status"] == "finished"
     assert cluster["model_sha256"] == simulate["model_sha256"] and len(cluster["model_sha256"]) == 5
-    assert cluster["byzantine_ranks"] == simulate["byzantine_ranks"] == Settings(**run).run_config().byzantine_ranks()
+    ranks = list(Settings(**run).run_config().byzantine_ranks())
+    assert cluster["byzantine_ranks"] == simulate["byzantine_ranks"] == ranks
     assert len(cluster["byzantine_ranks"]) == (0 if attack is None else 1)
     for summary in (cluster, simulate):  # the metrics cover the honest nodes only, and say so
         assert summary["honest_only"] is (attack is not None)
