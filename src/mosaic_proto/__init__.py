@@ -2,6 +2,7 @@
 node's and the barrier's state machines."""
 
 from .aggregation import aggregate
+from .attacks import Attack, AttackKind, byzantine_ranks
 from .barrier import BarrierError, BarrierPhase, BarrierReason, BarrierState, Release
 from .fragmentation import Fragmentation, Layout, Strategy
 from .membership import MembershipError, parse_address, rank_addresses
@@ -10,13 +11,15 @@ from .node import SNAPSHOTS_KEPT, TRANSITIONS, Advance, NodeEvent, NodePhase, No
 from .quadratic import Curvature, Quadratic, curvature_matrix
 from .report import NODE_COLUMNS, NodeReport, ReportError, received_counts
 from .rng import Purpose, keyed_rng
+from .robust import Aggregator, AggregatorKind
 from .round import EarlyMessage, OutgoingMessage, Receipt, RoundOutcome, RoundReport, RoundState
 from .sampling import PeerSampler, SamplerKind, SamplingError, regular_digraph
 from .wire import CONTENT_TYPE, FragmentBatch, Reason, WireError, decode, encode
 
 __version__ = "0.1.0"
 __all__ = [
-    "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "BarrierError", "BarrierPhase", "BarrierReason",
+    "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "Aggregator", "AggregatorKind", "Attack", "AttackKind",
+    "BarrierError", "BarrierPhase", "BarrierReason", "byzantine_ranks",
     "BarrierState", "CONTENT_TYPE", "Curvature", "EarlyMessage", "FragmentBatch", "Fragmentation", "InMemoryNetwork",
     "Layout", "MembershipError", "NodeEvent", "NodePhase", "NodeRefused", "NodeReport", "NodeState", "NodeStateError",
     "OutgoingMessage", "PeerSampler", "Purpose", "Quadratic", "Reason", "Receipt", "Release", "ReportError",

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .attacks import Attack
 from .barrier import BarrierState, Release
 from .fragmentation import Fragmentation
+from .robust import Aggregator
 from .round import RoundReport, RoundState
 from .sampling import PeerSampler
+from .wire import WireError
 
 TrainFn = Callable[[int, int, np.ndarray], tuple[np.ndarray, float]]
 
@@ -44,10 +47,16 @@ class InMemoryNetwork:
     With a `BarrierState` the rounds go through the same barrier decisions as a deployed run, on a virtual
     clock: `step(absent={3})` makes node 3 miss the round (it neither trains, sends, receives nor arrives;
     messages to it are lost), so it straggles after `round_deadline` and is dropped as the barrier decides.
+
+    `aggregator`: every node's rule (None: mean); `attacks`: node -> how that node lies (its round states get
+    the model each round started from, as a daemon's do: none in round 0); `max_norm`: every node's --max-norm.
     """
 
     def __init__(self, vectors: Sequence[np.ndarray], fragmentation: Fragmentation, sampler: PeerSampler,
-                 train: TrainFn | None, run_id: str = "inmemory", barrier: BarrierState | None = None) -> None:
+                 train: TrainFn | None, run_id: str = "inmemory", barrier: BarrierState | None = None, *,
+                 aggregator: Aggregator | None = None, attacks: Mapping[int, Attack] | None = None,
+                 max_norm: float | None = None) -> None:
+        self.aggregator, self.attacks, self.max_norm = aggregator, dict(attacks or {}), max_norm
         self.vectors = [np.ascontiguousarray(v, dtype=np.float32) for v in vectors]
         self.fragmentation, self.sampler, self.train, self.run_id = fragmentation, sampler, train, run_id
         self.round = 0
@@ -63,14 +72,20 @@ class InMemoryNetwork:
         t, members = self.round, self.members
         present = [i for i in members if i not in absent]
         states = {i: RoundState(node=i, round=t, members=members, fragmentation=self.fragmentation,
-                                sampler=self.sampler, run_id=self.run_id, planned_only=True) for i in present}
+                                sampler=self.sampler, run_id=self.run_id, planned_only=True, max_norm=self.max_norm,
+                                aggregator=self.aggregator, attack=self.attacks.get(i),
+                                start=self.vectors[i] if i in self.attacks and t > 0 else None)
+                  for i in present}
         losses = []
         for i, state in states.items():
             local, loss = self.train(i, t, self.vectors[i]) if self.train else (self.vectors[i], float("nan"))
             losses.append(loss)
             for message in state.outgoing(local):
                 if message.peer in states:
-                    states[message.peer].receive(message.payload)
+                    try:
+                        states[message.peer].receive(message.payload)
+                    except WireError:  # refused (--max-norm) and counted in the receiver's report
+                        pass
                 else:
                     state.mark_unsent(message)
         release = self._barrier(t, present)

@@ -26,8 +26,10 @@ from enum import StrEnum
 
 import numpy as np
 
+from .attacks import Attack
 from .fragmentation import Fragmentation
 from .report import NodeReport
+from .robust import Aggregator
 from .round import OutgoingMessage, Receipt, RoundReport, RoundState
 from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, WireError
@@ -109,10 +111,15 @@ class Advance:
 
 class NodeState:
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_norm: float | None = None, rejoining: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_refused: Callable[[str, int], None] | None = None) -> None:
         """`rejoining`: this process takes over from an earlier one (a checkpoint): fragments of the round it lost
-        are refused at once (retry) instead of held until it is ready. `clock`: seconds, for the phase times."""
-        self.max_bytes, self.max_norm, self.clock = max_bytes, max_norm, clock
+        are refused at once (retry) instead of held until it is ready. `clock`: seconds, for the phase times.
+        `on_refused(reason, count)`: told of what a round refuses on its own (--max-norm once the node's norms are
+        known, fragments the aggregator cut), for a daemon's counters; the reports count them anyway."""
+        self.max_bytes, self.max_norm, self.clock, self.on_refused = max_bytes, max_norm, clock, on_refused
+        self.aggregator: Aggregator | None = None
+        self.attack: Attack | None = None
         self.phase = P.REJOINING if rejoining else P.REGISTERING
         self.rank, self.round, self.run_id = -1, 0, ""
         self.addresses: list[str] = []
@@ -149,13 +156,14 @@ class NodeState:
             self._fire(E.REGISTERED)
             self._open_round(())
 
-    def start(self, fragmentation: Fragmentation, sampler: PeerSampler, vector: np.ndarray | None = None) -> None:
+    def start(self, fragmentation: Fragmentation, sampler: PeerSampler, vector: np.ndarray | None = None, *,
+              aggregator: Aggregator | None = None, attack: Attack | None = None) -> None:
         """The model's fragmentation is known (and its starting vector, where known): from now on fragments are
-        taken."""
+        taken. `aggregator`: the run's rule (None: mean); `attack`: how this node lies, if it is an attacker."""
         if self.rank < 0:
             raise NodeStateError("start() before registered()")
         self._fire(E.STARTED)
-        self.fragmentation, self.sampler = fragmentation, sampler
+        self.fragmentation, self.sampler, self.aggregator, self.attack = fragmentation, sampler, aggregator, attack
         self._open_round(())
         if vector is not None:
             self.begin(vector)
@@ -253,9 +261,16 @@ class NodeState:
         assert self.fragmentation is not None and self.sampler is not None
         self._round = RoundState(node=self.rank, round=self.round, members=self.members,
                                  fragmentation=self.fragmentation, sampler=self.sampler, run_id=self.run_id,
-                                 max_bytes=self.max_bytes, early=early, planned_only=True, max_norm=self.max_norm)
+                                 max_bytes=self.max_bytes, early=early, planned_only=True, max_norm=self.max_norm,
+                                 aggregator=self.aggregator, attack=self.attack, on_refused=self._counted,
+                                 start=self.vector if self.attack is not None and self.round > 0 else None)
         self._refused.update(self._round.report.refused)
         return self._round.report
+
+    def _counted(self, reason: str, count: int) -> None:
+        self._refused[reason] += count
+        if self.on_refused is not None:
+            self.on_refused(reason, count)
 
     # -- incoming ------------------------------------------------------------------------------------------
     @property

@@ -48,7 +48,7 @@ class NodeReport:
         """A report from a round state's traffic counts and the node's own `fields_` (loss, phase seconds...)."""
         counts = {k: getattr(traffic, k) for k in ("round", "messages_out", "fragments_out", "bytes_out", "messages_in",
                                                    "fragments_in", "bytes_in", "fragments_unsent")}
-        return cls(**{"refused": dict(traffic.refused), **counts, **fields_})
+        return cls(**{"refused": dict(traffic.refused + traffic.cut), **counts, **fields_})
 
     def with_release(self, wait_s: float, stragglers: tuple[int, ...], **traffic_in: int) -> NodeReport:
         """The same round once it is released: the wait, the stragglers and the incoming traffic counted then."""
@@ -63,7 +63,8 @@ class NodeReport:
 
     def row(self, node: int) -> dict[str, Any]:
         """This report as a nodes.csv row (refusals summed)."""
-        data = {**self.to_json(), "node": node, "refused": sum(self.refused.values())}
+        data = {**self.to_json(), "node": node, "refused": sum(self.refused.values()),
+                "refused_by_reason": " ".join(f"{k}={v}" for k, v in sorted(self.refused.items()) if v)}
         return {c: data.get(c) for c in NODE_COLUMNS}
 
     @classmethod
@@ -103,7 +104,8 @@ class NodeReport:
 
 
 NODE_COLUMNS = ("round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
-                "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s")
+                "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s",
+                "refused_by_reason")  # refused: messages refused and fragments the aggregator cut; by reason after
 
 
 def received_counts(reports: dict[int, NodeReport | None]) -> dict[int, tuple[int, int, int]]:

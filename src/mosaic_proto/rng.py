@@ -22,6 +22,8 @@ class Purpose(IntEnum):
     INIT = 4
     TRAIN = 5
     DATA = 6
+    BYZANTINE = 7
+    ATTACK = 8
 
 
 def keyed_rng(seed: int, purpose: Purpose, round: int = NONE, node: int = NONE,

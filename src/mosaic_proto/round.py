@@ -13,14 +13,15 @@ The daemon (or the in-memory network) feeds it bytes and gets bytes and decision
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
 
-from .aggregation import aggregate
+from .attacks import Attack
 from .fragmentation import Fragmentation
+from .robust import Aggregator
 from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, FragmentBatch, Reason, WireError, decode, encode
 
@@ -58,10 +59,13 @@ class RoundReport:
     bytes_in: int = 0
     refused: Counter = field(default_factory=Counter)
     fragments_unsent: int = 0
+    cut: Counter = field(default_factory=Counter)  # received fragments the aggregator's rule clipped or trimmed
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "refused"}
-        d["refused"] = dict(self.refused)
+        """The report as JSON; `refused` holds both kinds of refusal by reason: messages refused (wire reasons,
+        out_of_range for --max-norm) and received fragments cut by the aggregator's rule (clipped, trimmed)."""
+        d = {k: v for k, v in self.__dict__.items() if k not in ("refused", "cut")}
+        d["refused"] = dict(self.refused + self.cut)
         return d
 
 
@@ -76,11 +80,18 @@ class RoundState:
     def __init__(self, *, node: int, round: int, members: Sequence[int], fragmentation: Fragmentation,
                  sampler: PeerSampler, run_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
                  window: int = DEFAULT_WINDOW, early: Iterable[EarlyMessage] = (), planned_only: bool = False,
-                 max_norm: float | None = None) -> None:
+                 max_norm: float | None = None, aggregator: Aggregator | None = None, attack: Attack | None = None,
+                 start: np.ndarray | None = None, on_refused: Callable[[str, int], None] | None = None) -> None:
         """`planned_only`: accept only the fragments the sampler's plan has the sender send to this node (every
         node can recompute the plan), so nobody can slip in fragments that were not its to send.
         `max_norm`: refuse a fragment whose L2 norm exceeds max_norm times this node's own fragment's (a guard
-        against faults such as diverged or corrupted models, not a Byzantine-robust aggregator)."""
+        against faults such as diverged or corrupted models, not a Byzantine-robust aggregator).
+        `aggregator`: the rule `finish` aggregates with (None: mean, `aggregation.aggregate`).
+        `attack`: this node lies: `outgoing` sends crafted fragments (`attacks.py`); `start` is the model the
+        round started from, which ALIE crafts from.
+        `on_refused(reason, count)`: told of what this state refuses on its own, not through an exception to the
+        caller: a message refused by --max-norm once this node's own norms are known (`outgoing`), and the
+        received fragments the aggregator's rule cut (`finish`), so that a daemon can count them."""
         self.node, self.round, self.run_id = node, round, run_id
         self.members = tuple(sorted(set(members)))
         if node not in self.members:
@@ -88,6 +99,7 @@ class RoundState:
         self.fragmentation, self.sampler = fragmentation, sampler
         self.max_bytes, self.window, self.planned_only, self.max_norm = max_bytes, window, planned_only, max_norm
         self._own_norms: list[float] | None = None
+        self.aggregator, self.attack, self._start, self._on_refused = aggregator, attack, start, on_refused
         self.report = RoundReport(round)
         self._received: dict[int, dict[int, np.ndarray]] = {}
         self._early: dict[tuple[int, int], EarlyMessage] = {}
@@ -171,16 +183,30 @@ class RoundState:
                     self._check_norms(sender, self._received[sender])
                 except WireError as exc:
                     del self._received[sender]
-                    self.report.refused[exc.reason.value] += 1
+                    self._refuse(exc.reason.value, 1)
+        sent = fragments if self.attack is None else self._crafted(fragments)
         messages = []
         for peer, frags in self.plan().items():
             batch = FragmentBatch(self.run_id, self.round, self.node, self.fragmentation.k,
-                                  self.fragmentation.fingerprint, {f: fragments[f] for f in frags})
+                                  self.fragmentation.fingerprint, {f: sent[f] for f in frags})
             messages.append(OutgoingMessage(peer, tuple(frags), encode(batch)))
         self.report.messages_out = len(messages)
         self.report.fragments_out = sum(len(m.fragments) for m in messages)
         self.report.bytes_out = sum(len(m.payload) for m in messages)
         return messages
+
+    def _crafted(self, fragments: list[np.ndarray]) -> list[np.ndarray]:
+        """What an attacker sends instead of its fragments (the same crafted values to every receiver)."""
+        assert self.attack is not None
+        start = None if self._start is None else self.fragmentation.views(
+            np.ascontiguousarray(self._start, dtype=np.float32))
+        return [self.attack.craft(self.round, f, values, None if start is None else start[f])
+                for f, values in enumerate(fragments)]
+
+    def _refuse(self, reason: str, count: int) -> None:
+        self.report.refused[reason] += count
+        if self._on_refused is not None:
+            self._on_refused(reason, count)
 
     def _check_norms(self, sender: int, fragments: dict[int, np.ndarray]) -> None:
         assert self._own_norms is not None and self.max_norm is not None
@@ -205,7 +231,12 @@ class RoundState:
         if self._finished:
             raise RuntimeError(f"round {self.round} is already finished")
         self._finished = True
-        vector = aggregate(self._local, self.fragmentation, self._received, own_fragments=self._own_fragments)
+        rule = self.aggregator or Aggregator()
+        vector, cut = rule.aggregate(self._local, self.fragmentation, self._received, own_fragments=self._own_fragments)
+        for reason, count in sorted(cut.items()):
+            self.report.cut[reason] += count
+            if self._on_refused is not None:
+                self._on_refused(reason, count)
         self._own_fragments = None
         early = tuple(m for _, m in sorted(self._early.items()))
         return RoundOutcome(vector, self.report, early)

@@ -5,7 +5,14 @@
                        and at the end model_sha256 per node; small, the same size at round 10 as at round 10,000
     OUT/rounds.csv     one row per evaluated round, appended: the spec's four metrics, the mean training loss,
                        the per-node metric (`per_node`, space-separated, in the order of `nodes`)
-    OUT/nodes.csv      one row per node and round, appended: loss, bytes and fragments in/out, phase timings
+    OUT/nodes.csv      one row per node and round, appended: loss, bytes and fragments in/out, refusals, phase timings
+
+With attackers (`--byzantine`), the evaluation rows cover the honest nodes only (`"honest_only": true`, `nodes`
+lists them) and summary.json names the attackers (`byzantine_ranks`; always present, empty without attackers).
+`refused` in nodes.csv is the count of refusals, `refused_by_reason` the same by reason ("clipped=3 out_of_range=1"):
+messages refused (wire reasons; out_of_range is --max-norm) and received fragments the aggregator's rule cut
+(clipped, trimmed). A daemon reports a refusal with its next arrival: what a round's aggregation cut is in the
+node's row of the round after (in simulate, in the same round's row).
 
 Rows are only ever appended, and summary.json holds no rows: every output costs the same per round at the end
 of a long run as at its start. `read_rounds(out)` loads the evaluation rows (as summary.json's "rounds" list
@@ -23,7 +30,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +57,17 @@ def model_sha256(vector: np.ndarray) -> str:
 def higher_is_better(rounds: list[Mapping[str, Any]]) -> bool | None:
     """Whether the run's metric is better higher, as its task said in the evaluation rows (None: no row)."""
     return next((bool(r["higher_is_better"]) for r in rounds if r.get("higher_is_better") is not None), None)
+
+
+def honest_nodes(run: RunConfig, members: Iterable[int]) -> tuple[list[int], dict[str, Any]]:
+    """The honest ones of `members` (what the metrics cover), and what an evaluation row says about it."""
+    attackers = set(run.byzantine_ranks())
+    return [m for m in members if m not in attackers], ({"honest_only": True} if attackers else {})
+
+
+def robustness_summary(run: RunConfig) -> dict[str, Any]:
+    """What summary.json says about attackers: their ranks, and that the metrics leave them out."""
+    return {"byzantine_ranks": list(run.byzantine_ranks()), "honest_only": run.byzantine > 0}
 
 
 def is_eval_round(round: int, run: RunConfig) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from contextvars import ContextVar
@@ -13,7 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from mosaic_proto import SamplerKind, Strategy
+from mosaic_proto import Aggregator, AggregatorKind, Attack, AttackKind, SamplerKind, Strategy, byzantine_ranks
 from mosaic_proto.quadratic import Curvature
 
 
@@ -86,6 +87,22 @@ class RunConfig(BaseModel):
     round_deadline: float = Field(120.0, gt=0, description="seconds a round may take from its release: the barrier "
                                   "releases it then, whoever has arrived, and a node's sends end before it",
                                   **cli("run"))
+    # robustness (docs/security.md): how nodes aggregate, and members that lie
+    aggregator: AggregatorKind = Field(AggregatorKind.MEAN, description="fragment-wise aggregation: mean (the "
+                                       "paper's), trimmed-mean (coordinate-wise, --trim), clipped (self-centred, "
+                                       "--clip-radius)", **cli("run"))
+    trim: float = Field(1.0, gt=0, description="trimmed-mean: values cut per side of each coordinate, own included: "
+                        "a whole number >= 1, or a fraction of the contributions below 0.5 (too few: the median)",
+                        **cli("run"))
+    clip_radius: float = Field(0.1, gt=0, description="clipped: each received fragment's difference to the node's "
+                               "own is clipped to this many times the norm of the node's own fragment", **cli("run"))
+    byzantine: int = Field(0, ge=0, description="attacking nodes (ranks drawn from --seed); metrics count honest "
+                           "nodes only", **cli("run"))
+    attack: AttackKind = Field(AttackKind.SIGN_FLIP, description="what attacking nodes send: sign-flip, scale, "
+                               "noise, alie (docs/security.md)", **cli("run"))
+    attack_scale: float | None = Field(None, description="the attack's strength: sign-flip -s*x (1), scale s*x "
+                                       "(10), noise x + s*rms(x)*N(0,1) (1), alie z (Baruch et al.'s z_max)",
+                                       **cli("run"))
     # learning
     train: bool = Field(True, description="run local training (off: protocol-only rounds)", **cli("learning"))
     local_steps: int = Field(1, ge=0, description="local SGD steps H per round", **cli("learning"))
@@ -121,7 +138,28 @@ class RunConfig(BaseModel):
             raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
         if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
             raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")
+        if not (self.trim < 0.5 or float(self.trim).is_integer()):
+            raise ValueError(f"--trim {self.trim:g}: give a whole number of values per side (1, 2, ...) or a "
+                             "fraction below 0.5")
+        if self.byzantine >= self.nodes:
+            raise ValueError(f"--byzantine {self.byzantine} leaves no honest node among --nodes {self.nodes}")
+        if self.attack_scale is not None and not math.isfinite(self.attack_scale):
+            raise ValueError("--attack-scale must be a finite number")
         return self
+
+    def aggregator_rule(self) -> Aggregator:
+        """The aggregation every node of the run applies (`mosaic_proto.robust`)."""
+        return Aggregator(self.aggregator, self.trim, self.clip_radius)
+
+    def byzantine_ranks(self) -> tuple[int, ...]:
+        """The ranks that attack, drawn from the seed: the same on every node and in simulate."""
+        return byzantine_ranks(self.seed, self.nodes, self.byzantine)
+
+    def attack_of(self, node: int) -> Attack | None:
+        """How `node` lies, or None for an honest node."""
+        if node not in self.byzantine_ranks():
+            return None
+        return Attack.of(self.attack, self.seed, node, self.nodes, self.byzantine, self.attack_scale)
 
     def with_nodes(self, nodes: int) -> RunConfig:
         """The same run with `nodes` members (counted at registration, or in a peer list), validated; a
@@ -184,7 +222,8 @@ class DaemonOptions(BaseModel):
                                    "times the node's own (a guard against faults, not against attacks)",
                                    **cli("network", "node", "cluster"))
     insecure: bool = Field(False, description="listen beyond loopback without --secret-file: anyone who reaches "
-                           "a port can join the run and send it models", **cli("network", "node", "barrier"))
+                           "a port can join the run and send it models; `mosaicd cluster`: run without the secret it "
+                           "makes for each run by default", **cli("network", "node", "barrier", "cluster"))
     tls_cert: Path | None = Field(None, description="PEM certificate (chain) this member serves TLS with and shows "
                                   "as a client; with it every URL between members is https:// (needs --tls-key)",
                                   **cli("network", "node", "barrier", "cluster"))

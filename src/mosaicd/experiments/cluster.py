@@ -5,6 +5,11 @@ torch up once, then forks the nodes from that state (`experiments/warm.py`); the
 skip the start-up that used to take most of a short run. They are still separate processes on their own ports,
 talking HTTP. `warm=False` (or a non-CPU device) starts every process as a fresh `mosaicd` interpreter instead.
 
+Secure by default: unless --secret-file is given (or --insecure asks for none), the launcher makes a random secret
+for the run, in a 0600 file in a private temporary folder (never in the output folder), hands every process its
+path (MOSAIC_SECRET_FILE) and deletes it at the end: every request between members is signed, and the secret
+appears in no output, log or status.
+
 Progress: `progress=True` shows the `ProgressPrinter` on stderr; `on_round`, when given, is called with a
 `RoundProgress` once per round, in order, as the barrier's /v1/status shows rounds released (polled every
 0.2 s); the last round is reported once the run's summary is written, with the final evaluation row.
@@ -15,10 +20,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -79,6 +87,7 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen | ForkedProcess] = {}
         self.barrier_port: int | None = None  # set by run(): where to scrape the barrier's /v1/status, /metrics
         self.node_ports: list[int] = []  # node-i listens on node_ports[i] (its rank is its address' sort order)
+        self.secret_file: Path | None = None  # the run's own secret, while it runs (`_own_secret`)
 
     def _spawn(self, name: str, command: str, env: dict[str, str]) -> None:
         logs = self.out / "logs"
@@ -140,6 +149,22 @@ class Cluster:
             raise
         finally:
             self.stop()
+            if self.secret_file is not None:
+                shutil.rmtree(self.secret_file.parent, ignore_errors=True)
+
+    def _own_secret(self) -> dict[str, Any]:
+        """The settings override that gives every process the run's secret: the user's --secret-file, none with
+        --insecure, else a fresh random one in a private 0700 folder (deleted by `run` at the end)."""
+        s = self.settings
+        if s.secret_file is not None or s.insecure:
+            return {}
+        folder = Path(tempfile.mkdtemp(prefix="mosaic-secret-"))  # 0700, outside the output folder
+        path = folder / "secret"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+        self.secret_file = path
+        return {"secret_file": str(path)}
 
     def _run(self, timeout: float | None) -> dict:
         s = self.settings
@@ -148,12 +173,13 @@ class Cluster:
         barrier_port, node_ports = ports[0], sorted(ports[1:])  # ranks follow address order: node-i is rank i
         self.barrier_port, self.node_ports = barrier_port, node_ports
         barrier_url = f"{scheme(s)}://127.0.0.1:{barrier_port}"
-        barrier_env = settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True)
+        secret = self._own_secret()
+        barrier_env = settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True, **secret)
         # the launcher restarts no node (and picks new ports each run): checkpoints only when asked for
         every = s.checkpoint_every if "checkpoint_every" in s.model_fields_set else 0
         node_envs = {f"node-{i}": settings_env(s, host="127.0.0.1", port=port, barrier_url=barrier_url, log_json=True,
                                                out=str(self.out / "nodes" / str(i)), advertise=f"127.0.0.1:{port}",
-                                               checkpoint_every=every)
+                                               checkpoint_every=every, **secret)
                      for i, port in enumerate(node_ports)}
         if self.warm:
             self._spawn_warm(barrier_env, node_envs)

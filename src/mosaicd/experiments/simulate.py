@@ -22,7 +22,7 @@ from mosaicd.experiments.batched import BatchedTraining
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
-from mosaicd.outputs import RunRecorder, failure_text, is_eval_round
+from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
 from mosaicd.settings import Settings
 
 
@@ -44,7 +44,10 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
                            drop_after=settings.drop_after, expected=settings.nodes)
     batched = BatchedTraining(task) if settings.batched and settings.train else None
     train = (batched or task.train) if settings.train else None
-    network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier)
+    run = settings.run_config()
+    attacks = {i: run.attack_of(i) for i in run.byzantine_ranks()}
+    network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier,
+                              aggregator=run.aggregator_rule(), attacks=attacks)
     with ProgressPrinter(enabled=progress) as printer:
         printer.start_run("", settings.rounds)
         for _ in range(settings.rounds):
@@ -59,9 +62,10 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
             row = None
             if is_eval_round(record.round, settings):
                 taken_at = time.time()
-                live = [network.vectors[i] for i in network.members]
-                row = recorder.network_round(record.round, {**network_metrics(task, live),
-                                                            "nodes": network.members}, taken_at)
+                honest, says = honest_nodes(run, network.members)
+                live = [network.vectors[i] for i in honest]
+                row = recorder.network_round(record.round, {**network_metrics(task, live), "nodes": honest, **says},
+                                             taken_at)
             losses = [x for x in record.losses if math.isfinite(x)]
             done = RoundProgress(record.round, settings.rounds, sum(losses) / len(losses) if losses else None, row)
             printer.on_round(done)
@@ -70,4 +74,5 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     final = network.finish()
     assert final is not None and final.finished
     return recorder.finish({i: network.vectors[i] for i in network.members}, members=network.members,
-                           dropped=list(final.dropped), events=[e.to_json() for e in barrier.events])
+                           dropped=list(final.dropped), events=[e.to_json() for e in barrier.events],
+                           **robustness_summary(run))

@@ -28,7 +28,7 @@ from mosaicd.daemon.barrier.release_log import ReleaseLog
 from mosaicd.daemon.deadlines import join_wait, release_wait
 from mosaicd.daemon.http.auth import Keyring, load_secret
 from mosaicd.logs import get_logger
-from mosaicd.outputs import RunRecorder, is_eval_round
+from mosaicd.outputs import RunRecorder, is_eval_round, robustness_summary
 from mosaicd.settings import DaemonOptions, RunConfig
 
 
@@ -202,7 +202,8 @@ class Barrier:
         if release.finished:  # the nodes are free to go once their models are collected; evaluation goes on
             await self.evaluator.drain()
             outcome = {"members": list(release.members), "dropped": list(release.dropped),
-                       "addresses": list(self.state.addresses), "events": [e.to_json() for e in self.state.events]}
+                       "addresses": list(self.state.addresses), "events": [e.to_json() for e in self.state.events],
+                       **robustness_summary(self.run)}
             if self.state.phase is BarrierPhase.FAILED:
                 self.log.error("run_failed", detail=self.state.failure)
                 self.recorder.fail(self.state.failure or "failed", **outcome)

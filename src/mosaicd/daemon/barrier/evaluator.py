@@ -18,7 +18,7 @@ from mosaicd.daemon.http.auth import Keyring, signer
 from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import client_context, scheme
-from mosaicd.outputs import SUMMARY_KEYS, RunRecorder
+from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, honest_nodes
 from mosaicd.settings import DaemonOptions, RunConfig
 
 
@@ -62,12 +62,14 @@ class NetworkEvaluator:
 
     async def _evaluate(self, run: RunConfig, round: int, vectors: dict[int, np.ndarray],
                         previous: asyncio.Future | None, taken_at: float) -> None:
-        ranks = sorted(vectors)
+        ranks, says = honest_nodes(run, sorted(vectors))  # attackers' models are collected, not evaluated
         assert self.evaluate is not None
+        if not ranks:
+            return
         metrics = await asyncio.to_thread(self.evaluate, run, [vectors[r] for r in ranks])
         if previous is not None:
             await previous
-        self.last_metrics = self.recorder.network_round(round, {**metrics, "nodes": ranks}, taken_at)
+        self.last_metrics = self.recorder.network_round(round, {**metrics, "nodes": ranks, **says}, taken_at)
         self.metrics.evaluated(self.last_metrics)
         self.log.info("evaluated", round=round, **{k: self.last_metrics.get(k) for k in SUMMARY_KEYS})
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,14 @@ from mosaicd.outputs import SUMMARY_KEYS, RunRecorder
 
 HISTORY_KEPT = 2000  # released rounds /v1/history serves (the newest), and so the dashboard
 Arrivals = dict[int, tuple[float, NodeReport | None]]  # rank -> (seconds it waited, its report)
+
+
+def refusals(closed: Arrivals) -> dict[str, int]:
+    """The round's refusals by reason, summed over the members' reports (messages refused, fragments cut)."""
+    total: Counter[str] = Counter()
+    for _, report in closed.values():
+        total.update(report.refused if report else {})
+    return dict(sorted((+total).items()))
 
 
 def phase_means(closed: Arrivals) -> dict[str, float]:
@@ -48,7 +57,8 @@ class ReleaseLog:
         self._released_at = now
         self.history.append({"round": release.round, "duration_s": None if duration is None else round(duration, 6),
                              **phase_means(closed), "members": len(release.members),
-                             "stragglers": list(release.stragglers), "dropped": list(release.dropped)})
+                             "stragglers": list(release.stragglers), "dropped": list(release.dropped),
+                             "refused": refusals(closed)})
         if len(self.history) > 2 * HISTORY_KEPT:  # memory stays flat in long runs; /v1/history serves fewer
             del self.history[:-HISTORY_KEPT]
         self.metrics.released(release, now)

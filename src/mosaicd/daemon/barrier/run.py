@@ -22,7 +22,7 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
     require_task(settings.task)  # it evaluates the task: say now, not at the first evaluation, if it cannot
     barrier = Barrier(settings.run_config(), settings.daemon_options(),
                       evaluate=NetworkEvaluation(settings.data_dir, task))
-    check_listen(settings, barrier.keyring)
+    check_listen(settings, barrier.keyring, barrier=True)
     runner, port = await serve(barrier_app(barrier), settings, sock)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
     try:

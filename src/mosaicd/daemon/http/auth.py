@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, check_body, run_key, verify
 from mosaicd.daemon.http.errors import Handler, json_error
+from mosaicd.logs import get_logger
 
 REGISTER_RUN = "register"  # the key for registrations, before a node knows the run
 OPEN = frozenset({"/healthz", "/metrics", "/v1/status", "/v1/history", "/", "/openapi.json"})  # read-only views
@@ -71,13 +72,18 @@ def auth_window(options: Any) -> float:
     return max(60.0, 2 * options.request_timeout)
 
 
-def check_listen(options: Any, keyring: Keyring | None) -> None:
-    """Refuse to listen beyond loopback without a secret, unless the user says --insecure."""
+def check_listen(options: Any, keyring: Keyring | None, barrier: bool = False) -> None:
+    """Refuse to listen beyond loopback without a secret, unless the user says --insecure. On loopback without a
+    secret, a barrier (or a --peer-list node, whose rank 0 hosts one) says once, in a warning, what that allows."""
     host = options.host
     loopback = host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
     if not loopback and keyring is None and not options.insecure:
         raise SecretError(f"--host {host}: listening beyond loopback needs --secret-file (MOSAIC_SECRET_FILE), so "
                           "that only members can join and send models; --insecure listens without one")
+    if keyring is None and (barrier or getattr(options, "peer_list", None) is not None):
+        get_logger(role="barrier" if barrier else "node").warning(
+            "no_secret", host=host, detail="no cluster secret: any process on this host can register, arrive and "
+            "send fragments for this run; give --secret-file (MOSAIC_SECRET_FILE), as `mosaicd cluster` does")
 
 
 def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[str | None]], window: float,

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from mosaic_proto import NodeReport, Reason, RoundReport
 
 PHASES = ("train", "send", "wait", "aggregate")
+CUT_RULES = ("clipped", "trimmed")  # what mosaic_proto.robust counts
 # from a millisecond (protocol-only rounds on loopback) to minutes (a CIFAR epoch on CPU, a long barrier wait)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
                    300.0, 600.0)
@@ -44,6 +45,8 @@ class NodeMetrics:
         self.msgs_in = Counter("mosaic_received_messages", "fragment messages accepted", registry=r)
         self.refusals = Counter("mosaic_refused_messages", "fragment messages refused, by reason", ["reason"],
                                 registry=r)
+        self.cut = Counter("mosaic_aggregator_cut_fragments", "received fragments the aggregator's rule cut: clipped "
+                           "(clipped), trimmed in most coordinates (trimmed-mean)", ["rule"], registry=r)
         self.unsent = Counter("mosaic_unsent_fragments", "fragments the transport gave up on", registry=r)
         self.phase = Histogram("mosaic_round_phase_seconds", "seconds per round phase: train, send (fragments), "
                                "wait (at the barrier), aggregate", ["phase"], buckets=SECONDS_BUCKETS, registry=r)
@@ -53,6 +56,8 @@ class NodeMetrics:
             self.refusals.labels(reason.value)
         for phase in PHASES:
             self.phase.labels(phase)
+        for rule in CUT_RULES:
+            self.cut.labels(rule)
 
     def taken(self, report: RoundReport) -> None:
         """A new round state took the messages buffered for it: count them like live ones."""
@@ -69,6 +74,14 @@ class NodeMetrics:
 
     def refused(self, reason: Reason) -> None:
         self.refusals.labels(reason.value).inc()
+
+    def counted(self, reason: str, count: int) -> None:
+        """What a round state refused on its own: messages refused by --max-norm once the node's norms were
+        known, fragments its aggregator cut."""
+        if reason in CUT_RULES:
+            self.cut.labels(reason).inc(count)
+        else:
+            self.refusals.labels(reason).inc(count)
 
     def sent(self, report: RoundReport) -> None:
         self.bytes_out.inc(report.bytes_out)

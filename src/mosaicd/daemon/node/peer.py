@@ -51,7 +51,8 @@ class Peer:
         takes over from an earlier one (it has its checkpoint): fragments of the round it lost are refused
         at once instead of held until it is ready."""
         self.options, self._model, self._evaluate, self._hosted_run = options, model, evaluate, run
-        self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining)
+        self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining,
+                               on_refused=lambda why, n: self.metrics.counted(why, n))
         secret = load_secret(options.secret_file)
         self.inbox = Inbox(self.state, options, Keyring(secret) if secret else None)
         self.log = get_logger(role="node")
@@ -146,7 +147,8 @@ class Peer:
         run = self.run
         self.inbox.layout = model
         fragmentation = Fragmentation.build(model, run.fragments, run.seed, run.strategy)
-        self.state.start(fragmentation, PeerSampler(run.sampler, run.fanout, run.seed), vector)
+        self.state.start(fragmentation, PeerSampler(run.sampler, run.fanout, run.seed), vector,
+                         aggregator=run.aggregator_rule(), attack=run.attack_of(self.rank))
         self.inbox.ready.set()
         self.log.info("ready", dim=model.dim, fingerprint=fragmentation.fingerprint.hex())
 

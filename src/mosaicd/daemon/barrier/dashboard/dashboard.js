@@ -273,6 +273,27 @@ function renderCharts() {
   ], data, { yLabel: "nodes", y: { range: (u, min, max) => [0, Math.max(2, max + 1)] } }),
   [releases.map((r) => r.round), releases.map((r) => (r.stragglers || []).length), droppedSoFar]);
   renderStragglerList(releases);
+  renderRefusals(releases);
+}
+
+// refusals by reason: the run's totals, then the last rounds that had any
+function renderRefusals(rounds) {
+  const totals = {};
+  for (const r of rounds) {
+    for (const [reason, n] of Object.entries(r.refused || {})) totals[reason] = (totals[reason] || 0) + n;
+  }
+  state.refusals = totals;  // for tests
+  const text = (counts) => Object.entries(counts).sort().map(([k, n]) => `${k}: ${n}`).join(", ");
+  const items = [];
+  const all = document.createElement("li");
+  all.textContent = Object.keys(totals).length ? `whole run: ${text(totals)}` : "no refusals so far";
+  items.push(all);
+  for (const r of rounds.filter((r) => Object.keys(r.refused || {}).length).slice(-10).reverse()) {
+    const li = document.createElement("li");
+    li.textContent = `round ${r.round}: ${text(r.refused)}`;
+    items.push(li);
+  }
+  $("refusal-list").replaceChildren(...items);
 }
 
 function renderStragglerList(rounds) {
