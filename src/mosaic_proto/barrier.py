@@ -53,6 +53,8 @@ class BarrierReason(StrEnum):
     FUTURE_ROUND = "future_round"
     STALE_ROUND = "stale_round"
     BARRIER_TIMEOUT = "barrier_timeout"
+    LEFT = "left"
+    RUN_FAILED = "run_failed"
 
 
 class BarrierError(Exception):
@@ -73,15 +75,17 @@ class Release:
     dropped: tuple[int, ...]  # every member dropped so far
     finished: bool = False
     joined: tuple[int, ...] = ()  # members from the next round on that were not in this one
+    left: tuple[int, ...] = ()  # members that said they leave during this round
 
     def to_json(self) -> dict[str, Any]:
         return {"round": self.round, "members": list(self.members), "stragglers": list(self.stragglers),
-                "dropped": list(self.dropped), "finished": self.finished, "joined": list(self.joined)}
+                "dropped": list(self.dropped), "finished": self.finished, "joined": list(self.joined),
+                "left": list(self.left)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Release:
         return cls(int(data["round"]), tuple(data["members"]), tuple(data["stragglers"]), tuple(data["dropped"]),
-                   bool(data["finished"]), tuple(data.get("joined", ())))
+                   bool(data["finished"]), tuple(data.get("joined", ())), tuple(data.get("left", ())))
 
 
 @dataclass
@@ -102,8 +106,11 @@ class _Round:
 
 class BarrierState:
     def __init__(self, *, rounds: int, round_deadline: float, drop_after: int, expected: int = 0,
-                 kept: int = 3) -> None:
+                 kept: int = 3, min_members: int = 1) -> None:
+        """`min_members`: the fewest live members the run can go on with (fanout s needs s + 1): with fewer, the
+        run ends at once, failed, instead of every node failing to sample its peers."""
         self.rounds, self.round_deadline, self.drop_after, self.kept = rounds, round_deadline, drop_after, kept
+        self.min_members = min_members
         self.expected = expected
         self.phase = BarrierPhase.REGISTERING
         self.failure: str | None = None
@@ -117,6 +124,8 @@ class BarrierState:
         self.closed: dict[int, dict[int, tuple[float, NodeReport | None]]] = {}
         self.events: list[Release] = []  # the releases with stragglers or joins (and so every drop)
         self.joining: list[int] = []  # members from the next round on
+        self.left: list[int] = []  # members that said they leave (they are not waited for, nor sampled)
+        self._leaving: list[int] = []  # those that left during the open round (its release says so)
         self._open = _Round()
 
     # -- registration ------------------------------------------------------------------------------
@@ -189,6 +198,23 @@ class BarrierState:
         self.failure = reason
         self.phase = BarrierPhase.FAILED
 
+    def leave(self, rank: int, now: float) -> Release | None:
+        """`rank` leaves the run (it was told to stop, or it failed): nobody waits for it from now on and it is
+        not sampled from the next round; the release if the open round needed only it (or if too few are left)."""
+        if not self.members or rank not in self.members:
+            raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
+        if self.phase is not BarrierPhase.RUNNING:
+            raise BarrierError(BarrierReason.RUN_FAILED if self.phase is BarrierPhase.FAILED
+                               else BarrierReason.BAD_ROUND, f"the run is {self.phase.value}")
+        if rank in self.left or rank in self.dropped:
+            return None
+        self.live, self.joining = [r for r in self.live if r != rank], [r for r in self.joining if r != rank]
+        self._open.arrivals.pop(rank, None)
+        self.left.append(rank), self._leaving.append(rank)
+        if len(self.live) < self.min_members or set(self.live) <= set(self._open.arrivals):
+            return self._release(now)
+        return None
+
     # -- rounds ------------------------------------------------------------------------------------
     @property
     def deadline(self) -> float | None:
@@ -217,8 +243,12 @@ class BarrierState:
         """Raise the BarrierError that an arrival of `rank` at `round` would get now (changes nothing)."""
         if not self.members or rank not in self.members:
             raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
+        if self.phase is BarrierPhase.FAILED:
+            raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
         if rank in self.dropped:
             raise BarrierError(BarrierReason.DROPPED, f"rank {rank} was dropped from the run")
+        if rank in self.left:
+            raise BarrierError(BarrierReason.LEFT, f"rank {rank} left the run")
         if rank in self.joining and round >= self.round:
             raise BarrierError(BarrierReason.JOINING, f"rank {rank} is a member again from round {self.round + 1} on")
         if round > self.rounds:
@@ -247,48 +277,70 @@ class BarrierState:
         joined = tuple(sorted(self.joining))
         self.live = sorted(r for r in [*self.live, *joined] if r not in newly)
         self.joining = [r for r in self.joining if r not in joined]
-        everyone_dropped = not self.live
-        finished = t >= self.rounds or everyone_dropped
-        release = Release(t, tuple(self.live), stragglers, tuple(self.dropped), finished, joined)
+        too_few = len(self.live) < self.min_members
+        finished = t >= self.rounds or too_few
+        left, self._leaving = tuple(self._leaving), []
+        release = Release(t, tuple(self.live), stragglers, tuple(self.dropped), finished, joined, left)
         self.released[t] = release
-        if stragglers or joined:
+        if stragglers or joined or left:
             self.events.append(release)
         self.closed[t] = {r: (now - at, report) for r, (at, report) in sorted(arrivals.items())}
         self.released.pop(t - self.kept, None)
         self.closed.pop(t - self.kept, None)
         self.round = t + 1
         self._open = _Round(opened=now)
-        if everyone_dropped:
-            self.fail(f"every member was dropped by round {t} (none arrived within the round deadline "
-                      f"{self.round_deadline:g}s for {self.drop_after} rounds)")
+        if too_few and (t < self.rounds or not self.live):
+            self.fail(too_few_reason(self, t))
         elif finished:
             self.phase = BarrierPhase.FINISHED
         return release
 
     # -- persistence ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        """What a restarted barrier needs to go on deciding as this one would (arrivals at the open round are
-        not kept: the nodes retry them)."""
-        return {"rounds": self.rounds, "round_deadline": self.round_deadline, "drop_after": self.drop_after,
-                "kept": self.kept, "expected": self.expected, "phase": self.phase.value, "failure": self.failure,
-                "addresses": list(self.addresses), "round": self.round, "live": self.live,
-                "dropped": self.dropped, "joining": self.joining,
-                "members": [[m.missed, m.last_round] for m in self.members.values()],
-                "released": [r.to_json() for _, r in sorted(self.released.items())],
-                "events": [e.to_json() for e in self.events]}
+        """What a restarted barrier needs to go on deciding as this one would (`dump_state`)."""
+        return dump_state(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any], now: float) -> BarrierState:
         """The state `to_json` saved; the open round (re)opens at `now`."""
-        state = cls(rounds=data["rounds"], round_deadline=data["round_deadline"], drop_after=data["drop_after"],
-                    expected=data["expected"], kept=data["kept"])
-        state.phase, state.failure = BarrierPhase(data["phase"]), data["failure"]
-        state.addresses = tuple(data["addresses"])
-        state.members = {r: Member(a, missed=m[0], last_contact=now, last_round=m[1])
-                         for r, (a, m) in enumerate(zip(state.addresses, data["members"], strict=True))}
-        state.round, state.live = data["round"], list(data["live"])
-        state.dropped, state.joining = list(data["dropped"]), list(data["joining"])
-        state.released = {r["round"]: Release.from_json(r) for r in data["released"]}
-        state.events = [Release.from_json(e) for e in data["events"]]
-        state._open = _Round(opened=now)
-        return state
+        return load_state(data, now)
+
+
+def too_few_reason(state: BarrierState, t: int) -> str:
+    """Why a run with too few live members after round `t` ends."""
+    gone = f"dropped: {list(state.dropped)} (after missing the round deadline {state.round_deadline:g}s " \
+           f"{state.drop_after} rounds in a row), left: {list(state.left)}"
+    if not state.live:
+        return f"every member was dropped or left by round {t}; {gone}"
+    return (f"{len(state.live)} members are left after round {t} ({list(state.live)}), fewer than the "
+            f"{state.min_members} the run needs (each sends every fragment to {state.min_members - 1} others); {gone}")
+
+
+def dump_state(self: BarrierState) -> dict[str, Any]:
+    """What a restarted barrier needs to go on deciding as this one would (arrivals at the open round are
+    not kept: the nodes retry them)."""
+    return {"rounds": self.rounds, "round_deadline": self.round_deadline, "drop_after": self.drop_after,
+            "kept": self.kept, "expected": self.expected, "phase": self.phase.value, "failure": self.failure,
+            "addresses": list(self.addresses), "round": self.round, "live": self.live,
+            "dropped": self.dropped, "joining": self.joining, "left": self.left, "leaving": self._leaving,
+            "min_members": self.min_members,
+            "members": [[m.missed, m.last_round] for m in self.members.values()],
+            "released": [r.to_json() for _, r in sorted(self.released.items())],
+            "events": [e.to_json() for e in self.events]}
+
+
+def load_state(data: dict[str, Any], now: float) -> BarrierState:
+    """The state `to_json` saved; the open round (re)opens at `now`."""
+    state = BarrierState(rounds=data["rounds"], round_deadline=data["round_deadline"], drop_after=data["drop_after"],
+                expected=data["expected"], kept=data["kept"], min_members=data.get("min_members", 1))
+    state.phase, state.failure = BarrierPhase(data["phase"]), data["failure"]
+    state.addresses = tuple(data["addresses"])
+    state.members = {r: Member(a, missed=m[0], last_contact=now, last_round=m[1])
+                     for r, (a, m) in enumerate(zip(state.addresses, data["members"], strict=True))}
+    state.round, state.live = data["round"], list(data["live"])
+    state.dropped, state.joining = list(data["dropped"]), list(data["joining"])
+    state.left, state._leaving = list(data.get("left", [])), list(data.get("leaving", []))
+    state.released = {r["round"]: Release.from_json(r) for r in data["released"]}
+    state.events = [Release.from_json(e) for e in data["events"]]
+    state._open = _Round(opened=now)
+    return state

@@ -161,6 +161,11 @@ class RunConfig(BaseModel):
             return None
         return Attack.of(self.attack, self.seed, node, self.nodes, self.byzantine, self.attack_scale)
 
+    @property
+    def min_members(self) -> int:
+        """The fewest live members the run can go on with: each fragment goes to `fanout` others."""
+        return min(self.fanout + 1, self.nodes)
+
     def with_nodes(self, nodes: int) -> RunConfig:
         """The same run with `nodes` members (counted at registration, or in a peer list), validated; a
         SettingsError (a ValueError) worded as the flags' errors if invalid."""
@@ -248,6 +253,10 @@ class DaemonOptions(BaseModel):
                                   **cli("network", "node", "cluster"))
     rejoin_max_age: int = Field(2, ge=0, description="node: a rejoining node takes its checkpoint if it is at most "
                                 "this many rounds old, else a live peer's model", **cli("network", "node"))
+    leave_on_signal: bool = Field(True, description="node: on SIGTERM or SIGINT, tell the barrier it leaves the run "
+                                  "(it is not waited for from then on), then exit 0; `mosaicd cluster` turns it off: "
+                                  "there Ctrl-C interrupts the whole run, which --resume continues",
+                                  **cli("network", "node"))
     rejoin_dropped: bool = Field(False, description="node: when the barrier drops it (it was cut off or stalled), "
                                  "register again and rejoin at the next round boundary instead of exiting",
                                  **cli("network", "node"))

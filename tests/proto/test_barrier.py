@@ -171,9 +171,9 @@ def test_node_missing_rounds_4_to_6_straggles_then_is_dropped() -> None:
     events, members = missed_rounds(4, 6)
     assert events == [
         {"round": 4, "members": [0, 1, 2, 3, 4, 5], "stragglers": [3], "dropped": [], "finished": False,
-         "joined": []},
+         "joined": [], "left": []},
         {"round": 5, "members": [0, 1, 2, 4, 5], "stragglers": [3], "dropped": [3], "finished": False,
-         "joined": []},
+         "joined": [], "left": []},
     ]
     assert members == [0, 1, 2, 4, 5]
 
@@ -266,3 +266,36 @@ def test_a_join_that_leaves_nobody_awaited_releases_the_round() -> None:
     rank, release = state.join("10.0.0.3:9000", 3.0)
     assert rank == 2 and release is not None and release.round == 1 and release.joined == (2,)
     assert release.stragglers == () and state.round == 2
+
+
+def test_a_member_that_leaves_is_not_waited_for_and_its_round_is_released() -> None:
+    state = running(n=4, rounds=10)
+    state.min_members = 2
+    for rank in (0, 1, 2):
+        assert state.arrive(rank, 0, 1.0) is None
+    release = state.leave(3, 1.5)
+    assert release is not None and release.members == (0, 1, 2) and release.left == (3,) and not release.stragglers
+    assert state.left == [3] and release in state.events
+    with pytest.raises(BarrierError) as refused:
+        state.arrive(3, 1, 2.0)
+    assert refused.value.reason == "left"
+    assert state.leave(3, 2.5) is None  # a second leave changes nothing
+
+
+def test_too_few_members_end_the_run_at_once_failed() -> None:
+    state = running(n=4, rounds=10)
+    state.min_members = 3  # fanout 2
+    assert state.leave(0, 1.0) is None
+    release = state.leave(1, 1.2)
+    assert release is not None and release.finished and state.phase is BarrierPhase.FAILED
+    assert "fewer than the 3 the run needs" in (state.failure or "")
+    with pytest.raises(BarrierError) as refused:
+        state.arrive(2, 1, 2.0)
+    assert refused.value.reason == "run_failed"
+
+
+def test_leaving_survives_a_restart_of_the_barrier() -> None:
+    state = running(n=4, rounds=10)
+    state.leave(2, 1.0)
+    again = BarrierState.from_json(state.to_json(), 5.0)
+    assert again.left == [2] and again.live == [0, 1, 3] and again.min_members == state.min_members

@@ -6,15 +6,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.http.client import HttpError
 from mosaicd.daemon.http.server import ListenError
-from mosaicd.daemon.node.outbound import PeerDropped
 from mosaicd.settings import SettingsError
 
 # HttpError: a peer answered 4xx or stayed unreachable; PeerDropped: the barrier dropped this node; ListenError: the
 # port or address to listen on cannot be had
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, TimeoutError, HttpError, PeerDropped,
-                                                ListenError)
+                                                RunEnded, ListenError)
 
 
 def run_entry(command: str, main: Callable[[], int]) -> int:

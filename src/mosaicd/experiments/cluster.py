@@ -179,7 +179,7 @@ class Cluster:
         every = s.checkpoint_every if "checkpoint_every" in s.model_fields_set else 0
         node_envs = {f"node-{i}": settings_env(s, host="127.0.0.1", port=port, barrier_url=barrier_url, log_json=True,
                                                out=str(self.out / "nodes" / str(i)), advertise=f"127.0.0.1:{port}",
-                                               checkpoint_every=every, **secret)
+                                               checkpoint_every=every, leave_on_signal=False, **secret)
                      for i, port in enumerate(node_ports)}
         if self.warm:
             self._spawn_warm(barrier_env, node_envs)

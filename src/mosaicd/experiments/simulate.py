@@ -41,7 +41,8 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     sampler = PeerSampler(settings.sampler, settings.fanout, settings.seed)
     vectors = [task.initial(i) for i in range(settings.nodes)]
     barrier = BarrierState(rounds=settings.rounds, round_deadline=settings.round_deadline,
-                           drop_after=settings.drop_after, expected=settings.nodes)
+                           drop_after=settings.drop_after, expected=settings.nodes,
+                           min_members=settings.run_config().min_members)
     batched = BatchedTraining(task) if settings.batched and settings.train else None
     train = (batched or task.train) if settings.train else None
     run = settings.run_config()

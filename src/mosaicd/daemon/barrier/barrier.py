@@ -21,11 +21,12 @@ import numpy as np
 
 from mosaic_proto import SNAPSHOTS_KEPT, BarrierError, BarrierPhase, BarrierReason, BarrierState, NodeReport, Release
 from mosaicd.daemon.barrier import journal as barrier_journal
+from mosaicd.daemon.barrier.ending import fail_output
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
-from mosaicd.daemon.barrier.registration import maybe_close, registration_deadline, watch_dns
+from mosaicd.daemon.barrier.registration import registration_deadline, watch_dns
 from mosaicd.daemon.barrier.release_log import ReleaseLog
-from mosaicd.daemon.deadlines import join_wait, release_wait
+from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.http.auth import Keyring, load_secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, is_eval_round, robustness_summary
@@ -42,7 +43,8 @@ class Barrier:
             self.state = BarrierState.from_json(self.resumed["state"], _now())
         else:
             self.state = BarrierState(rounds=run.rounds, round_deadline=run.round_deadline,
-                                      drop_after=options.drop_after, expected=0 if options.expect_dns else run.nodes)
+                                      drop_after=options.drop_after, expected=0 if options.expect_dns else run.nodes,
+                                      min_members=run.min_members)
         self.run, self.options = run, options
         self.log = get_logger(role="barrier", run=run.run_id)
         self.recorder = RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
@@ -54,8 +56,10 @@ class Barrier:
         self.registered = asyncio.Event()
         self.done = asyncio.Event()
         self.published: dict[int, dict[str, Any]] = {}
-        self.evaluator = NetworkEvaluator(options, self.keyring, evaluate, self.recorder, self.metrics, self.log)
+        self.evaluator = NetworkEvaluator(options, self.keyring, evaluate, self.recorder, self.metrics, self.log,
+                                          on_output_error=lambda exc: fail_output(self, exc))
         self._published = asyncio.Event()
+        self.output_error: str | None = None  # why the run was ended early (end_failed): nothing more is saved
         self._collections: dict[int, asyncio.Task] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -92,7 +96,14 @@ class Barrier:
                          evaluations_recollected=missing)
 
     def save_journal(self) -> None:
-        barrier_journal.save(self.options.out, self.run, self.state, self.recorder.started)
+        """Save the state before anyone hears of it; a write that fails ends the run (`fail_output`)."""
+        if self.output_error is not None:  # the journal stays at the last decision that could be saved
+            raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}")
+        try:
+            barrier_journal.save(self.options.out, self.run, self.state, self.recorder.started)
+        except OSError as exc:
+            fail_output(self, exc)
+            raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}") from None
 
     def arm_deadline(self) -> None:
         """One timer, at the open round's deadline (every wait ends, whether or not anyone arrives)."""
@@ -114,55 +125,20 @@ class Barrier:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    # -- registration ------------------------------------------------------------------------------
-    async def register(self, address: str) -> dict[str, Any]:
-        """Long poll until the roster is made: {"rank", "members", "run", "round", "live"}. A node that comes
-        back (or, with --allow-join, a new one) waits for the open round's release and joins the next round.
-        BarrierError if refused."""
-        state = self.state
-        if state.phase is BarrierPhase.RUNNING and (state.round > 0 or address not in state.addresses
-                                                    or state.addresses.index(address) in state.dropped):
-            return await self._join(address)
-        rank = self.state.register(address, self.now())
-        if rank is None:
-            self.metrics.registered.set(len(self.state.pending))
-            self.log.info("registered", address=address, registered=len(self.state.pending),
-                          expected=self.state.expected)
-            maybe_close(self)
-            try:
-                await asyncio.wait_for(self.registered.wait(), timeout=self.options.register_deadline)
-            except TimeoutError:
-                pass
-            rank = self.state.register(address, self.now())
-            if rank is None:
-                raise BarrierError(BarrierReason.REGISTRATION_FAILED,
-                                   self.state.failure or "registration did not complete")
-        return {"rank": rank, "members": list(self.state.addresses), "run": self.run.model_dump(mode="json"),
-                "round": 0, "live": list(self.state.live)}
-
-    async def _join(self, address: str) -> dict[str, Any]:
-        rank, release = self.state.join(address, self.now(), allow_new=self.options.allow_join)
-        at = self.state.round - (release is not None)
-        self.save_journal()
-        self.log.warning("joining", rank=rank, address=address, from_round=at + 1)
-        if release is not None:
-            await self._publish(release)
-        told = await self._wait_published(at, join_wait(self.run.round_deadline))
-        return {"rank": rank, "members": list(self.state.addresses), "run": self.run.model_dump(mode="json"),
-                "round": at + 1, "live": told["members"]}
-
     # -- rounds ------------------------------------------------------------------------------------
     async def arrive(self, rank: int, round: int, report: NodeReport | None) -> dict[str, Any]:
         """Long poll until `round` is released: the release as JSON. BarrierError if refused."""
         retry = round < self.state.round  # a round released already: its release again, recorded once
         release = self.state.arrive(rank, round, self.now(), report)
         if release is not None and not retry:
-            await self._publish(release)
-        return await self._wait_published(round, release_wait(self.run.round_deadline, self.options.request_timeout))
+            await self.publish(release)
+        return await self.wait_published(round, release_wait(self.run.round_deadline, self.options.request_timeout))
 
-    async def _wait_published(self, round: int, limit: float) -> dict[str, Any]:
+    async def wait_published(self, round: int, limit: float) -> dict[str, Any]:
         end = self.now() + limit
         while round not in self.published:
+            if self.state.phase is BarrierPhase.FAILED:
+                raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.state.failure}")
             event = self._published
             try:
                 await asyncio.wait_for(event.wait(), timeout=max(end - self.now(), 0))
@@ -171,21 +147,33 @@ class Barrier:
         return self.published[round]
 
     def _told(self, release: Release) -> dict[str, Any]:
-        """A release as the nodes hear it: with the addresses of the members that join."""
-        return {**release.to_json(), "addresses": {str(r): self.state.addresses[r] for r in release.joined}}
+        """A release as the nodes hear it: with the addresses of the members that join, and why the run failed
+        if this release ends it so."""
+        failed = {"failure": self.state.failure} if release.finished and self.state.phase is BarrierPhase.FAILED \
+            else {}
+        return {**release.to_json(), "addresses": {str(r): self.state.addresses[r] for r in release.joined},
+                **failed}
 
     def _on_deadline(self) -> None:
         self._timer = None
         release = self.state.tick(self.now())
         if release is not None:
-            self._spawn(self._publish(release))
+            self._spawn(self.publish(release))
         else:
             self.arm_deadline()
 
-    async def _publish(self, release: Release) -> None:
+    async def publish(self, release: Release) -> None:
         """Save and record what the release decided, then tell the waiting nodes (after any collection whose
         snapshots the nodes would drop once they move on; at the end, after the final models are collected, but
-        before they are evaluated: nodes never wait for an evaluation)."""
+        before they are evaluated: nodes never wait for an evaluation). A write that fails ends the run."""
+        try:
+            await self._publish_saved(release)
+        except OSError as exc:
+            fail_output(self, exc)
+        except BarrierError:  # the journal could not be saved: fail_output told everyone
+            pass
+
+    async def _publish_saved(self, release: Release) -> None:
         self.save_journal()
         self.arm_deadline()
         t = release.round
@@ -206,10 +194,21 @@ class Barrier:
                        **robustness_summary(self.run)}
             if self.state.phase is BarrierPhase.FAILED:
                 self.log.error("run_failed", detail=self.state.failure)
-                self.recorder.fail(self.state.failure or "failed", **outcome)
+                self.recorder.fail(self.state.failure or "failed", **outcome, left=list(self.state.left))
             else:
-                self.recorder.finish(self.evaluator.final_vectors, **outcome)
+                self.recorder.finish(self.evaluator.final_vectors, **outcome, left=list(self.state.left))
             self.done.set()
+
+    async def leave(self, rank: int, reason: str) -> dict[str, Any]:
+        """`rank` leaves the run (a signal, or an error it could not go on after): nobody waits for it from now
+        on, it is not sampled from the next round, and a round that waited only for it is released now."""
+        release = self.state.leave(rank, self.now())
+        self.save_journal()
+        self.metrics.left.inc()
+        self.log.warning("left", rank=rank, reason=reason, live=len(self.state.live), round=self.state.round)
+        if release is not None:
+            await self.publish(release)
+        return {"left": rank, "round": self.state.round, "live": list(self.state.live)}
 
     def _record(self, release: Release) -> None:
         self.releases.record(release, self.state.closed[release.round], self.now(), self.evaluator.last_metrics)

@@ -25,10 +25,11 @@ from mosaicd.settings import DaemonOptions, RunConfig
 class NetworkEvaluator:
     def __init__(self, options: DaemonOptions, keyring: Keyring | None,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None, recorder: RunRecorder,
-                 metrics: BarrierMetrics, log: Any) -> None:
+                 metrics: BarrierMetrics, log: Any, on_output_error: Callable[[OSError], None] | None = None) -> None:
         """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only)."""
         self.options, self.keyring, self.evaluate = options, keyring, evaluate
         self.recorder, self.metrics, self.log = recorder, metrics, log
+        self.on_output_error = on_output_error  # a row that cannot be written ends the run
         self.last_metrics: dict[str, Any] | None = None
         self.final_vectors: dict[int, np.ndarray] = {}
         self._evaluation: asyncio.Future | None = None
@@ -69,7 +70,13 @@ class NetworkEvaluator:
         metrics = await asyncio.to_thread(self.evaluate, run, [vectors[r] for r in ranks])
         if previous is not None:
             await previous
-        self.last_metrics = self.recorder.network_round(round, {**metrics, "nodes": ranks, **says}, taken_at)
+        try:
+            self.last_metrics = self.recorder.network_round(round, {**metrics, "nodes": ranks, **says}, taken_at)
+        except OSError as exc:
+            if self.on_output_error is None:
+                raise
+            self.on_output_error(exc)
+            return
         self.metrics.evaluated(self.last_metrics)
         self.log.info("evaluated", round=round, **{k: self.last_metrics.get(k) for k in SUMMARY_KEYS})
 

@@ -65,6 +65,8 @@ class BarrierMetrics:
         self.stragglers = Counter("mosaic_barrier_stragglers", "straggler reports: members a round was released "
                                   "without (at its deadline)", registry=r)
         self.dropped = Counter("mosaic_barrier_dropped", "members dropped from the run", registry=r)
+        self.left = Counter("mosaic_barrier_left", "members that said they leave (a signal, or an error they "
+                            "could not go on after)", registry=r)
         self.joined = Counter("mosaic_barrier_joined", "members that joined during the run (came back after a "
                               "restart or a drop, or joined late)", registry=r)
         self.round_s = Histogram("mosaic_barrier_round_seconds", "seconds between consecutive round releases",

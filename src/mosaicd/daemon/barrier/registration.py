@@ -4,13 +4,52 @@ addresses a DNS name resolves to, once they hold still), or the run fails at --r
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from mosaic_proto import BarrierPhase
+from mosaic_proto import BarrierError, BarrierPhase, BarrierReason
+from mosaicd.daemon.deadlines import join_wait
 from mosaicd.daemon.http.membership import resolve_all
 
 if TYPE_CHECKING:
     from mosaicd.daemon.barrier.barrier import Barrier
+
+
+async def register(barrier: Barrier, address: str) -> dict[str, Any]:
+    """Long poll until the roster is made: {"rank", "members", "run", "round", "live"}. A node that comes
+    back (or, with --allow-join, a new one) waits for the open round's release and joins the next round.
+    BarrierError if refused."""
+    state = barrier.state
+    if state.phase is BarrierPhase.RUNNING and (state.round > 0 or address not in state.addresses
+                                                or state.addresses.index(address) in state.dropped):
+        return await join(barrier, address)
+    rank = barrier.state.register(address, barrier.now())
+    if rank is None:
+        barrier.metrics.registered.set(len(barrier.state.pending))
+        barrier.log.info("registered", address=address, registered=len(barrier.state.pending),
+                      expected=barrier.state.expected)
+        maybe_close(barrier)
+        try:
+            await asyncio.wait_for(barrier.registered.wait(), timeout=barrier.options.register_deadline)
+        except TimeoutError:
+            pass
+        rank = barrier.state.register(address, barrier.now())
+        if rank is None:
+            raise BarrierError(BarrierReason.REGISTRATION_FAILED,
+                               barrier.state.failure or "registration did not complete")
+    return {"rank": rank, "members": list(barrier.state.addresses), "run": barrier.run.model_dump(mode="json"),
+            "round": 0, "live": list(barrier.state.live)}
+
+async def join(barrier: Barrier, address: str) -> dict[str, Any]:
+    """A member that comes back (or a newcomer, with --allow-join): it joins from the next round."""
+    rank, release = barrier.state.join(address, barrier.now(), allow_new=barrier.options.allow_join)
+    at = barrier.state.round - (release is not None)
+    barrier.save_journal()
+    barrier.log.warning("joining", rank=rank, address=address, from_round=at + 1)
+    if release is not None:
+        await barrier.publish(release)
+    told = await barrier.wait_published(at, join_wait(barrier.run.round_deadline))
+    return {"rank": rank, "members": list(barrier.state.addresses), "run": barrier.run.model_dump(mode="json"),
+            "round": at + 1, "live": told["members"]}
 
 
 def maybe_close(barrier: Barrier) -> None:
@@ -25,6 +64,7 @@ def maybe_close(barrier: Barrier) -> None:
         counted = f" ({dns} resolved to that many addresses)" if dns else ""
         return fail_registration(barrier, f"{count} nodes registered{counted}, but the run is invalid with them: "
                                  f"{exc}", 422)
+    barrier.state.min_members = barrier.run.min_members
     barrier.state.close(barrier.now())
     barrier.save_journal()
     barrier.arm_deadline()

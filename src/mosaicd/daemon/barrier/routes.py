@@ -4,6 +4,8 @@
                                                    {"rank", "members": [addresses], "run": {...}}
     POST /v1/arrive {"rank", "round", "report"} -> long poll until the round is released:
                                                    {"round", "members", "stragglers", "dropped", "finished"}
+    POST /v1/leave {"rank", "reason"}           -> this member leaves: not waited for, not sampled from the next
+                                                   round ({"left", "round", "live"})
 Arriving at round t means: done sending round t (and, for t = rounds, done with the run); the report
 describes round t as the node saw it by then (null for the final arrival).
 
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, NodeReport, ReportError
+from mosaicd.daemon.barrier import registration
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
 from mosaicd.daemon.http.auth import REGISTER_RUN, auth_middleware, auth_window
 from mosaicd.daemon.http.endpoints import healthz, metrics_handler, openapi_handler
@@ -40,7 +43,8 @@ DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css
 STATUS_OF_REASON = {BarrierReason.BAD_ADDRESS: 400, BarrierReason.BAD_ROUND: 400, BarrierReason.UNKNOWN_RANK: 404,
                     BarrierReason.DROPPED: 410, BarrierReason.FUTURE_ROUND: 409, BarrierReason.STALE_ROUND: 409,
                     BarrierReason.REGISTRATION_CLOSED: 409, BarrierReason.BARRIER_TIMEOUT: 503,
-                    BarrierReason.JOINING: 409, BarrierReason.RUN_NOT_JOINABLE: 409}
+                    BarrierReason.JOINING: 409, BarrierReason.RUN_NOT_JOINABLE: 409, BarrierReason.LEFT: 410,
+                    BarrierReason.RUN_FAILED: 410}
 
 
 def checked_report(report: Any, round: int) -> NodeReport | None:
@@ -65,7 +69,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
         body = await read_json(request, {"address": str})
         proven(request, body["address"])
         try:
-            return web.json_response(await barrier.register(body["address"]))
+            return web.json_response(await registration.register(barrier, body["address"]))
         except BarrierError as exc:
             status = barrier.register_status if exc.reason == "registration_failed" else STATUS_OF_REASON[exc.reason]
             raise bad_request(exc.reason, exc.detail, status) from None
@@ -77,6 +81,17 @@ def barrier_app(barrier: Barrier) -> web.Application:
             barrier.state.check(body["rank"], body["round"])
             report = checked_report(body.get("report"), body["round"])
             return web.json_response(await barrier.arrive(body["rank"], body["round"], report))
+        except BarrierError as exc:
+            raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
+
+    async def leave(request: web.Request) -> web.Response:
+        body = await read_json(request, {"rank": int})
+        proven(request, str(body["rank"]))
+        reason = body.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > 2000:
+            raise bad_request("bad_field", "field 'reason' must be a string of at most 2000 characters")
+        try:
+            return web.json_response(await barrier.leave(body["rank"], reason))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
 
@@ -116,6 +131,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
     app.add_routes([
         web.post("/v1/register", register),
         web.post("/v1/arrive", arrive),
+        web.post("/v1/leave", leave),
         web.get("/v1/status", status),
         web.get("/v1/history", history),
         web.get("/", dashboard),
@@ -135,7 +151,8 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
     return {
         "role": "barrier", "run_id": barrier.run.run_id, "phase": state.phase.value, "round": state.round,
         "rounds": barrier.run.rounds, "expected": state.expected, "registered": len(state.pending),
-        "live": state.live, "dropped": state.dropped, "stragglers": list(last.stragglers) if last else [],
+        "live": state.live, "dropped": state.dropped, "left": state.left, "failure": state.failure,
+        "stragglers": list(last.stragglers) if last else [],
         "members": [{"rank": r, "address": m.address, "missed": m.missed, "last_round": m.last_round,
                      "last_contact_s": round(now - m.last_contact, 3)} for r, m in state.members.items()],
         "metrics": clean_json(barrier.evaluator.last_metrics), "latest": latest_per_node(barrier.recorder.rounds),

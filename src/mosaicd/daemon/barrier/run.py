@@ -8,6 +8,7 @@ from typing import Any
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.errors import RunEnded
 from mosaicd.daemon.http.auth import check_listen
 from mosaicd.daemon.http.server import serve
 from mosaicd.logs import get_logger
@@ -30,4 +31,6 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
         await asyncio.sleep(max(settings.linger, 1.0))
     finally:
         await runner.cleanup()
+    if barrier.output_error is not None:  # ended early (a write that failed): one line, naming the path
+        raise RunEnded(barrier.output_error)
     return 0 if barrier.state.phase.value == "finished" else 1

@@ -11,14 +11,11 @@ import numpy as np
 
 from mosaic_proto import CONTENT_TYPE, BarrierReason, Layout, OutgoingMessage, Reason
 from mosaicd.daemon.deadlines import arrival_timeout
+from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.settings import DaemonOptions
-
-
-class PeerDropped(RuntimeError):
-    """The barrier dropped this node from the run (it missed too many rounds, or fell too far behind)."""
 
 
 async def send_all(client: Client, round: int, messages: list[OutgoingMessage], urls: list[str], log: Any,
@@ -80,7 +77,22 @@ async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: 
             raise PeerDropped(f"node {rank} was dropped from the run: {exc.detail}") from None
         if exc.reason == BarrierReason.STALE_ROUND:  # it fell behind further than the barrier keeps
             raise PeerDropped(f"node {rank} fell behind the run: {exc.detail}") from None
+        if exc.reason in (BarrierReason.RUN_FAILED, BarrierReason.LEFT):
+            raise RunEnded(exc.detail) from None
         raise
+
+
+async def leave(client: Client, barrier_url: str, rank: int, reason: str, timeout: float, log: Any) -> bool:
+    """Tell the barrier this node leaves (one quick try: a node that stops does not wait for an absent
+    barrier); whether the barrier heard it."""
+    try:
+        await client.post_json(f"{barrier_url}/v1/leave", {"rank": rank, "reason": reason[:2000]}, timeout=timeout,
+                               retries=1)
+    except HttpError as exc:
+        log.warning("leave_unheard", error=exc.detail)
+        return False
+    log.warning("left", reason=reason)
+    return True
 
 
 async def live_model(client: Client, options: DaemonOptions, addresses: list[str], peers: list[int],

@@ -27,18 +27,19 @@ from aiohttp import web
 from mosaic_proto import Fragmentation, Layout, NodePhase, NodeState, PeerSampler
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.http.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
 from mosaicd.daemon.http.client import Client
 from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.http.server import serve
 from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.daemon.node.inbox import Inbox
-from mosaicd.daemon.node.outbound import PeerDropped, arrive, live_model, send_all
+from mosaicd.daemon.node.outbound import arrive, leave, live_model, send_all
 from mosaicd.daemon.node.routes import node_app
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, RunConfig
 
-__all__ = ["Peer", "PeerDropped"]
+__all__ = ["Peer", "PeerDropped", "RunEnded"]
 
 
 class Peer:
@@ -181,6 +182,10 @@ class Peer:
         self.metrics.sent(advance.sent)
         if state.phase is NodePhase.DROPPED:
             raise PeerDropped(f"node {self.rank} was dropped from the run after round {t}")
+        if release.get("failure"):  # the run ended early, failed: nothing is left to do
+            state.finishing()
+            state.finished()
+            raise RunEnded(f"the run failed after round {t}: {release['failure']}")
         self.metrics.taken(advance.taken)
         self.metrics.round_done(t + 1, loss, advance.report)
         return advance.vector
@@ -193,6 +198,15 @@ class Peer:
             if self.state.phase is not NodePhase.DROPPED:
                 self.state.dropped()
             raise
+
+    async def leave(self, reason: str) -> None:
+        """Leave the run (told to stop, or failing): the barrier stops waiting for this node at once."""
+        if self.state.phase in (NodePhase.LEFT, NodePhase.FINISHED, NodePhase.LEAVING) or self.rank < 0:
+            return
+        self.state.leaving()
+        await leave(self._client, self.inbox.barrier_url or "", self.rank, reason,
+                    min(self.options.request_timeout, 5.0), self.log)
+        self.state.left()
 
     async def finish(self) -> None:
         """Tell the barrier this node is done; returns once the barrier has collected the final models."""

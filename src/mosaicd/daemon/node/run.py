@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import math
+import signal
 import time
 from typing import Any
 
 import numpy as np
 
+from mosaicd.daemon.barrier.ending import end_failed
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
+from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.node import checkpoint
-from mosaicd.daemon.node.outbound import PeerDropped
 from mosaicd.daemon.node.peer import Peer
 from mosaicd.daemon.node.warmup import prefetch
 from mosaicd.logs import get_logger
@@ -23,9 +25,9 @@ async def run_node(settings: Settings, task: Any = None) -> int:
     """Register (the barrier hands out the run), build the task, then train and gossip every round.
 
     `task`: one built before registration (`mosaicd cluster`'s warm start), used only if it is the registered
-    run's. Without one, the task's imports run in a thread while the node registers."""
-    from mosaicd.learning.tasks import build_task
-
+    run's. Without one, the task's imports run in a thread while the node registers. SIGTERM or SIGINT make the
+    node leave the run (it tells the barrier, which stops waiting for it) and exit 0; an error after registration
+    makes it leave too, saying why, before the error ends the process."""
     keep_freed_memory()  # this process is a node: let it reuse what each round frees (daemon/server.py)
     prefetched = None if task is not None else asyncio.ensure_future(asyncio.to_thread(prefetch, settings.task))
     run = settings.run_config() if settings.peer_list is not None else None
@@ -33,39 +35,85 @@ async def run_node(settings: Settings, task: Any = None) -> int:
     saved = checkpoint.load(checkpoint.state_dir(options))
     async with Peer(options, run=run, evaluate=NetworkEvaluation(settings.data_dir, task),
                     rejoining=saved is not None) as peer:
-        run = peer.run
-        if prefetched is not None:
-            await prefetched
-        if task is None or task.run != run:
-            task = await asyncio.to_thread(build_task, run, settings.data_dir)
-        peer.set_model(task.layout)
-        log = get_logger(role="node", run=run.run_id, node=peer.rank)
-        vector = await starting_model(peer, task, saved, options)
-        peer.begin(vector)
-        saving = Checkpoints(options, peer)
-        data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
-        while peer.round < run.rounds:
-            t = peer.round
-            started = time.perf_counter()
-            if run.train:
-                local, loss = await asyncio.to_thread(task.train, data_rank, t, vector)
-            else:
-                local, loss = vector, math.nan
-            try:
-                vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)
-            except PeerDropped as exc:
-                if not options.rejoin_dropped:
-                    raise
-                vector = await rejoin_after_drop(peer, t, exc, options)
-                continue
-            log.info("round", round=t, loss=loss)
-            await saving.after(t, vector)
-        await saving.drain()
-        await peer.finish()
-        if peer.barrier is not None:
-            await peer.barrier.done.wait()
+        rounds = asyncio.ensure_future(train_and_gossip(peer, settings, task, saved, prefetched))
+        stopped = on_signals(rounds) if options.leave_on_signal else None
+        try:
+            await rounds
+        except asyncio.CancelledError:
+            if stopped is None or not stopped:
+                raise
+            await leave_for(peer, f"it was told to stop ({stopped[0]})")
+            return 0
+        except Exception as exc:
+            if not isinstance(exc, PeerDropped | RunEnded):  # the barrier knows of those already
+                await leave_for(peer, f"error: {exc}")
+            raise
         await asyncio.sleep(settings.linger)
     return 0
+
+
+HOST_LINGER_S = 5.0  # rank 0 of a peer list that stops: how long it still tells arriving nodes the run failed
+
+
+async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: checkpoint.Checkpoint | None,
+                           prefetched: asyncio.Future | None) -> None:
+    """Every round of the run as this node takes part in it, then the final arrival."""
+    from mosaicd.learning.tasks import build_task
+
+    options, run = settings.daemon_options(), peer.run
+    if prefetched is not None:
+        await prefetched
+    if task is None or task.run != run:
+        task = await asyncio.to_thread(build_task, run, settings.data_dir)
+    peer.set_model(task.layout)
+    log = get_logger(role="node", run=run.run_id, node=peer.rank)
+    vector = await starting_model(peer, task, saved, options)
+    peer.begin(vector)
+    saving = Checkpoints(options, peer)
+    data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
+    while peer.round < run.rounds:
+        t = peer.round
+        started = time.perf_counter()
+        if run.train:
+            local, loss = await asyncio.to_thread(task.train, data_rank, t, vector)
+        else:
+            local, loss = vector, math.nan
+        try:
+            vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)
+        except PeerDropped as exc:
+            if not options.rejoin_dropped:
+                raise
+            vector = await rejoin_after_drop(peer, t, exc, options)
+            continue
+        log.info("round", round=t, loss=loss)
+        await saving.after(t, vector)
+    await saving.drain()
+    await peer.finish()
+    if peer.barrier is not None:
+        await peer.barrier.done.wait()
+
+
+def on_signals(work: asyncio.Future) -> list[str]:
+    """SIGTERM and SIGINT cancel `work` (the node then leaves the run); the list gets the signal's name."""
+    loop, seen = asyncio.get_running_loop(), []
+
+    def stop(signum: signal.Signals) -> None:
+        if not seen:
+            seen.append(signum.name)
+            work.cancel()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop, signum)
+    return seen
+
+
+async def leave_for(peer: Peer, reason: str) -> None:
+    """Tell the barrier this node leaves, and why. Rank 0 of a peer list ends the run it hosts (failed), and
+    serves a few seconds more so that the others hear it at their next arrival."""
+    if peer.barrier is None:
+        await peer.leave(reason)
+        return
+    end_failed(peer.barrier, f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
+    await asyncio.sleep(HOST_LINGER_S)
 
 
 async def starting_model(peer: Peer, task: Any, saved: checkpoint.Checkpoint | None,
