@@ -32,7 +32,7 @@ def echo_app(seen: list[Any], middlewares: list[Any] = ()) -> web.Application:  
 @pytest.mark.parametrize("size", [0, 10, (1 << 20) - 1, 5 << 20])
 async def test_the_body_is_hashed_while_read_and_kept_once(aiohttp_client: Any, monkeypatch: pytest.MonkeyPatch,
                                                            size: int) -> None:
-    monkeypatch.setattr(body, "OFF_LOOP_BYTES", 1 << 16)  # many batches in worker threads, in order
+    monkeypatch.setattr(body, "OFF_LOOP_BYTES", 1 << 15)  # the larger pieces in worker threads, in order
     seen: list[Any] = []
     client = await aiohttp_client(echo_app(seen))
     data = os.urandom(size)
