@@ -8,6 +8,8 @@ for --rounds rounds and reports, over the rounds after the --warmup first ones:
   log timestamps); the last release of a run (the final model collection) is never counted;
 - bytes sent per node per round (nodes.csv bytes_out) against s * d * 4; every row must be within 1%
   (the spec: fragmentation changes who gets what, not how much), else the row is flagged;
+- CPU seconds per round: user + system time of every cluster process (sampled from /proc every 0.1 s, taken
+  at the same releases): on a shared machine, steadier than seconds per round;
 - where a node's round time goes: mean send_s, wait_s and aggregate_s per node and round (nodes.csv);
 - the 1-minute load average just before the run (rounds are CPU-bound: other load on the machine slows them);
 - the time to move the same bytes (n * s * d * 4 per round) through one plain TCP socket pair on 127.0.0.1
@@ -93,6 +95,65 @@ def socket_seconds(total: int, chunk: int, repeats: int) -> float:
     return best
 
 
+# -- CPU seconds of the cluster's processes, sampled while it runs ------------------------------------------
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _descendants_cpu(root: int, seen: dict[int, float]) -> float:
+    """user + system seconds of every live descendant of `root` (kept per pid in `seen`, so that a process
+    that has exited still counts with its last sample); Linux /proc only (0 elsewhere)."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / _TICK
+    for pid in cpu:
+        p = parents.get(pid)
+        while p is not None and p != root and p > 1:
+            p = parents.get(p)
+        if p == root:
+            seen[pid] = cpu[pid]
+    return sum(seen.values())
+
+
+class CpuSampler:
+    """Every `every` seconds, (wall time, CPU seconds of all descendants of this process so far)."""
+
+    def __init__(self, every: float = 0.1) -> None:
+        self.every, self.samples, self._seen = every, [], {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), _descendants_cpu(os.getpid(), self._seen)))
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def at(self, when: float) -> float:
+        """CPU seconds at wall time `when` (linear between the samples around it)."""
+        before = [s for s in self.samples if s[0] <= when]
+        after = [s for s in self.samples if s[0] >= when]
+        if not before or not after:
+            return float("nan")
+        (t0, c0), (t1, c1) = before[-1], after[0]
+        return c0 if t1 == t0 else c0 + (c1 - c0) * (when - t0) / (t1 - t0)
+
+
 # -- one cluster configuration ----------------------------------------------------------------------------
 def release_times(barrier_log: Path) -> dict[int, float]:
     """round -> wall time (s) of the barrier's release of that round, from its JSON log lines."""
@@ -150,12 +211,14 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
         out=out, log_level="info", **extra)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    Cluster(settings, progress=False).run(timeout=1800)
+    with CpuSampler() as cpu:
+        Cluster(settings, progress=False).run(timeout=1800)
     wall = time.perf_counter() - started
 
     releases = release_times(out / "logs" / "barrier.log")
     measured = [r for r in range(max(warmup, 1), rounds) if r in releases and r - 1 in releases]
     intervals = [releases[r] - releases[r - 1] for r in measured]
+    cpu_per_round = (cpu.at(releases[measured[-1]]) - cpu.at(releases[measured[0] - 1])) / len(measured)
 
     with open(out / "nodes.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if int(r["round"]) >= warmup]
@@ -175,6 +238,7 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
         "rounds_measured": len(intervals),
         "seconds_per_round": statistics.fmean(intervals),
         "seconds_per_round_max": max(intervals),
+        "cpu_s_per_round": cpu_per_round,
         "node_round_s": node_round,
         "bytes_per_node_round": bytes_node,
         "expected_bytes": expected,
@@ -237,7 +301,8 @@ def main() -> None:
                     rows.append(row)
                     flag = "" if row["bytes_rows_off"] == 0 else f"  !! {row['bytes_rows_off']} rows off by >1%"
                     note = f"  (s capped at n-1={s})" if s != args.fanout else ""
-                    print(f"  done n={n:>3} K={k:>3} s={s} {mode}: {row['seconds_per_round']:.3f} s/round, cluster "
+                    print(f"  done n={n:>3} K={k:>3} s={s} {mode}: {row['seconds_per_round']:.3f} s/round, "
+                          f"{row['cpu_s_per_round']:.3f} CPU-s/round, cluster "
                           f"wall {row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}{note}{flag}",
                           flush=True)
     finally:
@@ -265,23 +330,29 @@ def main() -> None:
     for r in rows:
         runs.setdefault((r["n"], r["K"], r["mode"]), []).append(r)
     median = {key: statistics.median(r["seconds_per_round"] for r in group) for key, group in runs.items()}
+    cpu_median = {key: statistics.median(r["cpu_s_per_round"] for r in group) for key, group in runs.items()}
     for r in rows:
-        base = median.get((r["n"], r["K"], "plain"))
+        base, cpu_base = median.get((r["n"], r["K"], "plain")), cpu_median.get((r["n"], r["K"], "plain"))
         r["vs_plain"] = r["seconds_per_round"] / base if base else None
+        r["cpu_vs_plain"] = r["cpu_s_per_round"] / cpu_base if cpu_base else None
     if len(modes) > 1:
         print()
         print(f"{'n':>3} {'K':>3} {'mode':>10} {'runs':>4} {'median s/round':>14} {'vs plain':>8} "
-              f"{'every run s/round':<30}")
+              f"{'CPU-s/round':>11} {'vs plain':>8}  {'every run s/round':<30}")
         for (n, k, mode), group in runs.items():
-            base = median.get((n, k, "plain"))
+            base, cpu_base = median.get((n, k, "plain")), cpu_median.get((n, k, "plain"))
             ratio = f"{median[n, k, mode] / base:>8.3f}" if base else f"{'-':>8}"
+            cpu_ratio = f"{cpu_median[n, k, mode] / cpu_base:>8.3f}" if cpu_base else f"{'-':>8}"
             each = " ".join(f"{r['seconds_per_round']:.3f}" for r in group)
-            print(f"{n:>3} {k:>3} {mode:>10} {len(group):>4} {median[n, k, mode]:>14.3f} {ratio} {each}")
-        print("vs plain: the mode's median seconds per round over plain's (same n, K); the modes ran in turn, "
-              "--repeats times")
-    keys = ("n", "d", "K", "s", "mode", "seconds_per_round", "bytes_per_node_round", "expected_bytes", "bytes_ratio",
+            print(f"{n:>3} {k:>3} {mode:>10} {len(group):>4} {median[n, k, mode]:>14.3f} {ratio} "
+                  f"{cpu_median[n, k, mode]:>11.3f} {cpu_ratio}  {each}")
+        print("vs plain: the mode's median seconds (CPU seconds of all cluster processes) per round over plain's "
+              "(same n, K); the modes ran in turn, --repeats times. On a shared machine the CPU seconds are the "
+              "steadier figure: wall time also counts other jobs' load")
+    keys = ("n", "d", "K", "s", "mode", "seconds_per_round", "cpu_s_per_round", "bytes_per_node_round",
+            "expected_bytes", "bytes_ratio",
             "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket", "load1")
-    keys += ("vs_plain",) if len(modes) > 1 else ()
+    keys += ("vs_plain", "cpu_vs_plain") if len(modes) > 1 else ()
     print(json.dumps([{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in keys} for r in rows]))
     if off:
         sys.exit(1)

@@ -149,12 +149,12 @@ class RoundState:
                 raise WireError(Reason.DUPLICATE_FRAGMENT, f"sender {batch.sender} already sent round {batch.round}")
             self._early[key] = EarlyMessage(batch, nbytes)
             return Receipt.BUFFERED
-        planned = self.sampler.plan(self.round, batch.sender, self.fragmentation.k, self.members).get(
-            self.node, []) if self.planned_only else list(batch.fragments)
+        planned = self.sampler.share(self.round, batch.sender, self.fragmentation.k, self.members, self.node) \
+            if self.planned_only else tuple(batch.fragments)
         unplanned = sorted(set(batch.fragments) - set(planned))
         if unplanned:
             raise WireError(Reason.UNPLANNED_FRAGMENT, f"sender {batch.sender} does not send fragments {unplanned} "
-                            f"to node {self.node} in round {self.round} (planned: {planned})")
+                            f"to node {self.node} in round {self.round} (planned: {list(planned)})")
         if self._own_norms is not None:
             self._check_norms(batch.sender, batch.fragments)
         have = self._received.get(batch.sender, {})
@@ -186,7 +186,7 @@ class RoundState:
                     self._refuse(exc.reason.value, 1)
         sent = fragments if self.attack is None else self._crafted(fragments)
         messages = []
-        for peer, frags in self.plan().items():
+        for peer, frags in self.sampler.planned(self.round, self.node, self.fragmentation.k, self.members).items():
             batch = FragmentBatch(self.run_id, self.round, self.node, self.fragmentation.k,
                                   self.fragmentation.fingerprint, {f: sent[f] for f in frags})
             messages.append(OutgoingMessage(peer, tuple(frags), encode(batch)))

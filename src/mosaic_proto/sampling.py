@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
@@ -32,11 +32,25 @@ def regular_digraph(members: Sequence[int], s: int, rng: np.random.Generator) ->
     return {order[p]: tuple(sorted(order[(p + j) % n] for j in range(1, s + 1))) for p in range(n)}
 
 
+PLAN_ROUNDS = 4
+"""Rounds of plans a sampler keeps: the round in flight and the messages buffered for the next ones."""
+
+PlanKey = tuple[int, int, tuple[int, ...]]  # (node, k, sorted members)
+Plan = Mapping[int, tuple[int, ...]]
+
+
 @dataclass(frozen=True)
 class PeerSampler:
+    """Every plan is a function of (seed, round, node, k, members) only, so a sampler keeps the plans it drew
+    for the last `PLAN_ROUNDS` rounds: a receiver checks each message against its sender's plan, and drawing
+    one keyed generator per fragment again per message made high K cost K times low K."""
+
     kind: SamplerKind
     fanout: int
     seed: int
+    _plans: dict[int, dict[PlanKey, Plan]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _static: dict[tuple[int, ...], dict[int, tuple[int, ...]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", SamplerKind(self.kind))
@@ -45,13 +59,7 @@ class PeerSampler:
 
     def receivers(self, round: int, node: int, fragment: int, members: Sequence[int]) -> tuple[int, ...]:
         """The sorted receivers of `fragment` from `node` in `round`; `members` is sorted and holds `node`."""
-        others = [m for m in members if m != node]
-        if len(others) == len(members):
-            raise SamplingError(f"node {node} is not among the members")
-        if self.fanout > len(others):
-            raise SamplingError(
-                f"fanout s={self.fanout} needs more than the {len(others)} other members of a {len(members)}-node run"
-            )
+        others = self._others(node, members)
         if self.kind is SamplerKind.LOCAL:
             picks = keyed_rng(self.seed, Purpose.SAMPLING, round, node, fragment).choice(
                 len(others), size=self.fanout, replace=False
@@ -60,17 +68,71 @@ class PeerSampler:
         graph_round, graph_fragment = (round, fragment) if self.kind is SamplerKind.ORACLE else (NONE, NONE)
         return self._graph(graph_round, graph_fragment, tuple(members))[node]
 
+    def _others(self, node: int, members: Sequence[int]) -> list[int]:
+        others = [m for m in members if m != node]
+        if len(others) == len(members):
+            raise SamplingError(f"node {node} is not among the members")
+        if self.fanout > len(others):
+            raise SamplingError(
+                f"fanout s={self.fanout} needs more than the {len(others)} other members of a {len(members)}-node run"
+            )
+        return others
+
     def _graph(self, round: int, fragment: int, members: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
-        rng = keyed_rng(self.seed, Purpose.GRAPH, round, NONE, fragment)
-        return regular_digraph(members, self.fanout, rng)
+        """The graph of (round, fragment), drawn once per round for all senders' plans (see `_kept`)."""
+        def draw() -> dict[int, tuple[int, ...]]:
+            return regular_digraph(members, self.fanout, keyed_rng(self.seed, Purpose.GRAPH, round, NONE, fragment))
+
+        if round == NONE:  # the static graph: one for the whole run (per membership)
+            if len(self._static) > 8:
+                self._static.clear()
+            return self._static.get(members) or self._static.setdefault(members, draw())
+        key = (-2 - fragment, -1, members)  # apart from the plans' keys, whose node is >= 0
+        return self._kept(round, key, draw)  # type: ignore[return-value]
 
     def plan(self, round: int, node: int, k: int, members: Sequence[int]) -> dict[int, list[int]]:
         """peer -> ascending fragment indices that `node` sends it in `round` (one message per peer)."""
-        members = sorted(members)
-        out: dict[int, list[int]] = {}
+        return {peer: list(frags) for peer, frags in self.planned(round, node, k, members).items()}
+
+    def share(self, round: int, node: int, k: int, members: Sequence[int], receiver: int) -> tuple[int, ...]:
+        """The ascending fragments `node` sends `receiver` in `round` (empty if none): what a receiver checks a
+        message against, from the sender's plan drawn once per (round, sender)."""
+        return self.planned(round, node, k, members).get(receiver, ())
+
+    def planned(self, round: int, node: int, k: int, members: Sequence[int]) -> Plan:
+        """`plan` as a shared, read-only mapping, drawn once and kept for `PLAN_ROUNDS` rounds."""
+        key = (node, k, members if isinstance(members, tuple) else tuple(members))
+        return self._kept(round, key, lambda: self._draw_plan(round, node, k, sorted(key[2])))
+
+    def _kept(self, round: int, key: PlanKey, draw: Callable[[], Plan]) -> Plan:
+        """What `draw` returns for (round, key), drawn once while `round` is among the last PLAN_ROUNDS rounds.
+
+        Safe without a lock: at worst two threads draw the same (deterministic) value and one is kept."""
+        per_round = self._plans.get(round)
+        if per_round is not None and (hit := per_round.get(key)) is not None:
+            return hit
+        value = draw()
+        newest = max(list(self._plans), default=round)
+        if round > newest - PLAN_ROUNDS:  # an old round (a late caller) is drawn again rather than kept
+            self._plans.setdefault(round, {})[key] = value
+            for old in [r for r in list(self._plans) if r <= max(newest, round) - PLAN_ROUNDS]:
+                self._plans.pop(old, None)
+        return value
+
+    def _draw_plan(self, round: int, node: int, k: int, members: list[int]) -> Plan:
         if self.kind is SamplerKind.STATIC:
-            return {peer: list(range(k)) for peer in self.receivers(round, node, 0, members)}
-        for f in range(k):
-            for peer in self.receivers(round, node, f, members):
-                out.setdefault(peer, []).append(f)
-        return dict(sorted(out.items()))
+            frags = tuple(range(k))
+            return {peer: frags for peer in self.receivers(round, node, 0, members)}
+        out: dict[int, list[int]] = {}
+        if self.kind is SamplerKind.LOCAL:  # `receivers` inlined: `others` once, not once per fragment
+            others = self._others(node, members)
+            for f in range(k):
+                picks = keyed_rng(self.seed, Purpose.SAMPLING, round, node, f).choice(
+                    len(others), size=self.fanout, replace=False)
+                for i in picks:
+                    out.setdefault(others[i], []).append(f)
+        else:
+            for f in range(k):
+                for peer in self.receivers(round, node, f, members):
+                    out.setdefault(peer, []).append(f)
+        return {peer: tuple(out[peer]) for peer in sorted(out)}

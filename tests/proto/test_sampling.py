@@ -169,3 +169,52 @@ def test_keyed_rng_is_keyed() -> None:
         keyed_rng(-1, Purpose.SAMPLING)
     with pytest.raises(ValueError):
         keyed_rng(0, Purpose.SAMPLING, round=-2)
+
+
+def reference_plan(sampler: PeerSampler, round: int, node: int, k: int, members: list[int]) -> dict[int, list[int]]:
+    """The plan from one `receivers` call per fragment (the definition, with nothing kept)."""
+    fresh = PeerSampler(sampler.kind, sampler.fanout, sampler.seed)
+    out: dict[int, list[int]] = {}
+    for f in range(k if sampler.kind is not SamplerKind.STATIC else 1):
+        for peer in fresh.receivers(round, node, f, members):
+            out.setdefault(peer, []).append(f)
+    if sampler.kind is SamplerKind.STATIC:
+        out = {peer: list(range(k)) for peer in out}
+    return dict(sorted(out.items()))
+
+
+@SETTINGS
+@given(st.sampled_from(list(SamplerKind)), memberships(), st.integers(1, 16), st.integers(0, 30),
+       st.integers(0, 2**32), st.data())
+def test_kept_plans_are_the_drawn_plans(kind: SamplerKind, members: list[int], k: int, round: int, seed: int,
+                                        data: st.DataObject) -> None:
+    s = data.draw(st.integers(1, len(members) - 1))
+    sampler = PeerSampler(kind, s, seed)
+    for t in (round, round + 1, round, round + 5, round):  # kept, evicted and drawn again
+        for node in members:
+            expected = reference_plan(sampler, t, node, k, members)
+            assert sampler.plan(t, node, k, members) == expected
+            for peer in members:
+                assert sampler.share(t, node, k, members, peer) == tuple(expected.get(peer, []))
+
+
+def test_a_plan_is_drawn_once_per_round_and_sender(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mosaic_proto.sampling as sampling
+    calls = Counter()
+
+    def counting(seed: int, purpose: Purpose, round: int = -1, node: int = -1, fragment: int = -1):  # noqa: ANN202
+        calls[(round, node)] += 1
+        return keyed_rng(seed, purpose, round, node, fragment)
+
+    sampler, members, k = PeerSampler("local", 2, seed=1), list(range(10)), 16
+    expected = reference_plan(sampler, 3, 4, k, members)
+    monkeypatch.setattr(sampling, "keyed_rng", counting)
+    first = sampler.plan(3, 4, k, members)
+    first[next(iter(first))].append(99)  # a caller's copy: the kept plan is not changed
+    for receiver in members:
+        sampler.share(3, 4, k, members, receiver)
+    assert sampler.plan(3, 4, k, tuple(members)) == expected
+    assert calls == {(3, 4): k}
+    for t in range(4, 4 + sampling.PLAN_ROUNDS + 2):
+        sampler.plan(t, 4, k, members)
+    assert set(sampler._plans) == set(range(6, 4 + sampling.PLAN_ROUNDS + 2))  # only the last rounds are kept

@@ -2,7 +2,8 @@
 
 `mosaic_proto.auth` holds the rules; this module reads the secret file, keeps the keys (one to register,
 one per run after that), and adapts the checks to aiohttp: a middleware answers 401 with the reason to a
-request without a valid tag, before its handler runs and before its body is parsed, and counts it.
+request without a valid tag, before its handler runs and before its body is parsed, and counts it. The body
+is hashed while it is read (`body.read_body`), and the handler gets those bytes without another copy.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, check_body, run_key, verify
+from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, check_digest, run_key, verify
+from mosaicd.daemon.http.body import body_digest_of, read_body, release_body
 from mosaicd.daemon.http.errors import Handler, json_error
 from mosaicd.logs import get_logger
 
@@ -60,10 +62,12 @@ class Keyring:
 
 
 def signer(credentials: Callable[[], Credentials], sender: Callable[[], str]) -> Callable[..., dict[str, str]]:
-    """`Client`'s signer: the headers of one attempt (a fresh time and nonce each time)."""
-    def sign(method: str, url: str, body: bytes, round: int) -> dict[str, str]:
+    """`Client`'s signer: the headers of one attempt (a fresh time and nonce each time; `digest`, the body's,
+    computed once per request by the client, off the event loop when the body is large)."""
+    def sign(method: str, url: str, body: bytes, round: int, digest: str | None = None) -> dict[str, str]:
         path = urlsplit(url).path or "/"
-        return credentials().headers(method, path, sender(), round, body, time.time(), os.urandom(12).hex())
+        return credentials().headers(method, path, sender(), round, body, time.time(), os.urandom(12).hex(),
+                                     digest)
     return sign
 
 
@@ -105,12 +109,16 @@ def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[
             return json_error(503, "not_ready", "this peer does not know its run yet")
         try:
             signed = verify(keyring.key(run_id), request.method, path, request.headers, run_id, guard, time.time())
-            if request.body_exists:
-                check_body(signed, await request.read())
+            if request.body_exists:  # hashed while it is read, once; the handler gets the same bytes
+                await read_body(request, digest=True)
+                check_digest(signed, body_digest_of(request))
         except AuthError as exc:
             refused.labels(exc.reason).inc()
             return json_error(401, exc.reason, exc.detail)
         request["mosaic_sender"] = signed.sender
-        return await handler(request)
+        try:
+            return await handler(request)
+        finally:
+            release_body(request)
 
     return middleware

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, TraceConfig, payload
 
 from mosaic_proto import BarrierReason
+from mosaicd.daemon.http.body import hash_bytes
 from mosaicd.logs import get_logger
 
 
@@ -68,9 +69,10 @@ class Client:
     """One shared aiohttp session; per-request deadlines; retries with exponential backoff on 5xx/network errors."""
 
     def __init__(self, timeout: float, retries: int, backoff: float = 0.1,
-                 signer: Callable[[str, str, bytes, int], dict[str, str]] | None = None,
+                 signer: Callable[[str, str, bytes, int, str | None], dict[str, str]] | None = None,
                  ssl_context: ssl.SSLContext | None = None) -> None:
-        """`signer(method, url, body, round)`: the authentication headers of one attempt (daemon/auth.py);
+        """`signer(method, url, body, round, digest)`: the authentication headers of one attempt (daemon/auth.py;
+        `digest`: the body's, hashed once per request);
         `ssl_context`: how https:// peers are verified and this client shows itself (daemon/tls.py)."""
         self.timeout, self.retries, self.backoff, self.signer = timeout, retries, backoff, signer
         self.ssl_context = ssl_context
@@ -94,6 +96,7 @@ class Client:
         if json_body is not None:
             data = json.dumps(json_body).encode()
             headers["Content-Type"] = "application/json"
+        digest = await hash_bytes(data) if self.signer else None  # once per request, off the loop when large
         attempts = 1 + (self.retries if retries is None else retries)
         last = "no attempt"
         for attempt in range(attempts):
@@ -102,7 +105,7 @@ class Client:
                 get_logger(role="client").warning("retrying", method=method, url=url, attempt=attempt + 1,
                                                   attempts=attempts, delay_s=float(f"{delay:.3f}"), error=last)
                 await asyncio.sleep(delay)
-            signed = {**headers, **self.signer(method, url, data, round)} if self.signer else headers
+            signed = {**headers, **self.signer(method, url, data, round, digest)} if self.signer else headers
             try:
                 async with self._session.request(method, url, timeout=ClientTimeout(total=timeout or self.timeout),
                                                  data=_body(data), headers=signed) as resp:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE
 from mosaicd.daemon.http.auth import REGISTER_RUN, auth_middleware, auth_window
+from mosaicd.daemon.http.body import read_body as _read_body
 from mosaicd.daemon.http.endpoints import healthz, metrics_handler, openapi_handler
 from mosaicd.daemon.http.errors import bad_request, json_errors
 from mosaicd.daemon.http.limits import LIMITS, Limits
@@ -19,30 +20,9 @@ _ROUND = re.compile(r"-?[0-9]{1,18}")
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The request's body as one `bytes`, copied once: the chunks as they came off the socket, joined.
-
-    `request.read()` copies every byte twice (into a growing bytearray, then into bytes); a fragments body is
-    megabytes per peer and round. The result is immutable, so `wire.decode` takes its fragments as views
-    without a further copy. A body already read (the cluster secret's check hashed it) comes from aiohttp's
-    cache. Bodies over the app's limit get 413, as with `request.read()`.
-    """
-    content = request.content
-    if content.at_eof():  # read already, or empty
-        return await request.read()
-    limit = request.client_max_size
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk, http_chunk_end = await content.readchunk()  # one piece as it came (readany() joins what is queued)
-        if not chunk:
-            if http_chunk_end:  # a chunked body's chunk boundary, not its end
-                continue
-            break
-        size += len(chunk)
-        if limit and size > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 and type(chunks[0]) is bytes else b"".join(chunks)
+    """The request's body as one `bytes`, copied once (`http.body.read_body`); a body the cluster secret's check
+    read and hashed already comes from aiohttp's cache, not copied again."""
+    return await _read_body(request)
 
 
 def node_app(inbox: Inbox) -> web.Application:
