@@ -153,8 +153,9 @@ class HostsLab(Lab):
         line = proc.stdout.readline().decode()
         if line.strip() != "ready":
             raise HarnessError(f"tproxy did not start (said {line!r}, exit {proc.poll()})")
+        self._iptables(self.relay_ns, "-t", "nat", "-A", "PREROUTING", "-d", RELAY_IP, "-j", "RETURN")
         self._iptables(self.relay_ns, "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "-s", f"{SUBNET}.0/24", "-d",
-                       f"{SUBNET}.0/24", "!", "-d", RELAY_IP, "-j", "REDIRECT", "--to-ports", str(TPROXY_PORT))
+                       f"{SUBNET}.0/24", "-j", "REDIRECT", "--to-ports", str(TPROXY_PORT))
         log.write_text(f"tproxy {argv[2:]}\n")
         return proc
 

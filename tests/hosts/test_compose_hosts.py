@@ -47,7 +47,7 @@ def test_compose_per_host_across_three_engines_equals_simulate(links: HostsLab, 
 def test_compose_per_host_on_shaped_links_completes_with_the_same_models(links: HostsLab, host_image: str,
                                                                          tmp_path: Path) -> None:
     for k in range(3):
-        links.shape(k, "100mbit")
+        links.shape(k, "100mbit", burst="64kb")  # tbf needs a burst of rate / HZ at least
     links.delay(0.02, tmp_path / "tproxy.log")
     _, durations = run_across(links, tmp_path, host_image)
     assert links.redirected() > 0, "no connection between hosts went through the delaying relay"
