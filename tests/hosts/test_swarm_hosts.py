@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,8 +105,14 @@ def test_the_barriers_engine_restarted_mid_run_resumes_from_its_journal(
     engine.stop()
     engine.start()
     summary = run.wait_final(timeout=300)
-    barrier_logs = swarm.manager.docker("service", "logs", "--raw", f"{run.name}_barrier", timeout=120).stdout
-    assert '"event": "resumed"' in barrier_logs, barrier_logs[-3000:]  # from OUT/barrier-state.json
+    def barrier_logs() -> str:  # the barrier logs to stderr; a worker's task logs reach the manager in a while
+        logs = swarm.manager.docker("service", "logs", "--raw", f"{run.name}_barrier", timeout=120)
+        return logs.stdout + logs.stderr
+
+    deadline = time.monotonic() + 60
+    while '"event": "resumed"' not in (seen := barrier_logs()) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert '"event": "resumed"' in seen, seen[-3000:]  # the new barrier task read OUT/barrier-state.json
     finished_with_every_node(summary, nodes, run)
     assert summary["dropped"] == []
     assert summary["model_sha256"] == simulated_hashes(summary, tmp_path / "simulated")
