@@ -110,6 +110,16 @@ class Engine:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        self.unmount()
+
+    def unmount(self) -> None:
+        """Unmount what dockerd left mounted under its folders: it runs in the machine's mount namespace (nsenter
+        --net), so its bind of the host namespace (exec/netns/default) would outlive it and keep that namespace."""
+        root = str(self.root.resolve()) + "/"
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f if line.split()[4].startswith(root)]
+        for point in sorted(points, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
 
 
 class HostsLab(Lab):
