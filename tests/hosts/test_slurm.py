@@ -1,0 +1,135 @@
+"""deploy/slurm/mosaic.sbatch against a real Slurm: munged, slurmctld and slurmd from Debian's packages on this
+machine (tests/hosts/slurmlab.py), one node `localhost` running several tasks.
+
+- a run as one job: `sbatch --wait` returns 0, rank 0 (the first peer in sorted order) wrote the results to the
+  shared MOSAIC_OUT, and the model hashes equal `mosaicd simulate`'s with the same settings;
+- a run that cannot start (--fanout too large): `sbatch --wait` returns non-zero and summary.json says why;
+- `scancel` mid-run: `sbatch --wait` returns non-zero, summary.json says "failed" (cancelled), no task is left.
+
+Root, slurm-wlm and munge are needed; without them the tests skip, or fail under MOSAIC_REQUIRE_SLURM=1 (.ci/run).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from slurmlab import SlurmLab, free_port_range, require_slurm
+
+pytestmark = [pytest.mark.slurm]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "deploy" / "slurm" / "mosaic.sbatch"
+TASKS = 4
+RUN = ["--task", "quadratic", "--fragments", "2", "--fanout", "2", "--eval-every", "4", "--seed", "3",
+       "--dim", "64", "--round-deadline", "60", "--request-timeout", "10", "--log-json"]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmLab]:
+    require_slurm()
+    with SlurmLab(tmp_path_factory.mktemp("slurm"), cpus=2 * TASKS) as lab:
+        yield lab
+
+
+def job_env(slurm: SlurmLab, out: Path) -> dict[str, str]:
+    """What the submitting user's shell holds: mosaicd on PATH, the results folder, loopback addresses."""
+    return slurm.env(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", MOSAIC_OUT=str(out),
+                     MOSAIC_HOST="127.0.0.1", MOSAIC_PORT_BASE=str(free_port_range(TASKS)))
+
+
+def sbatch(slurm: SlurmLab, out: Path, args: list[str], *sbatch_args: str) -> list[str]:
+    out.parent.mkdir(parents=True, exist_ok=True)  # where the job's own log goes
+    return ["sbatch", "--parsable", "--nodes", "1", "--ntasks", str(TASKS), "--cpus-per-task", "1",
+            "--output", str(out.parent / f"{out.name}-job-%j.log"), *sbatch_args, str(SCRIPT), *args]
+
+
+def read_summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def simulated_hashes(kit, summary: dict, tmp: Path) -> dict[str, str]:
+    """`mosaicd simulate` with the run's settings (as summary.json records them)."""
+    from mosaicd.settings import Settings
+
+    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items() if v is not None}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
+    subprocess.run([sys.executable, "-m", "mosaicd", "simulate", *kit.flags(run), "--out", str(tmp), "--quiet"],
+                   check=True, env=env, capture_output=True, timeout=300)
+    return json.loads((tmp / "summary.json").read_text())["model_sha256"]
+
+
+def job_log(out: Path) -> str:
+    logs = sorted(out.parent.glob(f"{out.name}-job-*.log")) + sorted((out / "logs").glob("task-*.log"))
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in logs)
+
+
+def test_a_run_as_one_job_equals_simulate(kit, slurm: SlurmLab, tmp_path: Path) -> None:
+    out, rounds = tmp_path / "shared" / "run", 8
+    done = slurm.run(*sbatch(slurm, out, [*RUN, "--rounds", str(rounds)], "--wait"), check=False, timeout=300,
+                     env=job_env(slurm, out))
+    assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{job_log(out)}\n{slurm.logs()}"
+    job = done.stdout.strip().split(";")[0]
+    assert slurm.job_state(job) == "COMPLETED"
+
+    summary = read_summary(out)
+    assert summary["status"] == "finished" and summary["dropped"] == [], summary.get("error")
+    assert summary["settings"]["nodes"] == TASKS
+    peers = (out / "peers.txt").read_text().split()
+    base = int(peers[0].rsplit(":", 1)[1])
+    assert peers == [f"localhost:{base + i}" for i in range(TASKS)]  # one port per local task
+    with open(out / "nodes.csv", newline="") as f:
+        seen = {(int(r["round"]), int(r["node"])) for r in csv.DictReader(f)}
+    assert seen == {(t, i) for t in range(rounds) for i in range(TASKS)}
+    assert sorted(summary["model_sha256"], key=int) == [str(i) for i in range(TASKS)]
+    assert summary["model_sha256"] == simulated_hashes(kit, summary, tmp_path / "simulated")
+    assert sorted(p.name for p in (out / "logs").glob("task-*.log")) == [f"task-{i}.log" for i in range(TASKS)]
+    assert not list(out.glob(".secret-*")), "the job's own secret is removed when it ends"
+
+
+def test_a_run_that_cannot_start_fails_the_job(slurm: SlurmLab, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [*RUN, "--rounds", "5", "--fanout", str(TASKS)]  # the last --fanout wins: more than n - 1 peers
+    done = slurm.run(*sbatch(slurm, out, args, "--wait"), check=False, timeout=300, env=job_env(slurm, out))
+    assert done.returncode != 0, job_log(out)
+    summary = read_summary(out)
+    assert summary["status"] == "failed", summary
+    assert f"--fanout {TASKS} needs at least {TASKS + 1} nodes" in summary["error"], summary["error"]
+    assert slurm.job_state(done.stdout.strip().split(";")[0]) == "FAILED"
+
+
+def test_scancel_ends_the_run_with_a_failed_summary(slurm: SlurmLab, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    waiting = subprocess.Popen(sbatch(slurm, out, [*RUN, "--rounds", "1000000", "--eval-every", "2"], "--wait"),
+                               env=job_env(slurm, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((out / "summary.json").exists() and read_summary(out)["rounds"]):  # a few rounds in
+            assert waiting.poll() is None and time.monotonic() < deadline, job_log(out)
+            time.sleep(0.3)
+        jobs = slurm.jobs()
+        assert len(jobs) == 1 and slurm.job_state(jobs[0]) == "RUNNING"
+        assert read_summary(out)["status"] == "running"
+        slurm.run("scancel", jobs[0])
+        code = waiting.wait(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+        waiting.wait(timeout=10)
+    assert code != 0
+    summary = read_summary(out)
+    assert summary["status"] == "failed" and summary["error"].startswith("cancelled: the job got SIGTERM"), summary
+    assert summary["model_sha256"] == {} and summary["rounds"], summary
+    assert slurm.job_state(jobs[0]) == "CANCELLED"
+    assert not list(out.glob(".secret-*"))
+    ports = {int(p.rsplit(":", 1)[1]) for p in (out / "peers.txt").read_text().split()}
+    listening = subprocess.run(["ss", "-Htln"], capture_output=True, text=True).stdout
+    assert not [line for line in listening.splitlines() if any(f"127.0.0.1:{p} " in line for p in ports)], listening
