@@ -308,8 +308,9 @@ class BarrierState:
 
 def too_few_reason(state: BarrierState, t: int) -> str:
     """Why a run with too few live members after round `t` ends."""
-    gone = f"dropped: {list(state.dropped)} (after missing the round deadline {state.round_deadline:g}s " \
-           f"{state.drop_after} rounds in a row), left: {list(state.left)}"
+    parts = [f"dropped {state.dropped} (missed the round deadline {state.round_deadline:g}s {state.drop_after} "
+             f"rounds in a row)"] if state.dropped else []
+    gone = ", ".join(parts + ([f"left {state.left}"] if state.left else []))
     if not state.live:
         return f"every member was dropped or left by round {t}; {gone}"
     return (f"{len(state.live)} members are left after round {t} ({list(state.live)}), fewer than the "

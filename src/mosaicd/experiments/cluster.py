@@ -43,6 +43,28 @@ from mosaicd.settings import Settings
 PR_SET_PDEATHSIG = 1
 
 
+def last_error(out: Path, name: str) -> str:
+    """The last error a process wrote to its log (OUT/logs/NAME.log): its one-line `error:` or its last error event."""
+    try:
+        with open(out / "logs" / f"{name}.log", "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 64 * 1024, 0))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(no log: {exc.strerror})"
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("level") == "error":
+                return str(event.get("detail") or event.get("error") or event.get("event"))
+        elif "error" in line.lower():
+            return line.strip()
+    return lines[-1].strip() if lines else "(empty log)"
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     socks = []
     try:
@@ -152,6 +174,15 @@ class Cluster:
             if self.secret_file is not None:
                 shutil.rmtree(self.secret_file.parent, ignore_errors=True)
 
+    def _barrier_failure(self, code: int) -> str:
+        """Why the barrier ended the run: its summary's error (it writes one when it can), else its exit."""
+        try:
+            error = json.loads((self.out / "summary.json").read_text()).get("error")
+        except (OSError, ValueError):
+            error = None
+        return f"the run failed: {error}" if error else f"the barrier exited with status {code}: " \
+            f"{last_error(self.out, 'barrier')} (see {self.out / 'logs' / 'barrier.log'})"
+
     def _own_secret(self) -> dict[str, Any]:
         """The settings override that gives every process the run's secret: the user's --secret-file, none with
         --insecure, else a fresh random one in a private 0700 folder (deleted by `run` at the end)."""
@@ -196,13 +227,16 @@ class Cluster:
                 while True:
                     barrier = self.procs["barrier"].poll()
                     failed = {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
-                    if failed and (self.fail_fast or "barrier" in failed):
-                        raise ClusterFailed(f"processes failed: {failed}; see {self.out / 'logs'}")
                     for name in sorted(set(failed) - set(self.dead)):
                         self.dead[name] = failed[name]
-                        printer.message(f"{name} exited with status {failed[name]} (see {self.out / 'logs' / name}"
-                                        ".log); the run goes on without it (--fail-fast to stop instead)",
-                                        always=True)
+                        goes_on = "" if "barrier" in failed or self.fail_fast else \
+                            "; the others go on without it while they can (--fail-fast to stop instead)"
+                        printer.message(f"{name} exited with status {failed[name]}: {last_error(self.out, name)} "
+                                        f"(see {self.out / 'logs' / name}.log){goes_on}", always=True)
+                    if "barrier" in failed:
+                        raise ClusterFailed(self._barrier_failure(failed["barrier"]))
+                    if failed and self.fail_fast:
+                        raise ClusterFailed(f"processes failed: {failed}; see {self.out / 'logs'}")
                     if barrier == 0 and all(p.poll() is not None for p in self.procs.values()):
                         break
                     if time.monotonic() > deadline:

@@ -59,6 +59,7 @@ class Barrier:
         self.evaluator = NetworkEvaluator(options, self.keyring, evaluate, self.recorder, self.metrics, self.log,
                                           on_output_error=lambda exc: fail_output(self, exc))
         self._published = asyncio.Event()
+        self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
         self.output_error: str | None = None  # why the run was ended early (end_failed): nothing more is saved
         self._collections: dict[int, asyncio.Task] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -194,7 +195,9 @@ class Barrier:
                        **robustness_summary(self.run)}
             if self.state.phase is BarrierPhase.FAILED:
                 self.log.error("run_failed", detail=self.state.failure)
-                self.recorder.fail(self.state.failure or "failed", **outcome, left=list(self.state.left))
+                first = next(iter(self.leave_reasons.items()), None)
+                why = f"; rank {first[0]} left first: {first[1]}" if first else ""
+                self.recorder.fail(f"{self.state.failure or 'failed'}{why}", **outcome, left=list(self.state.left))
             else:
                 self.recorder.finish(self.evaluator.final_vectors, **outcome, left=list(self.state.left))
             self.done.set()
@@ -203,6 +206,7 @@ class Barrier:
         """`rank` leaves the run (a signal, or an error it could not go on after): nobody waits for it from now
         on, it is not sampled from the next round, and a round that waited only for it is released now."""
         release = self.state.leave(rank, self.now())
+        self.leave_reasons.setdefault(rank, reason)
         self.save_journal()
         self.metrics.left.inc()
         self.log.warning("left", rank=rank, reason=reason, live=len(self.state.live), round=self.state.round)

@@ -1,0 +1,109 @@
+"""Runs that end well: a node told to stop leaves (the barrier stops waiting for it at once), a run that can no
+longer run ends at once on every process, failed, with the reason, and nodes that cannot start say why on the
+launcher's console. Real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mosaicd.experiments.cluster import free_ports
+
+# round_deadline 60: a stalled round would take a minute; the tests see the leave within seconds instead
+RUN = dict(nodes=4, rounds=400, fragments=2, fanout=2, dim=16, seed=5, eval_every=0, round_deadline=60)
+
+
+def peer_list(kit: Any, tmp_path: Path, run: dict[str, Any]) -> tuple[dict[int, subprocess.Popen], list[int]]:
+    ports = sorted(free_ports(run["nodes"]))
+    (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
+    procs = {}
+    for port in ports:
+        with open(tmp_path / f"node-{port}.log", "wb") as log:
+            procs[port] = subprocess.Popen(
+                [*kit.mosaicd, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
+                 "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), "--log-json", *kit.flags(run)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return procs, ports
+
+
+def barrier_status(kit: Any, port: int) -> dict[str, Any] | None:
+    try:
+        return kit.http("GET", f"http://127.0.0.1:{port}/barrier/v1/status", timeout=2).json()
+    except OSError:
+        return None
+
+
+def stop_all(procs: dict[int, subprocess.Popen]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: Any) -> None:
+    run = {**RUN, "rounds": 300}
+    procs, ports = peer_list(kit, tmp_path, run)
+    rank0, victim = ports[0], ports[3]
+    try:
+        kit.wait_until(lambda: (barrier_status(kit, rank0) or {}).get("round", 0) >= 20, 60, "round 20")
+        procs[victim].send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        status = kit.wait_until(lambda: (s := barrier_status(kit, rank0)) and 3 in s["left"] and s, 10,
+                                "the barrier to record rank 3 as left")
+        seen_after = time.monotonic() - stopped
+        assert procs[victim].wait(timeout=10) == 0  # it left as told
+        assert 3 not in status["live"] and seen_after < 5.0, seen_after
+        for port in ports[:3]:
+            assert procs[port].wait(timeout=120) == 0, (tmp_path / f"node-{port}.log").read_text()[-2000:]
+    finally:
+        stop_all(procs)
+    summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["left"] == [3] and summary["members"] == [0, 1, 2]
+    assert any(e["left"] == [3] for e in summary["events"])
+    left_log = [json.loads(line) for line in (tmp_path / f"node-{victim}.log").read_text().splitlines()
+                if line.startswith("{")]
+    assert any(e["event"] == "left" and "SIGTERM" in e["reason"] for e in left_log)
+
+
+@pytest.mark.slow
+def test_too_few_members_end_the_run_on_every_process_at_once(tmp_path: Path, kit: Any) -> None:
+    """3 nodes, fanout 2: once one leaves, the two others cannot sample two peers; the run ends, failed, with the
+    reason, within seconds (not at a deadline), and no summary says "running"."""
+    run = {**RUN, "nodes": 3}
+    procs, ports = peer_list(kit, tmp_path, run)
+    rank0 = ports[0]
+    try:
+        kit.wait_until(lambda: (barrier_status(kit, rank0) or {}).get("round", 0) >= 10, 60, "round 10")
+        procs[ports[2]].send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        codes = {port: procs[port].wait(timeout=30) for port in ports}
+        took = time.monotonic() - stopped
+    finally:
+        stop_all(procs)
+    assert codes[ports[2]] == 0 and codes[ports[0]] == 1 and codes[ports[1]] == 1, codes
+    assert took < 20, took  # the round deadline is 60 s
+    summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "fewer than the 3 the run needs" in summary["error"], summary
+    assert "left first" in summary["error"] and "SIGTERM" in summary["error"]
+    said = (tmp_path / f"node-{ports[1]}.log").read_text()
+    assert "mosaicd node: error:" in said and "fewer than the 3 the run needs" in said
+
+
+@pytest.mark.slow
+def test_nodes_that_cannot_start_end_a_cluster_with_their_reason(tmp_path: Path, kit: Any) -> None:
+    started = time.monotonic()
+    proc = subprocess.run([*kit.mosaicd, "cluster", "--task", "cifar10", "--nodes", "4", "--rounds", "1",
+                           "--out", str(tmp_path / "out"), "--data-dir", str(tmp_path / "no-data")],
+                          capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert proc.returncode != 0 and took < 60, (took, proc.stderr[-2000:])
+    assert "mosaicd data fetch" in proc.stderr and "node-0 exited with status 1" in proc.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "mosaicd data fetch" in summary["error"]
