@@ -29,7 +29,7 @@ from typing import Any
 from .membership import MembershipError, parse_address, rank_addresses
 from .report import NodeReport
 
-__all__ = ["BarrierError", "BarrierPhase", "BarrierReason", "BarrierState", "Member", "Release"]
+__all__ = ["BarrierError", "BarrierPhase", "BarrierReason", "BarrierState", "Member", "Release", "rebind", "reopen"]
 
 
 class BarrierPhase(StrEnum):
@@ -304,6 +304,18 @@ class BarrierState:
     def from_json(cls, data: dict[str, Any], now: float) -> BarrierState:
         """The state `to_json` saved; the open round (re)opens at `now`."""
         return load_state(data, now)
+
+
+def rebind(state: BarrierState, rank: int, address: str, now: float) -> None:
+    """A member of a resumed run started again at another address: it keeps its rank (ranks never move)."""
+    parse_address(address)
+    state.addresses = tuple(address if r == rank else a for r, a in enumerate(state.addresses))
+    state.members[rank].address, state.members[rank].last_contact = address, now
+
+
+def reopen(state: BarrierState, now: float) -> None:
+    """The open round starts again now (a resumed run whose members are all back): its deadline counts from now."""
+    state._open = _Round(opened=now)
 
 
 def too_few_reason(state: BarrierState, t: int) -> str:

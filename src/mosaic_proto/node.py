@@ -168,9 +168,12 @@ class NodeState:
         if vector is not None:
             self.begin(vector)
 
-    def begin(self, vector: np.ndarray) -> None:
-        """The model this node starts the run (or its rejoin) from."""
+    def begin(self, vector: np.ndarray, kept_as: int | None = None) -> None:
+        """The model this node starts the run (or its rejoin) from; `kept_as`: the round it is the model after (a
+        resumed run's checkpoint), kept as that round's snapshot for the barrier's evaluation."""
         self.vector = vector
+        if kept_as is not None and kept_as >= 0:
+            self.snapshots[kept_as] = vector
 
     def rejoining(self) -> None:
         """A dropped node registers again (--rejoin-dropped)."""

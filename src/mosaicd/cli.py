@@ -163,6 +163,8 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
         if name in ("cluster", "simulate"):
             p.add_argument("--quiet", action="store_true", help="no progress line")
         if name == "cluster":
+            p.add_argument("--resume", action="store_true", help="go on with the interrupted run in --out, exactly "
+                           "(the barrier's journal and the nodes' checkpoints), at any ports")
             p.add_argument("--fail-fast", action="store_true", help="end the run when a node process dies (by "
                            "default it is reported, and the others go on without it)")
     data = sub.add_parser("data", help=DATA_HELP, description=DATA_HELP)
@@ -289,7 +291,8 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "cluster":
         from mosaicd.experiments.cluster import ClusterFailed, run_cluster
         try:
-            _print_final(run_cluster(settings, progress=not args.quiet, fail_fast=args.fail_fast))
+            _print_final(run_cluster(settings, progress=not args.quiet, fail_fast=args.fail_fast,
+                                     resume=args.resume))
         except ClusterFailed as exc:
             print(f"mosaicd cluster: error: {exc}", file=sys.stderr)
             return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 # structlog.dev imports rich (and pygments) when installed, only to draw tracebacks, which format_exc_info below
@@ -12,6 +13,32 @@ import structlog  # noqa: E402
 
 if _rich_hidden:
     del sys.modules["rich"]  # importable again, for those who draw with it (status, progress)
+
+
+class StderrLogger(structlog.PrintLogger):
+    """Writes log lines to stderr. A line that cannot be written (a full disk under a log file) raises one OSError
+    naming the file, so the process's run ends clearly; later lines are dropped instead of failing each caller."""
+
+    failed = False
+
+    def msg(self, message: str) -> None:
+        if StderrLogger.failed:
+            return
+        try:
+            super().msg(message)
+        except OSError as exc:
+            StderrLogger.failed = True
+            raise OSError(exc.errno, exc.strerror, _stderr_path()) from None
+
+    log = debug = info = warn = warning = err = error = critical = exception = fatal = failure = msg
+
+
+def _stderr_path() -> str:
+    """The file stderr writes to (Linux /proc), for the error that says it could not."""
+    try:
+        return os.readlink("/proc/self/fd/2")
+    except OSError:
+        return "stderr"
 
 
 def configure_logging(level: str = "info", json: bool | None = None) -> None:
@@ -27,7 +54,7 @@ def configure_logging(level: str = "info", json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the stderr of the moment (pytest swaps it)
+        logger_factory=lambda *_: StderrLogger(sys.stderr),  # the stderr of the moment (pytest swaps it)
         cache_logger_on_first_use=False,
     )
 

@@ -99,7 +99,11 @@ def _write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) -
     line, through json's C encoder, several times faster than the indented form."""
     summary = clean_json(summary)
     tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=indent))
+    try:
+        tmp.write_text(json.dumps(summary, indent=indent))
+    except OSError:
+        tmp.unlink(missing_ok=True)  # the summary before stays whole
+        raise
     tmp.replace(out / "summary.json")
     return summary
 
@@ -145,6 +149,25 @@ def _header(path: Path) -> list[str] | None:
             return next(csv.reader(f), None)
     except OSError:
         return None
+
+
+def drop_rows_from(out: Path, nodes: int, rounds: int) -> None:
+    """Remove the rows of rounds >= `nodes` from OUT/nodes.csv and >= `rounds` from OUT/rounds.csv (replaced
+    atomically): a run resumed from an earlier round writes them again."""
+    for name, first in (("nodes.csv", nodes), ("rounds.csv", rounds)):
+        path = out / name
+        try:
+            with open(path, newline="") as f:
+                rows = list(csv.reader(f))
+        except FileNotFoundError:
+            continue
+        kept = rows[:1] + [r for r in rows[1:] if r and int(r[0]) < first]
+        if len(kept) == len(rows):
+            continue
+        tmp = path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            csv.writer(f).writerows(kept)
+        tmp.replace(path)
 
 
 class RunRecorder:

@@ -253,6 +253,10 @@ class DaemonOptions(BaseModel):
                                   **cli("network", "node", "cluster"))
     rejoin_max_age: int = Field(2, ge=0, description="node: a rejoining node takes its checkpoint if it is at most "
                                 "this many rounds old, else a live peer's model", **cli("network", "node"))
+    resume_round: int | None = Field(None, ge=0, description="barrier and node: resume the interrupted run of OUT "
+                                     "from this open round (the newest the journal keeps or the one before), every "
+                                     "member started again with its checkpoint of it, at any address; `mosaicd "
+                                     "cluster --resume` picks it", **cli("network", "node", "barrier"))
     leave_on_signal: bool = Field(True, description="node: on SIGTERM or SIGINT, tell the barrier it leaves the run "
                                   "(it is not waited for from then on), then exit 0; `mosaicd cluster` turns it off: "
                                   "there Ctrl-C interrupts the whole run, which --resume continues",

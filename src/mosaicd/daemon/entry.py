@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from mosaicd.daemon.errors import PeerDropped, RunEnded
+from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
 from mosaicd.daemon.http.client import HttpError
 from mosaicd.daemon.http.server import ListenError
 from mosaicd.settings import SettingsError
@@ -14,7 +14,7 @@ from mosaicd.settings import SettingsError
 # HttpError: a peer answered 4xx or stayed unreachable; PeerDropped: the barrier dropped this node; ListenError: the
 # port or address to listen on cannot be had
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, TimeoutError, HttpError, PeerDropped,
-                                                RunEnded, ListenError)
+                                                RunEnded, OutputError, ListenError)
 
 
 def run_entry(command: str, main: Callable[[], int]) -> int:

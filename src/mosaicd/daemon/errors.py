@@ -11,3 +11,8 @@ class PeerDropped(RuntimeError):
 class RunEnded(RuntimeError):
     """The run ended before this process was done: it failed (too few members left, a write that could not be
     made, the barrier's host stopped...), or this node left it."""
+
+
+class OutputError(RuntimeError):
+    """A write this process could not make (a full disk...): the run ends, failed, at its last saved decision, so
+    that it can be resumed once there is room."""

@@ -33,7 +33,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from mosaicd.daemon.barrier import journal as barrier_journal
+from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.tls import client_context, scheme
+from mosaicd.daemon.node import checkpoint
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.experiments.warm import REPORT_FD
 from mosaicd.learning.tasks import require_task
@@ -98,11 +101,13 @@ def _die_with_parent() -> None:
 
 class Cluster:
     def __init__(self, settings: Settings, progress: bool = True, on_round: OnRound | None = None,
-                 fail_fast: bool = False, warm: bool = True) -> None:
+                 fail_fast: bool = False, warm: bool = True, resume: bool = False) -> None:
         """`fail_fast`: end the run when any node process dies; by default a dead node is reported and the run
         goes on without it, as a run started by hand does (the barrier drops it). `warm`: fork the nodes from a
         warmed-up barrier (see the module's docstring), else start fresh interpreters."""
         self.settings, self.progress, self.on_round, self.fail_fast = settings, progress, on_round, fail_fast
+        self.resume = resume  # go on with the interrupted run of OUT (_resume_point)
+        self.resumed_at: int | None = None
         self.warm = warm and str(getattr(settings, "device", "cpu")) == "cpu"  # CUDA does not survive fork()
         self.dead: dict[str, int] = {}
         self.out = Path(settings.out)
@@ -167,12 +172,38 @@ class Cluster:
             return self._run(timeout)
         except BaseException as exc:
             self.stop()
-            self._record_failure(exc, started)
+            try:
+                self._record_failure(exc, started)
+            except OSError as write:  # a full disk: the barrier's summary (if any) says why already
+                print(f"mosaicd cluster: cannot mark {self.out / 'summary.json'} failed: {write.strerror}",
+                      file=sys.stderr)
+            if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+                raise OutputError(f"cannot write {exc.filename or self.out}: {exc.strerror or exc}") from None
             raise
         finally:
             self.stop()
             if self.secret_file is not None:
                 shutil.rmtree(self.secret_file.parent, ignore_errors=True)
+
+    def _resume_point(self) -> tuple[dict[str, int], list[str]]:
+        """`--resume`: the round to go on from (the newest open round the barrier's journal keeps of which every
+        live member has a checkpoint) and the nodes to start again (node-<i>, whose checkpoint holds its rank)."""
+        s = self.settings
+        kept = barrier_journal.rounds(self.out)
+        if not kept:
+            raise ClusterFailed(f"--resume: {self.out} holds no interrupted run to go on with (no "
+                                f"{barrier_journal.STATE_FILE} of a running run)")
+        for round in kept:
+            state = barrier_journal.load(self.out, s.run_config(), round)["state"]  # ResumeError: other settings
+            live = set(state["live"]) | set(state["joining"])
+            ranks = {f"node-{i}": c.rank for i in range(s.nodes)
+                     if (c := checkpoint.load(self.out / "state" / f"node-{i}", round)) is not None}
+            if live <= set(ranks.values()):
+                names = sorted((n for n, r in ranks.items() if r in live), key=lambda n: ranks[n])
+                self.resumed_at = round
+                return {"resume_round": round}, names
+        raise ClusterFailed(f"--resume: the journal keeps rounds {kept}, but not every live member has a checkpoint "
+                            f"of one of them in {self.out / 'state'}: it cannot be resumed exactly")
 
     def _barrier_failure(self, code: int) -> str:
         """Why the barrier ended the run: its summary's error (it writes one when it can), else its exit."""
@@ -205,13 +236,15 @@ class Cluster:
         self.barrier_port, self.node_ports = barrier_port, node_ports
         barrier_url = f"{scheme(s)}://127.0.0.1:{barrier_port}"
         secret = self._own_secret()
-        barrier_env = settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True, **secret)
-        # the launcher restarts no node (and picks new ports each run): checkpoints only when asked for
-        every = s.checkpoint_every if "checkpoint_every" in s.model_fields_set else 0
-        node_envs = {f"node-{i}": settings_env(s, host="127.0.0.1", port=port, barrier_url=barrier_url, log_json=True,
-                                               out=str(self.out / "nodes" / str(i)), advertise=f"127.0.0.1:{port}",
-                                               checkpoint_every=every, leave_on_signal=False, **secret)
-                     for i, port in enumerate(node_ports)}
+        resume, names = ({}, [f"node-{i}" for i in range(s.nodes)]) if not self.resume else self._resume_point()
+        barrier_env = settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True, **secret, **resume)
+        # every node checkpoints every round (unless told otherwise), in OUT/state/node-<i>: what --resume needs
+        every = s.checkpoint_every if "checkpoint_every" in s.model_fields_set else 1
+        node_envs = {name: settings_env(s, host="127.0.0.1", port=port, barrier_url=barrier_url, log_json=True,
+                                        out=str(self.out / "nodes" / name.removeprefix("node-")),
+                                        advertise=f"127.0.0.1:{port}", state_dir=str(self.out / "state" / name),
+                                        checkpoint_every=every, leave_on_signal=False, **secret, **resume)
+                     for name, port in zip(names, node_ports, strict=False)}
         if self.warm:
             self._spawn_warm(barrier_env, node_envs)
         else:
@@ -220,6 +253,9 @@ class Cluster:
                 self._spawn(name, "node", env)
         deadline = time.monotonic() + (timeout or s.register_deadline + s.rounds * (s.round_deadline + 60))
         with ProgressPrinter(enabled=self.progress) as printer:
+            if self.resumed_at is not None:
+                printer.message(f"resuming {self.out} at round {self.resumed_at} of {s.rounds} (from the barrier's "
+                                "journal and the nodes' checkpoints)", always=True)
             printer.message(f"barrier {barrier_url}: dashboard in a browser, or `mosaicd status {barrier_url}`")
             printer.start_run("", s.rounds)
             reported = _Reported(s.rounds, [printer.on_round] + ([self.on_round] if self.on_round else []))
@@ -272,7 +308,11 @@ class Cluster:
         else:
             summary.update(status="failed", error=error)
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2))
+        try:
+            tmp.write_text(json.dumps(summary, indent=2))
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         tmp.replace(path)
 
     def stop(self, grace: float = 5.0) -> None:
@@ -403,5 +443,7 @@ class _Reported:
 
 
 def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
-                on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True) -> dict:
-    return Cluster(settings, progress, on_round, fail_fast, warm).run(timeout)
+                on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True,
+                resume: bool = False) -> dict:
+    """`resume`: go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints)."""
+    return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)

@@ -21,7 +21,7 @@ import numpy as np
 
 from mosaic_proto import SNAPSHOTS_KEPT, BarrierError, BarrierPhase, BarrierReason, BarrierState, NodeReport, Release
 from mosaicd.daemon.barrier import journal as barrier_journal
-from mosaicd.daemon.barrier.ending import fail_output
+from mosaicd.daemon.barrier.ending import end_failed, fail_output
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.daemon.barrier.registration import registration_deadline, watch_dns
@@ -29,7 +29,7 @@ from mosaicd.daemon.barrier.release_log import ReleaseLog
 from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.http.auth import Keyring, load_secret
 from mosaicd.logs import get_logger
-from mosaicd.outputs import RunRecorder, is_eval_round, robustness_summary
+from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round, robustness_summary
 from mosaicd.settings import DaemonOptions, RunConfig
 
 
@@ -37,7 +37,8 @@ class Barrier:
     def __init__(self, run: RunConfig, options: DaemonOptions, *,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None) -> None:
         """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only)."""
-        self.resumed = barrier_journal.load(options.out, run)  # ResumeError: OUT holds another run in progress
+        # ResumeError: OUT holds another run in progress (or not the round asked for)
+        self.resumed = barrier_journal.load(options.out, run, options.resume_round)
         if self.resumed:
             run = self.resumed["run"]
             self.state = BarrierState.from_json(self.resumed["state"], _now())
@@ -47,6 +48,12 @@ class Barrier:
                                       min_members=run.min_members)
         self.run, self.options = run, options
         self.log = get_logger(role="barrier", run=run.run_id)
+        # --resume-round: every member comes back at a new address and takes its rank back (registration.rebind)
+        self.rebinding = set(self.state.live) | set(self.state.joining) \
+            if self.resumed and options.resume_round is not None else set()
+        self.rebound = asyncio.Event()
+        if self.rebinding:
+            drop_rows_from(options.out, nodes=self.state.round, rounds=self.state.round - 1)
         self.recorder = RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
                                     mode="cluster", resume_from=self.resumed["started"] if self.resumed else None)
         self.metrics = BarrierMetrics(run)
@@ -85,7 +92,8 @@ class Barrier:
         state = self.state
         self.registered.set()
         self.metrics.members.set(len(state.live))
-        self.arm_deadline()
+        if not self.rebinding:  # else once every member is back (registration.rebind)
+            self.arm_deadline()
         self.published = {t: self._told(r) for t, r in state.released.items()}
         done = {row.get("round") for row in self.recorder.rounds}
         missing = [e for e in range(max(0, state.round - SNAPSHOTS_KEPT), state.round - 1)
@@ -202,9 +210,15 @@ class Barrier:
                 self.recorder.finish(self.evaluator.final_vectors, **outcome, left=list(self.state.left))
             self.done.set()
 
-    async def leave(self, rank: int, reason: str) -> dict[str, Any]:
+    async def leave(self, rank: int, reason: str, ends_run: bool = False) -> dict[str, Any]:
         """`rank` leaves the run (a signal, or an error it could not go on after): nobody waits for it from now
-        on, it is not sampled from the next round, and a round that waited only for it is released now."""
+        on, it is not sampled from the next round, and a round that waited only for it is released now.
+        `ends_run`: the run cannot go on exactly without it (its checkpoint could not be written): the run ends,
+        failed, at its last saved decision (the leave is not saved), so that it can be resumed."""
+        if ends_run:
+            self.state.check(rank, self.state.round)
+            end_failed(self, f"rank {rank}: {reason}")
+            return {"left": rank, "round": self.state.round, "live": list(self.state.live)}
         release = self.state.leave(rank, self.now())
         self.leave_reasons.setdefault(rank, reason)
         self.save_journal()

@@ -1,6 +1,8 @@
 """What a barrier decided, kept on disk so that a barrier restarted with the same --out resumes the run.
 
-OUT/barrier-state.json holds the run's settings, `BarrierState.to_json()` and the wall-clock start of the run.
+OUT/barrier-state.json holds the run's settings, `BarrierState.to_json()` and the wall-clock start of the run, and
+the state as it was when the round before opened (`earlier`): a whole cluster resumed exactly (`mosaicd cluster
+--resume`) goes on from the newest round every node has a checkpoint of, which can be that one.
 It is replaced atomically (written beside, fsync'd, renamed, directory fsync'd) after every decision that
 nodes are told of (the roster, each release, each join), before they are told: a restarted barrier never
 takes back what a node has heard.
@@ -26,12 +28,19 @@ class ResumeError(ValueError):
 
 def save(out: Path, run: RunConfig, state: BarrierState, started: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    data = {"version": VERSION, "run": run.model_dump(mode="json"), "started": started, "state": state.to_json()}
+    now = state.to_json()
+    earlier = _earlier(out / STATE_FILE, now["round"])
+    data = {"version": VERSION, "run": run.model_dump(mode="json"), "started": started, "state": now,
+            **({"earlier": earlier} if earlier else {})}
     tmp = out / f"{STATE_FILE}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, out / STATE_FILE)
     fd = os.open(out, os.O_RDONLY)
     try:
@@ -40,8 +49,21 @@ def save(out: Path, run: RunConfig, state: BarrierState, started: float) -> None
         os.close(fd)
 
 
-def load(out: Path, run: RunConfig) -> dict[str, Any] | None:
-    """The saved run to resume, if OUT holds one still running; None if there is none (or it ended).
+def _earlier(path: Path, round: int) -> dict[str, Any] | None:
+    """The newest saved state of a round before `round` (what the file holds now, or its own earlier one)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    for state in (saved.get("state"), saved.get("earlier")):
+        if state and state["round"] < round:
+            return state
+    return None
+
+
+def load(out: Path, run: RunConfig, round: int | None = None) -> dict[str, Any] | None:
+    """The saved run to resume, if OUT holds one still running; None if there is none (or it ended). `round`: the
+    state of that open round (the newest, or the one before it), ResumeError if it is not kept.
 
     ResumeError if the saved run's settings differ from `run` (other than a node count taken from DNS)."""
     path = out / STATE_FILE
@@ -60,4 +82,21 @@ def load(out: Path, run: RunConfig) -> dict[str, Any] | None:
         raise ResumeError(f"{out} holds run {saved.run_id!r} in progress, with other settings "
                           f"({', '.join('--' + k.replace('_', '-') for k in differ)}): restart the barrier with that "
                           f"run's settings to resume it, or give another --out")
-    return {"run": saved, "started": float(data["started"]), "state": data["state"]}
+    state = data["state"]
+    if round is not None and state["round"] != round:
+        state = data.get("earlier") or {}
+        if state.get("round") != round:
+            raise ResumeError(f"{path} keeps rounds {data['state']['round']} and "
+                              f"{(data.get('earlier') or {}).get('round')}, not round {round}")
+    return {"run": saved, "started": float(data["started"]), "state": state}
+
+
+def rounds(out: Path) -> list[int]:
+    """The open rounds whose state the journal in OUT keeps (newest first); none if it holds no running run."""
+    try:
+        data = json.loads((out / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    if data.get("state", {}).get("phase") != BarrierPhase.RUNNING.value:
+        return []
+    return [s["round"] for s in (data["state"], data.get("earlier")) if s]

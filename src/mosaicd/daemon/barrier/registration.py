@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from mosaic_proto import BarrierError, BarrierPhase, BarrierReason
+from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, reopen
+from mosaic_proto import rebind as rebind_member
 from mosaicd.daemon.deadlines import join_wait
 from mosaicd.daemon.http.membership import resolve_all
 
@@ -50,6 +51,32 @@ async def join(barrier: Barrier, address: str) -> dict[str, Any]:
     told = await barrier.wait_published(at, join_wait(barrier.run.round_deadline))
     return {"rank": rank, "members": list(barrier.state.addresses), "run": barrier.run.model_dump(mode="json"),
             "round": at + 1, "live": told["members"]}
+
+
+async def rebind(barrier: Barrier, address: str, rank: int) -> dict[str, Any]:
+    """A member of a resumed run (`--resume-round`) started again, at any address: it takes its rank back. Once
+    every live member is back, they all hear the new addresses and the open round starts again, its deadline
+    counted from then (`mosaicd cluster --resume`)."""
+    state = barrier.state
+    if rank not in barrier.rebinding:
+        raise BarrierError(BarrierReason.REGISTRATION_CLOSED, f"rank {rank} is not a member the resumed run waits "
+                           f"for (it waits for {sorted(barrier.rebinding)})")
+    rebind_member(state, rank, address, barrier.now())
+    barrier.rebinding.discard(rank)
+    barrier.log.info("rebound", rank=rank, address=address, waiting_for=sorted(barrier.rebinding))
+    if not barrier.rebinding:
+        reopen(state, barrier.now())
+        barrier.save_journal()
+        barrier.arm_deadline()
+        barrier.log.warning("resumed_all", round=state.round, live=len(state.live))
+        barrier.rebound.set()
+    try:
+        await asyncio.wait_for(barrier.rebound.wait(), timeout=barrier.options.register_deadline)
+    except TimeoutError:
+        raise BarrierError(BarrierReason.REGISTRATION_FAILED, f"members {sorted(barrier.rebinding)} did not come "
+                           f"back within --register-deadline {barrier.options.register_deadline:g}s") from None
+    return {"rank": rank, "members": list(state.addresses), "run": barrier.run.model_dump(mode="json"),
+            "round": state.round, "live": list(state.live)}
 
 
 def maybe_close(barrier: Barrier) -> None:

@@ -69,6 +69,11 @@ def barrier_app(barrier: Barrier) -> web.Application:
         body = await read_json(request, {"address": str})
         proven(request, body["address"])
         try:
+            rank = body.get("rank")
+            if rank is not None:  # a member of a resumed run, back at a new address
+                if type(rank) is not int or rank < 0:
+                    raise bad_request("bad_field", "field 'rank' must be a non-negative integer")
+                return web.json_response(await registration.rebind(barrier, body["address"], rank))
             return web.json_response(await registration.register(barrier, body["address"]))
         except BarrierError as exc:
             status = barrier.register_status if exc.reason == "registration_failed" else STATUS_OF_REASON[exc.reason]
@@ -90,8 +95,10 @@ def barrier_app(barrier: Barrier) -> web.Application:
         reason = body.get("reason", "")
         if not isinstance(reason, str) or len(reason) > 2000:
             raise bad_request("bad_field", "field 'reason' must be a string of at most 2000 characters")
+        if not isinstance(body.get("ends_run", False), bool):
+            raise bad_request("bad_field", "field 'ends_run' must be a boolean")
         try:
-            return web.json_response(await barrier.leave(body["rank"], reason))
+            return web.json_response(await barrier.leave(body["rank"], reason, body.get("ends_run", False)))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
 

@@ -1,8 +1,10 @@
 """A node's checkpoint: its model after a round, and which round it goes on with, so that a node started again
 with the same state directory rejoins the run where it left off.
 
-One file, STATE_DIR/checkpoint.npz, replaced atomically (written beside, fsync'd, renamed): a crash leaves the
-previous checkpoint or the new one, never a torn one.
+STATE_DIR/checkpoint.npz, replaced atomically (written beside, fsync'd, renamed): a crash leaves the previous
+checkpoint or the new one, never a torn one. The one before is kept as checkpoint-previous.npz: a whole cluster
+resumed exactly goes on from the newest round every node has (`mosaicd cluster --resume`), which can be the one
+before a node's newest.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from mosaicd.daemon.http.membership import own_address
 from mosaicd.settings import DaemonOptions
 
 FILE = "checkpoint.npz"
+PREVIOUS = "checkpoint-previous.npz"
 
 
 @dataclass(frozen=True)
@@ -46,19 +49,43 @@ def save(directory: Path, checkpoint: Checkpoint) -> None:
     buffer = io.BytesIO()
     np.savez(buffer, vector=np.asarray(checkpoint.vector, dtype="<f4"), meta=np.array(json.dumps(meta)))
     tmp = directory / f"{FILE}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(buffer.getbuffer())
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    if (directory / FILE).exists():
+        os.replace(directory / FILE, directory / PREVIOUS)
     os.replace(tmp, directory / FILE)
 
 
-def load(directory: Path | None) -> Checkpoint | None:
-    """The checkpoint in `directory`, or None if there is none (or it cannot be read: then it is not used)."""
-    if directory is None or not (directory / FILE).exists():
+def load(directory: Path | None, round: int | None = None) -> Checkpoint | None:
+    """The newest checkpoint in `directory` (`round`: the one of that round, the newest or the one before), or None
+    if there is none (or it cannot be read: then it is not used)."""
+    if directory is None:
+        return None
+    for name in (FILE, PREVIOUS):
+        found = _read(directory / name)
+        if found is not None and (round is None or found.round == round):
+            return found
+        if round is None:
+            return found
+    return None
+
+
+def rounds(directory: Path) -> list[int]:
+    """The rounds of the checkpoints kept in `directory`, newest first."""
+    return [c.round for c in (_read(directory / FILE), _read(directory / PREVIOUS)) if c is not None]
+
+
+def _read(path: Path) -> Checkpoint | None:
+    if not path.exists():
         return None
     try:
-        with np.load(directory / FILE, allow_pickle=False) as data:
+        with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             return Checkpoint(str(meta["run_id"]), int(meta["rank"]), str(meta["address"]), int(meta["round"]),
                               data["vector"].astype(np.float32))

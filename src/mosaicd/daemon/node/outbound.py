@@ -82,12 +82,12 @@ async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: 
         raise
 
 
-async def leave(client: Client, barrier_url: str, rank: int, reason: str, timeout: float, log: Any) -> bool:
+async def leave(client: Client, barrier_url: str, body: dict[str, Any], timeout: float, log: Any) -> bool:
     """Tell the barrier this node leaves (one quick try: a node that stops does not wait for an absent
     barrier); whether the barrier heard it."""
+    reason = body.get("reason", "")
     try:
-        await client.post_json(f"{barrier_url}/v1/leave", {"rank": rank, "reason": reason[:2000]}, timeout=timeout,
-                               retries=1)
+        await client.post_json(f"{barrier_url}/v1/leave", body, timeout=timeout, retries=1)
     except HttpError as exc:
         log.warning("leave_unheard", error=exc.detail)
         return False

@@ -45,13 +45,15 @@ __all__ = ["Peer", "PeerDropped", "RunEnded"]
 class Peer:
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None,
-                 rejoining: bool = False) -> None:
+                 rejoining: bool = False, resume_rank: int | None = None) -> None:
         """`model`: the model's Layout, or a torch module whose float state is the gossiped vector; None to
         give it after registration (`set_model`). `run` is needed only where this peer hosts the barrier
         (rank 0 of a --peer-list); `evaluate` is that barrier's network evaluation. `rejoining`: this process
         takes over from an earlier one (it has its checkpoint): fragments of the round it lost are refused
-        at once instead of held until it is ready."""
+        at once instead of held until it is ready. `resume_rank`: the rank this process takes back in a resumed
+        run (`--resume-round`), wherever it listens now."""
         self.options, self._model, self._evaluate, self._hosted_run = options, model, evaluate, run
+        self._resume_rank = resume_rank
         self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining,
                                on_refused=lambda why, n: self.metrics.counted(why, n))
         secret = load_secret(options.secret_file)
@@ -118,7 +120,8 @@ class Peer:
         self.log = self.log.bind(address=inbox.address)
 
     async def _register(self) -> None:
-        reply = await self._client.post_json_until(f"{self.inbox.barrier_url}/v1/register", {"address": self.address},
+        body = {"address": self.address, **({"rank": self._resume_rank} if self._resume_rank is not None else {})}
+        reply = await self._client.post_json_until(f"{self.inbox.barrier_url}/v1/register", body,
                                                    self.options.register_deadline, "--register-deadline", self.log)
         run = RunConfig.model_validate(reply["run"])
         self.state.registered(int(reply["rank"]), list(reply["members"]), reply.get("live", range(len(
@@ -153,9 +156,10 @@ class Peer:
         self.inbox.ready.set()
         self.log.info("ready", dim=model.dim, fingerprint=fragmentation.fingerprint.hex())
 
-    def begin(self, vector: np.ndarray) -> None:
-        """The model this peer starts from (its round's model until the first aggregate)."""
-        self.state.begin(vector)
+    def begin(self, vector: np.ndarray, kept_as: int | None = None) -> None:
+        """The model this peer starts from (its round's model until the first aggregate); `kept_as`: the round it
+        is the model after, where it is this node's own (a resumed run)."""
+        self.state.begin(vector, kept_as)
 
     # -- one round: train (the caller) -> fragment -> send -> barrier -> aggregate ------------------
     async def gossip(self, local: np.ndarray | Any, *, loss: float = math.nan, train_s: float = 0.0) -> np.ndarray:
@@ -199,12 +203,14 @@ class Peer:
                 self.state.dropped()
             raise
 
-    async def leave(self, reason: str) -> None:
-        """Leave the run (told to stop, or failing): the barrier stops waiting for this node at once."""
+    async def leave(self, reason: str, ends_run: bool = False) -> None:
+        """Leave the run (told to stop, or failing): the barrier stops waiting for this node at once. `ends_run`:
+        the run cannot go on without this node (its checkpoint could not be written): it ends, failed, resumable."""
         if self.state.phase in (NodePhase.LEFT, NodePhase.FINISHED, NodePhase.LEAVING) or self.rank < 0:
             return
         self.state.leaving()
-        await leave(self._client, self.inbox.barrier_url or "", self.rank, reason,
+        await leave(self._client, self.inbox.barrier_url or "", {"rank": self.rank, "reason": reason[:2000],
+                                                                   "ends_run": ends_run},
                     min(self.options.request_timeout, 5.0), self.log)
         self.state.left()
 

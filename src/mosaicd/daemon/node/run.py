@@ -12,7 +12,7 @@ import numpy as np
 
 from mosaicd.daemon.barrier.ending import end_failed
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
-from mosaicd.daemon.errors import PeerDropped, RunEnded
+from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
 from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.node import checkpoint
 from mosaicd.daemon.node.peer import Peer
@@ -32,9 +32,13 @@ async def run_node(settings: Settings, task: Any = None) -> int:
     prefetched = None if task is not None else asyncio.ensure_future(asyncio.to_thread(prefetch, settings.task))
     run = settings.run_config() if settings.peer_list is not None else None
     options = settings.daemon_options()
-    saved = checkpoint.load(checkpoint.state_dir(options))
+    saved = checkpoint.load(checkpoint.state_dir(options), options.resume_round)
+    if options.resume_round is not None and saved is None:
+        raise FileNotFoundError(f"--resume-round {options.resume_round}: no checkpoint of that round in "
+                                f"{checkpoint.state_dir(options)} (--state-dir)")
+    resume_rank = saved.rank if saved is not None and options.resume_round is not None else None
     async with Peer(options, run=run, evaluate=NetworkEvaluation(settings.data_dir, task),
-                    rejoining=saved is not None) as peer:
+                    rejoining=saved is not None, resume_rank=resume_rank) as peer:
         rounds = asyncio.ensure_future(train_and_gossip(peer, settings, task, saved, prefetched))
         stopped = on_signals(rounds) if options.leave_on_signal else None
         try:
@@ -46,7 +50,7 @@ async def run_node(settings: Settings, task: Any = None) -> int:
             return 0
         except Exception as exc:
             if not isinstance(exc, PeerDropped | RunEnded):  # the barrier knows of those already
-                await leave_for(peer, f"error: {exc}")
+                await leave_for(peer, f"error: {exc}", ends_run=isinstance(exc, OutputError | OSError))
             raise
         await asyncio.sleep(settings.linger)
     return 0
@@ -68,7 +72,7 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     peer.set_model(task.layout)
     log = get_logger(role="node", run=run.run_id, node=peer.rank)
     vector = await starting_model(peer, task, saved, options)
-    peer.begin(vector)
+    peer.begin(vector, kept_as=peer.round - 1 if options.resume_round is not None else None)
     saving = Checkpoints(options, peer)
     data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
     while peer.round < run.rounds:
@@ -78,6 +82,7 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
             local, loss = await asyncio.to_thread(task.train, data_rank, t, vector)
         else:
             local, loss = vector, math.nan
+        await saving.drain()  # the checkpoint of round t is on disk before this node arrives at t
         try:
             vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)
         except PeerDropped as exc:
@@ -106,11 +111,12 @@ def on_signals(work: asyncio.Future) -> list[str]:
     return seen
 
 
-async def leave_for(peer: Peer, reason: str) -> None:
-    """Tell the barrier this node leaves, and why. Rank 0 of a peer list ends the run it hosts (failed), and
-    serves a few seconds more so that the others hear it at their next arrival."""
+async def leave_for(peer: Peer, reason: str, ends_run: bool = False) -> None:
+    """Tell the barrier this node leaves, and why (`ends_run`: the run cannot go on exactly without it: a write it
+    could not make). Rank 0 of a peer list ends the run it hosts (failed), and serves a few seconds more so that
+    the others hear it at their next arrival."""
     if peer.barrier is None:
-        await peer.leave(reason)
+        await peer.leave(reason, ends_run)
         return
     end_failed(peer.barrier, f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
     await asyncio.sleep(HOST_LINGER_S)
@@ -165,13 +171,12 @@ class Checkpoints:
         self._writing = asyncio.ensure_future(asyncio.to_thread(checkpoint.save, self.directory, saved))
 
     async def drain(self) -> None:
-        """Wait for the checkpoint being written; one that cannot be written is logged, and the run goes on
-        without checkpoints (a node that cannot checkpoint can still take a peer's model if it restarts)."""
+        """Wait for the checkpoint being written. One that cannot be written ends the run (OutputError), at its
+        last saved decision: a run whose checkpoints cannot be trusted could not be resumed exactly."""
         if self._writing is not None:
+            writing, self._writing = self._writing, None
             try:
-                await self._writing
+                await writing
             except OSError as exc:
-                self.peer.log.warning("checkpoint_failed", directory=str(self.directory), error=str(exc),
-                                      detail="no more checkpoints in this run (--state-dir, --checkpoint-every)")
-                self.every = 0
-            self._writing = None
+                path = exc.filename or self.directory
+                raise OutputError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None

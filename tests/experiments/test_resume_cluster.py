@@ -1,0 +1,115 @@
+"""`mosaicd cluster --resume`: a run interrupted (Ctrl-C to the process group, its barrier SIGKILLed, a full disk)
+goes on from the barrier's journal and the nodes' checkpoints, at new ports, and ends with the models an
+uninterrupted run gives (`mosaicd simulate`'s, bit for bit). Real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RUN = ["--nodes", "6", "--rounds", "60", "--fragments", "4", "--fanout", "2", "--dim", "16", "--seed", "3",
+       "--eval-every", "5"]
+
+
+def rounds_done(out: Path) -> int:
+    try:
+        rows = (out / "nodes.csv").read_text().splitlines()[1:]
+    except OSError:
+        return -1
+    return max((int(r.split(",")[0]) for r in rows if r), default=-1)
+
+
+def start(kit: Any, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([*kit.mosaicd, "cluster", *RUN, "--out", str(out), "--quiet", *extra],
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def reference(kit: Any, tmp_path: Path, rounds: str = "60") -> dict[str, str]:
+    args = [*RUN[:RUN.index("--rounds") + 1], rounds, *RUN[RUN.index("--rounds") + 2:]]
+    subprocess.run([*kit.mosaicd, "simulate", *args, "--out", str(tmp_path / "simulate"), "--quiet"], check=True,
+                   capture_output=True, timeout=120)
+    return json.loads((tmp_path / "simulate" / "summary.json").read_text())["model_sha256"]
+
+
+def resume(kit: Any, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
+    proc = subprocess.run([*kit.mosaicd, "cluster", *extra, "--out", str(out), "--resume"], capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_resume_gives_the_uninterrupted_models(tmp_path: Path, kit: Any) -> None:
+    out = tmp_path / "run"
+    proc = start(kit, out)
+    kit.wait_until(lambda: rounds_done(out) >= 10, 90, "round 10 in nodes.csv")
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole process group
+    assert proc.wait(timeout=30) == 130
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "interrupted" in summary["error"]
+    done, console = resume(kit, out, *RUN)
+    assert "resuming" in done.stderr and "at round" in done.stderr, done.stderr[-2000:]
+    assert console["status"] == "finished" and console["model_sha256"] == reference(kit, tmp_path)
+    rows = [r.split(",")[:2] for r in (out / "nodes.csv").read_text().splitlines()[1:]]
+    assert sorted(map(tuple, rows)) == sorted((str(t), str(n)) for t in range(60) for n in range(6))  # each once
+
+
+@pytest.mark.slow
+def test_a_killed_barrier_then_resume_gives_the_uninterrupted_models(tmp_path: Path, kit: Any) -> None:
+    out = tmp_path / "run"
+    proc = start(kit, out)
+    kit.wait_until(lambda: rounds_done(out) >= 10, 90, "round 10 in nodes.csv")
+    barrier = kit.wait_until(lambda: _barrier_pid(proc.pid), 10, "the barrier's process")
+    os.kill(barrier, signal.SIGKILL)  # its nodes die with it (PDEATHSIG); the launcher reports the failure
+    assert proc.wait(timeout=60) != 0
+    _, summary = resume(kit, out, *RUN)
+    assert summary["status"] == "finished" and summary["model_sha256"] == reference(kit, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")
+def test_a_full_disk_ends_the_run_naming_the_path_and_resume_finishes_it(tmp_path: Path, kit: Any) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)], check=True)
+    try:
+        out = disk / "run"
+        extra = ["--rounds", "300"]
+        started = time.monotonic()
+        proc = subprocess.run([*kit.mosaicd, "cluster", *RUN, *extra, "--out", str(out), "--quiet"],
+                              capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - started
+        assert proc.returncode != 0 and took < 60, (took, proc.stderr[-2000:])
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("mosaicd cluster: error:") and "No space left on device" in last
+        assert str(disk) in last, last  # the path it could not write
+        journal = json.loads((out / "barrier-state.json").read_text())  # whole, still resumable
+        assert journal["state"]["phase"] == "running"
+        subprocess.run(["mount", "-o", "remount,size=20m", str(disk)], check=True)  # room again
+        _, summary = resume(kit, out, *RUN, *extra)
+        assert summary["status"] == "finished" and summary["model_sha256"] == reference(kit, tmp_path, "300")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _barrier_pid(launcher: int) -> int | None:
+    """The warm barrier: the launcher's child running mosaicd.experiments.warm."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == launcher and b"mosaicd.experiments.warm" in cmdline:
+            return int(entry.name)
+    return None
