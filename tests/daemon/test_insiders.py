@@ -69,8 +69,8 @@ def test_simulate_equals_cluster_with_robust_aggregation_and_attackers(tmp_path:
     assert len(cluster["byzantine_ranks"]) == (0 if attack is None else 1)
     for summary in (cluster, simulate):  # the metrics cover the honest nodes only, and say so
         assert summary["honest_only"] is (attack is not None)
-        assert summary["rounds"][-1]["nodes"] == [r for r in range(5) if r not in summary["byzantine_ranks"]]
-        assert summary["rounds"][-1].get("honest_only", False) is (attack is not None)
+        assert summary["final"]["nodes"] == [r for r in range(5) if r not in summary["byzantine_ranks"]]
+        assert summary["final"].get("honest_only", False) is (attack is not None)
     if attack is not None:  # the attack moved the models: the test compares attacked runs, not clean ones
         clean = run_simulation(Settings(**dict(run, byzantine=0), out=tmp_path / "clean"), progress=False)
         honest = [str(r) for r in range(5) if r not in cluster["byzantine_ranks"]]
@@ -91,7 +91,7 @@ def test_max_norm_refusals_are_counted_in_metrics_and_nodes_csv(tmp_path: Path, 
                 raise result["error"]
             if not cluster.node_ports:
                 return False
-            return all(status_of(kit, p).get("phase") == "done" for p in cluster.node_ports)
+            return all(status_of(kit, p).get("phase") == "finished" for p in cluster.node_ports)
 
         kit.wait_until(lingering, 60, "every node done")
         refused = {r: scrape(kit, cluster.node_ports[r], 'mosaic_refused_messages_total{reason="out_of_range"}')
