@@ -41,6 +41,7 @@ from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.experiments.warm import REPORT_FD
 from mosaicd.learning.tasks import require_task
 from mosaicd.outputs import failed_summary, failure_text
+from mosaicd.rundir import claim_out
 from mosaicd.settings import Settings
 
 PR_SET_PDEATHSIG = 1
@@ -104,9 +105,11 @@ class Cluster:
                  fail_fast: bool = False, warm: bool = True, resume: bool = False) -> None:
         """`fail_fast`: end the run when any node process dies; by default a dead node is reported and the run
         goes on without it, as a run started by hand does (the barrier drops it). `warm`: fork the nodes from a
-        warmed-up barrier (see the module's docstring), else start fresh interpreters."""
+        warmed-up barrier (see the module's docstring), else start fresh interpreters. `resume`: OUT holds the
+        unfinished run to continue (`claim_out` checked it): its journal (barrier-state.json), checkpoints and
+        rows are kept for the barrier to go on from; else OUT holds no run's files."""
         self.settings, self.progress, self.on_round, self.fail_fast = settings, progress, on_round, fail_fast
-        self.resume = resume  # go on with the interrupted run of OUT (_resume_point)
+        self.resume = resume  # go on with the interrupted run of OUT (_resume_point; claim_out checked it is one)
         self.resumed_at: int | None = None
         self.warm = warm and str(getattr(settings, "device", "cpu")) == "cpu"  # CUDA does not survive fork()
         self.dead: dict[str, int] = {}
@@ -167,7 +170,8 @@ class Cluster:
         summary.json says "status": "failed" and why, with the rounds recorded until then."""
         started = time.time()
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "summary.json").unlink(missing_ok=True)  # an earlier run's: it must not pass for this one's
+        if not self.resume:  # an earlier run's: it must not pass for this one's (a resumed run's is its own)
+            (self.out / "summary.json").unlink(missing_ok=True)
         try:
             return self._run(timeout)
         except BaseException as exc:
@@ -253,6 +257,7 @@ class Cluster:
                 self._spawn(name, "node", env)
         deadline = time.monotonic() + (timeout or s.register_deadline + s.rounds * (s.round_deadline + 60))
         with ProgressPrinter(enabled=self.progress) as printer:
+            printer.message(f"run folder {self.out}")
             if self.resumed_at is not None:
                 printer.message(f"resuming {self.out} at round {self.resumed_at} of {s.rounds} (from the barrier's "
                                 "journal and the nodes' checkpoints)", always=True)
@@ -443,7 +448,12 @@ class _Reported:
 
 
 def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
-                on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True,
-                resume: bool = False) -> dict:
-    """`resume`: go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints)."""
+                on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True, *,
+                resume: bool = False, replace: bool = False) -> dict:
+    """Run a cluster to its end; summary.json's content. The folder is claimed first (`rundir.claim_out`: a fresh
+    one without --out; another run's is refused unless `resume` or `replace` says what to do with it); `resume`:
+    go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints)."""
+    given = settings.out if "out" in settings.model_fields_set else None
+    out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)
+    settings = settings.model_copy(update={"out": out})
     return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)
