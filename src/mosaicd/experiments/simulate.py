@@ -102,8 +102,7 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
         if start is not None:
             again = f"; {start.redone} rounds after it run again" if start.redone else ""
             printer.message(f"resuming at round {network.round} of {settings.rounds} (" + (
-                "its checkpoint" if network.round else "no checkpoint was saved: from the start") + f"{again})",
-                always=True)
+                "its checkpoint" if network.round else "no checkpoint was saved: from the start") + f"{again})")
         printer.start_run("", settings.rounds)
         for _ in range(network.round, settings.rounds):
             started = time.perf_counter()
