@@ -105,9 +105,7 @@ class Cluster:
                  fail_fast: bool = False, warm: bool = True, resume: bool = False) -> None:
         """`fail_fast`: end the run when any node process dies; by default a dead node is reported and the run
         goes on without it, as a run started by hand does (the barrier drops it). `warm`: fork the nodes from a
-        warmed-up barrier (see the module's docstring), else start fresh interpreters. `resume`: OUT holds the
-        unfinished run to continue (`claim_out` checked it): its journal (barrier-state.json), checkpoints and
-        rows are kept for the barrier to go on from; else OUT holds no run's files."""
+        warmed-up barrier (see the module's docstring), else start fresh interpreters."""
         self.settings, self.progress, self.on_round, self.fail_fast = settings, progress, on_round, fail_fast
         self.resume = resume  # go on with the interrupted run of OUT (_resume_point; claim_out checked it is one)
         self.resumed_at: int | None = None
@@ -177,7 +175,7 @@ class Cluster:
         except BaseException as exc:
             self.stop()
             try:
-                self._record_failure(exc, started)
+                record_failure(self.out, self.settings, exc, started)
             except OSError as write:  # a full disk: the barrier's summary (if any) says why already
                 print(f"mosaicd cluster: cannot mark {self.out / 'summary.json'} failed: {write.strerror}",
                       file=sys.stderr)
@@ -208,15 +206,6 @@ class Cluster:
                 return {"resume_round": round}, names
         raise ClusterFailed(f"--resume: the journal keeps rounds {kept}, but not every live member has a checkpoint "
                             f"of one of them in {self.out / 'state'}: it cannot be resumed exactly")
-
-    def _barrier_failure(self, code: int) -> str:
-        """Why the barrier ended the run: its summary's error (it writes one when it can), else its exit."""
-        try:
-            error = json.loads((self.out / "summary.json").read_text()).get("error")
-        except (OSError, ValueError):
-            error = None
-        return f"the run failed: {error}" if error else f"the barrier exited with status {code}: " \
-            f"{last_error(self.out, 'barrier')} (see {self.out / 'logs' / 'barrier.log'})"
 
     def _own_secret(self) -> dict[str, Any]:
         """The settings override that gives every process the run's secret: the user's --secret-file, none with
@@ -275,7 +264,7 @@ class Cluster:
                         printer.message(f"{name} exited with status {failed[name]}: {last_error(self.out, name)} "
                                         f"(see {self.out / 'logs' / name}.log){goes_on}", always=True)
                     if "barrier" in failed:
-                        raise ClusterFailed(self._barrier_failure(failed["barrier"]))
+                        raise ClusterFailed(barrier_failure(self.out, failed["barrier"]))
                     if failed and self.fail_fast:
                         raise ClusterFailed(f"processes failed: {failed}; see {self.out / 'logs'}")
                     if barrier == 0 and all(p.poll() is not None for p in self.procs.values()):
@@ -298,28 +287,6 @@ class Cluster:
             reported.upto(s.rounds, final, reported.live, reported.members)
         return summary
 
-    def _record_failure(self, exc: BaseException, started: float) -> None:
-        """summary.json after a failure: the barrier's, marked failed (its own error kept where it gave one), or
-        one made from rounds.csv where the barrier left none."""
-        error = failure_text(exc)
-        path = self.out / "summary.json"
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError):
-            failed_summary(self.out, self.settings, "cluster", error, wall_s=time.time() - started)
-            return
-        if summary.get("status") == "failed":
-            summary.setdefault("cluster_error", error)
-        else:
-            summary.update(status="failed", error=error)
-        tmp = path.with_suffix(".json.tmp")
-        try:
-            tmp.write_text(json.dumps(summary, indent=2))
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-        tmp.replace(path)
-
     def stop(self, grace: float = 5.0) -> None:
         for p in self.procs.values():
             if p.poll() is None:
@@ -331,6 +298,39 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def barrier_failure(out: Path, code: int) -> str:
+    """Why the barrier ended the run: its summary's error (it writes one when it can), else its exit."""
+    try:
+        error = json.loads((out / "summary.json").read_text()).get("error")
+    except (OSError, ValueError):
+        error = None
+    return f"the run failed: {error}" if error else f"the barrier exited with status {code}: " \
+        f"{last_error(out, 'barrier')} (see {out / 'logs' / 'barrier.log'})"
+
+
+def record_failure(out: Path, settings: Settings, exc: BaseException, started: float) -> None:
+    """summary.json after a failure: the barrier's, marked failed (its own error kept where it gave one), or
+    one made from rounds.csv where the barrier left none."""
+    error = failure_text(exc)
+    path = out / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        failed_summary(out, settings, "cluster", error, wall_s=time.time() - started)
+        return
+    if summary.get("status") == "failed":
+        summary.setdefault("cluster_error", error)
+    else:
+        summary.update(status="failed", error=error)
+    tmp = path.with_suffix(".json.tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2))
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
 
 
 class ClusterFailed(RuntimeError):
