@@ -68,6 +68,16 @@ class InMemoryNetwork:
                 barrier.register(f"inmemory:{i + 1}", self.clock)
             barrier.close(self.clock)
 
+    def restore(self, vectors: Sequence[np.ndarray], round: int, clock: float, members: Sequence[int],
+                barrier: BarrierState | None) -> None:
+        """Go on from a saved point (`mosaicd simulate --resume`): the models, round, virtual clock and members
+        after round `round - 1`, and the barrier's state then; the next `step` is round `round`, as it would have
+        been without the stop, so the rest of the run is the same bit for bit."""
+        if len(vectors) != len(self.vectors):
+            raise ValueError(f"restore: {len(vectors)} models for a network of {len(self.vectors)} nodes")
+        self.vectors = [np.ascontiguousarray(v, dtype=np.float32) for v in vectors]
+        self.round, self.clock, self.members, self.barrier = round, clock, list(members), barrier
+
     def step(self, absent: Collection[int] = ()) -> RoundRecord:
         t, members = self.round, self.members
         present = [i for i in members if i not in absent]

@@ -162,9 +162,12 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
         _add_settings_flags(p, name)
         if name in ("cluster", "simulate"):
             p.add_argument("--quiet", action="store_true", help="no progress line")
+            p.add_argument("--resume", action="store_true", help="go on with the interrupted run in --out, exactly, "
+                           "with its settings (cluster: the barrier's journal and the nodes' checkpoints, at any "
+                           "ports; simulate: its last checkpoint)")
+            p.add_argument("--replace", action="store_true", help="remove the run that --out holds (its summary, "
+                           "CSVs, logs, journal and checkpoints; nothing else) and start afresh")
         if name == "cluster":
-            p.add_argument("--resume", action="store_true", help="go on with the interrupted run in --out, exactly "
-                           "(the barrier's journal and the nodes' checkpoints), at any ports")
             p.add_argument("--fail-fast", action="store_true", help="end the run when a node process dies (by "
                            "default it is reported, and the others go on without it)")
     data = sub.add_parser("data", help=DATA_HELP, description=DATA_HELP)
@@ -277,6 +280,10 @@ def check_peer_list(settings: Settings) -> None:
         raise SettingsError(f"--peer-list {settings.peer_list} lists {len(addresses)} nodes: {exc}") from None
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run_command(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
@@ -292,13 +299,17 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
         from mosaicd.experiments.cluster import ClusterFailed, run_cluster
         try:
             _print_final(run_cluster(settings, progress=not args.quiet, fail_fast=args.fail_fast,
-                                     resume=args.resume))
+                                     resume=args.resume, replace=args.replace))
         except ClusterFailed as exc:
             print(f"mosaicd cluster: error: {exc}", file=sys.stderr)
             return 1
         return 0
     if args.command == "simulate":
+        import signal
+
         from mosaicd.experiments.simulate import run_simulation
-        _print_final(run_simulation(settings, progress=not args.quiet))
+
+        signal.signal(signal.SIGTERM, _interrupt)  # ends as Ctrl-C does: a failed summary, a resumable folder
+        _print_final(run_simulation(settings, progress=not args.quiet, resume=args.resume, replace=args.replace))
         return 0
     raise AssertionError(args.command)

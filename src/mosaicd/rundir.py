@@ -6,6 +6,10 @@ runs (`mosaicd runs`, `log`, `status FOLDER`) start at once and work on runs tha
     OUT/nodes.csv          one row per node and round (`last_node_rows`: each node's newest, from the file's end)
     OUT/logs/barrier.log   a cluster's barrier, OUT/logs/node-<rank>.log its nodes (JSON lines)
     OUT/run.log            a sweep's run: one line per round
+
+A run's folder belongs to one run: `claim_out` (used by `mosaicd cluster` and `simulate` before they write
+anything) gives a fresh folder when no --out is given, and refuses a folder that holds another run unless the user
+says what to do with it (--resume it, or --replace it).
 """
 
 from __future__ import annotations
@@ -14,13 +18,21 @@ import csv
 import io
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 LIST_COLUMNS = ("nodes", "per_node")  # rounds.csv cells that hold a list: its items separated by spaces
 RUN_MARKER = "summary.json"
+JOURNAL = "barrier-state.json"                 # a cluster's barrier decisions (daemon/barrier/journal.py)
+SIMULATE_CHECKPOINT = "simulate-checkpoint.npz"  # what `simulate --resume` continues from (experiments/resume.py)
+# a run's own files: what --replace removes (and all a folder may hold besides for a new run to start there);
+# logs/, state/ (node checkpoints) and nodes/ (a cluster's nodes' folders) are folders
+RUN_FILES = (RUN_MARKER, "rounds.csv", "nodes.csv", JOURNAL, SIMULATE_CHECKPOINT, "logs", "state", "nodes")
+DEFAULT_ROOT = Path("runs")
 
 
 def read_summary(out: Path | str) -> dict[str, Any] | None:
@@ -178,3 +190,156 @@ def _log_order(path: Path) -> tuple[int, int, str]:
         return 0, 0, stem
     rank = stem.removeprefix("node-")
     return (1, int(rank), stem) if rank.isdigit() else (2, 0, stem)
+
+
+# ---------------------------------------------------------------------------------------------- claiming a folder
+
+
+def _journal_round(out: Path) -> tuple[str, int | None, int | None] | None:
+    """(phase, round, rounds) of OUT's barrier journal, or None where there is none that can be read."""
+    try:
+        state = json.loads((out / JOURNAL).read_text())["state"]
+        return str(state["phase"]), state.get("round"), state.get("rounds")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _has_node_checkpoints(out: Path) -> bool:
+    return any(out.glob("state/*/checkpoint.npz")) or any(out.glob("nodes/*/state/*/checkpoint.npz"))
+
+
+def run_files(out: Path | str) -> list[str]:
+    """The names in OUT that belong to a run (`RUN_FILES` and their half-written `.tmp` siblings)."""
+    out = Path(out)
+    return [n for name in RUN_FILES for n in (name, f"{name}.tmp") if (out / n).exists() or (out / n).is_symlink()]
+
+
+@dataclass(frozen=True)
+class Occupant:
+    """The run a folder holds, as far as starting another one there goes."""
+
+    kind: str               # "none", "finished", "unfinished", or "leftovers" (a run's files, no summary of it)
+    mode: str | None        # "simulate" or "cluster", where known
+    text: str               # how it ended, for a person: "failed at round 17 of 60: interrupted"
+    resumable: bool         # its mode's --resume can continue it (simulate: its summary; cluster: its journal)
+    files: tuple[str, ...]  # its files (`run_files`)
+
+
+def occupant(out: Path | str) -> Occupant:
+    """What OUT holds: nothing of a run, a finished run, an unfinished one (its summary says running or failed, or
+    a barrier journal of a run still going, or checkpoints without a summary), or files a run left."""
+    out = Path(out)
+    files = tuple(run_files(out)) if out.is_dir() else ()
+    if not files:
+        return Occupant("none", None, "", False, ())
+    summary = read_summary(out)
+    journal = _journal_round(out)
+    journal_running = journal is not None and journal[0] == "running"
+    mode = (summary or {}).get("mode") or ("cluster" if journal else "simulate" if SIMULATE_CHECKPOINT in files
+                                            else None)
+    status = (summary or {}).get("status")
+    if status == "finished" and not journal_running:
+        done, started = rounds_done(summary or {}), (summary or {}).get("started")
+        text = ", ".join(t for t in (f"{done} rounds" if done is not None else "", f"started {started}"
+                                     if started else "") if t) or "no details"
+        return Occupant("finished", mode, text, False, files)
+    if summary is not None and status in ("running", "failed"):
+        rounds = (summary.get("settings") or {}).get("rounds")
+        at = f" at round {rounds_done(summary)} of {rounds}" if rounds_done(summary) is not None else ""
+        text = (f"failed{at}: {summary.get('error') or 'no reason given'}" if status == "failed"
+                else f"running{at}: still going, or killed")
+        resumable = (journal_running if mode == "cluster" else mode == "simulate")
+        return Occupant("unfinished", mode, text, resumable, files)
+    if journal_running:
+        assert journal is not None
+        return Occupant("unfinished", "cluster", f"its barrier's journal is at round {journal[1]} of {journal[2]}",
+                        True, files)
+    if SIMULATE_CHECKPOINT in files or _has_node_checkpoints(out):
+        return Occupant("unfinished", mode, "checkpoints, no summary.json", SIMULATE_CHECKPOINT in files, files)
+    return Occupant("leftovers", mode, ", ".join(files), False, files)
+
+
+def remove_run(out: Path | str) -> list[str]:
+    """Remove the run in OUT: its files (`run_files`), nothing else in the folder. Returns what it removed."""
+    out = Path(out)
+    removed = run_files(out)
+    for name in removed:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    return removed
+
+
+def _refused(text: str) -> ValueError:
+    """A refusal worded for the flags the user typed: a usage error (exit 2)."""
+    from mosaicd.settings import SettingsError  # only when refusing: the looking tools never import pydantic
+
+    return SettingsError(text)
+
+
+def fresh_folder(run_id: str, root: Path | str = DEFAULT_ROOT) -> Path:
+    """A new folder ROOT/<run id>-<UTC time, YYYYmmdd-HHMMSS> (with -2, -3, ... where taken), made now, so that
+    two runs started in the same second never share one."""
+    base = Path(root) / f"{run_id}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    Path(root).mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise OSError(f"no free run folder beside {base}")  # pragma: no cover
+
+
+def claim_out(out: Path | str | None, mode: str, resume: bool = False, replace: bool = False,
+              run_id: str = "mosaic") -> Path:
+    """The folder a `mode` run ("simulate", "cluster") writes to, checked before anything is written.
+
+    `out` None (no --out): a fresh folder (`fresh_folder`). A folder that holds another run is never taken over
+    silently: an unfinished run is refused naming --resume and --replace, a finished one unless `replace`; files
+    a run left are refused unless `replace`. `resume`: the folder must hold an unfinished run this mode can
+    continue (its files are kept: the run goes on from them). `replace`: the run's files are removed (`remove_run`),
+    nothing else. A refusal changes no file: it is a SettingsError (a ValueError) of one line."""
+    if resume and replace:
+        raise _refused("--resume and --replace: give one (continue the run in --out, or start it afresh)")
+    if out is None:
+        if resume:
+            raise _refused("--resume needs --out: the folder of the run to continue")
+        return fresh_folder(run_id)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise _refused(f"--out {out} is a file, not a folder")
+    held = occupant(out)
+    other = f"`mosaicd {held.mode}` " if held.mode not in (None, mode) else ""
+    how = f"`mosaicd {held.mode} --resume`" if other else "--resume"
+    if resume:
+        if held.kind == "none":
+            raise _refused(f"--resume: {out} holds no run to continue" if out.exists()
+                           else f"--resume: {out} does not exist")
+        if held.kind == "finished":
+            raise _refused(f"--resume: {out} holds a finished run ({held.text}): nothing to continue (--replace "
+                           "starts it afresh)")
+        if not held.resumable:
+            raise _refused(f"--resume: {out} holds nothing to resume from ({held.text}): start afresh with --replace")
+        if other:
+            raise _refused(f"--resume: {out} holds an unfinished {other}run ({held.text}): continue it with {how}")
+        return out
+    if held.kind == "none":
+        return out
+    if not replace:
+        if held.kind == "unfinished" and held.resumable:
+            raise _refused(f"--out {out} holds an unfinished {other}run ({held.text}): continue it with {how}, or "
+                           "start afresh with --replace")
+        if held.kind == "unfinished":
+            raise _refused(f"--out {out} holds an unfinished run ({held.text}) that left nothing to resume from: "
+                           "start afresh with --replace")
+        if held.kind == "finished":
+            raise _refused(f"--out {out} holds a finished {other}run ({held.text}): give another --out, or --replace "
+                           "to remove its files and start afresh")
+        raise _refused(f"--out {out} holds files of another run ({held.text}): give another --out, or --replace to "
+                       "remove them")
+    remove_run(out)
+    return out

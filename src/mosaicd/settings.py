@@ -180,7 +180,8 @@ class DaemonOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    out: Path = Field(Path("runs/latest"), description="output directory", **cli("outputs"))
+    out: Path = Field(Path("runs/latest"), description="output directory (`cluster`, `simulate`: when not given, a "
+                      "new folder per run, runs/<run id>-<UTC time>)", **cli("outputs"))
     # the network
     host: str = Field("127.0.0.1", description="address to listen on", **cli("network", "node", "barrier"))
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)",
@@ -308,6 +309,12 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
     batched: bool = Field(False, description="simulate: train and evaluate all nodes' models together (vmap); "
                           "close to, not bit-identical with, the exact run", **cli("learning", "simulate"))
     data_dir: Path = Field(Path("data"), description="where data sets live", **cli("outputs"))
+    checkpoint_rounds: int = Field(10, ge=0, description="simulate: save what --resume continues from (every "
+                                   "node's model, the barrier's state) after every N rounds (0: never)",
+                                   **cli("outputs", "simulate"))
+    checkpoint_seconds: float = Field(30.0, ge=0, description="simulate: ... and after a round that ends this many "
+                                      "seconds after the last save, if that comes first (0: by rounds only)",
+                                      **cli("outputs", "simulate"))
     linger: float = Field(0.0, ge=0, description="seconds a node keeps serving after its last round",
                           **cli("outputs", "node", "barrier"))
     log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$", **cli("outputs"))

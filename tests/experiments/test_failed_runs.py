@@ -43,7 +43,7 @@ def test_missing_data_leaves_a_failed_summary(tmp_path: Path) -> None:
     (out / "summary.json").write_text(json.dumps({"status": "finished"}))  # an earlier run's: not this one's
     settings = Settings.load(task="cifar10", nodes=4, rounds=3, data_dir=tmp_path / "nothing", out=out)
     with pytest.raises(DataMissing) as missing:
-        run_simulation(settings, progress=False)
+        run_simulation(settings, progress=False, replace=True)
     summary = summary_of(out)
     assert summary["status"] == "failed" and summary["mode"] == "simulate"
     assert summary["error"] == str(missing.value) and "mosaicd data fetch cifar10" in summary["error"]

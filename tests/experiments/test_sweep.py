@@ -11,6 +11,7 @@ import pytest
 from mosaicd.cli import main
 from mosaicd.experiments import sweep
 from mosaicd.experiments.progress import RoundProgress
+from mosaicd.experiments.simulate import run_simulation
 from mosaicd.experiments.sweep import SpecError, load_spec, run_sweep
 from mosaicd.outputs import read_rounds
 
@@ -167,19 +168,26 @@ def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
     left = json.loads((broken / "summary.json").read_text())  # it says why, and the next sweep redoes it
     assert left["status"] == "failed" and "interrupted" in left["error"]
     assert [r["round"] for r in read_rounds(broken)] == [0, 1]  # the rounds evaluated before Ctrl-C
-    assert sweep.run_state(spec.runs[2], out)[0] == "failed"
+    assert sweep.run_state(spec.runs[2], out)[0] == "resume"  # a simulate sweep continues it
+    assert sweep.run_state(spec.runs[2], out, "cluster")[0] == "failed"  # a cluster sweep redoes it
     log = (broken / "run.log").read_text()
     assert "interrupted" in log and "round 1 (2/3 done)" in log and "(3/3 done)" not in log
     assert len(list(csv.DictReader(open(out / "grid.csv")))) == 2
     resumed = run_sweep(load_spec(spec.path), progress=False)
-    assert resumed["skipped"] == 2 and resumed["ran"] == 2 and resumed["redone"] == 1
-    assert json.loads((broken / "summary.json").read_text())["status"] == "finished"
+    assert resumed["skipped"] == 2 and resumed["ran"] == 2 and resumed["resumed"] == 1 and resumed["redone"] == 0
+    finished = json.loads((broken / "summary.json").read_text())
+    assert finished["status"] == "finished"
+    assert "resume fragments=4,seed=0" in (broken / "run.log").read_text()
+    assert [r["round"] for r in read_rounds(broken)] == [0, 1, 2]  # each round's row once
+    uninterrupted = run_simulation(spec.runs[2].settings.model_copy(update={"out": tmp_path / "whole"}),
+                                   progress=False)
+    assert finished["model_sha256"] == uninterrupted["model_sha256"]
 
 
 def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import mosaicd.experiments.simulate
 
-    def boom(settings, progress=True, on_round=None):
+    def boom(settings, progress=True, on_round=None, **_):
         raise RuntimeError("no data")
 
     monkeypatch.setattr(mosaicd.experiments.simulate, "run_simulation", boom)

@@ -41,6 +41,7 @@ from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.experiments.warm import REPORT_FD
 from mosaicd.learning.tasks import require_task
 from mosaicd.outputs import failed_summary, failure_text
+from mosaicd.rundir import claim_out
 from mosaicd.settings import Settings
 
 PR_SET_PDEATHSIG = 1
@@ -106,7 +107,7 @@ class Cluster:
         goes on without it, as a run started by hand does (the barrier drops it). `warm`: fork the nodes from a
         warmed-up barrier (see the module's docstring), else start fresh interpreters."""
         self.settings, self.progress, self.on_round, self.fail_fast = settings, progress, on_round, fail_fast
-        self.resume = resume  # go on with the interrupted run of OUT (_resume_point)
+        self.resume = resume  # go on with the interrupted run of OUT (_resume_point; claim_out checked it is one)
         self.resumed_at: int | None = None
         self.warm = warm and str(getattr(settings, "device", "cpu")) == "cpu"  # CUDA does not survive fork()
         self.dead: dict[str, int] = {}
@@ -167,13 +168,14 @@ class Cluster:
         summary.json says "status": "failed" and why, with the rounds recorded until then."""
         started = time.time()
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "summary.json").unlink(missing_ok=True)  # an earlier run's: it must not pass for this one's
+        if not self.resume:  # an earlier run's: it must not pass for this one's (a resumed run's is its own)
+            (self.out / "summary.json").unlink(missing_ok=True)
         try:
             return self._run(timeout)
         except BaseException as exc:
             self.stop()
             try:
-                self._record_failure(exc, started)
+                record_failure(self.out, self.settings, exc, started)
             except OSError as write:  # a full disk: the barrier's summary (if any) says why already
                 print(f"mosaicd cluster: cannot mark {self.out / 'summary.json'} failed: {write.strerror}",
                       file=sys.stderr)
@@ -204,15 +206,6 @@ class Cluster:
                 return {"resume_round": round}, names
         raise ClusterFailed(f"--resume: the journal keeps rounds {kept}, but not every live member has a checkpoint "
                             f"of one of them in {self.out / 'state'}: it cannot be resumed exactly")
-
-    def _barrier_failure(self, code: int) -> str:
-        """Why the barrier ended the run: its summary's error (it writes one when it can), else its exit."""
-        try:
-            error = json.loads((self.out / "summary.json").read_text()).get("error")
-        except (OSError, ValueError):
-            error = None
-        return f"the run failed: {error}" if error else f"the barrier exited with status {code}: " \
-            f"{last_error(self.out, 'barrier')} (see {self.out / 'logs' / 'barrier.log'})"
 
     def _own_secret(self) -> dict[str, Any]:
         """The settings override that gives every process the run's secret: the user's --secret-file, none with
@@ -253,6 +246,7 @@ class Cluster:
                 self._spawn(name, "node", env)
         deadline = time.monotonic() + (timeout or s.register_deadline + s.rounds * (s.round_deadline + 60))
         with ProgressPrinter(enabled=self.progress) as printer:
+            printer.message(f"run folder {self.out}")
             if self.resumed_at is not None:
                 printer.message(f"resuming {self.out} at round {self.resumed_at} of {s.rounds} (from the barrier's "
                                 "journal and the nodes' checkpoints)", always=True)
@@ -270,7 +264,7 @@ class Cluster:
                         printer.message(f"{name} exited with status {failed[name]}: {last_error(self.out, name)} "
                                         f"(see {self.out / 'logs' / name}.log){goes_on}", always=True)
                     if "barrier" in failed:
-                        raise ClusterFailed(self._barrier_failure(failed["barrier"]))
+                        raise ClusterFailed(barrier_failure(self.out, failed["barrier"]))
                     if failed and self.fail_fast:
                         raise ClusterFailed(f"processes failed: {failed}; see {self.out / 'logs'}")
                     if barrier == 0 and all(p.poll() is not None for p in self.procs.values()):
@@ -293,28 +287,6 @@ class Cluster:
             reported.upto(s.rounds, final, reported.live, reported.members)
         return summary
 
-    def _record_failure(self, exc: BaseException, started: float) -> None:
-        """summary.json after a failure: the barrier's, marked failed (its own error kept where it gave one), or
-        one made from rounds.csv where the barrier left none."""
-        error = failure_text(exc)
-        path = self.out / "summary.json"
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError):
-            failed_summary(self.out, self.settings, "cluster", error, wall_s=time.time() - started)
-            return
-        if summary.get("status") == "failed":
-            summary.setdefault("cluster_error", error)
-        else:
-            summary.update(status="failed", error=error)
-        tmp = path.with_suffix(".json.tmp")
-        try:
-            tmp.write_text(json.dumps(summary, indent=2))
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-        tmp.replace(path)
-
     def stop(self, grace: float = 5.0) -> None:
         for p in self.procs.values():
             if p.poll() is None:
@@ -326,6 +298,39 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def barrier_failure(out: Path, code: int) -> str:
+    """Why the barrier ended the run: its summary's error (it writes one when it can), else its exit."""
+    try:
+        error = json.loads((out / "summary.json").read_text()).get("error")
+    except (OSError, ValueError):
+        error = None
+    return f"the run failed: {error}" if error else f"the barrier exited with status {code}: " \
+        f"{last_error(out, 'barrier')} (see {out / 'logs' / 'barrier.log'})"
+
+
+def record_failure(out: Path, settings: Settings, exc: BaseException, started: float) -> None:
+    """summary.json after a failure: the barrier's, marked failed (its own error kept where it gave one), or
+    one made from rounds.csv where the barrier left none."""
+    error = failure_text(exc)
+    path = out / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        failed_summary(out, settings, "cluster", error, wall_s=time.time() - started)
+        return
+    if summary.get("status") == "failed":
+        summary.setdefault("cluster_error", error)
+    else:
+        summary.update(status="failed", error=error)
+    tmp = path.with_suffix(".json.tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2))
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
 
 
 class ClusterFailed(RuntimeError):
@@ -443,7 +448,12 @@ class _Reported:
 
 
 def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
-                on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True,
-                resume: bool = False) -> dict:
-    """`resume`: go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints)."""
+                on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True, *,
+                resume: bool = False, replace: bool = False) -> dict:
+    """Run a cluster to its end; summary.json's content. The folder is claimed first (`rundir.claim_out`: a fresh
+    one without --out; another run's is refused unless `resume` or `replace` says what to do with it); `resume`:
+    go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints)."""
+    given = settings.out if "out" in settings.model_fields_set else None
+    out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)
+    settings = settings.model_copy(update={"out": out})
     return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)

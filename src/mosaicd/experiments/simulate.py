@@ -9,33 +9,78 @@ Progress: `progress=True` shows the `ProgressPrinter` on stderr; `on_round`, whe
 
 A run that fails (missing data, an exception in training or in `on_round`, Ctrl-C) leaves summary.json with
 "status": "failed", the one-line error and the rounds evaluated until then, and the exception propagates.
+
+The run's folder is claimed first (`rundir.claim_out`: a fresh one without --out; another run's is refused unless
+`resume` or `replace` says what to do with it). Every `--checkpoint-rounds` rounds (or `--checkpoint-seconds`) the
+run saves what `resume` continues from (`experiments/resume.py`), so a stopped run loses at most those rounds and
+a resumed one ends with the same models, bit for bit, as if it had never stopped.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
+from pathlib import Path
 
 from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, NodeReport, PeerSampler
 from mosaic_proto.network import RoundRecord
+from mosaicd.experiments import resume as checkpoint
 from mosaicd.experiments.batched import BatchedTraining
 from mosaicd.experiments.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
 from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
+from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary
 from mosaicd.settings import Settings
 
 
-def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound | None = None) -> dict:
-    recorder = RunRecorder(settings.out, settings, mode="simulate")
+def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound | None = None, *,
+                   resume: bool = False, replace: bool = False) -> dict:
+    """Run the simulation to its end; summary.json's content. `resume`: continue the unfinished run in --out;
+    `replace`: remove the run that --out holds first (see `claim_out`: nothing is written before it agrees)."""
+    given = settings.out if "out" in settings.model_fields_set else None
+    out = claim_out(given, "simulate", resume=resume, replace=replace, run_id=settings.run_id)
+    settings = settings.model_copy(update={"out": out})
+    start = checkpoint.resume_point(out, settings) if resume else None
+    recorder = RunRecorder(out, settings, mode="simulate", resume_from=start.started if start else None)
     try:
-        return _simulate(settings, recorder, progress, on_round)
+        return _simulate(settings, recorder, progress, on_round, start)
     except BaseException as exc:
         recorder.fail(failure_text(exc))
+        if progress:
+            _say_unfinished(out)
         raise
 
 
-def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_round: OnRound | None) -> dict:
+def _say_unfinished(out: Path) -> None:
+    """The end of a run that stopped: how to go on with it."""
+    summary = read_summary(out) or {}
+    done = (summary.get("progress") or {}).get("rounds_done")
+    saved = " from its last checkpoint" if (out / SIMULATE_CHECKPOINT).exists() else " from round 0"
+    print(f"mosaicd simulate: {out}: the run stopped at round {done} of {summary.get('settings', {}).get('rounds')}; "
+          f"the same command with --resume continues it{saved} (--out {out})", file=sys.stderr)
+
+
+class _Saver:
+    """When to checkpoint: after every `checkpoint_rounds` rounds, or a round ending `checkpoint_seconds` after
+    the last save, whichever comes first; never after the last round (the run is then finished)."""
+
+    def __init__(self, settings: Settings, round: int) -> None:
+        self.every, self.every_s, self.rounds = settings.checkpoint_rounds, settings.checkpoint_seconds, settings.rounds
+        self.round, self.at = round, time.monotonic()
+
+    def due(self, round: int) -> bool:
+        if self.every == 0 or round >= self.rounds:
+            return False
+        return round - self.round >= self.every or (self.every_s > 0 and time.monotonic() - self.at >= self.every_s)
+
+    def saved(self, round: int) -> None:
+        self.round, self.at = round, time.monotonic()
+
+
+def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_round: OnRound | None,
+              start: checkpoint.Resumed | None) -> dict:
     task = build_task(settings)
     fragmentation = Fragmentation.build(task.layout, settings.fragments, settings.seed, settings.strategy)
     sampler = PeerSampler(settings.sampler, settings.fanout, settings.seed)
@@ -49,9 +94,17 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     attacks = {i: run.attack_of(i) for i in run.byzantine_ranks()}
     network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier,
                               aggregator=run.aggregator_rule(), attacks=attacks)
+    if start is not None:
+        start.apply(network)
+    saver = _Saver(settings, network.round)
     with ProgressPrinter(enabled=progress) as printer:
+        printer.message(f"run folder {settings.out}")
+        if start is not None:
+            again = f"; {start.redone} rounds after it run again" if start.redone else ""
+            printer.message(f"resuming at round {network.round} of {settings.rounds} (" + (
+                "its checkpoint" if network.round else "no checkpoint was saved: from the start") + f"{again})")
         printer.start_run("", settings.rounds)
-        for _ in range(settings.rounds):
+        for _ in range(network.round, settings.rounds):
             started = time.perf_counter()
             if batched is not None:
                 batched.prepare(network)
@@ -67,13 +120,18 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
                 live = [network.vectors[i] for i in honest]
                 row = recorder.network_round(record.round, {**network_metrics(task, live), "nodes": honest, **says},
                                              taken_at)
+            if saver.due(network.round):
+                checkpoint.save(settings.out, network, settings, recorder.started)
+                saver.saved(network.round)
             losses = [x for x in record.losses if math.isfinite(x)]
             done = RoundProgress(record.round, settings.rounds, sum(losses) / len(losses) if losses else None, row)
             printer.on_round(done)
             if on_round is not None:
                 on_round(done)
     final = network.finish()
-    assert final is not None and final.finished
-    return recorder.finish({i: network.vectors[i] for i in network.members}, members=network.members,
-                           dropped=list(final.dropped), events=[e.to_json() for e in barrier.events],
-                           **robustness_summary(run))
+    assert final is not None and final.finished and network.barrier is not None
+    summary = recorder.finish({i: network.vectors[i] for i in network.members}, members=network.members,
+                              dropped=list(final.dropped), events=[e.to_json() for e in network.barrier.events],
+                              **robustness_summary(run))
+    (settings.out / SIMULATE_CHECKPOINT).unlink(missing_ok=True)  # a finished run is not continued
+    return summary

@@ -32,10 +32,12 @@ What a sweep leaves in OUT:
 
 Run folders are named by the grid values in the order the [grid] table lists them
 (e.g. `fragments=4,seed=1`). Resuming: a run whose summary.json exists and whose run settings
-(`Settings.run_fields()`) equal the spec's is skipped; a folder whose summary.json says "status": "failed" (a
-run that failed or was interrupted), without summary.json (a run killed outright) or with other settings is
-deleted and run again from scratch. summary.json is written atomically, so Ctrl-C at any point leaves either a
-finished run or one that is redone.
+(`Settings.run_fields()`) equal the spec's is skipped. An unfinished run of a "simulate" sweep (summary.json says
+"status": "failed" or "running": it failed, was interrupted or killed) with the spec's settings is continued from
+its last checkpoint, as `mosaicd simulate --resume` does (the same models as if it had never stopped); any other
+unfinished run (a cluster's, or one without summary.json or with other settings) is deleted and run again from
+scratch, in a folder that holds no other run's files (`rundir.claim_out`). summary.json is written atomically,
+so Ctrl-C at any point leaves either a finished run or one that is resumed or redone.
 grid.csv is rewritten after every finished run.
 """
 
@@ -271,9 +273,10 @@ def write_grid_csv(spec: Spec, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def run_state(run: Run, out: Path) -> tuple[str, dict[str, Any] | None]:
+def run_state(run: Run, out: Path, mode: str = "simulate") -> tuple[str, dict[str, Any] | None]:
     """'done' (with its summary), 'todo' (no folder), 'broken' (no summary.json), 'failed' (a summary.json that
-    says "status": "failed", with that summary) or 'changed' (other settings)."""
+    says "status": "failed", with that summary), 'changed' (other settings) or, in a "simulate" sweep, 'resume'
+    (an unfinished run with the spec's settings that `simulate --resume` continues, with its summary)."""
     folder = run.folder(out)
     if not folder.exists():
         return "todo", None
@@ -281,15 +284,25 @@ def run_state(run: Run, out: Path) -> tuple[str, dict[str, Any] | None]:
         summary = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError):
         return "broken", None
-    if summary.get("status") == "failed":
-        return "failed", summary
-    if summary.get("status") == "running":  # the partial summary of a run that was stopped mid-way
-        return "broken", None
+    if summary.get("status") in ("failed", "running"):  # running: the partial summary of a run stopped mid-way
+        if mode == "simulate" and _resumable(run, folder, summary):
+            return "resume", summary
+        return ("failed", summary) if summary.get("status") == "failed" else ("broken", None)
     wanted = run.settings.run_fields()
     had = summary.get("settings") or {}
     if any(had.get(k) != v for k, v in wanted.items()):
         return "changed", None
     return "done", summary
+
+
+def _resumable(run: Run, folder: Path, summary: dict[str, Any]) -> bool:
+    """Whether `simulate --resume` takes the unfinished run in `folder` on: its own, with the spec's settings."""
+    from mosaicd.experiments.resume import RESULT_FIELDS
+    from mosaicd.rundir import occupant
+
+    held = occupant(folder)
+    wanted, had = run.settings.model_dump(mode="json"), summary.get("settings") or {}
+    return held.resumable and held.mode == "simulate" and all(had.get(k) == wanted[k] for k in RESULT_FIELDS)
 
 
 # ---------------------------------------------------------------------------------------------- a run's log
@@ -311,19 +324,20 @@ def _log_round(log: TextIO, p: RoundProgress) -> None:
 
 
 def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: float | None = None,
-            on_round: Callable[[Run, RoundProgress], None] | None = None) -> dict[str, Any]:
-    """One run from scratch in its own folder; returns its summary.
+            on_round: Callable[[Run, RoundProgress], None] | None = None, resume: bool = False) -> dict[str, Any]:
+    """One run from scratch in its own folder (`resume`: the unfinished simulation there, continued); returns its
+    summary.
 
     Each round goes to the run's log (OUT/runs/<run>/run.log), to the sweep's printer, then to `on_round`.
     The run's own components log nothing in this process (cluster nodes and barrier log to OUT/.../logs/).
     """
     folder = run.folder(out)
-    if folder.exists():
+    if folder.exists() and not resume:
         shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=resume)
     (folder / "settings.json").write_text(json.dumps(run.settings.model_dump(mode="json"), indent=2) + "\n")
     with open(folder / "run.log", "a") as log:
-        log.write(f"{_now()} start {run.name} mode={mode}\n")
+        log.write(f"{_now()} {'resume' if resume else 'start'} {run.name} mode={mode}\n")
         log.flush()
 
         def round_done(p: RoundProgress) -> None:
@@ -339,10 +353,10 @@ def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: f
                 summary = run_cluster(run.settings, progress=False, timeout=timeout, on_round=round_done)
             else:
                 from mosaicd.experiments.simulate import run_simulation
-                summary = run_simulation(run.settings, progress=False, on_round=round_done)
+                summary = run_simulation(run.settings, progress=False, on_round=round_done, resume=resume)
         except KeyboardInterrupt:
-            log.write(f"{_now()} interrupted after {time.monotonic() - started:.1f}s (the next sweep redoes this "
-                      f"run)\n")
+            again = "continues this run" if mode == "simulate" else "redoes this run"
+            log.write(f"{_now()} interrupted after {time.monotonic() - started:.1f}s (the next sweep {again})\n")
             raise
         except Exception:
             log.write(f"{_now()} failed after {time.monotonic() - started:.1f}s\n{traceback.format_exc()}")
@@ -365,10 +379,10 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
     """
     spec.out.mkdir(parents=True, exist_ok=True)
     (spec.out / "sweep.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
-    states = {run.name: run_state(run, spec.out) for run in spec.runs}
+    states = {run.name: run_state(run, spec.out, spec.mode) for run in spec.runs}
     to_run = [r for r in spec.runs if states[r.name][0] != "done"]
     rows: dict[str, dict[str, Any]] = {}
-    counts = {"total": len(spec.runs), "skipped": 0, "ran": 0, "redone": 0, "failed": 0}
+    counts = {"total": len(spec.runs), "skipped": 0, "ran": 0, "redone": 0, "resumed": 0, "failed": 0}
     failed: list[str] = []
     with ProgressPrinter(enabled=progress, console=console, plain_every=30.0) as printer:
         printer.start_sweep(len(spec.runs), len(to_run), sum(r.settings.rounds for r in to_run))
@@ -390,6 +404,10 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
         write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
         for run in to_run:
             state, last = states[run.name]
+            if state == "resume":
+                printer.message(f"sweep: resuming {run.name} ({(last or {}).get('status')}: "
+                                f"{(last or {}).get('error') or 'stopped'})")
+                counts["resumed"] += 1
             if state in ("broken", "changed", "failed"):
                 why = {"broken": "no summary.json", "changed": "its settings differ from the spec",
                        "failed": f"it failed: {(last or {}).get('error')}"}[state]
@@ -399,7 +417,7 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
             printer.message(f"sweep: [{done + 1}/{len(spec.runs)}] {run.name} ...")
             printer.start_run(run.name, run.settings.rounds)
             try:
-                summary = execute(run, spec.out, spec.mode, printer, timeout, on_round)
+                summary = execute(run, spec.out, spec.mode, printer, timeout, on_round, resume=state == "resume")
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
@@ -440,16 +458,17 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         for run in spec.runs:
-            print(f"{run_state(run, spec.out)[0]:8s} {run.folder(spec.out)}")
+            print(f"{run_state(run, spec.out, spec.mode)[0]:8s} {run.folder(spec.out)}")
         print(f"{len(spec.runs)} runs, mode {spec.mode}, out {spec.out}")
         return 0
     started = time.monotonic()
     try:
         result = run_sweep(spec, progress=not args.quiet, keep_going=args.keep_going, timeout=args.timeout)
     except KeyboardInterrupt:
-        done = sum(1 for r in spec.runs if run_state(r, spec.out)[0] == "done")
+        done = sum(1 for r in spec.runs if run_state(r, spec.out, spec.mode)[0] == "done")
+        again = ("goes on from its last checkpoint" if spec.mode == "simulate" else "is redone from scratch")
         print(f"mosaicd sweep: interrupted; {done}/{len(spec.runs)} runs done in {spec.out / 'runs'}. Run the same "
-              f"command again to resume (the interrupted run is redone from scratch).", file=sys.stderr)
+              f"command again to resume (the interrupted run {again}).", file=sys.stderr)
         return 130
     result["wall_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(result))
