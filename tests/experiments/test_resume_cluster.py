@@ -55,6 +55,12 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_models(tmp_path: Path, kit: 
     assert proc.wait(timeout=30) == 130
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed" and "interrupted" in summary["error"]
+    before = listing(out)
+    started = time.monotonic()
+    again = subprocess.run([*kit.mosaicd, "cluster", *RUN, "--out", str(out), "--quiet"], capture_output=True,
+                           text=True, timeout=60)  # the same command: refused, naming --resume, nothing touched
+    assert again.returncode != 0 and "--resume" in again.stderr and time.monotonic() - started < 30, again.stderr
+    assert listing(out) == before
     done, console = resume(kit, out, *RUN)
     assert "resuming" in done.stderr and "at round" in done.stderr, done.stderr[-2000:]
     assert console["status"] == "finished" and console["model_sha256"] == reference(kit, tmp_path)
@@ -98,6 +104,14 @@ def test_a_full_disk_ends_the_run_naming_the_path_and_resume_finishes_it(tmp_pat
         assert summary["status"] == "finished" and summary["model_sha256"] == reference(kit, tmp_path, "300")
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def listing(folder: Path) -> dict[str, tuple[int, str]]:
+    """Every file under `folder`: (mtime in ns, sha256 of its content)."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _barrier_pid(launcher: int) -> int | None:

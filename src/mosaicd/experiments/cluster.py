@@ -120,7 +120,7 @@ class Cluster:
     def _spawn(self, name: str, command: str, env: dict[str, str]) -> None:
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        log = open(logs / f"{name}.log", "wb")
+        log = open(logs / f"{name}.log", "ab" if self.resume else "wb")  # a resumed run's logs go on
         self.procs[name] = subprocess.Popen([sys.executable, "-m", "mosaicd", command], env=env, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=_die_with_parent)
@@ -131,13 +131,13 @@ class Cluster:
         come back on a pipe (read by a thread into `ForkedProcess` handles)."""
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        children = [{"name": name, "log": str(logs / f"{name}.log"),
+        children = [{"name": name, "log": str(logs / f"{name}.log"), "append": self.resume,
                      "env": {k: v for k, v in env.items() if k.startswith("MOSAIC_")}}
                     for name, env in node_envs.items()]
         handles = {name: ForkedProcess(name) for name in node_envs}
         read, write = os.pipe()
         try:
-            with open(logs / "barrier.log", "wb") as log:
+            with open(logs / "barrier.log", "ab" if self.resume else "wb") as log:
                 barrier = subprocess.Popen([sys.executable, "-m", "mosaicd.experiments.warm"],
                                            env={**barrier_env, REPORT_FD: str(write)}, stdout=log,
                                            stderr=subprocess.STDOUT, stdin=subprocess.PIPE, pass_fds=(write,),

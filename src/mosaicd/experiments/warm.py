@@ -145,7 +145,8 @@ def _child(child: dict[str, Any], task: Any, parent: int, report: int) -> NoRetu
             os._exit(1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.close(report)
-        log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        mode = os.O_APPEND if child.get("append") else os.O_TRUNC  # a resumed run's log goes on
+        log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
