@@ -210,7 +210,9 @@ class RunRecorder:
     def node_round(self, node: int, report: NodeReport) -> None:
         """One node's round: a nodes.csv row (its loss also goes into the round's mean training loss)."""
         round = report.round
-        self.losses.setdefault(round, {})[node] = report.loss
+        every, rounds = self.settings.get("eval_every"), self.settings.get("rounds")
+        if every is None or rounds is None or round == rounds - 1 or (every > 0 and (round + 1) % every == 0):
+            self.losses.setdefault(round, {})[node] = report.loss  # kept only for the rounds evaluated
         with open(self.out / "nodes.csv", "a", newline="") as f:
             csv.writer(f).writerow(["" if v is None else v for v in report.row(node).values()])
         if round + 1 > self.rounds_done:

@@ -380,7 +380,7 @@ def test_barrier_arrival_at_a_released_round_gets_that_release_and_records_nothi
     reply = kit.http("POST", f"{net.barrier}/v1/arrive", body, "application/json")
     assert reply.status == 200, reply.body[:500]
     assert reply.json() == {"round": 0, "members": [0, 1, 2, 3], "stragglers": [], "dropped": [], "finished": False,
-                            "joined": [], "addresses": {}}
+                            "joined": [], "left": [], "addresses": {}}
     assert snapshot(kit, net) == before
 
 
