@@ -112,7 +112,7 @@ def test_scancel_ends_the_run_with_a_failed_summary(slurm: SlurmLab, tmp_path: P
                                env=job_env(slurm, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not ((out / "summary.json").exists() and read_summary(out)["rounds"]):  # a few rounds in
+        while not ((out / "summary.json").exists() and read_summary(out).get("final")):  # an evaluation in
             assert waiting.poll() is None and time.monotonic() < deadline, job_log(out)
             time.sleep(0.3)
         jobs = slurm.jobs()
@@ -126,8 +126,8 @@ def test_scancel_ends_the_run_with_a_failed_summary(slurm: SlurmLab, tmp_path: P
         waiting.wait(timeout=10)
     assert code != 0
     summary = read_summary(out)
-    assert summary["status"] == "failed" and summary["error"].startswith("cancelled: the job got SIGTERM"), summary
-    assert summary["model_sha256"] == {} and summary["rounds"], summary
+    assert summary["status"] == "failed" and "SIGTERM" in summary["error"], summary  # rank 0 ended the run
+    assert summary["model_sha256"] == {} and summary["final"] and summary["progress"]["rounds_done"] > 0, summary
     assert slurm.job_state(jobs[0]) == "CANCELLED"
     assert not list(out.glob(".secret-*"))
     ports = {int(p.rsplit(":", 1)[1]) for p in (out / "peers.txt").read_text().split()}

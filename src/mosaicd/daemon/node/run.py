@@ -47,7 +47,7 @@ async def run_node(settings: Settings, task: Any = None) -> int:
             if stopped is None or not stopped:
                 raise
             await leave_for(peer, f"it was told to stop ({stopped[0]})")
-            return 0
+            return 0 if peer.barrier is None else 1  # rank 0 of a peer list ended the run it hosts: failed
         except Exception as exc:
             if not isinstance(exc, PeerDropped | RunEnded):  # the barrier knows of those already
                 await leave_for(peer, f"error: {exc}", ends_run=isinstance(exc, OutputError | OSError))
