@@ -77,7 +77,8 @@ def cluster_view(url: str, timeout: float = 3.0, context: ssl.SSLContext | None 
         last = (view or {}).get("last_round") or {}
         rows.append({
             "rank": rank, "address": member["address"], "reachable": view is not None,
-            "phase": (view or {}).get("phase") or ("dropped" if rank in status.get("dropped", []) else "unreachable"),
+            "phase": (view or {}).get("phase") or ("left" if rank in status.get("left", []) else "dropped"
+                                                     if rank in status.get("dropped", []) else "unreachable"),
             "round": (view or {}).get("round", member.get("last_round")),
             "last_contact_s": member.get("last_contact_s"), "missed": member.get("missed", 0),
             "straggler": rank in (status.get("stragglers") or []), "dropped": rank in (status.get("dropped") or []),
@@ -102,6 +103,7 @@ def folder_view(folder: Path) -> dict[str, Any]:
     nodes = int(settings.get("nodes") or 0)
     addresses = summary.get("addresses") or []
     dropped = list(summary.get("dropped") or [])
+    left = list(summary.get("left") or [])
     members = summary.get("members") or [r for r in range(nodes) if r not in dropped]
     latest = {str(r): v for r, v in zip(final.get("nodes") or [], final.get("per_node") or [], strict=False)}
     last = last_node_rows(folder, nodes)
@@ -116,7 +118,8 @@ def folder_view(folder: Path) -> dict[str, Any]:
         row = last.get(rank) or {}
         rows.append({
             "rank": rank, "address": addresses[rank] if rank < len(addresses) else "-", "reachable": False,
-            "phase": "dropped" if rank in dropped else status, "round": row.get("round"), "last_contact_s": None,
+            "phase": "left" if rank in left else "dropped" if rank in dropped else status, "round": row.get("round"),
+            "last_contact_s": None,
             "missed": 0, "straggler": False, "dropped": rank in dropped, "bytes_out": row.get("bytes_out"),
             "bytes_in": row.get("bytes_in"), "loss": row.get("loss"), "metric": latest.get(str(rank))})
     return {"url": str(folder), "barrier": barrier, "nodes": rows}
@@ -161,6 +164,7 @@ def render(view: dict[str, Any]) -> Any:
     count = f"rounds done {b.get('round')}/{b.get('rounds')}" if folder else f"round {b.get('round')}/{b.get('rounds')}"
     head = Text(f"run {b.get('run_id')}  {b.get('phase')}  {count}  "
                 f"live {len(b.get('live') or [])}/{len(b.get('members') or [])}  dropped {b.get('dropped') or []}  "
+                f"left {b.get('left') or []}  "
                 f"| task {s.get('task')} K={s.get('fragments')} s={s.get('fanout')} sampler {s.get('sampler')} "
                 + (f"| folder {view['url']}" + (f" ({b.get('mode')}, started {b.get('started')}, "
                                                 f"{b.get('wall_s')}s)" if b.get("started") else "")

@@ -60,6 +60,11 @@ def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: A
         seen_after = time.monotonic() - stopped
         assert procs[victim].wait(timeout=10) == 0  # it left as told
         assert 3 not in status["live"] and seen_after < 5.0, seen_after
+        shown = subprocess.run([*kit.mosaicd, "status", f"http://127.0.0.1:{rank0}/barrier", "--json"],
+                               capture_output=True, text=True, timeout=60)
+        assert next(r for r in json.loads(shown.stdout)["nodes"] if r["rank"] == 3)["phase"] == "left", shown
+        metrics = kit.http("GET", f"http://127.0.0.1:{rank0}/barrier/metrics").body.decode()
+        assert "mosaic_barrier_left_total 1.0" in metrics
         for port in ports[:3]:
             assert procs[port].wait(timeout=120) == 0, (tmp_path / f"node-{port}.log").read_text()[-2000:]
     finally:
@@ -107,3 +112,27 @@ def test_nodes_that_cannot_start_end_a_cluster_with_their_reason(tmp_path: Path,
     assert "mosaicd data fetch" in proc.stderr and "node-0 exited with status 1" in proc.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["status"] == "failed" and "mosaicd data fetch" in summary["error"]
+
+
+@pytest.mark.slow
+def test_a_peer_list_member_with_other_run_settings_is_refused_naming_them(tmp_path: Path, kit: Any) -> None:
+    run = {**RUN, "rounds": 30}
+    ports = sorted(free_ports(run["nodes"]))
+    (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
+    procs = {}
+    for port in ports:
+        mine = {**run, "rounds": 5, "fragments": 8} if port == ports[2] else run
+        with open(tmp_path / f"node-{port}.log", "wb") as log:
+            procs[port] = subprocess.Popen(
+                [*kit.mosaicd, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
+                 "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), *kit.flags(mine)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        codes = {port: procs[port].wait(timeout=120) for port in ports}
+    finally:
+        stop_all(procs)
+    said = (tmp_path / f"node-{ports[2]}.log").read_text()
+    assert codes[ports[2]] == 2 and "--rounds 5 (the run's: 30)" in said and "--fragments 8 (the run's: 2)" in said
+    assert [codes[p] for p in ports if p != ports[2]] == [0, 0, 0], codes  # the others go on without it
+    summary = json.loads((tmp_path / f"out-{ports[0]}" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["left"] == [2]

@@ -37,7 +37,7 @@ from mosaicd.daemon.node.inbox import Inbox
 from mosaicd.daemon.node.outbound import arrive, leave, live_model, send_all
 from mosaicd.daemon.node.routes import node_app
 from mosaicd.logs import get_logger
-from mosaicd.settings import DaemonOptions, RunConfig
+from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
 
 __all__ = ["Peer", "PeerDropped", "RunEnded"]
 
@@ -124,12 +124,17 @@ class Peer:
         reply = await self._client.post_json_until(f"{self.inbox.barrier_url}/v1/register", body,
                                                    self.options.register_deadline, "--register-deadline", self.log)
         run = RunConfig.model_validate(reply["run"])
+        differ = settings_differ(self._hosted_run, run)
         self.state.registered(int(reply["rank"]), list(reply["members"]), reply.get("live", range(len(
             reply["members"]))), int(reply.get("round", 0)), run.run_id)
         self.inbox.run = run
         self.log = self.log.bind(node=self.rank, run=run.run_id)
         self.inbox.registered.set()
         self.log.info("registered", rank=self.rank, members=len(self.members), round=self.round)
+        if differ:  # a peer list's member started with other run settings than rank 0's: it cannot take part
+            reason = f"its run settings differ from rank 0's: {differ}"
+            await self.leave(reason)
+            raise SettingsError(f"--peer-list: {reason} (give every member the same run settings)")
 
     async def rejoin(self) -> None:
         """Register again after the barrier dropped this peer: a member from the next round boundary on
@@ -219,6 +224,15 @@ class Peer:
         self.state.finishing()
         await self._arrive({"rank": self.rank, "round": self.round, "report": None}, final=True)
         self.state.finished()
+
+
+def settings_differ(ours: RunConfig | None, run: RunConfig) -> str:
+    """The run settings a peer-list member was given that differ from the run's (rank 0's), as flags; "" if none."""
+    if ours is None:
+        return ""
+    mine, theirs = ours.model_dump(mode="json"), run.model_dump(mode="json")
+    return ", ".join(f"--{k.replace('_', '-')} {mine[k]} (the run's: {v})" for k, v in theirs.items()
+                     if k != "nodes" and mine.get(k) != v)
 
 
 def embedded_barrier(options: DaemonOptions, run: RunConfig | None, evaluate: Any) -> Barrier | None:

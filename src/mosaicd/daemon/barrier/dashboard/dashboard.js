@@ -100,7 +100,8 @@ function render() {
   const members = s.members.length;
   $("membership").textContent = s.phase === "registering"
     ? `registered ${s.registered} of ${s.expected || "?"}`
-    : `live ${s.live.length} / ${members}` + (s.dropped.length ? `, dropped ${s.dropped.join(", ")}` : "");
+    : `live ${s.live.length} / ${members}` + (s.dropped.length ? `, dropped ${s.dropped.join(", ")}` : "")
+      + ((s.left || []).length ? `, left ${s.left.join(", ")}` : "");
   $("connection").textContent = "";
   renderSettings(s.settings);
   renderNodes(s);
