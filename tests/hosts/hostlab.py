@@ -112,6 +112,18 @@ class Engine:
             self.proc.wait(timeout=10)
         self.unmount()
 
+    def crash(self) -> None:
+        """The host crashes: dockerd stopped, and every process still in the host's namespace (a Swarm task's
+        container outlives its dockerd's stop) killed, as a machine that loses power loses them."""
+        self.stop()
+        pids = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True, timeout=30).stdout
+        for pid in (int(p) for p in pids.split()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.unmount()
+
     def unmount(self) -> None:
         """Unmount what dockerd left mounted under its folders: it runs in the machine's mount namespace (nsenter
         --net), so its bind of the host namespace (exec/netns/default) would outlive it and keep that namespace."""

@@ -456,4 +456,11 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
     given = settings.out if "out" in settings.model_fields_set else None
     out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)
     settings = settings.model_copy(update={"out": out})
-    return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)
+    try:
+        return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)
+    except (KeyboardInterrupt, ClusterFailed, OutputError):
+        kept = barrier_journal.rounds(Path(out))
+        if kept:  # what the user can do next, in one line
+            print(f"mosaicd cluster: {out}: the run stopped at round {kept[0]} of {settings.rounds}; the same command "
+                  f"with --resume continues it (--out {out})", file=sys.stderr)
+        raise
