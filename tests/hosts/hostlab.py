@@ -113,8 +113,12 @@ class Engine:
         self.unmount()
 
     def crash(self) -> None:
-        """The host crashes: dockerd stopped, and every process still in the host's namespace (a Swarm task's
-        container outlives its dockerd's stop) killed, as a machine that loses power loses them."""
+        """The host crashes: its containers killed (a Swarm task's container outlives its dockerd's stop, and lives
+        in a network namespace of its own), dockerd stopped, and every process left in the host's namespace
+        killed, as a machine that loses power loses them."""
+        running = self.docker("ps", "-q", check=False, timeout=60).stdout.split()
+        if running:
+            self.docker("kill", *running, check=False, timeout=60)
         self.stop()
         pids = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True, timeout=30).stdout
         for pid in (int(p) for p in pids.split()):

@@ -111,7 +111,10 @@ def test_host_cut_off_briefly_straggles_and_rejoins(netns: None, tmp_path: Path,
     # a 4 s deadline: back within 3 rounds (12 s) even after TCP's backoff (a resend up to ~3 s after healing)
     network = dict(request_timeout=1, retries=0, round_deadline=4, drop_after=3)
     with Lab(hosts=3) as lab:
-        cluster = NetnsCluster(lab, tmp_path, kit.flags({**run, **network}), per_host=2, delay=0.01).start()
+        # rank 0's barrier serves 20 s after the run, so host 2's nodes, late after TCP's backoff, still hear the
+        # final release (seen once on a loaded machine: they retried a gone barrier past the test's wait)
+        cluster = NetnsCluster(lab, tmp_path, kit.flags({**run, **network}), per_host=2, delay=0.01,
+                               extra={0: ["--linger", "20"]}).start()
         cluster.wait_released(2, timeout=60)
         lab.cut(2)
         at = cluster.released()  # round at + 1 may be released with host 2's arrivals sent before the cut;

@@ -48,8 +48,8 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
         return _simulate(settings, recorder, progress, on_round, start)
     except BaseException as exc:
         recorder.fail(failure_text(exc))
-        if progress:
-            _say_unfinished(out)
+        if progress and (recorder.rounds_done > 0 or (out / SIMULATE_CHECKPOINT).exists()):
+            _say_unfinished(out)  # only a run that got going: one that could not start has nothing to go on with
         raise
 
 
