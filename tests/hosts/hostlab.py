@@ -256,7 +256,33 @@ def compose_cli() -> list[str]:
     return ["docker", "compose"] if v2.returncode == 0 else ["docker-compose"]
 
 
-class ComposePerHost:
+class RunResults:
+    """A deployed run's results folder (`results`) and logs (`logs()`): its summary, and waiting for the end."""
+
+    results: Path
+
+    def logs(self) -> str:
+        raise NotImplementedError
+
+    def summary(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.results / "summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def wait_final(self, timeout: float) -> dict[str, Any]:
+        """summary.json once it is no longer "running"; fails naming the logs if that takes over `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            summary = self.summary()
+            if summary and summary["status"] != "running":
+                return summary
+            if time.monotonic() > deadline:
+                raise HarnessError(f"no final summary within {timeout:g}s:\n{self.logs()}")
+            time.sleep(1)
+
+
+class ComposePerHost(RunResults):
     """deploy/multihost as its comments say: the barrier's project on one host, a nodes project with its own
     --scale on each node host, all joined by the barrier's address and one secret file (the same path on every
     host: the lab's hosts share this machine's file system, as the docs' `scp` would make it)."""
@@ -298,23 +324,6 @@ class ComposePerHost:
             self.compose(engine, "deploy/multihost/nodes.yaml", f"{self.name}n{host}", "up", "-d", "--scale",
                          f"node={n}")
         return self
-
-    def summary(self) -> dict[str, Any] | None:
-        try:
-            return json.loads((self.results / "summary.json").read_text())
-        except (OSError, ValueError):
-            return None
-
-    def wait_final(self, timeout: float) -> dict[str, Any]:
-        """summary.json once it is no longer "running"; fails naming the logs if that takes over `timeout`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            summary = self.summary()
-            if summary and summary["status"] != "running":
-                return summary
-            if time.monotonic() > deadline:
-                raise HarnessError(f"no final summary within {timeout:g}s:\n{self.logs()}")
-            time.sleep(1)
 
     def status(self) -> dict[str, Any]:
         return self.lab.http_json(self.barrier_host, f"{self.url}/v1/status")
@@ -408,7 +417,7 @@ class Swarm:
                 engine.docker("swarm", "leave", "--force", check=False, timeout=120)
 
 
-class StackRun:
+class StackRun(RunResults):
     """`docker stack deploy -c deploy/stack.yaml` on the manager, with its secret made by the documented one-liner."""
 
     def __init__(self, swarm: Swarm, tmp: Path, image: str, nodes: int, settings: dict[str, str],
@@ -446,22 +455,6 @@ class StackRun:
         if len(placed) != 1:
             raise HarnessError(f"expected one running barrier task, got {placed}")
         return next(iter(placed.values()))
-
-    def summary(self) -> dict[str, Any] | None:
-        try:
-            return json.loads((self.results / "summary.json").read_text())
-        except (OSError, ValueError):
-            return None
-
-    def wait_final(self, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            summary = self.summary()
-            if summary and summary["status"] != "running":
-                return summary
-            if time.monotonic() > deadline:
-                raise HarnessError(f"no final summary within {timeout:g}s:\n{self.logs()}")
-            time.sleep(1)
 
     def released(self) -> int:
         try:
