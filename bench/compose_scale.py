@@ -1,17 +1,14 @@
-"""`docker compose up --scale node=N`, measured on this host: time from `up` to the first round, seconds per
-round, memory per container and in total, and whether every node took part in every round.
+"""`docker compose up --scale node=N`, measured on this host: time from `up` to the first round (and where it goes),
+seconds per round, memory per container and in total, and whether every node took part in every round.
 
-    MOSAIC_BASE=mosaic-base:bookworm docker-compose build        # the image (offline base: see README)
+    MOSAIC_BASE=mosaic-base:bookworm docker compose build        # the image (offline base: see README)
     python bench/compose_scale.py --nodes 60 --rounds 20
 
-It runs compose.yaml as it is (only MOSAIC_* settings through the environment), samples every container's
-memory from its cgroup once a second, reads the round releases from the barrier's log, and keeps the run's
-results. Before it starts it checks the host's neighbour (ARP) table limits against the node count
-(deploy/hostcheck.py: (N+1)*(N+2) entries): it refuses a count beyond gc_thresh3 (rounds would take tens of
-times longer: ~97 s instead of ~2 s at 60 nodes with the kernel's defaults), printing the sysctl lines that
-raise the limits, unless --allow-neighbour-overflow (to measure that slowdown); beyond gc_thresh2 it warns.
-Writes OUT/scale.json, OUT/memory.csv, OUT/scale.png and OUT/results/; the last line of stdout is the JSON
-object.
+It runs compose.yaml as it is (only MOSAIC_* settings through the environment, the barrier's log as JSON lines so
+that it can read them), samples every container's memory from its cgroup once a second, reads the round releases
+from the barrier's log, and keeps the run's results. compose.yaml puts the containers on the host's network, so the
+host's neighbour (ARP) table plays no part: its thresholds are printed for the record (deploy/hostcheck.py).
+Writes OUT/scale.json, OUT/memory.csv, OUT/scale.png and OUT/results/; the last line of stdout is the JSON object.
 """
 
 from __future__ import annotations
@@ -58,6 +55,24 @@ def cgroup_dir(container: str) -> Path | None:
     return None
 
 
+def cpu_seconds_of(container: str) -> float:
+    """CPU seconds one container's processes used so far (cgroup v1 cpuacct, or v2 cpu.stat)."""
+    for path in (Path("/sys/fs/cgroup/cpuacct/docker") / container / "cpuacct.usage",):
+        if path.exists():
+            return int(path.read_text()) / 1e9
+    folder = cgroup_dir(container)
+    if folder is not None and (folder / "cpu.stat").exists():
+        stat = dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines())
+        return int(stat["usage_usec"]) / 1e6
+    return 0.0
+
+
+def host_cpu_seconds() -> float:
+    """CPU seconds this host spent busy (all cores, everything but idle and iowait), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def memory_of(path: Path) -> tuple[int, int]:
     """(resident anonymous memory, usage including page cache) of one container's cgroup, in bytes."""
     stat = dict(line.split() for line in (path / "memory.stat").read_text().splitlines())
@@ -71,6 +86,8 @@ class MemorySampler(threading.Thread):
         super().__init__(daemon=True)
         self.project, self.interval, self.t0 = project, interval, time.time()
         self.rows: list[tuple[float, int, float, float]] = []
+        self.cpu: list[tuple[float, float, dict[str, float]]] = []  # (t, host CPU s, container -> CPU s)
+        self.host_cpu0 = host_cpu_seconds()
         self.peak_rss: dict[str, int] = {}
         self.names: dict[str, str] = {}
         self.stop = threading.Event()
@@ -99,7 +116,17 @@ class MemorySampler(threading.Thread):
                     usage_total += usage
                     self.peak_rss[cid] = max(self.peak_rss.get(cid, 0), rss)
             self.rows.append((round(time.time() - self.t0, 2), alive, rss_total / MB, usage_total / MB))
+            self.cpu.append((time.time() - self.t0, host_cpu_seconds() - self.host_cpu0,
+                             {cid: cpu_seconds_of(cid) for cid in self.names}))
             self.stop.wait(self.interval)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def barrier_status(url: str) -> dict | None:
@@ -158,19 +185,13 @@ def main() -> None:
                         help="docker compose (v2) or docker-compose (v1); auto: v2 when installed")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compose-scale")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the whole run may take")
-    parser.add_argument("--allow-neighbour-overflow", action="store_true",
-                        help="run even when the host's neighbour table is too small for --nodes (to measure it)")
+    parser.add_argument("--port", type=int, default=0, help="the barrier's port on the host (0: a free one)")
     args = parser.parse_args()
     if args.nodes < 1:
         parser.error(f"--nodes {args.nodes}: must be >= 1")
     neighbours = hostcheck.check_neighbour_table(args.nodes)
-    print("compose_scale: " + "\n".join(neighbours.lines()), flush=True)
-    if neighbours.verdict == "overflows" and not args.allow_neighbour_overflow:
-        sys.exit(f"compose_scale: --nodes {args.nodes} overflows this host's neighbour table: run the sysctl line "
-                 "above, or pass --allow-neighbour-overflow to measure the slowdown")
-    if neighbours.verdict != "fits":
-        print(f"compose_scale: WARNING: neighbour table {neighbours.verdict} for {args.nodes} nodes: expect slow "
-              "rounds (see above)", file=sys.stderr, flush=True)
+    thresholds = neighbours.thresholds
+    print(f"compose_scale: this host's neighbour table thresholds (gc_thresh1/2/3): {thresholds}", flush=True)
 
     out = args.out.resolve()
     results = out / "results"
@@ -179,8 +200,10 @@ def main() -> None:
     cli, cli_version = compose_cli(args.compose)
     compose = [*cli, "-p", args.project, "-f", str(ROOT / "compose.yaml")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
-    env.update(MOSAIC_IMAGE=args.image, MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT="",
-               MOSAIC_ROUNDS=str(args.rounds), MOSAIC_EVAL_EVERY=str(args.eval_every), MOSAIC_BARRIER_LINGER="30")
+    port = args.port or free_port()
+    env.update(MOSAIC_IMAGE=args.image, MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port),
+               MOSAIC_ROUNDS=str(args.rounds), MOSAIC_EVAL_EVERY=str(args.eval_every), MOSAIC_BARRIER_LINGER="30",
+               MOSAIC_LOG_JSON="true")
     if subprocess.run(["docker", "image", "inspect", args.image], capture_output=True).returncode:
         sys.exit(f"compose_scale: no image {args.image}; build it first (see this file's docstring)")
     peak_file = Path("/sys/fs/cgroup/memory/docker/memory.max_usage_in_bytes")
@@ -199,15 +222,13 @@ def main() -> None:
         if up.returncode:
             sys.exit(f"compose_scale: up failed:\n{up.stderr[-3000:]}")
         t_started = time.time() - t0
-        port = subprocess.run([*compose, "port", "barrier", "8000"], env=env, capture_output=True, text=True,
-                              check=True).stdout.strip().rsplit(":", 1)[1]
         url = f"http://127.0.0.1:{port}"
         status, last = None, ""
         while time.time() - t0 < args.timeout:
             status = barrier_status(url) or status
             if status:
                 line = (f"{status['phase']}: registered {status['registered']}/{status['expected'] or '?'}, "
-                        f"round {status['round']}/{status['rounds']}")
+                        f"rounds done {min(status['round'], status['rounds'])}/{status['rounds']}")
                 if line != last:
                     print(f"{time.time() - t0:6.0f}s {line}", flush=True)
                     last = line
@@ -224,6 +245,7 @@ def main() -> None:
         sys.exit(f"compose_scale: the run did not finish: {status}")
 
     closed = next(e["t"] - t0 for e in events if e["event"] == "registration_closed")
+    registered = [e["t"] - t0 for e in events if e["event"] == "registered"]
     releases = [(e["round"], e["t"] - t0) for e in events if e["event"] == "released"]
     times = [t for _, t in releases]
     durations = [b - a for a, b in zip([closed, *times], times, strict=False)][: args.rounds]
@@ -240,6 +262,10 @@ def main() -> None:
     stragglers = sum(len(e.get("stragglers", [])) for e in events if e["event"] == "stragglers")
 
     names = sampler.names
+    # CPU spent until round 0 was released: the host's, and per container (the barrier, the median node)
+    at_first = next((c for c in sampler.cpu if c[0] >= times[0]), sampler.cpu[-1])
+    node_cpu = [v for k, v in at_first[2].items() if "barrier" not in names.get(k, "") and v > 0]
+    barrier_cpu = [v for k, v in at_first[2].items() if "barrier" in names.get(k, "")]
     node_peaks = [v for k, v in sampler.peak_rss.items() if "barrier" not in names.get(k, "")]
     barrier_peak = [v for k, v in sampler.peak_rss.items() if "barrier" in names.get(k, "")]
     with open(out / "memory.csv", "w", newline="") as f:
@@ -249,12 +275,21 @@ def main() -> None:
     figures = {
         "nodes": args.nodes, "rounds": args.rounds, "task": summary["settings"]["task"],
         "compose": cli_version,
-        "neighbour_entries_needed": neighbours.needed, "neighbour_table": neighbours.verdict,
-        "gc_thresh": list(neighbours.thresholds) if neighbours.thresholds else None,
+        "gc_thresh": list(thresholds) if thresholds else None,
         "up_returned_s": round(t_started, 1),
+        "up_to_first_registered_s": round(min(registered), 1) if registered else None,
+        "up_to_last_registered_s": round(max(registered), 1) if registered else None,
         "up_to_registration_closed_s": round(closed, 1),
         "up_to_first_round_s": round(times[0], 1),
         "first_round_s": round(durations[0], 2),
+        "cores": os.cpu_count(),
+        "host_cpu_s_to_first_round": round(at_first[1], 1),
+        "containers_cpu_s_to_first_round": round(sum(at_first[2].values()), 1),
+        "node_cpu_s_to_first_round_median": round(statistics.median(node_cpu), 2) if node_cpu else None,
+        "barrier_cpu_s_to_first_round": round(barrier_cpu[0], 2) if barrier_cpu else None,
+        "largest_gap_between_registrations_s": round(max(b - a for a, b in zip(sorted(registered),
+                                                         sorted(registered)[1:], strict=False)), 1)
+        if len(registered) > 1 else None,
         "seconds_per_round_mean": round(statistics.mean(durations), 2),
         "seconds_per_round_after_first_mean": round(statistics.mean(later), 2) if later else None,
         "seconds_per_round_after_first_median": round(statistics.median(later), 2) if later else None,

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mosaicd.experiments.progress import RoundProgress
+from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.logs import configure_logging
 from mosaicd.settings import Settings

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from mosaicd.experiments.cluster import Cluster
-from mosaicd.experiments.progress import RoundProgress
+from mosaicd.progress import RoundProgress
 from mosaicd.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,9 @@
 #   - the folder (MOSAIC_OUT or --out; created if missing) is owned by a non-root uid, e.g. the
 #     host user who ran `mkdir -p results`: mosaicd runs as that uid:gid, and the results on the
 #     host belong to that user;
-#   - it is owned by root (Docker created the missing bind source): it is given to mosaic
-#     (10001:10001) and mosaicd runs as mosaic.
+#   - it is owned by root (Docker created the missing bind source): it is given to the owner of
+#     MOSAIC_OWNER_FROM when that is a non-root uid (compose.yaml: the project's folder, so the results
+#     belong to whoever checked it out), else to mosaic (10001:10001), and mosaicd runs as that uid.
 # Started as a non-root uid, it checks that the output folder is writable and says what to do if not.
 set -eu
 
@@ -28,7 +29,12 @@ if [ "$(id -u)" = 0 ]; then
     if [ -n "$out" ]; then
         mkdir -p "$out"
         owner="$(stat -c %u "$out")"
-        if [ "$owner" = 0 ]; then
+        from="${MOSAIC_OWNER_FROM:-}"
+        if [ "$owner" = 0 ] && [ -n "$from" ] && [ -e "$from" ] && [ "$(stat -c %u "$from")" != 0 ]; then
+            uid="$(stat -c %u "$from")"
+            gid="$(stat -c %g "$from")"
+            chown "$uid:$gid" "$out"
+        elif [ "$owner" = 0 ]; then
             chown 10001:10001 "$out"
         else
             uid="$owner"

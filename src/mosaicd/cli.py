@@ -244,9 +244,12 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as exc:
         parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
     from mosaicd.daemon.entry import run_entry
-    from mosaicd.logs import configure_logging
+    from mosaicd.logs import configure_logging, json_logs
 
-    configure_logging(settings.log_level, settings.log_json)
+    level = settings.log_level
+    if args.command == "barrier" and not json_logs(settings.log_json) and level in ("debug", "info"):
+        level = "warning"  # its console says what happens (daemon/barrier/console.py); the log only what goes wrong
+    configure_logging(level, settings.log_json)
     raise SystemExit(run_entry(args.command, lambda: run_command(args, settings)))
 
 

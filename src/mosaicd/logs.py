@@ -41,9 +41,13 @@ def _stderr_path() -> str:
         return "stderr"
 
 
+def json_logs(json: bool | None) -> bool:
+    """--log-json as given, else JSON when stderr is not a terminal."""
+    return not sys.stderr.isatty() if json is None else json
+
+
 def configure_logging(level: str = "info", json: bool | None = None) -> None:
-    if json is None:
-        json = not sys.stderr.isatty()
+    json = json_logs(json)
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[

@@ -197,6 +197,14 @@ class DaemonOptions(BaseModel):
     dns_settle: float = Field(3.0, gt=0, description="barrier with --expect-dns: seconds the DNS answer must hold "
                               "still before it counts (raise it when many replicas start slowly)",
                               **cli("network", "barrier"))
+    expect_settle: float | None = Field(None, gt=0, description="barrier: count nodes as those registered once "
+                                        "none new has registered for this many seconds (replicas whose number the "
+                                        "barrier is not told: compose --scale on the host's network)",
+                                        **cli("network", "barrier"))
+    port_file: Path | None = Field(None, description="write the port listened on to this file (with --port 0: for a "
+                                   "health check); a process started again with --port 0 takes that port back when "
+                                   "it is free, so peers find it at the same address", **cli("network", "node",
+                                                                                              "barrier"))
     register_deadline: float = Field(300.0, gt=0, description="seconds to wait for every node to register",
                                      **cli("network", "node", "barrier", "cluster"))
     drop_after: int = Field(2, ge=1, description="rounds a member may miss before it is dropped",

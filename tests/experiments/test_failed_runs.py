@@ -14,7 +14,7 @@ import pytest
 from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.experiments.cluster import Cluster, ClusterFailed
-from mosaicd.experiments.progress import RoundProgress
+from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.data import DataMissing
 from mosaicd.outputs import read_rounds

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mosaicd.experiments.progress import RoundProgress
+from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.outputs import read_rounds
 from mosaicd.settings import Settings

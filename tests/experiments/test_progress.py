@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from mosaicd.experiments.cluster import run_cluster
-from mosaicd.experiments.progress import ProgressPrinter, RoundProgress
+from mosaicd.progress import ProgressPrinter, RoundProgress
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.settings import Settings
 

@@ -116,7 +116,7 @@ def test_report_of_one_simulate_run(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_report_of_a_failed_run_shows_its_rounds_and_why(tmp_path: Path) -> None:
     from mosaicd import Settings
-    from mosaicd.experiments.progress import RoundProgress
+    from mosaicd.progress import RoundProgress
     from mosaicd.experiments.simulate import run_simulation
 
     def failing(p: RoundProgress) -> None:

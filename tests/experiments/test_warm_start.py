@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from mosaicd.experiments.cluster import Cluster, ForkedProcess
-from mosaicd.experiments.progress import RoundProgress
+from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.settings import Settings
 

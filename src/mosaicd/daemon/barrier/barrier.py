@@ -24,7 +24,7 @@ from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.daemon.barrier.ending import end_failed, fail_output
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
-from mosaicd.daemon.barrier.registration import registration_deadline, watch_dns
+from mosaicd.daemon.barrier.registration import count_nodes, registration_deadline
 from mosaicd.daemon.barrier.release_log import ReleaseLog
 from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.http.auth import Keyring, load_secret
@@ -43,8 +43,9 @@ class Barrier:
             run = self.resumed["run"]
             self.state = BarrierState.from_json(self.resumed["state"], _now())
         else:
+            counted = options.expect_dns or options.expect_settle  # the count is known once nodes register
             self.state = BarrierState(rounds=run.rounds, round_deadline=run.round_deadline,
-                                      drop_after=options.drop_after, expected=0 if options.expect_dns else run.nodes,
+                                      drop_after=options.drop_after, expected=0 if counted else run.nodes,
                                       min_members=run.min_members)
         self.run, self.options = run, options
         self.log = get_logger(role="barrier", run=run.run_id)
@@ -84,8 +85,7 @@ class Barrier:
         if self.resumed:
             return self._resume()
         self._spawn(registration_deadline(self))
-        if self.options.expect_dns:
-            self._spawn(watch_dns(self))
+        self._spawn(count_nodes(self))
 
     def _resume(self) -> None:
         """Go on with the saved run: the open round starts again now; evaluations that the crash cut short are

@@ -1,5 +1,6 @@
-"""Registration at the barrier: the roster is made once every expected node registered (a count given, or the
-addresses a DNS name resolves to, once they hold still), or the run fails at --register-deadline."""
+"""Registration at the barrier: the roster is made once every expected node registered (a count given, the
+addresses a DNS name resolves to once they hold still, or the nodes registered once no new one came for a while),
+or the run fails at --register-deadline."""
 
 from __future__ import annotations
 
@@ -87,8 +88,9 @@ def maybe_close(barrier: Barrier) -> None:
     try:  # the node count may be known only now (DNS): check the run as it will be
         barrier.run = barrier.run.with_nodes(count)
     except ValueError as exc:
-        dns = barrier.options.expect_dns
-        counted = f" ({dns} resolved to that many addresses)" if dns else ""
+        dns, settle = barrier.options.expect_dns, barrier.options.expect_settle
+        counted = (f" ({dns} resolved to that many addresses)" if dns else
+                   f" (none new came for --expect-settle {settle:g}s)" if settle else "")
         return fail_registration(barrier, f"{count} nodes registered{counted}, but the run is invalid with them: "
                                  f"{exc}", 422)
     barrier.state.min_members = barrier.run.min_members
@@ -119,6 +121,14 @@ async def registration_deadline(barrier: Barrier) -> None:
                           f"{len(barrier.state.pending)} of {barrier.state.expected or '?'} nodes", 503)
 
 
+async def count_nodes(barrier: Barrier) -> None:
+    """Where the barrier is not told the node count (--expect-dns, --expect-settle), learn it while nodes register."""
+    if barrier.options.expect_dns:
+        await watch_dns(barrier)
+    elif barrier.options.expect_settle:
+        await watch_registrations(barrier)
+
+
 async def watch_dns(barrier: Barrier) -> None:
     """Count nodes as the addresses the service name resolves to, once the count holds still."""
     stable_since, last = barrier.now(), -1
@@ -132,3 +142,17 @@ async def watch_dns(barrier: Barrier) -> None:
             maybe_close(barrier)
         barrier.metrics.expected.set(barrier.state.expected)
         await asyncio.sleep(0.5)
+
+
+async def watch_registrations(barrier: Barrier) -> None:
+    """--expect-settle: count nodes as those registered once none new has come for that many seconds."""
+    changed, last = barrier.now(), 0
+    while barrier.state.phase is BarrierPhase.REGISTERING:
+        count = len(barrier.state.pending)
+        if count != last:
+            last, changed = count, barrier.now()
+        if count and barrier.now() - changed >= barrier.options.expect_settle:
+            barrier.state.expected = count
+            maybe_close(barrier)
+        barrier.metrics.expected.set(barrier.state.expected)
+        await asyncio.sleep(0.25)

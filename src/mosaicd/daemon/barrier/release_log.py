@@ -26,14 +26,16 @@ def refusals(closed: Arrivals) -> dict[str, int]:
 
 def phase_means(closed: Arrivals) -> dict[str, float]:
     """Mean seconds per phase over the members that arrived: train, send, aggregate (their reports), wait (the
-    barrier's clock)."""
+    barrier's clock); and their mean training loss (the console's round line)."""
     seconds: dict[str, list[float]] = {"train": [], "send": [], "wait": [], "aggregate": []}
     for wait, report in closed.values():
         seconds["wait"].append(wait)
         if report is not None:
             for phase in ("train", "send", "aggregate"):
                 seconds[phase].append(getattr(report, f"{phase}_s"))
-    return {f"{phase}_s": round(float(np.mean(v)), 6) for phase, v in seconds.items() if v}
+    means = {f"{phase}_s": round(float(np.mean(v)), 6) for phase, v in seconds.items() if v}
+    losses = [r.loss for _, r in closed.values() if r is not None and r.loss is not None and np.isfinite(r.loss)]
+    return {**means, "loss": float(np.mean(losses))} if losses else means
 
 
 class ReleaseLog:

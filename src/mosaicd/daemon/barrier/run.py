@@ -6,12 +6,13 @@ import asyncio
 from typing import Any
 
 from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.console import BarrierConsole, local_url
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.errors import RunEnded
 from mosaicd.daemon.http.auth import check_listen
 from mosaicd.daemon.http.server import serve
-from mosaicd.logs import get_logger
+from mosaicd.logs import get_logger, json_logs
 from mosaicd.settings import Settings
 
 
@@ -26,8 +27,12 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
     check_listen(settings, barrier.keyring, barrier=True)
     runner, port = await serve(barrier_app(barrier), settings, sock)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
+    console = None if json_logs(settings.log_json) else asyncio.ensure_future(
+        BarrierConsole(barrier, local_url(settings.host, port, settings.tls_cert is not None)).run())
     try:
         await barrier.done.wait()
+        if console is not None:
+            await console
         await asyncio.sleep(max(settings.linger, 1.0))
     finally:
         await runner.cleanup()

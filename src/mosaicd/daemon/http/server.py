@@ -43,12 +43,42 @@ async def serve(app: web.Application, options: DaemonOptions,
     if sock is not None:
         await web.SockSite(runner, sock, ssl_context=context).start()
     else:
+        port = earlier_port(options)
         try:
-            await web.TCPSite(runner, options.host, options.port, ssl_context=context).start()
+            try:
+                await web.TCPSite(runner, options.host, port, ssl_context=context).start()
+            except OSError as exc:
+                if port == options.port or exc.errno != errno.EADDRINUSE:
+                    raise
+                port = options.port  # the earlier port is taken now: any free one
+                await web.TCPSite(runner, options.host, port, ssl_context=context).start()
         except OSError as exc:  # the port in use, a foreign address: one line naming the flag, not a traceback
             await runner.cleanup()
             raise listen_error(exc, options.host, options.port) from None
-    return runner, runner.addresses[0][1] if runner.addresses else options.port
+    bound = runner.addresses[0][1] if runner.addresses else options.port
+    if options.port_file is not None:
+        write_port(options.port_file, bound)
+    return runner, bound
+
+
+def earlier_port(options: DaemonOptions) -> int:
+    """--port, or with --port 0 the one --port-file names from this process's previous life (a restarted container
+    keeps its address, so the run knows it as the same member)."""
+    if options.port != 0 or options.port_file is None:
+        return options.port
+    try:
+        return int(options.port_file.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def write_port(path: os.PathLike[str], port: int) -> None:
+    """--port-file: the port, written whole (a health check may read it at any moment)."""
+    tmp = f"{os.fspath(path)}.tmp"
+    os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(tmp, path)
 
 
 # glibc malloc: blocks below MMAP_BELOW come from the heap, and up to KEEP_FREED bytes freed at its top stay there

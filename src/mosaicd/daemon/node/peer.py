@@ -242,4 +242,5 @@ def embedded_barrier(options: DaemonOptions, run: RunConfig | None, evaluate: An
         return None
     if run is None:
         raise ValueError("rank 0 of a --peer-list hosts the barrier: it needs the run's settings")
-    return Barrier(run.with_nodes(len(addresses)), options.model_copy(update={"expect_dns": None}), evaluate=evaluate)
+    counted = {"expect_dns": None, "expect_settle": None}  # the list counts the nodes
+    return Barrier(run.with_nodes(len(addresses)), options.model_copy(update=counted), evaluate=evaluate)

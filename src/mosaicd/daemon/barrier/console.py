@@ -1,0 +1,106 @@
+"""The barrier's console for people (not --log-json): where to look, registration, one line per round (at most one
+every few seconds), the result. It reads the barrier's state once a second; the logs keep only warnings."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from mosaic_proto import BarrierPhase
+from mosaicd.progress import ProgressPrinter, RoundProgress, clock, metrics_text
+
+if TYPE_CHECKING:
+    from mosaicd.daemon.barrier.barrier import Barrier
+
+EVERY_S = 1.0          # how often it looks
+WAITING_EVERY_S = 5.0  # while registering: a line when the count changed, at most this often
+ROUND_EVERY_S = 2.0    # a round line at most this often (fast runs: the newest round then)
+
+
+def local_url(host: str, port: int, tls: bool) -> str:
+    """The barrier's URL from this machine (a wildcard address is reached on the loopback)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
+
+
+def where_lines(barrier: Barrier, url: str) -> list[str]:
+    run = barrier.run
+    how = (f"the nodes that register until none new comes for {barrier.options.expect_settle:g}s"
+           if barrier.options.expect_settle else f"the nodes {barrier.options.expect_dns} resolves to"
+           if barrier.options.expect_dns else f"{run.nodes} nodes")
+    return [f"mosaic barrier: run {run.run_id}: {run.task.value}, {run.rounds} rounds, K={run.fragments} "
+            f"fragments, s={run.fanout} peers each, over {how}",
+            f"  dashboard: {url}/   status: mosaicd status {url}   results: {barrier.options.out}/"]
+
+
+def waiting_line(barrier: Barrier) -> str:
+    state = barrier.state
+    of = f" of {state.expected}" if state.expected else ""
+    return f"waiting for nodes: {len(state.pending)}{of} registered"
+
+
+def end_line(barrier: Barrier, started: float) -> str:
+    state, out = barrier.state, barrier.options.out
+    files = f"results in {out}/ (summary.json, rounds.csv, nodes.csv)"
+    if state.phase is BarrierPhase.FINISHED:
+        row = barrier.recorder.rounds[-1] if barrier.recorder.rounds else None
+        return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.monotonic() - started)}, "
+                f"{len(state.live)}/{len(state.addresses)} nodes to the end; {metrics_text(row) or 'no evaluation'}; "
+                f"{files}")
+    return f"failed: {state.failure or 'the run ended early'}; {files}"
+
+
+class BarrierConsole:
+    """Feeds `ProgressPrinter` from the barrier's state: the same plain round lines `mosaicd cluster` prints."""
+
+    def __init__(self, barrier: Barrier, url: str) -> None:
+        self.barrier, self.url = barrier, url
+        self.printer = ProgressPrinter()
+        self.started = time.monotonic()
+        self.registered, self.said_waiting = -1, -WAITING_EVERY_S
+        self.rounds_done, self.said_round, self.row_round = 0, -ROUND_EVERY_S, -1
+
+    def look(self, final: bool = False) -> None:
+        barrier, state, now = self.barrier, self.barrier.state, time.monotonic()
+        if state.phase is BarrierPhase.REGISTERING:
+            if len(state.pending) != self.registered and now - self.said_waiting >= WAITING_EVERY_S:
+                self.registered, self.said_waiting = len(state.pending), now
+                self.printer.message(waiting_line(barrier))
+            return
+        if self.rounds_done == 0 and self.said_round < 0 and state.addresses:
+            self.printer.message(f"registration closed: {len(state.addresses)} nodes; round 0 starts")
+            self.printer.start_run("", barrier.run.rounds)
+            self.said_round = now - ROUND_EVERY_S
+        done = min(state.round, barrier.run.rounds)
+        if done > self.rounds_done and (final or now - self.said_round >= ROUND_EVERY_S):
+            self.rounds_done, self.said_round = done, now
+            self.printer.on_round(RoundProgress(done - 1, barrier.run.rounds, loss=self.loss(done - 1),
+                                                row=self.new_row(), live=len(state.live),
+                                                members=len(state.addresses)))
+
+    def loss(self, round: int) -> float | None:
+        for entry in reversed(self.barrier.history):
+            if entry["round"] == round:
+                return entry.get("loss")
+        return None
+
+    def new_row(self) -> dict[str, Any] | None:
+        rows = self.barrier.recorder.rounds
+        if rows and isinstance(rows[-1].get("round"), int) and rows[-1]["round"] > self.row_round:
+            self.row_round = rows[-1]["round"]
+            return rows[-1]
+        return None
+
+    async def run(self) -> None:
+        """Until the run ends: its lines, then the result."""
+        for line in where_lines(self.barrier, self.url):
+            self.printer.message(line)
+        while not self.barrier.done.is_set():
+            self.look()
+            try:
+                await asyncio.wait_for(self.barrier.done.wait(), EVERY_S)
+            except TimeoutError:
+                pass
+        self.look(final=True)
+        self.printer.message(end_line(self.barrier, self.started))
