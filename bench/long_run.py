@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.logs import configure_logging
+from mosaicd.progress import RoundProgress
 from mosaicd.settings import Settings
 
 

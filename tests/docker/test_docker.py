@@ -367,7 +367,9 @@ def test_compose_at_scale_on_the_default_neighbour_table_keeps_the_pace(
                                 what=f"the scaled run ({name} neighbour table) to finish", interval=2)
         assert status["expected"] == status["registered"] == nodes and status["dropped"] == []
         seconds[name] = statistics.mean(round_seconds(kit, barrier))
-        assert_console_for_people(project.logs(), port, nodes, rounds)
+        logs = kit.wait_until(lambda: (lambda text: text if "finished: " in text else None)(project.logs()),  # noqa: B023
+                              timeout=60, what="the barrier's last console line", interval=1)
+        assert_console_for_people(logs, port, nodes, rounds)
         project.down()
         assert final_summary(kit, results)["status"] == "finished"
         check_results(results, nodes, rounds)

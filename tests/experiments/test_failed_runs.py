@@ -14,10 +14,10 @@ import pytest
 from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.experiments.cluster import Cluster, ClusterFailed
-from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.data import DataMissing
 from mosaicd.outputs import read_rounds
+from mosaicd.progress import RoundProgress
 
 QUICK = dict(task="quadratic", nodes=4, dim=8, fragments=2, fanout=1)
 

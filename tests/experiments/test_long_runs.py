@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.outputs import read_rounds
+from mosaicd.progress import RoundProgress
 from mosaicd.settings import Settings
 
 ROUNDS, STRETCH = 1000, 200

@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 
 from mosaicd.experiments.cluster import run_cluster
-from mosaicd.progress import ProgressPrinter, RoundProgress
 from mosaicd.experiments.simulate import run_simulation
+from mosaicd.progress import ProgressPrinter, RoundProgress
 from mosaicd.settings import Settings
 
 ANSI = re.compile(r"[\x1b\r]")  # escape sequences, or a line redrawn in place

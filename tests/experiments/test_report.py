@@ -116,8 +116,8 @@ def test_report_of_one_simulate_run(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_report_of_a_failed_run_shows_its_rounds_and_why(tmp_path: Path) -> None:
     from mosaicd import Settings
-    from mosaicd.progress import RoundProgress
     from mosaicd.experiments.simulate import run_simulation
+    from mosaicd.progress import RoundProgress
 
     def failing(p: RoundProgress) -> None:
         if p.round == 2:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from mosaicd import Settings
-from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
+from mosaicd.progress import RoundProgress
 from mosaicd.rundir import JOURNAL, SIMULATE_CHECKPOINT, claim_out, read_summary
 from mosaicd.settings import SettingsError
 

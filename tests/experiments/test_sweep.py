@@ -10,10 +10,10 @@ import pytest
 
 from mosaicd.cli import main
 from mosaicd.experiments import sweep
-from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.experiments.sweep import SpecError, load_spec, run_sweep
 from mosaicd.outputs import read_rounds
+from mosaicd.progress import RoundProgress
 
 TINY = """
 mode = "simulate"

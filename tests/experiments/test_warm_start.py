@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from mosaicd.experiments.cluster import Cluster, ForkedProcess
-from mosaicd.progress import RoundProgress
 from mosaicd.experiments.simulate import run_simulation
+from mosaicd.progress import RoundProgress
 from mosaicd.settings import Settings
 
 

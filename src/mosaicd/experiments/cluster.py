@@ -37,10 +37,10 @@ from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.daemon.node import checkpoint
-from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.experiments.warm import REPORT_FD
 from mosaicd.learning.tasks import require_task
 from mosaicd.outputs import failed_summary, failure_text
+from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.rundir import claim_out
 from mosaicd.settings import Settings
 

@@ -27,10 +27,10 @@ from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, NodeRepor
 from mosaic_proto.network import RoundRecord
 from mosaicd.experiments import resume as checkpoint
 from mosaicd.experiments.batched import BatchedTraining
-from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
 from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
+from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary
 from mosaicd.settings import Settings
 

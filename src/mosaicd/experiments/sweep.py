@@ -60,8 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from mosaicd.progress import ProgressPrinter, RoundProgress, clock, metrics_text, round_text
 from mosaicd.outputs import NETWORK_METRICS, SUMMARY_KEYS, higher_is_better, read_rounds
+from mosaicd.progress import ProgressPrinter, RoundProgress, clock, metrics_text, round_text
 from mosaicd.settings import Settings, SettingsError
 
 if TYPE_CHECKING:

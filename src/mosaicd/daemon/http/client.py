@@ -196,11 +196,15 @@ class SlowConnects:
             return
         SlowConnects.seen += 1
         hint = {}
-        if SlowConnects.seen >= 3:
-            hint = {"likely_cause": "connections take seconds to open: on one host with many containers the "
-                    "kernel's neighbour (ARP) table may be full ('neighbor table overflow' in dmesg; raise "
-                    "net.ipv4.neigh.default.gc_thresh1/2/3, see the README's compose section); else the network "
-                    "or the peer is overloaded"}
+        peer = getattr(context, "peer", None) or ""
+        if SlowConnects.seen >= 3 and peer.startswith("127."):
+            hint = {"likely_cause": "connections to this host's own peers take seconds to open: the peers are too "
+                    "busy to accept them (more processes than cores, e.g. many containers starting at once)"}
+        elif SlowConnects.seen >= 3:
+            hint = {"likely_cause": "connections take seconds to open: on one host with many containers on a bridge "
+                    "the kernel's neighbour (ARP) table may be full ('neighbor table overflow' in dmesg; raise "
+                    "net.ipv4.neigh.default.gc_thresh1/2/3, see docs/deploy.md); else the network or the peer is "
+                    "overloaded"}
         get_logger(role="client").warning("slow_connect", peer=getattr(context, "peer", None), seconds=round(took, 3),
                                           slow_connects=SlowConnects.seen,
                                           **hint)

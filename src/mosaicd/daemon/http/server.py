@@ -13,6 +13,10 @@ from mosaicd.daemon.http.limits import guard_connections, handler_options
 from mosaicd.daemon.http.tls import server_context
 from mosaicd.settings import DaemonOptions
 
+# connections the kernel queues until the loop accepts them: dozens of peers connect at each round's start, and a
+# loop busy for a moment must not make them retry their SYN a second later (aiohttp's default is 128)
+BACKLOG = 1024
+
 
 class ListenError(RuntimeError):
     """This process cannot listen where it was told to; the message names the flag to change."""
@@ -46,12 +50,12 @@ async def serve(app: web.Application, options: DaemonOptions,
         port = earlier_port(options)
         try:
             try:
-                await web.TCPSite(runner, options.host, port, ssl_context=context).start()
+                await web.TCPSite(runner, options.host, port, ssl_context=context, backlog=BACKLOG).start()
             except OSError as exc:
                 if port == options.port or exc.errno != errno.EADDRINUSE:
                     raise
                 port = options.port  # the earlier port is taken now: any free one
-                await web.TCPSite(runner, options.host, port, ssl_context=context).start()
+                await web.TCPSite(runner, options.host, port, ssl_context=context, backlog=BACKLOG).start()
         except OSError as exc:  # the port in use, a foreign address: one line naming the flag, not a traceback
             await runner.cleanup()
             raise listen_error(exc, options.host, options.port) from None
