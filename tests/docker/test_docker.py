@@ -111,9 +111,9 @@ SECRET_FILE_ONE_LINER = ("install -d -m 700 ~/.mosaic && head -c 32 /dev/urandom
 SWARM_SECRET_ONE_LINER = "head -c 32 /dev/urandom | base64 | docker secret create mosaic_secret -"
 
 
-def test_the_neighbour_table_rule_and_the_readmes_sysctl_lines(tmp_path: Path) -> None:
-    """(N+1)*(N+2) entries against gc_thresh2 and gc_thresh3, read from a /proc laid out like Linux's; the README
-    shows the lines printed for 60 nodes on the kernel's defaults."""
+def test_the_neighbour_table_rule_and_the_documented_sysctl_lines(tmp_path: Path) -> None:
+    """(N+1)*(N+2) entries against gc_thresh2 and gc_thresh3, read from a /proc laid out like Linux's; docs/deploy.md
+    shows the lines printed for 60 nodes on the kernel's defaults (for Swarm tasks sharing a host)."""
     def check(nodes: int, thresholds: tuple[int, int, int] | None) -> hostcheck.NeighbourCheck:
         proc = tmp_path / f"proc{nodes}-{thresholds}"
         if thresholds:
@@ -132,9 +132,9 @@ def test_the_neighbour_table_rule_and_the_readmes_sysctl_lines(tmp_path: Path) -
     assert check(8, defaults).sysctl_lines() and check(8, defaults).lines()[0].endswith("31 entries in use now: FITS")
     sixty = check(60, defaults)
     assert sixty.recommended == (4096, 8192, 16384)
-    readme = (ROOT / "README.md").read_text()
+    documented = (ROOT / "docs/deploy.md").read_text()
     for line in sixty.sysctl_lines():
-        assert line in readme, line
+        assert line in documented, line
         assert line in "\n".join(sixty.lines())
     assert check(60, (8192, 49152, 65536)).verdict == "fits"  # this project's machines (raised already)
     assert check(30, (4096, 400, 8192)).recommended == (4096, 4096, 8192)  # never lowers one; 1 <= 2 <= 3
@@ -350,8 +350,8 @@ def test_compose_at_scale_on_the_default_neighbour_table_keeps_the_pace(
         kit, image: str, compose: list[str], tmp_path: Path, projects: list[Project],
         neighbour_thresholds: Callable[[tuple[int, int, int]], None]) -> None:
     """SCALE_NODES nodes (the quadratic task: light containers) on the kernel's default neighbour table and on a
-    raised one: every node in every round, and the default table's seconds per round within 1.2x of the raised
-    one's (plus half a second for a busy machine's noise; on a bridge they were ~30x)."""
+    raised one: every node in every round, and the default table's median seconds per round within 1.2x of the
+    raised one's (plus half a second for a busy machine's noise; on a bridge they were ~30x)."""
     nodes, rounds, seconds = SCALE_NODES, 10, {}
     for name, thresholds in (("default", DEFAULT_THRESHOLDS), ("raised", RAISED_THRESHOLDS)):
         neighbour_thresholds(thresholds)
@@ -366,14 +366,14 @@ def test_compose_at_scale_on_the_default_neighbour_table_keeps_the_pace(
         status = kit.wait_until(lambda: barrier_finished(kit, barrier), timeout=600,  # noqa: B023
                                 what=f"the scaled run ({name} neighbour table) to finish", interval=2)
         assert status["expected"] == status["registered"] == nodes and status["dropped"] == []
-        seconds[name] = statistics.mean(round_seconds(kit, barrier))
+        seconds[name] = statistics.median(round_seconds(kit, barrier))
         logs = kit.wait_until(lambda: (lambda text: text if "finished: " in text else None)(project.logs()),  # noqa: B023
                               timeout=60, what="the barrier's last console line", interval=1)
         assert_console_for_people(logs, port, nodes, rounds)
         project.down()
         assert final_summary(kit, results)["status"] == "finished"
         check_results(results, nodes, rounds)
-    print(f"seconds per round after round 0 at {nodes} nodes: {seconds}")
+    print(f"median seconds per round after round 0 at {nodes} nodes: {seconds}")
     assert seconds["default"] <= 1.2 * seconds["raised"] + 0.5, seconds
 
 
