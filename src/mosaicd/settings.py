@@ -198,8 +198,9 @@ class DaemonOptions(BaseModel):
                               "still before it counts (raise it when many replicas start slowly)",
                               **cli("network", "barrier"))
     expect_settle: float | None = Field(None, gt=0, description="barrier: count nodes as those registered once "
-                                        "none new has registered for this many seconds (replicas whose number the "
-                                        "barrier is not told: compose --scale on the host's network)",
+                                        "none new has registered for this many seconds, or for twice the longest "
+                                        "pause between registrations so far (replicas whose number the barrier is "
+                                        "not told: compose --scale on the host's network)",
                                         **cli("network", "barrier"))
     port_file: Path | None = Field(None, description="write the port listened on to this file (with --port 0: for a "
                                    "health check); a process started again with --port 0 takes that port back when "

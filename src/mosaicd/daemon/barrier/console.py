@@ -26,7 +26,8 @@ def local_url(host: str, port: int, tls: bool) -> str:
 
 def where_lines(barrier: Barrier, url: str) -> list[str]:
     run = barrier.run
-    how = (f"the nodes that register until none new comes for {barrier.options.expect_settle:g}s"
+    how = (f"the nodes that register until none new comes for {barrier.options.expect_settle:g}s (or twice the "
+           "longest pause between them)"
            if barrier.options.expect_settle else f"the nodes {barrier.options.expect_dns} resolves to"
            if barrier.options.expect_dns else f"{run.nodes} nodes")
     return [f"mosaic barrier: run {run.run_id}: {run.task.value}, {run.rounds} rounds, K={run.fragments} "

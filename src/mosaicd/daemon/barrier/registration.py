@@ -145,13 +145,17 @@ async def watch_dns(barrier: Barrier) -> None:
 
 
 async def watch_registrations(barrier: Barrier) -> None:
-    """--expect-settle: count nodes as those registered once none new has come for that many seconds."""
-    changed, last = barrier.now(), 0
+    """--expect-settle: count nodes as those registered once none new has come for that many seconds, or for twice
+    the longest pause between two registrations so far, whichever is longer (replicas that start on a loaded
+    host come in bursts)."""
+    changed, last, longest = barrier.now(), 0, 0.0
     while barrier.state.phase is BarrierPhase.REGISTERING:
         count = len(barrier.state.pending)
         if count != last:
+            if last:
+                longest = max(longest, barrier.now() - changed)
             last, changed = count, barrier.now()
-        if count and barrier.now() - changed >= barrier.options.expect_settle:
+        if count and barrier.now() - changed >= max(barrier.options.expect_settle, 2 * longest):
             barrier.state.expected = count
             maybe_close(barrier)
         barrier.metrics.expected.set(barrier.state.expected)
