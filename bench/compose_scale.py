@@ -186,6 +186,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compose-scale")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the whole run may take")
     parser.add_argument("--port", type=int, default=0, help="the barrier's port on the host (0: a free one)")
+    parser.add_argument("--file", type=Path, default=ROOT / "compose.yaml",
+                        help="the compose file (another layout to compare, e.g. compose.yaml of an earlier commit)")
     args = parser.parse_args()
     if args.nodes < 1:
         parser.error(f"--nodes {args.nodes}: must be >= 1")
@@ -198,7 +200,7 @@ def main() -> None:
     shutil.rmtree(results, ignore_errors=True)
     results.mkdir(parents=True)
     cli, cli_version = compose_cli(args.compose)
-    compose = [*cli, "-p", args.project, "-f", str(ROOT / "compose.yaml")]
+    compose = [*cli, "-p", args.project, "-f", str(args.file.resolve()), "--project-directory", str(ROOT)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
     port = args.port or free_port()
     env.update(MOSAIC_IMAGE=args.image, MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port),
@@ -274,7 +276,7 @@ def main() -> None:
         writer.writerows(sampler.rows)
     figures = {
         "nodes": args.nodes, "rounds": args.rounds, "task": summary["settings"]["task"],
-        "compose": cli_version,
+        "compose": cli_version, "file": str(args.file),
         "gc_thresh": list(thresholds) if thresholds else None,
         "up_returned_s": round(t_started, 1),
         "up_to_first_registered_s": round(min(registered), 1) if registered else None,
