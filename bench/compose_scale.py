@@ -152,6 +152,19 @@ def log_events(compose: list[str], env: dict[str, str]) -> list[dict]:
     return events
 
 
+def barrier_health(compose: list[str], env: dict[str, str]) -> dict:
+    """The barrier container's health check as Docker saw it during the run: its status, and how many of its
+    checks failed (it must stay healthy while it serves, however loaded the host)."""
+    ids = subprocess.run([*compose, "ps", "-q", "barrier"], env=env, capture_output=True, text=True).stdout.split()
+    if not ids:
+        return {}
+    out = subprocess.run(["docker", "inspect", "-f", "{{json .State.Health}}", ids[0]], capture_output=True,
+                         text=True).stdout.strip()
+    state = json.loads(out) if out.startswith("{") else {}
+    return {"status": state.get("Status"), "failing_streak": state.get("FailingStreak"),
+            "failed_in_last_checks": sum(1 for c in state.get("Log") or [] if c.get("ExitCode") != 0)}
+
+
 def plot(path: Path, rows: list, marks: dict[str, float], releases: list[float], nodes: int) -> None:
     import matplotlib
 
@@ -240,6 +253,7 @@ def main() -> None:
         time.sleep(2)
         kernel_peak = int(peak_file.read_text()) if peak_file.exists() else None
         events = log_events(compose, env)
+        health = barrier_health(compose, env)
     finally:
         sampler.stop.set()
         subprocess.run([*compose, "down", "-v"], env=env, capture_output=True)
@@ -303,6 +317,7 @@ def main() -> None:
         "total_rss_peak_mb": round(max(r[2] for r in sampler.rows), 1),
         "total_with_page_cache_peak_mb": round(max(r[3] for r in sampler.rows), 1),
         "kernel_peak_all_containers_mb": round(kernel_peak / MB, 1) if kernel_peak else None,
+        "barrier_health": health,
         "all_nodes_every_round": everyone,
         "members_at_end": len(status["live"]), "dropped": status["dropped"], "straggler_reports": stragglers,
         "final_node_average": summary["final"]["node_average"] if summary.get("final") else None,
