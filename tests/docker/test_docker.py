@@ -236,9 +236,9 @@ def projects(request: pytest.FixtureRequest) -> Iterator[list[Project]]:
 # Generous: rounds take ~1-2 s here (digits, 8 nodes) and well under 1 s on the quadratic task; with the
 # neighbour table overflowing (containers on a bridge) they took ~69-97 s (issue #15, 60 nodes, default thresholds).
 SECONDS_PER_ROUND_BOUND = 10.0
-# Compose at scale on the kernel's default neighbour table: 36 containers on a bridge would need (36+1)*(36+2) =
-# 1,406 entries, more than its gc_thresh3 (1024); on the host's network they need none.
-SCALE_NODES = 36
+# Compose at scale on the kernel's default neighbour table, at the README's count: 60 containers on a bridge would
+# need (60+1)*(60+2) = 3,782 entries, more than its gc_thresh3 (1024); on the host's network they need none.
+SCALE_NODES = 60
 DEFAULT_THRESHOLDS, RAISED_THRESHOLDS = (128, 512, 1024), (8192, 49152, 65536)
 NEIGHBOUR_SYSCTLS = [Path(f"/proc/sys/net/ipv4/neigh/default/gc_thresh{i}") for i in (1, 2, 3)]
 
