@@ -32,7 +32,7 @@ from .report import NodeReport
 from .robust import Aggregator
 from .round import OutgoingMessage, Receipt, RoundReport, RoundState
 from .sampling import PeerSampler
-from .wire import DEFAULT_MAX_BYTES, WireError
+from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
 __all__ = ["SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "NodeEvent", "NodePhase", "NodeRefused", "NodeState",
            "NodeStateError"]
@@ -283,16 +283,39 @@ class NodeState:
     def receive(self, data: bytes | bytearray | memoryview, sender: int | None = None) -> tuple[Receipt, int]:
         """Take one message: (accepted or buffered, fragments accepted now). WireError if the message is refused,
         NodeRefused if this node cannot take messages in its phase; the state is unchanged then."""
+        round_state = self.taking()
+        try:
+            batch = round_state.decode(data)
+        except WireError as exc:
+            self.count_refused(exc)
+            raise
+        return self.take(batch, len(data), sender)
+
+    def taking(self) -> RoundState:
+        """The open round's state, whose `decode` a daemon may run in a worker thread (then `take` or
+        `count_refused` on the loop); NodeRefused if this node takes no messages in its phase."""
         if not self.takes_fragments:
             raise self._not_taking()
         assert self._round is not None
-        before = self._round.report.fragments_in
+        return self._round
+
+    def take(self, batch: FragmentBatch, nbytes: int, sender: int | None = None) -> tuple[Receipt, int]:
+        """`receive` of a message decoded already (`taking().decode`), maybe while the node moved on: the phase
+        is checked again and the message goes to the round open now."""
+        round_state = self.taking()
+        before = round_state.report.fragments_in
         try:
-            receipt = self._round.receive(data, sender=sender)
+            receipt = round_state.take(batch, nbytes, sender=sender)
         except WireError as exc:
             self._refused[exc.reason.value] += 1
             raise
-        return receipt, self._round.report.fragments_in - before
+        return receipt, round_state.report.fragments_in - before
+
+    def count_refused(self, exc: WireError) -> None:
+        """Count a message that `decode` refused, in this node's and its open round's refusals."""
+        self._refused[exc.reason.value] += 1
+        if self._round is not None:
+            self._round.count_refused(exc)
 
     def _not_taking(self) -> NodeRefused:
         if self.phase in (P.FINISHED, P.LEFT, P.LEAVING) or (self.phase is P.WAITING and self._round is None):

@@ -120,16 +120,34 @@ class RoundState:
         """Take one message. Raises WireError, leaving the state as it was, when the message is refused.
 
         `sender`: the member the transport authenticated (a signed request, a client certificate); the
-        message must name the same one."""
+        message must name the same one. The same as `take(decode(data), len(data), sender)`."""
         try:
-            batch = decode(data, self.fragmentation, run_id=self.run_id, max_bytes=self.max_bytes)
+            batch = self.decode(data)
+        except WireError as exc:
+            self.count_refused(exc)
+            raise
+        return self.take(batch, len(data), sender)
+
+    def decode(self, data: bytes | bytearray | memoryview) -> FragmentBatch:
+        """Parse and validate one message against the run, changing nothing: the part of `receive` a daemon may
+        run in a worker thread (it reads only the run's fragmentation, id and byte limit). WireError if refused:
+        `count_refused` counts it."""
+        return decode(data, self.fragmentation, run_id=self.run_id, max_bytes=self.max_bytes)
+
+    def take(self, batch: FragmentBatch, nbytes: int, sender: int | None = None) -> Receipt:
+        """The rest of `receive`: check a decoded message of `nbytes` bytes against this round and keep it."""
+        try:
             if sender is not None and batch.sender != sender:
                 raise WireError(Reason.SENDER_MISMATCH, f"the message says sender {batch.sender}, its transport "
                                 f"proved sender {sender}")
-            return self._accept(batch, len(data))
+            return self._accept(batch, nbytes)
         except WireError as exc:
-            self.report.refused[exc.reason.value] += 1
+            self.count_refused(exc)
             raise
+
+    def count_refused(self, exc: WireError) -> None:
+        """Count a message refused by `decode` (`take` and `receive` count their own)."""
+        self.report.refused[exc.reason.value] += 1
 
     def _accept(self, batch: FragmentBatch, nbytes: int) -> Receipt:
         if batch.sender not in self.members or batch.sender == self.node:
