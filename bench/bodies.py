@@ -11,7 +11,8 @@ Meanwhile a prober GETs node 0's /healthz (a new connection each time, every --p
 sampler reads node 0's resident memory from /proc every 20 ms. It prints:
 
 - /healthz worst latency while the bodies were in flight (until the last answer, plus one second), probes;
-- node 0's peak RSS (sampled, and the kernel's VmHWM), its RSS before, and the peak's ratio to the bodies' bytes;
+- node 0's peak RSS (sampled, and the kernel's VmHWM), its RSS before, and the peak's ratio to the bodies' bytes
+  (and the growth's, peak less before: with a large --dim the node's own models weigh in);
 - each body's answer (status, reason) and the rounds the barrier released per second during the posting window.
 
 Usage: flock /tmp/bench.lock .venv/bin/python bench/bodies.py [--bodies 4] [--mib 190] [--shape array|frags]
@@ -146,6 +147,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             "healthz_worst_s": round(max(latencies), 3), "healthz_probes": len(latencies),
             "rss_before_mib": round(before / 1024, 1), "rss_peak_mib": round(peak / 2**20, 1),
             "vm_hwm_mib": round(hwm / 1024, 1), "peak_over_bodies": round(peak / total, 3),
+            "growth_over_bodies": round((peak - before * 1024) / total, 3),
             "answers": sorted(answers), "rounds_per_s": round((round1 - round0) / (t1 - t0), 2)}
 
 
@@ -171,7 +173,8 @@ def main() -> None:
     print(f"{row['bodies']} x {row['body_mib']} MiB ({row['shape']}): /healthz worst {row['healthz_worst_s']:.3f} s "
           f"over {row['healthz_probes']} probes; node RSS {row['rss_before_mib']} MiB before, peak "
           f"{row['rss_peak_mib']} MiB (VmHWM {row['vm_hwm_mib']} MiB) = {row['peak_over_bodies']:.2f} x the bodies' "
-          f"{row['bodies_bytes'] / 2**20:.0f} MiB; {row['rounds_per_s']} rounds/s; answers {row['answers']}",
+          f"{row['bodies_bytes'] / 2**20:.0f} MiB (growth {row['growth_over_bodies']:.2f} x); "
+          f"{row['rounds_per_s']} rounds/s; answers {row['answers']}",
           file=sys.stderr)
     print(json.dumps(row))
 

@@ -30,7 +30,7 @@ from .attacks import Attack
 from .fragmentation import Fragmentation
 from .report import NodeReport
 from .robust import Aggregator
-from .round import OutgoingMessage, Receipt, RoundReport, RoundState
+from .round import OutgoingMessage, Receipt, RoundReport, RoundState, decoded
 from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
@@ -107,6 +107,15 @@ class Advance:
     report: NodeReport
     taken: RoundReport  # the messages buffered for the next round, accepted (or refused) by its state just now
     sent: RoundReport  # the finished round's outgoing traffic
+
+
+def _not_taking(phase: NodePhase, has_round: bool) -> NodeRefused:
+    """Why a node in `phase` takes no fragment messages (`NodeState.taking`)."""
+    if phase in (P.FINISHED, P.LEFT, P.LEAVING) or (phase is P.WAITING and not has_round):
+        return NodeRefused("finished", f"node is {phase.value}: it takes no more fragments", retry=False)
+    if phase is P.REJOINING:
+        return NodeRefused("not_ready", "node is rejoining the run", retry=True)
+    return NodeRefused("not_ready", f"node is {phase.value}", retry=True)
 
 
 class NodeState:
@@ -283,46 +292,23 @@ class NodeState:
     def receive(self, data: bytes | bytearray | memoryview, sender: int | None = None) -> tuple[Receipt, int]:
         """Take one message: (accepted or buffered, fragments accepted now). WireError if the message is refused,
         NodeRefused if this node cannot take messages in its phase; the state is unchanged then."""
-        round_state = self.taking()
-        try:
-            batch = round_state.decode(data)
-        except WireError as exc:
-            self.count_refused(exc)
-            raise
-        return self.take(batch, len(data), sender)
+        return self.take(decoded(self.taking(), data), len(data), sender)
 
     def taking(self) -> RoundState:
-        """The open round's state, whose `decode` a daemon may run in a worker thread (then `take` or
-        `count_refused` on the loop); NodeRefused if this node takes no messages in its phase."""
-        if not self.takes_fragments:
-            raise self._not_taking()
-        assert self._round is not None
+        """The open round's state (for `decoded`, in a worker thread if need be); NodeRefused if none takes any."""
+        if self._round is None or self.phase not in TAKES_FRAGMENTS:
+            raise _not_taking(self.phase, self._round is not None)
         return self._round
 
-    def take(self, batch: FragmentBatch, nbytes: int, sender: int | None = None) -> tuple[Receipt, int]:
-        """`receive` of a message decoded already (`taking().decode`), maybe while the node moved on: the phase
-        is checked again and the message goes to the round open now."""
-        round_state = self.taking()
-        before = round_state.report.fragments_in
+    def take(self, batch: FragmentBatch | WireError, nbytes: int, sender: int | None = None) -> tuple[Receipt, int]:
+        """`receive` of a message `decoded` already, maybe while the node moved on: it goes to the round open now."""
+        before = (round_state := self.taking()).report.fragments_in
         try:
             receipt = round_state.take(batch, nbytes, sender=sender)
         except WireError as exc:
             self._refused[exc.reason.value] += 1
             raise
         return receipt, round_state.report.fragments_in - before
-
-    def count_refused(self, exc: WireError) -> None:
-        """Count a message that `decode` refused, in this node's and its open round's refusals."""
-        self._refused[exc.reason.value] += 1
-        if self._round is not None:
-            self._round.count_refused(exc)
-
-    def _not_taking(self) -> NodeRefused:
-        if self.phase in (P.FINISHED, P.LEFT, P.LEAVING) or (self.phase is P.WAITING and self._round is None):
-            return NodeRefused("finished", f"node is {self.phase.value}: it takes no more fragments", retry=False)
-        if self.phase is P.REJOINING:
-            return NodeRefused("not_ready", "node is rejoining the run", retry=True)
-        return NodeRefused("not_ready", f"node is {self.phase.value}", retry=True)
 
     def model(self, round: int | None = None) -> tuple[int, np.ndarray] | None:
         """(round, model) kept for `round` (None: the newest model), or None."""

@@ -2,7 +2,7 @@
 (a message that comes before the node can take it waits up to a request timeout) and reads its models and
 status; `Peer` drives the same state from the other side (registration, rounds, leaving).
 
-A message of `OFF_LOOP_BYTES` or more is decoded and validated in a worker thread (`RoundState.decode`: numpy
+A message of `OFF_LOOP_BYTES` or more is decoded and validated in a worker thread (`mosaic_proto.round.decoded`: numpy
 and memcpy, which release the GIL), at most `DECODES_AT_ONCE` at a time and together at most --max-body-bytes
 (one of any size when none other is decoding): its fragments then go to the round open on the loop
 (`NodeState.take`). A smaller one is decoded on the loop: a thread hop costs more than decoding it (measured:
@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from mosaic_proto import FragmentBatch, Layout, NodeRefused, NodeState, Reason, WireError
+from mosaic_proto.round import decoded
 from mosaicd.daemon.http.auth import Keyring
 from mosaicd.daemon.http.body import OFF_LOOP_BYTES
 from mosaicd.daemon.http.limits import BodySlots
@@ -74,17 +75,14 @@ class Inbox:
             self.metrics.accepted(len(body), fragments)
         return 200, {"status": receipt.value, "round": state.round}
 
-    async def _decode(self, body: bytes) -> FragmentBatch:
-        """`body` decoded in a worker thread once a decoding slot is free (WireError counted as refused)."""
+    async def _decode(self, body: bytes) -> FragmentBatch | WireError:
+        """`body` decoded in a worker thread once a decoding slot is free, or why it is refused."""
         round_state = self.state.taking()
         if not await self.decoding.admit("decode", len(body), self.options.request_timeout):
             raise NodeRefused("busy", f"{self.decoding.count} large messages are being decoded; try again",
                               retry=True)
         try:
-            return await asyncio.to_thread(round_state.decode, body)
-        except WireError as exc:
-            self.state.count_refused(exc)
-            raise
+            return await asyncio.to_thread(decoded, round_state, body)
         finally:
             self.decoding.release("decode", len(body))
 
