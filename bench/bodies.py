@@ -82,6 +82,16 @@ def rss_kib(pid: int) -> dict[str, int]:
     return fields
 
 
+def barrier_round(cluster: Cluster) -> int:
+    """The barrier's round (its status, asked again while a loaded barrier does not answer in time)."""
+    for _ in range(30):
+        status = cluster.status(cluster.barrier_port) if cluster.barrier_port else None
+        if status:
+            return int(status.get("round", 0))
+        time.sleep(0.2)
+    raise SystemExit("the barrier does not answer")
+
+
 def get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return json.loads(resp.read())
@@ -126,7 +136,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         helpers = [threading.Thread(target=probe), threading.Thread(target=sample)]
         for h in helpers:
             h.start()
-        round0, t0 = cluster.status(cluster.barrier_port)["round"], time.monotonic()
+        round0, t0 = barrier_round(cluster), time.monotonic()
         answers: list[Any] = []
         posts = [threading.Thread(target=post, args=(port, body, answers)) for body in bodies]
         for p in posts:
@@ -134,7 +144,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         for p in posts:
             p.join()
         time.sleep(1.0)
-        round1, t1 = cluster.status(cluster.barrier_port)["round"], time.monotonic()
+        round1, t1 = barrier_round(cluster), time.monotonic()
         done.set()
         for h in helpers:
             h.join()
