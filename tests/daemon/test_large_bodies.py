@@ -8,6 +8,7 @@ served on loopback; the messages are real ones of its run, sent over real HTTP.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -87,13 +88,13 @@ async def test_healthz_and_a_small_message_are_served_while_a_large_one_decodes(
 
 async def test_a_large_body_that_cannot_be_a_message_is_refused_from_its_heads(node: tuple[str, Inbox]) -> None:
     url, inbox = node
+
     def array(size: int) -> bytes:  # one zero per byte: cbor2 would build a list of that many items
         return b"\x9b" + (size - 9).to_bytes(8, "big") + bytes(size - 9)
 
     head = message(1, [0])
     frags = head[:head.index(b"\x65frags") + 6]  # a header of this run up to its "frags" key
-    bodies = {(400, "bad_header"): array(12 << 20), (400, "bad_fragment"): frags + array(12 << 20),
-              (413, "too_large"): array(24 << 20)}  # more than the K fragments' 16 MiB of floats
+    bodies = {(400, "bad_header"): array(12 << 20), (400, "bad_fragment"): frags + array(12 << 20)}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         for (code, reason), body in bodies.items():
             assert len(body) >= OFF_LOOP_BYTES
@@ -101,4 +102,22 @@ async def test_a_large_body_that_cannot_be_a_message_is_refused_from_its_heads(n
             assert (status, answer["reason"]) == (code, reason), answer
         assert await post(session, url, message(2, [3])) == (200, {"status": "accepted", "round": 0})
     refused = inbox.state.taking().report.refused
-    assert refused == {"bad_header": 1, "bad_fragment": 1, "too_large": 1} and inbox.decoding.count == 0
+    assert refused == {"bad_header": 1, "bad_fragment": 1} and inbox.decoding.count == 0
+
+
+async def test_a_body_longer_than_any_message_of_the_run_is_refused_from_its_request_head(
+        node: tuple[str, Inbox]) -> None:
+    url, inbox = node
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    try:  # the head alone, declaring more than the K fragments' 16 MiB of floats: the body is never sent
+        writer.write(b"POST /v1/fragments HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/cbor\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (24 << 20))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        answer = json.loads(await asyncio.wait_for(reader.readexactly(length), 30))
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 413") and answer["reason"] == "too_large", (head, answer)
+    assert b"connection: close" in head.lower()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        assert await post(session, url, message(2, [3])) == (200, {"status": "accepted", "round": 0})
