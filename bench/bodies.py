@@ -104,6 +104,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cluster.fail_fast = False
     runner = threading.Thread(target=lambda: _run_quietly(cluster), daemon=True)
     runner.start()
+    done = threading.Event()
     try:
         deadline = time.monotonic() + 120
         while not (cluster.barrier_port and (cluster.status(cluster.barrier_port) or {}).get("round", 0)
@@ -116,7 +117,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         bodies = [junk_body(args.mib << 20, args.shape, node) for _ in range(args.bodies)]
         total = sum(len(b) for b in bodies)
         before = rss_kib(pid)["VmRSS"]
-        done, latencies, samples = threading.Event(), [], []
+        latencies, samples = [], []
 
         def probe() -> None:
             while not done.is_set():
@@ -133,11 +134,11 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 samples.append(rss_kib(pid)["VmRSS"])
                 time.sleep(0.02)
 
-        helpers = [threading.Thread(target=probe), threading.Thread(target=sample)]
+        helpers = [threading.Thread(target=probe, daemon=True), threading.Thread(target=sample, daemon=True)]
         for h in helpers:
             h.start()
-        round0, t0 = barrier_round(cluster), time.monotonic()
         answers: list[Any] = []
+        round0, t0 = barrier_round(cluster), time.monotonic()
         posts = [threading.Thread(target=post, args=(port, body, answers)) for body in bodies]
         for p in posts:
             p.start()
@@ -150,6 +151,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             h.join()
         hwm = rss_kib(pid)["VmHWM"]
     finally:
+        done.set()  # the helpers stop, whatever went wrong
         cluster.stop()
         runner.join(timeout=30)
     peak = max(samples) * 1024
