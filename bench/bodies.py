@@ -16,6 +16,7 @@ sampler reads node 0's resident memory from /proc every 20 ms. It prints:
 - each body's answer (status, reason) and the rounds the barrier released per second during the posting window.
 
 Usage: flock /tmp/bench.lock .venv/bin/python bench/bodies.py [--bodies 4] [--mib 190] [--shape array|frags]
+           [--dim 100000] [--nodes 4] [--fragments 4] [--round-deadline 10]
 The last line of stdout is one JSON object with these figures.
 """
 
@@ -98,8 +99,8 @@ def get_json(url: str) -> Any:
 
 
 def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    settings = Settings(nodes=4, rounds=100_000, fragments=4, fanout=2, dim=args.dim, eval_every=0, train=False,
-                        round_deadline=10.0, insecure=True, out=out)
+    settings = Settings(nodes=args.nodes, rounds=100_000, fragments=args.fragments, fanout=args.nodes - 1, dim=args.dim,
+                        eval_every=0, train=False, round_deadline=args.round_deadline, insecure=True, out=out)
     cluster = Cluster(settings, progress=False)
     cluster.fail_fast = False
     runner = threading.Thread(target=lambda: _run_quietly(cluster), daemon=True)
@@ -175,7 +176,11 @@ def main() -> None:
     parser.add_argument("--bodies", type=int, default=4)
     parser.add_argument("--mib", type=int, default=190)
     parser.add_argument("--shape", choices=("array", "frags"), default="array")
-    parser.add_argument("--dim", type=int, default=100_000, help="the run's model size (floats)")
+    parser.add_argument("--dim", type=int, default=100_000, help="the run's model size (floats): with 50000000 and "
+                        "more, 190 MiB is not too large for a message of the run, and its CBOR heads refuse it")
+    parser.add_argument("--nodes", type=int, default=4, help="members (each sends to all others)")
+    parser.add_argument("--fragments", type=int, default=4)
+    parser.add_argument("--round-deadline", type=float, default=10.0)
     parser.add_argument("--warmup", type=int, default=3, help="rounds released before the bodies are posted")
     parser.add_argument("--probe-every", type=float, default=0.05)
     parser.add_argument("--keep", type=Path, help="keep the run's folder here")
