@@ -99,8 +99,9 @@ def get_json(url: str) -> Any:
 
 
 def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    settings = Settings(nodes=args.nodes, rounds=100_000, fragments=args.fragments, fanout=args.nodes - 1, dim=args.dim,
-                        eval_every=0, train=False, round_deadline=args.round_deadline, insecure=True, out=out)
+    settings = Settings(nodes=args.nodes, rounds=100_000, fragments=args.fragments, fanout=min(2, args.nodes - 1),
+                        dim=args.dim, eval_every=0, train=False, round_deadline=args.round_deadline, insecure=True,
+                        out=out)
     cluster = Cluster(settings, progress=False)
     cluster.fail_fast = False
     runner = threading.Thread(target=lambda: _run_quietly(cluster), daemon=True)
@@ -178,7 +179,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=("array", "frags"), default="array")
     parser.add_argument("--dim", type=int, default=100_000, help="the run's model size (floats): with 50000000 and "
                         "more, 190 MiB is not too large for a message of the run, and its CBOR heads refuse it")
-    parser.add_argument("--nodes", type=int, default=4, help="members (each sends to all others)")
+    parser.add_argument("--nodes", type=int, default=4, help="members (fanout 2, or 1 with two)")
     parser.add_argument("--fragments", type=int, default=4)
     parser.add_argument("--round-deadline", type=float, default=10.0)
     parser.add_argument("--warmup", type=int, default=3, help="rounds released before the bodies are posted")
