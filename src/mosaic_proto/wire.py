@@ -259,8 +259,9 @@ def check_structure(data: bytes | memoryview, fragmentation: Fragmentation) -> N
     Only heads are read and strings skipped, and it stops at the first head beyond what a message of this run
     holds: a map of 8 entries at the top and no map below it, `frags` of at most K items, pairs below that,
     nesting of at most `_MAX_DEPTH`, `_ITEMS_PER_FRAGMENT` items per fragment, header strings of at most
-    `_MAX_HEADER_STRING` bytes and others no longer than the longest fragment. So a body's claims cost nothing before it
-    is refused, and what passes decodes (cbor2) into O(K) objects whatever its size.
+    `_MAX_HEADER_STRING` bytes and others no longer than the longest fragment. So a body's claims cost nothing
+    before it is refused, and what passes decodes (cbor2) into O(K) objects whatever its size. (A message of the
+    run encoded in a way no sender here writes, such as byte strings in thousands of chunks, is refused too.)
     """
     limit = max_message_bytes(fragmentation)
     if len(data) > limit:
