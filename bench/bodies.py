@@ -160,8 +160,8 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return {"bodies": args.bodies, "body_mib": args.mib, "shape": args.shape, "bodies_bytes": total,
             "healthz_worst_s": round(max(latencies), 3), "healthz_probes": len(latencies),
             "rss_before_mib": round(before / 1024, 1), "rss_peak_mib": round(peak / 2**20, 1),
-            "vm_hwm_mib": round(hwm / 1024, 1), "peak_over_bodies": round(peak / total, 3),
-            "growth_over_bodies": round((peak - before * 1024) / total, 3),
+            "vm_hwm_mib": round(hwm / 1024, 1), "peak_over_bodies": round(peak / max(total, 1), 3),
+            "growth_over_bodies": round((peak - before * 1024) / max(total, 1), 3),
             "answers": sorted(answers), "rounds_per_s": round((round1 - round0) / (t1 - t0), 2)}
 
 
@@ -174,7 +174,7 @@ def _run_quietly(cluster: Cluster) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bodies", type=int, default=4)
+    parser.add_argument("--bodies", type=int, default=4, help="0: the same window without bodies (a control)")
     parser.add_argument("--mib", type=int, default=190)
     parser.add_argument("--shape", choices=("array", "frags"), default="array")
     parser.add_argument("--dim", type=int, default=100_000, help="the run's model size (floats): with 50000000 and "
