@@ -10,7 +10,7 @@ puts the same array as the `frags` of a message whose other fields are this run'
 Meanwhile a prober GETs node 0's /healthz (a new connection each time, every --probe-every seconds) and a
 sampler reads node 0's resident memory from /proc every 20 ms. It prints:
 
-- /healthz worst latency while the bodies were in flight (until the last answer, plus one second), probes;
+- /healthz worst latency while the bodies were in flight (until the last answer, plus --settle seconds), probes;
 - node 0's peak RSS (sampled, and the kernel's VmHWM), its RSS before, and the peak's ratio to the bodies' bytes
   (and the growth's, peak less before: with a large --dim the node's own models weigh in);
 - each body's answer (status, reason) and the rounds the barrier released per second during the posting window.
@@ -146,7 +146,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             p.start()
         for p in posts:
             p.join()
-        time.sleep(1.0)
+        time.sleep(args.settle)
         round1, t1 = barrier_round(cluster), time.monotonic()
         done.set()
         for h in helpers:
@@ -184,6 +184,7 @@ def main() -> None:
     parser.add_argument("--round-deadline", type=float, default=10.0)
     parser.add_argument("--warmup", type=int, default=3, help="rounds released before the bodies are posted")
     parser.add_argument("--probe-every", type=float, default=0.05)
+    parser.add_argument("--settle", type=float, default=1.0, help="seconds measured after the last answer")
     parser.add_argument("--keep", type=Path, help="keep the run's folder here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
