@@ -160,8 +160,8 @@ def measure(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return {"bodies": args.bodies, "body_mib": args.mib, "shape": args.shape, "bodies_bytes": total,
             "healthz_worst_s": round(max(latencies), 3), "healthz_probes": len(latencies),
             "rss_before_mib": round(before / 1024, 1), "rss_peak_mib": round(peak / 2**20, 1),
-            "vm_hwm_mib": round(hwm / 1024, 1), "peak_over_bodies": round(peak / max(total, 1), 3),
-            "growth_over_bodies": round((peak - before * 1024) / max(total, 1), 3),
+            "vm_hwm_mib": round(hwm / 1024, 1), "peak_over_bodies": round(peak / total, 3) if total else None,
+            "growth_over_bodies": round((peak - before * 1024) / total, 3) if total else None,
             "answers": sorted(answers), "rounds_per_s": round((round1 - round0) / (t1 - t0), 2)}
 
 
@@ -191,8 +191,8 @@ def main() -> None:
         row = measure(args, args.keep or Path(tmp) / "run")
     print(f"{row['bodies']} x {row['body_mib']} MiB ({row['shape']}): /healthz worst {row['healthz_worst_s']:.3f} s "
           f"over {row['healthz_probes']} probes; node RSS {row['rss_before_mib']} MiB before, peak "
-          f"{row['rss_peak_mib']} MiB (VmHWM {row['vm_hwm_mib']} MiB) = {row['peak_over_bodies']:.2f} x the bodies' "
-          f"{row['bodies_bytes'] / 2**20:.0f} MiB (growth {row['growth_over_bodies']:.2f} x); "
+          f"{row['rss_peak_mib']} MiB (VmHWM {row['vm_hwm_mib']} MiB) = {row['peak_over_bodies']} x the bodies' "
+          f"{row['bodies_bytes'] / 2**20:.0f} MiB (growth {row['growth_over_bodies']} x); "
           f"{row['rounds_per_s']} rounds/s; answers {row['answers']}",
           file=sys.stderr)
     print(json.dumps(row))

@@ -56,24 +56,37 @@ async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[i
         return resp.status, await resp.json()
 
 
+class CountingPool(ThreadPoolExecutor):
+    """A thread pool that counts the work handed to it (the node's body join and decode go there)."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(max_workers=workers)
+        self.submitted = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
 async def test_healthz_and_a_small_message_are_served_while_a_large_one_decodes(node: tuple[str, Inbox]) -> None:
     url, inbox = node
     assert SAMPLER.share(0, 1, K, [0, 1, 2], 0) == tuple(range(K))
     large, small = message(1, list(range(K))), message(2, [3])
     assert len(large) >= OFF_LOOP_BYTES > len(small)
-    # The loop's worker threads: one, held busy until released, so the large message's decode stays pending
-    # in the thread pool for as long as this test looks at the node (a decode on the loop would not wait).
-    loop, release = asyncio.get_running_loop(), threading.Event()
-    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    # The loop's worker threads: one, held busy until released, so the large message's work (its body joined,
+    # then decoded) stays pending in the pool for as long as this test looks at the node; work done on the loop
+    # would not wait for it.
+    loop, release, pool = asyncio.get_running_loop(), threading.Event(), CountingPool(1)
+    loop.set_default_executor(pool)
     held = loop.run_in_executor(None, release.wait, 60)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             pending = asyncio.create_task(post(session, url, large))
-            for _ in range(600):  # the body is in and waits for its decode (bounded wait, no timing asserted)
-                if inbox.decoding.count or pending.done():
+            for _ in range(600):  # until the body is in and its work waits in the pool (bounded; nothing timed)
+                if pool.submitted > 1 or pending.done():
                     break
                 await asyncio.sleep(0.05)
-            assert inbox.decoding.count == 1 and not pending.done()
+            assert pool.submitted == 2 and not pending.done()
             async with session.get(f"{url}/healthz") as resp:
                 assert resp.status == 200
             assert await post(session, url, small) == (200, {"status": "accepted", "round": 0})
@@ -84,6 +97,7 @@ async def test_healthz_and_a_small_message_are_served_while_a_large_one_decodes(
         release.set()
         await held
     assert inbox.state.taking().report.fragments_in == K + 1 and inbox.decoding.count == 0
+    assert pool.submitted == 3  # held, then the large body's join and its decode: none of them on the loop
 
 
 async def test_a_large_body_that_cannot_be_a_message_is_refused_from_its_heads(node: tuple[str, Inbox]) -> None:
