@@ -30,9 +30,9 @@ from .attacks import Attack
 from .fragmentation import Fragmentation
 from .report import NodeReport
 from .robust import Aggregator
-from .round import OutgoingMessage, Receipt, RoundReport, RoundState
+from .round import OutgoingMessage, Receipt, RoundReport, RoundState, decoded
 from .sampling import PeerSampler
-from .wire import DEFAULT_MAX_BYTES, WireError
+from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
 __all__ = ["SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "NodeEvent", "NodePhase", "NodeRefused", "NodeState",
            "NodeStateError"]
@@ -107,6 +107,15 @@ class Advance:
     report: NodeReport
     taken: RoundReport  # the messages buffered for the next round, accepted (or refused) by its state just now
     sent: RoundReport  # the finished round's outgoing traffic
+
+
+def _not_taking(phase: NodePhase, has_round: bool) -> NodeRefused:
+    """Why a node in `phase` takes no fragment messages (`NodeState.taking`)."""
+    if phase in (P.FINISHED, P.LEFT, P.LEAVING) or (phase is P.WAITING and not has_round):
+        return NodeRefused("finished", f"node is {phase.value}: it takes no more fragments", retry=False)
+    if phase is P.REJOINING:
+        return NodeRefused("not_ready", "node is rejoining the run", retry=True)
+    return NodeRefused("not_ready", f"node is {phase.value}", retry=True)
 
 
 class NodeState:
@@ -283,23 +292,23 @@ class NodeState:
     def receive(self, data: bytes | bytearray | memoryview, sender: int | None = None) -> tuple[Receipt, int]:
         """Take one message: (accepted or buffered, fragments accepted now). WireError if the message is refused,
         NodeRefused if this node cannot take messages in its phase; the state is unchanged then."""
-        if not self.takes_fragments:
-            raise self._not_taking()
-        assert self._round is not None
-        before = self._round.report.fragments_in
+        return self.take(decoded(self.taking(), data), len(data), sender)
+
+    def taking(self) -> RoundState:
+        """The open round's state (for `decoded`, in a worker thread if need be); NodeRefused if none takes any."""
+        if self._round is None or self.phase not in TAKES_FRAGMENTS:
+            raise _not_taking(self.phase, self._round is not None)
+        return self._round
+
+    def take(self, batch: FragmentBatch | WireError, nbytes: int, sender: int | None = None) -> tuple[Receipt, int]:
+        """`receive` of a message `decoded` already, maybe while the node moved on: it goes to the round open now."""
+        before = (round_state := self.taking()).report.fragments_in
         try:
-            receipt = self._round.receive(data, sender=sender)
+            receipt = round_state.take(batch, nbytes, sender=sender)
         except WireError as exc:
             self._refused[exc.reason.value] += 1
             raise
-        return receipt, self._round.report.fragments_in - before
-
-    def _not_taking(self) -> NodeRefused:
-        if self.phase in (P.FINISHED, P.LEFT, P.LEAVING) or (self.phase is P.WAITING and self._round is None):
-            return NodeRefused("finished", f"node is {self.phase.value}: it takes no more fragments", retry=False)
-        if self.phase is P.REJOINING:
-            return NodeRefused("not_ready", "node is rejoining the run", retry=True)
-        return NodeRefused("not_ready", f"node is {self.phase.value}", retry=True)
+        return receipt, round_state.report.fragments_in - before
 
     def model(self, round: int | None = None) -> tuple[int, np.ndarray] | None:
         """(round, model) kept for `round` (None: the newest model), or None."""

@@ -76,6 +76,16 @@ class RoundOutcome:
     early: tuple[EarlyMessage, ...]
 
 
+def decoded(state: RoundState, data: bytes | bytearray | memoryview) -> FragmentBatch | WireError:
+    """The message in `data` for `state`'s run, or why it is refused: the part of `RoundState.receive` that changes
+    nothing and reads only the run's constants (fragmentation, id, byte limit), so a daemon may run it in a worker
+    thread and give the result to `take` on its event loop."""
+    try:
+        return decode(data, state.fragmentation, run_id=state.run_id, max_bytes=state.max_bytes)
+    except WireError as exc:
+        return exc
+
+
 class RoundState:
     def __init__(self, *, node: int, round: int, members: Sequence[int], fragmentation: Fragmentation,
                  sampler: PeerSampler, run_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -121,12 +131,18 @@ class RoundState:
 
         `sender`: the member the transport authenticated (a signed request, a client certificate); the
         message must name the same one."""
+        return self.take(decoded(self, data), len(data), sender)
+
+    def take(self, batch: FragmentBatch | WireError, nbytes: int, sender: int | None = None) -> Receipt:
+        """The rest of `receive`, after `decoded`: a message of `nbytes` bytes checked against this round and kept,
+        or the WireError `decoded` gave (counted, raised)."""
         try:
-            batch = decode(data, self.fragmentation, run_id=self.run_id, max_bytes=self.max_bytes)
+            if isinstance(batch, WireError):
+                raise batch
             if sender is not None and batch.sender != sender:
                 raise WireError(Reason.SENDER_MISMATCH, f"the message says sender {batch.sender}, its transport "
                                 f"proved sender {sender}")
-            return self._accept(batch, len(data))
+            return self._accept(batch, nbytes)
         except WireError as exc:
             self.report.refused[exc.reason.value] += 1
             raise

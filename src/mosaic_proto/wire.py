@@ -7,6 +7,9 @@ Encoding writes the CBOR framing by hand around the fragments' own buffers (one 
 message); decoding trusts nothing and raises only `WireError`. Messages of `_ZERO_COPY_MIN_BYTES` and more
 that are laid out exactly as `encode` writes them are parsed without copying the fragments (the arrays are
 read-only views into the message); anything else goes through cbor2. Both feed the same validation.
+Before a message of `_CHECK_MIN_BYTES` or more goes to cbor2, `check_structure` reads its CBOR heads only and
+refuses what cannot be a message of this run (an array of 200 million items, a string of a gigabyte), so cbor2
+never allocates in proportion to what a body claims.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ _MAX_RUN_ID = 128
 _KEYSET = frozenset(_KEYS)
 # Messages at least this big are parsed by `_fast_parse` (no copy of the fragments); cbor2 is quicker below.
 _ZERO_COPY_MIN_BYTES = 1 << 16
+# What `check_structure` lets a message hold: header strings (the run id in UTF-8 at most), nesting (a tag counts),
+# CBOR items (heads) per fragment, and bytes of framing beyond the fragments' floats (non-canonical heads).
+_CHECK_MIN_BYTES = 1 << 16  # smaller bodies go to cbor2 as they are: they cannot claim much
+_MAX_HEADER_STRING = 4 * _MAX_RUN_ID
+_MAX_DEPTH = 6
+_ITEMS_PER_FRAGMENT = 8
+_FRAMING_SLACK = 1024
 
 
 class Reason(StrEnum):
@@ -182,7 +192,7 @@ def _head_at(data: bytes, pos: int) -> tuple[int, int, int] | None:
     return initial >> 5, int.from_bytes(data[pos + 1:end], "big"), end
 
 
-def _fast_parse(data: bytes) -> dict | None:
+def _fast_parse(data: bytes, max_frags: int = _MAX_ID) -> dict | None:
     """The message as decoded objects, for exactly the canonical layout `encode` writes; None for anything else.
 
     It only recognises well-formed CBOR (it gives up on anything it does not expect), so every message it
@@ -204,7 +214,7 @@ def _fast_parse(data: bytes) -> dict | None:
         if major == 0:
             obj[key] = arg
         elif major in (2, 3):
-            if pos + arg > len(data):
+            if arg > _MAX_HEADER_STRING or pos + arg > len(data):
                 return None
             raw = data[pos:pos + arg]
             pos += arg
@@ -217,7 +227,7 @@ def _fast_parse(data: bytes) -> dict | None:
                     return None
         else:
             return None
-    if major != 4 or arg * 4 > len(data) - pos:  # every fragment item takes at least 4 bytes
+    if major != 4 or arg > max_frags or arg * 4 > len(data) - pos:  # every fragment item takes at least 4 bytes
         return None
     frags = []
     for _ in range(arg):
@@ -236,6 +246,111 @@ def _fast_parse(data: bytes) -> dict | None:
         return None
     obj["frags"] = frags
     return obj
+
+
+def max_message_bytes(fragmentation: Fragmentation) -> int:
+    """The most bytes a message of this run can take: all K fragments' floats plus generous framing."""
+    return 4 * fragmentation.dim + _ITEMS_PER_FRAGMENT * 8 * fragmentation.k + _FRAMING_SLACK
+
+
+def check_structure(data: bytes | memoryview, fragmentation: Fragmentation) -> None:
+    """Refuse, from its CBOR heads alone, a body that cannot be a message of this run; None if it may be one.
+
+    Only heads are read and strings skipped, and it stops at the first head beyond what a message of this run
+    holds: a map of 8 entries at the top and no map below it, `frags` of at most K items, pairs below that,
+    nesting of at most `_MAX_DEPTH`, `_ITEMS_PER_FRAGMENT` items per fragment, header strings of at most
+    `_MAX_HEADER_STRING` bytes and others no longer than the longest fragment. So a body's claims cost nothing
+    before it is refused, and what passes decodes (cbor2) into O(K) objects whatever its size. (A message of the
+    run encoded in a way no sender here writes, such as byte strings in thousands of chunks, is refused too.)
+    """
+    limit = max_message_bytes(fragmentation)
+    if len(data) > limit:
+        raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes: no message of this run is over {limit} bytes")
+    k = fragmentation.k
+    budget = 64 + _ITEMS_PER_FRAGMENT * k
+    longest = max(_MAX_HEADER_STRING, 4 * max(len(ix) for ix in fragmentation.indices))
+    stack: list[list[int]] = []  # open containers, tags and chunked strings: [items left or -1, major, items so far]
+    pos, items, end = 0, 0, len(data)
+    while True:
+        if pos >= end:
+            raise WireError(Reason.MALFORMED, "the CBOR item ends before its declared contents")
+        if data[pos] == 0xFF:  # the end of an indefinite-length item
+            if not stack or stack[-1][0] != -1:
+                raise WireError(Reason.MALFORMED, f"unexpected break at byte {pos}")
+            stack.pop()
+            pos += 1
+        else:
+            items += 1
+            if items > budget:
+                raise WireError(Reason.MALFORMED, f"more than {budget} CBOR items: no message of K={k} has as many")
+            major, arg, pos = _structure_head(data, pos)
+            if _opens(stack, major, arg, pos, end, k, longest):
+                continue
+            if major in (2, 3) and arg >= 0:
+                pos += arg
+        if _close(stack, k):
+            break
+    if pos != end:
+        raise WireError(Reason.MALFORMED, f"{end - pos} trailing bytes after the message")
+
+
+def _structure_head(data: bytes | memoryview, pos: int) -> tuple[int, int, int]:
+    """(major, argument or -1 for an indefinite length, position after the head) for `check_structure`."""
+    initial = data[pos]
+    if initial & 31 == 31:
+        if initial >> 5 not in (2, 3, 4, 5):
+            raise WireError(Reason.MALFORMED, f"indefinite length on major type {initial >> 5} at byte {pos}")
+        return initial >> 5, -1, pos + 1
+    head = _head_at(bytes(data[pos:pos + 9]), 0)
+    if head is None:
+        raise WireError(Reason.MALFORMED, f"not a CBOR head at byte {pos}")
+    return head[0], head[1], pos + head[2]
+
+
+def _opens(stack: list[list[int]], major: int, arg: int, pos: int, end: int, k: int, longest: int) -> bool:
+    """Check one head against where it stands; True if it opened something whose items follow."""
+    depth = len(stack)
+    if depth >= _MAX_DEPTH:
+        raise WireError(Reason.MALFORMED, f"nested more than {_MAX_DEPTH} deep")
+    if depth == 0 and (major != 5 or arg not in (-1, len(_KEYS))):
+        raise WireError(Reason.BAD_HEADER, f"expected a map of {len(_KEYS)} entries at the top")
+    if major in (2, 3):
+        cap = _MAX_HEADER_STRING if depth == 1 else longest
+        if arg > end - pos:
+            raise WireError(Reason.MALFORMED, f"a string of {arg} bytes with {end - pos} bytes left")
+        if arg > cap:
+            raise WireError(Reason.BAD_FRAGMENT if depth > 1 else Reason.BAD_HEADER,
+                            f"a string of {arg} bytes where this run has at most {cap}")
+        if arg < 0:
+            stack.append([-1, major, 0])
+        return arg < 0
+    if major == 5 and depth > 0:
+        raise WireError(Reason.BAD_HEADER, "a map inside the message")
+    if major == 4:
+        cap = k if depth == 1 else 2
+        if arg > cap:
+            raise WireError(Reason.BAD_FRAGMENT, f"an array of {arg} items where this run has at most {cap}")
+    if major == 6 or (major in (4, 5) and arg != 0):  # a tag wraps one item
+        stack.append([-1 if arg < 0 else (1 if major == 6 else arg * (2 if major == 5 else 1)), major, 0])
+        return True
+    return False
+
+
+def _close(stack: list[list[int]], k: int) -> bool:
+    """One item is complete: count it in the containers it ends; True when the top-level item is complete."""
+    while stack:
+        top = stack[-1]
+        if top[0] == -1:  # indefinite: bounded by count
+            top[2] += 1
+            cap = (2 * len(_KEYS) if len(stack) == 1 else k if len(stack) == 2 else 2) if top[1] in (4, 5) else None
+            if cap is not None and top[2] > cap:
+                raise WireError(Reason.BAD_FRAGMENT, f"an indefinite container of more than {cap} items")
+            return False
+        top[0] -= 1
+        if top[0] > 0:
+            return False
+        stack.pop()
+    return True
 
 
 def _slow_parse(data: bytes) -> dict:
@@ -269,8 +384,10 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
         data = view.tobytes()
     if len(data) > max_bytes:
         raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes is over the {max_bytes}-byte limit")
-    obj = _fast_parse(data) if len(data) >= _ZERO_COPY_MIN_BYTES else None
+    obj = _fast_parse(data, fragmentation.k) if len(data) >= _ZERO_COPY_MIN_BYTES else None
     if obj is None:
+        if len(data) >= _CHECK_MIN_BYTES:
+            check_structure(data, fragmentation)
         obj = _slow_parse(data)
     if not isinstance(obj, dict) or obj.keys() != _KEYSET:
         keys = sorted(_show(key) for key in obj)[:20] if isinstance(obj, dict) else _show(obj)

@@ -16,23 +16,26 @@ from mosaic_proto import CONTENT_TYPE, Fragmentation, InMemoryNetwork, Layout, P
 from mosaicd import Peer, Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.http.body import OFF_LOOP_BYTES
 from mosaicd.daemon.http.client import Client, HttpError, _body, _PiecewiseBody
 from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.node.routes import read_body
 
-# K=1 (one contiguous fragment) and K=3 (random fragments); d big enough that every message is a piecewise body
-RUNS = [dict(fragments=1, strategy="random"), dict(fragments=3, strategy="random")]
+# K=1 (one contiguous fragment) and K=3 (random fragments); d big enough that every message is a piecewise body;
+# and K=1 with messages of OFF_LOOP_BYTES and more, which the receivers decode in worker threads (node/inbox.py)
+RUNS = [dict(fragments=1, strategy="random"), dict(fragments=3, strategy="random"),
+        dict(fragments=1, strategy="random", dim=OFF_LOOP_BYTES // 4 + 1000)]
 
 
 @pytest.mark.parametrize("secret", [False, True], ids=["plain", "secret"])
-@pytest.mark.parametrize("run", RUNS, ids=["k1", "k3"])
+@pytest.mark.parametrize("run", RUNS, ids=["k1", "k3", "k1-off-loop"])
 async def test_large_messages_give_the_in_memory_models(tmp_path: Path, kit: Any, run: dict, secret: bool) -> None:
     extra: dict[str, Any] = {}
     if secret:
         (tmp_path / "secret").write_bytes(b"s" * 32)
         extra["secret_file"] = tmp_path / "secret"
-    settings = dict(nodes=4, rounds=3, fanout=2, dim=300_000, seed=7, train=False, eval_every=0, host="127.0.0.1",
-                    port=0, round_deadline=60, register_deadline=30, request_timeout=30, **run, **extra)
+    settings = {**dict(nodes=4, rounds=3, fanout=2, dim=300_000, seed=7, train=False, eval_every=0, host="127.0.0.1",
+                       port=0, round_deadline=60, register_deadline=30, request_timeout=30), **run, **extra}
     barrier_settings = Settings(**settings, out=tmp_path / "barrier")
     barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
     runner = web.AppRunner(barrier_app(barrier), access_log=None)
@@ -59,6 +62,7 @@ async def test_large_messages_give_the_in_memory_models(tmp_path: Path, kit: Any
                 assert not report.refused and report.fragments_unsent == 0 and report.delivered
                 # every message was big enough to be sent as head + pieces
                 assert all(size > 4 * _PiecewiseBody.FIRST for _, size in report.delivered.values())
+                assert "dim" not in run or all(size >= OFF_LOOP_BYTES for _, size in report.delivered.values())
         await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 60)
         for rank, vector in vectors.items():
             assert kit.sha256_f32(vector) == kit.sha256_f32(reference[rank]), rank

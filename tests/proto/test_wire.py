@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import struct
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -304,7 +305,7 @@ def test_colliding_integer_keys_are_refused_quickly() -> None:
     started = time.perf_counter()
     with pytest.raises(WireError) as info:
         decode(data, FR)
-    assert info.value.reason is Reason.MALFORMED
+    assert info.value.reason in (Reason.MALFORMED, Reason.TOO_LARGE)  # TOO_LARGE: over any message of FR's run
     assert time.perf_counter() - started < 0.5
 
 
@@ -461,3 +462,62 @@ def test_fuzz_zero_copy_parser_agrees_with_cbor2() -> None:
         assert fast == slow
         assert [type(v) for v in fast.values()] == [type(slow[k]) for k in fast]
     assert parsed > 100
+
+
+# -- large bodies: refused from their CBOR heads (check_structure) ---------------------------------------------
+
+BIG = Fragmentation.build(Layout.flat(1 << 20), 4, seed=7)  # four fragments of 1 MiB: messages over 64 KiB
+
+
+def big_fields(**overrides: Any) -> dict:
+    frags = [[f, tag(np.ones(len(BIG.indices[f]), np.float32))] for f in range(4)]
+    return {"v": 1, "run": RUN, "round": 0, "sender": 1, "k": 4, "fp": BIG.fingerprint, "dtype": "<f4",
+            "frags": frags, **overrides}
+
+
+def claims(size: int) -> bytes:
+    """An array of `size` zeros: one byte each, and cbor2 would build a list of `size` items."""
+    return b"\x9b" + size.to_bytes(8, "big") + bytes(size)
+
+
+def test_large_messages_pass_the_structure_check_in_any_valid_encoding() -> None:
+    ones = {f: np.ones(len(BIG.indices[f]), np.float32) for f in range(4)}
+    canonical = encode(FragmentBatch(RUN, 0, 1, 4, BIG.fingerprint, ones))
+    indefinite = b"\xbf" + cbor2.dumps(big_fields())[1:] + b"\xff"  # the same map, of indefinite length
+    for data in (canonical, cbor2.dumps(big_fields()), indefinite):
+        wire.check_structure(data, BIG)
+        assert sorted(decode(data, BIG, run_id=RUN).fragments) == [0, 1, 2, 3]
+
+
+def header_then(frags: bytes) -> bytes:
+    return cbor2.dumps(big_fields(frags=[]))[:-1] + frags
+
+
+LARGE_CASES: list[tuple[str, bytes, Reason]] = [
+    ("array_at_the_top", claims(2 << 20), Reason.BAD_HEADER),
+    ("frags_of_millions", header_then(claims(2 << 20)), Reason.BAD_FRAGMENT),
+    ("frags_of_k_plus_one", header_then(b"\x85" + bytes(5) + bytes(1 << 17)), Reason.BAD_FRAGMENT),
+    ("indefinite_frags", header_then(b"\x9f" + bytes(1 << 17) + b"\xff"), Reason.BAD_FRAGMENT),
+    ("map_in_a_field", cbor2.dumps(big_fields(sender={i: 0 for i in range(1 << 15)}, frags=[])), Reason.BAD_HEADER),
+    ("long_run_id", cbor2.dumps(big_fields(run="r" * (1 << 17), frags=[])), Reason.BAD_HEADER),
+    ("long_fragment", cbor2.dumps(big_fields(frags=[[0, tag(np.ones(1 << 19, np.float32))]])),
+     Reason.BAD_FRAGMENT),
+    ("deep_tags", header_then(b"\x81\x82\x00" + b"\xc6" * (1 << 16) + b"\x00"), Reason.MALFORMED),
+    ("chunked_bytes", header_then(b"\x81\x82\x00\xd8\x55\x5f" + b"\x40" * (1 << 17) + b"\xff"), Reason.MALFORMED),
+    ("truncated", cbor2.dumps(big_fields())[:-1], Reason.MALFORMED),
+    ("over_any_message_of_the_run", claims(5 << 20), Reason.TOO_LARGE),
+]
+
+
+@pytest.mark.parametrize(("data", "reason"), [(d, r) for _, d, r in LARGE_CASES], ids=[n for n, _, _ in LARGE_CASES])
+def test_a_large_body_that_cannot_be_a_message_is_refused_before_it_is_parsed(data: bytes, reason: Reason) -> None:
+    assert len(data) >= wire._CHECK_MIN_BYTES
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError) as info:
+            decode(data, BIG, run_id=RUN)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.reason is reason, info.value
+    assert peak < 64 << 10, f"{peak} bytes allocated to refuse a {len(data)}-byte body"

@@ -12,7 +12,7 @@ from mosaicd.daemon.http.auth import REGISTER_RUN, auth_middleware, auth_window
 from mosaicd.daemon.http.body import read_body as _read_body
 from mosaicd.daemon.http.endpoints import healthz, metrics_handler, openapi_handler
 from mosaicd.daemon.http.errors import bad_request, json_errors
-from mosaicd.daemon.http.limits import LIMITS, Limits
+from mosaicd.daemon.http.limits import LIMITS, Limits, refusal
 from mosaicd.daemon.http.model_codec import encode_model
 from mosaicd.daemon.node.inbox import Inbox
 
@@ -29,6 +29,9 @@ def node_app(inbox: Inbox) -> web.Application:
     async def fragments(request: web.Request) -> web.Response:
         if request.content_type != CONTENT_TYPE:
             raise bad_request("unsupported_media_type", f"expected {CONTENT_TYPE}, got {request.content_type}", 415)
+        oversized = inbox.oversized(request.content_length)
+        if oversized is not None:  # not read: the connection is closed instead of drained
+            return refusal(413, "too_large", oversized, close=True)
         status, answer = await inbox.receive(await read_body(request), request.get("mosaic_sender"))
         return web.json_response(answer, status=status)
 
