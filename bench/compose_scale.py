@@ -152,6 +152,14 @@ def log_events(compose: list[str], env: dict[str, str]) -> list[dict]:
     return events
 
 
+def container_starts(compose: list[str], env: dict[str, str], t0: float) -> list[float]:
+    """When each node container started, in seconds since `up` (Docker's StartedAt), in order."""
+    ids = subprocess.run([*compose, "ps", "-q", "node"], env=env, capture_output=True, text=True).stdout.split()
+    out = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}}", *ids], capture_output=True,
+                         text=True).stdout.split() if ids else []
+    return sorted(datetime.fromisoformat(t[:26].rstrip("Z") + "+00:00").timestamp() - t0 for t in out)
+
+
 def barrier_health(compose: list[str], env: dict[str, str]) -> dict:
     """The barrier container's health check as Docker saw it during the run: its status, and how many of its
     checks failed (it must stay healthy while it serves, however loaded the host)."""
@@ -254,6 +262,7 @@ def main() -> None:
         kernel_peak = int(peak_file.read_text()) if peak_file.exists() else None
         events = log_events(compose, env)
         health = barrier_health(compose, env)
+        started = container_starts(compose, env, t0)
     finally:
         sampler.stop.set()
         subprocess.run([*compose, "down", "-v"], env=env, capture_output=True)
@@ -293,6 +302,8 @@ def main() -> None:
         "compose": cli_version, "file": str(args.file),
         "gc_thresh": list(thresholds) if thresholds else None,
         "up_returned_s": round(t_started, 1),
+        "up_to_first_node_container_started_s": round(started[0], 1) if started else None,
+        "up_to_last_node_container_started_s": round(started[-1], 1) if started else None,
         "up_to_first_registered_s": round(min(registered), 1) if registered else None,
         "up_to_last_registered_s": round(max(registered), 1) if registered else None,
         "up_to_registration_closed_s": round(closed, 1),

@@ -147,7 +147,8 @@ async def watch_dns(barrier: Barrier) -> None:
 async def watch_registrations(barrier: Barrier) -> None:
     """--expect-settle: count nodes as those registered once none new has come for that many seconds, or for twice
     the longest pause between two registrations so far, whichever is longer (replicas that start on a loaded
-    host come in bursts)."""
+    host come in bursts); three times as long while too few came for the run's fanout (more are likely on their
+    way; if not, the run fails saying why)."""
     changed, last, longest = barrier.now(), 0, 0.0
     while barrier.state.phase is BarrierPhase.REGISTERING:
         count = len(barrier.state.pending)
@@ -155,7 +156,8 @@ async def watch_registrations(barrier: Barrier) -> None:
             if last:
                 longest = max(longest, barrier.now() - changed)
             last, changed = count, barrier.now()
-        if count and barrier.now() - changed >= max(barrier.options.expect_settle, 2 * longest):
+        settle = max(barrier.options.expect_settle, 2 * longest) * (1 if count > barrier.run.fanout else 3)
+        if count and barrier.now() - changed >= settle:
             barrier.state.expected = count
             maybe_close(barrier)
         barrier.metrics.expected.set(barrier.state.expected)
