@@ -16,7 +16,7 @@ from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
 from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.node import checkpoint
 from mosaicd.daemon.node.peer import Peer
-from mosaicd.daemon.node.warmup import prefetch
+from mosaicd.daemon.node.warmup import prefetch_in_background
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, Settings
 
@@ -29,7 +29,7 @@ async def run_node(settings: Settings, task: Any = None) -> int:
     node leave the run (it tells the barrier, which stops waiting for it) and exit 0; an error after registration
     makes it leave too, saying why, before the error ends the process."""
     keep_freed_memory()  # this process is a node: let it reuse what each round frees (daemon/server.py)
-    prefetched = None if task is not None else asyncio.ensure_future(asyncio.to_thread(prefetch, settings.task))
+    prefetched = None if task is not None else prefetch_in_background(settings.task)
     run = settings.run_config() if settings.peer_list is not None else None
     options = settings.daemon_options()
     saved = checkpoint.load(checkpoint.state_dir(options), options.resume_round)

@@ -1,7 +1,9 @@
 """Start-up work done before a node knows its rank: import the task's modules, pay torch's first-call costs.
 
 `prefetch` runs in a thread while a node registers (registration waits for every node anyway), so a node
-that is told the run is already past the imports. `warm_up` is the warm start's (`mosaicd cluster`): one
+that is told the run is already past the imports; `prefetch_in_background` runs it at the lowest CPU priority
+(that thread only), so that where dozens of nodes start at once on few cores (compose) every node registers
+first and the imports fill the wait. `warm_up` is the warm start's (`mosaicd cluster`): one
 forward and backward pass of a built task, in the process that then forks the nodes. It runs with one torch
 thread, so that no OpenMP pool thread exists at the fork (GNU libgomp's pool does not survive fork(); a child
 that uses it can hang); each forked process sets the run's thread count itself (`set_threads`).
@@ -9,7 +11,10 @@ that uses it can hang); each forked process sets the run's thread count itself (
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
+import threading
 import time
 from importlib import import_module
 from typing import Any
@@ -27,6 +32,28 @@ def prefetch(task: TaskName) -> None:
         import_module(TASK_CLASSES[task].split(":")[0])
     except (ImportError, MissingExtra, KeyError, ValueError):
         pass
+
+
+def prefetch_in_background(task: TaskName) -> asyncio.Future:
+    """`prefetch(task)` in a thread of its own at nice 19 (Linux sets it per thread); done when it is."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def work() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):  # not Linux: a thread of normal priority
+            pass
+        try:
+            prefetch(task)
+        finally:
+            try:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+            except RuntimeError:  # the loop ended meanwhile (the node stopped before it needed the imports)
+                pass
+
+    threading.Thread(target=work, name="mosaic-prefetch", daemon=True).start()
+    return done
 
 
 def set_threads(threads: int) -> None:
