@@ -11,7 +11,7 @@ cold (`warm=False`: every process a fresh interpreter, as before). Figures per v
   launcher's `Cluster.run` to its return (every process exited), the figure a user waits;
 - `cpu_s`: user + system seconds of every cluster process (the launcher's children and their children, all
   reaped: getrusage(RUSAGE_CHILDREN) before and after), and `launcher_cpu_s` (the polling launcher itself);
-- memory: /proc/PID/smaps_rollup's Pss of every cluster process, sampled every 0.5 s; the sample with the
+- memory: /proc/PID/smaps_rollup's Pss of every cluster process, sampled every 2 s; the sample with the
   largest total is kept (`pss_total_mib`), with the median and largest node (`pss_node_median_mib`,
   `pss_node_max_mib`) and the barrier (`pss_barrier_mib`) in that sample;
 - the final models' hashes (cluster == cluster: both variants must agree bit for bit).
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import resource
 import statistics
@@ -63,9 +64,12 @@ def pss_bytes(pid: int | None) -> int | None:
 
 
 class PssSampler:
-    """Every `every` seconds, the Pss of each cluster process; keeps the sample with the largest total."""
+    """Every `every` seconds, the Pss of each cluster process; keeps the sample with the largest total.
 
-    def __init__(self, cluster: Cluster, every: float = 0.5) -> None:
+    Not more often: reading smaps_rollup walks a process's page tables under its mmap lock (17 processes every
+    0.5 s took ~5% of the run's samples in a profile, on the cores the cluster runs on)."""
+
+    def __init__(self, cluster: Cluster, every: float = 2.0) -> None:
         self.cluster, self.every = cluster, every
         self.peak: dict[str, int] = {}
         self.samples = 0
@@ -106,13 +110,17 @@ def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, An
     after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     after_self = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after_children.ru_utime - before_children.ru_utime) + (after_children.ru_stime - before_children.ru_stime)
+    user = after_children.ru_utime - before_children.ru_utime
+    switches = (after_children.ru_nvcsw - before_children.ru_nvcsw,
+                after_children.ru_nivcsw - before_children.ru_nivcsw)
     own = (after_self.ru_utime - before_self.ru_utime) + (after_self.ru_stime - before_self.ru_stime)
     peak = sampler.peak
     node_pss = sorted(v for k, v in peak.items() if k != "barrier")
     final = summary.get("final") or {}
     return {
         "wall_s": summary.get("wall_s"), "launch_wall_s": round(launch_wall, 3), "cpu_s": round(cpu, 2),
-        "launcher_cpu_s": round(own, 2),
+        "user_s": round(user, 2), "sys_s": round(cpu - user, 2), "voluntary_switches": switches[0],
+        "involuntary_switches": switches[1], "launcher_cpu_s": round(own, 2),
         "pss_total_mib": round(sum(peak.values()) / MIB, 1) if peak else None,
         "pss_node_median_mib": round(statistics.median(node_pss) / MIB, 1) if node_pss else None,
         "pss_node_max_mib": round(node_pss[-1] / MIB, 1) if node_pss else None,
@@ -120,6 +128,38 @@ def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, An
         "pss_samples": sampler.samples, "accuracy": final.get("average_model"),
         "model_sha256": summary.get("model_sha256"),
     }
+
+
+def _simulate_child(settings: Settings, conn: Any) -> None:
+    """In a forked child: `mosaicd simulate`'s run of the same job; its CPU seconds (task built, training,
+    evaluation, in-memory gossip, outputs), its wall and its final models' hash go back on `conn`."""
+    from mosaicd.experiments.simulate import run_simulation
+
+    before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    summary = run_simulation(settings, progress=False, replace=True)  # --repeat: the same folder again
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    conn.send({"cpu_s": round(cpu, 2), "wall_s": round(wall, 3), "model_sha256": summary.get("model_sha256")})
+
+
+def run_simulate(rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
+    """The reference: the same job through `mosaicd simulate` (one process, one torch thread), in a child
+    process so that its CPU seconds are its own."""
+    settings = tutorial_settings(workdir / "simulate", rounds, nodes)
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_simulate_child, args=(settings, send))
+    child.start()
+    send.close()  # the child's end only: a child that fails closes it, and recv raises EOFError
+    try:
+        result = receive.recv()
+    except EOFError:
+        result = None
+    child.join()
+    if result is None:
+        raise SystemExit(f"the simulate reference failed (exit status {child.exitcode}); see above")
+    return result
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -137,6 +177,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant; figures are medians")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold reference")
+    parser.add_argument("--no-simulate", action="store_true", help="skip simulate's CPU-seconds reference")
     parser.add_argument("--workdir", type=Path, default=None, help="where runs go [default: a temporary folder]")
     args = parser.parse_args()
     configure_logging("warning")
@@ -153,8 +194,22 @@ def main() -> None:
                   f"cpu {r['cpu_s']:.1f} s,"
                   f" PSS total {r['pss_total_mib']} MiB, per node median {r['pss_node_median_mib']} MiB "
                   f"(max {r['pss_node_max_mib']}), barrier {r['pss_barrier_mib']} MiB, accuracy {r['accuracy']}")
+        if not args.no_simulate:
+            results["simulate"] = median_of([run_simulate(args.rounds, args.nodes, workdir)
+                                             for _ in range(args.repeat)])
+    cores = os.cpu_count() or 1
     report: dict[str, Any] = {"job": {"nodes": args.nodes, "rounds": args.rounds, "repeat": args.repeat},
-                              "cores": os.cpu_count(), **results}
+                              "cores": cores, **results}
+    if "simulate" in results:
+        sim, warm = results["simulate"], results["warm"]
+        bound = sim["cpu_s"] / cores
+        report["compute_bound_s"] = round(bound, 2)
+        report["ratio_to_bound"] = round(warm["wall_s"] / bound, 3)
+        report["ratio_launch_to_bound"] = round(warm["launch_wall_s"] / bound, 3)
+        report["same_models_simulate"] = sim["model_sha256"] == warm["model_sha256"]
+        print(f"simulate: cpu {sim['cpu_s']:.1f} s (wall {sim['wall_s']:.1f} s); bound on {cores} cores "
+              f"{bound:.1f} s; cluster wall {warm['wall_s']:.1f} s = {report['ratio_to_bound']}x the bound "
+              f"(launch to end {report['ratio_launch_to_bound']}x); same models: {report['same_models_simulate']}")
     if "cold" in results:
         warm, cold = results["warm"], results["cold"]
         report["ratio_wall"] = round(warm["launch_wall_s"] / cold["launch_wall_s"], 3)
