@@ -161,7 +161,11 @@ def render(view: dict[str, Any]) -> Any:
     metrics = b.get("metrics") or {}
     metric = metrics.get("metric", "metric")
     folder = b.get("role") == "run folder"
-    count = f"rounds done {b.get('round')}/{b.get('rounds')}" if folder else f"round {b.get('round')}/{b.get('rounds')}"
+    rounds, at = b.get("rounds"), b.get("round")
+    if folder or b.get("phase") == "finished":  # a finished barrier's open round is past the last one
+        count = f"rounds done {min(at, rounds) if isinstance(at, int) and isinstance(rounds, int) else at}/{rounds}"
+    else:
+        count = f"round {at}/{rounds}"
     head = Text(f"run {b.get('run_id')}  {b.get('phase')}  {count}  "
                 f"live {len(b.get('live') or [])}/{len(b.get('members') or [])}  dropped {b.get('dropped') or []}  "
                 f"left {b.get('left') or []}  "
