@@ -74,7 +74,8 @@ class BarrierConsole:
             self.printer.start_run("", barrier.run.rounds)
             self.said_round = now - ROUND_EVERY_S
         done = min(state.round, barrier.run.rounds)
-        if done > self.rounds_done and (final or now - self.said_round >= ROUND_EVERY_S):
+        last = done >= barrier.run.rounds  # the last round's line at once; the result comes once the run is done
+        if done > self.rounds_done and (final or last or now - self.said_round >= ROUND_EVERY_S):
             self.rounds_done, self.said_round = done, now
             self.printer.on_round(RoundProgress(done - 1, barrier.run.rounds, loss=self.loss(done - 1),
                                                 row=self.new_row(), live=len(state.live),
