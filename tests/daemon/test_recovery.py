@@ -278,5 +278,8 @@ def test_barrier_whose_nodes_all_died_ends_the_run(tmp_path: Path, kit: Any) -> 
         lab.stop()
     summary = json.loads((lab.out / "summary.json").read_text())
     print(f"\nevery node SIGKILLed: the barrier ended the run {ended_in:.2f} s later")
-    assert summary["status"] == "failed" and "every member was dropped" in summary["error"]
-    assert sorted(summary["dropped"]) == [0, 1, 2] and summary["members"] == []  # in the order they were dropped
+    # every member dropped at once, or (a node whose last arrival came a round later) the others first, which
+    # leaves fewer members than the fanout needs: either way the run ends failed, saying who was dropped
+    error = summary["status"] == "failed" and summary["error"]
+    assert error and ("every member was dropped" in error or "fewer than the 2 the run needs" in error), summary
+    assert len(summary["dropped"]) >= 2 and sorted(summary["dropped"] + summary["members"]) == [0, 1, 2]
