@@ -18,10 +18,10 @@ WAITING_EVERY_S = 5.0  # while registering: a line when the count changed, at mo
 ROUND_EVERY_S = 2.0    # a round line at most this often (fast runs: the newest round then)
 
 
-def local_url(host: str, port: int, tls: bool) -> str:
+def local_url(host: str, port: int, scheme: str) -> str:
     """The barrier's URL from this machine (a wildcard address is reached on the loopback)."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    return f"{'https' if tls else 'http'}://{shown}:{port}"
+    return f"{scheme}://{shown}:{port}"
 
 
 def where_lines(barrier: Barrier, url: str) -> list[str]:

@@ -12,6 +12,7 @@ from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.errors import RunEnded
 from mosaicd.daemon.http.auth import check_listen
 from mosaicd.daemon.http.server import serve
+from mosaicd.daemon.http.tls import scheme
 from mosaicd.logs import get_logger, json_logs
 from mosaicd.settings import Settings
 
@@ -28,7 +29,7 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
     runner, port = await serve(barrier_app(barrier), settings, sock)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
     console = None if json_logs(settings.log_json) else asyncio.ensure_future(
-        BarrierConsole(barrier, local_url(settings.host, port, settings.tls_cert is not None)).run())
+        BarrierConsole(barrier, local_url(settings.host, port, scheme(settings))).run())
     try:
         await barrier.done.wait()
         if console is not None:
