@@ -34,10 +34,11 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
     if own_fragments is not None and [len(v) for v in own_fragments] != [len(ix) for ix in fragmentation.indices]:
         raise ValueError("own_fragments must be own's K fragments, in fragment order")
     own = np.asarray(own)
-    plan = []
-    for f, frags_ix in enumerate(fragmentation.indices):
-        senders = sorted(s for s, frags in received.items() if f in frags)
-        plan.append((f, frags_ix, [received[s][f] for s in senders]))
+    parts_of: list[list[np.ndarray]] = [[] for _ in fragmentation.indices]
+    for sender in sorted(received):  # one pass over what came, in ascending sender order
+        for f, values in received[sender].items():
+            parts_of[f].append(values)
+    plan = list(zip(range(fragmentation.k), fragmentation.indices, parts_of, strict=True))
     if all(parts for _, _, parts in plan):
         out = np.empty(own.shape, dtype=np.float32)  # every coordinate is written below
     else:

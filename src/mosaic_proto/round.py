@@ -166,18 +166,19 @@ class RoundState:
             self._early[key] = EarlyMessage(batch, nbytes)
             return Receipt.BUFFERED
         planned = self.sampler.share(self.round, batch.sender, self.fragmentation.k, self.members, self.node) \
-            if self.planned_only else tuple(batch.fragments)
-        unplanned = sorted(set(batch.fragments) - set(planned))
-        if unplanned:
+            if self.planned_only else batch.fragments
+        if unplanned := sorted(f for f in batch.fragments if f not in planned):
             raise WireError(Reason.UNPLANNED_FRAGMENT, f"sender {batch.sender} does not send fragments {unplanned} "
                             f"to node {self.node} in round {self.round} (planned: {list(planned)})")
         if self._own_norms is not None:
             self._check_norms(batch.sender, batch.fragments)
-        have = self._received.get(batch.sender, {})
-        dup = sorted(set(have) & set(batch.fragments))
-        if dup:
+        have = self._received.get(batch.sender)
+        if have is None:
+            self._received[batch.sender] = dict(batch.fragments)
+        elif dup := sorted(f for f in batch.fragments if f in have):
             raise WireError(Reason.DUPLICATE_FRAGMENT, f"sender {batch.sender} already sent fragments {dup}")
-        self._received.setdefault(batch.sender, {}).update(batch.fragments)
+        else:
+            have.update(batch.fragments)
         self.report.messages_in += 1
         self.report.fragments_in += len(batch.fragments)
         self.report.bytes_in += nbytes

@@ -8,7 +8,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from .rng import NONE, Purpose, keyed_rng
+from .rng import NONE, Purpose, keyed_picks, keyed_rng
 
 
 class SamplerKind(StrEnum):
@@ -61,9 +61,7 @@ class PeerSampler:
         """The sorted receivers of `fragment` from `node` in `round`; `members` is sorted and holds `node`."""
         others = self._others(node, members)
         if self.kind is SamplerKind.LOCAL:
-            picks = keyed_rng(self.seed, Purpose.SAMPLING, round, node, fragment).choice(
-                len(others), size=self.fanout, replace=False
-            )
+            picks = keyed_picks(self.seed, Purpose.SAMPLING, round, node, [fragment], len(others), self.fanout)[0]
             return tuple(sorted(others[i] for i in picks))
         graph_round, graph_fragment = (round, fragment) if self.kind is SamplerKind.ORACLE else (NONE, NONE)
         return self._graph(graph_round, graph_fragment, tuple(members))[node]
@@ -126,9 +124,8 @@ class PeerSampler:
         out: dict[int, list[int]] = {}
         if self.kind is SamplerKind.LOCAL:  # `receivers` inlined: `others` once, not once per fragment
             others = self._others(node, members)
-            for f in range(k):
-                picks = keyed_rng(self.seed, Purpose.SAMPLING, round, node, f).choice(
-                    len(others), size=self.fanout, replace=False)
+            for f, picks in enumerate(keyed_picks(self.seed, Purpose.SAMPLING, round, node, range(k), len(others),
+                                                  self.fanout)):
                 for i in picks:
                     out.setdefault(others[i], []).append(f)
         else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import struct
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -94,6 +95,7 @@ class FragmentBatch:
         return sum(len(v) for v in self.fragments.values())
 
 
+@functools.lru_cache(maxsize=4096)  # the same few heads (indices, lengths, rounds) over and over
 def _head(major: int, n: int) -> bytes:
     if n < 24:
         return bytes([major << 5 | n])
@@ -160,6 +162,11 @@ def _show(value: object, limit: int = 40) -> str:
     if value is None or type(value) in (bool, float):
         return repr(value)
     return f"<{type(value).__name__}>"
+
+
+def _finite(values: np.ndarray) -> bool:
+    """No NaN or infinity; a short fragment (high K on a small model) is checked without numpy's per-call cost."""
+    return all(map(math.isfinite, values.tolist())) if values.size <= 32 else bool(np.isfinite(values).all())
 
 
 def _int(value: object, name: str, hi: int = _MAX_ID) -> int:
@@ -246,6 +253,9 @@ def _fast_parse(data: bytes, max_frags: int = _MAX_ID) -> dict | None:
         return None
     obj["frags"] = frags
     return obj
+
+
+_FRAGMENT_VALUE = (cbor2.CBORTag, _Span)  # what a fragment's values decode to: cbor2's tag, or the fast path's span
 
 
 def max_message_bytes(fragmentation: Fragmentation) -> int:
@@ -413,7 +423,7 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
         raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
     fragments: dict[int, np.ndarray] = {}
     for item in frags:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], cbor2.CBORTag | _Span)):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], _FRAGMENT_VALUE)):
             raise WireError(Reason.BAD_FRAGMENT, "each fragment must be [index, typed array]")
         index, tag = item
         if type(index) is not int or not 0 <= index < k:
@@ -430,7 +440,7 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
         if nbytes != expected:
             raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} has {nbytes} bytes, expected {expected}")
         values = np.frombuffer(buffer, dtype=DTYPE, count=nbytes // 4, offset=offset)
-        if not np.isfinite(values).all():
+        if not _finite(values):
             raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
         fragments[index] = values
     return FragmentBatch(run, round_, sender, k, fp, fragments)

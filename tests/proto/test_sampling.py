@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mosaic_proto import PeerSampler, SamplerKind, SamplingError, keyed_rng, regular_digraph
-from mosaic_proto.rng import Purpose
+from mosaic_proto import PeerSampler, SamplerKind, SamplingError, keyed_choice, keyed_rng, regular_digraph
+from mosaic_proto.rng import Purpose, keyed_picks
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -174,9 +174,17 @@ def test_keyed_rng_is_keyed() -> None:
 def reference_plan(sampler: PeerSampler, round: int, node: int, k: int, members: list[int]) -> dict[int, list[int]]:
     """The plan from one `receivers` call per fragment (the definition, with nothing kept)."""
     fresh = PeerSampler(sampler.kind, sampler.fanout, sampler.seed)
+    others = [m for m in members if m != node]
     out: dict[int, list[int]] = {}
     for f in range(k if sampler.kind is not SamplerKind.STATIC else 1):
-        for peer in fresh.receivers(round, node, f, members):
+        if sampler.kind is SamplerKind.LOCAL:  # the spec's definition, straight from numpy's generator
+            picks = keyed_rng(sampler.seed, Purpose.SAMPLING, round, node, f).choice(
+                len(others), size=sampler.fanout, replace=False)
+            receivers = sorted(others[i] for i in picks)
+            assert tuple(receivers) == fresh.receivers(round, node, f, members)
+        else:
+            receivers = fresh.receivers(round, node, f, members)
+        for peer in receivers:
             out.setdefault(peer, []).append(f)
     if sampler.kind is SamplerKind.STATIC:
         out = {peer: list(range(k)) for peer in out}
@@ -202,13 +210,14 @@ def test_a_plan_is_drawn_once_per_round_and_sender(monkeypatch: pytest.MonkeyPat
     import mosaic_proto.sampling as sampling
     calls = Counter()
 
-    def counting(seed: int, purpose: Purpose, round: int = -1, node: int = -1, fragment: int = -1):  # noqa: ANN202
-        calls[(round, node)] += 1
-        return keyed_rng(seed, purpose, round, node, fragment)
+    def counting(seed: int, purpose: Purpose, round: int, node: int, fragments: list[int], *args: int):  # noqa: ANN202
+        fragments = list(fragments)
+        calls[(round, node)] += len(fragments)
+        return keyed_picks(seed, purpose, round, node, fragments, *args)
 
     sampler, members, k = PeerSampler("local", 2, seed=1), list(range(10)), 16
     expected = reference_plan(sampler, 3, 4, k, members)
-    monkeypatch.setattr(sampling, "keyed_rng", counting)
+    monkeypatch.setattr(sampling, "keyed_picks", counting)
     first = sampler.plan(3, 4, k, members)
     first[next(iter(first))].append(99)  # a caller's copy: the kept plan is not changed
     for receiver in members:
@@ -218,3 +227,37 @@ def test_a_plan_is_drawn_once_per_round_and_sender(monkeypatch: pytest.MonkeyPat
     for t in range(4, 4 + sampling.PLAN_ROUNDS + 2):
         sampler.plan(t, 4, k, members)
     assert set(sampler._plans) == set(range(6, 4 + sampling.PLAN_ROUNDS + 2))  # only the last rounds are kept
+
+
+@SETTINGS
+@given(st.integers(0, 2**70), st.sampled_from(list(Purpose)), st.integers(-1, 2**33), st.integers(-1, 2**33),
+       st.lists(st.integers(0, 2**33), min_size=1, max_size=4), st.integers(1, 400), st.data())
+def test_keyed_picks_are_numpys_choices(seed: int, purpose: Purpose, round: int, node: int, fragments: list[int],
+                                        population: int, data: st.DataObject) -> None:
+    """The plain-integer SeedSequence -> PCG64 -> Floyd path picks exactly what numpy's generators pick."""
+    size = data.draw(st.integers(0, population))
+    expected = [frozenset(keyed_rng(seed, purpose, round, node, f).choice(population, size=size, replace=False)
+                          .tolist()) for f in fragments]
+    assert keyed_picks(seed, purpose, round, node, fragments, population, size) == expected
+
+
+def test_keyed_picks_fall_back_to_numpy_where_it_draws_differently(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Numpy shuffles instead of Floyd's sampling for large populations, and a numpy that drew differently
+    would fail the process's self-check: both go through numpy's own generators, with the same picks."""
+    def expected(population: int, size: int) -> list[frozenset[int]]:
+        return [frozenset(keyed_rng(3, Purpose.SAMPLING, 1, 2, f).choice(population, size=size, replace=False)
+                          .tolist()) for f in range(3)]
+
+    drawn = Counter()
+    real = keyed_choice._numpy_choices
+    monkeypatch.setattr(keyed_choice, "_numpy_choices", lambda *a: drawn.update(["numpy"]) or real(*a))
+    assert keyed_picks(3, Purpose.SAMPLING, 1, 2, range(3), 20000, 401) == expected(20000, 401)
+    assert drawn["numpy"] == 1
+    assert keyed_picks(3, Purpose.SAMPLING, 1, 2, range(3), 20000, 400) == expected(20000, 400)
+    assert drawn["numpy"] == 1  # Floyd's, computed here
+    assert keyed_choice.matches_numpy()
+    monkeypatch.setattr(keyed_choice, "matches_numpy", lambda: False)
+    assert keyed_picks(3, Purpose.SAMPLING, 1, 2, range(3), 49, 2) == expected(49, 2)
+    assert drawn["numpy"] == 2
+    with pytest.raises(ValueError, match="cannot take 5 of 4"):
+        keyed_picks(3, Purpose.SAMPLING, 1, 2, range(3), 4, 5)
