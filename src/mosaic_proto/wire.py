@@ -234,10 +234,20 @@ def _fast_parse(data: bytes, max_frags: int = _MAX_ID) -> dict | None:
                     return None
         else:
             return None
-    if major != 4 or arg > max_frags or arg * 4 > len(data) - pos:  # every fragment item takes at least 4 bytes
+    frags = _fragment_spans(data, major, arg, pos, max_frags)
+    if frags is None:
+        return None
+    obj["frags"] = frags
+    return obj
+
+
+def _fragment_spans(data: bytes, major: int, count: int, pos: int, max_frags: int) -> list | None:
+    """The `frags` array whose head (`major`, `count`) ends at `pos`, as [index, _Span] pairs, if it is laid out as
+    `encode` writes it and ends the message; None otherwise."""
+    if major != 4 or count > max_frags or count * 4 > len(data) - pos:  # every fragment item takes >= 4 bytes
         return None
     frags = []
-    for _ in range(arg):
+    for _ in range(count):
         if not data.startswith(b"\x82", pos):
             return None
         head = _head_at(data, pos + 1)
@@ -249,10 +259,27 @@ def _fast_parse(data: bytes, max_frags: int = _MAX_ID) -> dict | None:
             return None
         frags.append([index, _Span(head[2], head[1])])
         pos = head[2] + head[1]
-    if pos != len(data):
+    return frags if pos == len(data) else None
+
+
+def _run_parse(data: bytes, run_id: str, fragmentation: Fragmentation) -> tuple[int, int, list] | None:
+    """(round, sender, fragment spans) of a message laid out exactly as `encode` writes this run's messages: the
+    framing around round and sender is the run's own bytes (version, run id, K, fingerprint and dtype compared
+    in one go), so most messages skip cbor2 and the header's checks. None for anything else."""
+    before_round, sender_key, after_sender = _framing(run_id, fragmentation.k, fragmentation.fingerprint)
+    if not data.startswith(before_round):
         return None
-    obj["frags"] = frags
-    return obj
+    round_ = _head_at(data, len(before_round))
+    if round_ is None or round_[0] != 0 or not data.startswith(sender_key, round_[2]):
+        return None
+    sender = _head_at(data, round_[2] + len(sender_key))
+    if sender is None or sender[0] != 0 or not data.startswith(after_sender, sender[2]):
+        return None
+    frags = _head_at(data, sender[2] + len(after_sender))
+    if frags is None:
+        return None
+    spans = _fragment_spans(data, frags[0], frags[1], frags[2], fragmentation.k)
+    return None if spans is None else (round_[1], sender[1], spans)
 
 
 _FRAGMENT_VALUE = (cbor2.CBORTag, _Span)  # what a fragment's values decode to: cbor2's tag, or the fast path's span
@@ -377,23 +404,9 @@ def _slow_parse(data: bytes) -> dict:
     return obj
 
 
-def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *, run_id: str | None = None,
-           max_bytes: int = DEFAULT_MAX_BYTES) -> FragmentBatch:
-    """Parse and validate one message against this run's fragmentation.
-
-    The returned fragments are read-only float32 arrays; for `bytes` input they are views into `data`
-    (no copy), any other buffer is copied once first so that they never alias memory the caller may reuse.
-    """
-    if not isinstance(data, bytes):
-        try:
-            view = memoryview(data)
-        except TypeError:
-            raise WireError(Reason.MALFORMED, f"expected a bytes-like object, got {type(data).__name__}") from None
-        if view.nbytes > max_bytes:
-            raise WireError(Reason.TOO_LARGE, f"{view.nbytes} bytes is over the {max_bytes}-byte limit")
-        data = view.tobytes()
-    if len(data) > max_bytes:
-        raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes is over the {max_bytes}-byte limit")
+def _header(data: bytes, fragmentation: Fragmentation, run_id: str | None) -> tuple[str, int, int, int, bytes, list]:
+    """Any message that is not laid out as this run's `encode` writes it: parsed (zero-copy when large and
+    canonical, else cbor2 after `check_structure`) and its header checked, each fault named."""
     obj = _fast_parse(data, fragmentation.k) if len(data) >= _ZERO_COPY_MIN_BYTES else None
     if obj is None:
         if len(data) >= _CHECK_MIN_BYTES:
@@ -419,7 +432,35 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
     if type(obj["dtype"]) is not str or obj["dtype"] != DTYPE:
         raise WireError(Reason.BAD_DTYPE, f"dtype must be {DTYPE!r}, got {_show(obj['dtype'])}")
     frags = obj["frags"]
-    if not isinstance(frags, list) or not 0 < len(frags) <= k:
+    if not isinstance(frags, list):
+        raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
+    return run, round_, sender, k, fp, frags
+
+
+def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *, run_id: str | None = None,
+           max_bytes: int = DEFAULT_MAX_BYTES) -> FragmentBatch:
+    """Parse and validate one message against this run's fragmentation.
+
+    The returned fragments are read-only float32 arrays; for `bytes` input they are views into `data`
+    (no copy), any other buffer is copied once first so that they never alias memory the caller may reuse.
+    """
+    if not isinstance(data, bytes):
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise WireError(Reason.MALFORMED, f"expected a bytes-like object, got {type(data).__name__}") from None
+        if view.nbytes > max_bytes:
+            raise WireError(Reason.TOO_LARGE, f"{view.nbytes} bytes is over the {max_bytes}-byte limit")
+        data = view.tobytes()
+    if len(data) > max_bytes:
+        raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes is over the {max_bytes}-byte limit")
+    parsed = _run_parse(data, run_id, fragmentation) if run_id is not None else None
+    if parsed is not None:
+        run, (round_, sender, frags), k, fp = run_id, parsed, fragmentation.k, fragmentation.fingerprint
+        round_, sender = _int(round_, "round"), _int(sender, "sender")
+    else:
+        run, round_, sender, k, fp, frags = _header(data, fragmentation, run_id)
+    if not 0 < len(frags) <= k:
         raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
     fragments: dict[int, np.ndarray] = {}
     for item in frags:
