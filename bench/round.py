@@ -197,6 +197,8 @@ def security(mode: str, secret: Path | None, certs: dict[str, Path] | None) -> d
     extra: dict = {}
     if "secret" in mode:
         extra["secret_file"] = secret
+    else:  # else the cluster makes a secret of its own (secure by default) and "plain" would be signed too
+        extra["insecure"] = True
     if "tls" in mode:
         assert certs is not None
         extra.update(certs, tls_client_auth=True)

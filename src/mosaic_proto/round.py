@@ -202,11 +202,14 @@ class RoundState:
                     del self._received[sender]
                     self._refuse(exc.reason.value, 1)
         sent = fragments if self.attack is None else self._crafted(fragments)
-        messages = []
+        messages, payloads = [], {}  # a message names no receiver: peers sent the same fragments share its bytes
         for peer, frags in self.sampler.planned(self.round, self.node, self.fragmentation.k, self.members).items():
-            batch = FragmentBatch(self.run_id, self.round, self.node, self.fragmentation.k,
-                                  self.fragmentation.fingerprint, {f: sent[f] for f in frags})
-            messages.append(OutgoingMessage(peer, tuple(frags), encode(batch)))
+            payload = payloads.get(frags)
+            if payload is None:
+                payload = payloads[frags] = encode(FragmentBatch(
+                    self.run_id, self.round, self.node, self.fragmentation.k, self.fragmentation.fingerprint,
+                    {f: sent[f] for f in frags}))
+            messages.append(OutgoingMessage(peer, tuple(frags), payload))
         self.report.messages_out = len(messages)
         self.report.fragments_out = sum(len(m.fragments) for m in messages)
         self.report.bytes_out = sum(len(m.payload) for m in messages)

@@ -90,13 +90,15 @@ class Client:
 
     async def request(self, method: str, url: str, *, timeout: float | None = None, retries: int | None = None,
                       round: int = 0, data: bytes = b"", json_body: Any = None,
-                      headers: dict[str, str] | None = None) -> tuple[int, bytes, str]:
+                      headers: dict[str, str] | None = None, digest: str | None = None) -> tuple[int, bytes, str]:
+        """`digest`: `data`'s body digest where the caller has it (one body sent to several peers is hashed once)."""
         assert self._session is not None, "Client used outside 'async with'"
         headers = dict(headers or {})
         if json_body is not None:
             data = json.dumps(json_body).encode()
             headers["Content-Type"] = "application/json"
-        digest = await hash_bytes(data) if self.signer else None  # once per request, off the loop when large
+        if self.signer and digest is None:
+            digest = await hash_bytes(data)  # once per request, off the loop when large
         attempts = 1 + (self.retries if retries is None else retries)
         last = "no attempt"
         for attempt in range(attempts):

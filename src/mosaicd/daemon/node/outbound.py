@@ -12,6 +12,7 @@ import numpy as np
 from mosaic_proto import CONTENT_TYPE, BarrierReason, Layout, OutgoingMessage, Reason
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
+from mosaicd.daemon.http.body import hash_bytes
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import scheme
@@ -25,11 +26,15 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
     quarter of the budget (and a second) is logged with its peer and time."""
     loop = asyncio.get_running_loop()
     started = loop.time()
+    digests: dict[int, asyncio.Future[str | None]] = {}  # by payload: peers sent the same fragments share its bytes
 
     async def send(message: OutgoingMessage, url: str) -> bool:
         try:
+            if client.signer is not None and id(message.payload) not in digests:
+                digests[id(message.payload)] = asyncio.ensure_future(hash_bytes(message.payload))
+            digest = await digests[id(message.payload)] if client.signer is not None else None
             await client.request("POST", url, data=message.payload, round=round,
-                                 headers={"Content-Type": CONTENT_TYPE})
+                                 headers={"Content-Type": CONTENT_TYPE}, digest=digest)
             ok = True
         except Refused as exc:
             ok = exc.reason == Reason.DUPLICATE_FRAGMENT  # an earlier attempt got there
