@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mosaic_proto import BarrierPhase
+from mosaicd.daemon.http.membership import is_wildcard
 from mosaicd.progress import ProgressPrinter, RoundProgress, clock, metrics_text
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ ROUND_EVERY_S = 2.0    # a round line at most this often (fast runs: the newest 
 
 def local_url(host: str, port: int, scheme: str) -> str:
     """The barrier's URL from this machine (a wildcard address is reached on the loopback)."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    shown = "127.0.0.1" if is_wildcard(host) else host
     return f"{scheme}://{shown}:{port}"
 
 

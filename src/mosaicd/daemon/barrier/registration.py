@@ -5,6 +5,7 @@ or the run fails at --register-deadline."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, reopen
@@ -122,43 +123,41 @@ async def registration_deadline(barrier: Barrier) -> None:
 
 
 async def count_nodes(barrier: Barrier) -> None:
-    """Where the barrier is not told the node count (--expect-dns, --expect-settle), learn it while nodes register."""
-    if barrier.options.expect_dns:
-        await watch_dns(barrier)
-    elif barrier.options.expect_settle:
-        await watch_registrations(barrier)
+    """Where the barrier is not told the node count, learn it while nodes register: --expect-dns counts the addresses
+    the name resolves to once they hold still for --dns-settle seconds; --expect-settle counts the nodes registered
+    once none new has come for that many seconds, or for twice the longest pause between two registrations so far,
+    whichever is longer (replicas that start on a loaded host come in bursts), three times as long while too few
+    came for the run's fanout (more are likely on their way; if not, the run fails saying why)."""
+    options = barrier.options
+    if options.expect_dns:
+        async def resolved() -> int:
+            return len(await asyncio.to_thread(resolve_all, options.expect_dns))
+
+        await settled_count(barrier, resolved, lambda count, longest: options.dns_settle, every=0.5)
+    elif options.expect_settle:
+        async def registered() -> int:
+            return len(barrier.state.pending)
+
+        def settle(count: int, longest: float) -> float:
+            return max(options.expect_settle, 2 * longest) * (1 if count > barrier.run.fanout else 3)
+
+        await settled_count(barrier, registered, settle, every=0.25)
 
 
-async def watch_dns(barrier: Barrier) -> None:
-    """Count nodes as the addresses the service name resolves to, once the count holds still."""
-    stable_since, last = barrier.now(), -1
+async def settled_count(barrier: Barrier, read: Callable[[], Awaitable[int]], settle: Callable[[int, float], float],
+                        every: float) -> None:
+    """Count the nodes as `read()` once it has held still for `settle(count, longest pause between two changes so
+    far)` seconds; nothing is counted while it moves."""
+    changed, last, longest = barrier.now(), -1, 0.0
     while barrier.state.phase is BarrierPhase.REGISTERING:
-        count = len(await asyncio.to_thread(resolve_all, barrier.options.expect_dns))
-        if count != last:  # still moving (replicas starting): nothing is counted until it holds still
-            last, stable_since = count, barrier.now()
-            barrier.state.expected = 0
-        if count and barrier.now() - stable_since >= barrier.options.dns_settle:
-            barrier.state.expected = count
-            maybe_close(barrier)
-        barrier.metrics.expected.set(barrier.state.expected)
-        await asyncio.sleep(0.5)
-
-
-async def watch_registrations(barrier: Barrier) -> None:
-    """--expect-settle: count nodes as those registered once none new has come for that many seconds, or for twice
-    the longest pause between two registrations so far, whichever is longer (replicas that start on a loaded
-    host come in bursts); three times as long while too few came for the run's fanout (more are likely on their
-    way; if not, the run fails saying why)."""
-    changed, last, longest = barrier.now(), 0, 0.0
-    while barrier.state.phase is BarrierPhase.REGISTERING:
-        count = len(barrier.state.pending)
+        count = await read()
         if count != last:
-            if last:
+            if last > 0:
                 longest = max(longest, barrier.now() - changed)
             last, changed = count, barrier.now()
-        settle = max(barrier.options.expect_settle, 2 * longest) * (1 if count > barrier.run.fanout else 3)
-        if count and barrier.now() - changed >= settle:
+            barrier.state.expected = 0
+        if count and barrier.now() - changed >= settle(count, longest):
             barrier.state.expected = count
             maybe_close(barrier)
         barrier.metrics.expected.set(barrier.state.expected)
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(every)

@@ -73,13 +73,18 @@ def embedded_barrier_url(options: DaemonOptions) -> str:
     return f"{scheme(options)}://{read_peer_list(options.peer_list, enabled(options))[0]}/barrier"
 
 
+def is_wildcard(host: str) -> bool:
+    """Whether a listening host means every interface (no address a peer could use as it is)."""
+    return host in ("0.0.0.0", "::", "")
+
+
 def own_address(options: DaemonOptions, port: int) -> str:
     """The address peers use to reach this node: --advertise, else the listening host, else (when listening
     on every interface) the local IP of the route towards the barrier."""
     if options.advertise:
         return options.advertise
     host = options.host
-    if host in ("0.0.0.0", "::", ""):
+    if is_wildcard(host):
         host = route_ip(options.barrier_url or (f"http://{read_peer_list(options.peer_list)[0]}"
                                                  if options.peer_list else None))
     return f"{host}:{port}"
