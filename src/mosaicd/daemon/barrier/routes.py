@@ -27,10 +27,10 @@ from aiohttp import web
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, NodeReport, ReportError
 from mosaicd.daemon.barrier import registration
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
-from mosaicd.daemon.http.auth import REGISTER_RUN, auth_middleware, auth_window
-from mosaicd.daemon.http.endpoints import healthz, metrics_handler, openapi_handler
-from mosaicd.daemon.http.errors import bad_request, json_errors, read_json
-from mosaicd.daemon.http.limits import LIMITS, Limits
+from mosaicd.daemon.http.auth import REGISTER_RUN
+from mosaicd.daemon.http.endpoints import member_app
+from mosaicd.daemon.http.errors import bad_request, read_json
+from mosaicd.daemon.http.limits import Limits
 from mosaicd.outputs import clean_json
 
 if TYPE_CHECKING:
@@ -129,13 +129,9 @@ def barrier_app(barrier: Barrier) -> web.Application:
     async def run_of(request: web.Request) -> str:
         return REGISTER_RUN if request.path.endswith("/v1/register") else barrier.run.run_id
 
-    guard = [auth_middleware(barrier.keyring, run_of, auth_window(barrier.options), barrier.metrics.registry)] \
-        if barrier.keyring else []
     limits = Limits(barrier.options, barrier.metrics.registry, registration=lambda: barrier.run.nodes + 10
-                    if barrier.state.phase is BarrierPhase.REGISTERING else 0)  # daemon/limits.py
-    app = web.Application(middlewares=[json_errors, *limits.middlewares, *guard], client_max_size=1024 * 1024)
-    app[LIMITS] = limits
-    app.add_routes([
+                    if barrier.state.phase is BarrierPhase.REGISTERING else 0)  # http/limits.py
+    app = member_app([
         web.post("/v1/register", register),
         web.post("/v1/arrive", arrive),
         web.post("/v1/leave", leave),
@@ -143,10 +139,8 @@ def barrier_app(barrier: Barrier) -> web.Application:
         web.get("/v1/history", history),
         web.get("/", dashboard),
         web.get("/dashboard/{name}", dashboard_asset),
-        web.get("/metrics", metrics_handler(barrier.metrics.registry)),
-        web.get("/healthz", healthz),
-        web.get("/openapi.json", openapi_handler(Path(__file__).parent / "openapi.json")),
-    ])
+    ], options=barrier.options, keyring=barrier.keyring, run_of=run_of, registry=barrier.metrics.registry,
+        limits=limits, max_body=1024 * 1024, openapi=Path(__file__).parent / "openapi.json")
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app

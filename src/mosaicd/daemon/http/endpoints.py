@@ -1,15 +1,21 @@
-"""The endpoints every member serves alike: /metrics, /openapi.json and /healthz."""
+"""What every member's HTTP application has alike: /metrics, /openapi.json and /healthz, and the middlewares."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from mosaicd.daemon.http.errors import Handler
+from mosaicd.daemon.http.auth import Keyring, auth_middleware, auth_window
+from mosaicd.daemon.http.errors import Handler, json_errors
+from mosaicd.daemon.http.limits import LIMITS, Limits
+
+if TYPE_CHECKING:
+    from mosaicd.settings import DaemonOptions
 
 
 class WithoutCreated:
@@ -47,3 +53,17 @@ def openapi_handler(document: Path) -> Handler:
 
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
+
+
+def member_app(routes: list[web.RouteDef], *, options: DaemonOptions, keyring: Keyring | None,
+               run_of: Callable[[web.Request], Awaitable[str | None]], registry: CollectorRegistry, limits: Limits,
+               max_body: int, openapi: Path) -> web.Application:
+    """A member's application: its `routes` and the endpoints every member serves, behind the middlewares in
+    their order: errors as JSON, then the limits (bodies, before the guard reads them), then the cluster secret's
+    guard (with a `keyring`: http/auth.py)."""
+    guard = [auth_middleware(keyring, run_of, auth_window(options), registry)] if keyring else []
+    app = web.Application(middlewares=[json_errors, *limits.middlewares, *guard], client_max_size=max_body)
+    app[LIMITS] = limits
+    app.add_routes([*routes, web.get("/metrics", metrics_handler(registry)), web.get("/healthz", healthz),
+                    web.get("/openapi.json", openapi_handler(openapi))])
+    return app

@@ -8,11 +8,11 @@ from pathlib import Path
 from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE
-from mosaicd.daemon.http.auth import REGISTER_RUN, auth_middleware, auth_window
+from mosaicd.daemon.http.auth import REGISTER_RUN
 from mosaicd.daemon.http.body import read_body as _read_body
-from mosaicd.daemon.http.endpoints import healthz, metrics_handler, openapi_handler
-from mosaicd.daemon.http.errors import bad_request, json_errors
-from mosaicd.daemon.http.limits import LIMITS, Limits, refusal
+from mosaicd.daemon.http.endpoints import member_app
+from mosaicd.daemon.http.errors import bad_request
+from mosaicd.daemon.http.limits import Limits, refusal
 from mosaicd.daemon.http.model_codec import encode_model
 from mosaicd.daemon.node.inbox import Inbox
 
@@ -55,18 +55,8 @@ def node_app(inbox: Inbox) -> web.Application:
     async def run_of(request: web.Request) -> str | None:
         return REGISTER_RUN if request.path.endswith("/v1/register") else await inbox.run_of()
 
-    guard = [auth_middleware(inbox.keyring, run_of, auth_window(inbox.options), inbox.metrics.registry)] \
-        if inbox.keyring else []
-    limits = Limits(inbox.options, inbox.metrics.registry)  # bodies, before the guard reads them (http/limits.py)
-    app = web.Application(middlewares=[json_errors, *limits.middlewares, *guard],
-                          client_max_size=inbox.options.max_body_bytes)
-    app[LIMITS] = limits
-    app.add_routes([
-        web.post("/v1/fragments", fragments),
-        web.get("/v1/status", status),
-        web.get("/v1/model", model),
-        web.get("/metrics", metrics_handler(inbox.metrics.registry)),
-        web.get("/healthz", healthz),
-        web.get("/openapi.json", openapi_handler(Path(__file__).parent / "openapi.json")),
-    ])
-    return app
+    return member_app([web.post("/v1/fragments", fragments), web.get("/v1/status", status),
+                       web.get("/v1/model", model)],
+                      options=inbox.options, keyring=inbox.keyring, run_of=run_of, registry=inbox.metrics.registry,
+                      limits=Limits(inbox.options, inbox.metrics.registry), max_body=inbox.options.max_body_bytes,
+                      openapi=Path(__file__).parent / "openapi.json")
