@@ -46,9 +46,7 @@ class NodeReport:
     @classmethod
     def of_traffic(cls, traffic: RoundReport, **fields_: Any) -> NodeReport:
         """A report from a round state's traffic counts and the node's own `fields_` (loss, phase seconds...)."""
-        counts = {k: getattr(traffic, k) for k in ("round", "messages_out", "fragments_out", "bytes_out", "messages_in",
-                                                   "fragments_in", "bytes_in", "fragments_unsent")}
-        return cls(**{"refused": dict(traffic.refused + traffic.cut), **counts, **fields_})
+        return cls(**{**traffic.to_json(), **fields_})
 
     def with_release(self, wait_s: float, stragglers: tuple[int, ...], **traffic_in: int) -> NodeReport:
         """The same round once it is released: the wait, the stragglers and the incoming traffic counted then."""
