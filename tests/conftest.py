@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import needs  # noqa: F401  (it reads MOSAIC_REQUIRE_* now, before the fixture below clears MOSAIC_*)
 import numpy as np
 import pytest
 import structlog

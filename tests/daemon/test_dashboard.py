@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from needs import lacking
 
 from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
@@ -29,7 +30,6 @@ from mosaicd.experiments.cluster import Cluster
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 # read at import: the autouse fixture `_no_mosaic_env` clears MOSAIC_* variables before each test
-REQUIRE_BROWSER = os.environ.get("MOSAIC_REQUIRE_BROWSER") == "1"
 SCREENSHOT = os.environ.get("MOSAIC_SCREENSHOT") == "1"
 # ~0.1 s a round on loopback once the processes are up (a small d: the barrier builds the d x d curvature before
 # its first evaluation); heterogeneous optima keep consensus distance and node spread above zero, so every chart
@@ -51,10 +51,8 @@ def browser() -> Iterator[Any]:
     except ImportError:
         missing.append("the selenium package (pip install -e '.[test]')")
     if missing:
-        message = f"no headless browser: missing {', '.join(missing)} (apt-get install chromium chromium-driver)"
-        if REQUIRE_BROWSER:
-            pytest.fail(f"MOSAIC_REQUIRE_BROWSER=1 but {message}")
-        pytest.skip(message)
+        lacking("BROWSER", f"no headless browser: missing {', '.join(missing)} (apt-get install chromium "
+                "chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     options.set_capability("goog:loggingPrefs", {"browser": "SEVERE"})  # JS errors, read at the end

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from needs import lacking
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -58,9 +59,7 @@ def compose(request: pytest.FixtureRequest) -> list[str]:
     """Compose v2 (`docker compose`) and v1 (`docker-compose`): the compose files must work with both."""
     cli = COMPOSE_CLIS[request.param]
     if shutil.which(cli[0]) is None or sh(*cli, "version", check=False, timeout=60).returncode != 0:
-        if os.environ.get("MOSAIC_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"MOSAIC_REQUIRE_DOCKER=1 but `{' '.join(cli)}` is not installed (.ci/run installs both)")
-        pytest.skip(f"`{' '.join(cli)}` is not installed")
+        lacking("DOCKER", f"`{' '.join(cli)}` is not installed (.ci/run installs both)")
     return cli
 
 
@@ -78,9 +77,7 @@ def environment(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def image() -> str:
     if shutil.which("docker") is None or sh("docker", "info", check=False, timeout=60).returncode != 0:
-        if os.environ.get("MOSAIC_REQUIRE_DOCKER") == "1":
-            pytest.fail("MOSAIC_REQUIRE_DOCKER=1 but no Docker engine answers `docker info`")
-        pytest.skip("no Docker engine (.ci/run installs and starts one)")
+        lacking("DOCKER", "no Docker engine answers `docker info` (.ci/run installs and starts one)")
     if BASE == "mosaic-base:bookworm":
         sh("deploy/build-base-image.sh", timeout=900)  # a no-op when the image exists
     if not list((ROOT / "wheels").glob("*.whl")):
@@ -338,9 +335,7 @@ def neighbour_thresholds() -> Iterator[Callable[[tuple[int, int, int]], None]]:
         for path, value in zip(NEIGHBOUR_SYSCTLS, saved, strict=True):
             path.write_text(value)
     except OSError as exc:
-        if os.environ.get("MOSAIC_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"MOSAIC_REQUIRE_DOCKER=1 but the neighbour table thresholds cannot be set: {exc}")
-        pytest.skip(f"cannot set the neighbour table thresholds (root only): {exc}")
+        lacking("DOCKER", f"the neighbour table thresholds cannot be set (root only): {exc}")
 
     def set_to(values: tuple[int, int, int]) -> None:
         # gc_thresh1 <= gc_thresh2 <= gc_thresh3 at every step: raise from the top, lower from the bottom

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 from hostlab import HostsLab, load_image, missing
+from needs import lacking
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("MOSAIC_TEST_IMAGE", "mosaic:test")
 BASE = os.environ.get("MOSAIC_BASE", "mosaic-base:bookworm")
 KEEP = os.environ.get("MOSAIC_HOSTS_ENGINES")
-REQUIRE_DOCKER = os.environ.get("MOSAIC_REQUIRE_DOCKER") == "1"
-REQUIRE_NETNS = os.environ.get("MOSAIC_REQUIRE_NETNS") == "1"
 
 
 def _sh(*args: str, timeout: float = 1800) -> None:
@@ -37,15 +36,11 @@ def host_image() -> str:
     """mosaic:test, built on the machine's engine as tests/docker/test_docker.py builds it."""
     why = missing()
     if why:
-        if REQUIRE_NETNS:
-            pytest.fail(f"MOSAIC_REQUIRE_NETNS=1 but {why}")
-        pytest.skip(why)
+        lacking("NETNS", why)
     if shutil.which("dockerd") is None or subprocess.run(["docker", "info"], capture_output=True,
                                                          timeout=60).returncode != 0:
-        if REQUIRE_DOCKER:
-            pytest.fail("MOSAIC_REQUIRE_DOCKER=1 but no Docker engine answers `docker info` (or no dockerd to start "
-                        "the lab's engines)")
-        pytest.skip("no Docker engine (.ci/run installs and starts one)")
+        lacking("DOCKER", "no Docker engine answers `docker info`, or no dockerd to start the lab's engines (.ci/run "
+                "installs and starts one)")
     if BASE == "mosaic-base:bookworm":
         _sh("deploy/build-base-image.sh", timeout=900)  # a no-op when the image exists
     if not list((ROOT / "wheels").glob("*.whl")):

@@ -23,7 +23,6 @@ import subprocess
 import time
 from pathlib import Path
 
-REQUIRE = os.environ.get("MOSAIC_REQUIRE_SLURM") == "1"  # read at import: the tests' fixtures clear MOSAIC_*
 TOOLS = {"munged": "munge", "munge": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm",
          "sbatch": "slurm-wlm", "scontrol": "slurm-wlm", "scancel": "slurm-wlm", "sinfo": "slurm-wlm"}
 
@@ -44,13 +43,11 @@ def missing() -> str | None:
 
 def require_slurm() -> None:
     """Skip the calling test, saying what is missing; fail it instead under MOSAIC_REQUIRE_SLURM=1 (CI)."""
-    import pytest
+    from needs import lacking  # tests/needs.py (on the path under pytest)
 
     why = missing()
     if why:
-        if REQUIRE:
-            pytest.fail(f"MOSAIC_REQUIRE_SLURM=1 but {why}")
-        pytest.skip(why)
+        lacking("SLURM", why)
 
 
 def free_ports(count: int) -> list[int]:

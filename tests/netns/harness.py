@@ -51,19 +51,14 @@ def sh(*args: str, check: bool = True, timeout: float = 30) -> str:
     return proc.stdout
 
 
-REQUIRE = os.environ.get("MOSAIC_REQUIRE_NETNS") == "1"  # read at import: the tests' fixtures clear MOSAIC_*
-
-
 def require_netns() -> None:
     """Skip the calling test, saying what is missing, where the harness cannot run; fail it instead under
     MOSAIC_REQUIRE_NETNS=1 (CI)."""
-    import pytest
+    from needs import lacking  # tests/needs.py (on the path under pytest)
 
     why = missing()
     if why:
-        if REQUIRE:
-            pytest.fail(f"MOSAIC_REQUIRE_NETNS=1 but {why}")
-        pytest.skip(why)
+        lacking("NETNS", why)
 
 
 def missing() -> str | None:
