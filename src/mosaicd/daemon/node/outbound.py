@@ -32,7 +32,7 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
         try:
             if client.signer is not None and id(message.payload) not in digests:
                 digests[id(message.payload)] = asyncio.ensure_future(hash_bytes(message.payload))
-            digest = await digests[id(message.payload)] if client.signer is not None else None
+            digest = await asyncio.shield(digests[id(message.payload)]) if client.signer is not None else None
             await client.request("POST", url, data=message.payload, round=round,
                                  headers={"Content-Type": CONTENT_TYPE}, digest=digest)
             ok = True
