@@ -246,6 +246,20 @@ def test_outgoing_messages_and_report() -> None:
     assert report.fragments_unsent == len(lost.fragments)
 
 
+@pytest.mark.parametrize(("k", "kind"), [(1, "local"), (4, "static"), (4, "local")])
+def test_peers_sent_the_same_fragments_share_one_encoding(k: int, kind: str) -> None:
+    """A message names no receiver: every peer sent the same fragments gets the same bytes, encoded once."""
+    fr = Fragmentation.build(Layout.flat(D), k, seed=3)
+    state = RoundState(node=1, round=2, members=MEMBERS, fragmentation=fr, sampler=PeerSampler(kind, 3, seed=3),
+                       run_id=RUN)
+    messages = state.outgoing(vec(1, 2))
+    assert len(messages) >= 3
+    for a in messages:
+        for b in messages:
+            assert (a.payload is b.payload) == (a.fragments == b.fragments)
+    assert state.report.bytes_out == sum(len(m.payload) for m in messages)
+
+
 def sent_by(node: int, k: int, d: int, n: int, s: int, kind: str = "local") -> tuple[int, int, int, int]:
     """(floats, bytes, messages, fragments) node sends in one round."""
     fr = Fragmentation.build(Layout.flat(d), k, seed=1)
