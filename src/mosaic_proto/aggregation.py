@@ -11,6 +11,9 @@ from .fragmentation import Fragmentation
 # Coordinates summed at a time: the float64 accumulator (256 KiB) and the blocks it reads stay in the CPU's
 # cache while every sender's values are added, instead of streaming a d-long float64 array once per sender.
 BLOCK = 1 << 15
+# Below this many coordinates per fragment (on average), numpy's per-call cost outweighs the work: the fragments'
+# values are scattered into one accumulator in a single `np.add.at` instead (the paper's quadratic: d=16, K=16).
+SCATTER_BELOW = 16
 
 
 def aggregate(own: np.ndarray, fragmentation: Fragmentation,
@@ -27,13 +30,16 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
     reference), but block by block, and a fragment that is one contiguous range (K=1, the contiguous
     strategy) is read and written as a slice instead of gathered and scattered. `block`: coordinates per step
     (the result does not depend on it). `own_fragments`: `own`'s fragments as `fragmentation.views(own)` gave
-    them (the node gathered them to send them), so that they are not gathered again.
+    them (the node gathered them to send them), so that they are not gathered again. A model of fewer than
+    `SCATTER_BELOW` coordinates per fragment goes through `scattered` instead (the same bits).
     """
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     if own_fragments is not None and [len(v) for v in own_fragments] != [len(ix) for ix in fragmentation.indices]:
         raise ValueError("own_fragments must be own's K fragments, in fragment order")
     own = np.asarray(own)
+    if fragmentation.dim < SCATTER_BELOW * fragmentation.k:
+        return scattered(own, fragmentation, received)
     parts_of: list[list[np.ndarray]] = [[] for _ in fragmentation.indices]
     for sender in sorted(received):  # one pass over what came, in ascending sender order
         for f, values in received[sender].items():
@@ -64,3 +70,22 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
         if span is None:
             out[ix] = target
     return out
+
+
+def scattered(own: np.ndarray, fragmentation: Fragmentation,
+              received: Mapping[int, Mapping[int, np.ndarray]]) -> np.ndarray:
+    """`aggregate`'s result, bit for bit, in a few numpy calls whatever K: every received value is added into one
+    float64 copy of `own` by `np.add.at`, which adds in index order, here ascending sender order (a sender sends a
+    coordinate at most once), so each coordinate sees the same float64 sums in the same order; then each is divided
+    by 1 + its count and rounded to float32 once (a coordinate nobody sent is own / 1: unchanged)."""
+    index, values = [], []
+    for sender in sorted(received):
+        for f, part in received[sender].items():
+            index.append(fragmentation.indices[f])
+            values.append(part)
+    if not index:
+        return np.array(own, dtype=np.float32, copy=True)
+    at = np.concatenate(index)
+    acc = own.astype(np.float64)
+    np.add.at(acc, at, np.concatenate(values))
+    return (acc / (np.bincount(at, minlength=fragmentation.dim) + 1.0)).astype(np.float32)

@@ -23,6 +23,7 @@ from mosaic_proto import (
     decode,
     encode,
 )
+from mosaic_proto.aggregation import scattered
 
 SETTINGS = settings(max_examples=30, deadline=None)
 N, D, K, S = 6, 48, 4, 2
@@ -441,6 +442,8 @@ def test_blocked_aggregation_matches_the_plain_one_bit_for_bit(case: tuple[Fragm
     # what RoundState.finish does: the own fragments gathered for sending are summed from, not gathered again
     assert np.array_equal(bits(aggregate(own, fr, received, block=block, own_fragments=fr.views(own))),
                           bits(expected))
+    # a small model per fragment takes the scatter path; both must give the plain aggregation's bits
+    assert np.array_equal(bits(scattered(own, fr, received)), bits(expected))
 
 
 def test_aggregation_across_blocks_of_the_default_size() -> None:
