@@ -51,6 +51,8 @@ async def run_node(settings: Settings, task: Any = None) -> int:
         except Exception as exc:
             if not isinstance(exc, PeerDropped | RunEnded):  # the barrier knows of those already
                 await leave_for(peer, f"error: {exc}", ends_run=isinstance(exc, OutputError | OSError))
+            elif peer.barrier is not None:  # the run this process hosts failed: the others hear it from it
+                await asyncio.sleep(HOST_LINGER_S)  # (their long polls answered, not reset; then their next arrival)
             raise
         await asyncio.sleep(settings.linger)
     return 0
