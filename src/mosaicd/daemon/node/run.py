@@ -52,7 +52,7 @@ async def run_node(settings: Settings, task: Any = None) -> int:
             if not isinstance(exc, PeerDropped | RunEnded):  # the barrier knows of those already
                 await leave_for(peer, f"error: {exc}", ends_run=isinstance(exc, OutputError | OSError))
             elif peer.barrier is not None:  # the run this process hosts failed: the others hear it from it
-                await asyncio.sleep(HOST_LINGER_S)  # (their long polls answered, not reset; then their next arrival)
+                await linger_unless_stopped(stopped)  # (their long polls answered, not reset; their next arrival)
             raise
         await asyncio.sleep(settings.linger)
     return 0
@@ -98,6 +98,14 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     await peer.finish()
     if peer.barrier is not None:
         await peer.barrier.done.wait()
+
+
+async def linger_unless_stopped(stopped: list[str] | None) -> None:
+    """Serve HOST_LINGER_S more, unless this process is told to stop meanwhile (everyone is, under scancel)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + HOST_LINGER_S
+    while not stopped and loop.time() < until:
+        await asyncio.sleep(0.1)
 
 
 def on_signals(work: asyncio.Future) -> list[str]:
