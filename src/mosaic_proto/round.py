@@ -61,14 +61,11 @@ class RoundReport:
     fragments_unsent: int = 0
     cut: Counter = field(default_factory=Counter)  # received fragments the aggregator's rule clipped or trimmed
 
-    def counts(self) -> dict[str, int]:
-        """The round and its traffic counts: everything but the refusals."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("refused", "cut")}
-
     def to_json(self) -> dict:
         """The report as JSON; `refused` holds both kinds of refusal by reason: messages refused (wire reasons,
         out_of_range for --max-norm) and received fragments cut by the aggregator's rule (clipped, trimmed)."""
-        return {**self.counts(), "refused": dict(self.refused + self.cut)}
+        counts = {k: v for k, v in self.__dict__.items() if k not in ("refused", "cut")}
+        return {**counts, "refused": dict(self.refused + self.cut)}
 
 
 @dataclass(frozen=True)
