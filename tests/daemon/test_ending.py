@@ -4,15 +4,25 @@ launcher's console. Real processes on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from aiohttp import web
 
+from mosaic_proto import Layout
+from mosaicd import Peer, Settings
+from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
+from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.errors import RunEnded
 from mosaicd.experiments.cluster import free_ports
 
 # round_deadline 60: a stalled round would take a minute; the tests see the leave within seconds instead
@@ -99,6 +109,48 @@ def test_too_few_members_end_the_run_on_every_process_at_once(tmp_path: Path, ki
     assert "left first" in summary["error"] and "SIGTERM" in summary["error"]
     said = (tmp_path / f"node-{ports[1]}.log").read_text()
     assert "mosaicd node: error:" in said and "fewer than the 3 the run needs" in said
+
+
+async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_failed(tmp_path: Path) -> None:
+    """Rank 0 under scancel: the others leave (too few: the run fails), and rank 0 is told to stop while its
+    barrier still evaluates the last models. summary.json says "failed" and why, never "running"."""
+    run = dict(nodes=3, rounds=50, fragments=2, fanout=2, dim=8, seed=3, train=False, eval_every=1,
+               host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
+    evaluating, go_on, evaluation = threading.Event(), threading.Event(), NetworkEvaluation(tmp_path / "data")
+
+    def slow_evaluation(run: Any, vectors: list[np.ndarray]) -> dict[str, Any]:
+        evaluating.set()
+        go_on.wait(30)
+        return evaluation(run, vectors)
+
+    settings = Settings(**run, out=tmp_path / "barrier")
+    barrier = Barrier(settings.run_config(), settings.daemon_options(), evaluate=slow_evaluation)
+    runner = web.AppRunner(barrier_app(barrier), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    node_settings = Settings(**run, barrier_url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    peers = [Peer(node_settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
+        peers.sort(key=lambda p: p.rank)
+        vectors = {p.rank: np.full(settings.dim, float(p.rank), np.float32) for p in peers}
+        for _ in range(2):
+            results = await asyncio.wait_for(asyncio.gather(*(p.gossip(vectors[p.rank]) for p in peers)), 30)
+            vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
+        assert await asyncio.to_thread(evaluating.wait, 10)
+        await asyncio.wait_for(peers[2].leave("it was told to stop (SIGTERM)"), 4)  # not after the evaluation
+        with pytest.raises(RunEnded):
+            await asyncio.wait_for(peers[0].gossip(vectors[peers[0].rank]), 30)
+        assert not barrier.done.is_set()  # the run's end waits for its evaluations
+        await runner.cleanup()  # the process hosting the barrier stops
+        summary = json.loads((tmp_path / "barrier" / "summary.json").read_text())
+        assert summary["status"] == "failed", summary
+        assert "fewer than the 3 the run needs" in summary["error"] and "SIGTERM" in summary["error"], summary
+        assert summary["left"] == [2] and barrier.done.is_set()
+    finally:
+        go_on.set()
+        await asyncio.gather(*(p.close() for p in peers))
+        await runner.cleanup()
 
 
 @pytest.mark.slow

@@ -73,6 +73,7 @@ class Barrier:
         self._collections: dict[int, asyncio.Task] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._ending: Release | None = None  # the last release, while its evaluations drain
         self.releases = ReleaseLog(self.recorder, self.metrics, self.log)
         self.history = self.releases.history  # per released round: duration, mean phase seconds, stragglers
 
@@ -125,6 +126,12 @@ class Barrier:
             self._timer = asyncio.get_running_loop().call_at(self.state.deadline, self._on_deadline)
 
     async def stop(self) -> None:
+        """The process stops: a failed run still evaluating its last models is recorded as failed now."""
+        if self._ending is not None and not self.done.is_set() and self.state.phase is BarrierPhase.FAILED:
+            try:
+                self._record_end(self._ending)
+            except OSError as exc:
+                self.log.error("output_failed", path=str(exc.filename or self.options.out), error=str(exc))
         if self._timer:
             self._timer.cancel()
         for task in list(self._tasks):
@@ -199,19 +206,30 @@ class Barrier:
         self._published.set()
         self._published = asyncio.Event()
         if release.finished:  # the nodes are free to go once their models are collected; evaluation goes on
+            self._ending = release
+            self._spawn(self._end_after_evaluations(release))
+
+    async def _end_after_evaluations(self, release: Release) -> None:
+        try:
             await self.evaluator.drain()
-            outcome = {"members": list(release.members), "dropped": list(release.dropped),
-                       "addresses": list(self.state.addresses), "events": [e.to_json() for e in self.state.events],
-                       **robustness_summary(self.run),
-                       **({"resumed_at": self.resumed_at} if self.resumed_at is not None else {})}
-            if self.state.phase is BarrierPhase.FAILED:
-                self.log.error("run_failed", detail=self.state.failure)
-                first = next(iter(self.leave_reasons.items()), None)
-                why = f"; rank {first[0]} left first: {first[1]}" if first else ""
-                self.recorder.fail(f"{self.state.failure or 'failed'}{why}", **outcome, left=list(self.state.left))
-            else:
-                self.recorder.finish(self.evaluator.final_vectors, **outcome, left=list(self.state.left))
-            self.done.set()
+            self._record_end(release)
+        except OSError as exc:
+            fail_output(self, exc)
+
+    def _record_end(self, release: Release) -> None:
+        """summary.json says how the run ended (failed: why, and who left first); then `done`."""
+        outcome = {"members": list(release.members), "dropped": list(release.dropped),
+                   "addresses": list(self.state.addresses), "events": [e.to_json() for e in self.state.events],
+                   **robustness_summary(self.run),
+                   **({"resumed_at": self.resumed_at} if self.resumed_at is not None else {})}
+        if self.state.phase is BarrierPhase.FAILED:
+            self.log.error("run_failed", detail=self.state.failure)
+            first = next(iter(self.leave_reasons.items()), None)
+            why = f"; rank {first[0]} left first: {first[1]}" if first else ""
+            self.recorder.fail(f"{self.state.failure or 'failed'}{why}", **outcome, left=list(self.state.left))
+        else:
+            self.recorder.finish(self.evaluator.final_vectors, **outcome, left=list(self.state.left))
+        self.done.set()
 
     async def leave(self, rank: int, reason: str, ends_run: bool = False) -> dict[str, Any]:
         """`rank` leaves the run (a signal, or an error it could not go on after): nobody waits for it from now
