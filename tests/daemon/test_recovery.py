@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from mosaicd import Settings
@@ -283,3 +284,22 @@ def test_barrier_whose_nodes_all_died_ends_the_run(tmp_path: Path, kit: Any) -> 
     error = summary["status"] == "failed" and summary["error"]
     assert error and ("every member was dropped" in error or "fewer than the 2 the run needs" in error), summary
     assert len(summary["dropped"]) >= 2 and sorted(summary["dropped"] + summary["members"]) == [0, 1, 2]
+
+
+def test_a_checkpoint_is_found_whichever_point_a_crash_stopped_its_save_at(tmp_path: Path) -> None:
+    """save() renames the newest checkpoint to the previous one, then the new one into place; a SIGKILL between
+    the two (seen once in CI) leaves only the previous one, which a restarted node must still find."""
+    from mosaicd.daemon.node import checkpoint
+
+    def saved(round: int) -> checkpoint.Checkpoint:
+        return checkpoint.Checkpoint("run", 2, "127.0.0.1:9", round, np.full(4, float(round), np.float32))
+
+    checkpoint.save(tmp_path, saved(3))
+    checkpoint.save(tmp_path, saved(4))
+    assert checkpoint.load(tmp_path).round == 4 and checkpoint.rounds(tmp_path) == [4, 3]
+    (tmp_path / checkpoint.FILE).replace(tmp_path / checkpoint.PREVIOUS)  # the first rename of save(5), no second
+    found = checkpoint.load(tmp_path)
+    assert found is not None and found.round == 4 and found.vector.tolist() == [4.0] * 4
+    assert checkpoint.load(tmp_path, round=4).round == 4 and checkpoint.load(tmp_path, round=3) is None
+    (tmp_path / checkpoint.PREVIOUS).write_bytes(b"torn")
+    assert checkpoint.load(tmp_path) is None

@@ -67,11 +67,9 @@ def load(directory: Path | None, round: int | None = None) -> Checkpoint | None:
     if there is none (or it cannot be read: then it is not used)."""
     if directory is None:
         return None
-    for name in (FILE, PREVIOUS):
+    for name in (FILE, PREVIOUS):  # only the previous one is left if a crash came between save's two renames
         found = _read(directory / name)
         if found is not None and (round is None or found.round == round):
-            return found
-        if round is None:
             return found
     return None
 
