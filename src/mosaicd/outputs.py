@@ -192,6 +192,7 @@ class RunRecorder:
             else 0
         self.losses: dict[int, dict[int, float]] = {}
         self._summary_at = -math.inf  # the first round writes summary.json: from then on `mosaicd runs` lists it
+        self.ended: str | None = None  # "finished" or "failed" once summary.json says so: never "running" again
         (self.out / "summary.json").unlink(missing_ok=True)
         self.round_columns = ROUND_COLUMNS
         for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
@@ -244,11 +245,14 @@ class RunRecorder:
                 "started": _started_text(self.started), "final": self.latest}
 
     def _running(self) -> None:
+        if self.ended is not None:  # an evaluation that completes after the run failed adds its row only
+            return
         self._summary_at = time.monotonic()
         _write_summary(self.out, {**self._base("running"), "wall_s": round_(time.time() - self.started)}, indent=None)
 
     def finish(self, vectors: Mapping[int, np.ndarray], **extra: Any) -> dict[str, Any]:
         """The run finished: summary.json with "status": "finished", the final models' hashes and `extra`."""
+        self.ended = "finished"
         return _write_summary(self.out, {
             **self._base("finished"),
             "model_sha256": {str(k): model_sha256(v) for k, v in sorted(vectors.items())},
@@ -259,6 +263,7 @@ class RunRecorder:
     def fail(self, reason: str, **extra: Any) -> dict[str, Any]:
         """The run failed: summary.json with "status": "failed", "error": `reason` (one line) and the newest
         evaluation."""
+        self.ended = "failed"
         return _write_summary(self.out, {
             **self._base("failed"),
             "error": " ".join(str(reason).split()),

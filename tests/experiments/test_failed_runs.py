@@ -16,7 +16,7 @@ from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.experiments.cluster import Cluster, ClusterFailed
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.data import DataMissing
-from mosaicd.outputs import read_rounds
+from mosaicd.outputs import RunRecorder, read_rounds
 from mosaicd.progress import RoundProgress
 
 QUICK = dict(task="quadratic", nodes=4, dim=8, fragments=2, fanout=1)
@@ -127,3 +127,16 @@ def test_a_running_run_keeps_a_partial_summary_at_every_evaluation(tmp_path: Pat
     assert seen[0] == (0, "running", None)  # progress is there from the first round
     assert seen[1] == (1, "running", 1) and seen[3] == (3, "running", 3)  # a crash would lose at most a round
     assert summary_of(tmp_path)["status"] == "finished"
+
+
+def test_an_evaluation_that_completes_after_the_run_failed_leaves_it_failed(tmp_path: Path) -> None:
+    """CI, under scancel: rank 0 ended the run (failed) while the barrier still evaluated a round, and that
+    evaluation's progress write turned summary.json back to "running". It adds its row only."""
+    recorder = RunRecorder(tmp_path, Settings(nodes=3, rounds=100, eval_every=1), mode="cluster")
+    recorder.network_round(3, {"metric": "loss", "node_average": 1.0, "per_node": [1.0, 1.0]})
+    assert summary_of(tmp_path)["status"] == "running"
+    recorder.fail("rank 0, which hosts the barrier, stopped: it was told to stop (SIGTERM)")
+    recorder.network_round(5, {"metric": "loss", "node_average": 0.5, "per_node": [0.5, 0.5]})
+    summary = summary_of(tmp_path)
+    assert summary["status"] == "failed" and "SIGTERM" in summary["error"] and summary["final"]["round"] == 3
+    assert [r["round"] for r in read_rounds(tmp_path)] == [3, 5]

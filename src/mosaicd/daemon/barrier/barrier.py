@@ -21,7 +21,7 @@ import numpy as np
 
 from mosaic_proto import SNAPSHOTS_KEPT, BarrierError, BarrierPhase, BarrierReason, BarrierState, NodeReport, Release
 from mosaicd.daemon.barrier import journal as barrier_journal
-from mosaicd.daemon.barrier.ending import end_failed, fail_output
+from mosaicd.daemon.barrier.ending import end_after_evaluations, end_failed, fail_output, record_end
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.daemon.barrier.registration import count_nodes, registration_deadline
@@ -29,7 +29,7 @@ from mosaicd.daemon.barrier.release_log import ReleaseLog
 from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.http.auth import Keyring, load_secret
 from mosaicd.logs import get_logger
-from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round, robustness_summary
+from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
 
 
@@ -127,11 +127,11 @@ class Barrier:
 
     async def stop(self) -> None:
         """The process stops: a failed run still evaluating its last models is recorded as failed now."""
-        if self._ending is not None and not self.done.is_set() and self.state.phase is BarrierPhase.FAILED:
+        if self._ending is not None and self.state.phase is BarrierPhase.FAILED:
             try:
-                self._record_end(self._ending)
+                record_end(self, self._ending)
             except OSError as exc:
-                self.log.error("output_failed", path=str(exc.filename or self.options.out), error=str(exc))
+                fail_output(self, exc)
         if self._timer:
             self._timer.cancel()
         for task in list(self._tasks):
@@ -207,29 +207,7 @@ class Barrier:
         self._published = asyncio.Event()
         if release.finished:  # the nodes are free to go once their models are collected; evaluation goes on
             self._ending = release
-            self._spawn(self._end_after_evaluations(release))
-
-    async def _end_after_evaluations(self, release: Release) -> None:
-        try:
-            await self.evaluator.drain()
-            self._record_end(release)
-        except OSError as exc:
-            fail_output(self, exc)
-
-    def _record_end(self, release: Release) -> None:
-        """summary.json says how the run ended (failed: why, and who left first); then `done`."""
-        outcome = {"members": list(release.members), "dropped": list(release.dropped),
-                   "addresses": list(self.state.addresses), "events": [e.to_json() for e in self.state.events],
-                   **robustness_summary(self.run),
-                   **({"resumed_at": self.resumed_at} if self.resumed_at is not None else {})}
-        if self.state.phase is BarrierPhase.FAILED:
-            self.log.error("run_failed", detail=self.state.failure)
-            first = next(iter(self.leave_reasons.items()), None)
-            why = f"; rank {first[0]} left first: {first[1]}" if first else ""
-            self.recorder.fail(f"{self.state.failure or 'failed'}{why}", **outcome, left=list(self.state.left))
-        else:
-            self.recorder.finish(self.evaluator.final_vectors, **outcome, left=list(self.state.left))
-        self.done.set()
+            self._spawn(end_after_evaluations(self, release))
 
     async def leave(self, rank: int, reason: str, ends_run: bool = False) -> dict[str, Any]:
         """`rank` leaves the run (a signal, or an error it could not go on after): nobody waits for it from now

@@ -1,13 +1,46 @@
-"""A run the barrier ends early, failed: a write that could not be made (a full disk...), or the process hosting
-it told to stop. Nothing more is journaled, so the run can be resumed from its last saved decision."""
+"""How the barrier ends a run: summary.json after the last release, once its evaluations are done; or early,
+failed: a write that could not be made (a full disk...), or the process hosting it told to stop. Nothing more
+is journaled after a failure, so the run can be resumed from its last saved decision."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING
 
+from mosaic_proto import BarrierPhase, Release
+from mosaicd.outputs import robustness_summary
+
 if TYPE_CHECKING:
     from mosaicd.daemon.barrier.barrier import Barrier
+
+
+async def end_after_evaluations(barrier: Barrier, release: Release) -> None:
+    """The run's last release: summary.json once its evaluations are done (nobody waits for them meanwhile)."""
+    try:
+        await barrier.evaluator.drain()
+        record_end(barrier, release)
+    except OSError as exc:
+        fail_output(barrier, exc)
+
+
+def record_end(barrier: Barrier, release: Release) -> None:
+    """summary.json says how the run ended (failed: why, and who left first); then `done`. Also called when the
+    barrier's process stops while a failed run still evaluates its last models: it is recorded failed at once.
+    OSError: it could not be written (`fail_output`)."""
+    if barrier.done.is_set():
+        return
+    outcome = {"members": list(release.members), "dropped": list(release.dropped),
+               "addresses": list(barrier.state.addresses), "events": [e.to_json() for e in barrier.state.events],
+               **robustness_summary(barrier.run),
+               **({"resumed_at": barrier.resumed_at} if barrier.resumed_at is not None else {})}
+    if barrier.state.phase is BarrierPhase.FAILED:
+        barrier.log.error("run_failed", detail=barrier.state.failure)
+        first = next(iter(barrier.leave_reasons.items()), None)
+        why = f"; rank {first[0]} left first: {first[1]}" if first else ""
+        barrier.recorder.fail(f"{barrier.state.failure or 'failed'}{why}", **outcome, left=list(barrier.state.left))
+    else:
+        barrier.recorder.finish(barrier.evaluator.final_vectors, **outcome, left=list(barrier.state.left))
+    barrier.done.set()
 
 
 def fail_output(barrier: Barrier, exc: OSError) -> None:
