@@ -27,7 +27,7 @@ from aiohttp import web
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, NodeReport, ReportError
 from mosaicd.daemon.barrier import registration
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
-from mosaicd.daemon.http.auth import REGISTER_RUN
+from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.errors import bad_request, read_json
 from mosaicd.daemon.http.limits import Limits
@@ -59,7 +59,7 @@ def checked_report(report: Any, round: int) -> NodeReport | None:
 
 def proven(request: web.Request, who: str) -> None:
     """With a cluster secret, a request may speak only for the member its signature names."""
-    sender = request.get("mosaic_sender")
+    sender = request.get(SENDER)
     if sender is not None and sender != who:
         raise bad_request("sender_mismatch", f"signed by {sender!r}, but speaks for {who!r}", 403)
 

@@ -24,6 +24,7 @@ from mosaicd.daemon.http.errors import Handler, json_error
 from mosaicd.logs import get_logger
 
 REGISTER_RUN = "register"  # the key for registrations, before a node knows the run
+SENDER = web.RequestKey("mosaic_sender", int)  # the member a request's valid tag proves sent it
 OPEN = frozenset({"/healthz", "/metrics", "/v1/status", "/v1/history", "/", "/openapi.json"})  # read-only views
 
 
@@ -115,7 +116,7 @@ def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[
         except AuthError as exc:
             refused.labels(exc.reason).inc()
             return json_error(401, exc.reason, exc.detail)
-        request["mosaic_sender"] = signed.sender
+        request[SENDER] = signed.sender
         try:
             return await handler(request)
         finally:

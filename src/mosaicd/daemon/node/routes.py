@@ -8,7 +8,7 @@ from pathlib import Path
 from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE
-from mosaicd.daemon.http.auth import REGISTER_RUN
+from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
 from mosaicd.daemon.http.body import read_body as _read_body
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.errors import bad_request
@@ -32,7 +32,7 @@ def node_app(inbox: Inbox) -> web.Application:
         oversized = inbox.oversized(request.content_length)
         if oversized is not None:  # not read: the connection is closed instead of drained
             return refusal(413, "too_large", oversized, close=True)
-        status, answer = await inbox.receive(await read_body(request), request.get("mosaic_sender"))
+        status, answer = await inbox.receive(await read_body(request), request.get(SENDER))
         return web.json_response(answer, status=status)
 
     async def model(request: web.Request) -> web.Response:
