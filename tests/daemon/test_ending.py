@@ -111,6 +111,32 @@ def test_too_few_members_end_the_run_on_every_process_at_once(tmp_path: Path, ki
     assert "mosaicd node: error:" in said and "fewer than the 3 the run needs" in said
 
 
+@pytest.mark.slow
+def test_rank_0_told_to_stop_fails_the_run_and_exits_once_the_others_heard(tmp_path: Path, kit: Any) -> None:
+    """Rank 0 hosts the barrier: told to stop, it ends the run (failed); every other node hears why at its next
+    arrival and exits 1 with the reason, and rank 0 exits as soon as they have (not after HOST_LINGER_S)."""
+    from mosaicd.daemon.node.run import HOST_LINGER_S
+
+    procs, ports = peer_list(kit, tmp_path, RUN)
+    rank0 = ports[0]
+    try:
+        kit.wait_until(lambda: (barrier_status(kit, rank0) or {}).get("round", 0) >= 10, 60, "round 10")
+        procs[rank0].send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        code0 = procs[rank0].wait(timeout=30)
+        took = time.monotonic() - stopped
+        codes = {port: procs[port].wait(timeout=30) for port in ports[1:]}
+    finally:
+        stop_all(procs)
+    assert code0 == 1 and set(codes.values()) == {1}, (code0, codes)
+    assert took < HOST_LINGER_S, took
+    summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "which hosts the barrier, stopped" in summary["error"], summary
+    for port in ports[1:]:
+        said = (tmp_path / f"node-{port}.log").read_text()
+        assert "which hosts the barrier, stopped" in said and "barrier_unreachable" not in said, said[-2000:]
+
+
 async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_failed(tmp_path: Path) -> None:
     """Rank 0 under scancel: the others leave (too few: the run fails), and rank 0 is told to stop while its
     barrier still evaluates the last models. summary.json says "failed" and why, never "running"."""

@@ -131,5 +131,13 @@ def test_scancel_ends_the_run_with_a_failed_summary(slurm: SlurmLab, tmp_path: P
     assert slurm.job_state(jobs[0]) == "CANCELLED"
     assert not list(out.glob(".secret-*"))
     ports = {int(p.rsplit(":", 1)[1]) for p in (out / "peers.txt").read_text().split()}
-    listening = subprocess.run(["ss", "-Htln"], capture_output=True, text=True).stdout
-    assert not [line for line in listening.splitlines() if any(f"127.0.0.1:{p} " in line for p in ports)], listening
+
+    def open_ports() -> list[str]:
+        listening = subprocess.run(["ss", "-Htln"], capture_output=True, text=True).stdout
+        return [line for line in listening.splitlines() if any(f"127.0.0.1:{p} " in line for p in ports)]
+    # Slurm calls the job CANCELLED at once; its tasks exit moments later: rank 0 once every member has heard
+    # that the run failed (not after its 5 s at most, nor KillWait's 20 s)
+    deadline = time.monotonic() + 3
+    while open_ports() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not open_ports(), job_log(out)

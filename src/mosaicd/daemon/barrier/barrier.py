@@ -69,6 +69,7 @@ class Barrier:
         self._published = asyncio.Event()
         self.resumed_at: int | None = None  # the open round this barrier resumed the run at (its journal)
         self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
+        self.heard_failure: set[int] = set()  # ranks answered since the run failed (`ending.unheard`)
         self.output_error: str | None = None  # why the run was ended early (end_failed): nothing more is saved
         self._collections: dict[int, asyncio.Task] = {}
         self._timer: asyncio.TimerHandle | None = None

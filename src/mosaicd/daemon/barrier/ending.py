@@ -67,3 +67,14 @@ def end_failed(barrier: Barrier, reason: str) -> None:
     barrier._published.set()
     barrier._published = asyncio.Event()
     barrier.done.set()
+
+
+def answered(barrier: Barrier, rank: int) -> None:
+    """`rank` got an answer to an arrival or a leave: if the run has failed, that answer said so."""
+    if barrier.state.phase is BarrierPhase.FAILED and rank in barrier.state.live:
+        barrier.heard_failure.add(rank)
+
+
+def unheard(barrier: Barrier, own: int) -> list[int]:
+    """The live members other than `own` not yet told that the run failed: rank 0 serves until this is empty."""
+    return [r for r in barrier.state.live if r != own and r not in barrier.heard_failure]

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, NodeReport, ReportError
 from mosaicd.daemon.barrier import registration
+from mosaicd.daemon.barrier.ending import answered
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
 from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
 from mosaicd.daemon.http.endpoints import member_app
@@ -88,6 +89,8 @@ def barrier_app(barrier: Barrier) -> web.Application:
             return web.json_response(await barrier.arrive(body["rank"], body["round"], report))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
+        finally:
+            answered(barrier, body["rank"])
 
     async def leave(request: web.Request) -> web.Response:
         body = await read_json(request, {"rank": int})
@@ -101,6 +104,8 @@ def barrier_app(barrier: Barrier) -> web.Application:
             return web.json_response(await barrier.leave(body["rank"], reason, body.get("ends_run", False)))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
+        finally:
+            answered(barrier, body["rank"])
 
     async def status(request: web.Request) -> web.Response:
         return web.json_response(barrier_status(barrier))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from mosaicd.daemon.barrier.ending import end_failed
+from mosaicd.daemon.barrier.ending import end_failed, unheard
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
 from mosaicd.daemon.http.server import keep_freed_memory
@@ -52,13 +52,13 @@ async def run_node(settings: Settings, task: Any = None) -> int:
             if not isinstance(exc, PeerDropped | RunEnded):  # the barrier knows of those already
                 await leave_for(peer, f"error: {exc}", ends_run=isinstance(exc, OutputError | OSError))
             elif peer.barrier is not None:  # the run this process hosts failed: the others hear it from it
-                await linger_unless_stopped(stopped)  # (their long polls answered, not reset; their next arrival)
+                await linger_for_the_others(peer, stopped)
             raise
         await asyncio.sleep(settings.linger)
     return 0
 
 
-HOST_LINGER_S = 5.0  # rank 0 of a peer list that stops: how long it still tells arriving nodes the run failed
+HOST_LINGER_S = 5.0  # rank 0 of a peer list that stops: how long at most it still tells the others the run failed
 
 
 async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: checkpoint.Checkpoint | None,
@@ -100,12 +100,17 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
         await peer.barrier.done.wait()
 
 
-async def linger_unless_stopped(stopped: list[str] | None) -> None:
-    """Serve HOST_LINGER_S more, unless this process is told to stop meanwhile (everyone is, under scancel)."""
+async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) -> None:
+    """Rank 0 ended the run it hosts (failed): serve until every other live member has been told so (their long
+    polls answered, not reset; or their next arrival or leave), for HOST_LINGER_S at most, and no longer once
+    this process is told to stop itself. Under scancel every member leaves at once and hears it at once: the
+    job's ports are free within moments of its end."""
+    assert peer.barrier is not None
     loop = asyncio.get_running_loop()
     until = loop.time() + HOST_LINGER_S
-    while not stopped and loop.time() < until:
-        await asyncio.sleep(0.1)
+    while unheard(peer.barrier, peer.rank) and not stopped and loop.time() < until:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)  # the last answers leave the socket
 
 
 def on_signals(work: asyncio.Future) -> list[str]:
@@ -123,13 +128,13 @@ def on_signals(work: asyncio.Future) -> list[str]:
 
 async def leave_for(peer: Peer, reason: str, ends_run: bool = False) -> None:
     """Tell the barrier this node leaves, and why (`ends_run`: the run cannot go on exactly without it: a write it
-    could not make). Rank 0 of a peer list ends the run it hosts (failed), and serves a few seconds more so that
-    the others hear it at their next arrival."""
+    could not make). Rank 0 of a peer list ends the run it hosts (failed), and serves until the others have heard
+    it (`linger_for_the_others`)."""
     if peer.barrier is None:
         await peer.leave(reason, ends_run)
         return
     end_failed(peer.barrier, f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
-    await asyncio.sleep(HOST_LINGER_S)
+    await linger_for_the_others(peer)
 
 
 async def starting_model(peer: Peer, task: Any, saved: checkpoint.Checkpoint | None,
