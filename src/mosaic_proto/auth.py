@@ -48,8 +48,9 @@ def run_key(secret: bytes, run_id: str) -> bytes:
 def body_hasher() -> Any:
     """A fresh hasher of the body digest (`update`, `hexdigest`), for a body hashed piece by piece as it arrives.
 
-    BLAKE3, chosen by measurement (one core, 4 MB buffers, bench/README.md): 4.1 GB/s, against 1.6 GB/s for
-    hashlib's SHA-256 with the CPU's SHA extensions and 0.54 GB/s for BLAKE2b; every body is hashed by its
+    BLAKE3, chosen by measurement (one core, 4 MB buffers, bench/README.md): 2.4-4.1 GB/s (a freshly written
+    buffer, a hot one), against 1.5-1.6 GB/s for hashlib's SHA-256 with the CPU's SHA extensions and 0.54 GB/s
+    for BLAKE2b; every body is hashed by its
     sender and its receiver, so at d=1e6 SHA-256 was most of what the secret cost a round. Like hashlib, it
     releases the GIL while it hashes a large buffer."""
     return blake3()
