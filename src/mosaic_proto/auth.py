@@ -50,9 +50,8 @@ def body_hasher() -> Any:
 
     BLAKE3, chosen by measurement (one core, 4 MB buffers, bench/README.md): 2.4-4.1 GB/s (a freshly written
     buffer, a hot one), against 1.5-1.6 GB/s for hashlib's SHA-256 with the CPU's SHA extensions and 0.54 GB/s
-    for BLAKE2b; every body is hashed by its
-    sender and its receiver, so at d=1e6 SHA-256 was most of what the secret cost a round. Like hashlib, it
-    releases the GIL while it hashes a large buffer."""
+    for BLAKE2b; every body is hashed by its sender and its receiver, so at d=1e6 SHA-256 was most of what the
+    secret cost a round. Like hashlib, it releases the GIL while it hashes a large buffer."""
     return blake3()
 
 
