@@ -91,6 +91,17 @@ def run_in_thread(cluster: Any, timeout: float) -> tuple[threading.Thread, dict[
     return thread, result
 
 
+async def serve_on_loopback(app: Any) -> tuple[Any, str]:
+    """`app` (an aiohttp application) served in this event loop on 127.0.0.1, a free port: its runner (the test
+    cleans it up) and its base URL."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
 def sha256_f32(vector: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(vector, dtype="<f4").tobytes()).hexdigest()
 
@@ -138,6 +149,7 @@ class Kit:
     flags = staticmethod(flags)
     role_flags = staticmethod(role_flags)
     run_in_thread = staticmethod(run_in_thread)
+    serve_on_loopback = staticmethod(serve_on_loopback)
     wait_until = staticmethod(wait_until)
     sha256_f32 = staticmethod(sha256_f32)
     reference_vectors = staticmethod(reference_vectors)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from mosaic_proto import Layout
@@ -143,10 +142,8 @@ async def test_python_api_peers_match_in_memory_network(tmp_path: Path, kit: Any
                host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
     barrier_settings = Settings(**run, out=tmp_path / "barrier")
     barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
-    runner = web.AppRunner(barrier_app(barrier), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    settings = Settings(**run, barrier_url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
+    settings = Settings(**run, barrier_url=barrier_url)
     peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
     try:
         await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp import web
 
 from mosaic_proto import Layout
 from mosaicd import Peer, Settings
@@ -137,7 +136,8 @@ def test_rank_0_told_to_stop_fails_the_run_and_exits_once_the_others_heard(tmp_p
         assert "which hosts the barrier, stopped" in said and "barrier_unreachable" not in said, said[-2000:]
 
 
-async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_failed(tmp_path: Path) -> None:
+async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_failed(tmp_path: Path,
+                                                                                          kit: Any) -> None:
     """Rank 0 under scancel: the others leave (too few: the run fails), and rank 0 is told to stop while its
     barrier still evaluates the last models. summary.json says "failed" and why, never "running"."""
     run = dict(nodes=3, rounds=50, fragments=2, fanout=2, dim=8, seed=3, train=False, eval_every=1,
@@ -151,10 +151,8 @@ async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_
 
     settings = Settings(**run, out=tmp_path / "barrier")
     barrier = Barrier(settings.run_config(), settings.daemon_options(), evaluate=slow_evaluation)
-    runner = web.AppRunner(barrier_app(barrier), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    node_settings = Settings(**run, barrier_url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
+    node_settings = Settings(**run, barrier_url=barrier_url)
     peers = [Peer(node_settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
     try:
         await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)

@@ -16,7 +16,6 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from mosaic_proto import Layout
@@ -59,16 +58,13 @@ def served_name(name: str, served: dict[str, tuple[str, set[str]]]) -> bool:
 
 
 @pytest.fixture
-async def scrapes(tmp_path: Path) -> dict[str, str]:
+async def scrapes(tmp_path: Path, kit: Any) -> dict[str, str]:
     run = dict(nodes=3, rounds=3, fragments=2, fanout=1, dim=12, seed=3, train=True, eval_every=1,
                host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
     barrier_settings = Settings(**run, out=tmp_path / "barrier")
     barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options(),
                       evaluate=NetworkEvaluation(tmp_path / "data"))
-    runner = web.AppRunner(barrier_app(barrier), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    barrier_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
     settings = Settings(**run, barrier_url=barrier_url)
     peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
     try:

@@ -38,10 +38,8 @@ async def test_large_messages_give_the_in_memory_models(tmp_path: Path, kit: Any
                        port=0, round_deadline=60, register_deadline=30, request_timeout=30), **run, **extra}
     barrier_settings = Settings(**settings, out=tmp_path / "barrier")
     barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
-    runner = web.AppRunner(barrier_app(barrier), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    peer_settings = Settings(**settings, barrier_url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
+    peer_settings = Settings(**settings, barrier_url=barrier_url)
     peers = [Peer(peer_settings, Layout.flat(peer_settings.dim)) for _ in range(peer_settings.nodes)]
     try:
         await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 60)
@@ -74,7 +72,7 @@ async def test_large_messages_give_the_in_memory_models(tmp_path: Path, kit: Any
         await runner.cleanup()
 
 
-async def test_read_body_joins_chunks_refuses_oversized_and_takes_chunked_bodies() -> None:
+async def test_read_body_joins_chunks_refuses_oversized_and_takes_chunked_bodies(kit: Any) -> None:
     """read_body against request.read() on the same bodies: Content-Length and chunked, in one piece or many."""
     seen: list[tuple[bytes, bytes]] = []
 
@@ -86,10 +84,8 @@ async def test_read_body_joins_chunks_refuses_oversized_and_takes_chunked_bodies
 
     app = web.Application(client_max_size=1 << 20)
     app.add_routes([web.post("/b", handler)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/b"
+    runner, base = await kit.serve_on_loopback(app)
+    url = f"{base}/b"
     payload = np.random.default_rng(1).bytes(700_000)
     try:
         async with Client(10, 0) as client:
