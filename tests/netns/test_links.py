@@ -104,12 +104,15 @@ def test_partitioned_host_straggles_is_dropped_and_the_others_finish(netns: None
 
 
 def test_host_cut_off_briefly_straggles_and_rejoins(netns: None, tmp_path: Path, kit: Any) -> None:
-    """Host 2 cut off for one released round, --drop-after 3: its nodes straggle, are not dropped, and take up
-    the run again when the link heals (the barrier answers a late arrival with the release it kept, for 3
+    """Host 2 cut off for one or two released rounds, --drop-after 5: its nodes straggle, are not dropped, and take
+    up the run again when the link heals (the barrier answers a late arrival with the release it kept, for 3
     rounds); everyone finishes."""
     run = dict(PROTOCOL, rounds=20, dim=64)
-    # a 4 s deadline: back within 3 rounds (12 s) even after TCP's backoff (a resend up to ~3 s after healing)
-    network = dict(request_timeout=1, retries=0, round_deadline=4, drop_after=3)
+    # At the heal host 2 may have missed rounds at+1 and at+2. Its late arrival at at+1 must reach the barrier
+    # before at+4 is released (the barrier keeps 3 releases): two 5 s deadlines after the heal, room for TCP's
+    # resend backoff and the arrival's retry backoff (each up to a few seconds). --drop-after 3 gave it one 4 s
+    # deadline to be back at the open round, and on a loaded machine it was once dropped.
+    network = dict(request_timeout=1, retries=0, round_deadline=5, drop_after=5)
     with Lab(hosts=3) as lab:
         # rank 0's barrier serves 20 s after the run, so host 2's nodes, late after TCP's backoff, still hear the
         # final release (seen once on a loaded machine: they retried a gone barrier past the test's wait)
