@@ -464,6 +464,24 @@ def test_fuzz_zero_copy_parser_agrees_with_cbor2() -> None:
     assert parsed > 100
 
 
+def test_fuzz_run_layout_parser_agrees_with_cbor2() -> None:
+    """Whatever the parser of a run's own layout accepts (`_run_parse`, every message of a run with a known id),
+    cbor2 decodes to that run's header and the same round, sender and fragments."""
+    parsed = 0
+    for data in fuzz_inputs(seed=11, count=8_000):  # most mutations break the layout: ~130 of these parse
+        fast = wire._run_parse(data, RUN, FR)
+        if fast is None:
+            continue
+        parsed += 1
+        slow = wire._slow_parse(data)
+        round_, sender, spans = fast
+        assert {k: slow[k] for k in ("v", "run", "k", "fp", "dtype")} == {
+            "v": wire.VERSION, "run": RUN, "k": FR.k, "fp": FR.fingerprint, "dtype": wire.DTYPE}
+        assert (slow["round"], slow["sender"]) == (round_, sender)
+        assert [[i, cbor2.CBORTag(85, data[s.offset:s.offset + s.length])] for i, s in spans] == slow["frags"]
+    assert parsed > 100
+
+
 # -- large bodies: refused from their CBOR heads (check_structure) ---------------------------------------------
 
 BIG = Fragmentation.build(Layout.flat(1 << 20), 4, seed=7)  # four fragments of 1 MiB: messages over 64 KiB
