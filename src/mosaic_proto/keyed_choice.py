@@ -118,7 +118,8 @@ def _numpy_choices(key: list[int], fragments: Iterable[int], population: int, si
 
 def _one_word_seeder(pool: list[int], h: int) -> Callable[[int], tuple[int, int]]:
     """`word -> _pcg64(_mix_tail(pool, h, [word])[0])`, unrolled: the hash constants and the pool's share of the
-    mixing do not depend on the word, so a plan's K fragments compute them once (~2x faster per fragment)."""
+    mixing do not depend on the word, so a plan's K fragments compute them once (the seeding ~1.6x faster; a
+    fragment's whole pick 9.1 -> 6.3 us). Unrolled on purpose: a loop over the four pool words gives that back."""
     a0, a1, a2, a3 = _hash_constants(h, _MULT_A, 4)
     b0, b1, b2, b3 = a1, a2, a3, a3 * _MULT_A & _M32
     c0, c1, c2, c3 = (_MIX_L * p for p in pool)
