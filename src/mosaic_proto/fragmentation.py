@@ -42,15 +42,15 @@ class Layout:
     def flat(cls, d: int, name: str = "x") -> Layout:
         return cls((name,), ((int(d),),))
 
-    @property
+    @cached_property  # asked for with every message received (its size limit): np.prod per tensor is ~5 us
     def sizes(self) -> tuple[int, ...]:
         return tuple(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
 
-    @property
+    @cached_property
     def offsets(self) -> tuple[int, ...]:
         return tuple(int(o) for o in np.concatenate([[0], np.cumsum(self.sizes)]))
 
-    @property
+    @cached_property
     def dim(self) -> int:
         return sum(self.sizes)
 
