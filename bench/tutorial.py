@@ -63,20 +63,15 @@ def pss_bytes(pid: int | None) -> int | None:
     return None
 
 
-class PssSampler:
-    """Every `every` seconds, the Pss of each cluster process; keeps the sample with the largest total.
+class Sampler:
+    """A thread that calls `sample` every `every` seconds while the cluster runs."""
 
-    Not more often: reading smaps_rollup walks a process's page tables under its mmap lock (17 processes every
-    0.5 s took ~5% of the run's samples in a profile, on the cores the cluster runs on)."""
-
-    def __init__(self, cluster: Cluster, every: float = 2.0) -> None:
+    def __init__(self, cluster: Cluster, every: float) -> None:
         self.cluster, self.every = cluster, every
-        self.peak: dict[str, int] = {}
-        self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> PssSampler:
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -86,15 +81,70 @@ class PssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            sample = {}
-            for name, proc in list(self.cluster.procs.items()):
-                value = pss_bytes(proc.pid)
-                if value is not None:
-                    sample[name] = value
-            if len(sample) == self.cluster.settings.nodes + 1:  # every process up
-                self.samples += 1
-                if sum(sample.values()) > sum(self.peak.values()):
-                    self.peak = sample
+            self.sample()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+
+class PssSampler(Sampler):
+    """The Pss of each cluster process; keeps the sample with the largest total.
+
+    Every 2 s, not more often: reading smaps_rollup walks a process's page tables under its mmap lock (17
+    processes every 0.5 s took ~5% of the run's samples in a profile, on the cores the cluster runs on)."""
+
+    def __init__(self, cluster: Cluster, every: float = 2.0) -> None:
+        super().__init__(cluster, every)
+        self.peak: dict[str, int] = {}
+        self.samples = 0
+
+    def sample(self) -> None:
+        sample = {}
+        for name, proc in list(self.cluster.procs.items()):
+            value = pss_bytes(proc.pid)
+            if value is not None:
+                sample[name] = value
+        if len(sample) == self.cluster.settings.nodes + 1:  # every process up
+            self.samples += 1
+            if sum(sample.values()) > sum(self.peak.values()):
+                self.peak = sample
+
+
+class ThreadCpuSampler(Sampler):
+    """The CPU seconds (user + system) of every thread of every cluster process, last seen: where the cluster's
+    CPU goes, per role (barrier, node) and thread (the event loop is the process's main thread; the others are
+    training, evaluation and file writes). A thread's last ~0.5 s before its process exits are not seen."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, cluster: Cluster, every: float = 0.5) -> None:
+        super().__init__(cluster, every)
+        self.seen: dict[tuple[str, int, int], float] = {}
+
+    def sample(self) -> None:
+        for name, proc in list(self.cluster.procs.items()):
+            pid = proc.pid
+            if pid is None:
+                continue
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                except OSError:
+                    continue
+                fields = stat[stat.rfind(")") + 2:].split()  # utime and stime: fields 14 and 15 of stat(5)
+                self.seen[(name, pid, tid)] = (int(fields[11]) + int(fields[12])) / self.TICK
+
+    def split(self) -> dict[str, float]:
+        """CPU seconds of the barrier's event loop and other threads, and of all nodes' event loops and others."""
+        parts = {"barrier_loop_s": 0.0, "barrier_threads_s": 0.0, "node_loop_s": 0.0, "node_threads_s": 0.0}
+        for (name, pid, tid), cpu in self.seen.items():
+            role = "barrier" if name == "barrier" else "node"
+            parts[f"{role}_{'loop' if tid == pid else 'threads'}_s"] += cpu
+        return {k: round(v, 2) for k, v in parts.items()}
 
 
 def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
@@ -104,7 +154,7 @@ def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, An
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     before_self = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
-    with PssSampler(cluster) as sampler:
+    with PssSampler(cluster) as sampler, ThreadCpuSampler(cluster) as threads:
         summary = cluster.run(timeout=900)
     launch_wall = time.perf_counter() - started
     after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -114,7 +164,7 @@ def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, An
     switches = (after_children.ru_nvcsw - before_children.ru_nvcsw,
                 after_children.ru_nivcsw - before_children.ru_nivcsw)
     own = (after_self.ru_utime - before_self.ru_utime) + (after_self.ru_stime - before_self.ru_stime)
-    peak = sampler.peak
+    peak, split = sampler.peak, threads.split()
     node_pss = sorted(v for k, v in peak.items() if k != "barrier")
     final = summary.get("final") or {}
     return {
@@ -126,6 +176,7 @@ def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, An
         "pss_node_max_mib": round(node_pss[-1] / MIB, 1) if node_pss else None,
         "pss_barrier_mib": round(peak["barrier"] / MIB, 1) if "barrier" in peak else None,
         "pss_samples": sampler.samples, "accuracy": final.get("average_model"),
+        **split, "node_loop_ms_per_round": round(1000 * split["node_loop_s"] / (nodes * rounds), 2),
         "model_sha256": summary.get("model_sha256"),
     }
 
@@ -194,6 +245,9 @@ def main() -> None:
                   f"cpu {r['cpu_s']:.1f} s,"
                   f" PSS total {r['pss_total_mib']} MiB, per node median {r['pss_node_median_mib']} MiB "
                   f"(max {r['pss_node_max_mib']}), barrier {r['pss_barrier_mib']} MiB, accuracy {r['accuracy']}")
+            print(f"      CPU-s by thread: nodes' event loops {r['node_loop_s']} ({r['node_loop_ms_per_round']} ms per "
+                  f"node and round), nodes' other threads {r['node_threads_s']}, barrier's loop {r['barrier_loop_s']}, "
+                  f"its other threads {r['barrier_threads_s']}")
         if not args.no_simulate:
             results["simulate"] = median_of([run_simulate(args.rounds, args.nodes, workdir)
                                              for _ in range(args.repeat)])
