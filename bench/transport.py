@@ -1,0 +1,171 @@
+"""What HTTP costs a fragment: CPU per message through aiohttp against a framed stream, on loopback.
+
+The tutorial job's nodes spend ~9-10 ms of event-loop CPU per node and round (`tutorial.py`), about 9 HTTP
+exchanges of ~59 kB. This measures the floor each way of moving such a message from one asyncio process to
+another and getting an answer, with nothing of ours in between:
+
+- `http`: an aiohttp client session POSTs the body to an aiohttp server, whose handler reads it and answers a
+  small JSON object (keep-alive; the way nodes talk today, without our middlewares, signing or decoding);
+- `framed`: one asyncio connection carries length-prefixed messages, and the server answers each with 4 bytes
+  (a `BufferedProtocol` reading straight into a buffer: what a transport below HTTP would do).
+
+Each runs `--messages` round trips with `--concurrency` in flight; the figure is CPU seconds (user + system) of
+client and server together per message, and the wall. The variants alternate `--repeat` times; the best counts.
+
+Usage: .venv/bin/python bench/transport.py [--messages 4000] [--size 59000] [--concurrency 4] [--repeat 3]
+Last line of stdout: a JSON object {"http": {...}, "framed": {...}, "ratio_cpu": http / framed}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import resource
+import socket
+import struct
+import time
+from typing import Any
+
+from aiohttp import ClientSession, TCPConnector, web
+
+HEAD = struct.Struct("!I")
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class FramedServer(asyncio.BufferedProtocol):
+    """Reads length-prefixed messages into one buffer; answers each with its length."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(1 << 20)
+        self.filled = 0
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.filled == len(self.buffer):
+            self.buffer.extend(bytes(len(self.buffer)))
+        return memoryview(self.buffer)[self.filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.filled += nbytes
+        start = 0
+        while self.filled - start >= HEAD.size:
+            (length,) = HEAD.unpack_from(self.buffer, start)
+            if self.filled - start < HEAD.size + length:
+                break
+            start += HEAD.size + length
+            self.transport.write(HEAD.pack(length))
+        if start:
+            self.buffer[:self.filled - start] = self.buffer[start:self.filled]
+            self.filled -= start
+
+
+async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
+    if kind == "http":
+        async def fragments(request: web.Request) -> web.Response:
+            body = await request.read()
+            return web.json_response({"accepted": len(body)})
+        app = web.Application(client_max_size=1 << 26)
+        app.router.add_post("/v1/fragments", fragments)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+    else:
+        server = await asyncio.get_running_loop().create_server(FramedServer, sock=sock)
+    started = cpu_s()
+    ready.send(True)
+    await asyncio.get_running_loop().run_in_executor(None, done.recv)
+    ready.send(cpu_s() - started)
+    if kind == "http":
+        await runner.cleanup()
+    else:
+        server.close()
+
+
+def server_main(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
+    asyncio.run(serve(kind, sock, ready, done))
+
+
+async def http_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
+    async with ClientSession(connector=TCPConnector(limit=concurrency)) as session:
+        async def worker(n: int) -> None:
+            for _ in range(n):
+                async with session.post(f"http://127.0.0.1:{port}/v1/fragments", data=body) as resp:
+                    await resp.read()
+                    assert resp.status == 200
+        await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
+
+
+async def framed_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
+    async def worker(n: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(n):
+            writer.writelines([HEAD.pack(len(body)), body])
+            (length,) = HEAD.unpack(await reader.readexactly(HEAD.size))
+            assert length == len(body)
+        writer.close()
+        await writer.wait_closed()
+    await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
+
+
+def measure(kind: str, messages: int, size: int, concurrency: int) -> dict[str, float]:
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    ctx = multiprocessing.get_context("fork")
+    ready_recv, ready_send = ctx.Pipe(duplex=False)
+    done_recv, done_send = ctx.Pipe(duplex=False)
+    server = ctx.Process(target=server_main, args=(kind, sock, ready_send, done_recv))
+    server.start()
+    sock.close()
+    if not ready_recv.poll(30):
+        raise SystemExit(f"the {kind} server did not start within 30 s")
+    ready_recv.recv()
+    body = os.urandom(size)
+    client = framed_client if kind == "framed" else http_client
+    started_cpu, started = cpu_s(), time.perf_counter()
+    asyncio.run(client(port, body, messages, concurrency))
+    wall, client_cpu = time.perf_counter() - started, cpu_s() - started_cpu
+    done_send.send(True)
+    if not ready_recv.poll(30):
+        raise SystemExit(f"the {kind} server did not report within 30 s")
+    server_cpu = ready_recv.recv()
+    server.join(10)
+    sent = messages // concurrency * concurrency
+    return {"wall_s": round(wall, 3), "client_cpu_s": round(client_cpu, 3), "server_cpu_s": round(server_cpu, 3),
+            "cpu_us_per_message": round(1e6 * (client_cpu + server_cpu) / sent, 1),
+            "wall_us_per_message": round(1e6 * wall / sent, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=4000)
+    parser.add_argument("--size", type=int, default=59000, help="bytes per message (the tutorial job's: ~59 kB)")
+    parser.add_argument("--concurrency", type=int, default=4, help="messages in flight")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(args.repeat):
+        for kind in ("http", "framed"):
+            result = measure(kind, args.messages, args.size, args.concurrency)
+            print(f"{kind:7s} {result['cpu_us_per_message']:8.1f} us CPU per message (client + server), "
+                  f"{result['wall_us_per_message']:8.1f} us wall", flush=True)
+            if kind not in best or result["cpu_us_per_message"] < best[kind]["cpu_us_per_message"]:
+                best[kind] = result
+    ratio = best["http"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
+    print(f"{args.messages} messages of {args.size} bytes, {args.concurrency} in flight, best of {args.repeat}: "
+          f"http {best['http']['cpu_us_per_message']} us, framed {best['framed']['cpu_us_per_message']} us "
+          f"CPU per message: {ratio:.2f}x")
+    print(json.dumps({"messages": args.messages, "size": args.size, "concurrency": args.concurrency, **best,
+                      "ratio_cpu": round(ratio, 3)}))
+
+
+if __name__ == "__main__":
+    main()
