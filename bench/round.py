@@ -48,6 +48,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from procstat import cpu_seconds, stat_fields
+
 from mosaicd.experiments.cluster import Cluster
 from mosaicd.settings import Settings
 
@@ -96,7 +98,6 @@ def socket_seconds(total: int, chunk: int, repeats: int) -> float:
 
 
 # -- CPU seconds of the cluster's processes, sampled while it runs ------------------------------------------
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _descendants_cpu(root: int, seen: dict[int, float]) -> float:
@@ -107,13 +108,11 @@ def _descendants_cpu(root: int, seen: dict[int, float]) -> float:
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = stat_fields(f"/proc/{entry}/stat")
+        if fields is None:
             continue
         parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / _TICK
+        cpu[int(entry)] = cpu_seconds(fields)
     for pid in cpu:
         p = parents.get(pid)
         while p is not None and p != root and p > 1:

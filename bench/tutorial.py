@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from procstat import cpu_seconds, stat_fields
+
 from mosaicd.experiments.cluster import Cluster
 from mosaicd.logs import configure_logging
 from mosaicd.settings import Settings
@@ -115,8 +117,6 @@ class ThreadCpuSampler(Sampler):
     CPU goes, per role (barrier, node) and thread (the event loop is the process's main thread; the others are
     training, evaluation and file writes). A thread's last ~0.5 s before its process exits are not seen."""
 
-    TICK = os.sysconf("SC_CLK_TCK")
-
     def __init__(self, cluster: Cluster, every: float = 0.5) -> None:
         super().__init__(cluster, every)
         self.seen: dict[tuple[str, int, int], float] = {}
@@ -131,12 +131,9 @@ class ThreadCpuSampler(Sampler):
             except OSError:
                 continue
             for tid in tids:
-                try:
-                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-                except OSError:
-                    continue
-                fields = stat[stat.rfind(")") + 2:].split()  # utime and stime: fields 14 and 15 of stat(5)
-                self.seen[(name, pid, tid)] = (int(fields[11]) + int(fields[12])) / self.TICK
+                fields = stat_fields(f"/proc/{pid}/task/{tid}/stat")
+                if fields is not None:
+                    self.seen[(name, pid, tid)] = cpu_seconds(fields)
 
     def split(self) -> dict[str, float]:
         """CPU seconds of the barrier's event loop and other threads, and of all nodes' event loops and others."""
