@@ -34,12 +34,7 @@ from tutorial import tutorial_settings
 from mosaicd.learning.tasks import build_task
 
 
-@contextlib.contextmanager
-def no_turns() -> Iterator[None]:
-    yield
-
-
-def train(task: Any, nodes: list[int], rounds: int, turn: Any = no_turns) -> None:
+def train(task: Any, nodes: list[int], rounds: int, turn: Any = contextlib.nullcontext) -> None:
     vectors = {i: task.initial(i) for i in nodes}
     for r in range(rounds):
         for i in nodes:
@@ -84,7 +79,7 @@ def per_node_processes(task: Any, nodes: int, rounds: int, slots: list[Path] | N
         if pid == 0:
             code = 1
             try:
-                train(task, [i], rounds, slot_turns(slots) if slots else no_turns)
+                train(task, [i], rounds, slot_turns(slots) if slots else contextlib.nullcontext)
                 code = 0
             finally:
                 os._exit(code)
