@@ -23,8 +23,10 @@ import fcntl
 import json
 import os
 import resource
+import signal
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,21 +75,32 @@ def one_process(task: Any, nodes: int, rounds: int) -> float:
 
 def per_node_processes(task: Any, nodes: int, rounds: int, slots: list[Path] | None = None) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    children = []
-    for i in range(nodes):
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                train(task, [i], rounds, slot_turns(slots) if slots else contextlib.nullcontext)
-                code = 0
-            finally:
-                os._exit(code)
-        children.append(pid)
-    for pid in children:
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"a training process failed (status {status})")
+    children: list[int] = []
+    try:
+        for i in range(nodes):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    train(task, [i], rounds, slot_turns(slots) if slots else contextlib.nullcontext)
+                    code = 0
+                except KeyboardInterrupt:  # Ctrl-C reached the whole group: the parent says so, once
+                    code = 130
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            children.append(pid)
+        while children:
+            _, status = os.waitpid(children[0], 0)
+            children.pop(0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise SystemExit(f"a training process failed (exit status {os.waitstatus_to_exitcode(status)})")
+    finally:  # failed or interrupted: the other training processes are stopped, not left running
+        for pid in children:
+            os.kill(pid, signal.SIGTERM)
+        for pid in children:
+            os.waitpid(pid, 0)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -120,4 +133,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted: no figures") from None

@@ -23,6 +23,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import signal
 import socket
 import struct
 import time
@@ -85,6 +86,7 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
 
 
 def server_main(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the client's to handle: it stops this process
     asyncio.run(serve(kind, sock, ready, done))
 
 
@@ -116,22 +118,27 @@ def measure(kind: str, messages: int, size: int, concurrency: int) -> dict[str, 
     ctx = multiprocessing.get_context("fork")
     ready_recv, ready_send = ctx.Pipe(duplex=False)
     done_recv, done_send = ctx.Pipe(duplex=False)
-    server = ctx.Process(target=server_main, args=(kind, sock, ready_send, done_recv))
+    server = ctx.Process(target=server_main, args=(kind, sock, ready_send, done_recv), daemon=True)
     server.start()
     sock.close()
-    if not ready_recv.poll(30):
-        raise SystemExit(f"the {kind} server did not start within 30 s")
-    ready_recv.recv()
-    body = os.urandom(size)
-    client = framed_client if kind == "framed" else http_client
-    started_cpu, started = time.process_time(), time.perf_counter()
-    asyncio.run(client(port, body, messages, concurrency))
-    wall, client_cpu = time.perf_counter() - started, time.process_time() - started_cpu
-    done_send.send(True)
-    if not ready_recv.poll(30):
-        raise SystemExit(f"the {kind} server did not report within 30 s")
-    server_cpu = ready_recv.recv()
-    server.join(10)
+    try:
+        if not ready_recv.poll(30):
+            raise SystemExit(f"the {kind} server did not start within 30 s")
+        ready_recv.recv()
+        body = os.urandom(size)
+        client = framed_client if kind == "framed" else http_client
+        started_cpu, started = time.process_time(), time.perf_counter()
+        asyncio.run(client(port, body, messages, concurrency))
+        wall, client_cpu = time.perf_counter() - started, time.process_time() - started_cpu
+        done_send.send(True)
+        if not ready_recv.poll(30):
+            raise SystemExit(f"the {kind} server did not report within 30 s")
+        server_cpu = ready_recv.recv()
+        server.join(10)
+    finally:  # interrupted or failed: the server, still waiting for `done`, is stopped, not left behind
+        if server.is_alive():
+            server.terminate()
+            server.join(10)
     sent = messages // concurrency * concurrency
     return {"wall_s": round(wall, 3), "client_cpu_s": round(client_cpu, 3), "server_cpu_s": round(server_cpu, 3),
             "cpu_us_per_message": round(1e6 * (client_cpu + server_cpu) / sent, 1),
@@ -162,4 +169,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted: no figures") from None

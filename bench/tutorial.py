@@ -275,4 +275,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the cluster has been stopped (Cluster.run) and the temporary runs removed
+        raise SystemExit("interrupted: no figures") from None
