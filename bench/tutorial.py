@@ -16,11 +16,18 @@ cold (`warm=False`: every process a fresh interpreter, as before). Figures per v
   `pss_node_max_mib`) and the barrier (`pss_barrier_mib`) in that sample;
 - the final models' hashes (cluster == cluster: both variants must agree bit for bit).
 
+And the reference the cluster is held to: the same job through `mosaicd simulate` (one process), whose CPU
+seconds spread over this host's cores are the bound of the computation itself: `ratio_to_bound` is the warm
+cluster's wall against it. With --repeat the variants and simulate run in turn (warm, cold, simulate, warm, ...)
+and each ratio is the median of the ratios of runs made side by side (`ratios_to_bound`, `ratios_wall`): this
+host's speed drifts by tens of percent over minutes.
+
     .venv/bin/python bench/tutorial.py                # warm and cold once each: about 1.5 min on 2 idle cores
-    .venv/bin/python bench/tutorial.py --repeat 3     # medians of 3 each
+    .venv/bin/python bench/tutorial.py --repeat 3     # 3 of each, interleaved; medians
     .venv/bin/python bench/tutorial.py --no-cold --rounds 20   # a quick look
 
-Last line of stdout: a JSON object {"warm": {...}, "cold": {...}, "ratio_wall": warm/cold launch_wall_s, ...}.
+Last line of stdout: a JSON object {"warm": {...}, "cold": {...}, "simulate": {...}, "ratio_wall": warm/cold
+launch_wall_s, "ratio_to_bound": ..., ...}.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from procstat import cpu_seconds, stat_fields
 
 from mosaicd.experiments.cluster import Cluster
 from mosaicd.logs import configure_logging
+from mosaicd.rundir import claim_out
 from mosaicd.settings import Settings
 
 MIB = 1024 * 1024
@@ -145,7 +153,8 @@ class ThreadCpuSampler(Sampler):
 
 
 def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
-    out = workdir / ("warm" if warm else "cold")
+    # each run afresh: a repeat in the same folder would find the last run's checkpoints and journal
+    out = claim_out(workdir / ("warm" if warm else "cold"), "cluster", replace=True)
     settings = tutorial_settings(out, rounds, nodes)
     cluster = Cluster(settings, progress=False, warm=warm)
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -214,59 +223,81 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     result = dict(runs[-1])
     for key, value in runs[-1].items():
         if isinstance(value, (int, float)) and all(isinstance(r.get(key), (int, float)) for r in runs):
-            result[key] = statistics.median(r[key] for r in runs)
+            result[key] = round(statistics.median(r[key] for r in runs), 3)
     result["runs"] = len(runs)
     return result
+
+
+def side_by_side(numerators: list[float], denominators: list[float]) -> tuple[float, list[float]]:
+    """The median of the ratios of runs made side by side (repeat i against repeat i), and those ratios: the
+    host's speed drifts by tens of percent over minutes, so a ratio of two medians taken minutes apart is not one
+    of the same machine."""
+    ratios = [round(a / b, 3) for a, b in zip(numerators, denominators, strict=True)]
+    return round(statistics.median(ratios), 3), ratios
+
+
+def print_variant(name: str, r: dict[str, Any]) -> None:
+    print(f"{name:5s} wall {r['wall_s']:.1f} s (launch to end {r['launch_wall_s']:.1f} s), cpu {r['cpu_s']:.1f} s,"
+          f" PSS total {r['pss_total_mib']} MiB, per node median {r['pss_node_median_mib']} MiB "
+          f"(max {r['pss_node_max_mib']}), barrier {r['pss_barrier_mib']} MiB, accuracy {r['accuracy']}")
+    print(f"      CPU-s by thread: nodes' event loops {r['node_loop_s']} ({r['node_loop_ms_per_round']} ms per "
+          f"node and round), nodes' other threads {r['node_threads_s']}, barrier's loop {r['barrier_loop_s']}, "
+          f"its other threads {r['barrier_threads_s']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--nodes", type=int, default=16)
-    parser.add_argument("--repeat", type=int, default=1, help="runs per variant; figures are medians")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per variant, interleaved (warm, cold, simulate, warm, ...); figures are medians")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold reference")
     parser.add_argument("--no-simulate", action="store_true", help="skip simulate's CPU-seconds reference")
     parser.add_argument("--workdir", type=Path, default=None, help="where runs go [default: a temporary folder]")
     args = parser.parse_args()
     configure_logging("warning")
-    variants = [True] if args.no_cold else [True, False]
+    cores = os.cpu_count() or 1
+    runs: dict[str, list[dict[str, Any]]] = {"warm": []} if args.no_cold else {"warm": [], "cold": []}
+    if not args.no_simulate:
+        runs["simulate"] = []
     with tempfile.TemporaryDirectory(prefix="mosaic-tutorial-") as tmp:
         workdir = args.workdir or Path(tmp)
-        results: dict[str, Any] = {}
-        for warm in variants:
-            name = "warm" if warm else "cold"
-            runs = [run_once(warm, args.rounds, args.nodes, workdir) for _ in range(args.repeat)]
-            results[name] = median_of(runs)
-            r = results[name]
-            print(f"{name:5s} wall {r['wall_s']:.1f} s (launch to end {r['launch_wall_s']:.1f} s), "
-                  f"cpu {r['cpu_s']:.1f} s,"
-                  f" PSS total {r['pss_total_mib']} MiB, per node median {r['pss_node_median_mib']} MiB "
-                  f"(max {r['pss_node_max_mib']}), barrier {r['pss_barrier_mib']} MiB, accuracy {r['accuracy']}")
-            print(f"      CPU-s by thread: nodes' event loops {r['node_loop_s']} ({r['node_loop_ms_per_round']} ms per "
-                  f"node and round), nodes' other threads {r['node_threads_s']}, barrier's loop {r['barrier_loop_s']}, "
-                  f"its other threads {r['barrier_threads_s']}")
-        if not args.no_simulate:
-            results["simulate"] = median_of([run_simulate(args.rounds, args.nodes, workdir)
-                                             for _ in range(args.repeat)])
-    cores = os.cpu_count() or 1
+        for i in range(args.repeat):
+            for name in runs:
+                runs[name].append(run_simulate(args.rounds, args.nodes, workdir) if name == "simulate"
+                                  else run_once(name == "warm", args.rounds, args.nodes, workdir))
+            if args.repeat > 1:
+                done = ", ".join(f"{name} cpu {r[-1]['cpu_s']:.1f} s" if name == "simulate"
+                                 else f"{name} wall {r[-1]['wall_s']:.1f} s" for name, r in runs.items())
+                print(f"run {i + 1}/{args.repeat}: {done}", flush=True)
+    results = {name: median_of(r) for name, r in runs.items()}
+    for name in ("warm", "cold"):
+        if name in results:
+            print_variant(name, results[name])
     report: dict[str, Any] = {"job": {"nodes": args.nodes, "rounds": args.rounds, "repeat": args.repeat},
                               "cores": cores, **results}
     if "simulate" in results:
         sim, warm = results["simulate"], results["warm"]
         bound = sim["cpu_s"] / cores
         report["compute_bound_s"] = round(bound, 2)
-        report["ratio_to_bound"] = round(warm["wall_s"] / bound, 3)
-        report["ratio_launch_to_bound"] = round(warm["launch_wall_s"] / bound, 3)
-        report["same_models_simulate"] = sim["model_sha256"] == warm["model_sha256"]
+        report["ratio_to_bound"], report["ratios_to_bound"] = side_by_side(
+            [r["wall_s"] for r in runs["warm"]], [s["cpu_s"] / cores for s in runs["simulate"]])
+        report["ratio_launch_to_bound"], _ = side_by_side(
+            [r["launch_wall_s"] for r in runs["warm"]], [s["cpu_s"] / cores for s in runs["simulate"]])
+        report["same_models_simulate"] = all(s["model_sha256"] == w["model_sha256"]
+                                             for s, w in zip(runs["simulate"], runs["warm"], strict=True))
+        each = f" (each run: {', '.join(f'{x}x' for x in report['ratios_to_bound'])})" if args.repeat > 1 else ""
         print(f"simulate: cpu {sim['cpu_s']:.1f} s (wall {sim['wall_s']:.1f} s); bound on {cores} cores "
-              f"{bound:.1f} s; cluster wall {warm['wall_s']:.1f} s = {report['ratio_to_bound']}x the bound "
+              f"{bound:.1f} s; cluster wall {warm['wall_s']:.1f} s = {report['ratio_to_bound']}x the bound{each} "
               f"(launch to end {report['ratio_launch_to_bound']}x); same models: {report['same_models_simulate']}")
     if "cold" in results:
         warm, cold = results["warm"], results["cold"]
-        report["ratio_wall"] = round(warm["launch_wall_s"] / cold["launch_wall_s"], 3)
+        report["ratio_wall"], report["ratios_wall"] = side_by_side(
+            [r["launch_wall_s"] for r in runs["warm"]], [r["launch_wall_s"] for r in runs["cold"]])
         report["ratio_pss_total"] = (round(warm["pss_total_mib"] / cold["pss_total_mib"], 3)
                                      if warm["pss_total_mib"] and cold["pss_total_mib"] else None)
-        report["same_models"] = warm["model_sha256"] == cold["model_sha256"]
+        report["same_models"] = all(w["model_sha256"] == c["model_sha256"]
+                                    for w, c in zip(runs["warm"], runs["cold"], strict=True))
         print(f"warm / cold: wall {report['ratio_wall']}, PSS {report['ratio_pss_total']}, "
               f"same models: {report['same_models']}")
     for r in results.values():
