@@ -63,6 +63,7 @@ class NodeEvent(StrEnum):
     LEFT_OUT = "left_out"  # the release does not name this node: dropped
     DROPPED = "dropped"  # the barrier refused an arrival: dropped (or too far behind)
     REJOIN = "rejoin"  # a dropped node registers again
+    NEW_RUN = "new_run"  # a node with a checkpoint registered for a run at round 0: it lost nothing, it starts anew
     FINISHING = "finishing"  # the final arrival
     FINISHED = "finished"
     LEAVE = "leave"  # a signal: tell the barrier, then stop
@@ -73,7 +74,7 @@ P, E = NodePhase, NodeEvent
 # phase -> {event: next phase}: every transition, and nothing else (an event a phase has no row for is a bug)
 TRANSITIONS: dict[NodePhase, dict[NodeEvent, NodePhase]] = {
     P.REGISTERING: {E.STARTED: P.TRAINING, E.LEAVE: P.LEAVING},
-    P.REJOINING: {E.STARTED: P.TRAINING, E.REGISTERED: P.TRAINING, E.LEAVE: P.LEAVING},
+    P.REJOINING: {E.STARTED: P.TRAINING, E.REGISTERED: P.TRAINING, E.NEW_RUN: P.REGISTERING, E.LEAVE: P.LEAVING},
     P.TRAINING: {E.OUTGOING: P.SENDING, E.FINISHING: P.WAITING, E.LEAVE: P.LEAVING},
     P.SENDING: {E.SENT: P.WAITING, E.LEAVE: P.LEAVING},
     P.WAITING: {E.RELEASED: P.AGGREGATING, E.FINISHED: P.FINISHED, E.DROPPED: P.DROPPED, E.LEAVE: P.LEAVING},
@@ -122,10 +123,9 @@ class NodeState:
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_norm: float | None = None, rejoining: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  on_refused: Callable[[str, int], None] | None = None) -> None:
-        """`rejoining`: this process takes over from an earlier one (a checkpoint): fragments of the round it lost
-        are refused at once (retry) instead of held until it is ready. `clock`: seconds, for the phase times.
-        `on_refused(reason, count)`: told of what a round refuses on its own (--max-norm once the node's norms are
-        known, fragments the aggregator cut), for a daemon's counters; the reports count them anyway."""
+        """`rejoining`: it took over a checkpoint, so fragments of rounds it lost are refused at once (retry), not
+        held until it is ready. `clock`: seconds, for the phase times. `on_refused(reason, count)`: told of what a
+        round refuses on its own (--max-norm, the aggregator's cuts), for a daemon's counters (reports count them)."""
         self.max_bytes, self.max_norm, self.clock, self.on_refused = max_bytes, max_norm, clock, on_refused
         self.aggregator: Aggregator | None = None
         self.attack: Attack | None = None
@@ -161,7 +161,9 @@ class NodeState:
         self.rank, self.addresses, self.round, self.run_id = rank, list(addresses), round, run_id
         self.members = sorted(int(m) for m in live)
         self._opened = self.clock()
-        if self.fragmentation is not None:  # a rejoin after a drop: the model is known, go on at once
+        if self.phase is P.REJOINING and round == 0 and self.fragmentation is None:
+            self._fire(E.NEW_RUN)  # its checkpoint is an earlier run's (this run's are of round >= 1): nothing lost
+        elif self.fragmentation is not None:  # a rejoin after a drop: the model is known, go on at once
             self._fire(E.REGISTERED)
             self._open_round(())
 
@@ -244,8 +246,7 @@ class NodeState:
                 self.addresses.append(address)
         self.members = sorted(int(m) for m in members)
         report = self._report.with_release(round(waited, 6), tuple(stragglers), messages_in=outcome.report.messages_in,
-                                           fragments_in=outcome.report.fragments_in,
-                                           bytes_in=outcome.report.bytes_in)
+                                           fragments_in=outcome.report.fragments_in, bytes_in=outcome.report.bytes_in)
         self.last_report, self.round = report, t + 1
         if self.rank not in self.members:
             self._fire(E.LEFT_OUT)

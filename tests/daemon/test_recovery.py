@@ -1,6 +1,7 @@
 """Recovery on loopback, with real processes: a barrier SIGKILLed mid-run and started again resumes the run
-(same models as the in-memory reference); a node SIGKILLed and started again rejoins from its checkpoint; a
-node that starts late joins with --allow-join; a node frozen for a while costs nobody their place.
+(same models as the in-memory reference); a node SIGKILLed and started again rejoins from its checkpoint; nodes
+started again for a new run do not take the last run's checkpoints for their own; a node that starts late joins
+with --allow-join; a node frozen for a while costs nobody their place.
 
 Each test prints how long the recovery took (pytest -s shows it); nothing here asserts a speed."""
 
@@ -183,6 +184,30 @@ def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, k
     assert any(e["event"] == "joining" and e["rank"] == victim for e in lab.log("barrier"))
     rounds = node_rounds(lab.out)[victim]
     assert set(range(back_from, run["rounds"])) <= rounds  # it took part in every round after it came back
+
+
+def test_a_new_run_on_the_state_of_a_finished_one_starts_anew_to_the_reference_models(
+        tmp_path: Path, kit: Any) -> None:
+    """The same nodes (the same --out, so the same state directories) started again for a new run, with a new
+    barrier: each finds the last run's checkpoint, says it does not use it, and the run is the reference's."""
+    run = {**RUN, "nodes": 4, "rounds": 20}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.start()
+        first = lab.summary()
+        lab.exited_cleanly()
+        lab.out = tmp_path / "run-2"
+        lab.start()
+        second = lab.summary()
+        lab.exited_cleanly()
+    finally:
+        lab.stop()
+    assert first["status"] == second["status"] == "finished" and second["events"] == []
+    assert first["model_sha256"] == second["model_sha256"] == kit.reference_hashes(Settings(**run))
+    for i in range(run["nodes"]):
+        unused = [e for e in lab.log(f"node-{i}") if e["event"] == "checkpoint_not_used"]
+        assert len(unused) == 1 and unused[0]["checkpoint_round"] == run["rounds"], unused
+        assert not any(e["event"] == "rejoined" for e in lab.log(f"node-{i}"))
 
 
 def test_late_node_joins_with_allow_join_and_takes_part_from_its_join_round(tmp_path: Path, kit: Any) -> None:

@@ -106,6 +106,19 @@ def test_a_node_not_yet_taking_fragments_refuses_with_a_retry_reason() -> None:
         assert refused.value.reason == "not_ready" and refused.value.retry
 
 
+def test_a_checkpoint_found_by_a_node_of_a_run_at_round_0_is_an_earlier_runs_and_it_starts_anew() -> None:
+    """A restarted node with a checkpoint refuses fragments at once (retry) until it is ready: they are of rounds it
+    lost. A run at round 0 has lost none (its own checkpoints are of round 1 on): the node registers like the rest,
+    and fragments wait for its model; refused, a slow starter's peers used up their retries and the run lost them."""
+    addresses = [f"h:{i + 1}" for i in range(N)]
+    fresh, late = NodeState(rejoining=True), NodeState(rejoining=True)
+    fresh.registered(0, addresses, range(N), 0, "node-test")
+    late.registered(0, addresses, range(N), 3, "node-test")
+    assert fresh.phase is NodePhase.REGISTERING and late.phase is NodePhase.REJOINING
+    fresh.start(FR, SAMPLER, Q.initial(0))
+    assert fresh.phase is NodePhase.TRAINING and fresh.round == 0
+
+
 def test_a_finished_node_refuses_for_good() -> None:
     state = started()
     state.finishing()

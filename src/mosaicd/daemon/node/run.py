@@ -139,9 +139,15 @@ async def leave_for(peer: Peer, reason: str, ends_run: bool = False) -> None:
 
 async def starting_model(peer: Peer, task: Any, saved: checkpoint.Checkpoint | None,
                          options: DaemonOptions) -> np.ndarray:
-    """Round 0: the task's initial model. A node that (re)joins later: its checkpoint if it is of this run and
-    rank (and recent enough: `rejoin_model`), else the model of a live peer."""
+    """Round 0: the task's initial model (a checkpoint found then is an earlier run's, and said so). A node that
+    (re)joins later: its checkpoint if it is of this run and rank (and recent enough: `rejoin_model`), else the
+    model of a live peer."""
     if peer.round == 0:
+        if saved is not None:  # of an earlier run: one of this run is of round 1 or later
+            peer.log.warning("checkpoint_not_used", checkpoint_round=saved.round, state_dir=str(
+                checkpoint.state_dir(options)), detail="the run starts at round 0, so the checkpoint in the state "
+                "directory is an earlier run's: this node starts from the initial model, and this run's checkpoints "
+                "replace it")
         return task.initial(peer.rank)
     ours = saved is not None and (saved.run_id, saved.rank) == (peer.run.run_id, peer.rank) \
         and saved.vector.size == task.layout.dim

@@ -1,0 +1,72 @@
+"""A node whose state directory holds a checkpoint of an earlier run, started for a new run: its peers' first
+fragments wait until its model is known, as they do for any node, instead of being refused as a restarted
+node's are (such a node lost rounds; this one lost none). Refused, they used up the senders' retries while a slow
+node built its task, and the new run went on without them: other models than the reference, and no error.
+
+The node here is the daemon's own HTTP app (`node_app` over an `Inbox` and a `NodeState`, made as `run_node` makes
+them when it finds a checkpoint) served on loopback; the message is a real one of its run, sent over real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from mosaic_proto import CONTENT_TYPE, Fragmentation, Layout, NodeState, PeerSampler, Quadratic
+from mosaicd.daemon.http.server import serve
+from mosaicd.daemon.node.inbox import Inbox
+from mosaicd.daemon.node.routes import node_app
+from mosaicd.settings import DaemonOptions
+
+RUN, N, D, K = "earlier-checkpoint", 3, 12, 2
+FR = Fragmentation.build(Layout.flat(D), K, 0)
+SAMPLER = PeerSampler("local", N - 1, 0)  # every fragment goes to both others
+Q = Quadratic.build(N, D, "correlated", seed=0)
+ADDRESSES = [f"127.0.0.1:{i + 1}" for i in range(N)]
+
+
+def round_0_message_to_node_0() -> bytes:
+    sender = NodeState()
+    sender.registered(1, ADDRESSES, range(N), 0, RUN)
+    sender.start(FR, SAMPLER, Q.initial(1))
+    return next(m.payload for m in sender.outgoing(Q.initial(1)) if m.peer == 0)
+
+
+async def post_round_0_fragment_while_the_model_is_not_known(registered_round: int) -> tuple[float, int, dict]:
+    """Node 0, made as a node that found a checkpoint, registered at `registered_round` and not started: a peer's
+    round-0 message; its model becomes known 0.3 s later. (seconds to the answer, status, answer)."""
+    options = DaemonOptions(host="127.0.0.1", port=0, request_timeout=10)
+    state = NodeState(max_bytes=options.max_body_bytes, rejoining=True)
+    state.registered(0, ADDRESSES, range(N), registered_round, RUN)
+    inbox = Inbox(state, options, None)
+    runner, port = await serve(node_app(inbox), options)
+
+    async def model_known() -> None:
+        await asyncio.sleep(0.3)
+        state.start(FR, SAMPLER, Q.initial(0))
+        inbox.ready.set()
+
+    starting = asyncio.ensure_future(model_known())
+    try:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        async with aiohttp.ClientSession() as session, session.post(
+                f"http://127.0.0.1:{port}/v1/fragments", data=round_0_message_to_node_0(),
+                headers={"Content-Type": CONTENT_TYPE}) as resp:
+            return loop.time() - sent, resp.status, await resp.json()
+    finally:
+        await starting
+        await runner.cleanup()
+
+
+async def test_a_new_runs_first_fragment_waits_for_a_node_that_found_an_earlier_runs_checkpoint() -> None:
+    waited, status, answer = await post_round_0_fragment_while_the_model_is_not_known(0)
+    assert (status, answer) == (200, {"status": "accepted", "round": 0})
+    assert waited >= 0.25  # held until the model was known, then taken
+
+
+async def test_a_node_that_rejoins_a_run_past_round_0_refuses_at_once_with_a_retry() -> None:
+    waited, status, answer = await post_round_0_fragment_while_the_model_is_not_known(3)
+    assert status == 503 and answer["reason"] == "not_ready" and "rejoining" in answer["detail"]
+    assert waited < 0.25
