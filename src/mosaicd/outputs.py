@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import time
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads
 ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s",  # the first eight: as before
                  "higher_is_better", "node_average_test_loss", "average_model_test_loss", "eval_samples",
                  "test_size", "nodes", "per_node"]
+# what np.load raises on a checkpoint (.npz: a node's or simulate's) that is cut short, damaged (a flipped bit: the
+# zip's CRC), empty or another file
+NPZ_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 ROWS_KEPT = 2000          # evaluation rows a recorder keeps in memory (for /v1/history and the dashboard)
 SUMMARY_EVERY_S = 2.0     # between evaluations, summary.json's progress is refreshed at most this often
 

@@ -328,3 +328,23 @@ def test_a_checkpoint_is_found_whichever_point_a_crash_stopped_its_save_at(tmp_p
     assert checkpoint.load(tmp_path, round=4).round == 4 and checkpoint.load(tmp_path, round=3) is None
     (tmp_path / checkpoint.PREVIOUS).write_bytes(b"torn")
     assert checkpoint.load(tmp_path) is None
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty"])
+def test_an_unreadable_checkpoint_is_not_used_and_said_so(tmp_path: Path, damage: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint file damaged after it was written (a copy cut short, a flipped bit: the zip's CRC catches it)
+    is passed over for the previous one, with a warning: it does not stop the node from starting."""
+    from mosaicd.daemon.node import checkpoint
+
+    for round in (3, 4):
+        checkpoint.save(tmp_path, checkpoint.Checkpoint("run", 2, "127.0.0.1:9", round, np.full(64, round, np.float32)))
+    raw = (tmp_path / checkpoint.FILE).read_bytes()
+    middle = len(raw) // 2
+    damaged = {"truncated": raw[:middle], "empty": b"",
+               "flipped": raw[:middle] + bytes([raw[middle] ^ 1]) + raw[middle + 1:]}
+    (tmp_path / checkpoint.FILE).write_bytes(damaged[damage])
+    found = checkpoint.load(tmp_path)
+    assert found is not None and found.round == 3 and found.vector.tolist() == [3.0] * 64
+    assert checkpoint.rounds(tmp_path) == [3]
+    assert "checkpoint_unreadable" in capsys.readouterr().out

@@ -137,6 +137,21 @@ def test_resume_with_other_settings_is_refused_naming_the_flags(tmp_path: Path) 
     assert summary["status"] == "finished"
 
 
+def test_resume_from_a_damaged_checkpoint_is_refused_in_one_line_naming_replace(tmp_path: Path) -> None:
+    """A checkpoint cut short (a copy that stopped, a full disk elsewhere) is no traceback: one line, no change."""
+    out = tmp_path / "run"
+    s = Settings.load(**QUICK, rounds=20, checkpoint_rounds=5, out=out)
+    with pytest.raises(KeyboardInterrupt):
+        run_simulation(s, progress=False, on_round=interrupt_at(12))
+    raw = (out / SIMULATE_CHECKPOINT).read_bytes()
+    (out / SIMULATE_CHECKPOINT).write_bytes(raw[:len(raw) // 2])
+    before = listing(out)
+    with pytest.raises(ValueError) as refused:
+        run_simulation(s, progress=False, resume=True)
+    assert "cannot be read" in str(refused.value) and "--replace" in str(refused.value)
+    assert listing(out) == before
+
+
 def test_a_finished_run_is_refused_without_replace_and_replaced_with_it(tmp_path: Path) -> None:
     out = tmp_path / "run"
     run_simulation(Settings.load(**QUICK, rounds=3, out=out), progress=False)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from mosaic_proto import BarrierState, InMemoryNetwork
+from mosaicd.outputs import NPZ_READ_ERRORS
 from mosaicd.rundir import SIMULATE_CHECKPOINT, read_summary
 from mosaicd.settings import RunConfig, Settings, SettingsError
 
@@ -88,7 +89,7 @@ def _load(out: Path) -> tuple[dict[str, Any], np.ndarray] | None:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             vectors = data["vectors"].astype(np.float32)
-    except (OSError, ValueError, KeyError) as exc:
+    except NPZ_READ_ERRORS as exc:
         raise ValueError(f"--resume: {path} cannot be read ({exc}): start afresh with --replace") from None
     if meta.get("version") != VERSION:
         raise ValueError(f"--resume: {path} was written by another version of mosaicd: start afresh with --replace")

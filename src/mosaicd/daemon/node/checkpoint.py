@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from mosaicd.daemon.http.membership import own_address
+from mosaicd.logs import get_logger
+from mosaicd.outputs import NPZ_READ_ERRORS
 from mosaicd.settings import DaemonOptions
 
 FILE = "checkpoint.npz"
@@ -87,5 +89,7 @@ def _read(path: Path) -> Checkpoint | None:
             meta = json.loads(str(data["meta"]))
             return Checkpoint(str(meta["run_id"]), int(meta["rank"]), str(meta["address"]), int(meta["round"]),
                               data["vector"].astype(np.float32))
-    except (OSError, ValueError, KeyError):
+    except NPZ_READ_ERRORS as exc:
+        get_logger(role="node").warning("checkpoint_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}",
+                                        detail="not used: the previous checkpoint, if readable, or none is")
         return None
