@@ -153,6 +153,18 @@ def test_restarted_barrier_refuses_another_runs_settings(tmp_path: Path, kit: An
     assert json.loads((run.out / "barrier-state.json").read_text())["state"]["round"] == 0  # untouched
 
 
+@pytest.mark.parametrize("content", ['{"version": 1, "state": {}}', '[1]', '{"version": 1, "state": {"phase": '
+                                     '"running", "round": 3}, "run": {}, "started": 0}', '{"version": 1, "sta'])
+def test_a_barrier_refuses_a_damaged_journal_in_one_line(tmp_path: Path, kit: Any, content: str) -> None:
+    """A barrier-state.json that is not a journal it can read (cut short, edited, another file) is no traceback."""
+    (tmp_path / "barrier-state.json").write_text(content)
+    proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
+                           "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "barrier-state.json cannot be read" in proc.stderr and "move it away" in proc.stderr, proc.stderr
+    assert (tmp_path / "barrier-state.json").read_text() == content
+
+
 def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, kit: Any) -> None:
     run = {**RUN, "round_deadline": 4, "request_timeout": 2, "retries": 1, "drop_after": 3}
     lab = Lab(tmp_path, kit, run)

@@ -65,30 +65,35 @@ def load(out: Path, run: RunConfig, round: int | None = None) -> dict[str, Any] 
     """The saved run to resume, if OUT holds one still running; None if there is none (or it ended). `round`: the
     state of that open round (the newest, or the one before it), ResumeError if it is not kept.
 
-    ResumeError if the saved run's settings differ from `run` (other than a node count taken from DNS)."""
+    ResumeError if the saved run's settings differ from `run` (other than a node count taken from DNS), or if the
+    file cannot be read as a journal (damaged, or another file of that name)."""
     path = out / STATE_FILE
     try:
         data = json.loads(path.read_text())
+        if data.get("version") != VERSION or data["state"]["phase"] != BarrierPhase.RUNNING.value:
+            return None
+        saved = RunConfig.model_validate(data["run"])
+        started, newest, earlier = float(data["started"]), data["state"], data.get("earlier") or {}
+        for kept in (newest, earlier):  # readable whole, before anything is decided from them
+            if kept:
+                BarrierState.from_json(kept, 0.0)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise ResumeError(f"{path} cannot be read ({exc}): move it away to start a new run in {out}") from None
-    if data.get("version") != VERSION or data["state"]["phase"] != BarrierPhase.RUNNING.value:
-        return None
-    saved = RunConfig.model_validate(data["run"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ResumeError(f"{path} cannot be read ({type(exc).__name__}: {exc}): move it away to start a new run in "
+                          f"{out}") from None
     ours = run.with_nodes(saved.nodes).model_dump(mode="json")
     differ = sorted(k for k, v in saved.model_dump(mode="json").items() if ours.get(k) != v)
     if differ:
         raise ResumeError(f"{out} holds run {saved.run_id!r} in progress, with other settings "
                           f"({', '.join('--' + k.replace('_', '-') for k in differ)}): restart the barrier with that "
                           f"run's settings to resume it, or give another --out")
-    state = data["state"]
-    if round is not None and state["round"] != round:
-        state = data.get("earlier") or {}
+    state = newest
+    if round is not None and newest["round"] != round:
+        state = earlier
         if state.get("round") != round:
-            raise ResumeError(f"{path} keeps rounds {data['state']['round']} and "
-                              f"{(data.get('earlier') or {}).get('round')}, not round {round}")
-    return {"run": saved, "started": float(data["started"]), "state": state}
+            raise ResumeError(f"{path} keeps rounds {newest['round']} and {earlier.get('round')}, not round {round}")
+    return {"run": saved, "started": started, "state": state}
 
 
 def rounds(out: Path) -> list[int]:
