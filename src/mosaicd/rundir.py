@@ -33,6 +33,7 @@ SIMULATE_CHECKPOINT = "simulate-checkpoint.npz"  # what `simulate --resume` cont
 # logs/, state/ (node checkpoints) and nodes/ (a cluster's nodes' folders) are folders
 RUN_FILES = (RUN_MARKER, "rounds.csv", "nodes.csv", JOURNAL, SIMULATE_CHECKPOINT, "logs", "state", "nodes")
 DEFAULT_ROOT = Path("runs")
+EARLIER = "earlier"  # where a barrier keeps the run its --out held when it starts a new one (`keep_earlier_run`)
 
 
 def read_summary(out: Path | str) -> dict[str, Any] | None:
@@ -270,6 +271,29 @@ def remove_run(out: Path | str) -> list[str]:
         else:
             path.unlink(missing_ok=True)
     return removed
+
+
+def keep_earlier_run(out: Path | str) -> Path | None:
+    """Move the run that OUT holds (a summary.json: finished, failed or killed) with its files into
+    OUT/earlier/<run id>-<its start>, and return that folder; None if OUT holds no such run.
+
+    For a barrier that starts a new run in its --out (compose's results folder started again, a job script run
+    twice): it cannot ask, and a run's results are never replaced unasked. `cluster` and `simulate` refuse instead
+    (`claim_out`): someone is there to say --replace."""
+    out = Path(out)
+    summary = read_summary(out)
+    if summary is None:
+        return None
+    run_id = (summary.get("settings") or {}).get("run_id") or "run"
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in f"{run_id}-{started_at(summary, out) or 'unknown'}")
+    kept, n = out / EARLIER / name, 1
+    while kept.exists():
+        n += 1
+        kept = out / EARLIER / f"{name}-{n}"
+    kept.mkdir(parents=True)
+    for file in run_files(out):
+        os.replace(out / file, kept / file)
+    return kept
 
 
 def _refused(text: str) -> ValueError:

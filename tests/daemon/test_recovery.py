@@ -1,7 +1,7 @@
 """Recovery on loopback, with real processes: a barrier SIGKILLed mid-run and started again resumes the run
-(same models as the in-memory reference); a node SIGKILLed and started again rejoins from its checkpoint; nodes
-started again for a new run do not take the last run's checkpoints for their own; a node that starts late joins
-with --allow-join; a node frozen for a while costs nobody their place.
+(same models as the in-memory reference); a node SIGKILLed and started again rejoins from its checkpoint; a
+barrier and nodes started again for a new run keep the last run's results and do not take its checkpoints for
+theirs; a node that starts late joins with --allow-join; a node frozen for a while costs nobody their place.
 
 Each test prints how long the recovery took (pytest -s shows it); nothing here asserts a speed."""
 
@@ -200,15 +200,15 @@ def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, k
 
 def test_a_new_run_on_the_state_of_a_finished_one_starts_anew_to_the_reference_models(
         tmp_path: Path, kit: Any) -> None:
-    """The same nodes (the same --out, so the same state directories) started again for a new run, with a new
-    barrier: each finds the last run's checkpoint, says it does not use it, and the run is the reference's."""
-    run = {**RUN, "nodes": 4, "rounds": 20}
+    """The same barrier and nodes (the same --out, so the same state directories) started again: each node finds
+    the last run's checkpoint and says it does not use it, the barrier keeps the last run's files in
+    OUT/earlier/ and says so, and the new run is the reference's."""
+    run = {**RUN, "nodes": 4, "rounds": 20, "eval_every": 5}
     lab = Lab(tmp_path, kit, run)
     try:
         lab.start()
         first = lab.summary()
         lab.exited_cleanly()
-        lab.out = tmp_path / "run-2"
         lab.start()
         second = lab.summary()
         lab.exited_cleanly()
@@ -216,6 +216,12 @@ def test_a_new_run_on_the_state_of_a_finished_one_starts_anew_to_the_reference_m
         lab.stop()
     assert first["status"] == second["status"] == "finished" and second["events"] == []
     assert first["model_sha256"] == second["model_sha256"] == kit.reference_hashes(Settings(**run))
+    (kept,) = (lab.out / "earlier").iterdir()
+    earlier = json.loads((kept / "summary.json").read_text())
+    assert earlier["status"] == "finished" and earlier["model_sha256"] == first["model_sha256"]
+    assert [r["round"] for r in read_rounds(kept)] == [r["round"] for r in read_rounds(lab.out)] == [4, 9, 14, 19]
+    told = [e for e in lab.log("barrier") if e["event"] == "earlier_run_kept"]
+    assert len(told) == 1 and told[0]["folder"] == str(kept)
     for i in range(run["nodes"]):
         unused = [e for e in lab.log(f"node-{i}") if e["event"] == "checkpoint_not_used"]
         assert len(unused) == 1 and unused[0]["checkpoint_round"] == run["rounds"], unused

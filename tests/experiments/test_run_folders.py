@@ -20,7 +20,7 @@ import pytest
 from mosaicd import Settings
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.progress import RoundProgress
-from mosaicd.rundir import JOURNAL, SIMULATE_CHECKPOINT, claim_out, read_summary
+from mosaicd.rundir import JOURNAL, SIMULATE_CHECKPOINT, claim_out, keep_earlier_run, read_summary
 from mosaicd.settings import SettingsError
 
 QUICK = dict(task="quadratic", nodes=4, dim=8, fragments=2, fanout=2, heterogeneous=True, eval_every=3)
@@ -150,6 +150,23 @@ def test_resume_from_a_damaged_checkpoint_is_refused_in_one_line_naming_replace(
         run_simulation(s, progress=False, resume=True)
     assert "cannot be read" in str(refused.value) and "--replace" in str(refused.value)
     assert listing(out) == before
+
+
+def test_a_barrier_keeps_each_earlier_run_aside_and_nothing_else(tmp_path: Path) -> None:
+    """`keep_earlier_run` (a barrier starting a new run in a used --out): the run's files, each run its own folder
+    (the same start twice gets -2), the folder's other files left where they are; a folder without a run: None."""
+    out = tmp_path / "results"
+    assert keep_earlier_run(out) is None
+    kept = []
+    for _ in range(2):
+        run_simulation(Settings.load(**QUICK, rounds=3, out=out), progress=False, replace=True)
+        (out / "notes.txt").write_text("mine")
+        summary = json.loads((out / "summary.json").read_text())
+        kept.append(keep_earlier_run(out))
+        assert json.loads((kept[-1] / "summary.json").read_text()) == summary
+        assert not (out / "summary.json").exists() and (out / "notes.txt").read_text() == "mine"
+    assert kept[0] != kept[1] and kept[0].parent == kept[1].parent == out / "earlier"
+    assert keep_earlier_run(out) is None
 
 
 def test_a_finished_run_is_refused_without_replace_and_replaced_with_it(tmp_path: Path) -> None:

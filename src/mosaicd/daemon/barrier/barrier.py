@@ -30,6 +30,7 @@ from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.http.auth import Keyring, load_secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
+from mosaicd.rundir import keep_earlier_run
 from mosaicd.settings import DaemonOptions, RunConfig
 
 
@@ -49,6 +50,8 @@ class Barrier:
                                       min_members=run.min_members)
         self.run, self.options = run, options
         self.log = get_logger(role="barrier", run=run.run_id)
+        if not self.resumed and (kept := keep_earlier_run(options.out)) is not None:  # never replaced unasked
+            self.log.warning("earlier_run_kept", folder=str(kept), detail=f"its files are now in {kept}")
         # --resume-round: every member comes back at a new address and takes its rank back (registration.rebind)
         self.rebinding = set(self.state.live) | set(self.state.joining) \
             if self.resumed and options.resume_round is not None else set()
