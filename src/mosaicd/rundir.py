@@ -286,11 +286,7 @@ def keep_earlier_run(out: Path | str) -> Path | None:
         return None
     run_id = (summary.get("settings") or {}).get("run_id") or "run"
     name = "".join(c if c.isalnum() or c in "._-" else "-" for c in f"{run_id}-{started_at(summary, out) or 'unknown'}")
-    kept, n = out / EARLIER / name, 1
-    while kept.exists():
-        n += 1
-        kept = out / EARLIER / f"{name}-{n}"
-    kept.mkdir(parents=True)
+    kept = new_folder(out / EARLIER / name)
     for file in run_files(out):
         os.replace(out / file, kept / file)
     return kept
@@ -306,8 +302,12 @@ def _refused(text: str) -> ValueError:
 def fresh_folder(run_id: str, root: Path | str = DEFAULT_ROOT) -> Path:
     """A new folder ROOT/<run id>-<UTC time, YYYYmmdd-HHMMSS> (with -2, -3, ... where taken), made now, so that
     two runs started in the same second never share one."""
-    base = Path(root) / f"{run_id}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    Path(root).mkdir(parents=True, exist_ok=True)
+    return new_folder(Path(root) / f"{run_id}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+
+
+def new_folder(base: Path) -> Path:
+    """`base`, or `base`-2, -3, ... where taken, made now (its parents too), so that two callers never share one."""
+    base.parent.mkdir(parents=True, exist_ok=True)
     for n in range(1, 10_000):
         folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
         try:
@@ -315,7 +315,7 @@ def fresh_folder(run_id: str, root: Path | str = DEFAULT_ROOT) -> Path:
         except FileExistsError:
             continue
         return folder
-    raise OSError(f"no free run folder beside {base}")  # pragma: no cover
+    raise OSError(f"no free folder beside {base}")  # pragma: no cover
 
 
 def claim_out(out: Path | str | None, mode: str, resume: bool = False, replace: bool = False,
