@@ -280,10 +280,9 @@ def main() -> None:
         sim, warm = results["simulate"], results["warm"]
         bound = sim["cpu_s"] / cores
         report["compute_bound_s"] = round(bound, 2)
-        report["ratio_to_bound"], report["ratios_to_bound"] = side_by_side(
-            [r["wall_s"] for r in runs["warm"]], [s["cpu_s"] / cores for s in runs["simulate"]])
-        report["ratio_launch_to_bound"], _ = side_by_side(
-            [r["launch_wall_s"] for r in runs["warm"]], [s["cpu_s"] / cores for s in runs["simulate"]])
+        bounds = [s["cpu_s"] / cores for s in runs["simulate"]]
+        report["ratio_to_bound"], report["ratios_to_bound"] = side_by_side([r["wall_s"] for r in runs["warm"]], bounds)
+        report["ratio_launch_to_bound"], _ = side_by_side([r["launch_wall_s"] for r in runs["warm"]], bounds)
         report["same_models_simulate"] = all(s["model_sha256"] == w["model_sha256"]
                                              for s, w in zip(runs["simulate"], runs["warm"], strict=True))
         each = f" (each run: {', '.join(f'{x}x' for x in report['ratios_to_bound'])})" if args.repeat > 1 else ""
