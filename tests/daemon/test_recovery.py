@@ -165,6 +165,18 @@ def test_a_barrier_refuses_a_damaged_journal_in_one_line(tmp_path: Path, kit: An
     assert (tmp_path / "barrier-state.json").read_text() == content
 
 
+def test_a_barrier_that_cannot_write_its_out_says_so_in_one_line(tmp_path: Path, kit: Any) -> None:
+    """An --out where the barrier cannot keep the run there aside (here `earlier` is a file; read-only and full
+    folders end the same way): one line naming --out, exit 1, and the run that was there left as it was."""
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "settings": {"run_id": "old"}}))
+    (tmp_path / "earlier").write_text("not a folder")
+    proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
+                           "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"--out {tmp_path}: cannot write" in proc.stderr, proc.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["settings"]["run_id"] == "old"
+
+
 def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, kit: Any) -> None:
     run = {**RUN, "round_deadline": 4, "request_timeout": 2, "retries": 1, "drop_after": 3}
     lab = Lab(tmp_path, kit, run)

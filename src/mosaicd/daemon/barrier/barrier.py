@@ -27,6 +27,7 @@ from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.daemon.barrier.registration import count_nodes, registration_deadline
 from mosaicd.daemon.barrier.release_log import ReleaseLog
 from mosaicd.daemon.deadlines import release_wait
+from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.auth import Keyring, load_secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
@@ -50,16 +51,12 @@ class Barrier:
                                       min_members=run.min_members)
         self.run, self.options = run, options
         self.log = get_logger(role="barrier", run=run.run_id)
-        if not self.resumed and (kept := keep_earlier_run(options.out)) is not None:  # never replaced unasked
-            self.log.warning("earlier_run_kept", folder=str(kept), detail=f"its files are now in {kept}")
         # --resume-round: every member comes back at a new address and takes its rank back (registration.rebind)
         self.rebinding = set(self.state.live) | set(self.state.joining) \
             if self.resumed and options.resume_round is not None else set()
         self.rebound = asyncio.Event()
-        if self.rebinding:
-            drop_rows_from(options.out, nodes=self.state.round, rounds=self.state.round - 1)
-        self.recorder = RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
-                                    mode="cluster", resume_from=self.resumed["started"] if self.resumed else None)
+        self.recorder = open_outputs(options, run, self.resumed, self.state.round if self.rebinding else None,
+                                     self.log)
         self.metrics = BarrierMetrics(run)
         secret = load_secret(options.secret_file)
         self.keyring = Keyring(secret) if secret else None
@@ -233,6 +230,23 @@ class Barrier:
 
     def _record(self, release: Release) -> None:
         self.releases.record(release, self.state.closed[release.round], self.now(), self.evaluator.last_metrics)
+
+
+def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any] | None, rebind_round: int | None,
+                 log: Any) -> RunRecorder:
+    """The run's files in --out: a new run keeps the run there before aside (never replaced unasked), a run resumed
+    with --resume-round drops the rows from `rebind_round` on, and the recorder opens them. A folder that cannot be
+    written (read-only, full) ends the barrier in one line naming --out, not a traceback."""
+    try:
+        if resumed is None and (kept := keep_earlier_run(options.out)) is not None:
+            log.warning("earlier_run_kept", folder=str(kept), detail=f"its files are now in {kept}")
+        if rebind_round is not None:
+            drop_rows_from(options.out, nodes=rebind_round, rounds=rebind_round - 1)
+        return RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
+                           mode="cluster", resume_from=resumed["started"] if resumed else None)
+    except OSError as exc:
+        raise OutputError(f"--out {options.out}: cannot write {exc.filename or options.out}: "
+                          f"{exc.strerror or exc}") from None
 
 
 def _now() -> float:
