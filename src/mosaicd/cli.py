@@ -210,6 +210,13 @@ def _command_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command has started (its imports): nothing was written
+        raise SystemExit(130) from None
+
+
+def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "node")
@@ -298,6 +305,10 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "barrier":
         from mosaicd.daemon.barrier.run import run_barrier
         return asyncio.run(run_barrier(settings))
+    if args.command in ("cluster", "simulate"):
+        import signal
+
+        signal.signal(signal.SIGTERM, _interrupt)  # ends as Ctrl-C does: a failed summary, a resumable folder
     if args.command == "cluster":
         from mosaicd.experiments.cluster import ClusterFailed, run_cluster
         try:
@@ -308,11 +319,8 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
             return 1
         return 0
     if args.command == "simulate":
-        import signal
-
         from mosaicd.experiments.simulate import run_simulation
 
-        signal.signal(signal.SIGTERM, _interrupt)  # ends as Ctrl-C does: a failed summary, a resumable folder
         _print_final(run_simulation(settings, progress=not args.quiet, resume=args.resume, replace=args.replace))
         return 0
     raise AssertionError(args.command)

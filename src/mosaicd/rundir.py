@@ -205,6 +205,25 @@ def _journal_round(out: Path) -> tuple[str, int | None, int | None] | None:
         return None
 
 
+def journal_rounds(out: Path | str) -> list[int]:
+    """The open rounds `cluster --resume` can go on from, newest first, as OUT's barrier journal keeps them: both
+    kept states of a run still running; the last open round of a run whose barrier had finished it but was stopped
+    before its summary said so (while it collected or evaluated the final models: the nodes' checkpoints hold them).
+    """
+    out = Path(out)
+    try:
+        data = json.loads((out / JOURNAL).read_text())
+        newest, earlier = data["state"], data.get("earlier") or {}
+        if newest["phase"] == "running":
+            return [s["round"] for s in (newest, earlier) if s]
+        if newest["phase"] == "finished" and earlier.get("phase") == "running" \
+                and (read_summary(out) or {}).get("status") != "finished":
+            return [earlier["round"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return []
+
+
 def _has_node_checkpoints(out: Path) -> bool:
     return any(out.glob("state/*/checkpoint.npz")) or any(out.glob("nodes/*/state/*/checkpoint.npz"))
 
@@ -236,6 +255,7 @@ def occupant(out: Path | str) -> Occupant:
     summary = read_summary(out)
     journal = _journal_round(out)
     journal_running = journal is not None and journal[0] == "running"
+    resumable_journal = bool(journal_rounds(out))
     mode = (summary or {}).get("mode") or ("cluster" if journal else "simulate" if SIMULATE_CHECKPOINT in files
                                             else None)
     status = (summary or {}).get("status")
@@ -249,7 +269,7 @@ def occupant(out: Path | str) -> Occupant:
         at = f" at round {rounds_done(summary)} of {rounds}" if rounds_done(summary) is not None else ""
         text = (f"failed{at}: {summary.get('error') or 'no reason given'}" if status == "failed"
                 else f"running{at}: still going, or killed")
-        resumable = (journal_running if mode == "cluster" else mode == "simulate")
+        resumable = (resumable_journal if mode == "cluster" else mode == "simulate")
         return Occupant("unfinished", mode, text, resumable, files)
     if journal_running:
         assert journal is not None
@@ -352,7 +372,7 @@ def claim_out(out: Path | str | None, mode: str, resume: bool = False, replace: 
             raise _refused(f"--resume: {out} holds an unfinished {other}run ({held.text}): continue it with {how}")
         return out
     if held.kind == "none":
-        return out
+        return writable(out)
     if not replace:
         if held.kind == "unfinished" and held.resumable:
             raise _refused(f"--out {out} holds an unfinished {other}run ({held.text}): continue it with {how}, or "
@@ -366,4 +386,19 @@ def claim_out(out: Path | str | None, mode: str, resume: bool = False, replace: 
         raise _refused(f"--out {out} holds files of another run ({held.text}): give another --out, or --replace to "
                        "remove them")
     remove_run(out)
+    return writable(out)
+
+
+def writable(out: Path) -> Path:
+    """`out`, made (with its parents) and written to once, so that a folder the run cannot write (its parent a
+    file, a read-only file system, no permission) is one line naming --out before anything starts (exit 1), not a
+    traceback from the first file written."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out, prefix=".mosaic-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     return out

@@ -41,7 +41,7 @@ from mosaicd.experiments.warm import REPORT_FD
 from mosaicd.learning.tasks import require_task
 from mosaicd.outputs import failed_summary, failure_text
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
-from mosaicd.rundir import claim_out
+from mosaicd.rundir import claim_out, read_summary
 from mosaicd.settings import Settings
 
 PR_SET_PDEATHSIG = 1
@@ -252,7 +252,8 @@ class Cluster:
                                 "journal and the nodes' checkpoints)", always=True)
             printer.message(f"barrier {barrier_url}: dashboard in a browser, or `mosaicd status {barrier_url}`")
             printer.start_run("", s.rounds)
-            reported = _Reported(s.rounds, [printer.on_round] + ([self.on_round] if self.on_round else []))
+            reported = _Reported(s.rounds, [printer.on_round] + ([self.on_round] if self.on_round else []),
+                                 done=self.resumed_at or 0)
             try:
                 while True:
                     barrier = self.procs["barrier"].poll()
@@ -320,10 +321,15 @@ def record_failure(out: Path, settings: Settings, exc: BaseException, started: f
     except (OSError, ValueError):
         failed_summary(out, settings, "cluster", error, wall_s=time.time() - started)
         return
+    if summary.get("status") == "finished":  # the barrier finished the run before the failure (a late Ctrl-C)
+        return
     if summary.get("status") == "failed":
         summary.setdefault("cluster_error", error)
     else:
         summary.update(status="failed", error=error)
+    kept = barrier_journal.rounds(out)  # the barrier writes its summary every few seconds, its journal every round
+    if kept and isinstance(summary.get("progress"), dict):
+        summary["progress"]["rounds_done"] = kept[0]  # the rounds released: the resumed run goes on from there
     tmp = path.with_suffix(".json.tmp")
     try:
         tmp.write_text(json.dumps(summary, indent=2))
@@ -424,9 +430,10 @@ def _read_reports(fd: int, handles: dict[str, ForkedProcess]) -> None:
 class _Reported:
     """Rounds reported to the callbacks so far: each round once, in order; each evaluation row once."""
 
-    def __init__(self, rounds: int, callbacks: list[OnRound]) -> None:
+    def __init__(self, rounds: int, callbacks: list[OnRound], done: int = 0) -> None:
+        """`done`: the rounds done before (a resumed run's): they are not reported again."""
         self.rounds, self.callbacks = rounds, callbacks
-        self.done = 0            # rounds reported
+        self.done = done         # rounds reported
         self.row_round = -1      # the round of the latest row reported
         self.live: int | None = None
         self.members: int | None = None
@@ -458,9 +465,20 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
     settings = settings.model_copy(update={"out": out})
     try:
         return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)
-    except (KeyboardInterrupt, ClusterFailed, OutputError):
-        kept = barrier_journal.rounds(Path(out))
-        if kept:  # what the user can do next, in one line
-            print(f"mosaicd cluster: {out}: the run stopped at round {kept[0]} of {settings.rounds}; the same command "
-                  f"with --resume continues it (--out {out})", file=sys.stderr)
+    except (KeyboardInterrupt, ClusterFailed, OutputError) as exc:
+        if step := next_step(Path(out), settings.rounds, exc):
+            print(f"mosaicd cluster: {out}: {step}", file=sys.stderr)
         raise
+
+
+def next_step(out: Path, rounds: int, exc: BaseException) -> str | None:
+    """What the user can do with the run in OUT after it stopped, in one line (None: the error says it all)."""
+    if (read_summary(out) or {}).get("status") == "finished":
+        return "the run had finished before it was interrupted: its results are there"
+    kept = barrier_journal.rounds(out)
+    if kept:
+        return f"the run stopped at round {kept[0]} of {rounds}; the same command with --resume continues it " \
+            f"(--out {out})"
+    if isinstance(exc, KeyboardInterrupt):
+        return f"the run was stopped before its first round; --replace starts it again (--out {out})"
+    return None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mosaic_proto import BarrierPhase, BarrierState
+from mosaicd.rundir import journal_rounds
 from mosaicd.settings import RunConfig
 
 STATE_FILE = "barrier-state.json"
@@ -70,8 +71,12 @@ def load(out: Path, run: RunConfig, round: int | None = None) -> dict[str, Any] 
     path = out / STATE_FILE
     try:
         data = json.loads(path.read_text())
-        if data.get("version") != VERSION or data["state"]["phase"] != BarrierPhase.RUNNING.value:
+        if data.get("version") != VERSION:
             return None
+        if data["state"]["phase"] != BarrierPhase.RUNNING.value:  # ended; `cluster --resume` may take its last round
+            if round is None or round not in rounds(out):
+                return None
+            data["state"], data["earlier"] = data["earlier"], None
         saved = RunConfig.model_validate(data["run"])
         started, newest, earlier = float(data["started"]), data["state"], data.get("earlier") or {}
         for kept in (newest, earlier):  # readable whole, before anything is decided from them
@@ -97,11 +102,5 @@ def load(out: Path, run: RunConfig, round: int | None = None) -> dict[str, Any] 
 
 
 def rounds(out: Path) -> list[int]:
-    """The open rounds whose state the journal in OUT keeps (newest first); none if it holds no running run."""
-    try:
-        data = json.loads((out / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return []
-    if data.get("state", {}).get("phase") != BarrierPhase.RUNNING.value:
-        return []
-    return [s["round"] for s in (data["state"], data.get("earlier")) if s]
+    """The open rounds whose state the journal in OUT keeps that `cluster --resume` can go on from (newest first)."""
+    return journal_rounds(out)

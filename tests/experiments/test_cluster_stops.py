@@ -1,0 +1,100 @@
+"""How `mosaicd cluster` ends when it is stopped: SIGTERM as Ctrl-C does, and a Ctrl-C that comes while the barrier
+collects and evaluates the final models. Real processes on 127.0.0.1 (the process group signalled, as a terminal's
+Ctrl-C is)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+QUADRATIC = ["--task", "quadratic", "--nodes", "4", "--fanout", "2", "--dim", "16", "--seed", "5", "--eval-every", "0"]
+DIGITS = ["--task", "digits", "--nodes", "4", "--rounds", "6", "--local-steps", "2", "--fanout", "2", "--eval-every",
+          "0"]
+
+
+def start(kit: Any, out: Path, run: list[str]) -> subprocess.Popen:
+    """The command in its own process group, with SIGINT at its default (a background job's is ignored)."""
+    return subprocess.Popen([*kit.mosaicd, "cluster", *run, "--out", str(out), "--quiet"], start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def summary(out: Path) -> dict[str, Any]:
+    return json.loads((out / "summary.json").read_text())
+
+
+def nodes_rows(out: Path) -> int:
+    try:
+        return len((out / "nodes.csv").read_text().splitlines()) - 1
+    except OSError:
+        return 0
+
+
+def resume(kit: Any, out: Path, run: list[str]) -> dict[str, Any]:
+    """`--resume`, whose console reports the rounds from where it resumed, not those done before."""
+    done = subprocess.run([*kit.mosaicd, "cluster", *run, "--out", str(out), "--resume"], capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    at = int(re.search(r"resuming .* at round (\d+) of", done.stderr).group(1))  # type: ignore[union-attr]
+    reported = [int(m) for m in re.findall(r"^round (\d+) \(", done.stderr, re.MULTILINE)]
+    assert all(r >= at for r in reported) and len(reported) == len(set(reported)), (at, reported[:5])
+    assert max(reported, default=at - 1) == at - 1 + len(reported)  # each round from there once (none: at the end)
+    return summary(out)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_ends_the_run_as_ctrl_c_does(tmp_path: Path, kit: Any) -> None:
+    run, out = [*QUADRATIC, "--rounds", "400"], tmp_path / "run"
+    proc = start(kit, out, run)
+    kit.wait_until(lambda: nodes_rows(out) >= 4 * 20, 90, "round 20 in nodes.csv")
+    proc.send_signal(signal.SIGTERM)  # the launcher alone: what `timeout`, systemd or a job scheduler sends
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    ended = summary(out)
+    assert ended["status"] == "failed" and "interrupted" in ended["error"], ended
+    stopped = [line for line in err.splitlines() if "the same command with --resume continues it" in line]
+    assert stopped and str(out) in stopped[0], err[-2000:]
+    at = int(stopped[0].split("stopped at round ")[1].split()[0])
+    assert ended["progress"]["rounds_done"] == at  # the summary and the console name the same round
+    whole = subprocess.run([*kit.mosaicd, "simulate", *run, "--out", str(tmp_path / "whole"), "--quiet"],
+                           capture_output=True, text=True, timeout=120)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    assert resume(kit, out, run)["model_sha256"] == summary(tmp_path / "whole")["model_sha256"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_final_models_are_evaluated_leaves_a_run_that_ends_as_the_uninterrupted_one(
+        tmp_path: Path, kit: Any) -> None:
+    whole = subprocess.run([*kit.mosaicd, "simulate", *DIGITS, "--out", str(tmp_path / "whole"), "--quiet"],
+                           capture_output=True, text=True, timeout=180)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    reference = summary(tmp_path / "whole")["model_sha256"]
+    out = tmp_path / "run"
+    proc = start(kit, out, DIGITS)
+
+    def final_release() -> bool:  # the barrier has every final arrival: it now collects and evaluates the models
+        try:
+            return '"finished": true' in (out / "logs" / "barrier.log").read_text()
+        except OSError:
+            return False
+    kit.wait_until(final_release, 120, "the barrier's final release in its log", interval=0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    ended = summary(out)
+    if ended["status"] == "finished":  # the barrier wrote its summary before the signal came: it stays finished
+        assert ended["model_sha256"] == reference and "error" not in ended
+        assert "the run had finished before it was interrupted" in err, err[-2000:]
+    else:  # the run is resumable at its last round, and ends with the uninterrupted run's models
+        assert ended["status"] == "failed" and "interrupted" in ended["error"], ended
+        assert ended["progress"]["rounds_done"] == 6 and not ended.get("model_sha256")
+        assert "stopped at round 6 of 6; the same command with --resume continues it" in err, err[-2000:]
+        resumed = resume(kit, out, DIGITS)
+        assert resumed["status"] == "finished" and resumed["model_sha256"] == reference
