@@ -249,3 +249,31 @@ def test_cluster_claims_its_folder_as_simulate_does(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="--resume: .* holds a finished run"):
         run_cluster(Settings.load(**QUICK, rounds=2, out=out), progress=False, resume=True)
     assert listing(out) == before
+
+
+@pytest.mark.parametrize("command", ["simulate", "cluster"])
+def test_an_out_that_cannot_be_made_is_one_line_naming_out(tmp_path: Path, command: str) -> None:
+    """A parent that is a file, a read-only file system: one line naming --out, before anything starts."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    for out, why in ((afile / "sub", "Not a directory"), (Path("/proc/mosaic-run"), "")):
+        proc = mosaicd(command, "--task", "quadratic", "--nodes", "4", "--rounds", "2", "--out", str(out),
+                       cwd=tmp_path)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.startswith(f"mosaicd {command}: error: --out {out}: cannot write "), proc.stderr
+        assert proc.stderr.count("\n") == 1 and why in proc.stderr, proc.stderr
+    assert afile.read_text() == "not a folder" and not (tmp_path / "runs").exists()
+
+
+def test_ctrl_c_before_the_first_round_says_how_to_go_on(tmp_path: Path, kit: Any) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "mosaicd", "simulate", "--task", "digits", "--nodes", "4",
+                             "--rounds", "3", "--out", str(out)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    kit.wait_until(lambda: (out / "rounds.csv").exists(), 60, "the run's files (its task is being built)", 0.005)
+    os.kill(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    summary = read_summary(out)
+    assert summary is not None and summary["status"] == "failed" and summary["progress"]["rounds_done"] == 0
+    assert f"{out}: the run stopped at round 0 of 3; the same command with --resume continues it" in err, err

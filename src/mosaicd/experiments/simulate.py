@@ -48,8 +48,10 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
         return _simulate(settings, recorder, progress, on_round, start)
     except BaseException as exc:
         recorder.fail(failure_text(exc))
-        if progress and (recorder.rounds_done > 0 or (out / SIMULATE_CHECKPOINT).exists()):
-            _say_unfinished(out)  # only a run that got going: one that could not start has nothing to go on with
+        # a run that got going, or was stopped by the user at any point; one that could not start says why instead
+        if progress and (isinstance(exc, KeyboardInterrupt) or recorder.rounds_done > 0
+                         or (out / SIMULATE_CHECKPOINT).exists()):
+            _say_unfinished(out)
         raise
 
 
