@@ -90,11 +90,17 @@ def test_config_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[s
     wrong = tmp_path / "wrong.toml"
     wrong.write_text("[mosaic]\nrounds = 'x'\n")
     code, err = cli_error(["simulate", "--config", str(wrong)], capsys)
-    assert code == 2 and "--rounds" in err and "'x'" in err
+    assert code == 2 and "--rounds" in err and "'x'" in err and f"rounds in --config {wrong}" in err
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("roundz = 3\n")
     code, err = cli_error(["simulate", "--config", str(unknown)], capsys)
-    assert code == 2 and "unknown setting 'roundz'" in err
+    assert code == 2 and f"--config {unknown}: unknown setting 'roundz'" in err
+    # a table that is not [mosaic] (a sweep spec's [run], a typo) is refused, not skipped with its settings
+    for text in ("nodes = 4\n[run]\nrounds = 3\n", "[mosiac]\nrounds = 3\n", "[mosaic]\nrounds = 3\n[run]\nseed = 1\n"):
+        tables = tmp_path / "tables.toml"
+        tables.write_text(text)
+        code, err = cli_error(["simulate", "--config", str(tables)], capsys)
+        assert code == 2 and f"--config {tables}: unknown table" in err and err.count("\n") == 1, (text, err)
 
 
 def test_missing_config_file_from_the_command(tmp_path: Path, kit: Any) -> None:

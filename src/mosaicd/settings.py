@@ -60,7 +60,12 @@ class _TomlSource(PydanticBaseSettingsSource):
             return {}
         with open(path, "rb") as f:
             data = tomllib.load(f)
-        return {k.replace("-", "_"): v for k, v in data.get("mosaic", data).items() if not isinstance(v, dict)}
+        table = data.pop("mosaic", None)  # the settings may sit in a [mosaic] table; any other table is refused
+        if isinstance(table, dict):
+            data.update(table)
+        elif table is not None:
+            data["mosaic"] = table
+        return {k.replace("-", "_"): v for k, v in data.items()}
 
 
 class RunConfig(BaseModel):
@@ -343,7 +348,7 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
         try:
             return cls(**{k: v for k, v in flags.items() if v is not None})
         except ValidationError as exc:
-            raise SettingsError(format_errors(exc)) from None
+            raise SettingsError(format_errors(exc, config)) from None
         except tomllib.TOMLDecodeError as exc:
             raise SettingsError(f"--config {config}: not valid TOML: {exc}") from None
         finally:
@@ -360,14 +365,18 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
         return self.run_config().model_dump(mode="json")
 
 
-def format_errors(exc: ValidationError) -> str:
+def format_errors(exc: ValidationError, config: Path | None = None) -> str:
+    """One line for the errors, each naming where the value can come from: its flag, its variable, --config's key."""
     lines = []
     for err in exc.errors():
         loc = [str(x) for x in err["loc"]]
         if err["type"] == "extra_forbidden" and loc:  # only a --config file can name a setting that does not exist
-            lines.append(f"unknown setting {loc[0]!r} (a --config key or Settings argument; see mosaicd node --help)")
+            kind = "table" if isinstance(err.get("input"), dict) else "setting"
+            lines.append(f"--config {config}: unknown {kind} {loc[0]!r} (see mosaicd node --help for the settings)"
+                         if config else f"unknown setting {loc[0]!r} (a Settings argument; see mosaicd node --help)")
             continue
-        where = f"--{loc[0].replace('_', '-')} (MOSAIC_{loc[0].upper()})" if loc else "settings"
+        key = f", or {loc[0]} in --config {config}" if config and loc else ""
+        where = f"--{loc[0].replace('_', '-')} (MOSAIC_{loc[0].upper()}{key})" if loc else "settings"
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {msg}" + (f" (got {err['input']!r})" if loc and "input" in err else ""))
     return "; ".join(lines)
