@@ -36,11 +36,16 @@ class NetworkEvaluator:
 
     async def collect(self, run: RunConfig, round: int, addresses: dict[int, str], final: bool) -> None:
         """Fetch the models after `round` of the nodes at `addresses` (rank -> host:port), then start their
-        evaluation; the final models are kept for summary.json."""
+        evaluation; the final models are kept for summary.json.
+
+        A release waits for the collection of an earlier round (the nodes keep few snapshots) while the next round's
+        deadline runs, so a node that does not answer (stopped, frozen) costs it at most a quarter of the round
+        deadline, not --request-timeout: else the release would come too late and every member would straggle."""
         vectors: dict[int, np.ndarray] = {}
         taken_at = self.recorder.clock()
         sign = signer(lambda: self.keyring.credentials(run.run_id), lambda: "barrier") if self.keyring else None
-        async with Client(timeout=self.options.request_timeout, retries=1, signer=sign,
+        timeout = min(self.options.request_timeout, run.round_deadline / 8)  # two attempts
+        async with Client(timeout=timeout, retries=1, signer=sign,
                           ssl_context=client_context(self.options)) as client:
             async def fetch(rank: int, address: str) -> None:
                 url = f"{scheme(self.options)}://{address}/v1/model?round={round}"
