@@ -271,3 +271,25 @@ def test_cluster_goes_on_without_a_killed_node(tmp_path: Path, kit: Any) -> None
     assert summary["status"] == "finished" and summary["dropped"] == [1] and summary["members"] == [0, 2, 3, 4]
     assert cluster.dead == {"node-1": -signal.SIGKILL}
     assert [e["stragglers"] for e in summary["events"]] == [[1], [1]]
+
+
+@pytest.mark.slow
+def test_a_registered_node_ends_at_once_when_the_barrier_gives_up_registration(tmp_path: Path, kit: Any) -> None:
+    """The barrier's --register-deadline passes with 1 of 3 nodes: the node that registered hears why and exits 1
+    then, not after its own --register-deadline of retrying a barrier that is gone."""
+    run = dict(nodes=3, rounds=5, fanout=1)
+    barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
+    try:
+        spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"), "--register-deadline", "4")
+        started = time.monotonic()
+        spawn("node-0", node_ports[0], "node", "--barrier-url", f"http://127.0.0.1:{barrier_port}",
+              "--register-deadline", "120")
+        node = procs[node_ports[0]]
+        assert node.wait(timeout=60) == 1 and time.monotonic() - started < 30
+        log = (tmp_path / "node-0.log").read_text()
+        assert "registration deadline (4s) passed with 1 of 3 nodes" in log, log[-2000:]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)

@@ -100,7 +100,7 @@ class Client:
         if self.signer and digest is None:
             digest = await hash_bytes(data)  # once per request, off the loop when large
         attempts = 1 + (self.retries if retries is None else retries)
-        last = "no attempt"
+        last, refused = "no attempt", None
         for attempt in range(attempts):
             if attempt:
                 delay = self.backoff * 2 ** (attempt - 1)
@@ -117,9 +117,11 @@ class Client:
                     error = refusal(resp.status, body)
                     if resp.status < 500:
                         raise error
-                    last = error.detail
+                    last, refused = error.detail, error if isinstance(error, Refused) else None
             except (TimeoutError, ClientError, OSError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                last, refused = f"{type(exc).__name__}: {exc}", None
+        if refused is not None:  # the last answer gave a reason (registration failed...): the caller may stop on it
+            raise refused
         raise HttpError(None, f"{method} {url} failed after {attempts} attempts: {last}")
 
     async def post_json(self, url: str, payload: dict, **kwargs: Any) -> dict:
