@@ -5,6 +5,7 @@ ended; the looking tools start fast and print plain tables when piped. Real proc
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,6 +109,18 @@ def test_status_of_a_finished_and_of_a_crashed_run(runs: Path) -> None:
 
     failed = mosaicd("status", str(runs / "failed"))
     assert failed.returncode == 0 and "error: " in failed.stdout and "mosaicd data fetch" in failed.stdout
+
+
+def test_status_of_a_run_folder_names_the_nodes_that_left(runs: Path, tmp_path: Path) -> None:
+    """A run whose summary says rank 1 left (`mosaicd cluster` writes "left"): its status says so, as the
+    barrier's live status does."""
+    folder = tmp_path / "left"
+    shutil.copytree(runs / "cluster", folder)
+    summary = {**summary_of(folder), "left": [1], "members": [0, 2]}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    view = json.loads(mosaicd("status", str(folder), "--json").stdout)
+    assert view["barrier"]["left"] == [1] and [n["phase"] for n in view["nodes"]][1] == "left"
+    assert "left [1]" in mosaicd("status", str(folder)).stdout
 
 
 def test_log_shows_the_barrier_and_a_node(runs: Path) -> None:

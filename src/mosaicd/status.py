@@ -110,7 +110,7 @@ def folder_view(folder: Path) -> dict[str, Any]:
     status = str(summary.get("status"))
     barrier = {"role": "run folder", "run_id": settings.get("run_id"), "phase": status,
                "round": done if done is not None else "-", "rounds": settings.get("rounds"), "live": members,
-               "members": [{"rank": r} for r in range(nodes)], "dropped": dropped, "settings": settings,
+               "members": [{"rank": r} for r in range(nodes)], "dropped": dropped, "left": left, "settings": settings,
                "metrics": final or None, "latest": latest, "error": summary.get("error"),
                "started": summary.get("started"), "wall_s": summary.get("wall_s"), "mode": summary.get("mode")}
     rows = []
