@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -175,6 +176,21 @@ def test_a_barrier_that_cannot_write_its_out_says_so_in_one_line(tmp_path: Path,
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"--out {tmp_path}: cannot write" in proc.stderr, proc.stderr
     assert json.loads((tmp_path / "summary.json").read_text())["settings"]["run_id"] == "old"
+
+
+def test_a_barrier_that_cannot_listen_leaves_its_out_untouched(tmp_path: Path, kit: Any) -> None:
+    """Its port in use: one line naming --port, exit 1, before the run in --out is kept aside or a file written."""
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "settings": {"run_id": "old"}}))
+    (tmp_path / "rounds.csv").write_text("round\n0\n")
+    before = sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir())
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
+                               "--fanout", "1", "--host", "127.0.0.1", "--port", str(port)], capture_output=True,
+                              text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"--port {port}" in proc.stderr and "in use" in proc.stderr, proc.stderr
+    assert sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir()) == before
 
 
 def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, kit: Any) -> None:

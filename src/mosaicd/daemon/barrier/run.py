@@ -10,8 +10,8 @@ from mosaicd.daemon.barrier.console import BarrierConsole, local_url
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.errors import RunEnded
-from mosaicd.daemon.http.auth import check_listen
-from mosaicd.daemon.http.server import serve
+from mosaicd.daemon.http.auth import Keyring, check_listen, load_secret
+from mosaicd.daemon.http.server import check_port, serve
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.logs import get_logger, json_logs
 from mosaicd.settings import Settings
@@ -23,9 +23,12 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
     from mosaicd.learning.tasks import require_task
 
     require_task(settings.task)  # it evaluates the task: say now, not at the first evaluation, if it cannot
+    # where it cannot listen, say so before the Barrier opens its outputs (keeping an earlier run aside...)
+    check_listen(settings, Keyring(secret) if (secret := load_secret(settings.secret_file)) else None, barrier=True)
+    if sock is None:
+        check_port(settings.daemon_options())
     barrier = Barrier(settings.run_config(), settings.daemon_options(),
                       evaluate=NetworkEvaluation(settings.data_dir, task))
-    check_listen(settings, barrier.keyring, barrier=True)
     runner, port = await serve(barrier_app(barrier), settings, sock)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
     console = None if json_logs(settings.log_json) else asyncio.ensure_future(

@@ -65,6 +65,21 @@ async def serve(app: web.Application, options: DaemonOptions,
     return runner, bound
 
 
+def check_port(options: DaemonOptions) -> None:
+    """ListenError now where --host/--port cannot be listened on (the port in use, a foreign address): for a barrier,
+    before it touches the run's files in --out (`serve` binds only once the app, and so the barrier, exists)."""
+    if options.port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(options.host or None, options.port,
+                                                             type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as serve's: TIME_WAIT is no obstacle
+            probe.bind(address)
+    except OSError as exc:
+        raise listen_error(exc, options.host, options.port) from None
+
+
 def earlier_port(options: DaemonOptions) -> int:
     """--port, or with --port 0 the one --port-file names from this process's previous life (a restarted container
     keeps its address, so the run knows it as the same member)."""
