@@ -179,12 +179,12 @@ class NodeState:
         if vector is not None:
             self.begin(vector)
 
-    def begin(self, vector: np.ndarray, kept_as: int | None = None) -> None:
+    def begin(self, vector: np.ndarray, kept_as: int | None = None, before: np.ndarray | None = None) -> None:
         """The model this node starts the run (or its rejoin) from; `kept_as`: the round it is the model after (a
-        resumed run's checkpoint), kept as that round's snapshot for the barrier's evaluation."""
+        resumed run's checkpoint), kept as that round's snapshot for the barrier's evaluation, `before` too."""
         self.vector = vector
-        if kept_as is not None and kept_as >= 0:
-            self.snapshots[kept_as] = vector
+        kept = {} if kept_as is None else {kept_as: vector, kept_as - 1: before}
+        self.snapshots.update({t: v for t, v in kept.items() if t >= 0 and v is not None})
 
     def rejoining(self) -> None:
         """A dropped node registers again (--rejoin-dropped)."""

@@ -39,7 +39,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from mosaic_proto import NODE_COLUMNS, NodeReport
-from mosaicd.rundir import read_rounds  # read_rounds: the rows, for everyone who reads them
+from mosaicd.rundir import node_losses_after, read_rounds  # read_rounds: the rows, for everyone who reads them
 from mosaicd.settings import RunConfig
 
 NETWORK_METRICS = ("node_average", "average_model", "consensus_distance", "node_spread")  # the spec's four
@@ -194,7 +194,9 @@ class RunRecorder:
         self.latest: dict[str, Any] | None = self.rounds[-1] if self.rounds else None
         self.rounds_done = self.latest["round"] + 1 if self.latest and isinstance(self.latest.get("round"), int) \
             else 0
-        self.losses: dict[int, dict[int, float]] = {}
+        # the nodes' losses of the rounds not evaluated yet (a resumed run's: from nodes.csv), for train_loss
+        self.losses: dict[int, dict[int, float]] = \
+            node_losses_after(self.out, self.rounds_done - 1) if resume_from is not None else {}
         self._summary_at = -math.inf  # the first round writes summary.json: from then on `mosaicd runs` lists it
         self.ended: str | None = None  # "finished" or "failed" once summary.json says so: never "running" again
         (self.out / "summary.json").unlink(missing_ok=True)

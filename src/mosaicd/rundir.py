@@ -3,7 +3,8 @@ runs (`mosaicd runs`, `log`, `status FOLDER`) start at once and work on runs tha
 
     OUT/summary.json       status, settings, progress, the newest evaluation ("final"); see `mosaicd.outputs`
     OUT/rounds.csv         one row per evaluated round (`read_rounds`)
-    OUT/nodes.csv          one row per node and round (`last_node_rows`: each node's newest, from the file's end)
+    OUT/nodes.csv          one row per node and round (`last_node_rows`: each node's newest, from the file's end;
+                           `node_losses_after`: a resumed run's losses of the rounds it has yet to evaluate)
     OUT/logs/barrier.log   a cluster's barrier, OUT/logs/node-<rank>.log its nodes (JSON lines)
     OUT/run.log            a sweep's run: one line per round
 
@@ -114,6 +115,35 @@ def last_node_rows(out: Path | str, nodes: int) -> dict[int, dict[str, Any]]:
         if isinstance(row.get("node"), int):
             rows[row["node"]] = row
     return rows
+
+
+def node_losses_after(out: Path | str, round: int) -> dict[int, dict[int, float]]:
+    """round -> node -> loss, from OUT/nodes.csv's rows of the rounds after `round` (read from the file's end, back
+    to a row of `round` or before): the training losses of the rounds a resumed run has yet to evaluate."""
+    path = Path(out) / "nodes.csv"
+    try:
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), None)
+        if not header or header[:3] != ["round", "node", "loss"]:
+            return {}
+        count = 256
+        while True:  # rows are appended in round order: read back until one of `round` or before
+            lines = tail_lines(path, count)
+            rows = [v for v in csv.reader(io.StringIO("\n".join(lines))) if len(v) == len(header)
+                    and v[0].isdigit() and v[1].isdigit()]
+            if len(lines) < count or any(int(v[0]) <= round for v in rows):
+                break
+            count *= 4
+    except OSError:
+        return {}
+    losses: dict[int, dict[int, float]] = {}
+    for t, node, loss, *_ in rows:
+        if int(t) > round:
+            try:
+                losses.setdefault(int(t), {})[int(node)] = float(loss or "nan")
+            except ValueError:
+                continue
+    return losses
 
 
 def find_runs(root: Path | str) -> Iterator[Path]:

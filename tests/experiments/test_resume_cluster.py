@@ -32,11 +32,39 @@ def start(kit: Any, out: Path, *extra: str) -> subprocess.Popen:
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def reference(kit: Any, tmp_path: Path, rounds: str = "60") -> dict[str, str]:
-    args = [*RUN[:RUN.index("--rounds") + 1], rounds, *RUN[RUN.index("--rounds") + 2:]]
+def reference(kit: Any, tmp_path: Path, rounds: str = "60", *extra: str) -> dict[str, str]:
+    args = [*RUN[:RUN.index("--rounds") + 1], rounds, *RUN[RUN.index("--rounds") + 2:], *extra]
     subprocess.run([*kit.mosaicd, "simulate", *args, "--out", str(tmp_path / "simulate"), "--quiet"], check=True,
                    capture_output=True, timeout=120)
     return json.loads((tmp_path / "simulate" / "summary.json").read_text())["model_sha256"]
+
+
+def evaluations(out: Path) -> list[list[str]]:
+    """rounds.csv's rows as written, but for the clock's column (elapsed_s)."""
+    rows = [r.split(",") for r in (out / "rounds.csv").read_text().splitlines()]
+    clock = rows[0].index("elapsed_s")
+    return [r[:clock] + r[clock + 1:] for r in rows]
+
+
+def checkpoints(out: Path) -> list[list[int]]:
+    """The rounds of each node's checkpoints in OUT/state (newest first)."""
+    from mosaicd.daemon.node import checkpoint
+
+    return [checkpoint.rounds(out / "state" / f"node-{n}") for n in range(int(RUN[RUN.index("--nodes") + 1]))]
+
+
+def journal_rounds(out: Path) -> list[int]:
+    """The open rounds the barrier's journal keeps (newest first)."""
+    from mosaicd.daemon.barrier import journal as barrier_journal
+
+    return barrier_journal.rounds(out)
+
+
+def cut_evaluations_from(out: Path, round: int) -> None:
+    """Remove rounds.csv's rows of `round` on: what an interruption leaves where it comes before their evaluation
+    ends (as it can just after the barrier released round + 1, whose release starts the evaluation of `round`)."""
+    lines = (out / "rounds.csv").read_text().splitlines(keepends=True)
+    (out / "rounds.csv").write_text("".join(lines[:1] + [r for r in lines[1:] if int(r.split(",")[0]) < round]))
 
 
 def resume(kit: Any, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
@@ -48,24 +76,35 @@ def resume(kit: Any, out: Path, *extra: str) -> tuple[subprocess.CompletedProces
 
 @pytest.mark.slow
 def test_ctrl_c_then_resume_gives_the_uninterrupted_models(tmp_path: Path, kit: Any) -> None:
+    """Ctrl-C, then --resume: the uninterrupted run's models, and its rounds.csv but for the clock: every round
+    evaluated once, with the same values, those whose evaluation the interruption cut short included (the nodes
+    started again keep their models of those rounds from their checkpoints)."""
     out = tmp_path / "run"
-    proc = start(kit, out)
+    every = ["--eval-every", "1"]
+    proc = start(kit, out, *every)
     kit.wait_until(lambda: rounds_done(out) >= 10, 90, "round 10 in nodes.csv")
+    # while the nodes wait at the barrier, each with its checkpoint of the open round (Ctrl-C, then, keeps those)
+    kit.wait_until(lambda: all(kept[:1] == journal_rounds(out)[:1] for kept in checkpoints(out)), 60,
+                   "a round that every node checkpointed")
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole process group
     assert proc.wait(timeout=30) == 130
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed" and "interrupted" in summary["error"]
     before = listing(out)
     started = time.monotonic()
-    again = subprocess.run([*kit.mosaicd, "cluster", *RUN, "--out", str(out), "--quiet"], capture_output=True,
+    again = subprocess.run([*kit.mosaicd, "cluster", *RUN, *every, "--out", str(out), "--quiet"], capture_output=True,
                            text=True, timeout=60)  # the same command: refused, naming --resume, nothing touched
     assert again.returncode != 0 and "--resume" in again.stderr and time.monotonic() - started < 30, again.stderr
     assert listing(out) == before
-    done, console = resume(kit, out, *RUN)
+    at = next(r for r in journal_rounds(out) if all(r in kept for kept in checkpoints(out)))  # what --resume takes
+    if all(at - 1 in kept for kept in checkpoints(out)):  # (unless a round was released just before Ctrl-C)
+        cut_evaluations_from(out, at - 2)  # the nodes keep their models of round at - 2 in their earlier checkpoints
+    done, console = resume(kit, out, *RUN, *every)
     assert "resuming" in done.stderr and "at round" in done.stderr, done.stderr[-2000:]
-    assert console["status"] == "finished" and console["model_sha256"] == reference(kit, tmp_path)
+    assert console["status"] == "finished" and console["model_sha256"] == reference(kit, tmp_path, "60", *every)
     rows = [r.split(",")[:2] for r in (out / "nodes.csv").read_text().splitlines()[1:]]
     assert sorted(map(tuple, rows)) == sorted((str(t), str(n)) for t in range(60) for n in range(6))  # each once
+    assert evaluations(out) == evaluations(tmp_path / "simulate")
 
 
 @pytest.mark.slow

@@ -72,6 +72,7 @@ class Barrier:
         self.heard_failure: set[int] = set()  # ranks answered since the run failed (`ending.unheard`)
         self.output_error: str | None = None  # why the run was ended early (end_failed): nothing more is saved
         self._collections: dict[int, asyncio.Task] = {}
+        self.recollect: list[int] = []  # evaluations a resumed run collects with its first release (_resume)
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self._ending: Release | None = None  # the last release, while its evaluations drain
@@ -91,22 +92,23 @@ class Barrier:
 
     def _resume(self) -> None:
         """Go on with the saved run: the open round starts again now; evaluations that the crash cut short are
-        collected again where the nodes still keep their snapshots."""
+        collected again where the nodes still keep their snapshots (nodes started again: at their next release)."""
         state = self.state
         self.registered.set()
         self.metrics.members.set(len(state.live))
         if not self.rebinding:  # else once every member is back (registration.rebind)
             self.arm_deadline()
         self.published = {t: self._told(r) for t, r in state.released.items()}
-        done = {row.get("round") for row in self.recorder.rounds}
-        missing = [e for e in range(max(0, state.round - SNAPSHOTS_KEPT), state.round - 1)
-                   if is_eval_round(e, self.run) and e not in done]
-        live = {r: state.addresses[r] for r in state.live}
-        for e in missing:
-            self._collections[e] = self._spawn(self.evaluator.collect(self.run, e, live, False))
+        missing, lost = evaluations_cut_short(state.round, self.run, self.recorder, bool(self.rebinding))
+        if self.rebinding:  # not at the addresses the journal keeps: collected with the next release's (publish)
+            self.recollect = missing
+        else:
+            live = {r: state.addresses[r] for r in state.live}
+            for e in missing:
+                self._collections[e] = self._spawn(self.evaluator.collect(self.run, e, live, False))
         self.resumed_at = state.round  # summary.json says so: this barrier went on from the journal
         self.log.warning("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
-                         evaluations_recollected=missing)
+                         evaluations_recollected=missing, **({"evaluations_lost": lost} if lost else {}))
 
     def save_journal(self) -> None:
         """Save the state before anyone hears of it; a write that fails ends the run (`fail_output`)."""
@@ -197,9 +199,12 @@ class Barrier:
         self.arm_deadline()
         t = release.round
         self._record(release)
-        if t >= 1 and is_eval_round(t - 1, self.run):
+        due = [*self.recollect, *([t - 1] if t >= 1 and is_eval_round(t - 1, self.run) else [])]
+        self.recollect = []
+        if due:  # one after the other, so that their rows are written in round order
             live = {r: self.state.addresses[r] for r in self.state.live}
-            self._collections[t - 1] = self._spawn(self.evaluator.collect(self.run, t - 1, live, release.finished))
+            self._collections[due[0]] = self._spawn(self.evaluator.collect_rounds(self.run, due, live,
+                                                                                  release.finished))
         for e in [e for e in self._collections if e + SNAPSHOTS_KEPT <= t or release.finished]:
             await self._collections.pop(e)
         self.published[t] = self._told(release)
@@ -247,6 +252,17 @@ def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any]
     except OSError as exc:
         raise OutputError(f"--out {options.out}: cannot write {exc.filename or options.out}: "
                           f"{exc.strerror or exc}") from None
+
+
+def evaluations_cut_short(round: int, run: RunConfig, recorder: RunRecorder,
+                          rebinding: bool) -> tuple[list[int], list[int]]:
+    """The evaluations a barrier resuming the run at `round` collects again, and those it cannot: the rounds whose
+    models the nodes may still keep (`SNAPSHOTS_KEPT`) and rounds.csv has no row of. Nodes started again at new
+    addresses (`rebinding`) keep only their two checkpoints: the models after `round` - 1 and `round` - 2."""
+    done = {row.get("round") for row in recorder.rounds}
+    missing = [e for e in range(max(0, round - SNAPSHOTS_KEPT), round - 1) if is_eval_round(e, run) and e not in done]
+    kept = [e for e in missing if not rebinding or e >= round - 2]
+    return kept, [e for e in missing if e not in kept]
 
 
 def _now() -> float:

@@ -61,6 +61,12 @@ class NetworkEvaluator:
             previous = self._evaluation
             self._evaluation = asyncio.ensure_future(self._evaluate(run, round, vectors, previous, taken_at))
 
+    async def collect_rounds(self, run: RunConfig, rounds: list[int], addresses: dict[int, str], final: bool) -> None:
+        """`collect` of several rounds, one after the other, so that their rows are written in round order; `final`:
+        the last of them is the run's final models."""
+        for e in rounds:
+            await self.collect(run, e, addresses, final and e == rounds[-1])
+
     async def drain(self) -> None:
         """Wait for the evaluations started so far."""
         if self._evaluation is not None:

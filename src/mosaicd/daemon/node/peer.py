@@ -161,10 +161,11 @@ class Peer:
         self.inbox.ready.set()
         self.log.info("ready", dim=model.dim, fingerprint=fragmentation.fingerprint.hex())
 
-    def begin(self, vector: np.ndarray, kept_as: int | None = None) -> None:
+    def begin(self, vector: np.ndarray, kept_as: int | None = None, before: np.ndarray | None = None) -> None:
         """The model this peer starts from (its round's model until the first aggregate); `kept_as`: the round it
-        is the model after, where it is this node's own (a resumed run)."""
-        self.state.begin(vector, kept_as)
+        is the model after, where it is this node's own (a resumed run); `before`: its model after the round
+        before that one (a resumed run's earlier checkpoint), which the barrier may still have to evaluate."""
+        self.state.begin(vector, kept_as, before)
 
     # -- one round: train (the caller) -> fragment -> send -> barrier -> aggregate ------------------
     async def gossip(self, local: np.ndarray | Any, *, loss: float = math.nan, train_s: float = 0.0) -> np.ndarray:

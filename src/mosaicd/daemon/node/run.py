@@ -74,7 +74,10 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     peer.set_model(task.layout)
     log = get_logger(role="node", run=run.run_id, node=peer.rank)
     vector = await starting_model(peer, task, saved, options)
-    peer.begin(vector, kept_as=peer.round - 1 if options.resume_round is not None else None)
+    if options.resume_round is not None:  # its models after the two rounds before, for the barrier's evaluations
+        peer.begin(vector, kept_as=peer.round - 1, before=model_before(peer, options))
+    else:
+        peer.begin(vector)
     saving = Checkpoints(options, peer)
     data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
     while peer.round < run.rounds:
@@ -153,6 +156,17 @@ async def starting_model(peer: Peer, task: Any, saved: checkpoint.Checkpoint | N
         and saved.vector.size == task.layout.dim
     return await rejoin_model(peer, saved.vector if ours and saved else None, saved.round if saved else None,
                               "checkpoint", options, checkpoint_round=saved.round if saved else None)
+
+
+def model_before(peer: Peer, options: DaemonOptions) -> np.ndarray | None:
+    """A resumed node's model after the round before the one its checkpoint goes on from (its earlier checkpoint,
+    read before this node writes any): the interruption may have cut that round's evaluation short, and the barrier
+    collects it again from the restarted nodes. None where that checkpoint is not kept."""
+    assert options.resume_round is not None
+    earlier = checkpoint.load(checkpoint.state_dir(options), options.resume_round - 1)
+    if earlier is None or (earlier.run_id, earlier.rank) != (peer.run.run_id, peer.rank):
+        return None
+    return earlier.vector
 
 
 async def rejoin_after_drop(peer: Peer, t: int, dropped: PeerDropped, options: DaemonOptions) -> np.ndarray:
