@@ -294,6 +294,12 @@ class DaemonOptions(BaseModel):
             raise ValueError("expected http://host:port (the barrier's address, e.g. http://barrier:8000)")
         return value.rstrip("/")
 
+    @property
+    def nodes_counted(self) -> bool:
+        """The run's node count is counted, not given by --nodes: the addresses a DNS name resolves to, the nodes
+        registered once none new come, a peer list's lines (a restarted barrier takes its journal's count)."""
+        return bool(self.expect_dns or self.expect_settle or self.peer_list)
+
     @model_validator(mode="after")
     def _tls(self) -> DaemonOptions:
         if (self.tls_cert is None) != (self.tls_key is None):

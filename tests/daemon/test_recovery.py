@@ -154,6 +154,44 @@ def test_restarted_barrier_refuses_another_runs_settings(tmp_path: Path, kit: An
     assert json.loads((run.out / "barrier-state.json").read_text())["state"]["round"] == 0  # untouched
 
 
+def test_restarted_barrier_takes_the_journals_node_count_only_where_it_counts_the_nodes(tmp_path: Path,
+                                                                                      kit: Any) -> None:
+    """A --nodes that differs from the run's is refused like any run setting; a barrier that counts the nodes
+    (here --expect-settle; --expect-dns and a peer list alike) resumes the run with the run's count."""
+    from mosaic_proto import BarrierState
+    from mosaicd.daemon.barrier import journal as barrier_journal
+
+    run = Settings(nodes=3, rounds=5, fanout=1, out=tmp_path / "run")
+    state = BarrierState(rounds=5, round_deadline=60, drop_after=2, expected=3)
+    for port in (1, 2, 3):
+        state.register(f"127.0.0.1:{port}", 0.0)
+    state.close(0.0)
+    barrier_journal.save(run.out, run.run_config(), state, 0.0)
+    saved = (run.out / "barrier-state.json").read_text()
+    barrier = [*kit.mosaicd, "barrier", "--out", str(run.out), "--nodes", "4", "--rounds", "5", "--fanout", "1"]
+    given = subprocess.run([*barrier, "--port", "0"], capture_output=True, text=True, timeout=30)
+    assert given.returncode == 1, given.stderr
+    assert "(--nodes 4; the run has --nodes 3)" in given.stderr, given.stderr
+    assert (run.out / "barrier-state.json").read_text() == saved
+    port_file = tmp_path / "port"
+    counting = subprocess.Popen([*barrier, "--expect-settle", "1", "--port", "0", "--port-file", str(port_file)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port = kit.wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 30, "the port file")
+        status = kit.wait_until(lambda: _status(kit, int(port)), 30, "the barrier's status")
+        assert status["phase"] == "running" and status["live"] == [0, 1, 2] and status["settings"]["nodes"] == 3
+    finally:
+        counting.terminate()
+        counting.wait(timeout=30)
+
+
+def _status(kit: Any, port: int) -> dict[str, Any] | None:
+    try:
+        return kit.http("GET", f"http://127.0.0.1:{port}/v1/status").json()
+    except OSError:
+        return None
+
+
 @pytest.mark.parametrize("content", ['{"version": 1, "state": {}}', '[1]', '{"version": 1, "state": {"phase": '
                                      '"running", "round": 3}, "run": {}, "started": 0}', '{"version": 1, "sta'])
 def test_a_barrier_refuses_a_damaged_journal_in_one_line(tmp_path: Path, kit: Any, content: str) -> None:

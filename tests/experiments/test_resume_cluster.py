@@ -108,6 +108,26 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_models(tmp_path: Path, kit: 
 
 
 @pytest.mark.slow
+def test_resume_with_another_node_count_is_refused_as_another_fanout_is(tmp_path: Path, kit: Any) -> None:
+    """--resume goes on with the run in OUT only with its run settings, --nodes as any other: one line naming the
+    flag and the run's value, and no file changed (not a run of the other count, nor a summary marked failed)."""
+    out = tmp_path / "run"
+    proc = start(kit, out)
+    kit.wait_until(lambda: rounds_done(out) >= 2, 90, "round 2 in nodes.csv")
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    before = listing(out)
+    for flag, value in (("--nodes", "7"), ("--fanout", "3")):
+        refused = subprocess.run([*kit.mosaicd, "cluster", *RUN, flag, value, "--out", str(out), "--quiet", "--resume"],
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1, refused.stderr[-2000:]
+        ours = RUN[RUN.index(flag) + 1]
+        assert f"({flag} {value}; the run has {flag} {ours})" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert listing(out) == before
+
+
+@pytest.mark.slow
 def test_a_killed_barrier_then_resume_gives_the_uninterrupted_models(tmp_path: Path, kit: Any) -> None:
     out = tmp_path / "run"
     proc = start(kit, out)

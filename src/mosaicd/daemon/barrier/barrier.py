@@ -40,7 +40,7 @@ class Barrier:
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None) -> None:
         """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only)."""
         # ResumeError: OUT holds another run in progress (or not the round asked for)
-        self.resumed = barrier_journal.load(options.out, run, options.resume_round)
+        self.resumed = barrier_journal.load(options.out, run, options.resume_round, counted=options.nodes_counted)
         if self.resumed:
             run = self.resumed["run"]
             self.state = BarrierState.from_json(self.resumed["state"], _now())

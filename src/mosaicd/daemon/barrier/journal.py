@@ -62,12 +62,13 @@ def _earlier(path: Path, round: int) -> dict[str, Any] | None:
     return None
 
 
-def load(out: Path, run: RunConfig, round: int | None = None) -> dict[str, Any] | None:
+def load(out: Path, run: RunConfig, round: int | None = None, counted: bool = False) -> dict[str, Any] | None:
     """The saved run to resume, if OUT holds one still running; None if there is none (or it ended). `round`: the
     state of that open round (the newest, or the one before it), ResumeError if it is not kept.
 
-    ResumeError if the saved run's settings differ from `run` (other than a node count taken from DNS), or if the
-    file cannot be read as a journal (damaged, or another file of that name)."""
+    ResumeError naming the flags and the run's values if the saved run's settings differ from `run`, or if the file
+    cannot be read as a journal (damaged, or another file of that name). `counted`: `run`'s node count was not given
+    but counted (DNS, registrations, a peer list: `DaemonOptions.nodes_counted`), and the saved run's is taken."""
     path = out / STATE_FILE
     try:
         data = json.loads(path.read_text())
@@ -87,18 +88,24 @@ def load(out: Path, run: RunConfig, round: int | None = None) -> dict[str, Any] 
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ResumeError(f"{path} cannot be read ({type(exc).__name__}: {exc}): move it away to start a new run in "
                           f"{out}") from None
-    ours = run.with_nodes(saved.nodes).model_dump(mode="json")
-    differ = sorted(k for k, v in saved.model_dump(mode="json").items() if ours.get(k) != v)
+    ours = (run.with_nodes(saved.nodes) if counted else run).model_dump(mode="json")
+    theirs = saved.model_dump(mode="json")
+    differ = sorted(k for k, v in theirs.items() if ours.get(k) != v)
     if differ:
         raise ResumeError(f"{out} holds run {saved.run_id!r} in progress, with other settings "
-                          f"({', '.join('--' + k.replace('_', '-') for k in differ)}): restart the barrier with that "
-                          f"run's settings to resume it, or give another --out")
+                          f"({', '.join(_flag(k, ours.get(k)) for k in differ)}; the run has "
+                          f"{' '.join(_flag(k, theirs[k]) for k in differ)}): give that run's settings to resume it, "
+                          f"or another --out")
     state = newest
     if round is not None and newest["round"] != round:
         state = earlier
         if state.get("round") != round:
             raise ResumeError(f"{path} keeps rounds {newest['round']} and {earlier.get('round')}, not round {round}")
     return {"run": saved, "started": started, "state": state}
+
+
+def _flag(name: str, value: Any) -> str:
+    return f"--{name.replace('_', '-')} {value if isinstance(value, str) else json.dumps(value)}"
 
 
 def rounds(out: Path) -> list[int]:
