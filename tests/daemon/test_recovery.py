@@ -146,7 +146,7 @@ def test_restarted_barrier_refuses_another_runs_settings(tmp_path: Path, kit: An
     for port in (1, 2, 3):
         state.register(f"127.0.0.1:{port}", 0.0)
     state.close(0.0)
-    barrier_journal.save(run.out, run.run_config(), state, 0.0)
+    barrier_journal.save(run.out, run.run_config(), state, 0.0, secured=False)
     proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(run.out), "--nodes", "3", "--rounds", "7",
                            "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
@@ -166,7 +166,7 @@ def test_restarted_barrier_takes_the_journals_node_count_only_where_it_counts_th
     for port in (1, 2, 3):
         state.register(f"127.0.0.1:{port}", 0.0)
     state.close(0.0)
-    barrier_journal.save(run.out, run.run_config(), state, 0.0)
+    barrier_journal.save(run.out, run.run_config(), state, 0.0, secured=False)
     saved = (run.out / "barrier-state.json").read_text()
     barrier = [*kit.mosaicd, "barrier", "--out", str(run.out), "--nodes", "4", "--rounds", "5", "--fanout", "1"]
     given = subprocess.run([*barrier, "--port", "0"], capture_output=True, text=True, timeout=30)

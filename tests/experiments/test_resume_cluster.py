@@ -110,7 +110,8 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_models(tmp_path: Path, kit: 
 @pytest.mark.slow
 def test_resume_with_another_node_count_is_refused_as_another_fanout_is(tmp_path: Path, kit: Any) -> None:
     """--resume goes on with the run in OUT only with its run settings, --nodes as any other: one line naming the
-    flag and the run's value, and no file changed (not a run of the other count, nor a summary marked failed)."""
+    flag and the run's value, and no file changed (not a run of the other count, nor a summary marked failed); nor
+    without a secret (a barrier started again by hand without --secret-file, a cluster with --insecure)."""
     out = tmp_path / "run"
     proc = start(kit, out)
     kit.wait_until(lambda: rounds_done(out) >= 2, 90, "round 2 in nodes.csv")
@@ -125,6 +126,14 @@ def test_resume_with_another_node_count_is_refused_as_another_fanout_is(tmp_path
         assert f"({flag} {value}; the run has {flag} {ours})" in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
         assert listing(out) == before
+    # the run was started with a secret (the cluster's own): resumed without one, nothing would be checked
+    for command in (["cluster", *RUN, "--resume", "--insecure", "--quiet"],
+                    ["barrier", *RUN, "--host", "127.0.0.1", "--port", "0"]):
+        refused = subprocess.run([*kit.mosaicd, *command, "--out", str(out)], capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 1 and "started with a cluster secret: give its --secret-file" in refused.stderr, \
+            refused.stderr[-2000:]
+        assert len(refused.stderr.strip().splitlines()) == 1 and listing(out) == before, refused.stderr
 
 
 @pytest.mark.slow

@@ -463,7 +463,8 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
     given = settings.out if "out" in settings.model_fields_set else None
     out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)
     if resume:  # ResumeError naming the run settings that differ (--nodes too: given here), before any file changes
-        barrier_journal.load(Path(out), settings.run_config())
+        barrier_journal.load(Path(out), settings.run_config(), secured=not (settings.insecure and
+                                                                            settings.secret_file is None))
     settings = settings.model_copy(update={"out": out})
     try:
         return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)

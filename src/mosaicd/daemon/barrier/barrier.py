@@ -40,7 +40,8 @@ class Barrier:
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None) -> None:
         """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only)."""
         # ResumeError: OUT holds another run in progress (or not the round asked for)
-        self.resumed = barrier_journal.load(options.out, run, options.resume_round, counted=options.nodes_counted)
+        secret = load_secret(options.secret_file)  # a run started with one is not resumed without it
+        self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
         if self.resumed:
             run = self.resumed["run"]
             self.state = BarrierState.from_json(self.resumed["state"], _now())
@@ -58,7 +59,6 @@ class Barrier:
         self.recorder = open_outputs(options, run, self.resumed, self.state.round if self.rebinding else None,
                                      self.log)
         self.metrics = BarrierMetrics(run)
-        secret = load_secret(options.secret_file)
         self.keyring = Keyring(secret) if secret else None
         self.register_status = 503  # 422 when the run as registered is invalid: retrying cannot help
         self.registered = asyncio.Event()
@@ -115,7 +115,7 @@ class Barrier:
         if self.output_error is not None:  # the journal stays at the last decision that could be saved
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}")
         try:
-            barrier_journal.save(self.options.out, self.run, self.state, self.recorder.started)
+            barrier_journal.save(self.options.out, self.run, self.state, self.recorder.started, bool(self.keyring))
         except OSError as exc:
             fail_output(self, exc)
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}") from None

@@ -27,12 +27,14 @@ class ResumeError(ValueError):
     """OUT holds a run in progress that this barrier cannot go on with (its settings differ)."""
 
 
-def save(out: Path, run: RunConfig, state: BarrierState, started: float) -> None:
+def save(out: Path, run: RunConfig, state: BarrierState, started: float, secured: bool) -> None:
+    """`secured`: the run's requests are signed (a cluster secret): a barrier started again without one may not
+    resume it (`load`)."""
     out.mkdir(parents=True, exist_ok=True)
     now = state.to_json()
     earlier = _earlier(out / STATE_FILE, now["round"])
-    data = {"version": VERSION, "run": run.model_dump(mode="json"), "started": started, "state": now,
-            **({"earlier": earlier} if earlier else {})}
+    data = {"version": VERSION, "run": run.model_dump(mode="json"), "started": started, "secured": secured,
+            "state": now, **({"earlier": earlier} if earlier else {})}
     tmp = out / f"{STATE_FILE}.tmp"
     try:
         with open(tmp, "w") as f:
@@ -62,13 +64,16 @@ def _earlier(path: Path, round: int) -> dict[str, Any] | None:
     return None
 
 
-def load(out: Path, run: RunConfig, round: int | None = None, counted: bool = False) -> dict[str, Any] | None:
+def load(out: Path, run: RunConfig, round: int | None = None, counted: bool = False,
+         secured: bool = True) -> dict[str, Any] | None:
     """The saved run to resume, if OUT holds one still running; None if there is none (or it ended). `round`: the
     state of that open round (the newest, or the one before it), ResumeError if it is not kept.
 
     ResumeError naming the flags and the run's values if the saved run's settings differ from `run`, or if the file
     cannot be read as a journal (damaged, or another file of that name). `counted`: `run`'s node count was not given
-    but counted (DNS, registrations, a peer list: `DaemonOptions.nodes_counted`), and the saved run's is taken."""
+    but counted (DNS, registrations, a peer list: `DaemonOptions.nodes_counted`), and the saved run's is taken.
+    `secured`: this barrier has the cluster secret; a run started with one is not resumed without it (ResumeError):
+    its members would go on with nothing checked."""
     path = out / STATE_FILE
     try:
         data = json.loads(path.read_text())
@@ -88,6 +93,10 @@ def load(out: Path, run: RunConfig, round: int | None = None, counted: bool = Fa
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ResumeError(f"{path} cannot be read ({type(exc).__name__}: {exc}): move it away to start a new run in "
                           f"{out}") from None
+    if data.get("secured") and not secured:
+        raise ResumeError(f"{out} holds run {saved.run_id!r} in progress, started with a cluster secret: give its "
+                          "--secret-file (MOSAIC_SECRET_FILE) to resume it (without one, nothing its members send "
+                          "would be checked), or another --out")
     ours = (run.with_nodes(saved.nodes) if counted else run).model_dump(mode="json")
     theirs = saved.model_dump(mode="json")
     differ = sorted(k for k, v in theirs.items() if ours.get(k) != v)

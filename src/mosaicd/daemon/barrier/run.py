@@ -24,11 +24,12 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
 
     require_task(settings.task)  # it evaluates the task: say now, not at the first evaluation, if it cannot
     # where it cannot listen, say so before the Barrier opens its outputs (keeping an earlier run aside...)
-    check_listen(settings, Keyring(secret) if (secret := load_secret(settings.secret_file)) else None, barrier=True)
+    check_listen(settings, Keyring(secret) if (secret := load_secret(settings.secret_file)) else None)
     if sock is None:
         check_port(settings.daemon_options())
     barrier = Barrier(settings.run_config(), settings.daemon_options(),
                       evaluate=NetworkEvaluation(settings.data_dir, task))
+    check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours
     runner, port = await serve(barrier_app(barrier), settings, sock)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
     console = None if json_logs(settings.log_json) else asyncio.ensure_future(
