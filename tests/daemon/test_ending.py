@@ -212,3 +212,26 @@ def test_a_peer_list_member_with_other_run_settings_is_refused_naming_them(tmp_p
     assert [codes[p] for p in ports if p != ports[2]] == [0, 0, 0], codes  # the others go on without it
     summary = json.loads((tmp_path / f"out-{ports[0]}" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["left"] == [2]
+
+
+@pytest.mark.slow
+def test_a_peer_list_member_that_never_starts_is_named_when_registration_gives_up(tmp_path: Path, kit: Any) -> None:
+    """Two of three listed members start: rank 0's barrier gives up at --register-deadline naming the address that
+    never registered, and both members end with that reason, exit 1."""
+    ports = sorted(free_ports(3))
+    (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
+    run = {**RUN, "nodes": 3, "fanout": 1, "register_deadline": 6}
+    procs = {}
+    try:
+        for port in ports[:2]:
+            with open(tmp_path / f"node-{port}.log", "wb") as log:
+                procs[port] = subprocess.Popen(
+                    [*kit.mosaicd, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
+                     "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), "--log-json", *kit.flags(run)],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        for port, proc in procs.items():
+            assert proc.wait(timeout=60) == 1, (tmp_path / f"node-{port}.log").read_text()[-2000:]
+            said = (tmp_path / f"node-{port}.log").read_text()
+            assert f"passed with 2 of 3 nodes; not registered: 127.0.0.1:{ports[2]}" in said, said[-2000:]
+    finally:
+        stop_all(procs)

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mosaic_proto import BarrierPhase
+from mosaicd.daemon.barrier.registration import unregistered
 from mosaicd.daemon.http.membership import is_wildcard
 from mosaicd.progress import ProgressPrinter, RoundProgress, clock, metrics_text
 
@@ -39,7 +40,9 @@ def where_lines(barrier: Barrier, url: str) -> list[str]:
 def waiting_line(barrier: Barrier) -> str:
     state = barrier.state
     of = f" of {state.expected}" if state.expected else ""
-    return f"waiting for nodes: {len(state.pending)}{of} registered"
+    missing = unregistered(barrier)
+    return f"waiting for nodes: {len(state.pending)}{of} registered" + (
+        f"; not yet: {', '.join(missing)}" if missing else "")
 
 
 def end_line(barrier: Barrier, started: float) -> str:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, reopen
 from mosaic_proto import rebind as rebind_member
 from mosaicd.daemon.deadlines import join_wait
-from mosaicd.daemon.http.membership import resolve_all
+from mosaicd.daemon.http.membership import listed_addresses, resolve_all
 
 if TYPE_CHECKING:
     from mosaicd.daemon.barrier.barrier import Barrier
@@ -29,7 +29,8 @@ async def register(barrier: Barrier, address: str) -> dict[str, Any]:
     if rank is None:
         barrier.metrics.registered.set(len(barrier.state.pending))
         barrier.log.info("registered", address=address, registered=len(barrier.state.pending),
-                      expected=barrier.state.expected)
+                         expected=barrier.state.expected, **({"not_yet": missing} if (missing := unregistered(barrier))
+                                                             else {}))
         maybe_close(barrier)
         try:
             await asyncio.wait_for(barrier.registered.wait(), timeout=barrier.options.register_deadline)
@@ -118,8 +119,21 @@ async def registration_deadline(barrier: Barrier) -> None:
     """Fail the registration if it is not complete by --register-deadline."""
     await asyncio.sleep(barrier.options.register_deadline)
     if barrier.state.phase is BarrierPhase.REGISTERING:
+        missing = unregistered(barrier)
         fail_registration(barrier, f"registration deadline ({barrier.options.register_deadline:g}s) passed with "
-                          f"{len(barrier.state.pending)} of {barrier.state.expected or '?'} nodes", 503)
+                          f"{len(barrier.state.pending)} of {barrier.state.expected or '?'} nodes" + (
+                              f"; not registered: {', '.join(missing)}" if missing else ""), 503)
+
+
+def unregistered(barrier: Barrier) -> list[str]:
+    """The members a peer list names that have not registered yet (without a list, the barrier knows no names)."""
+    if getattr(barrier.options, "peer_list", None) is None:
+        return []
+    try:
+        listed = listed_addresses(barrier.options)
+    except (OSError, ValueError):  # the list changed under the run: say nothing rather than something wrong
+        return []
+    return [a for a in listed if a not in barrier.state.pending]
 
 
 async def count_nodes(barrier: Barrier) -> None:
