@@ -147,3 +147,32 @@ def test_no_secret_no_listening_beyond_loopback(kit: Any, tmp_path: Path) -> Non
     proc = subprocess.run([*kit.mosaicd, "barrier", "--secret-file", str(short), "--port", "0"], capture_output=True,
                           text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1 and "at least 16 bytes" in proc.stderr and "tiny" not in proc.stderr
+
+
+async def test_an_unsigned_request_to_a_node_that_does_not_know_its_run_yet_is_refused_at_once() -> None:
+    """A registering node cannot tell which run's key applies, and holds signed requests until it can; an unsigned
+    one needs no key to be refused: 401 at once, not 503 after --request-timeout."""
+    import asyncio
+
+    import aiohttp
+
+    from mosaic_proto import CONTENT_TYPE, NodeState
+    from mosaicd.daemon.http.auth import Keyring
+    from mosaicd.daemon.http.server import serve
+    from mosaicd.daemon.node.inbox import Inbox
+    from mosaicd.daemon.node.routes import node_app
+    from mosaicd.settings import DaemonOptions
+
+    options = DaemonOptions(host="127.0.0.1", port=0, request_timeout=8)
+    runner, port = await serve(node_app(Inbox(NodeState(), options, Keyring(SECRET))), options)
+    try:
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as session:
+            for method, path in (("POST", "/v1/fragments"), ("GET", "/v1/model")):
+                sent = loop.time()
+                async with session.request(method, f"http://127.0.0.1:{port}{path}", data=b"x" * 64,
+                                           headers={"Content-Type": CONTENT_TYPE}) as resp:
+                    assert (resp.status, (await resp.json())["reason"]) == (401, "unsigned"), path
+                assert loop.time() - sent < 4, path
+    finally:
+        await runner.cleanup()

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, check_digest, run_key, verify
+from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, SignedHeaders, check_digest, run_key, verify
 from mosaicd.daemon.http.body import body_digest_of, read_body, release_body
 from mosaicd.daemon.http.errors import Handler, json_error
 from mosaicd.logs import get_logger
@@ -105,6 +105,11 @@ def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[
         if request.method == "GET" and (path in OPEN or path.startswith("/dashboard/") or path.endswith(
                 tuple(OPEN - {"/"}))):
             return await handler(request)
+        try:
+            SignedHeaders.from_headers(request.headers)  # unsigned: refused now, not held until the run is known
+        except AuthError as exc:
+            refused.labels(exc.reason).inc()
+            return json_error(401, exc.reason, exc.detail)
         run_id = await run_of(request)
         if run_id is None:
             return json_error(503, "not_ready", "this peer does not know its run yet")
