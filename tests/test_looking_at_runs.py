@@ -88,6 +88,8 @@ def test_runs_of_a_folder_without_runs_and_of_no_folder(tmp_path: Path) -> None:
     assert missing.returncode == 1 and missing.stderr.startswith("mosaicd runs: error:") and "no such" in missing.stderr
     default = mosaicd("runs", "--json", cwd=tmp_path)  # runs/ by default
     assert default.returncode == 1 and "runs: no such folder" in default.stderr
+    status = mosaicd("status", str(tmp_path / "nowhere"))  # a path, not a URL: said so, not read as a host
+    assert status.returncode == 1 and f"{tmp_path / 'nowhere'}: no such folder" in status.stderr, status.stderr
 
 
 def test_status_of_a_finished_and_of_a_crashed_run(runs: Path) -> None:

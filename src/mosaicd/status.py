@@ -129,6 +129,8 @@ def view_of(target: str, timeout: float, context: ssl.SSLContext | None) -> dict
     """A folder's view if `target` is a folder on this machine, else the cluster's at that URL."""
     if "://" not in target and Path(target).is_dir():
         return folder_view(Path(target))
+    if "://" not in target and ("/" in target or target.startswith(".")) and ":" not in target:
+        raise StatusError(f"{target}: no such folder (and not a URL: http://host:port of a barrier or a node)")
     return cluster_view(target, timeout, context)
 
 
