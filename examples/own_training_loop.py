@@ -59,9 +59,15 @@ async def main() -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    print(f"barrier {url}, outputs in {out}", file=sys.stderr)
     nodes = [settings.model_copy(update={"barrier_url": url}) for _ in range(NODES)]
-    accuracies = await asyncio.gather(*(node(s, x[:1400], y[:1400], x[1400:], y[1400:]) for s in nodes))
-    await runner.cleanup()
+    try:
+        accuracies = await asyncio.gather(*(node(s, x[:1400], y[:1400], x[1400:], y[1400:]) for s in nodes))
+    except asyncio.CancelledError:  # Ctrl-C: the run's summary says so, not "running"
+        barrier.recorder.fail("interrupted (KeyboardInterrupt)")
+        raise
+    finally:
+        await runner.cleanup()
     print("test accuracy per node:", [f"{a:.3f}" for a in accuracies], f"(outputs in {out})", file=sys.stderr)
 
 
@@ -69,4 +75,8 @@ if __name__ == "__main__":
     from mosaicd.logs import configure_logging
 
     configure_logging("warning")
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
