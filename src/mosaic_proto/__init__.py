@@ -3,7 +3,7 @@ node's and the barrier's state machines."""
 
 from .aggregation import aggregate
 from .attacks import Attack, AttackKind, byzantine_ranks
-from .barrier import BarrierError, BarrierPhase, BarrierReason, BarrierState, Release, rebind, reopen
+from .barrier import BarrierError, BarrierPhase, BarrierReason, BarrierState, Release, rebind, reopen, withdraw
 from .fragmentation import Fragmentation, Layout, Strategy
 from .membership import MembershipError, parse_address, rank_addresses
 from .network import InMemoryNetwork, RoundRecord, consensus_distance, consensus_error
@@ -19,7 +19,7 @@ from .wire import CONTENT_TYPE, FragmentBatch, Reason, WireError, decode, encode
 __version__ = "0.1.0"
 __all__ = [
     "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "Aggregator", "AggregatorKind", "Attack", "AttackKind",
-    "BarrierError", "BarrierPhase", "BarrierReason", "byzantine_ranks", "rebind", "reopen",
+    "BarrierError", "BarrierPhase", "BarrierReason", "byzantine_ranks", "rebind", "reopen", "withdraw",
     "BarrierState", "CONTENT_TYPE", "Curvature", "EarlyMessage", "FragmentBatch", "Fragmentation", "InMemoryNetwork",
     "Layout", "MembershipError", "NodeEvent", "NodePhase", "NodeRefused", "NodeReport", "NodeState", "NodeStateError",
     "OutgoingMessage", "PeerSampler", "Purpose", "Quadratic", "Reason", "Receipt", "Release", "ReportError",

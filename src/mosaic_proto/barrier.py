@@ -312,6 +312,16 @@ def rebind(state: BarrierState, rank: int, address: str, now: float) -> None:
     state.members[rank].address, state.members[rank].last_contact = address, now
 
 
+def withdraw(state: BarrierState, address: str) -> bool:
+    """A node that registered withdraws before the roster is made (it was told to stop): the roster is made without
+    it. False where there is nothing to withdraw: it never registered, or the roster is made (it is a member then,
+    and leaves as one)."""
+    if state.phase is not BarrierPhase.REGISTERING or address not in state.pending:
+        return False
+    del state.pending[address]
+    return True
+
+
 def reopen(state: BarrierState, now: float) -> None:
     """The open round starts again now (a resumed run whose members are all back): its deadline counts from now."""
     state._open = _Round(opened=now)

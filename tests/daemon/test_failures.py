@@ -293,3 +293,40 @@ def test_a_registered_node_ends_at_once_when_the_barrier_gives_up_registration(t
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_node_told_to_stop_while_it_waits_for_the_roster_withdraws(tmp_path: Path, kit: Any) -> None:
+    """Of 3 expected nodes, 2 register and one is given SIGTERM: it withdraws its registration (signed, as the
+    address it registered) and exits 0, and the roster is made of the next ones to come, not with it, dead (which
+    round 0 would wait for, and drop, as a straggler)."""
+    (tmp_path / "secret").write_text("a-cluster-secret-of-enough-bytes-0123456789")
+    run = dict(nodes=3, rounds=3, fanout=1, dim=8, round_deadline=10, secret_file=str(tmp_path / "secret"))
+    barrier_port, _, procs, spawn = launcher(tmp_path, kit, run)
+    node_ports = sorted(free_ports(4))
+    url = f"http://127.0.0.1:{barrier_port}"
+
+    def barrier_events(name: str) -> list[dict[str, Any]]:
+        lines = (tmp_path / "barrier.log").read_text().splitlines()
+        return [e for e in (json.loads(line) for line in lines if line.startswith("{")) if e.get("event") == name]
+    try:
+        spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"))
+        for i in (0, 1):
+            spawn(f"node-{i}", node_ports[i], "node", "--barrier-url", url)
+        kit.wait_until(lambda: len(barrier_events("registered")) == 2, 60, "two registrations")
+        stopped = procs[node_ports[0]]
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(timeout=30) == 0, (tmp_path / "node-0.log").read_text()[-2000:]
+        assert [e["address"] for e in barrier_events("withdrew")] == [f"127.0.0.1:{node_ports[0]}"]
+        for i in (2, 3):
+            spawn(f"node-{i}", node_ports[i], "node", "--barrier-url", url)
+        for i in (1, 2, 3):
+            assert procs[node_ports[i]].wait(timeout=120) == 0, (tmp_path / f"node-{i}.log").read_text()[-2000:]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished" and len(summary["model_sha256"]) == 3
+    assert summary["events"] == [] and summary["dropped"] == []  # no member missed a round

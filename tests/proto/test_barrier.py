@@ -19,6 +19,7 @@ from mosaic_proto import (
     PeerSampler,
     Quadratic,
     received_counts,
+    withdraw,
 )
 
 
@@ -44,6 +45,17 @@ def test_registration_ranks_are_sorted_addresses_and_closes_once() -> None:
     with pytest.raises(BarrierError) as err:
         BarrierState(rounds=1, round_deadline=1, drop_after=1, expected=1).register("no port", 0.0)
     assert err.value.reason == "bad_address"
+
+
+def test_a_node_that_withdraws_before_the_roster_is_made_is_not_in_it() -> None:
+    state = BarrierState(rounds=3, round_deadline=1, drop_after=2, expected=3)
+    for address in ("a:1", "b:1"):
+        state.register(address, 0.0)
+    assert withdraw(state, "a:1") and not withdraw(state, "a:1") and not withdraw(state, "never:1")
+    assert state.register("c:1", 1.0) is None and not state.complete  # 2 of 3: b and c
+    assert state.register("d:1", 1.0) is None and state.complete
+    assert state.close(2.0) == ("b:1", "c:1", "d:1")
+    assert not withdraw(state, "b:1")  # a member now: it leaves as one
 
 
 def test_failed_registration_refuses_later_nodes() -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, reopen
 from mosaic_proto import rebind as rebind_member
+from mosaic_proto import withdraw as withdraw_registration
 from mosaicd.daemon.deadlines import join_wait
 from mosaicd.daemon.http.membership import listed_addresses, resolve_all
 
@@ -103,6 +104,20 @@ def maybe_close(barrier: Barrier) -> None:
     barrier.metrics.members.set(count)
     barrier.log.info("registration_closed", members=count)
     barrier.registered.set()
+
+
+async def withdraw(barrier: Barrier, address: str, reason: str) -> dict[str, Any]:
+    """`address` registered and was told to stop before the roster was made: the roster is made without it (a
+    node that does not come cannot be waited for a round). Once the roster is made, it leaves as a member."""
+    state = barrier.state
+    if withdraw_registration(state, address):
+        barrier.metrics.registered.set(len(state.pending))
+        barrier.log.warning("withdrew", address=address, reason=reason, registered=len(state.pending),
+                            expected=state.expected)
+        return {"withdrawn": address, "registered": len(state.pending)}
+    if address in state.addresses:
+        return await barrier.leave(state.addresses.index(address), reason)
+    raise BarrierError(BarrierReason.UNKNOWN_RANK, f"{address} has not registered")
 
 
 def fail_registration(barrier: Barrier, reason: str, status: int) -> None:

@@ -6,6 +6,9 @@
                                                    {"round", "members", "stragglers", "dropped", "finished"}
     POST /v1/leave {"rank", "reason"}           -> this member leaves: not waited for, not sampled from the next
                                                    round ({"left", "round", "live"})
+    DELETE /v1/register {"address", "reason"}   -> a node told to stop while it waits for the roster withdraws:
+                                                   the roster is made without it ({"withdrawn", "registered"});
+                                                   once made, it leaves as the member it is (as /v1/leave)
 Arriving at round t means: done sending round t (and, for t = rounds, done with the run); the report
 describes round t as the node saw it by then (null for the final arrival).
 
@@ -46,6 +49,14 @@ STATUS_OF_REASON = {BarrierReason.BAD_ADDRESS: 400, BarrierReason.BAD_ROUND: 400
                     BarrierReason.REGISTRATION_CLOSED: 409, BarrierReason.BARRIER_TIMEOUT: 503,
                     BarrierReason.JOINING: 409, BarrierReason.RUN_NOT_JOINABLE: 409, BarrierReason.LEFT: 410,
                     BarrierReason.RUN_FAILED: 410}
+
+
+def reason_of(body: dict[str, Any]) -> str:
+    """Why a node leaves or withdraws, as it says (400 if not a string of at most 2000 characters)."""
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 2000:
+        raise bad_request("bad_field", "field 'reason' must be a string of at most 2000 characters")
+    return reason
 
 
 def checked_report(report: Any, round: int) -> NodeReport | None:
@@ -92,12 +103,18 @@ def barrier_app(barrier: Barrier) -> web.Application:
         finally:
             answered(barrier, body["rank"])
 
+    async def withdraw(request: web.Request) -> web.Response:
+        body = await read_json(request, {"address": str})
+        proven(request, body["address"])
+        try:
+            return web.json_response(await registration.withdraw(barrier, body["address"], reason_of(body)))
+        except BarrierError as exc:
+            raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
+
     async def leave(request: web.Request) -> web.Response:
         body = await read_json(request, {"rank": int})
         proven(request, str(body["rank"]))
-        reason = body.get("reason", "")
-        if not isinstance(reason, str) or len(reason) > 2000:
-            raise bad_request("bad_field", "field 'reason' must be a string of at most 2000 characters")
+        reason = reason_of(body)
         if not isinstance(body.get("ends_run", False), bool):
             raise bad_request("bad_field", "field 'ends_run' must be a boolean")
         try:
@@ -140,6 +157,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
         web.post("/v1/register", register),
         web.post("/v1/arrive", arrive),
         web.post("/v1/leave", leave),
+        web.delete("/v1/register", withdraw),
         web.get("/v1/status", status),
         web.get("/v1/history", history),
         web.get("/", dashboard),

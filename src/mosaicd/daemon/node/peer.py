@@ -17,6 +17,7 @@ to the node's HTTP API, and this class carries out the I/O: serving, registering
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,7 @@ from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.http.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
-from mosaicd.daemon.http.client import Client
+from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.http.server import serve
 from mosaicd.daemon.http.tls import client_context, scheme
@@ -121,8 +122,12 @@ class Peer:
 
     async def _register(self) -> None:
         body = {"address": self.address, **({"rank": self._resume_rank} if self._resume_rank is not None else {})}
-        reply = await self._client.post_json_until(f"{self.inbox.barrier_url}/v1/register", body,
-                                                   self.options.register_deadline, "--register-deadline", self.log)
+        try:
+            reply = await self._client.post_json_until(f"{self.inbox.barrier_url}/v1/register", body,
+                                                       self.options.register_deadline, "--register-deadline", self.log)
+        except asyncio.CancelledError:  # told to stop while waiting for the roster: not counted in it
+            await self.withdraw("it was told to stop while it waited for the other nodes to register")
+            raise
         run = RunConfig.model_validate(reply["run"])
         differ = settings_differ(self._hosted_run, run)
         self.state.registered(int(reply["rank"]), list(reply["members"]), reply.get("live", range(len(
@@ -135,6 +140,19 @@ class Peer:
             reason = f"its run settings differ from rank 0's: {differ}"
             await self.leave(reason)
             raise SettingsError(f"--peer-list: {reason} (give every member the same run settings)")
+
+    async def withdraw(self, reason: str) -> None:
+        """Withdraw this node's registration (one quick try): the barrier makes the roster without it; once made, this
+        node leaves as the member it is."""
+        if self.rank >= 0:
+            await self.leave(reason)
+            return
+        try:
+            await self._client.request("DELETE", f"{self.inbox.barrier_url}/v1/register", json_body={
+                "address": self.address, "reason": reason}, timeout=min(self.options.request_timeout, 5.0), retries=0)
+            self.log.warning("withdrew", reason=reason)
+        except HttpError as exc:
+            self.log.warning("withdraw_unheard", error=exc.detail)
 
     async def rejoin(self) -> None:
         """Register again after the barrier dropped this peer: a member from the next round boundary on

@@ -26,7 +26,8 @@ async def run_node(settings: Settings, task: Any = None) -> int:
 
     `task`: one built before registration (`mosaicd cluster`'s warm start), used only if it is the registered
     run's. Without one, the task's imports run in a thread while the node registers. SIGTERM or SIGINT make the
-    node leave the run (it tells the barrier, which stops waiting for it) and exit 0; an error after registration
+    node leave the run (it tells the barrier, which stops waiting for it; before the roster is made, it withdraws
+    its registration) and exit 0; an error after registration
     makes it leave too, saying why, before the error ends the process."""
     keep_freed_memory()  # this process is a node: let it reuse what each round frees (daemon/server.py)
     prefetched = None if task is not None else prefetch_in_background(settings.task)
@@ -37,8 +38,17 @@ async def run_node(settings: Settings, task: Any = None) -> int:
         raise FileNotFoundError(f"--resume-round {options.resume_round}: no checkpoint of that round in "
                                 f"{checkpoint.state_dir(options)} (--state-dir)")
     resume_rank = saved.rank if saved is not None and options.resume_round is not None else None
-    async with Peer(options, run=run, evaluate=NetworkEvaluation(settings.data_dir, task),
-                    rejoining=saved is not None, resume_rank=resume_rank) as peer:
+    peer = Peer(options, run=run, evaluate=NetworkEvaluation(settings.data_dir, task), rejoining=saved is not None,
+                resume_rank=resume_rank)
+    registering = asyncio.ensure_future(peer.__aenter__())
+    told = on_signals(registering) if options.leave_on_signal else None
+    try:
+        await registering
+    except asyncio.CancelledError:  # told to stop before the run began: it withdrew its registration (Peer)
+        if not told:
+            raise
+        return 0
+    try:
         rounds = asyncio.ensure_future(train_and_gossip(peer, settings, task, saved, prefetched))
         stopped = on_signals(rounds) if options.leave_on_signal else None
         try:
@@ -55,6 +65,8 @@ async def run_node(settings: Settings, task: Any = None) -> int:
                 await linger_for_the_others(peer, stopped)
             raise
         await asyncio.sleep(settings.linger)
+    finally:
+        await peer.close()
     return 0
 
 
