@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 from mosaicd.daemon.barrier.barrier import Barrier
@@ -39,8 +40,32 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
         if console is not None:
             await console
         await asyncio.sleep(max(settings.linger, 1.0))
+    except asyncio.CancelledError:  # Ctrl-C
+        if not barrier.done.is_set():
+            interrupted(barrier)
+        raise
     finally:
         await runner.cleanup()
     if barrier.output_error is not None:  # ended early (a write that failed): one line, naming the path
         raise RunEnded(barrier.output_error)
     return 0 if barrier.state.phase.value == "finished" else 1
+
+
+def interrupted(barrier: Barrier) -> None:
+    """Ctrl-C before the run ended: the summary says so (not "running" for good) and the console how to go on. The
+    journal stays at the last decision and the nodes are not told: started again, the barrier resumes the run, and
+    nodes still retrying (--barrier-grace) carry on with it."""
+    state, options = barrier.state, barrier.options
+    if barrier.recorder.ended is not None:  # its summary says finished (or failed) already: so it stays
+        return
+    try:
+        barrier.recorder.fail("interrupted (KeyboardInterrupt)")
+    except OSError:
+        pass
+    if state.phase.value != "running":
+        print(f"mosaicd barrier: {options.out}: interrupted while nodes registered; the same command starts the run "
+              "again", file=sys.stderr)
+        return
+    print(f"mosaicd barrier: {options.out}: interrupted at round {state.round} of {barrier.run.rounds}; the same "
+          f"command (--out {options.out}) resumes the run; its nodes wait for it --barrier-grace "
+          f"{options.barrier_grace:g}s", file=sys.stderr)
