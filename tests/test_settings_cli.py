@@ -61,6 +61,7 @@ def test_fanout_too_large_for_the_nodes_names_fanout(kit: Any) -> None:
     (["barrier", "--max-body-bytes", "10"], "--max-body-bytes"),
     (["barrier", "--log-level", "loud"], "--log-level"),
     (["simulate", "--seed", "-1"], "--seed"),
+    (["simulate", "--dim", "1000000"], "--curvature diagonal, or --no-train"),  # a correlated A of 7,451 GiB
 ])
 def test_flag_errors_name_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = cli_error(argv, capsys)

@@ -18,6 +18,9 @@ class Curvature(StrEnum):
     DIAGONAL = "diagonal"
 
 
+CORRELATED_MAX_DIM = 8192  # a correlated A is d^2 floats (512 MiB here) made by a d x d QR
+
+
 def curvature_matrix(d: int, kind: Curvature | str, seed: int, lo: float = 0.1, hi: float = 4.0) -> np.ndarray:
     """A = Q diag(linspace(lo, hi, d)) Q^T with a seeded random orthogonal Q (correlated), or the diagonal."""
     eig = np.linspace(lo, hi, d)
@@ -31,7 +34,10 @@ def curvature_matrix(d: int, kind: Curvature | str, seed: int, lo: float = 0.1, 
 
 @dataclass(frozen=True)
 class Quadratic:
-    """n nodes, one A, per-node optima `targets` (n x d); every node starts from its own x_0 ~ N(0, 1)."""
+    """n nodes, one A, per-node optima `targets` (n x d); every node starts from its own x_0 ~ N(0, 1).
+
+    A diagonal A is kept as its diagonal (d floats, not d^2: a large --dim trains); products with it are those of
+    the matrix, bit for bit."""
 
     a: np.ndarray
     targets: np.ndarray
@@ -45,7 +51,9 @@ class Quadratic:
         targets = np.zeros((n, d))
         if heterogeneous:
             targets = np.stack([keyed_rng(seed, Purpose.DATA, node=i).standard_normal(d) for i in range(n)])
-        return cls(curvature_matrix(d, kind, seed), targets, seed, lr, local_steps)
+        diagonal = Curvature(kind) is Curvature.DIAGONAL
+        return cls(np.linspace(0.1, 4.0, d) if diagonal else curvature_matrix(d, kind, seed), targets, seed, lr,
+                   local_steps)
 
     @property
     def dim(self) -> int:
@@ -54,14 +62,18 @@ class Quadratic:
     def initial(self, node: int) -> np.ndarray:
         return keyed_rng(self.seed, Purpose.INIT, node=node).standard_normal(self.dim).astype(np.float32)
 
+    def energy(self, e: np.ndarray) -> float:
+        """e^T A e."""
+        return float(np.dot(e * self.a, e) if self.a.ndim == 1 else e @ self.a @ e)
+
     def loss(self, node: int, vector: np.ndarray) -> float:
-        e = vector.astype(np.float64) - self.targets[node]
-        return float(e @ self.a @ e)
+        return self.energy(vector.astype(np.float64) - self.targets[node])
 
     def train(self, node: int, round: int, vector: np.ndarray) -> tuple[np.ndarray, float]:
         """H full-gradient steps x <- x - lr * 2A(x - x*); returns the new vector and the loss before them."""
         x = vector.astype(np.float64)
         loss = self.loss(node, vector)
         for _ in range(self.local_steps):
-            x -= self.lr * 2.0 * (self.a @ (x - self.targets[node]))
+            e = x - self.targets[node]
+            x -= self.lr * 2.0 * (self.a * e if self.a.ndim == 1 else self.a @ e)
         return x.astype(np.float32), loss

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from mosaic_proto import Aggregator, AggregatorKind, Attack, AttackKind, SamplerKind, Strategy, byzantine_ranks
-from mosaic_proto.quadratic import Curvature
+from mosaic_proto.quadratic import CORRELATED_MAX_DIM, Curvature
 
 
 class TaskName(StrEnum):
@@ -143,6 +143,11 @@ class RunConfig(BaseModel):
             raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
         if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
             raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")
+        if self.task is TaskName.QUADRATIC and self.train and self.curvature is Curvature.CORRELATED \
+                and self.dim > CORRELATED_MAX_DIM:
+            raise ValueError(f"--dim {self.dim} with --curvature correlated: its A is a d x d matrix "
+                             f"({self.dim ** 2 * 8 / 2 ** 30:,.0f} GiB, made by a d x d QR); with training, --dim "
+                             f"{CORRELATED_MAX_DIM} at most: use --curvature diagonal, or --no-train")
         if not (self.trim < 0.5 or float(self.trim).is_integer()):
             raise ValueError(f"--trim {self.trim:g}: give a whole number of values per side (1, 2, ...) or a "
                              "fraction below 0.5")

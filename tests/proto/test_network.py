@@ -114,6 +114,18 @@ def test_runs_are_reproducible_bit_for_bit() -> None:
     assert np.array_equal(run().view(np.uint32), run().view(np.uint32))
 
 
+def test_a_diagonal_curvature_is_kept_as_its_diagonal_and_trains_as_the_matrix_does() -> None:
+    """d floats, not d^2 (a large --dim trains), and the same vectors and losses as the d x d matrix, bit for bit."""
+    diagonal = Quadratic.build(6, 40, "diagonal", seed=3, heterogeneous=True, local_steps=3)
+    matrix = Quadratic(np.diag(diagonal.a), diagonal.targets, diagonal.seed, diagonal.lr, diagonal.local_steps)
+    assert diagonal.a.shape == (40,) and diagonal.dim == matrix.dim == 40
+    x = y = diagonal.initial(2)
+    for t in range(10):
+        (x, loss_x), (y, loss_y) = diagonal.train(2, t, x), matrix.train(2, t, y)
+        assert np.array_equal(x.view(np.uint32), y.view(np.uint32)) and loss_x == loss_y
+    assert Quadratic.build(2, 1_000_000, "diagonal", seed=0).a.nbytes == 8_000_000
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_local_gossip_drives_consensus(k: int) -> None:
     n, d = 20, 16
