@@ -123,10 +123,10 @@ class ReplayGuard:
         self._seen[nonce] = now
 
 
-def verify(key: bytes, method: str, path: str, headers: Mapping[str, str], run_id: str, guard: ReplayGuard,
+def verify(key: bytes, method: str, path: str, signed: SignedHeaders, tag: str, run_id: str, guard: ReplayGuard,
            now: float) -> SignedHeaders:
-    """The checked signed fields of a request (its body is checked apart: `check_body`); AuthError if not."""
-    signed, tag = SignedHeaders.from_headers(headers)
+    """`signed` and `tag` (`SignedHeaders.from_headers`) checked for this request and run (its body is checked
+    apart: `check_body`); AuthError if not."""
     if signed.run != run_id:
         raise AuthError("wrong_run", f"signed for run {signed.run!r}, this is run {run_id!r}")
     expected = hmac.new(key, signed.message(method, path), hashlib.sha256).hexdigest()

@@ -106,15 +106,11 @@ def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[
                 tuple(OPEN - {"/"}))):
             return await handler(request)
         try:
-            SignedHeaders.from_headers(request.headers)  # unsigned: refused now, not held until the run is known
-        except AuthError as exc:
-            refused.labels(exc.reason).inc()
-            return json_error(401, exc.reason, exc.detail)
-        run_id = await run_of(request)
-        if run_id is None:
-            return json_error(503, "not_ready", "this peer does not know its run yet")
-        try:
-            signed = verify(keyring.key(run_id), request.method, path, request.headers, run_id, guard, time.time())
+            signed, tag = SignedHeaders.from_headers(request.headers)  # unsigned: refused before the run is known
+            run_id = await run_of(request)
+            if run_id is None:
+                return json_error(503, "not_ready", "this peer does not know its run yet")
+            signed = verify(keyring.key(run_id), request.method, path, signed, tag, run_id, guard, time.time())
             if request.body_exists:  # hashed while it is read, once; the handler gets the same bytes
                 await read_body(request, digest=True)
                 check_digest(signed, body_digest_of(request))
