@@ -21,9 +21,14 @@ class Curvature(StrEnum):
 CORRELATED_MAX_DIM = 8192  # a correlated A is d^2 floats (512 MiB here) made by a d x d QR
 
 
+def curvature_eigenvalues(d: int, lo: float = 0.1, hi: float = 4.0) -> np.ndarray:
+    """A's eigenvalues, evenly spread over [lo, hi] (a diagonal A is just these)."""
+    return np.linspace(lo, hi, d)
+
+
 def curvature_matrix(d: int, kind: Curvature | str, seed: int, lo: float = 0.1, hi: float = 4.0) -> np.ndarray:
     """A = Q diag(linspace(lo, hi, d)) Q^T with a seeded random orthogonal Q (correlated), or the diagonal."""
-    eig = np.linspace(lo, hi, d)
+    eig = curvature_eigenvalues(d, lo, hi)
     if Curvature(kind) is Curvature.DIAGONAL:
         return np.diag(eig)
     g = keyed_rng(seed, Purpose.INIT, node=2**30).standard_normal((d, d))
@@ -52,7 +57,7 @@ class Quadratic:
         if heterogeneous:
             targets = np.stack([keyed_rng(seed, Purpose.DATA, node=i).standard_normal(d) for i in range(n)])
         diagonal = Curvature(kind) is Curvature.DIAGONAL
-        return cls(np.linspace(0.1, 4.0, d) if diagonal else curvature_matrix(d, kind, seed), targets, seed, lr,
+        return cls(curvature_eigenvalues(d) if diagonal else curvature_matrix(d, kind, seed), targets, seed, lr,
                    local_steps)
 
     @property

@@ -14,11 +14,12 @@ from functools import cached_property
 import numpy as np
 
 from mosaic_proto import Layout, Quadratic
+from mosaic_proto.quadratic import CORRELATED_MAX_DIM
 from mosaic_proto.rng import Purpose, keyed_rng
 
 from .base import Task
 
-EVAL_MAX_DIM = 8192  # A alone is d^2 * 8 bytes (512 MiB here), and building it is a d x d QR
+EVAL_MAX_DIM = CORRELATED_MAX_DIM  # A alone is d^2 * 8 bytes (512 MiB here), and building it is a d x d QR
 
 
 class QuadraticTask(Task):
