@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -42,6 +43,14 @@ def http(method: str, url: str, body: bytes | None = None, content_type: str | N
             return Reply(resp.status, resp.read(), resp.headers.get_content_type())
     except urllib.error.HTTPError as exc:
         return Reply(exc.code, exc.read(), exc.headers.get_content_type())
+
+
+def stop_all(procs: dict[Any, subprocess.Popen]) -> None:
+    """Kill what a test started and is still running (only left if the test failed, or stopped early)."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -151,6 +160,7 @@ class Kit:
     run_in_thread = staticmethod(run_in_thread)
     serve_on_loopback = staticmethod(serve_on_loopback)
     wait_until = staticmethod(wait_until)
+    stop_all = staticmethod(stop_all)
     sha256_f32 = staticmethod(sha256_f32)
     reference_vectors = staticmethod(reference_vectors)
     reference_hashes = staticmethod(reference_hashes)

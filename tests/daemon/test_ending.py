@@ -48,13 +48,6 @@ def barrier_status(kit: Any, port: int) -> dict[str, Any] | None:
         return None
 
 
-def stop_all(procs: dict[int, subprocess.Popen]) -> None:
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @pytest.mark.slow
 def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: Any) -> None:
     run = {**RUN, "rounds": 300}
@@ -77,7 +70,7 @@ def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: A
         for port in ports[:3]:
             assert procs[port].wait(timeout=120) == 0, (tmp_path / f"node-{port}.log").read_text()[-2000:]
     finally:
-        stop_all(procs)
+        kit.stop_all(procs)
     summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["left"] == [3] and summary["members"] == [0, 1, 2]
     assert any(e["left"] == [3] for e in summary["events"])
@@ -100,7 +93,7 @@ def test_too_few_members_end_the_run_on_every_process_at_once(tmp_path: Path, ki
         codes = {port: procs[port].wait(timeout=30) for port in ports}
         took = time.monotonic() - stopped
     finally:
-        stop_all(procs)
+        kit.stop_all(procs)
     assert codes[ports[2]] == 0 and codes[ports[0]] == 1 and codes[ports[1]] == 1, codes
     assert took < 20, took  # the round deadline is 60 s
     summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
@@ -126,7 +119,7 @@ def test_rank_0_told_to_stop_fails_the_run_and_exits_once_the_others_heard(tmp_p
         took = time.monotonic() - stopped
         codes = {port: procs[port].wait(timeout=30) for port in ports[1:]}
     finally:
-        stop_all(procs)
+        kit.stop_all(procs)
     assert code0 == 1 and set(codes.values()) == {1}, (code0, codes)
     assert took < HOST_LINGER_S, took
     summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
@@ -206,7 +199,7 @@ def test_a_peer_list_member_with_other_run_settings_is_refused_naming_them(tmp_p
     try:
         codes = {port: procs[port].wait(timeout=120) for port in ports}
     finally:
-        stop_all(procs)
+        kit.stop_all(procs)
     said = (tmp_path / f"node-{ports[2]}.log").read_text()
     assert codes[ports[2]] == 2 and "--rounds 5 (the run's: 30)" in said and "--fragments 8 (the run's: 2)" in said
     assert [codes[p] for p in ports if p != ports[2]] == [0, 0, 0], codes  # the others go on without it
@@ -234,4 +227,4 @@ def test_a_peer_list_member_that_never_starts_is_named_when_registration_gives_u
             said = (tmp_path / f"node-{port}.log").read_text()
             assert f"passed with 2 of 3 nodes; not registered: 127.0.0.1:{ports[2]}" in said, said[-2000:]
     finally:
-        stop_all(procs)
+        kit.stop_all(procs)

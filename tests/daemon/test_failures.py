@@ -97,10 +97,7 @@ def test_killed_node_is_a_straggler_then_dropped_and_the_others_finish(tmp_path:
                 assert proc.wait(timeout=30) == 0, (port, (tmp_path / "barrier.log").read_text()[-3000:])
         finished_in = time.monotonic() - killed_at
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+        kit.stop_all(procs)
 
     # straggler first (missed one deadline), then dropped (missed --drop-after of them)
     straggling = [t for t, stragglers, dropped, _ in seen if victim in stragglers and victim not in dropped]
@@ -289,10 +286,7 @@ def test_a_registered_node_ends_at_once_when_the_barrier_gives_up_registration(t
         log = (tmp_path / "node-0.log").read_text()
         assert "registration deadline (4s) passed with 1 of 3 nodes" in log, log[-2000:]
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+        kit.stop_all(procs)
 
 
 @pytest.mark.slow
@@ -323,10 +317,7 @@ def test_a_node_told_to_stop_while_it_waits_for_the_roster_withdraws(tmp_path: P
         for i in (1, 2, 3):
             assert procs[node_ports[i]].wait(timeout=120) == 0, (tmp_path / f"node-{i}.log").read_text()[-2000:]
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+        kit.stop_all(procs)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and len(summary["model_sha256"]) == 3
     assert summary["events"] == [] and summary["dropped"] == []  # no member missed a round

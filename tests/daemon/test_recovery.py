@@ -143,17 +143,23 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
     assert retries and all("left_s" in e and "retry_in_s" in e for e in retries)  # every retry said so
 
 
-def test_restarted_barrier_refuses_another_runs_settings(tmp_path: Path, kit: Any) -> None:
-    """A run in progress in OUT is resumed only with its own settings; else the barrier says which differ."""
+def journal_of_a_3_node_run(tmp_path: Path, round_deadline: float) -> Settings:
+    """OUT (tmp_path/run) with the journal of a 3-node, 5-round run just started, unsecured; its settings."""
     from mosaic_proto import BarrierState
     from mosaicd.daemon.barrier import journal as barrier_journal
 
     run = Settings(nodes=3, rounds=5, fanout=1, out=tmp_path / "run")
-    state = BarrierState(rounds=5, round_deadline=9, drop_after=2, expected=3)
+    state = BarrierState(rounds=5, round_deadline=round_deadline, drop_after=2, expected=3)
     for port in (1, 2, 3):
         state.register(f"127.0.0.1:{port}", 0.0)
     state.close(0.0)
     barrier_journal.save(run.out, run.run_config(), state, 0.0, secured=False)
+    return run
+
+
+def test_restarted_barrier_refuses_another_runs_settings(tmp_path: Path, kit: Any) -> None:
+    """A run in progress in OUT is resumed only with its own settings; else the barrier says which differ."""
+    run = journal_of_a_3_node_run(tmp_path, round_deadline=9)
     proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(run.out), "--nodes", "3", "--rounds", "7",
                            "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
@@ -165,15 +171,7 @@ def test_restarted_barrier_takes_the_journals_node_count_only_where_it_counts_th
                                                                                       kit: Any) -> None:
     """A --nodes that differs from the run's is refused like any run setting; a barrier that counts the nodes
     (here --expect-settle; --expect-dns and a peer list alike) resumes the run with the run's count."""
-    from mosaic_proto import BarrierState
-    from mosaicd.daemon.barrier import journal as barrier_journal
-
-    run = Settings(nodes=3, rounds=5, fanout=1, out=tmp_path / "run")
-    state = BarrierState(rounds=5, round_deadline=60, drop_after=2, expected=3)
-    for port in (1, 2, 3):
-        state.register(f"127.0.0.1:{port}", 0.0)
-    state.close(0.0)
-    barrier_journal.save(run.out, run.run_config(), state, 0.0, secured=False)
+    run = journal_of_a_3_node_run(tmp_path, round_deadline=60)
     saved = (run.out / "barrier-state.json").read_text()
     barrier = [*kit.mosaicd, "barrier", "--out", str(run.out), "--nodes", "4", "--rounds", "5", "--fanout", "1"]
     given = subprocess.run([*barrier, "--port", "0"], capture_output=True, text=True, timeout=30)
