@@ -1,10 +1,10 @@
 """Consensus on identical quadratics: does fragmentation (K) speed up consensus? (the paper's quadratic claim)
 
 Every node minimises the same f(x) = (x - x*)^T A (x - x*) with x* = 0, starting from its own x_0 ~ N(0, I).
-One round: one gradient step (eta = 0.05), then Mosaic gossip over `InMemoryNetwork`, i.e. real
-RoundStates exchanging encoded messages: EL-Local sampler, s = 2, K fragments from
-Fragmentation.build(Layout.flat(d), K, seed) (random strategy). After R rounds we measure the squared
-consensus error sum_i ||x_i - mean_j x_j||^2 and average it over seeds. Two curvatures:
+One round: one gradient step (eta = 0.05), then Mosaic gossip over `InMemoryNetwork` (its batched rounds:
+the models of RoundStates exchanging encoded messages, bit for bit; `high_k.py` checks that): EL-Local sampler,
+s = 2, K fragments from Fragmentation.build(Layout.flat(d), K, seed) (random strategy). After R rounds we
+measure the squared consensus error sum_i ||x_i - mean_j x_j||^2 and average it over seeds. Two curvatures:
   correlated: A = Q diag(linspace(0.1, 4, d)) Q^T, Q a seeded random rotation;
   diagonal:   A = diag(linspace(0.1, 4, d)).
 The paper claims the error falls faster as K grows for correlated A, and that K makes no difference for
@@ -65,7 +65,7 @@ def main() -> None:
     rounds = args.rounds
     marks = sorted({r for r in (rounds // 4, rounds // 2, 3 * rounds // 4) if 0 < r < rounds})
     print(f"Consensus on identical quadratics: n={N} d={D} sampler=local s={S} eta={LR} H={LOCAL_STEPS} "
-          f"rounds={rounds} seeds={args.seeds} (InMemoryNetwork, real encode/decode; {elapsed:.1f} s, "
+          f"rounds={rounds} seeds={args.seeds} (InMemoryNetwork; {elapsed:.1f} s, "
           f"{args.workers} workers)")
     print("error = sum_i ||x_i - mean(x)||^2, mean over seeds; ratio = mean error / mean error at K=1; "
           "wins = seeds where K beats K=1")

@@ -1,4 +1,5 @@
-"""What `keyed_rng(seed, purpose, round, node, f).choice(population, size, replace=False)` picks, for many f at once.
+"""What `keyed_rng(seed, purpose, round, node, f).choice(population, size, replace=False)` picks, for many f at once
+(`keyed_choices`), and for every (node, f) of a round at once (`keyed_table`).
 
 A plan draws one generator per fragment, and numpy spends ~35 us building one (SeedSequence, PCG64, Generator)
 to draw two numbers: at K=16 that was most of a node's round. Here the same algorithms (SeedSequence's hash
@@ -11,7 +12,7 @@ callers use numpy's own generators, so the picks never depend on which path ran.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -184,3 +185,159 @@ def matches_numpy() -> bool:
              ([123456789, 2, 1000, 4999], 9999, 40), ([5, 2, 77, 3], 3, 3)]
     return all(_choices(key, range(5), population, size) == _numpy_choices(key, range(5), population, size)
                for key, population, size in cases)
+
+
+# The picks for every (node, fragment) of a round at once (`keyed_table`), in numpy: the same numbers, in arrays.
+# A round of `InMemoryNetwork` needs n x K picks, ~6 us each above: at K=16 more than a whole K=1 round. Here
+# SeedSequence's mixing, PCG64's 128-bit LCG (two uint64 halves) with its XSL-RR output, Lemire's bounded integers
+# and Floyd's sampling run on one lane per (node, fragment): a few hundred numpy calls per round whatever n and K.
+# `matches_scalar` checks the lanes against the functions above once per process; were they ever to differ,
+# `keyed_table` uses those.
+
+_U = np.uint64
+_MASK32 = _U(_M32)
+_MULT_HI, _MULT_LO = _U(_PCG_MULT >> 64), _U(_PCG_MULT & ((1 << 64) - 1))
+
+
+def _mul_lo_hi(a: np.ndarray, b: np.uint64) -> tuple[np.ndarray, np.ndarray]:
+    """The low and high 64 bits of a * b (both 64-bit), from four 32 x 32-bit products."""
+    a0, a1, b0, b1 = a & _MASK32, a >> _U(32), b & _MASK32, b >> _U(32)
+    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
+    mid = (p00 >> _U(32)) + (p01 & _MASK32) + (p10 & _MASK32)
+    return (p00 & _MASK32) | (mid << _U(32)), p11 + (p01 >> _U(32)) + (p10 >> _U(32)) + (mid >> _U(32))
+
+
+def _step(hi: np.ndarray, lo: np.ndarray, inc_hi: np.ndarray, inc_lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """state * PCG_MULT + inc, mod 2^128, on (high, low) halves."""
+    low, carry_hi = _mul_lo_hi(lo, _MULT_LO)
+    high = carry_hi + hi * _MULT_LO + lo * _MULT_HI
+    new_lo = low + inc_lo
+    return high + inc_hi + (new_lo < low).astype(np.uint64), new_lo
+
+
+def _output(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """PCG64's XSL-RR output of a state."""
+    x, rot = hi ^ lo, hi >> _U(58)
+    return (x >> rot) | (x << ((_U(64) - rot) & _U(63)))
+
+
+def _seeded(pools: np.ndarray, h: int, words: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(state_hi, state_lo, inc_hi, inc_lo) of `PCG64(SeedSequence(prefix + [word]))` per lane: the pool after the
+    prefix (pools[lane, 4]) and the hash constant after it (`h`), the word mixed into it, then PCG's seeding."""
+    p = []
+    for i in range(_POOL):
+        p.append(_mixed_into(pools[:, i], words, h))
+        h = h * _MULT_A & _M32
+    w = []
+    for i in range(8):
+        v = ((p[i & 3] ^ _U(_STATE_HASH[i])) * _U(_STATE_HASH[i + 1])) & _MASK32
+        w.append(v ^ (v >> _U(16)))
+    init_hi, init_lo = (w[1] << _U(32)) | w[0], (w[3] << _U(32)) | w[2]
+    inc_hi = (((w[5] << _U(32)) | w[4]) << _U(1)) | (w[7] >> _U(31))
+    inc_lo = (((w[7] << _U(32)) | w[6]) << _U(1)) | _U(1)
+    lo = inc_lo + init_lo
+    hi = inc_hi + init_hi + (lo < inc_lo).astype(np.uint64)
+    hi, lo = _step(hi, lo, inc_hi, inc_lo)
+    return hi, lo, inc_hi, inc_lo
+
+
+def _floyd_lanes(hi: np.ndarray, lo: np.ndarray, inc_hi: np.ndarray, inc_lo: np.ndarray, population: int,
+           size: int) -> np.ndarray:
+    """Per lane, the `size` indices `Generator.choice(population, size, replace=False)` picks (Floyd's order)."""
+    lanes = len(hi)
+    chosen = np.empty((lanes, size), dtype=np.int64)
+    spare = np.zeros(lanes, dtype=np.uint64)
+    has_spare = np.zeros(lanes, dtype=bool)
+    for col, j in enumerate(range(population - size, population)):
+        value = np.zeros(lanes, dtype=np.uint64)
+        if j:
+            bound = _U(j + 1)
+            threshold = _U((_M32 - j) % (j + 1))
+            todo = np.arange(lanes)
+            while len(todo):
+                fresh = todo[~has_spare[todo]]
+                if len(fresh):
+                    hi[fresh], lo[fresh] = _step(hi[fresh], lo[fresh], inc_hi[fresh], inc_lo[fresh])
+                    out = _output(hi[fresh], lo[fresh])
+                    draw_fresh = out & _MASK32
+                    spare[fresh] = out >> _U(32)
+                draw = spare[todo].copy()
+                kept = has_spare[todo]
+                if len(fresh):
+                    draw[~kept] = draw_fresh
+                has_spare[todo] = ~kept
+                m = draw * bound
+                low = m & _MASK32
+                ok = (low >= bound) | (low >= threshold)
+                value[todo[ok]] = m[ok] >> _U(32)
+                todo = todo[~ok]
+        picked = value.astype(np.int64)
+        taken = (chosen[:, :col] == picked[:, None]).any(axis=1)
+        chosen[:, col] = np.where(taken, j, picked)
+    return chosen
+
+
+def keyed_table(prefixes: Sequence[list[int]], k: int, population: int, size: int) -> np.ndarray:
+    """picks[i, f] = the `size` indices `keyed_choice.keyed_choices(prefixes[i], [f], population, size)` picks, for
+    every f < k, as an (len(prefixes), k, size) int64 array (each row in Floyd's order, not sorted)."""
+    if not 0 <= size <= population:
+        raise ValueError(f"cannot take {size} of {population} without replacement")
+    if not (_fits(prefixes, k, population, size) and matches_numpy() and matches_scalar()):
+        return np.array([[sorted(p) for p in keyed_choices(key, range(k), population, size)] for key in prefixes],
+                        dtype=np.int64).reshape(len(prefixes), k, size)
+    return _lanes(prefixes, k, population, size)
+
+
+def _lanes(prefixes: Sequence[list[int]], k: int, population: int, size: int) -> np.ndarray:
+    words = np.array([[w for part in key for w in _words(part)] for key in prefixes], dtype=np.uint64)
+    pools, h = _mixed(words)
+    seeded = _seeded(np.repeat(pools, k, axis=0), h, np.tile(np.arange(1, k + 1, dtype=np.uint64), len(prefixes)))
+    return _floyd_lanes(*seeded, population, size).reshape(len(prefixes), k, size)
+
+
+def _mixed(words: np.ndarray) -> tuple[np.ndarray, int]:
+    """`keyed_choice._mix_entropy` of each row of `words` (rows of one length, at least the pool's): the pools, and
+    the hash constant after them (it depends on the number of words only)."""
+    h = _INIT_A
+    pool = []
+    for i in range(_POOL):
+        v = ((words[:, i] ^ _U(h)) * _U(h := h * _MULT_A & _M32)) & _MASK32
+        pool.append(v ^ (v >> _U(16)))
+    for src in range(_POOL):
+        for dst in range(_POOL):
+            if src != dst:
+                pool[dst] = _mixed_into(pool[dst], pool[src], h)
+                h = h * _MULT_A & _M32
+    for i in range(_POOL, words.shape[1]):
+        for dst in range(_POOL):
+            pool[dst] = _mixed_into(pool[dst], words[:, i], h)
+            h = h * _MULT_A & _M32
+    return np.stack(pool, axis=1), h
+
+
+def _mixed_into(target: np.ndarray, value: np.ndarray, h: int) -> np.ndarray:
+    """SeedSequence's mix(target, hashmix(value)) with the hash constant `h` (hashmix's next one multiplies it)."""
+    v = ((value ^ _U(h)) * _U(h * _MULT_A & _M32)) & _MASK32
+    r = (target * _U(_MIX_L) - _U(_MIX_R) * (v ^ (v >> _U(16)))) & _MASK32
+    return r ^ (r >> _U(16))
+
+
+def _fits(prefixes: Sequence[list[int]], k: int, population: int, size: int) -> bool:
+    """Whether the lanes compute these picks: the prefixes are as many words long, enough to fill the pool (the
+    fragment's word is its tail), the fragment's word is one 32-bit word, and numpy would sample by Floyd's method
+    (as `keyed_choices` decides) with 32-bit bounds."""
+    lengths = {sum(len(_words(part)) for part in key) for key in prefixes}
+    return (k < _M32 and population <= _M32 and not (population > _FLOYD_UP_TO and size > population // 50)
+            and len(lengths) == 1 and min(lengths) >= _POOL)
+
+
+@functools.cache
+def matches_scalar() -> bool:
+    """Whether the lanes pick what `keyed_choice` picks, on keys that take every branch (rejected draws, spare
+    halves, j = 0, whole populations, long keys)."""
+    cases = [([[0, 2, 1, 1], [0, 2, 1, 50]], 49, 2), ([[7, 2, 3, 9]], 1, 1), ([[2**40 + 3, 2, 0, 1]], 5, 5),
+             ([[123456789, 2, 1000, 426], [123456789, 2, 1000, 499]], 9999, 40),  # fragments 8 and 7 reject a draw
+             ([[5, 2, 77, 3]], 3, 3), ([[9, 2, 1, 2]], 9000, 1)]
+    return all([frozenset(int(i) for i in row) for row in rows] == _choices(key, range(10), population, size)
+               for prefixes, population, size in cases
+               for key, rows in zip(prefixes, _lanes(prefixes, 10, population, size), strict=True))

@@ -8,7 +8,8 @@ from enum import StrEnum
 
 import numpy as np
 
-from .rng import NONE, Purpose, keyed_picks, keyed_rng
+from .keyed_choice import keyed_table
+from .rng import NONE, Purpose, key_parts, keyed_picks, keyed_rng
 
 
 class SamplerKind(StrEnum):
@@ -101,6 +102,25 @@ class PeerSampler:
         """`plan` as a shared, read-only mapping, drawn once and kept for `PLAN_ROUNDS` rounds."""
         key = (node, k, members if isinstance(members, tuple) else tuple(members))
         return self._kept(round, key, lambda: self._draw_plan(round, node, k, sorted(key[2])))
+
+    def table(self, round: int, nodes: Sequence[int], k: int, members: Sequence[int]) -> np.ndarray:
+        """receivers[i, f] = the `fanout` receivers of fragment f from nodes[i] in `round` (an int64 array of shape
+        (len(nodes), k, fanout), each row in no particular order): every plan of a round at once, for
+        `exchange.exchange_round`; the same receivers as `receivers`."""
+        members = sorted(members)
+        nodes = list(nodes)
+        if self.kind is SamplerKind.LOCAL:
+            for node in nodes:
+                self._others(node, members)
+            picks = keyed_table([key_parts(self.seed, Purpose.SAMPLING, round, node)[:-1] for node in nodes], k,
+                                len(members) - 1, self.fanout)
+            position = np.searchsorted(members, nodes)[:, None, None]
+            return np.asarray(members, dtype=np.int64)[picks + (picks >= position)]
+        out = np.empty((len(nodes), k, self.fanout), dtype=np.int64)
+        for f in range(k):
+            for i, node in enumerate(nodes):
+                out[i, f] = self.receivers(round, node, f, members)
+        return out
 
     def _kept(self, round: int, key: PlanKey, draw: Callable[[], Plan]) -> Plan:
         """What `draw` returns for (round, key), drawn once while `round` is among the last PLAN_ROUNDS rounds.

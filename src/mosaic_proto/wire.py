@@ -19,6 +19,7 @@ import io
 import math
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
@@ -148,6 +149,19 @@ def encode(batch: FragmentBatch) -> bytes:
         values = np.ascontiguousarray(batch.fragments[index], dtype=DTYPE)
         parts += [b"\x82", _head(0, index), b"\xd8\x55", _head(2, values.nbytes), memoryview(values).cast("B")]
     return b"".join(parts)
+
+
+def encoded_sizes(run_id: str, round: int, k: int, fingerprint: bytes, senders: Sequence[int],
+                  floats: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What `encode` writes, in bytes, without writing it (for `exchange.exchange_round`): the framing of a message
+    from each of `senders` in `round` (the fragment array's head excluded), the item of each fragment f of
+    `floats[f]` values, and the fragment array's head for 0..k fragments. A message is the sum of its parts."""
+    before_round, sender_key, after_sender = _framing(run_id, k, fingerprint)
+    common = len(before_round) + len(_item(round)) + len(sender_key) + len(after_sender)
+    framing = np.array([common + len(_item(sender)) for sender in senders], dtype=np.int64)
+    items = np.array([3 + len(_head(0, f)) + len(_head(2, 4 * n)) + 4 * n for f, n in enumerate(floats)],
+                     dtype=np.int64)
+    return framing, items, np.array([len(_head(4, count)) for count in range(k + 1)], dtype=np.int64)
 
 
 def _show(value: object, limit: int = 40) -> str:
