@@ -265,10 +265,12 @@ def test_an_out_that_cannot_be_made_is_one_line_naming_out(tmp_path: Path, comma
     assert afile.read_text() == "not a folder" and not (tmp_path / "runs").exists()
 
 
-def test_ctrl_c_before_the_first_round_says_how_to_go_on(tmp_path: Path, kit: Any) -> None:
+@pytest.mark.parametrize("quiet", [[], ["--quiet"]], ids=["shown", "quiet"])
+def test_ctrl_c_before_the_first_round_says_how_to_go_on(tmp_path: Path, kit: Any, quiet: list[str]) -> None:
+    """--quiet leaves out the progress, not how to go on with a run that stopped."""
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "mosaicd", "simulate", "--task", "digits", "--nodes", "4",
-                             "--rounds", "3", "--out", str(out)], cwd=tmp_path, stdout=subprocess.PIPE,
+                             "--rounds", "3", "--out", str(out), *quiet], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     kit.wait_until(lambda: (out / "rounds.csv").exists(), 60, "the run's files (its task is being built)", 0.005)
     os.kill(proc.pid, signal.SIGINT)

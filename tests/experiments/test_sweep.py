@@ -184,6 +184,26 @@ def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
     assert finished["model_sha256"] == uninterrupted["model_sha256"]
 
 
+@pytest.mark.slow
+def test_an_interrupted_cluster_sweep_leaves_the_advice_to_the_sweep(tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    """The cluster's own "--resume continues it" is wrong inside a sweep, which redoes the run: it is not printed."""
+    out = tmp_path / "o"
+    text = TINY.format(out=out).replace('mode = "simulate"', 'mode = "cluster"').replace("seed = [0, 1]", "")
+    spec = load_spec(write(tmp_path, text.replace("fragments = [1, 4]", "fragments = [2]")))
+
+    def interrupting(run: sweep.Run, p: RoundProgress) -> None:
+        if p.round == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, progress=False, on_round=interrupting)
+    err = capfd.readouterr().err
+    assert "--resume" not in err and "mosaicd cluster:" not in err, err
+    assert json.loads((spec.runs[0].folder(out) / "summary.json").read_text())["status"] == "failed"
+    assert sweep.run_state(spec.runs[0], out, "cluster")[0] == "failed"  # the next sweep redoes it
+
+
 def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import mosaicd.experiments.simulate
 

@@ -456,10 +456,11 @@ class _Reported:
 
 def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
                 on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True, *,
-                resume: bool = False, replace: bool = False) -> dict:
+                resume: bool = False, replace: bool = False, advise: bool = True) -> dict:
     """Run a cluster to its end; summary.json's content. The folder is claimed first (`rundir.claim_out`: a fresh
     one without --out; another run's is refused unless `resume` or `replace` says what to do with it); `resume`:
-    go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints)."""
+    go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints). `advise`: a run that
+    stops says on stderr how to go on with it (`next_step`); a sweep, which goes on its own way, says it instead."""
     given = settings.out if "out" in settings.model_fields_set else None
     out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)
     if resume:  # ResumeError naming the run settings that differ (--nodes too: given here), before any file changes
@@ -469,7 +470,7 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
     try:
         return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)
     except (KeyboardInterrupt, ClusterFailed, OutputError) as exc:
-        if step := next_step(Path(out), settings.rounds, exc):
+        if advise and (step := next_step(Path(out), settings.rounds, exc)):
             print(f"mosaicd cluster: {out}: {step}", file=sys.stderr)
         raise
 

@@ -36,9 +36,10 @@ from mosaicd.settings import Settings
 
 
 def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound | None = None, *,
-                   resume: bool = False, replace: bool = False) -> dict:
+                   resume: bool = False, replace: bool = False, advise: bool = True) -> dict:
     """Run the simulation to its end; summary.json's content. `resume`: continue the unfinished run in --out;
-    `replace`: remove the run that --out holds first (see `claim_out`: nothing is written before it agrees)."""
+    `replace`: remove the run that --out holds first (see `claim_out`: nothing is written before it agrees).
+    `advise`: a run that stops says on stderr how to go on with it, --quiet or not (a sweep says it instead)."""
     given = settings.out if "out" in settings.model_fields_set else None
     out = claim_out(given, "simulate", resume=resume, replace=replace, run_id=settings.run_id)
     settings = settings.model_copy(update={"out": out})
@@ -49,7 +50,7 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
     except BaseException as exc:
         recorder.fail(failure_text(exc))
         # a run that got going, or was stopped by the user at any point; one that could not start says why instead
-        if progress and (isinstance(exc, KeyboardInterrupt) or recorder.rounds_done > 0
+        if advise and (isinstance(exc, KeyboardInterrupt) or recorder.rounds_done > 0
                          or (out / SIMULATE_CHECKPOINT).exists()):
             _say_unfinished(out)
         raise

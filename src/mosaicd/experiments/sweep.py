@@ -350,10 +350,12 @@ def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: f
         try:
             if mode == "cluster":
                 from mosaicd.experiments.cluster import run_cluster
-                summary = run_cluster(run.settings, progress=False, timeout=timeout, on_round=round_done)
+                summary = run_cluster(run.settings, progress=False, timeout=timeout, on_round=round_done,
+                                      advise=False)
             else:
                 from mosaicd.experiments.simulate import run_simulation
-                summary = run_simulation(run.settings, progress=False, on_round=round_done, resume=resume)
+                summary = run_simulation(run.settings, progress=False, on_round=round_done, resume=resume,
+                                         advise=False)
         except KeyboardInterrupt:
             again = "continues this run" if mode == "simulate" else "redoes this run"
             log.write(f"{_now()} interrupted after {time.monotonic() - started:.1f}s (the next sweep {again})\n")
