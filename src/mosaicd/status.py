@@ -37,7 +37,10 @@ def fetch_json(url: str, timeout: float, context: ssl.SSLContext | None = None) 
     except urllib.error.HTTPError as exc:
         raise StatusError(f"{url} answered HTTP {exc.code}") from None
     except (OSError, ValueError) as exc:
-        raise StatusError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError):
+            raise StatusError(f"{url}: no answer within {timeout:g} s (--timeout)") from None
+        raise StatusError(f"{url}: {reason}") from None
 
 
 def base_url(url: str) -> str:

@@ -60,3 +60,17 @@ def test_status_of_nothing_says_so(kit: Any) -> None:
     assert proc.returncode == 1 and proc.stderr.startswith("mosaicd status: error: http://127.0.0.1:")
     proc = subprocess.run([*kit.mosaicd, "status", "ftp://x"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and "expected http://host:port" in proc.stderr
+
+
+def test_status_of_a_silent_address_names_the_limit_it_waited(kit: Any) -> None:
+    """A port that takes the connection and never answers (a process stopped with SIGSTOP, say)."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        proc = subprocess.run([*kit.mosaicd, "status", url, "--timeout", "0.5"], capture_output=True, text=True,
+                              timeout=30)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == f"mosaicd status: error: {url}/v1/status: no answer within 0.5 s (--timeout)"
