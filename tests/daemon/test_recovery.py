@@ -162,7 +162,7 @@ def test_restarted_barrier_refuses_another_runs_settings(tmp_path: Path, kit: An
     run = journal_of_a_3_node_run(tmp_path, round_deadline=9)
     proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(run.out), "--nodes", "3", "--rounds", "7",
                            "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a usage error, as simulate --resume with other settings
     assert "holds run 'mosaic' in progress" in proc.stderr and "--rounds" in proc.stderr, proc.stderr
     assert json.loads((run.out / "barrier-state.json").read_text())["state"]["round"] == 0  # untouched
 

@@ -121,7 +121,7 @@ def test_resume_with_another_node_count_is_refused_as_another_fanout_is(tmp_path
     for flag, value in (("--nodes", "7"), ("--fanout", "3")):
         refused = subprocess.run([*kit.mosaicd, "cluster", *RUN, flag, value, "--out", str(out), "--quiet", "--resume"],
                                  capture_output=True, text=True, timeout=120)
-        assert refused.returncode == 1, refused.stderr[-2000:]
+        assert refused.returncode == 2, refused.stderr[-2000:]  # a usage error, as simulate --resume's
         ours = RUN[RUN.index(flag) + 1]
         assert f"({flag} {value}; the run has {flag} {ours})" in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
@@ -131,7 +131,7 @@ def test_resume_with_another_node_count_is_refused_as_another_fanout_is(tmp_path
                     ["barrier", *RUN, "--host", "127.0.0.1", "--port", "0"]):
         refused = subprocess.run([*kit.mosaicd, *command, "--out", str(out)], capture_output=True, text=True,
                                  timeout=120)
-        assert refused.returncode == 1 and "started with a cluster secret: give its --secret-file" in refused.stderr, \
+        assert refused.returncode == 2 and "started with a cluster secret: give its --secret-file" in refused.stderr, \
             refused.stderr[-2000:]
         assert len(refused.stderr.strip().splitlines()) == 1 and listing(out) == before, refused.stderr
 

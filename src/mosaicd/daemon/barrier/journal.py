@@ -17,7 +17,7 @@ from typing import Any
 
 from mosaic_proto import BarrierPhase, BarrierState
 from mosaicd.rundir import journal_rounds
-from mosaicd.settings import RunConfig
+from mosaicd.settings import RunConfig, SettingsError
 
 STATE_FILE = "barrier-state.json"
 VERSION = 1
@@ -25,6 +25,11 @@ VERSION = 1
 
 class ResumeError(ValueError):
     """OUT holds a run in progress that this barrier cannot go on with (its settings differ)."""
+
+
+class ResumeSettingsError(ResumeError, SettingsError):
+    """The run in OUT is resumed only with flags other than those given (its settings, its secret): a usage error,
+    exit 2, as `simulate --resume` with other settings."""
 
 
 def save(out: Path, run: RunConfig, state: BarrierState, started: float, secured: bool) -> None:
@@ -94,17 +99,17 @@ def load(out: Path, run: RunConfig, round: int | None = None, counted: bool = Fa
         raise ResumeError(f"{path} cannot be read ({type(exc).__name__}: {exc}): move it away to start a new run in "
                           f"{out}") from None
     if data.get("secured") and not secured:
-        raise ResumeError(f"{out} holds run {saved.run_id!r} in progress, started with a cluster secret: give its "
-                          "--secret-file (MOSAIC_SECRET_FILE) to resume it (without one, nothing its members send "
-                          "would be checked), or another --out")
+        raise ResumeSettingsError(f"{out} holds run {saved.run_id!r} in progress, started with a cluster secret: "
+                                  "give its --secret-file (MOSAIC_SECRET_FILE) to resume it (without one, nothing its "
+                                  "members send would be checked), or another --out")
     ours = (run.with_nodes(saved.nodes) if counted else run).model_dump(mode="json")
     theirs = saved.model_dump(mode="json")
     differ = sorted(k for k, v in theirs.items() if ours.get(k) != v)
     if differ:
-        raise ResumeError(f"{out} holds run {saved.run_id!r} in progress, with other settings "
-                          f"({', '.join(_flag(k, ours.get(k)) for k in differ)}; the run has "
-                          f"{' '.join(_flag(k, theirs[k]) for k in differ)}): give that run's settings to resume it, "
-                          f"or another --out")
+        raise ResumeSettingsError(f"{out} holds run {saved.run_id!r} in progress, with other settings "
+                                  f"({', '.join(_flag(k, ours.get(k)) for k in differ)}; the run has "
+                                  f"{' '.join(_flag(k, theirs[k]) for k in differ)}): give that run's settings to "
+                                  f"resume it, or another --out")
     state = newest
     if round is not None and newest["round"] != round:
         state = earlier
