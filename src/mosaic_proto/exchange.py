@@ -31,6 +31,8 @@ def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.
     """The models and reports after `round` of the nodes in `trained` (node -> its trained float32 model), among
     `members`: what their `RoundState`s give when each sends its plan's messages to the others in `trained` (a member
     not in it is absent: what it would be sent is unsent) and each finishes with the mean rule."""
+    if not trained:
+        return {}, {}
     present = np.array(sorted(trained), dtype=np.int64)
     models = np.stack([np.ascontiguousarray(trained[int(i)], dtype=np.float32) for i in present])
     k, count = fragmentation.k, len(present)

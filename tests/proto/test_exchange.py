@@ -49,7 +49,7 @@ def rounds(net: InMemoryNetwork, absent: list[tuple[int, ...]]) -> list:
 def test_batched_rounds_are_the_message_rounds(n: int, d: int, k: int, kind: str, strategy: str, data) -> None:
     k = min(k, d)
     fanout = data.draw(st.integers(1, n - 1))
-    absent = data.draw(st.lists(st.sets(st.integers(0, n - 1), max_size=n - 1).map(tuple), min_size=1, max_size=4))
+    absent = data.draw(st.lists(st.sets(st.integers(0, n - 1), max_size=n).map(tuple), min_size=1, max_size=4))
     batched, messages = (network(m, n, d, k, kind, fanout, strategy) for m in (False, True))
     assert batched.batched and not messages.batched
     assert rounds(batched, absent) == rounds(messages, absent)
