@@ -20,9 +20,10 @@ from .round import RoundReport
 from .sampling import PeerSampler
 from .wire import encoded_sizes
 
-# Above this many received values in a round (all nodes together), each node aggregates on its own (`aggregate`,
-# block by block) instead of all at once through index arrays of that length.
-SCATTER_MAX_VALUES = 1 << 20
+# Above this many received values in a round (all nodes together), each node aggregates on its own (`aggregate`:
+# slices, blocks) instead of all at once through index arrays, which cost ~20 ns a value (measured: d=16 and K=16,
+# n=50: 2.6 ms a round at once, 9.4 one by one; d=14890, K=4, n=16, 953k values: 21.8 against 3.9).
+SCATTER_MAX_VALUES = 1 << 17
 
 
 def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.ndarray],
@@ -95,7 +96,7 @@ def _scattered(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndar
     coordinate = order[np.repeat(starts[fragment] - first, lengths) + np.arange(int(lengths.sum()))]
     target = np.repeat(receiver, lengths) * dim + coordinate
     acc = models.astype(np.float64).reshape(-1)
-    np.add.at(acc, target, models[np.repeat(sender, lengths), coordinate])
+    np.add.at(acc, target, models[np.repeat(sender, lengths), coordinate].astype(np.float64))  # 25x float32 ones
     return (acc / (np.bincount(target, minlength=count * dim) + 1.0)).astype(np.float32).reshape(count, dim)
 
 
