@@ -166,3 +166,40 @@ async def test_python_api_peers_match_in_memory_network(tmp_path: Path, kit: Any
     finally:
         await asyncio.gather(*(p.close() for p in peers))
         await runner.cleanup()
+
+
+async def test_a_peer_whose_loop_raises_leaves_and_the_others_go_on(tmp_path: Path, kit: Any) -> None:
+    """`async with Peer(...)` around a loop that raises: the peer leaves, saying why, so the others finish their
+    rounds at once instead of waiting for it for `--drop-after` round deadlines (here 2 x 60 s)."""
+    run = dict(nodes=4, rounds=3, fragments=2, fanout=2, dim=12, seed=3, train=False, eval_every=0,
+               host="127.0.0.1", port=0, round_deadline=60, drop_after=2, register_deadline=30, request_timeout=10)
+    barrier_settings = Settings(**run, out=tmp_path / "barrier")
+    barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
+    runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
+    settings = Settings(**run, barrier_url=barrier_url)
+    initial = kit.reference_vectors(settings.model_copy(update={"rounds": 0}))
+
+    async def node(failing: bool) -> int:
+        async with Peer(settings, Layout.flat(settings.dim)) as peer:
+            vector = initial[peer.rank]
+            for t in range(settings.rounds):
+                if failing and t == 1:
+                    raise ValueError("a bug in the user's loop")
+                vector = await peer.gossip(vector)
+            await peer.finish()
+            return peer.rank
+
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(node(i == 2) for i in range(4)), return_exceptions=True),
+                                         40)  # well under one round deadline
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert len(failed) == 1 and isinstance(failed[0], ValueError), results
+        done = sorted(r for r in results if isinstance(r, int))
+        assert len(done) == 3, results
+        await asyncio.wait_for(barrier.done.wait(), 10)
+        summary = json.loads((tmp_path / "barrier" / "summary.json").read_text())
+        assert summary["status"] == "finished", summary
+        gone = sorted(set(range(4)) - set(done))
+        assert [e.get("left") for e in summary["events"] if e.get("left")] == [gone], summary["events"]
+    finally:
+        await runner.cleanup()

@@ -96,8 +96,13 @@ class Peer:
             raise
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        """A loop that fails or is stopped inside `async with` leaves the run, saying why: nobody waits for it."""
+        try:
+            if exc is not None and not isinstance(exc, PeerDropped | RunEnded) and self.barrier is None:
+                await self.leave(f"its training loop ended with {type(exc).__name__}: {exc}")
+        finally:
+            await self.close()
 
     async def close(self) -> None:
         if self._runner:
@@ -142,8 +147,7 @@ class Peer:
             raise SettingsError(f"--peer-list: {reason} (give every member the same run settings)")
 
     async def withdraw(self, reason: str) -> None:
-        """Withdraw this node's registration (one quick try): the barrier makes the roster without it; once made, this
-        node leaves as the member it is."""
+        """Withdraw this node's registration (one quick try); once the roster is made, leave as the member it is."""
         if self.rank >= 0:
             await self.leave(reason)
             return
@@ -155,8 +159,7 @@ class Peer:
             self.log.warning("withdraw_unheard", error=exc.detail)
 
     async def rejoin(self) -> None:
-        """Register again after the barrier dropped this peer: a member from the next round boundary on
-        (`self.round`), with the membership of that round."""
+        """Register again after a drop: a member from the next round boundary on, with that round's membership."""
         self.state.rejoining()  # it registers as its address again, signed as one that registers
         await self._register()
 
@@ -192,10 +195,7 @@ class Peer:
         `local` is a flat float32 vector, or a torch module: then its state is gossiped and overwritten in place.
         """
         if not isinstance(local, np.ndarray) and hasattr(local, "state_dict"):
-            from mosaicd.learning.tasks.torch_util import load_vector, to_vector
-            vector = await self.gossip(to_vector(local), loss=loss, train_s=train_s)
-            load_vector(local, vector)
-            return vector
+            return await _gossip_module(self, local, loss, train_s)
         state, t = self.state, self.state.round
         if state.phase is not NodePhase.TRAINING:
             raise RuntimeError(f"gossip() needs a registered peer with a model (set_model), not {state.phase.value}")
@@ -243,6 +243,15 @@ class Peer:
         self.state.finishing()
         await self._arrive({"rank": self.rank, "round": self.round, "report": None}, final=True)
         self.state.finished()
+
+
+async def _gossip_module(peer: Peer, module: Any, loss: float, train_s: float) -> np.ndarray:
+    """`Peer.gossip` of a torch module: its state is gossiped, then overwritten in place by the aggregate."""
+    from mosaicd.learning.tasks.torch_util import load_vector, to_vector
+
+    vector = await peer.gossip(to_vector(module), loss=loss, train_s=train_s)
+    load_vector(module, vector)
+    return vector
 
 
 def settings_differ(ours: RunConfig | None, run: RunConfig) -> str:
