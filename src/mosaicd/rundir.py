@@ -10,12 +10,15 @@ runs (`mosaicd runs`, `log`, `status FOLDER`) start at once and work on runs tha
 
 A run's folder belongs to one run: `claim_out` (used by `mosaicd cluster` and `simulate` before they write
 anything) gives a fresh folder when no --out is given, and refuses a folder that holds another run unless the user
-says what to do with it (--resume it, or --replace it).
+says what to do with it (--resume it, or --replace it). While a run goes on its process holds the folder (`hold`:
+a lock on the folder itself, which the system lets go when the process ends, killed or not), so that a second run
+there, --resume and --replace included, is refused instead of writing over it.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
@@ -349,6 +352,32 @@ def _refused(text: str) -> ValueError:
     return SettingsError(text)
 
 
+_HELD: dict[Path, int] = {}  # folder -> this process's locked descriptor of it
+
+
+def hold(out: Path, what: str = "--out") -> None:
+    """This process takes `out` (a folder) for its run: refused (one line naming `what`) while another process holds
+    it. Forked children share the hold (a cluster's warm nodes), so it lasts while any of them runs."""
+    key = out.resolve()
+    if key in _HELD:
+        return
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _refused(f"{what} {out}: another process is running a run there now: wait for it to end, or stop it "
+                       "(Ctrl-C), then try again") from None
+    _HELD[key] = fd
+
+
+def release(out: Path | str) -> None:
+    """Let go of `out` (`hold`), once this process's run there has ended."""
+    fd = _HELD.pop(Path(out).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
 def fresh_folder(run_id: str, root: Path | str = DEFAULT_ROOT) -> Path:
     """A new folder ROOT/<run id>-<UTC time, YYYYmmdd-HHMMSS> (with -2, -3, ... where taken), made now, so that
     two runs started in the same second never share one."""
@@ -382,10 +411,24 @@ def claim_out(out: Path | str | None, mode: str, resume: bool = False, replace: 
     if out is None:
         if resume:
             raise _refused("--resume needs --out: the folder of the run to continue")
-        return fresh_folder(run_id)
+        folder = fresh_folder(run_id)
+        hold(folder)
+        return folder
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise _refused(f"--out {out} is a file, not a folder")
+    if out.is_dir():
+        hold(out)
+    try:
+        hold(_claimed(out, mode, resume, replace))  # a folder made just now is taken too
+        return out
+    except BaseException:
+        release(out)
+        raise
+
+
+def _claimed(out: Path, mode: str, resume: bool, replace: bool) -> Path:
+    """`claim_out` of a given --out, which this process holds if it exists."""
     held = occupant(out)
     other = f"`mosaicd {held.mode}` " if held.mode not in (None, mode) else ""
     how = f"`mosaicd {held.mode} --resume`" if other else "--resume"

@@ -98,6 +98,31 @@ def test_sigint_then_the_same_command_is_refused_and_resume_ends_as_the_uninterr
         assert csv_rows(out / name, TIMINGS) == csv_rows(tmp_path / "whole" / name, TIMINGS), name
 
 
+def test_a_run_going_on_in_a_folder_is_not_resumed_or_replaced_beside_it(tmp_path: Path, kit: Any) -> None:
+    """"holds an unfinished run (running ...): continue it with --resume" is true of a killed run, not of a live one:
+    while a run's process holds its folder, --resume and --replace are refused (they would write the same files at
+    once: rows twice, a folder emptied under a running process); once it has ended, the usual refusal names them."""
+    out = tmp_path / "run"
+    command = ["simulate", "--task", "digits", "--nodes", "4", "--rounds", "400", "--out", str(out), "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "mosaicd", *command], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        kit.wait_until(lambda: ((read_summary(out) or {}).get("progress") or {}).get("rounds_done"), 90,
+                       "the run's first round in summary.json", 0.05)
+        for how in ("--resume", "--replace"):
+            refused = mosaicd(*command, how, cwd=tmp_path)
+            assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+            assert refused.stderr.strip() == f"mosaicd simulate: error: --out {out}: another process is running a " \
+                "run there now: wait for it to end, or stop it (Ctrl-C), then try again", refused.stderr
+        assert proc.poll() is None and (out / "nodes.csv").exists()  # the run went on, its files kept
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    after = mosaicd(*command, cwd=tmp_path)  # the folder is free again: the refusal is the usual one
+    assert after.returncode == 2 and f"--out {out} holds an unfinished run (failed at round" in after.stderr
+
+
 def test_resume_is_exact_from_a_checkpoint_and_from_none(tmp_path: Path) -> None:
     settings = dict(QUICK, rounds=24)
     whole = run_simulation(Settings.load(**settings, out=tmp_path / "whole"), progress=False)

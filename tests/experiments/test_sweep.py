@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,6 +207,27 @@ def test_an_interrupted_cluster_sweep_leaves_the_advice_to_the_sweep(tmp_path: P
     assert "--resume" not in err and "mosaicd cluster:" not in err, err
     assert json.loads((spec.runs[0].folder(out) / "summary.json").read_text())["status"] == "failed"
     assert sweep.run_state(spec.runs[0], out, "cluster")[0] == "failed"  # the next sweep redoes it
+
+
+def test_a_second_sweep_of_the_same_out_is_refused_while_the_first_goes_on(tmp_path: Path, kit: Any) -> None:
+    """Two sweeps of one spec at once would redo and write the same runs' folders: the second is refused."""
+    out = tmp_path / "o"
+    spec = write(tmp_path, TINY.format(out=out).replace('task = "quadratic"', 'task = "digits"')
+                 .replace("rounds = 3", "rounds = 400").replace("nodes = 5\ndim = 8", "nodes = 4"))
+    first = subprocess.Popen([sys.executable, "-m", "mosaicd", "sweep", str(spec), "--quiet"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        kit.wait_until(lambda: any(out.glob("runs/*/nodes.csv")), 90, "the sweep's first run under way", 0.05)
+        second = subprocess.run([sys.executable, "-m", "mosaicd", "sweep", str(spec)], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.strip() == f"mosaicd sweep: error: {spec}: out = {out}: another process is running a " \
+            "run there now: wait for it to end, or stop it (Ctrl-C), then try again", second.stderr
+        assert first.poll() is None
+    finally:
+        os.kill(first.pid, signal.SIGINT)
+        first.communicate(timeout=60)
+    assert first.returncode == 130
 
 
 def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

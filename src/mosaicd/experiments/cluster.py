@@ -41,7 +41,7 @@ from mosaicd.experiments.warm import REPORT_FD
 from mosaicd.learning.tasks import require_task
 from mosaicd.outputs import failed_summary, failure_text
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
-from mosaicd.rundir import claim_out, read_summary
+from mosaicd.rundir import claim_out, read_summary, release
 from mosaicd.settings import Settings
 
 PR_SET_PDEATHSIG = 1
@@ -463,16 +463,18 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
     stops says on stderr how to go on with it (`next_step`); a sweep, which goes on its own way, says it instead."""
     given = settings.out if "out" in settings.model_fields_set else None
     out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)
-    if resume:  # ResumeError naming the run settings that differ (--nodes too: given here), before any file changes
-        barrier_journal.load(Path(out), settings.run_config(), secured=not (settings.insecure and
-                                                                            settings.secret_file is None))
-    settings = settings.model_copy(update={"out": out})
     try:
+        if resume:  # ResumeError naming the run settings that differ (--nodes too: given here), before any change
+            barrier_journal.load(Path(out), settings.run_config(), secured=not (settings.insecure and
+                                                                                settings.secret_file is None))
+        settings = settings.model_copy(update={"out": out})
         return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)
     except (KeyboardInterrupt, ClusterFailed, OutputError) as exc:
         if advise and (step := next_step(Path(out), settings.rounds, exc)):
             print(f"mosaicd cluster: {out}: {step}", file=sys.stderr)
         raise
+    finally:
+        release(out)
 
 
 def next_step(out: Path, rounds: int, exc: BaseException) -> str | None:

@@ -31,7 +31,7 @@ from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
 from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
-from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary
+from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary, release
 from mosaicd.settings import Settings
 
 
@@ -42,7 +42,14 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
     `advise`: a run that stops says on stderr how to go on with it, --quiet or not (a sweep says it instead)."""
     given = settings.out if "out" in settings.model_fields_set else None
     out = claim_out(given, "simulate", resume=resume, replace=replace, run_id=settings.run_id)
-    settings = settings.model_copy(update={"out": out})
+    try:
+        return _run(settings.model_copy(update={"out": out}), progress, on_round, resume, advise)
+    finally:
+        release(out)
+
+
+def _run(settings: Settings, progress: bool, on_round: OnRound | None, resume: bool, advise: bool) -> dict:
+    out = settings.out
     start = checkpoint.resume_point(out, settings) if resume else None
     recorder = RunRecorder(out, settings, mode="simulate", resume_from=start.started if start else None)
     try:
@@ -51,7 +58,7 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
         recorder.fail(failure_text(exc))
         # a run that got going, or was stopped by the user at any point; one that could not start says why instead
         if advise and (isinstance(exc, KeyboardInterrupt) or recorder.rounds_done > 0
-                         or (out / SIMULATE_CHECKPOINT).exists()):
+                       or (out / SIMULATE_CHECKPOINT).exists()):
             _say_unfinished(out)
         raise
 

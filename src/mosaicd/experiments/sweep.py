@@ -378,8 +378,20 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
     Progress and news go to one `ProgressPrinter` (on `console`, default stderr), with a line for the sweep and
     one for the current run; `progress=False` leaves only failures. `on_round(run, p)` is called after every
     round of every run (an exception there ends the run as a failure would; KeyboardInterrupt, the sweep).
+    A second sweep of the same `out` while this one goes on is refused (`rundir.hold`), not run beside it.
     """
+    from mosaicd.rundir import hold, release
+
     spec.out.mkdir(parents=True, exist_ok=True)
+    hold(spec.out, f"{spec.path}: out =")
+    try:
+        return _sweep(spec, progress, keep_going, timeout, console, on_round)
+    finally:
+        release(spec.out)
+
+
+def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, console: Console | None,
+           on_round: Callable[[Run, RoundProgress], None] | None) -> dict[str, Any]:
     (spec.out / "sweep.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     states = {run.name: run_state(run, spec.out, spec.mode) for run in spec.runs}
     to_run = [r for r in spec.runs if states[r.name][0] != "done"]

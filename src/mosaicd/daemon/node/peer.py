@@ -97,9 +97,9 @@ class Peer:
         return self
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        """A loop that fails or is stopped inside `async with` leaves the run, saying why: nobody waits for it."""
+        """A loop that fails (not Ctrl-C) inside `async with` leaves the run, saying why: nobody waits for it."""
         try:
-            if exc is not None and not isinstance(exc, PeerDropped | RunEnded) and self.barrier is None:
+            if isinstance(exc, Exception) and not isinstance(exc, PeerDropped | RunEnded) and self.barrier is None:
                 await self.leave(f"its training loop ended with {type(exc).__name__}: {exc}")
         finally:
             await self.close()
@@ -147,7 +147,7 @@ class Peer:
             raise SettingsError(f"--peer-list: {reason} (give every member the same run settings)")
 
     async def withdraw(self, reason: str) -> None:
-        """Withdraw this node's registration (one quick try); once the roster is made, leave as the member it is."""
+        """Withdraw this node's registration (one try); once the roster is made, leave as the member it is."""
         if self.rank >= 0:
             await self.leave(reason)
             return
