@@ -104,8 +104,8 @@ class InMemoryNetwork:
                 if message.peer in states:
                     try:
                         states[message.peer].receive(message.payload)
-                    except WireError:  # refused (--max-norm) and counted in the receiver's report
-                        pass
+                    except WireError:  # refused (--max-norm): counted by the receiver, unsent for the sender (a 4xx)
+                        state.mark_unsent(message)
                 else:
                     state.mark_unsent(message)
         release = self._barrier(t, present)

@@ -245,7 +245,7 @@ class DaemonOptions(BaseModel):
                                      **cli("network", "node", "barrier", "cluster"))
     max_norm: float | None = Field(None, gt=0, description="refuse a received fragment whose norm is over this many "
                                    "times the node's own (a guard against faults, not against attacks)",
-                                   **cli("network", "node", "cluster"))
+                                   **cli("network", "node", "cluster", "simulate"))
     insecure: bool = Field(False, description="listen beyond loopback without --secret-file: anyone who reaches "
                            "a port can join the run and send it models; `mosaicd cluster`: run without the secret it "
                            "makes for each run by default", **cli("network", "node", "barrier", "cluster"))

@@ -77,6 +77,22 @@ def test_simulate_equals_cluster_with_robust_aggregation_and_attackers(tmp_path:
         assert [clean["model_sha256"][r] for r in honest] != [cluster["model_sha256"][r] for r in honest]
 
 
+@pytest.mark.slow  # one loopback cluster of 6 processes and one simulation: ~8 s on 2 idle cores
+def test_simulate_takes_max_norm_and_equals_cluster(tmp_path: Path) -> None:
+    """--max-norm refuses the attacker's scaled fragments in both: the same models (per-round refusal counts depend
+    on when a message came in a cluster: docs/security.md)."""
+    run = dict(QUADRATIC, byzantine=1, attack="scale", attack_scale=1000.0, max_norm=10.0)
+    cluster = run_cluster(Settings(**run, out=tmp_path / "cluster"), progress=False, timeout=120)
+    simulate = run_simulation(Settings(**run, out=tmp_path / "simulate"), progress=False)
+    assert cluster["model_sha256"] == simulate["model_sha256"] and len(cluster["model_sha256"]) == 5
+    unguarded = run_simulation(Settings(**dict(run, max_norm=None), out=tmp_path / "unguarded"), progress=False)
+    assert unguarded["model_sha256"] != simulate["model_sha256"]  # the guard changed what the honest nodes kept
+    refused = by_reason(node_rows(tmp_path / "simulate"))["out_of_range"]
+    attacker = Settings(**run).run_config().byzantine_ranks()[0]
+    unsent = sum(int(r["fragments_unsent"]) for r in node_rows(tmp_path / "simulate") if int(r["node"]) == attacker)
+    assert refused > 0 and unsent > 0
+
+
 @pytest.mark.slow  # one loopback cluster of 5 processes: ~8 s on 2 idle cores
 def test_max_norm_refusals_are_counted_in_metrics_and_nodes_csv(tmp_path: Path, kit: Any) -> None:
     run = dict(QUADRATIC, rounds=6, byzantine=1, attack="scale", attack_scale=1000.0)

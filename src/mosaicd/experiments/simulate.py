@@ -103,7 +103,7 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     run = settings.run_config()
     attacks = {i: run.attack_of(i) for i in run.byzantine_ranks()}
     network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier,
-                              aggregator=run.aggregator_rule(), attacks=attacks)
+                              aggregator=run.aggregator_rule(), attacks=attacks, max_norm=settings.max_norm)
     if start is not None:
         start.apply(network)
     saver = _Saver(settings, network.round)
