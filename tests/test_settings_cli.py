@@ -255,7 +255,8 @@ def test_help_is_per_subcommand_grouped_with_choices_and_defaults(capsys: pytest
         assert "{quadratic,digits,cifar10,cifar100,movielens,shakespeare}" in text and "[default: 20;" in text
     assert "--barrier-url" in helps["node"] and "--barrier-url" not in helps["simulate"]
     assert "--expect-dns" in helps["barrier"] and "--expect-dns" not in helps["node"]
-    assert "network:" not in helps["simulate"]
+    assert "--port" not in helps["simulate"] and "--max-norm" in helps["simulate"]  # no listening; the guard, yes
+    assert all(text.count("outputs: results and logs") == 1 for text in helps.values())  # --config in it, once
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

@@ -78,8 +78,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
 
     from mosaicd.settings import Settings
 
+    sections = {}
     for group, names in groups().items():
-        section = parser.add_argument_group(f"{group}: {GROUP_HELP[group]}")
+        section = sections[group] = parser.add_argument_group(f"{group}: {GROUP_HELP[group]}")
         for name in names:
             if name not in applies()[command]:
                 continue
@@ -95,8 +96,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
                 section.add_argument(flag(name), dest=name, default=None,  # pydantic checks choices, naming the flag
                                      metavar="{" + ",".join(choices) + "}" if choices else name.upper(),
                                      help=help_text)
-    parser.add_argument_group("outputs: results and logs").add_argument(
-        "--config", type=Path, help="TOML file with settings (keys as the flags, '-' or '_')")
+    sections["outputs"].add_argument("--config", type=Path, help="TOML file with settings (keys as the flags, '-' or "
+                                     "'_')")
 
 
 def refuse_unknown(parser: argparse.ArgumentParser, command: str | None, extra: list[str]) -> None:
