@@ -90,6 +90,13 @@ def test_runs_of_a_folder_without_runs_and_of_no_folder(tmp_path: Path) -> None:
     assert default.returncode == 1 and "runs: no such folder" in default.stderr
     status = mosaicd("status", str(tmp_path / "nowhere"))  # a path, not a URL: said so, not read as a host
     assert status.returncode == 1 and f"{tmp_path / 'nowhere'}: no such folder" in status.stderr, status.stderr
+    typo = mosaicd("status", "nowhere", cwd=tmp_path)  # a bare word is a folder's name, not a host on port 80
+    assert typo.returncode == 1 and "nowhere: no such folder (and not a URL" in typo.stderr, typo.stderr
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "summary.json").write_text('{"a": 1}')
+    other = mosaicd("status", str(foreign))  # some other program's summary.json: not shown as a run of Nones
+    assert other.returncode == 1 and "is not a run's" in other.stderr and "None" not in other.stdout, other.stdout
 
 
 def test_status_of_a_finished_and_of_a_crashed_run(runs: Path) -> None:

@@ -99,6 +99,8 @@ def folder_view(folder: Path) -> dict[str, Any]:
     summary = read_summary(folder)
     if summary is None:
         raise StatusError(f"{folder}: no readable summary.json (not a run's folder: give its --out)")
+    if not isinstance(summary.get("settings"), dict) or "status" not in summary:
+        raise StatusError(f"{folder}: its summary.json is not a run's (no status or settings): give a run's --out")
     settings = summary.get("settings") or {}
     final = summary.get("final") or {}
     progress = summary.get("progress") or {}
@@ -132,7 +134,7 @@ def view_of(target: str, timeout: float, context: ssl.SSLContext | None) -> dict
     """A folder's view if `target` is a folder on this machine, else the cluster's at that URL."""
     if "://" not in target and Path(target).is_dir():
         return folder_view(Path(target))
-    if "://" not in target and ("/" in target or target.startswith(".")) and ":" not in target:
+    if "://" not in target and ":" not in target:  # neither a folder here nor host:port
         raise StatusError(f"{target}: no such folder (and not a URL: http://host:port of a barrier or a node)")
     return cluster_view(target, timeout, context)
 

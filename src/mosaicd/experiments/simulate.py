@@ -110,7 +110,7 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     with ProgressPrinter(enabled=progress) as printer:
         printer.message(f"run folder {settings.out}")
         if start is not None:
-            again = f"; {start.redone} rounds after it run again" if start.redone else ""
+            again = f"; {start.redone} round{'s' * (start.redone != 1)} after it run again" if start.redone else ""
             printer.message(f"resuming at round {network.round} of {settings.rounds} (" + (
                 "its checkpoint" if network.round else "no checkpoint was saved: from the start") + f"{again})")
         printer.start_run("", settings.rounds)
