@@ -74,6 +74,9 @@ def test_report_leaves_out_unfinished_runs(swept: Path, tmp_path: Path) -> None:
 def test_report_of_a_folder_without_a_sweep(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no sweep.json or summary.json"):
         write_report(tmp_path)
+    (tmp_path / "summary.json").write_text('{"a": 1}')  # another program's file, no rounds.csv: not "no round"
+    with pytest.raises(ValueError, match="not a run's folder"):
+        write_report(tmp_path)
 
 
 def test_report_leaves_out_failed_runs(swept: Path, tmp_path: Path) -> None:

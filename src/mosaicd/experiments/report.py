@@ -124,6 +124,9 @@ def load_run(folder: Path | str) -> Sweep:
         summary = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError) as exc:
         raise FileNotFoundError(f"{folder}: cannot read summary.json ({exc})") from None
+    if not isinstance(summary, dict) or "status" not in summary or not (folder / "rounds.csv").is_file():
+        raise ValueError(f"{folder}: not a run's folder (a run leaves summary.json with its status, and rounds.csv): "
+                         "give a run's or a sweep's --out")
     rounds = read_rounds(folder)
     status = summary.get("status", "finished")
     if not rounds:
