@@ -105,7 +105,8 @@ def test_set_overrides_the_spec_from_the_command_line(tmp_path: Path, capsys: py
     for item, words in (("fragmentz=2", ["--set fragmentz=2: unknown setting 'fragmentz'", "fragments"]),
                         ("rounds", ["--set rounds: expected key=value"]),
                         ("lr=-1", ["--set lr=-1", "greater than 0"]),
-                        ("out=x", ["--set out=x", "--out"])):
+                        ("out=x", ["--set out=x", "--out"]),
+                        ("mode=cluster", ["--set mode=cluster: the mode is the spec's own"])):
         with pytest.raises(SystemExit) as refused:
             main(["sweep", str(spec_path), "--dry-run", "--set", item])
         err = capsys.readouterr().err

@@ -153,6 +153,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key = raw.strip().replace("-", "_")
         if not sep or not key:
             raise SpecError(f"--set {item}: expected key=value (e.g. --set rounds=20)")
+        if key == "mode":
+            raise SpecError(f"--set {item}: the mode is the spec's own (mode = \"simulate\" or \"cluster\" at its "
+                            "top): a sweep of the other mode is another spec, with its own out")
         if key not in Settings.model_fields:
             hint = difflib.get_close_matches(key, list(Settings.model_fields), n=1)
             raise SpecError(f"--set {item}: unknown setting {raw.strip()!r}"
