@@ -361,7 +361,10 @@ def hold(out: Path, what: str = "--out") -> None:
     key = out.resolve()
     if key in _HELD:
         return
-    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:  # no permission to read it, say: one line naming the flag, as `writable` says it
+        raise ValueError(f"{what} {out}: cannot open it: {exc.strerror or exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
