@@ -53,6 +53,7 @@ class BarrierReason(StrEnum):
     FUTURE_ROUND = "future_round"
     STALE_ROUND = "stale_round"
     BARRIER_TIMEOUT = "barrier_timeout"
+    BARRIER_STOPPING = "barrier_stopping"
     LEFT = "left"
     RUN_FAILED = "run_failed"
 

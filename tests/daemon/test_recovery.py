@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -437,3 +438,39 @@ def test_an_unreadable_checkpoint_is_not_used_and_said_so(tmp_path: Path, damage
     assert found is not None and found.round == 3 and found.vector.tolist() == [3.0] * 64
     assert checkpoint.rounds(tmp_path) == [3]
     assert "checkpoint_unreadable" in capsys.readouterr().out
+
+
+def test_a_barrier_told_to_stop_while_a_node_waits_decides_nothing_more_and_exits_at_once(tmp_path: Path,
+                                                                                           kit: Any) -> None:
+    """Ctrl-C while rank 0 waits for a round that rank 1 has not reached: the barrier answers the wait 503
+    barrier_stopping (the node retries against the barrier started again) and exits, without waiting the round's
+    deadline out and without dropping rank 1 at it: its journal stays where its console says the run stopped."""
+    run = {"nodes": 2, "fanout": 1, "rounds": 5, "round_deadline": 30, "request_timeout": 5}
+    lab = Lab(tmp_path, kit, run)
+    url = f"http://127.0.0.1:{lab.barrier_port}"
+    try:
+        lab.barrier()
+        kit.wait_until(lambda: lab.status() is not None, 30, "the barrier listening")
+        with ThreadPoolExecutor(3) as pool:
+            registered = [pool.submit(kit.http, "POST", f"{url}/v1/register",
+                                      json.dumps({"address": f"127.0.0.1:{port}"}).encode(), "application/json", 30)
+                          for port in lab.node_ports]
+            ranks = sorted(json.loads(r.result(30).body)["rank"] for r in registered)
+            assert ranks == [0, 1]
+            waiting = pool.submit(kit.http, "POST", f"{url}/v1/arrive", json.dumps({"rank": 0, "round": 0}).encode(),
+                                  "application/json", 60)
+            time.sleep(0.5)  # rank 0's arrival is in, and waits for rank 1's
+            assert not waiting.done()
+            journal = (lab.out / "barrier-state.json").read_text()
+            lab.procs["barrier"].send_signal(signal.SIGINT)
+            told_at = time.monotonic()
+            answer = waiting.result(10)
+            assert lab.procs["barrier"].wait(timeout=10) == 130
+            took = time.monotonic() - told_at
+    finally:
+        lab.stop()
+    assert (answer.status, json.loads(answer.body)["reason"]) == (503, "barrier_stopping"), answer
+    assert (lab.out / "barrier-state.json").read_text() == journal  # nothing decided after Ctrl-C
+    said = (tmp_path / "barrier.log").read_text()
+    assert "interrupted at round 0 of 5; the same command" in said, said[-2000:]
+    print(f"\nthe barrier exited {took:.2f} s after Ctrl-C (its round deadline: {run['round_deadline']} s)")

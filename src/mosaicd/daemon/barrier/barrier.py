@@ -71,6 +71,7 @@ class Barrier:
         self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
         self.heard_failure: set[int] = set()  # ranks answered since the run failed (`ending.unheard`)
         self.output_error: str | None = None  # why the run was ended early (end_failed): nothing more is saved
+        self.stopping = False  # interrupt(): nothing more is decided
         self._collections: dict[int, asyncio.Task] = {}
         self.recollect: list[int] = []  # evaluations a resumed run collects with its first release (_resume)
         self._timer: asyncio.TimerHandle | None = None
@@ -98,7 +99,7 @@ class Barrier:
         self.metrics.members.set(len(state.live))
         if not self.rebinding:  # else once every member is back (registration.rebind)
             self.arm_deadline()
-        self.published = {t: self._told(r) for t, r in state.released.items()}
+        self.published = {t: told(self.state, r) for t, r in state.released.items()}
         missing, lost = evaluations_cut_short(state.round, self.run, self.recorder, bool(self.rebinding))
         if self.rebinding:  # not at the addresses the journal keeps: collected with the next release's (publish)
             self.recollect = missing
@@ -112,6 +113,8 @@ class Barrier:
 
     def save_journal(self) -> None:
         """Save the state before anyone hears of it; a write that fails ends the run (`fail_output`)."""
+        if self.stopping:
+            raise stopping()
         if self.output_error is not None:  # the journal stays at the last decision that could be saved
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}")
         try:
@@ -135,10 +138,17 @@ class Barrier:
                 record_end(self, self._ending)
             except OSError as exc:
                 fail_output(self, exc)
+        self.interrupt()
+
+    def interrupt(self) -> None:
+        """Decide nothing more; every waiting arrival is answered 503 barrier_stopping now. On Ctrl-C the journal so
+        stays where the console says (as after a SIGKILL): the nodes retry against the barrier started again."""
+        self.stopping = True
         if self._timer:
             self._timer.cancel()
         for task in list(self._tasks):
             task.cancel()
+        self._published.set()
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -146,7 +156,6 @@ class Barrier:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    # -- rounds ------------------------------------------------------------------------------------
     async def arrive(self, rank: int, round: int, report: NodeReport | None) -> dict[str, Any]:
         """Long poll until `round` is released: the release as JSON. BarrierError if refused."""
         retry = round < self.state.round  # a round released already: its release again, recorded once
@@ -158,6 +167,8 @@ class Barrier:
     async def wait_published(self, round: int, limit: float) -> dict[str, Any]:
         end = self.now() + limit
         while round not in self.published:
+            if self.stopping:
+                raise stopping()
             if self.state.phase is BarrierPhase.FAILED:
                 raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.state.failure}")
             event = self._published
@@ -166,14 +177,6 @@ class Barrier:
             except TimeoutError:
                 raise BarrierError(BarrierReason.BARRIER_TIMEOUT, f"round {round} was not released in time") from None
         return self.published[round]
-
-    def _told(self, release: Release) -> dict[str, Any]:
-        """A release as the nodes hear it: with the addresses of the members that join, and why the run failed
-        if this release ends it so."""
-        failed = {"failure": self.state.failure} if release.finished and self.state.phase is BarrierPhase.FAILED \
-            else {}
-        return {**release.to_json(), "addresses": {str(r): self.state.addresses[r] for r in release.joined},
-                **failed}
 
     def _on_deadline(self) -> None:
         self._timer = None
@@ -198,7 +201,7 @@ class Barrier:
         self.save_journal()
         self.arm_deadline()
         t = release.round
-        self._record(release)
+        self.releases.record(release, self.state.closed[release.round], self.now(), self.evaluator.last_metrics)
         due = [*self.recollect, *([t - 1] if t >= 1 and is_eval_round(t - 1, self.run) else [])]
         self.recollect = []
         if due:  # one after the other, so that their rows are written in round order
@@ -207,7 +210,7 @@ class Barrier:
                                                                                   release.finished))
         for e in [e for e in self._collections if e + SNAPSHOTS_KEPT <= t or release.finished]:
             await self._collections.pop(e)
-        self.published[t] = self._told(release)
+        self.published[t] = told(self.state, release)
         self.published.pop(t - SNAPSHOTS_KEPT, None)
         self._published.set()
         self._published = asyncio.Event()
@@ -233,8 +236,17 @@ class Barrier:
             await self.publish(release)
         return {"left": rank, "round": self.state.round, "live": list(self.state.live)}
 
-    def _record(self, release: Release) -> None:
-        self.releases.record(release, self.state.closed[release.round], self.now(), self.evaluator.last_metrics)
+
+def told(state: BarrierState, release: Release) -> dict[str, Any]:
+    """A release as the nodes hear it: with the addresses of the members that join, and why the run failed if this
+    release ends it so."""
+    failed = {"failure": state.failure} if release.finished and state.phase is BarrierPhase.FAILED else {}
+    return {**release.to_json(), "addresses": {str(r): state.addresses[r] for r in release.joined}, **failed}
+
+
+def stopping() -> BarrierError:
+    return BarrierError(BarrierReason.BARRIER_STOPPING, "the barrier is stopping (Ctrl-C): retry; started again "
+                        "with the same --out, it goes on with the run")
 
 
 def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any] | None, rebind_round: int | None,

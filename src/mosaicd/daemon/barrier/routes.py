@@ -47,6 +47,7 @@ DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css
 STATUS_OF_REASON = {BarrierReason.BAD_ADDRESS: 400, BarrierReason.BAD_ROUND: 400, BarrierReason.UNKNOWN_RANK: 404,
                     BarrierReason.DROPPED: 410, BarrierReason.FUTURE_ROUND: 409, BarrierReason.STALE_ROUND: 409,
                     BarrierReason.REGISTRATION_CLOSED: 409, BarrierReason.BARRIER_TIMEOUT: 503,
+                    BarrierReason.BARRIER_STOPPING: 503,
                     BarrierReason.JOINING: 409, BarrierReason.RUN_NOT_JOINABLE: 409, BarrierReason.LEFT: 410,
                     BarrierReason.RUN_FAILED: 410}
 

@@ -41,6 +41,7 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
             await console
         await asyncio.sleep(max(settings.linger, 1.0))
     except asyncio.CancelledError:  # Ctrl-C
+        barrier.interrupt()
         if not barrier.done.is_set():
             interrupted(barrier)
         raise

@@ -16,6 +16,9 @@ from mosaicd.settings import DaemonOptions
 # connections the kernel queues until the loop accepts them: dozens of peers connect at each round's start, and a
 # loop busy for a moment must not make them retry their SYN a second later (aiohttp's default is 128)
 BACKLOG = 1024
+# how long stopping waits for requests still being answered before it cuts them (aiohttp waits 60 s): a long poll
+# of a process told to stop (Ctrl-C) is cut, and its client retries, as it would against a killed process
+SHUTDOWN_S = 2.0
 
 
 class ListenError(RuntimeError):
@@ -41,7 +44,8 @@ async def serve(app: web.Application, options: DaemonOptions,
     """Listen on --host/--port (TLS with --tls-cert); the runner (cleanup() stops it) and the port really bound.
     `sock`: a socket listening already (a warm start binds it before forking the nodes, who connect at once)."""
     context = server_context(options)  # before anything listens: a bad certificate or key is a usage error
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, **handler_options(options))
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S,
+                           **handler_options(options))
     await runner.setup()
     guard_connections(runner, options, app)  # connection caps, under the open-file limit (daemon/limits.py)
     if sock is not None:
