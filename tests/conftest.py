@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import needs  # noqa: F401  (it reads MOSAIC_REQUIRE_* now, before the fixture below clears MOSAIC_*)
@@ -111,6 +112,19 @@ async def serve_on_loopback(app: Any) -> tuple[Any, str]:
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
+async def served_barrier(run: dict[str, Any], out: Path, **barrier_kwargs: Any) -> tuple[Any, Any, Any]:
+    """A `Barrier` of the run `run` (settings) writing to `out`, served in this event loop on loopback: the barrier,
+    its runner (the test cleans it up) and the settings its peers take (`Peer(settings, layout)`)."""
+    from mosaicd import Settings
+    from mosaicd.daemon.barrier.barrier import Barrier
+    from mosaicd.daemon.barrier.routes import barrier_app
+
+    settings = Settings(**run, out=out)
+    barrier = Barrier(settings.run_config(), settings.daemon_options(), **barrier_kwargs)
+    runner, barrier_url = await serve_on_loopback(barrier_app(barrier))
+    return barrier, runner, Settings(**run, barrier_url=barrier_url)
+
+
 def sha256_f32(vector: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(vector, dtype="<f4").tobytes()).hexdigest()
 
@@ -159,6 +173,7 @@ class Kit:
     role_flags = staticmethod(role_flags)
     run_in_thread = staticmethod(run_in_thread)
     serve_on_loopback = staticmethod(serve_on_loopback)
+    served_barrier = staticmethod(served_barrier)
     wait_until = staticmethod(wait_until)
     stop_all = staticmethod(stop_all)
     sha256_f32 = staticmethod(sha256_f32)

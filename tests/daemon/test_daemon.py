@@ -13,8 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mosaic_proto import Layout
 from mosaicd import Peer, Settings
-from mosaicd.daemon.barrier.barrier import Barrier
-from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.experiments.cluster import Cluster, free_ports
 
 RUN = dict(nodes=8, rounds=5, fragments=4, fanout=2, seed=0)  # the quadratic task's defaults otherwise
@@ -140,10 +138,7 @@ def test_status_and_metrics_move_during_a_run(tmp_path: Path, kit: Any) -> None:
 async def test_python_api_peers_match_in_memory_network(tmp_path: Path, kit: Any) -> None:
     run = dict(nodes=5, rounds=4, fragments=3, fanout=2, dim=30, seed=11, train=False, eval_every=2,
                host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
-    barrier_settings = Settings(**run, out=tmp_path / "barrier")
-    barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
-    runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
-    settings = Settings(**run, barrier_url=barrier_url)
+    barrier, runner, settings = await kit.served_barrier(run, tmp_path / "barrier")
     peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
     try:
         await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
@@ -173,10 +168,7 @@ async def test_a_peer_whose_loop_raises_leaves_and_the_others_go_on(tmp_path: Pa
     rounds at once instead of waiting for it for `--drop-after` round deadlines (here 2 x 60 s)."""
     run = dict(nodes=4, rounds=3, fragments=2, fanout=2, dim=12, seed=3, train=False, eval_every=0,
                host="127.0.0.1", port=0, round_deadline=60, drop_after=2, register_deadline=30, request_timeout=10)
-    barrier_settings = Settings(**run, out=tmp_path / "barrier")
-    barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
-    runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
-    settings = Settings(**run, barrier_url=barrier_url)
+    barrier, runner, settings = await kit.served_barrier(run, tmp_path / "barrier")
     initial = kit.reference_vectors(settings.model_copy(update={"rounds": 0}))
 
     async def node(failing: bool) -> int:

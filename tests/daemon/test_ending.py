@@ -17,10 +17,8 @@ import numpy as np
 import pytest
 
 from mosaic_proto import Layout
-from mosaicd import Peer, Settings
-from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd import Peer
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
-from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.errors import RunEnded
 from mosaicd.experiments.cluster import free_ports
 
@@ -142,11 +140,8 @@ async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_
         go_on.wait(30)
         return evaluation(run, vectors)
 
-    settings = Settings(**run, out=tmp_path / "barrier")
-    barrier = Barrier(settings.run_config(), settings.daemon_options(), evaluate=slow_evaluation)
-    runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
-    node_settings = Settings(**run, barrier_url=barrier_url)
-    peers = [Peer(node_settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
+    barrier, runner, settings = await kit.served_barrier(run, tmp_path / "barrier", evaluate=slow_evaluation)
+    peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
     try:
         await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
         peers.sort(key=lambda p: p.rank)
@@ -228,3 +223,28 @@ def test_a_peer_list_member_that_never_starts_is_named_when_registration_gives_u
             assert f"passed with 2 of 3 nodes; not registered: 127.0.0.1:{ports[2]}" in said, said[-2000:]
     finally:
         kit.stop_all(procs)
+
+
+@pytest.mark.parametrize(("odd", "said"), [
+    (Layout.flat(9), "a model of 9 values"),
+    (Layout.from_pairs([("w", (2, 4))]), "the same 8 values as rank"),
+])
+async def test_members_that_build_different_models_end_the_run_at_once_naming_them(
+        tmp_path: Path, kit: Any, odd: Layout, said: str) -> None:
+    """A `Peer` whose model is not the others' would have every fragment refused (foreign_fingerprint) and the run
+    "finish" with nothing exchanged: the barrier compares the layouts the arrivals claim and ends the run, failed."""
+    run = dict(nodes=3, rounds=5, fragments=2, fanout=1, dim=8, seed=3, train=False, eval_every=0,
+               host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
+    _, runner, settings = await kit.served_barrier(run, tmp_path / "barrier")
+    peers = [Peer(settings, layout) for layout in (Layout.flat(8), Layout.flat(8), odd)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
+        ended = await asyncio.wait_for(asyncio.gather(
+            *(p.gossip(np.zeros(p.inbox.layout.dim, np.float32)) for p in peers), return_exceptions=True), 30)
+    finally:
+        await asyncio.gather(*(p.close() for p in peers))
+        await runner.cleanup()
+    assert all(isinstance(e, RunEnded) and "the members build different models" in str(e) for e in ended), ended
+    summary = json.loads((tmp_path / "barrier" / "summary.json").read_text())
+    assert summary["status"] == "failed" and said in summary["error"], summary
+    assert f"rank {peers[2].rank} fragments" in summary["error"] or f"rank {peers[2].rank}'s" in summary["error"]

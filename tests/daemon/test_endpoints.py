@@ -356,6 +356,14 @@ def barrier_cases(h: int, last: int) -> dict[str, tuple[str, bytes | None, str |
             **report, "train_s": 10**400}}), "application/json", 400, "bad_field"),
         "arrive_report_refused_huge": ("/v1/arrive", js({"rank": h, "round": 1, "report": {
             **report, "refused": {"malformed": 2**64}}}), "application/json", 400, "bad_field"),
+        "arrive_layout_null": ("/v1/arrive", js({"rank": h, "round": 1, "report": report, "layout": None}),
+                               "application/json", 400, "bad_field"),
+        "arrive_layout_list": ("/v1/arrive", js({"rank": h, "round": 1, "report": report, "layout": [8, "ab"]}),
+                               "application/json", 400, "bad_field"),
+        "arrive_layout_fingerprint_not_hex": ("/v1/arrive", js({"rank": h, "round": 1, "report": report, "layout": {
+            "values": 8, "fingerprint": "zz"}}), "application/json", 400, "bad_field"),
+        "arrive_layout_values_negative": ("/v1/arrive", js({"rank": h, "round": 1, "report": report, "layout": {
+            "values": -1, "fingerprint": "ab"}}), "application/json", 400, "bad_field"),
         "run_gone": ("/v1/run", js({}), "application/json", 404, "not_found"),
         "register_get": ("/v1/register", None, None, 405, "method_not_allowed"),
         "unknown_path": ("/v1/fragments", js({}), "application/json", 404, "not_found"),

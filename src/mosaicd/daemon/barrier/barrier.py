@@ -23,6 +23,7 @@ from mosaic_proto import SNAPSHOTS_KEPT, BarrierError, BarrierPhase, BarrierReas
 from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.daemon.barrier.ending import end_after_evaluations, end_failed, fail_output, record_end
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
+from mosaicd.daemon.barrier.layouts import LayoutClaims
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.daemon.barrier.registration import count_nodes, registration_deadline
 from mosaicd.daemon.barrier.release_log import ReleaseLog
@@ -61,8 +62,8 @@ class Barrier:
         self.metrics = BarrierMetrics(run)
         self.keyring = Keyring(secret) if secret else None
         self.register_status = 503  # 422 when the run as registered is invalid: retrying cannot help
-        self.registered = asyncio.Event()
-        self.done = asyncio.Event()
+        self.registered, self.done = asyncio.Event(), asyncio.Event()
+        self.layouts = LayoutClaims()  # the model every member must build (layouts.py)
         self.published: dict[int, dict[str, Any]] = {}
         self.evaluator = NetworkEvaluator(options, self.keyring, evaluate, self.recorder, self.metrics, self.log,
                                           on_output_error=lambda exc: fail_output(self, exc))

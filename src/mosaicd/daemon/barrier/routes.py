@@ -30,6 +30,7 @@ from aiohttp import web
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, NodeReport, ReportError
 from mosaicd.daemon.barrier import registration
 from mosaicd.daemon.barrier.ending import answered
+from mosaicd.daemon.barrier.layouts import check_layout
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
 from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
 from mosaicd.daemon.http.endpoints import member_app
@@ -98,6 +99,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
         try:
             barrier.state.check(body["rank"], body["round"])
             report = checked_report(body.get("report"), body["round"])
+            check_layout(barrier, body["rank"], body)
             return web.json_response(await barrier.arrive(body["rank"], body["round"], report))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None

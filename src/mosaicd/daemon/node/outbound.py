@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from mosaic_proto import CONTENT_TYPE, BarrierReason, Layout, OutgoingMessage, Reason
+from mosaic_proto import CONTENT_TYPE, BarrierReason, Layout, NodeReport, NodeState, OutgoingMessage, Reason
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.http.body import hash_bytes
@@ -66,6 +66,14 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
                         detail="the peer did not take its fragments within the round's budget (round_deadline)")
         unsent.append(message)
     return delivered, unsent
+
+
+def arrival(state: NodeState, report: NodeReport | None) -> dict[str, Any]:
+    """The body of an arrival at the barrier: with the layout this node fragments, which every member must share
+    (barrier/layouts.py)."""
+    f = state.fragmentation
+    layout = {"layout": {"values": f.layout.dim, "fingerprint": f.fingerprint.hex()}} if f is not None else {}
+    return {"rank": state.rank, "round": state.round, "report": report and report.to_json(), **layout}
 
 
 async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: bool, round_deadline: float,

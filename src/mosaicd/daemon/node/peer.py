@@ -35,7 +35,7 @@ from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresse
 from mosaicd.daemon.http.server import serve
 from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.daemon.node.inbox import Inbox
-from mosaicd.daemon.node.outbound import arrive, leave, live_model, send_all
+from mosaicd.daemon.node.outbound import arrival, arrive, leave, live_model, send_all
 from mosaicd.daemon.node.routes import node_app
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
@@ -204,7 +204,7 @@ class Peer:
         delivered, unsent = await send_all(self._client, t, messages, urls, self.log,
                                            state.send_budget(self.run.round_deadline))
         report = state.sent(delivered, unsent, loss, train_s)
-        release = await self._arrive({"rank": self.rank, "round": t, "report": report.to_json()})
+        release = await self._arrive(arrival(state, report))
         advance = state.released(release["members"], {int(r): a for r, a in (release.get("addresses") or {}).items()},
                                  release.get("stragglers", []))
         self.metrics.sent(advance.sent)
@@ -241,7 +241,7 @@ class Peer:
     async def finish(self) -> None:
         """Tell the barrier this node is done; returns once the barrier has collected the final models."""
         self.state.finishing()
-        await self._arrive({"rank": self.rank, "round": self.round, "report": None}, final=True)
+        await self._arrive(arrival(self.state, None), final=True)
         self.state.finished()
 
 

@@ -1,0 +1,61 @@
+"""Every member must build the same model. Each arrival says which layout its node fragments (the number of values
+and the fragmentation's fingerprint); a member whose layout is not the others' ends the run at once, failed, naming
+both, instead of a run that "finishes" with every fragment refused as foreign_fingerprint."""
+
+from __future__ import annotations
+
+import string
+from typing import TYPE_CHECKING, Any
+
+from mosaic_proto import BarrierError, BarrierReason
+from mosaicd.daemon.barrier.ending import end_failed
+from mosaicd.daemon.http.errors import bad_request
+
+if TYPE_CHECKING:
+    from mosaicd.daemon.barrier.barrier import Barrier
+
+FINGERPRINT_CHARS = 128  # hex digits, at most (the fingerprint is a SHA-256 today: 64)
+
+
+def claimed_layout(body: dict[str, Any]) -> tuple[int, str] | None:
+    """An arrival's "layout" {"values", "fingerprint"}; None where it gives none (a node of an earlier version);
+    400 naming the field where it is malformed."""
+    if "layout" not in body:
+        return None
+    layout = body["layout"]
+    values, fingerprint = (layout.get("values"), layout.get("fingerprint")) if isinstance(layout, dict) else (0, 0)
+    if type(values) is not int or not 0 <= values < 2**63 or not isinstance(fingerprint, str) \
+            or not 0 < len(fingerprint) <= FINGERPRINT_CHARS or not set(fingerprint) <= set(string.hexdigits):
+        raise bad_request("bad_field", "field 'layout' must be {\"values\": a non-negative integer, \"fingerprint\": "
+                          f"at most {FINGERPRINT_CHARS} hex digits}}")
+    return values, fingerprint.lower()
+
+
+class LayoutClaims:
+    """The layout the first arrival of this barrier's process claimed, and who claimed it."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, int, str] | None = None  # rank, values, fingerprint
+
+    def differs(self, rank: int, claim: tuple[int, str] | None) -> str | None:
+        """Why `rank`'s layout cannot take part in the run (None if it can, or if it claims none)."""
+        if claim is None:
+            return None
+        if self.first is None:
+            self.first = (rank, *claim)
+            return None
+        first, values, fingerprint = self.first
+        if claim[1] == fingerprint:
+            return None
+        how = (f"a model of {claim[0]} values, rank {first}'s of {values}" if claim[0] != values else
+               f"the same {values} values as rank {first}, in another layout (tensor names or shapes)")
+        return (f"the members build different models: rank {rank} fragments {how} (fingerprints {claim[1][:12]} and "
+                f"{fingerprint[:12]}); every member must build the same model")
+
+
+def check_layout(barrier: Barrier, rank: int, body: dict[str, Any]) -> None:
+    """An arrival's layout against the run's: one that differs ends the run (BarrierError run_failed, its reason)."""
+    why = barrier.layouts.differs(rank, claimed_layout(body))
+    if why is not None:
+        end_failed(barrier, why)
+        raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {why}")
