@@ -14,7 +14,10 @@ for --rounds rounds and reports, over the rounds after the --warmup first ones:
 - the 1-minute load average just before the run (rounds are CPU-bound: other load on the machine slows them);
 - the time to move the same bytes (n * s * d * 4 per round) through one plain TCP socket pair on 127.0.0.1
   (sendall of d*4-byte buffers, a reader thread with recv_into; best of --socket-repeats, measured once per
-  byte count) and the slowdown of a cluster round against it.
+  byte count) and the slowdown of a cluster round against it;
+- the bound of the computation itself: the socket's seconds plus the same round's gossip computed in this
+  process by `InMemoryNetwork` (plans and fragment-wise averaging of the same n, K, s, d: what `simulate` does,
+  no bytes moved; `exchange.py`'s `per_round`) spread over the machine's cores, and the cluster against it.
 
 Security modes (what authentication and encryption cost): `--secret-file PATH` signs every request with the
 cluster secret (HMAC, `--secret-file` of mosaicd); `--tls` adds mutual TLS with certificates trustme makes for
@@ -48,6 +51,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from exchange import per_round
 from procstat import cpu_seconds, stat_fields
 
 from mosaicd.experiments.cluster import Cluster
@@ -286,6 +290,7 @@ def main() -> None:
     certs = make_certs(root) if any("tls" in m for m in modes) else None
     rows = []
     sockets: dict[int, float] = {}  # total bytes -> seconds (K does not change the bytes: measured once per n)
+    computes: dict[tuple[int, int], float] = {}  # (n, K) -> seconds of the in-memory round on one core
     try:
         for n in args.nodes:
             s = min(args.fanout, n - 1)
@@ -299,6 +304,11 @@ def main() -> None:
                         sockets[total] = socket_seconds(total, args.dim * 4, args.socket_repeats)
                     row["socket_seconds"] = sockets[total]
                     row["slowdown_vs_socket"] = row["seconds_per_round"] / row["socket_seconds"]
+                    if (n, k) not in computes:
+                        computes[n, k] = min(per_round(args.dim, k, s, n, 3, False)[0] for _ in range(2))
+                    row["compute_seconds"] = computes[n, k]
+                    row["bound_seconds"] = row["socket_seconds"] + computes[n, k] / (os.cpu_count() or 1)
+                    row["vs_bound"] = row["seconds_per_round"] / row["bound_seconds"]
                     rows.append(row)
                     flag = "" if row["bytes_rows_off"] == 0 else f"  !! {row['bytes_rows_off']} rows off by >1%"
                     note = f"  (s capped at n-1={s})" if s != args.fanout else ""
@@ -313,7 +323,7 @@ def main() -> None:
     print()
     head = (f"{'n':>3} {'K':>3} {'s':>2} {'mode':>10} {'s/round':>8} {'max':>7} {'MB/node/rnd':>11} {'ratio':>8} "
             f"{'msgs':>5} {'send_s':>7} {'wait_s':>7} {'aggr_s':>7} {'socket_s':>8} {'slowdown':>8} {'MB/s':>6} "
-            f"{'load':>5}")
+            f"{'compute_s':>9} {'bound_s':>7} {'vs_bound':>8} {'load':>5}")
     print(head)
     for r in rows:
         mbps = r["n"] * r["bytes_per_node_round"] / r["seconds_per_round"] / 1e6
@@ -321,12 +331,16 @@ def main() -> None:
               f"{r['seconds_per_round_max']:>7.3f} "
               f"{r['bytes_per_node_round'] / 1e6:>11.3f} {r['bytes_ratio']:>8.5f} {r['messages_per_node_round']:>5.1f} "
               f"{r['send_s']:>7.3f} {r['wait_s']:>7.3f} {r['aggregate_s']:>7.3f} {r['socket_seconds']:>8.3f} "
-              f"{r['slowdown_vs_socket']:>8.1f} {mbps:>6.0f} {r['load1']:>5.1f}")
+              f"{r['slowdown_vs_socket']:>8.1f} {mbps:>6.0f} {r['compute_seconds']:>9.3f} {r['bound_seconds']:>7.3f} "
+              f"{r['vs_bound']:>8.2f} {r['load1']:>5.1f}")
     off = [r for r in rows if r["bytes_rows_off"] or abs(r["bytes_ratio"] - 1) > BYTES_TOLERANCE]
     print("bytes check: every node-round within 1% of s*d*4" if not off else
           f"bytes check FAILED for {sorted({(r['n'], r['K']) for r in off})}")
     print("max: slowest measured round; MB/s: all nodes' bytes_out per second of round; socket_s: the same bytes "
-          "through one TCP pair; load: 1-min load average before the run")
+          "through one TCP pair; compute_s: the same round's plans and averaging in one process (InMemoryNetwork, "
+          "one core); "
+          "bound_s: socket_s + compute_s / cores, the cost of the computation itself; load: 1-min load average "
+          "before the run")
     runs: dict[tuple[int, int, str], list[dict]] = {}
     for r in rows:
         runs.setdefault((r["n"], r["K"], r["mode"]), []).append(r)
@@ -352,7 +366,8 @@ def main() -> None:
               "steadier figure: wall time also counts other jobs' load")
     keys = ("n", "d", "K", "s", "mode", "seconds_per_round", "cpu_s_per_round", "bytes_per_node_round",
             "expected_bytes", "bytes_ratio",
-            "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket", "load1")
+            "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket", "compute_seconds",
+            "bound_seconds", "vs_bound", "load1")
     keys += ("vs_plain", "cpu_vs_plain") if len(modes) > 1 else ()
     print(json.dumps([{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in keys} for r in rows]))
     if off:
