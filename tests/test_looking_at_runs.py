@@ -194,3 +194,17 @@ def test_the_looking_tools_start_fast_and_import_little() -> None:
     aiohttp_s = best([sys.executable, "-c", "import aiohttp"])
     status_s = best([*MOSAICD, "status", "--help"])
     assert status_s <= 1.5 * aiohttp_s, (status_s, aiohttp_s)
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (("status", "{run}", "--watch", "--interval", "0"), "argument --interval: expected seconds above 0, got 0"),
+    (("status", "{run}", "--interval", "-1"), "argument --interval: expected seconds above 0, got -1"),
+    (("status", "{run}", "--timeout", "nan"), "argument --timeout: expected seconds above 0, got nan"),
+    (("log", "{run}", "--follow", "--idle", "-5"), "argument --idle: expected seconds above 0, got -5"),
+])
+def test_durations_that_are_no_wait_are_refused_naming_the_flag(runs: Path, argv: tuple[str, ...], said: str) -> None:
+    """--watch --interval 0 spun a core (and could miss Ctrl-C), -1 failed after the first table, --timeout 0 was a
+    socket error, --idle -5 was taken."""
+    proc = mosaicd(*(a.format(run=runs / "done") for a in argv), timeout=20)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(said), proc.stderr
+    assert proc.stdout == ""

@@ -218,6 +218,17 @@ def test_a_peer_list_too_short_for_the_fanout_is_worded_as_cluster_words_it(tmp_
         assert cluster.stderr.endswith("settings: --fanout 2 needs at least 3 nodes, got --nodes 2\n")
 
 
+@pytest.mark.parametrize("command", ["simulate", "cluster"])
+def test_one_node_is_refused_as_too_few_for_the_fanout(tmp_path: Path, kit: Any, command: str) -> None:
+    """--nodes 1 passed the check that --nodes 2 failed: the run started, failed at its first plan (exit 1) and left
+    an unfinished folder that told the user to --resume it."""
+    out = tmp_path / "one"
+    proc = run(kit, command, "--task", "quadratic", "--nodes", "1", "--rounds", "2", "--out", str(out))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.endswith("settings: --fanout 2 needs at least 3 nodes, got --nodes 1\n"), proc.stderr
+    assert not out.exists()
+
+
 def test_a_port_in_use_is_one_line_naming_the_flag(tmp_path: Path, kit: Any) -> None:
     import socket
 

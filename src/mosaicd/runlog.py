@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mosaicd.rundir import log_files, read_summary
+from mosaicd.terminal import seconds
 
 DEFAULT_DIR = Path("runs")
 POLL_S = 0.25
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", metavar="R", type=int, default=None, help="rank R's log instead of the barrier's")
     parser.add_argument("--follow", "-f", action="store_true", help="go on printing new lines until the run ends "
                         "(or --idle seconds pass without one, or Ctrl-C)")
-    parser.add_argument("--idle", type=float, default=300.0, help="with --follow: stop after this many seconds "
+    parser.add_argument("--idle", type=seconds, default=300.0, help="with --follow: stop after this many seconds "
                         "without a new line [default: 300]")
     parser.add_argument("--raw", action="store_true", help="the lines as written (JSON), not formatted")
 

@@ -139,7 +139,7 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
-        if self.fanout >= self.nodes and self.nodes > 1:
+        if self.fanout >= self.nodes:
             raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
         if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
             raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from mosaicd.terminal import seconds
+
 if TYPE_CHECKING:
     import ssl
 
@@ -203,9 +205,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL|FOLDER", help="the barrier's or any node's address, e.g. "
                         "http://127.0.0.1:8000, or a run's folder (its --out)")
     parser.add_argument("--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between redraws [default: 1.0]")
+    parser.add_argument("--interval", type=seconds, default=1.0, help="seconds between redraws [default: 1.0]")
     parser.add_argument("--json", action="store_true", help="print the view as JSON (for scripts)")
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds per request [default: 3.0]")
+    parser.add_argument("--timeout", type=seconds, default=3.0, help="seconds per request [default: 3.0]")
     tls = parser.add_argument_group("TLS: an https:// cluster (as its members' --tls-* flags)")
     tls.add_argument("--tls-ca", type=Path, help="PEM CA bundle that signed the members' certificates "
                      "[default: the system's CAs]")

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 PIPED_WIDTH = 100_000  # a table piped to a file or a program: one line per row, never wrapped at 80 columns
+
+
+def seconds(text: str) -> float:
+    """An argparse type for a duration: a finite number of seconds above 0 (0 made `status --watch` spin, a
+    negative one failed after the first table, `--timeout 0` was a socket error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text}")
+    return value
 
 
 def console() -> Console:

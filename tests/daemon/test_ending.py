@@ -174,6 +174,9 @@ def test_nodes_that_cannot_start_end_a_cluster_with_their_reason(tmp_path: Path,
     took = time.monotonic() - started
     assert proc.returncode != 0 and took < 60, (took, proc.stderr[-2000:])
     assert "mosaicd data fetch" in proc.stderr and "node-0 exited with status 1" in proc.stderr
+    # no node has a checkpoint to go on from: --resume could not work, so it is not advised (it was)
+    assert "cannot be resumed exactly; --replace starts it again" in proc.stderr, proc.stderr[-2000:]
+    assert "--resume continues it" not in proc.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["status"] == "failed" and "mosaicd data fetch" in summary["error"]
 

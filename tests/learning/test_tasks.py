@@ -154,7 +154,7 @@ def test_sgd_matches_torch_optim_bit_for_bit(momentum, weight_decay):
 
 
 def test_digits_learns():
-    task = build_task(Settings(task="digits", nodes=1, local_steps=5, lr=0.05, batch_size=32))
+    task = build_task(Settings(task="digits", nodes=3, local_steps=5, lr=0.05, batch_size=32))  # node 0: a third
     v = task.initial(0)
     for r in range(30):
         v, _ = task.train(0, r, v)

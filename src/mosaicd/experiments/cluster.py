@@ -188,24 +188,17 @@ class Cluster:
                 shutil.rmtree(self.secret_file.parent, ignore_errors=True)
 
     def _resume_point(self) -> tuple[dict[str, int], list[str]]:
-        """`--resume`: the round to go on from (the newest open round the barrier's journal keeps of which every
-        live member has a checkpoint) and the nodes to start again (node-<i>, whose checkpoint holds its rank)."""
-        s = self.settings
+        """`--resume`: the round to go on from and the nodes to start again (`resume_point`)."""
         kept = barrier_journal.rounds(self.out)
         if not kept:
             raise ClusterFailed(f"--resume: {self.out} holds no interrupted run to go on with (no "
                                 f"{barrier_journal.STATE_FILE} of a running run)")
-        for round in kept:
-            state = barrier_journal.load(self.out, s.run_config(), round)["state"]  # ResumeError: other settings
-            live = set(state["live"]) | set(state["joining"])
-            ranks = {f"node-{i}": c.rank for i in range(s.nodes)
-                     if (c := checkpoint.load(self.out / "state" / f"node-{i}", round)) is not None}
-            if live <= set(ranks.values()):
-                names = sorted((n for n, r in ranks.items() if r in live), key=lambda n: ranks[n])
-                self.resumed_at = round
-                return {"resume_round": round}, names
-        raise ClusterFailed(f"--resume: the journal keeps rounds {kept}, but not every live member has a checkpoint "
-                            f"of one of them in {self.out / 'state'}: it cannot be resumed exactly")
+        point = resume_point(self.out, self.settings)
+        if point is None:
+            raise ClusterFailed(f"--resume: the journal keeps rounds {kept}, but not every live member has a "
+                                f"checkpoint of one of them in {self.out / 'state'}: it cannot be resumed exactly")
+        self.resumed_at, names = point
+        return {"resume_round": self.resumed_at}, names
 
     def _own_secret(self) -> dict[str, Any]:
         """The settings override that gives every process the run's secret: the user's --secret-file, none with
@@ -470,21 +463,45 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
         settings = settings.model_copy(update={"out": out})
         return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)
     except (KeyboardInterrupt, ClusterFailed, OutputError) as exc:
-        if advise and (step := next_step(Path(out), settings.rounds, exc)):
+        if advise and (step := next_step(Path(out), settings, exc)):
             print(f"mosaicd cluster: {out}: {step}", file=sys.stderr)
         raise
     finally:
         release(out)
 
 
-def next_step(out: Path, rounds: int, exc: BaseException) -> str | None:
+def resume_point(out: Path, settings: Settings) -> tuple[int, list[str]] | None:
+    """The round an interrupted cluster in `out` goes on from (the newest open round the barrier's journal keeps of
+    which every live member has a checkpoint) and the nodes to start again (node-<i>, whose checkpoint holds its
+    rank); None where there is none (the journal raises ResumeError for a run of other settings)."""
+    for round in barrier_journal.rounds(out):
+        state = barrier_journal.load(out, settings.run_config(), round)["state"]
+        live = set(state["live"]) | set(state["joining"])
+        ranks = {f"node-{i}": c.rank for i in range(settings.nodes)
+                 if (c := checkpoint.load(out / "state" / f"node-{i}", round)) is not None}
+        if live <= set(ranks.values()):
+            return round, sorted((n for n, r in ranks.items() if r in live), key=lambda n: ranks[n])
+    return None
+
+
+def next_step(out: Path, settings: Settings, exc: BaseException) -> str | None:
     """What the user can do with the run in OUT after it stopped, in one line (None: the error says it all)."""
     if (read_summary(out) or {}).get("status") == "finished":
         return "the run had finished before it was interrupted: its results are there"
     kept = barrier_journal.rounds(out)
+    if kept and _resumable(out, settings):
+        return f"the run stopped at round {kept[0]} of {settings.rounds}; the same command with --resume continues " \
+            f"it (--out {out})"
     if kept:
-        return f"the run stopped at round {kept[0]} of {rounds}; the same command with --resume continues it " \
-            f"(--out {out})"
+        return f"the run stopped at round {kept[0]} of {settings.rounds}, before every node had a checkpoint of a " \
+            f"round its journal keeps, so it cannot be resumed exactly; --replace starts it again (--out {out})"
     if isinstance(exc, KeyboardInterrupt):
         return f"the run was stopped before its first round; --replace starts it again (--out {out})"
     return None
+
+
+def _resumable(out: Path, settings: Settings) -> bool:
+    try:
+        return resume_point(out, settings) is not None
+    except (OSError, ValueError, KeyError):  # ResumeError is a ValueError
+        return False
