@@ -193,7 +193,7 @@ class Cluster:
         if not kept:
             raise ClusterFailed(f"--resume: {self.out} holds no interrupted run to go on with (no "
                                 f"{barrier_journal.STATE_FILE} of a running run)")
-        point = resume_point(self.out, self.settings)
+        point = resume_point(self.out, self.settings, kept)
         if point is None:
             raise ClusterFailed(f"--resume: the journal keeps rounds {kept}, but not every live member has a "
                                 f"checkpoint of one of them in {self.out / 'state'}: it cannot be resumed exactly")
@@ -470,11 +470,11 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
         release(out)
 
 
-def resume_point(out: Path, settings: Settings) -> tuple[int, list[str]] | None:
-    """The round an interrupted cluster in `out` goes on from (the newest open round the barrier's journal keeps of
-    which every live member has a checkpoint) and the nodes to start again (node-<i>, whose checkpoint holds its
-    rank); None where there is none (the journal raises ResumeError for a run of other settings)."""
-    for round in barrier_journal.rounds(out):
+def resume_point(out: Path, settings: Settings, kept: list[int]) -> tuple[int, list[str]] | None:
+    """The round an interrupted cluster in `out` goes on from (the newest of the open rounds its journal keeps,
+    `kept`, of which every live member has a checkpoint) and the nodes to start again (node-<i>, whose checkpoint
+    holds its rank); None where there is none (the journal raises ResumeError for a run of other settings)."""
+    for round in kept:
         state = barrier_journal.load(out, settings.run_config(), round)["state"]
         live = set(state["live"]) | set(state["joining"])
         ranks = {f"node-{i}": c.rank for i in range(settings.nodes)
@@ -489,7 +489,7 @@ def next_step(out: Path, settings: Settings, exc: BaseException) -> str | None:
     if (read_summary(out) or {}).get("status") == "finished":
         return "the run had finished before it was interrupted: its results are there"
     kept = barrier_journal.rounds(out)
-    if kept and _resumable(out, settings):
+    if kept and _resumable(out, settings, kept):
         return f"the run stopped at round {kept[0]} of {settings.rounds}; the same command with --resume continues " \
             f"it (--out {out})"
     if kept:
@@ -500,8 +500,8 @@ def next_step(out: Path, settings: Settings, exc: BaseException) -> str | None:
     return None
 
 
-def _resumable(out: Path, settings: Settings) -> bool:
+def _resumable(out: Path, settings: Settings, kept: list[int]) -> bool:
     try:
-        return resume_point(out, settings) is not None
+        return resume_point(out, settings, kept) is not None
     except (OSError, ValueError, KeyError):  # ResumeError is a ValueError
         return False
