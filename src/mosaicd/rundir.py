@@ -12,7 +12,9 @@ A run's folder belongs to one run: `claim_out` (used by `mosaicd cluster` and `s
 anything) gives a fresh folder when no --out is given, and refuses a folder that holds another run unless the user
 says what to do with it (--resume it, or --replace it). While a run goes on its process holds the folder (`hold`:
 a lock on the folder itself, which the system lets go when the process ends, killed or not), so that a second run
-there, --resume and --replace included, is refused instead of writing over it.
+there, --resume and --replace included, is refused instead of writing over it. A barrier started by hand
+(`mosaicd barrier`) holds its --out by a lock file in it (`hold_barrier`), which `claim_out` checks as well: the
+folder lock stays with a cluster's launcher, whose barrier is another process.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ SIMULATE_CHECKPOINT = "simulate-checkpoint.npz"  # what `simulate --resume` cont
 # logs/, state/ (node checkpoints) and nodes/ (a cluster's nodes' folders) are folders
 RUN_FILES = (RUN_MARKER, "rounds.csv", "nodes.csv", JOURNAL, SIMULATE_CHECKPOINT, "logs", "state", "nodes")
 DEFAULT_ROOT = Path("runs")
+BARRIER_LOCK = ".barrier.lock"  # held by the barrier writing to OUT (`hold_barrier`); not a file of the run
 EARLIER = "earlier"  # where a barrier keeps the run its --out held when it starts a new one (`keep_earlier_run`)
 
 
@@ -374,6 +377,48 @@ def hold(out: Path, what: str = "--out") -> None:
     _HELD[key] = fd
 
 
+def hold_barrier(out: Path) -> None:
+    """A barrier takes `out` for its run (made if missing): refused (one line naming --out) while another barrier, or
+    a run claimed by `claim_out` in another process, holds it. Kept until the process ends."""
+    key = (out / BARRIER_LOCK).resolve()
+    if key in _HELD:
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / BARRIER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write {exc.filename or out}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _refused(f"--out {out}: another barrier is running a run there now: give another --out, or stop it "
+                       "(Ctrl-C) and start this one again") from None
+    except OSError:  # a file system without locks (some network mounts): the run goes on unguarded
+        os.close(fd)
+        return
+    _HELD[key] = fd
+
+
+def barrier_running(out: Path) -> bool:
+    """Whether a barrier in another process holds `out` (`hold_barrier`)."""
+    if (out / BARRIER_LOCK).resolve() in _HELD:
+        return False
+    try:
+        fd = os.open(out / BARRIER_LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def release(out: Path | str) -> None:
     """Let go of `out` (`hold`), once this process's run there has ended."""
     fd = _HELD.pop(Path(out).resolve(), None)
@@ -432,6 +477,9 @@ def claim_out(out: Path | str | None, mode: str, resume: bool = False, replace: 
 
 def _claimed(out: Path, mode: str, resume: bool, replace: bool) -> Path:
     """`claim_out` of a given --out, which this process holds if it exists."""
+    if barrier_running(out):
+        raise _refused(f"--out {out}: a barrier (`mosaicd barrier`) is running a run there now: give another --out, "
+                       "or stop it (Ctrl-C), then try again")
     held = occupant(out)
     other = f"`mosaicd {held.mode}` " if held.mode not in (None, mode) else ""
     how = f"`mosaicd {held.mode} --resume`" if other else "--resume"

@@ -304,3 +304,34 @@ def test_ctrl_c_before_the_first_round_says_how_to_go_on(tmp_path: Path, kit: An
     summary = read_summary(out)
     assert summary is not None and summary["status"] == "failed" and summary["progress"]["rounds_done"] == 0
     assert f"{out}: the run stopped at round 0 of 3; the same command with --resume continues it" in err, err
+
+
+def test_a_barrier_started_by_hand_holds_its_out(tmp_path: Path, kit: Any) -> None:
+    """A second barrier, or `simulate --replace`, on the --out of a barrier that runs there is refused in one line
+    (they would write the same rows at once), changing no file; once it has stopped, the folder is free again."""
+    out = tmp_path / "run"
+    barrier = ["barrier", "--task", "quadratic", "--nodes", "4", "--rounds", "3", "--fanout", "2", "--host",
+               "127.0.0.1", "--port", "0", "--out", str(out)]
+    proc = subprocess.Popen([*kit.mosaicd, *barrier], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        kit.wait_until(lambda: (out / "rounds.csv").exists(), 60, "the barrier's rounds.csv (it waits for its nodes)")
+        before = listing(out)
+        second = mosaicd(*barrier, cwd=tmp_path)
+        assert second.returncode == 2 and second.stdout == "", second.stderr
+        assert second.stderr.strip().splitlines()[-1] == f"mosaicd barrier: error: --out {out}: another barrier is " \
+            "running a run there now: give another --out, or stop it (Ctrl-C) and start this one again", second.stderr
+        for command in ("simulate", "cluster"):
+            refused = mosaicd(command, "--task", "quadratic", "--nodes", "4", "--rounds", "2", "--out", str(out),
+                              "--replace", "--quiet", cwd=tmp_path)
+            assert refused.returncode == 2 and refused.stderr.strip() == (
+                f"mosaicd {command}: error: --out {out}: a barrier (`mosaicd barrier`) is running a run there now: "
+                "give another --out, or stop it (Ctrl-C), then try again"), refused.stderr
+        assert listing(out) == before and proc.poll() is None
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    done = mosaicd("simulate", "--task", "quadratic", "--nodes", "4", "--rounds", "2", "--out", str(out), "--replace",
+                   "--quiet", cwd=tmp_path)
+    assert done.returncode == 0 and read_summary(out)["status"] == "finished", done.stderr

@@ -32,14 +32,15 @@ from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.auth import Keyring, load_secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
-from mosaicd.rundir import keep_earlier_run
+from mosaicd.rundir import hold_barrier, keep_earlier_run
 from mosaicd.settings import DaemonOptions, RunConfig
 
 
 class Barrier:
     def __init__(self, run: RunConfig, options: DaemonOptions, *,
-                 evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None) -> None:
-        """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only)."""
+                 evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None, hold_out: bool = False) -> None:
+        """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only);
+        `hold_out`: take --out for this process (`rundir.hold_barrier`) before writing to it."""
         # ResumeError: OUT holds another run in progress (or not the round asked for)
         secret = load_secret(options.secret_file)  # a run started with one is not resumed without it
         self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
@@ -57,6 +58,8 @@ class Barrier:
         self.rebinding = set(self.state.live) | set(self.state.joining) \
             if self.resumed and options.resume_round is not None else set()
         self.rebound = asyncio.Event()
+        if hold_out:  # one barrier per --out, and no `simulate`/`cluster` there meanwhile
+            hold_barrier(options.out)
         self.recorder = open_outputs(options, run, self.resumed, self.state.round if self.rebinding else None,
                                      self.log)
         self.metrics = BarrierMetrics(run)

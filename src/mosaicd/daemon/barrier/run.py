@@ -15,6 +15,7 @@ from mosaicd.daemon.http.auth import Keyring, check_listen, load_secret
 from mosaicd.daemon.http.server import check_port, serve
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.logs import get_logger, json_logs
+from mosaicd.rundir import BARRIER_LOCK, release
 from mosaicd.settings import Settings
 
 
@@ -28,8 +29,15 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
     check_listen(settings, Keyring(secret) if (secret := load_secret(settings.secret_file)) else None)
     if sock is None:
         check_port(settings.daemon_options())
+    try:
+        return await serve_barrier(settings, task, sock)
+    finally:
+        release(settings.out / BARRIER_LOCK)
+
+
+async def serve_barrier(settings: Settings, task: Any, sock: Any) -> int:
     barrier = Barrier(settings.run_config(), settings.daemon_options(),
-                      evaluate=NetworkEvaluation(settings.data_dir, task))
+                      evaluate=NetworkEvaluation(settings.data_dir, task), hold_out=True)
     check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours
     runner, port = await serve(barrier_app(barrier), settings, sock)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
