@@ -98,3 +98,37 @@ def test_ctrl_c_while_the_final_models_are_evaluated_leaves_a_run_that_ends_as_t
         assert "stopped at round 6 of 6; the same command with --resume continues it" in err, err[-2000:]
         resumed = resume(kit, out, DIGITS)
         assert resumed["status"] == "finished" and resumed["model_sha256"] == reference
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_node_killed_alone_leaves_at_once_and_the_others_finish(tmp_path: Path, kit: Any,
+                                                                  signum: signal.Signals) -> None:
+    """A cluster's nodes do not leave on a signal (Ctrl-C of the whole cluster is resumed as it was), so one node
+    killed by itself (`kill PID`, the OOM killer) used to stall its peers --round-deadline x --drop-after (4 min by
+    default): the launcher, which sees it end, tells the barrier it left, and says so."""
+    run, out = [*QUADRATIC, "--rounds", "300"], tmp_path / "run"
+    proc = start(kit, out, run)
+    kit.wait_until(lambda: nodes_rows(out) >= 4 * 20, 90, "round 20 in nodes.csv")
+    barrier = kit.wait_until(lambda: next(iter(children_of(proc.pid)), None), 10, "the barrier's process")
+    nodes = kit.wait_until(lambda: children_of(barrier), 10, "the nodes' processes")
+    os.kill(nodes[0], signum)
+    _, err = proc.communicate(timeout=120)  # without the leave: 2 x 120 s before it is dropped
+    ended = summary(out)
+    assert ended["status"] == "finished" and len(ended["left"]) == 1 and ended["dropped"] == [], (ended, err[-2000:])
+    rank = ended["left"][0]
+    line = next(line for line in err.splitlines() if " exited with status " in line)
+    assert f"exited with status {-signum}: killed by {signum.name} (see " in line, line
+    assert line.endswith("; told the barrier it left: the others go on without it, not waiting for it"), line
+    assert len(ended["model_sha256"]) == 3 and str(rank) not in ended["model_sha256"], ended["model_sha256"]
+    assert proc.returncode == 0, err[-2000:]  # the run finished: a node that left is in its summary

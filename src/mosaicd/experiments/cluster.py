@@ -35,6 +35,7 @@ from typing import Any
 
 from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.daemon.errors import OutputError
+from mosaicd.daemon.http.auth import Keyring, load_secret
 from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.daemon.node import checkpoint
 from mosaicd.experiments.warm import REPORT_FD
@@ -116,6 +117,8 @@ class Cluster:
         self.barrier_port: int | None = None  # set by run(): where to scrape the barrier's /v1/status, /metrics
         self.node_ports: list[int] = []  # node-i listens on node_ports[i] (its rank is its address' sort order)
         self.secret_file: Path | None = None  # the run's own secret, while it runs (`_own_secret`)
+        self.last_status: dict | None = None  # the barrier's newest /v1/status, as the run loop saw it
+        self.addresses: dict[str, str] = {}  # node name -> the address it registers with
 
     def _spawn(self, name: str, command: str, env: dict[str, str]) -> None:
         logs = self.out / "logs"
@@ -226,6 +229,7 @@ class Cluster:
         barrier_env = settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True, **secret, **resume)
         # every node checkpoints every round (unless told otherwise), in OUT/state/node-<i>: what --resume needs
         every = s.checkpoint_every if "checkpoint_every" in s.model_fields_set else 1
+        self.addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, node_ports, strict=False)}
         node_envs = {name: settings_env(s, host="127.0.0.1", port=port, barrier_url=barrier_url, log_json=True,
                                         out=str(self.out / "nodes" / name.removeprefix("node-")),
                                         advertise=f"127.0.0.1:{port}", state_dir=str(self.out / "state" / name),
@@ -255,7 +259,10 @@ class Cluster:
                         self.dead[name] = failed[name]
                         goes_on = "" if "barrier" in failed or self.fail_fast else \
                             "; the others go on without it while they can (--fail-fast to stop instead)"
-                        printer.message(f"{name} exited with status {failed[name]}: {last_error(self.out, name)} "
+                        if goes_on and self._tell_left(name, failed[name], barrier_url):
+                            goes_on = "; told the barrier it left: the others go on without it, not waiting for it"
+                        why = exit_reason(self.out, name, failed[name])
+                        printer.message(f"{name} exited with status {failed[name]}: {why} "
                                         f"(see {self.out / 'logs' / name}.log){goes_on}", always=True)
                     if "barrier" in failed:
                         raise ClusterFailed(barrier_failure(self.out, failed["barrier"]))
@@ -266,6 +273,7 @@ class Cluster:
                     if time.monotonic() > deadline:
                         raise ClusterFailed(f"the run did not finish in time; see {self.out / 'logs'}")
                     status = self.status(barrier_port)
+                    self.last_status = status or self.last_status
                     if status:
                         # "round": rounds released so far; the last one is reported with the summary, below
                         reported.upto(min(int(status.get("round", 0)), s.rounds - 1), status.get("metrics"),
@@ -281,6 +289,17 @@ class Cluster:
             reported.upto(s.rounds, final, reported.live, reported.members)
         return summary
 
+    def _tell_left(self, name: str, code: int, barrier_url: str) -> bool:
+        """A node's process ended while the run goes on (killed one by one, say: the nodes of a cluster do not leave
+        on a signal, so that Ctrl-C of the whole cluster can be resumed): tell the barrier it left, as `mosaicd
+        node` does when told to stop, so that its peers do not wait --round-deadline x --drop-after for it."""
+        members = (self.last_status or {}).get("members") or []
+        rank = next((m.get("rank") for m in members if m.get("address") == self.addresses.get(name)), None)
+        if rank is None:
+            return False
+        secret = load_secret(Path(self.settings.secret_file) if self.settings.secret_file else self.secret_file)
+        return tell_left(barrier_url, self.settings, secret, rank, f"its process ended ({exit_text(code)})")
+
     def stop(self, grace: float = 5.0) -> None:
         for p in self.procs.values():
             if p.poll() is None:
@@ -292,6 +311,37 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def exit_text(code: int) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it)."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return "interrupted (SIGINT)" if code == 130 else f"exit status {code}"
+
+
+def exit_reason(out: Path, name: str, code: int) -> str:
+    """Why a process ended, for the console: the signal that killed it, else the last error of its log."""
+    return exit_text(code) if code < 0 or code == 130 else last_error(out, name)
+
+
+def tell_left(barrier_url: str, settings: Settings, secret: bytes | None, rank: int, reason: str) -> bool:
+    """POST /v1/leave for `rank` (signed as that member when the run has a secret); whether the barrier took it."""
+    body = json.dumps({"rank": rank, "reason": reason}).encode()
+    headers = {"Content-Type": "application/json"}
+    if secret is not None:
+        credentials = Keyring(secret).credentials(settings.run_id)
+        headers.update(credentials.headers("POST", "/v1/leave", str(rank), 0, body, time.time(),
+                                           os.urandom(12).hex()))
+    request = urllib.request.Request(f"{barrier_url}/v1/leave", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=client_context(settings)) as resp:
+            return resp.status == 200
+    except (OSError, ValueError):
+        return False
 
 
 def barrier_failure(out: Path, code: int) -> str:
