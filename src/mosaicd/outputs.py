@@ -39,7 +39,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from mosaic_proto import NODE_COLUMNS, NodeReport
-from mosaicd.rundir import node_losses_after, read_rounds  # read_rounds: the rows, for everyone who reads them
+from mosaicd.rundir import node_losses_after, read_rounds, read_summary  # read_rounds: the rows, for all
 from mosaicd.settings import RunConfig
 
 NETWORK_METRICS = ("node_average", "average_model", "consensus_distance", "node_spread")  # the spec's four
@@ -190,6 +190,9 @@ class RunRecorder:
         self.settings = settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings)
         self.out.mkdir(parents=True, exist_ok=True)
         self.started = time.time() if resume_from is None else resume_from
+        # the clock of wall_s and elapsed_s: the time the run ran, not the time it stood stopped before --resume
+        ran = (read_summary(self.out) or {}).get("wall_s") if resume_from is not None else None
+        self.origin = time.time() - ran if isinstance(ran, int | float) and ran >= 0 else self.started
         self.rounds: list[dict[str, Any]] = read_rounds(self.out)[-ROWS_KEPT:] if resume_from is not None else []
         self.latest: dict[str, Any] | None = self.rounds[-1] if self.rounds else None
         self.rounds_done = self.latest["round"] + 1 if self.latest and isinstance(self.latest.get("round"), int) \
@@ -234,7 +237,7 @@ class RunRecorder:
             del self.losses[seen]
         row = {"round": round, **{k: v for k, v in metrics.items() if k != "per_node"},
                "train_loss": float(np.mean(losses)) if losses else math.nan,
-               "elapsed_s": round_((taken_at or time.time()) - self.started)}
+               "elapsed_s": round_((taken_at or time.time()) - self.origin)}
         self.latest = clean_json({**row, "per_node": metrics.get("per_node")})
         self.rounds.append(self.latest)
         if len(self.rounds) > 2 * ROWS_KEPT:  # memory stays flat in long runs
@@ -254,7 +257,7 @@ class RunRecorder:
         if self.ended is not None:  # an evaluation that completes after the run failed adds its row only
             return
         self._summary_at = time.monotonic()
-        _write_summary(self.out, {**self._base("running"), "wall_s": round_(time.time() - self.started)}, indent=None)
+        _write_summary(self.out, {**self._base("running"), "wall_s": round_(time.time() - self.origin)}, indent=None)
 
     def finish(self, vectors: Mapping[int, np.ndarray], **extra: Any) -> dict[str, Any]:
         """The run finished: summary.json with "status": "finished", the final models' hashes and `extra`."""
@@ -262,7 +265,7 @@ class RunRecorder:
         return _write_summary(self.out, {
             **self._base("finished"),
             "model_sha256": {str(k): model_sha256(v) for k, v in sorted(vectors.items())},
-            "wall_s": round_(time.time() - self.started),
+            "wall_s": round_(time.time() - self.origin),
             **extra,
         })
 
@@ -274,7 +277,7 @@ class RunRecorder:
             **self._base("failed"),
             "error": " ".join(str(reason).split()),
             "model_sha256": {},
-            "wall_s": round_(time.time() - self.started),
+            "wall_s": round_(time.time() - self.origin),
             **extra,
         })
 

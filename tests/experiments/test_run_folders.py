@@ -137,6 +137,24 @@ def test_resume_is_exact_from_a_checkpoint_and_from_none(tmp_path: Path) -> None
         assert [r["round"] for r in csv_rows(out / "rounds.csv")] == [str(r) for r in range(2, 24, 3)]
 
 
+def test_a_resumed_runs_clock_leaves_out_the_time_it_stood_stopped(tmp_path: Path) -> None:
+    """wall_s and elapsed_s count the time the run ran: the pause before --resume (3 s here; hours, for a run
+    resumed the next morning) is not in them, and elapsed_s goes on from where it stood."""
+    import time
+
+    s = Settings.load(**dict(QUICK, rounds=24), checkpoint_rounds=10, out=tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        run_simulation(s, progress=False, on_round=interrupt_at(16))
+    stopped = read_summary(s.out)
+    time.sleep(3)
+    began = time.monotonic()
+    resumed = run_simulation(s, progress=False, resume=True)
+    took = time.monotonic() - began
+    assert stopped["wall_s"] <= resumed["wall_s"] <= stopped["wall_s"] + took + 0.5, (stopped["wall_s"], took, resumed)
+    elapsed = [float(r["elapsed_s"]) for r in csv_rows(s.out / "rounds.csv")]
+    assert elapsed == sorted(elapsed) and elapsed[-1] <= stopped["wall_s"] + took + 0.5, elapsed
+
+
 def test_resume_batched_equals_the_uninterrupted_batched_run(tmp_path: Path) -> None:
     settings = dict(QUICK, rounds=14, batched=True, checkpoint_rounds=4)
     whole = run_simulation(Settings.load(**settings, out=tmp_path / "whole"), progress=False)
