@@ -153,11 +153,12 @@ def node_losses_after(out: Path | str, round: int) -> dict[int, dict[int, float]
 
 
 def find_runs(root: Path | str) -> Iterator[Path]:
-    """Every run folder under `root` (itself included): a folder with a summary.json; not looked into further."""
+    """Every run folder under `root` (itself included): a folder with a summary.json, looked into further only for
+    the runs a barrier kept aside in it (`keep_earlier_run`)."""
     root = Path(root)
     for folder, dirs, files in os.walk(root):
         if RUN_MARKER in files:
-            dirs.clear()
+            dirs[:] = [EARLIER] if EARLIER in dirs else []
             yield Path(folder)
         else:
             dirs.sort()

@@ -20,7 +20,7 @@ import pytest
 from mosaicd import Settings
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.progress import RoundProgress
-from mosaicd.rundir import JOURNAL, SIMULATE_CHECKPOINT, claim_out, keep_earlier_run, read_summary
+from mosaicd.rundir import JOURNAL, SIMULATE_CHECKPOINT, claim_out, keep_earlier_run, list_runs, read_summary
 from mosaicd.settings import SettingsError
 
 QUICK = dict(task="quadratic", nodes=4, dim=8, fragments=2, fanout=2, heterogeneous=True, eval_every=3)
@@ -210,6 +210,9 @@ def test_a_barrier_keeps_each_earlier_run_aside_and_nothing_else(tmp_path: Path)
         assert not (out / "summary.json").exists() and (out / "notes.txt").read_text() == "mine"
     assert kept[0] != kept[1] and kept[0].parent == kept[1].parent == out / "earlier"
     assert keep_earlier_run(out) is None
+    run_simulation(Settings.load(**QUICK, rounds=3, out=out), progress=False, replace=True)
+    listed = [Path(e["folder"]) for e in list_runs(tmp_path)]  # `mosaicd runs` shows the runs kept aside too
+    assert sorted(listed) == sorted([out, *kept]), listed
 
 
 def test_a_finished_run_is_refused_without_replace_and_replaced_with_it(tmp_path: Path) -> None:
