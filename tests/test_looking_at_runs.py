@@ -153,6 +153,22 @@ def test_log_shows_the_barrier_and_a_node(runs: Path) -> None:
     assert ended.returncode == 0 and "the run ended (finished)" in ended.stderr
 
 
+
+def test_log_into_a_reader_that_goes_away_ends_quietly(runs: Path, tmp_path: Path) -> None:
+    """`mosaicd log RUN | head -1`: no "Broken pipe" error once the reader has what it wanted."""
+    run = tmp_path / "cluster"
+    shutil.copytree(runs / "cluster", run)
+    line = (run / "logs" / "barrier.log").read_text().splitlines()[-1]
+    with open(run / "logs" / "barrier.log", "a") as f:  # more than a pipe holds
+        f.write((line + "\n") * 5000)
+    with subprocess.Popen([sys.executable, "-m", "mosaicd", "log", str(run)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as piped:
+        assert piped.stdout is not None and piped.stderr is not None and piped.stdout.readline()
+        piped.stdout.close()
+        err = piped.stderr.read().decode()
+    assert piped.returncode == 141 and err == "", err
+
+
 def test_log_follows_a_running_cluster_to_its_end(tmp_path: Path) -> None:
     out = tmp_path / "live"
     run = subprocess.Popen([*MOSAICD, "cluster", *QUAD, "--rounds", "40", "--eval-every", "10", "--quiet", "--out",

@@ -10,6 +10,7 @@ import argparse
 import difflib
 import functools
 import json
+import os
 import sys
 from importlib import import_module
 from pathlib import Path
@@ -271,6 +272,9 @@ def run_tool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         raise SystemExit(import_module(TOOLS[args.command][0]).main(args))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except BrokenPipeError:  # `mosaicd log RUN | head`: the reader has what it wanted; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141) from None
     except (ValueError, OSError) as exc:
         settings = sys.modules.get("mosaicd.settings")  # a SettingsError only where settings were imported
         usage = settings is not None and isinstance(exc, settings.SettingsError)  # a spec or flag the user wrote
