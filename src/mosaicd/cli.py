@@ -296,7 +296,9 @@ def check_peer_list(settings: Settings) -> None:
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+    import signal
+
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def run_command(args: argparse.Namespace, settings: Settings) -> int:

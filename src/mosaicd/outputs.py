@@ -92,8 +92,8 @@ def clean_json(value: Any) -> Any:
 
 def failure_text(exc: BaseException) -> str:
     """One line that says why a run failed: the exception's message (its type where the message is empty)."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted (KeyboardInterrupt)"
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM as the commands take it (`cli._interrupt`)
+        return f"interrupted ({exc.args[0] if exc.args else 'Ctrl-C'})"
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
 

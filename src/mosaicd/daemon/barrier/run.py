@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from typing import Any
 
@@ -29,13 +30,22 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
     check_listen(settings, Keyring(secret) if (secret := load_secret(settings.secret_file)) else None)
     if sock is None:
         check_port(settings.daemon_options())
+    stopped: list[str] = []  # SIGTERM (`docker stop`, `kill`) ends the barrier as Ctrl-C does: resumable, said so
+    main = asyncio.current_task()
+    if main is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: stopped.append("SIGTERM") or
+                                                      main.cancel())
     try:
-        return await serve_barrier(settings, task, sock)
+        return await serve_barrier(settings, task, sock, stopped)
+    except asyncio.CancelledError:
+        if stopped:
+            raise KeyboardInterrupt("SIGTERM") from None
+        raise
     finally:
         release(settings.out / BARRIER_LOCK)
 
 
-async def serve_barrier(settings: Settings, task: Any, sock: Any) -> int:
+async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[str]) -> int:
     barrier = Barrier(settings.run_config(), settings.daemon_options(),
                       evaluate=NetworkEvaluation(settings.data_dir, task), hold_out=True)
     check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours
@@ -48,10 +58,10 @@ async def serve_barrier(settings: Settings, task: Any, sock: Any) -> int:
         if console is not None:
             await console
         await asyncio.sleep(max(settings.linger, 1.0))
-    except asyncio.CancelledError:  # Ctrl-C
+    except asyncio.CancelledError:  # Ctrl-C, or SIGTERM
         barrier.interrupt()
         if not barrier.done.is_set():
-            interrupted(barrier)
+            interrupted(barrier, stopped[0] if stopped else "Ctrl-C")
         raise
     finally:
         await runner.cleanup()
@@ -60,7 +70,7 @@ async def serve_barrier(settings: Settings, task: Any, sock: Any) -> int:
     return 0 if barrier.state.phase.value == "finished" else 1
 
 
-def interrupted(barrier: Barrier) -> None:
+def interrupted(barrier: Barrier, how: str) -> None:
     """Ctrl-C before the run ended: the summary says so (not "running" for good) and the console how to go on. The
     journal stays at the last decision and the nodes are not told: started again, the barrier resumes the run, and
     nodes still retrying (--barrier-grace) carry on with it."""
@@ -68,7 +78,7 @@ def interrupted(barrier: Barrier) -> None:
     if barrier.recorder.ended is not None:  # its summary says finished (or failed) already: so it stays
         return
     try:
-        barrier.recorder.fail("interrupted (KeyboardInterrupt)")
+        barrier.recorder.fail(f"interrupted ({how})")
     except OSError:
         pass
     if state.phase.value != "running":
