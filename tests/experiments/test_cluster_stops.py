@@ -132,3 +132,29 @@ def test_a_node_killed_alone_leaves_at_once_and_the_others_finish(tmp_path: Path
     assert line.endswith("; told the barrier it left: the others go on without it, not waiting for it"), line
     assert len(ended["model_sha256"]) == 3 and str(rank) not in ended["model_sha256"], ended["model_sha256"]
     assert proc.returncode == 0, err[-2000:]  # the run finished: a node that left is in its summary
+
+
+def test_the_launcher_killed_takes_its_processes_with_it_and_leaves_a_resumable_run(tmp_path: Path, kit: Any) -> None:
+    """SIGKILL to `mosaicd cluster` (it cannot clean up): its barrier hears it (PDEATHSIG: SIGTERM), ends as Ctrl-C
+    does (summary.json: interrupted, not "running") and stops its nodes; no process is left, and --resume ends
+    with the uninterrupted run's models."""
+    run, out = [*QUADRATIC, "--rounds", "300"], tmp_path / "run"
+    proc = start(kit, out, run)
+    kit.wait_until(lambda: nodes_rows(out) >= 4 * 20, 90, "round 20 in nodes.csv")
+    barrier = kit.wait_until(lambda: next(iter(children_of(proc.pid)), None), 10, "the barrier's process")
+    family = [barrier, *kit.wait_until(lambda: children_of(barrier), 10, "the nodes' processes")]
+    proc.kill()
+    proc.communicate(timeout=30)
+
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    kit.wait_until(lambda: not any(running(pid) for pid in family), 20, "the barrier and its nodes to end")
+    stopped = summary(out)
+    assert stopped["status"] == "failed" and stopped["error"] == "interrupted (SIGTERM)", stopped
+    whole = subprocess.run([*kit.mosaicd, "simulate", *run, "--out", str(tmp_path / "whole"), "--quiet"],
+                           capture_output=True, text=True, timeout=120)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    assert resume(kit, out, run)["model_sha256"] == summary(tmp_path / "whole")["model_sha256"]

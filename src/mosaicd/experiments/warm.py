@@ -237,6 +237,8 @@ def main() -> NoReturn:
     try:
         code = run_role("barrier", task, listening)
     finally:
+        if code == 130:  # stopped (SIGTERM, which the barrier takes as Ctrl-C, or Ctrl-C): so are its nodes
+            children.signal(signal.SIGTERM)
         children.end(REAP_DEADLINE_S)
         sys.stdout.flush()
         sys.stderr.flush()
