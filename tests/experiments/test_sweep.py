@@ -233,7 +233,8 @@ def test_a_second_sweep_of_the_same_out_is_refused_while_the_first_goes_on(tmp_p
     assert first.returncode == 130
 
 
-def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import mosaicd.experiments.simulate
 
     def boom(settings, progress=True, on_round=None, **_):
@@ -243,5 +244,6 @@ def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: 
     spec = load_spec(write(tmp_path, TINY.format(out=tmp_path / "o")))
     result = run_sweep(spec, progress=False)
     assert result["failed"] == 1 and result["ran"] == 0
+    assert "sweep: stopped at the failed run; 3 runs not started (--keep-going goes on" in capsys.readouterr().err
     assert "RuntimeError: no data" in (tmp_path / "o/runs/fragments=1,seed=0/run.log").read_text()
     assert run_sweep(spec, progress=False, keep_going=True)["failed"] == 4

@@ -442,6 +442,10 @@ def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, 
                 counts["failed"] += 1
                 end_run(f"{run.name} failed: {exc} (see {run.folder(spec.out) / 'run.log'})", always=True)
                 if not keep_going:
+                    left = len(spec.runs) - spec.runs.index(run) - 1
+                    printer.message(f"sweep: stopped at the failed run; {left} run{'s' * (left != 1)} not started "
+                                    "(--keep-going goes on past a failed run; the same command again redoes it and "
+                                    "goes on)", always=True)
                     break
                 continue
             counts["ran"] += 1
