@@ -6,7 +6,7 @@ one), a file for the multi-host files, a Docker secret for the stack; none of th
 compose.yaml puts its containers on the host's network, so that no neighbour (ARP) entry is made per pair of
 containers: on a bridge, SCALE_NODES nodes need more entries than the kernel's default table holds, and rounds of
 ~2 s took ~69-97 s (deploy/hostcheck.py). A larger compose run (SCALE_NODES nodes) runs on the kernel's default
-thresholds and on raised ones, and compares their seconds per round; the 8-node one asserts the pace too.
+thresholds, keeps the pace and leaves the table as it was; the 8-node one asserts the pace too.
 
 They need a Docker engine. `.ci/run` installs and starts one and sets MOSAIC_REQUIRE_DOCKER=1, so that there a
 missing engine fails these tests instead of skipping them. The image is built offline, from the debootstrapped
@@ -236,7 +236,7 @@ SECONDS_PER_ROUND_BOUND = 10.0
 # Compose at scale on the kernel's default neighbour table, at the README's count: 60 containers on a bridge would
 # need (60+1)*(60+2) = 3,782 entries, more than its gc_thresh3 (1024); on the host's network they need none.
 SCALE_NODES = 60
-DEFAULT_THRESHOLDS, RAISED_THRESHOLDS = (128, 512, 1024), (8192, 49152, 65536)
+DEFAULT_THRESHOLDS = (128, 512, 1024)
 NEIGHBOUR_SYSCTLS = [Path(f"/proc/sys/net/ipv4/neigh/default/gc_thresh{i}") for i in (1, 2, 3)]
 
 
@@ -351,30 +351,35 @@ def neighbour_thresholds() -> Iterator[Callable[[tuple[int, int, int]], None]]:
 def test_compose_at_scale_on_the_default_neighbour_table_keeps_the_pace(
         kit, image: str, compose: list[str], tmp_path: Path, projects: list[Project],
         neighbour_thresholds: Callable[[tuple[int, int, int]], None]) -> None:
-    """SCALE_NODES nodes (the quadratic task: light containers) on the kernel's default neighbour table and on a
-    raised one: every node in every round, and the default table's median seconds per round within 1.2x of the
-    raised one's (plus half a second for a busy machine's noise; on a bridge they were ~30x)."""
-    nodes, rounds, seconds = SCALE_NODES, 10, {}
-    for name, thresholds in (("default", DEFAULT_THRESHOLDS), ("raised", RAISED_THRESHOLDS)):
-        neighbour_thresholds(thresholds)
-        results, port = tmp_path / name, free_port()
-        results.mkdir()
-        project = Project(compose, f"mosaictests{name}{os.getpid()}", "compose.yaml", environment(
-            MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_TASK="quadratic",
-            MOSAIC_ROUNDS=str(rounds), MOSAIC_EXPECT_SETTLE="10", MOSAIC_BARRIER_LINGER="30"))
-        projects.append(project)
-        project("up", "-d", "--no-build", "--scale", f"node={nodes}")
-        barrier = f"http://127.0.0.1:{port}"
-        status = kit.wait_until(lambda: barrier_finished(kit, barrier), timeout=600,  # noqa: B023
-                                what=f"the scaled run ({name} neighbour table) to finish", interval=2)
-        assert status["expected"] == status["registered"] == nodes and status["dropped"] == []
-        seconds[name] = statistics.median(round_seconds(kit, barrier))
-        assert_console_for_people(console_to_the_end(kit, project), port, nodes, rounds)
-        project.down()
-        assert final_summary(kit, results)["status"] == "finished"
-        check_results(results, nodes, rounds)
-    print(f"median seconds per round after round 0 at {nodes} nodes: {seconds}")
-    assert seconds["default"] <= 1.2 * seconds["raised"] + 0.5, seconds
+    """SCALE_NODES nodes (the quadratic task: light containers) on the kernel's default neighbour table: every node
+    in every round, at the pace of SECONDS_PER_ROUND_BOUND (rounds took 69-97 s when the table overflowed), and the
+    table itself, read through the run, stays below gc_thresh2 (where the kernel starts evicting): the host's
+    network makes no entry per pair of containers, where a bridge would need hostcheck.neighbour_entries of them
+    (3,782 at 60 nodes)."""
+    nodes, rounds = SCALE_NODES, 10
+    neighbour_thresholds(DEFAULT_THRESHOLDS)
+    results, port = tmp_path / "results", free_port()
+    results.mkdir()
+    project = Project(compose, f"mosaictestsscale{os.getpid()}", "compose.yaml", environment(
+        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_TASK="quadratic",
+        MOSAIC_ROUNDS=str(rounds), MOSAIC_EXPECT_SETTLE="10", MOSAIC_BARRIER_LINGER="30"))
+    projects.append(project)
+    entries = [hostcheck.read_entries()]
+    project("up", "-d", "--no-build", "--scale", f"node={nodes}")
+    barrier = f"http://127.0.0.1:{port}"
+
+    def finished() -> dict | None:
+        entries.append(hostcheck.read_entries())
+        return barrier_finished(kit, barrier)
+    status = kit.wait_until(finished, timeout=600, what="the scaled run to finish", interval=1)
+    assert status["expected"] == status["registered"] == nodes and status["dropped"] == []
+    assert_round_pace(kit, barrier, nodes)
+    assert None not in entries and max(entries) < DEFAULT_THRESHOLDS[1], (entries, hostcheck.neighbour_entries(nodes))
+    print(f"neighbour table entries through the run at {nodes} nodes: {min(entries)}-{max(entries)}")
+    assert_console_for_people(console_to_the_end(kit, project), port, nodes, rounds)
+    project.down()
+    assert final_summary(kit, results)["status"] == "finished"
+    check_results(results, nodes, rounds)
 
 
 def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(
