@@ -175,8 +175,11 @@ def render(view: dict[str, Any]) -> Any:
         count = f"rounds done {min(at, rounds) if isinstance(at, int) and isinstance(rounds, int) else at}/{rounds}"
     else:
         count = f"round {at}/{rounds}"
-    head = Text(f"run {b.get('run_id')}  {b.get('phase')}  {count}  "
-                f"live {len(b.get('live') or [])}/{len(b.get('members') or [])}  dropped {b.get('dropped') or []}  "
+    if b.get("phase") == "registering":  # no members yet: who has come, of how many (0: counted as they come)
+        members = f"registered {b.get('registered', 0)}/{b.get('expected') or '?'}"
+    else:
+        members = f"live {len(b.get('live') or [])}/{len(b.get('members') or [])}"
+    head = Text(f"run {b.get('run_id')}  {b.get('phase')}  {count}  {members}  dropped {b.get('dropped') or []}  "
                 f"left {b.get('left') or []}  "
                 f"| task {s.get('task')} K={s.get('fragments')} s={s.get('fanout')} sampler {s.get('sampler')} "
                 + (f"| folder {view['url']}" + (f" ({b.get('mode')}, started {b.get('started')}, "

@@ -74,3 +74,25 @@ def test_status_of_a_silent_address_names_the_limit_it_waited(kit: Any) -> None:
                               timeout=30)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip() == f"mosaicd status: error: {url}/v1/status: no answer within 0.5 s (--timeout)"
+
+
+def test_status_of_a_barrier_waiting_for_its_nodes_counts_who_has_come(tmp_path: Path, kit: Any) -> None:
+    """While nodes register there are no members yet: "registered 0/4", not "live 0/0"."""
+    port = free_ports(1)[0]
+    barrier = subprocess.Popen([*kit.mosaicd, "barrier", "--task", "quadratic", "--nodes", "4", "--rounds", "3",
+                                "--fanout", "2", "--host", "127.0.0.1", "--port", str(port), "--out",
+                                str(tmp_path / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        def listening() -> bool:
+            try:
+                return kit.http("GET", f"{url}/healthz").status == 200
+            except OSError:
+                return False
+        kit.wait_until(listening, 30, "the barrier to listen")
+        proc = subprocess.run([*kit.mosaicd, "status", url], capture_output=True, text=True, timeout=30)
+    finally:
+        barrier.terminate()
+        barrier.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "registering  round 0/3  registered 0/4  dropped []" in proc.stdout.splitlines()[0], proc.stdout
