@@ -105,11 +105,11 @@ def node_rounds(out: Path) -> dict[int, set[int]]:
 RUN = dict(nodes=5, rounds=300, fragments=4, fanout=2, dim=64, seed=5, eval_every=50, drop_after=2)
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
 def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_reference_models(
         tmp_path: Path, kit: Any, how: signal.Signals) -> None:
-    """SIGKILL, or Ctrl-C or SIGTERM (`docker stop`; then its summary says interrupted, not running, and its
-    console how to go on)."""
+    """SIGKILL, or Ctrl-C (then its summary says interrupted, not running, and its console how to go on). SIGTERM
+    (`docker stop`) ends it as Ctrl-C does: test_cluster_stops.py's launcher killed, whose barrier gets it."""
     run = {**RUN, "round_deadline": 20, "request_timeout": 5, "retries": 1, "barrier_grace": 60}
     lab = Lab(tmp_path, kit, run)
     try:

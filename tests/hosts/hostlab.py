@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -233,10 +234,13 @@ def load_image(engines: list[Engine], image: str, archive: Path, main_env: dict[
         return
     if not archive.exists():
         subprocess.run(["docker", "save", "-o", str(archive), image], env=env, check=True, timeout=600)
-    for engine in todo:
+
+    def load(engine: Engine) -> None:
         engine.docker("load", "-q", "-i", str(archive), timeout=600)
         if image_id(engine, image) != wanted:
             raise HarnessError(f"host {engine.host}: {image} loaded but its id is not {wanted}")
+    with ThreadPoolExecutor(len(todo)) as pool:  # the engines unpack it at once (CI time)
+        list(pool.map(load, todo))
 
 
 def remove_tree(path: Path) -> None:
