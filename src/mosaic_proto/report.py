@@ -53,7 +53,7 @@ class NodeReport:
         return replace(self, wait_s=wait_s, stragglers=tuple(stragglers), **traffic_in)
 
     def to_json(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {f.name: getattr(self, f.name) for f in _FIELDS}
         data["refused"] = dict(self.refused)
         data["delivered"] = {str(p): [f, b] for p, (f, b) in sorted(self.delivered.items())}
         data["stragglers"] = list(self.stragglers)
@@ -74,7 +74,7 @@ class NodeReport:
         if type(data.get("round")) is not int or data["round"] != round:
             raise ReportError(f"report.round must be the arrival's round {round}")
         values: dict[str, Any] = {"round": round}
-        for f in fields(cls):
+        for f in _FIELDS:
             value = data.get(f.name)
             if f.name in ("round", "refused", "delivered", "stragglers") or value is None:
                 continue
@@ -100,6 +100,8 @@ class NodeReport:
             values["stragglers"] = tuple(stragglers)
         return cls(**values)
 
+
+_FIELDS = fields(NodeReport)  # dataclasses.fields() builds its tuple anew each call: once here
 
 NODE_COLUMNS = ("round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
                 "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s",

@@ -217,16 +217,21 @@ class RunRecorder:
         """The wall clock that `elapsed_s` is measured on (pass its value as network_round's `taken_at`)."""
         return time.time()
 
-    def node_round(self, node: int, report: NodeReport) -> None:
-        """One node's round: a nodes.csv row (its loss also goes into the round's mean training loss)."""
-        round = report.round
+    def node_rounds(self, reports: Iterable[tuple[int, NodeReport]]) -> None:
+        """Nodes' rounds (node, its report): their nodes.csv rows, written at once (a release opens the file once,
+        not once per member); their losses also go into the round's mean training loss."""
         every, rounds = self.settings.get("eval_every"), self.settings.get("rounds")
-        if every is None or rounds is None or round == rounds - 1 or (every > 0 and (round + 1) % every == 0):
-            self.losses.setdefault(round, {})[node] = report.loss  # kept only for the rounds evaluated
+        last = -1
         with open(self.out / "nodes.csv", "a", newline="") as f:
-            csv.writer(f).writerow(["" if v is None else v for v in report.row(node).values()])
-        if round + 1 > self.rounds_done:
-            self.rounds_done = round + 1
+            writer = csv.writer(f)
+            for node, report in reports:
+                last = max(last, report.round)
+                if every is None or rounds is None or report.round == rounds - 1 or \
+                        (every > 0 and (report.round + 1) % every == 0):  # kept only for the rounds evaluated
+                    self.losses.setdefault(report.round, {})[node] = report.loss
+                writer.writerow(["" if v is None else v for v in report.row(node).values()])
+        if last + 1 > self.rounds_done:
+            self.rounds_done = last + 1
             if time.monotonic() - self._summary_at >= SUMMARY_EVERY_S:
                 self._running()
 

@@ -120,9 +120,10 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
                 batched.prepare(network)
             record: RoundRecord = network.step()
             elapsed = time.perf_counter() - started
-            for node, loss, report in zip(record.nodes, record.losses, record.reports, strict=True):
-                recorder.node_round(node, NodeReport.of_traffic(report, loss=loss,
-                                                                train_s=elapsed / len(record.nodes)))
+            each_s = elapsed / len(record.nodes)
+            rows = zip(record.nodes, record.losses, record.reports, strict=True)
+            recorder.node_rounds((node, NodeReport.of_traffic(report, loss=loss, train_s=each_s))
+                                 for node, loss, report in rows)
             row = None
             if is_eval_round(record.round, settings):
                 taken_at = time.time()

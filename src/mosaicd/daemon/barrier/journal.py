@@ -43,7 +43,7 @@ def save(out: Path, run: RunConfig, state: BarrierState, started: float, secured
     tmp = out / f"{STATE_FILE}.tmp"
     try:
         with open(tmp, "w") as f:
-            json.dump(data, f)
+            f.write(json.dumps(data))  # json.dumps: the C encoder (json.dump's is Python's, ~10x slower)
             f.flush()
             os.fsync(f.fileno())
     except OSError:

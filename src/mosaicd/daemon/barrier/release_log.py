@@ -49,12 +49,13 @@ class ReleaseLog:
                latest: dict[str, Any] | None) -> None:
         """`closed`: the round's arrivals, rank -> (seconds waited, report); `latest`: the newest evaluation row."""
         received = received_counts({r: report for r, (_, report) in closed.items()})
+        def row(rank: int, wait_s: float, report: NodeReport) -> tuple[int, NodeReport]:
+            messages, fragments, nbytes = received.get(rank, (0, 0, 0))
+            return rank, report.with_release(round(wait_s, 6), (), messages_in=messages, fragments_in=fragments,
+                                             bytes_in=nbytes)
         if not release.finished:
-            for rank, (wait_s, report) in closed.items():
-                if report is not None:
-                    messages, fragments, nbytes = received.get(rank, (0, 0, 0))
-                    self.recorder.node_round(rank, report.with_release(round(wait_s, 6), (), messages_in=messages,
-                                                                       fragments_in=fragments, bytes_in=nbytes))
+            self.recorder.node_rounds(row(rank, wait_s, report) for rank, (wait_s, report) in closed.items()
+                                      if report is not None)
         duration = now - self._released_at if self._released_at is not None else None
         self._released_at = now
         self.history.append({"round": release.round, "duration_s": None if duration is None else round(duration, 6),

@@ -32,9 +32,15 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
         check_port(settings.daemon_options())
     stopped: list[str] = []  # SIGTERM (`docker stop`, `kill`) ends the barrier as Ctrl-C does: resumable, said so
     main = asyncio.current_task()
-    if main is not None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: stopped.append("SIGTERM") or
-                                                      main.cancel())
+
+    def terminated() -> None:
+        stopped.append("SIGTERM")
+        if main is not None:
+            main.cancel()
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated)
+    except (RuntimeError, ValueError):  # an event loop outside the main thread (a program's own): no signals
+        pass
     try:
         return await serve_barrier(settings, task, sock, stopped)
     except asyncio.CancelledError:
