@@ -320,7 +320,7 @@ def exit_text(code: int) -> str:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
-    return "interrupted (SIGINT)" if code == 130 else f"exit status {code}"
+    return "interrupted (Ctrl-C or SIGTERM)" if code == 130 else f"exit status {code}"
 
 
 def exit_reason(out: Path, name: str, code: int) -> str:
