@@ -476,3 +476,18 @@ def test_a_barrier_told_to_stop_while_a_node_waits_decides_nothing_more_and_exit
     said = (tmp_path / "barrier.log").read_text()
     assert "interrupted at round 0 of 5; the same command" in said, said[-2000:]
     print(f"\nthe barrier exited {took:.2f} s after Ctrl-C (its round deadline: {run['round_deadline']} s)")
+
+
+def test_a_barrier_stopped_while_it_lingers_after_the_end_exits_as_the_run_ended(tmp_path: Path, kit: Any) -> None:
+    """`docker compose down` after a run: SIGTERM while the barrier lingers (--linger) is no interruption: it exits
+    0 at once, its summary as it was (finished)."""
+    lab = Lab(tmp_path, kit, {**RUN, "rounds": 5})
+    try:
+        lab.start("--linger", "60")
+        summary = lab.summary()
+        assert summary["status"] == "finished", summary
+        lab.procs["barrier"].send_signal(signal.SIGTERM)
+        assert lab.procs["barrier"].wait(timeout=10) == 0, (tmp_path / "barrier.log").read_text()[-2000:]
+        assert json.loads((lab.out / "summary.json").read_text()) == summary
+    finally:
+        lab.stop()

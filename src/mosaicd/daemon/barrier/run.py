@@ -68,7 +68,10 @@ async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[
         barrier.interrupt()
         if not barrier.done.is_set():
             interrupted(barrier, stopped[0] if stopped else "Ctrl-C")
-        raise
+            raise
+        if not stopped or console is not None and not console.done():
+            raise
+        # SIGTERM while it lingered after the run's end (`compose down`): it exits as the run ended, not 130
     finally:
         await runner.cleanup()
     if barrier.output_error is not None:  # ended early (a write that failed): one line, naming the path
