@@ -64,7 +64,8 @@ async def main() -> None:
     try:
         accuracies = await asyncio.gather(*(node(s, x[:1400], y[:1400], x[1400:], y[1400:]) for s in nodes))
     except asyncio.CancelledError:  # Ctrl-C: the run's summary says so, not "running"
-        barrier.recorder.fail("interrupted (KeyboardInterrupt)")
+        barrier.interrupt()  # its open long polls are answered now, so the server stops at once
+        barrier.recorder.fail("interrupted (Ctrl-C)")
         raise
     finally:
         await runner.cleanup()

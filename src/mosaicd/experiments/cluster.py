@@ -259,7 +259,7 @@ class Cluster:
                         self.dead[name] = failed[name]
                         goes_on = "" if "barrier" in failed or self.fail_fast else \
                             "; the others go on without it while they can (--fail-fast to stop instead)"
-                        if goes_on and self._tell_left(name, failed[name], barrier_url):
+                        if goes_on and node_ended(self, name, failed[name], barrier_url):
                             goes_on = "; told the barrier it left: the others go on without it, not waiting for it"
                         why = exit_reason(self.out, name, failed[name])
                         printer.message(f"{name} exited with status {failed[name]}: {why} "
@@ -289,17 +289,6 @@ class Cluster:
             reported.upto(s.rounds, final, reported.live, reported.members)
         return summary
 
-    def _tell_left(self, name: str, code: int, barrier_url: str) -> bool:
-        """A node's process ended while the run goes on (killed one by one, say: the nodes of a cluster do not leave
-        on a signal, so that Ctrl-C of the whole cluster can be resumed): tell the barrier it left, as `mosaicd
-        node` does when told to stop, so that its peers do not wait --round-deadline x --drop-after for it."""
-        members = (self.last_status or {}).get("members") or []
-        rank = next((m.get("rank") for m in members if m.get("address") == self.addresses.get(name)), None)
-        if rank is None:
-            return False
-        secret = load_secret(Path(self.settings.secret_file) if self.settings.secret_file else self.secret_file)
-        return tell_left(barrier_url, self.settings, secret, rank, f"its process ended ({exit_text(code)})")
-
     def stop(self, grace: float = 5.0) -> None:
         for p in self.procs.values():
             if p.poll() is None:
@@ -326,6 +315,19 @@ def exit_text(code: int) -> str:
 def exit_reason(out: Path, name: str, code: int) -> str:
     """Why a process ended, for the console: the signal that killed it, else the last error of its log."""
     return exit_text(code) if code < 0 or code == 130 else last_error(out, name)
+
+
+def node_ended(cluster: Cluster, name: str, code: int, barrier_url: str) -> bool:
+    """A node's process ended while the run goes on (killed one by one, say: the nodes of a cluster do not leave
+    on a signal, so that Ctrl-C of the whole cluster can be resumed): tell the barrier it left, as `mosaicd node`
+    does when told to stop, so that its peers do not wait --round-deadline x --drop-after for it."""
+    members = (cluster.last_status or {}).get("members") or []
+    rank = next((m.get("rank") for m in members if m.get("address") == cluster.addresses.get(name)), None)
+    if rank is None:
+        return False
+    settings = cluster.settings
+    secret = load_secret(Path(settings.secret_file) if settings.secret_file else cluster.secret_file)
+    return tell_left(barrier_url, settings, secret, rank, f"its process ended ({exit_text(code)})")
 
 
 def tell_left(barrier_url: str, settings: Settings, secret: bytes | None, rank: int, reason: str) -> bool:
@@ -366,9 +368,9 @@ def record_failure(out: Path, settings: Settings, exc: BaseException, started: f
         return
     if summary.get("status") == "finished":  # the barrier finished the run before the failure (a late Ctrl-C)
         return
-    if summary.get("status") == "failed":
+    if summary.get("status") == "failed" and not str(summary.get("error")).startswith("interrupted ("):
         summary.setdefault("cluster_error", error)
-    else:
+    else:  # the barrier's own "interrupted (SIGTERM)" is the launcher stopping it: the launcher's reason is the cause
         summary.update(status="failed", error=error)
     kept = barrier_journal.rounds(out)  # the barrier writes its summary every few seconds, its journal every round
     if kept and isinstance(summary.get("progress"), dict):

@@ -39,9 +39,8 @@ from mosaicd.settings import DaemonOptions, RunConfig
 class Barrier:
     def __init__(self, run: RunConfig, options: DaemonOptions, *,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None, hold_out: bool = False) -> None:
-        """`evaluate(run, vectors)`: the network metrics of the models (None: collect final models only);
-        `hold_out`: take --out for this process (`rundir.hold_barrier`) before writing to it."""
-        # ResumeError: OUT holds another run in progress (or not the round asked for)
+        """`evaluate(run, vectors)`: the models' network metrics (None: final models only); `hold_out`: take --out
+        (`open_outputs`). ResumeError: OUT holds another run in progress (or not the round asked for)."""
         secret = load_secret(options.secret_file)  # a run started with one is not resumed without it
         self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
         if self.resumed:
@@ -58,10 +57,8 @@ class Barrier:
         self.rebinding = set(self.state.live) | set(self.state.joining) \
             if self.resumed and options.resume_round is not None else set()
         self.rebound = asyncio.Event()
-        if hold_out:  # one barrier per --out, and no `simulate`/`cluster` there meanwhile
-            hold_barrier(options.out)
         self.recorder = open_outputs(options, run, self.resumed, self.state.round if self.rebinding else None,
-                                     self.log)
+                                     self.log, hold_out)
         self.metrics = BarrierMetrics(run)
         self.keyring = Keyring(secret) if secret else None
         self.register_status = 503  # 422 when the run as registered is invalid: retrying cannot help
@@ -254,10 +251,13 @@ def stopping() -> BarrierError:
 
 
 def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any] | None, rebind_round: int | None,
-                 log: Any) -> RunRecorder:
+                 log: Any, hold_out: bool = False) -> RunRecorder:
     """The run's files in --out: a new run keeps the run there before aside (never replaced unasked), a run resumed
     with --resume-round drops the rows from `rebind_round` on, and the recorder opens them. A folder that cannot be
-    written (read-only, full) ends the barrier in one line naming --out, not a traceback."""
+    written (read-only, full) ends the barrier in one line naming --out, not a traceback. `hold_out`: one barrier
+    per --out, and no `simulate`/`cluster` there meanwhile (`rundir.hold_barrier`)."""
+    if hold_out:
+        hold_barrier(options.out)
     try:
         if resumed is None and (kept := keep_earlier_run(options.out)) is not None:
             log.warning("earlier_run_kept", folder=str(kept), detail=f"its files are now in {kept}")
