@@ -479,15 +479,18 @@ def test_a_barrier_told_to_stop_while_a_node_waits_decides_nothing_more_and_exit
 
 
 def test_a_barrier_stopped_while_it_lingers_after_the_end_exits_as_the_run_ended(tmp_path: Path, kit: Any) -> None:
-    """`docker compose down` after a run: SIGTERM while the barrier lingers (--linger) is no interruption: it exits
-    0 at once, its summary as it was (finished)."""
+    """`docker compose down` after a run: SIGTERM while the barrier and the nodes linger (--linger) is no
+    interruption: each exits 0 at once (a node used to sleep its linger out), the summary as it was (finished)."""
     lab = Lab(tmp_path, kit, {**RUN, "rounds": 5})
     try:
-        lab.start("--linger", "60")
+        lab.barrier("--linger", "60")
+        for i in range(RUN["nodes"]):
+            lab.node(i, "--linger", "60")
         summary = lab.summary()
         assert summary["status"] == "finished", summary
-        lab.procs["barrier"].send_signal(signal.SIGTERM)
-        assert lab.procs["barrier"].wait(timeout=10) == 0, (tmp_path / "barrier.log").read_text()[-2000:]
+        for name in ("node-0", "barrier"):
+            lab.procs[name].send_signal(signal.SIGTERM)
+            assert lab.procs[name].wait(timeout=10) == 0, (tmp_path / f"{name}.log").read_text()[-2000:]
         assert json.loads((lab.out / "summary.json").read_text()) == summary
     finally:
         lab.stop()

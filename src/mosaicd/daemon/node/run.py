@@ -64,7 +64,15 @@ async def run_node(settings: Settings, task: Any = None) -> int:
             elif peer.barrier is not None:  # the run this process hosts failed: the others hear it from it
                 await linger_for_the_others(peer, stopped)
             raise
-        await asyncio.sleep(settings.linger)
+        lingering = asyncio.ensure_future(asyncio.sleep(settings.linger))
+        if options.leave_on_signal:  # told to stop while it lingers after the run (compose down): it stops now
+            on_signals(lingering)
+        try:
+            await lingering
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # this task was stopped, not only its linger
+                raise
     finally:
         await peer.close()
     return 0
