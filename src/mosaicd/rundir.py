@@ -369,18 +369,13 @@ def hold(out: Path, what: str = "--out") -> None:
         fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:  # no permission to read it, say: one line naming the flag, as `writable` says it
         raise ValueError(f"{what} {out}: cannot open it: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise _refused(f"{what} {out}: another process is running a run there now: wait for it to end, or stop it "
-                       "(Ctrl-C), then try again") from None
-    _HELD[key] = fd
+    _lock(key, fd, f"{what} {out}: another process is running a run there now: wait for it to end, or stop it "
+          "(Ctrl-C), then try again")
 
 
 def hold_barrier(out: Path) -> None:
-    """A barrier takes `out` for its run (made if missing): refused (one line naming --out) while another barrier, or
-    a run claimed by `claim_out` in another process, holds it. Kept until the process ends."""
+    """A barrier takes `out` for its run (made if missing): refused (one line naming --out) while another barrier
+    holds it. Kept until the process ends (`claim_out`, in `simulate` and `cluster`, refuses such a folder)."""
     key = (out / BARRIER_LOCK).resolve()
     if key in _HELD:
         return
@@ -389,13 +384,19 @@ def hold_barrier(out: Path) -> None:
         fd = os.open(out / BARRIER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise ValueError(f"--out {out}: cannot write {exc.filename or out}: {exc.strerror or exc}") from None
+    _lock(key, fd, f"--out {out}: another barrier is running a run there now: give another --out, or stop it "
+          "(Ctrl-C) and start this one again")
+
+
+def _lock(key: Path, fd: int, refusal: str) -> None:
+    """Lock `fd` for this process (kept in `_HELD` under `key`), or close it and refuse with `refusal` while another
+    process holds it. A file system without locks (some network mounts): the run goes on unguarded."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise _refused(f"--out {out}: another barrier is running a run there now: give another --out, or stop it "
-                       "(Ctrl-C) and start this one again") from None
-    except OSError:  # a file system without locks (some network mounts): the run goes on unguarded
+        raise _refused(refusal) from None
+    except OSError:
         os.close(fd)
         return
     _HELD[key] = fd
