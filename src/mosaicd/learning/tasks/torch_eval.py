@@ -10,12 +10,10 @@ The caller holds the task's lock.
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import nn
 from torch.func import functional_call, vmap
 
 from .stacked import chunks, unstack
@@ -24,7 +22,7 @@ from .torch_util import load_vector
 if TYPE_CHECKING:
     from .torch_task import TorchTask
 
-__all__ = ["EVAL_STACK_SAMPLES", "eval_model", "evaluate_one", "evaluate_stacked", "test_rows"]
+__all__ = ["EVAL_STACK_SAMPLES", "evaluate_one", "evaluate_stacked", "test_rows"]
 
 EVAL_STACK_SAMPLES = {"cpu": 2048}  # samples (models x batch) per vmapped call, per device type
 EVAL_STACK_DEFAULT = 8192
@@ -40,21 +38,12 @@ def test_rows(task: TorchTask, samples: np.ndarray | None) -> tuple[np.ndarray, 
     return split.x_test[samples], split.y_test[samples]
 
 
-def eval_model(task: TorchTask) -> nn.Module:
-    """The model `evaluate_one` runs: the task's, or a channels-last copy of it (made once)."""
-    if not task.eval_channels_last:
-        return task.model
-    if task.eval_model is None:
-        task.eval_model = copy.deepcopy(task.model).to(memory_format=torch.channels_last)
-    return task.eval_model
-
-
 def evaluate_one(task: TorchTask, vector: np.ndarray, samples: np.ndarray | None = None) -> dict[str, float]:
     x_test, y_test = test_rows(task, samples)
     count = len(y_test)
     sums: dict[str, float] = {}
     with torch.no_grad():
-        model = eval_model(task)
+        model = task.eval_model
         load_vector(model, vector)
         model.eval()
         for start in range(0, count, task.eval_batch_size):

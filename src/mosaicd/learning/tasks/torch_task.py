@@ -22,6 +22,7 @@ same reason SGD is `torch_util.SGD` (torch.optim.SGD's arithmetic, tested bit-eq
 
 from __future__ import annotations
 
+import copy
 import threading
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -62,8 +63,17 @@ class TorchTask(Task):
         self._split: Split | None = None
         self._shards: list[np.ndarray] | None = None
         self._model: nn.Module | None = None
-        self.eval_model: nn.Module | None = None  # channels-last copy for evaluation (torch_eval)
+        self._eval_model: nn.Module | None = None  # channels-last copy for evaluation (`eval_model`)
         self._initial: np.ndarray | None = None
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The model evaluation runs (torch_eval): the training model, or a channels-last copy of it (made once)."""
+        if not self.eval_channels_last:
+            return self.model
+        if self._eval_model is None:
+            self._eval_model = copy.deepcopy(self.model).to(memory_format=torch.channels_last)
+        return self._eval_model
 
     # ---- what a subclass provides
 
