@@ -2,6 +2,7 @@
 
 `learning` (torch, scikit-learn; scipy comes with scikit-learn): every task but `quadratic`.
 `plots` (matplotlib): the figures of `mosaicd report` and `mosaicd analyze`.
+`tensorboard`, `mlflow` (mlflow-skinny with SQLAlchemy): `--tensorboard DIR`, `--mlflow DIR` (mosaicd/trackers.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import contextlib
 import importlib.util
 from collections.abc import Iterator
 
-EXTRA_OF = {"torch": "learning", "sklearn": "learning", "scipy": "learning", "matplotlib": "plots"}
+EXTRA_OF = {"torch": "learning", "sklearn": "learning", "scipy": "learning", "matplotlib": "plots",
+            "tensorboard": "tensorboard", "mlflow": "mlflow", "sqlalchemy": "mlflow", "alembic": "mlflow"}
 
 
 class MissingExtra(ValueError):

@@ -41,6 +41,7 @@ from pydantic import BaseModel
 from mosaic_proto import NODE_COLUMNS, NodeReport
 from mosaicd.rundir import node_losses_after, read_rounds, read_summary  # read_rounds: the rows, for all
 from mosaicd.settings import RunConfig
+from mosaicd.trackers import RoundTrackers
 
 NETWORK_METRICS = ("node_average", "average_model", "consensus_distance", "node_spread")  # the spec's four
 SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads first of an evaluation row
@@ -203,6 +204,7 @@ class RunRecorder:
         self._summary_at = -math.inf  # the first round writes summary.json: from then on `mosaicd runs` lists it
         self.ended: str | None = None  # "finished" or "failed" once summary.json says so: never "running" again
         (self.out / "summary.json").unlink(missing_ok=True)
+        self.trackers = RoundTrackers(self.out, self.settings)  # --tensorboard, --mlflow: copies of each row
         self.round_columns = ROUND_COLUMNS
         for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
             had = _header(self.out / name) if resume_from is not None else None
@@ -250,6 +252,7 @@ class RunRecorder:
         with open(self.out / "rounds.csv", "a", newline="") as f:
             csv.writer(f).writerow([_cell({**row, "per_node": metrics.get("per_node")}.get(c))
                                     for c in self.round_columns])
+        self.trackers.round(round, row)
         self._running()  # a crash loses at most this round's summary
         return row
 
@@ -267,6 +270,7 @@ class RunRecorder:
     def finish(self, vectors: Mapping[int, np.ndarray], **extra: Any) -> dict[str, Any]:
         """The run finished: summary.json with "status": "finished", the final models' hashes and `extra`."""
         self.ended = "finished"
+        self.trackers.end("finished")
         return _write_summary(self.out, {
             **self._base("finished"),
             "model_sha256": {str(k): model_sha256(v) for k, v in sorted(vectors.items())},
@@ -278,6 +282,7 @@ class RunRecorder:
         """The run failed: summary.json with "status": "failed", "error": `reason` (one line) and the newest
         evaluation."""
         self.ended = "failed"
+        self.trackers.end("failed")
         return _write_summary(self.out, {
             **self._base("failed"),
             "error": " ".join(str(reason).split()),

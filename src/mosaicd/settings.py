@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from mosaic_proto import Aggregator, AggregatorKind, Attack, AttackKind, SamplerKind, Strategy, byzantine_ranks
 from mosaic_proto.quadratic import CORRELATED_MAX_DIM, Curvature
+from mosaicd.extras import require
 
 
 class TaskName(StrEnum):
@@ -192,6 +193,12 @@ class DaemonOptions(BaseModel):
 
     out: Path = Field(Path("runs/latest"), description="output directory (`cluster`, `simulate`: when not given, a "
                       "new folder per run, runs/<run id>-<UTC time>)", **cli("outputs"))
+    tensorboard: Path | None = Field(None, description="also write each evaluated round's metrics as TensorBoard "
+                                     "scalars, to DIR/<the run folder's name> (the [tensorboard] extra)",
+                                     **cli("outputs", "barrier", "cluster", "simulate"))
+    mlflow: Path | None = Field(None, description="also log the run's settings and each evaluated round's metrics "
+                                "to the MLflow store DIR/mlflow.db, experiment --run-id (the [mlflow] extra)",
+                                **cli("outputs", "barrier", "cluster", "simulate"))
     # the network
     host: str = Field("127.0.0.1", description="address to listen on", **cli("network", "node", "barrier"))
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)",
@@ -284,6 +291,14 @@ class DaemonOptions(BaseModel):
     rejoin_dropped: bool = Field(False, description="node: when the barrier drops it (it was cut off or stalled), "
                                  "register again and rejoin at the next round boundary instead of exiting",
                                  **cli("network", "node"))
+
+    @field_validator("tensorboard", "mlflow")
+    @classmethod
+    def _tracker(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None:  # said before the run starts, not by the barrier once the nodes are up
+            require("it", *{"tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sqlalchemy", "alembic")}[
+                info.field_name])
+        return value
 
     @field_validator("barrier_url")
     @classmethod
