@@ -16,7 +16,7 @@ import pytest
 from mosaicd.cli import main
 from mosaicd.experiments import sweep
 from mosaicd.experiments.simulate import run_simulation
-from mosaicd.experiments.sweep import SpecError, load_spec, run_sweep
+from mosaicd.experiments.sweep import SpecError, load_spec, parse_overrides, run_sweep
 from mosaicd.outputs import read_rounds
 from mosaicd.progress import RoundProgress
 
@@ -247,3 +247,16 @@ def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: 
     assert "sweep: stopped at the failed run; 3 runs not started (--keep-going goes on" in capsys.readouterr().err
     assert "RuntimeError: no data" in (tmp_path / "o/runs/fragments=1,seed=0/run.log").read_text()
     assert run_sweep(spec, progress=False, keep_going=True)["failed"] == 4
+
+
+@pytest.mark.parametrize("typo", ["fragments=[1,4", "lr=0.1.2", "seed=\"7", "alpha={a = 1"])
+def test_a_set_value_that_is_not_toml_is_refused_once_naming_the_key(typo: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        parse_overrides([typo])
+    key = typo.partition("=")[0]
+    assert f"the value of {key} is not TOML" in str(refused.value)
+
+
+def test_a_bare_word_is_a_string() -> None:
+    assert parse_overrides(["sampler=oracle", "task=tasks/mine.py:Net"]) == {"sampler": "oracle",
+                                                                            "task": "tasks/mine.py:Net"}

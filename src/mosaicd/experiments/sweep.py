@@ -164,7 +164,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise SpecError(f"--set {item}: the sweep sets each run's out; give the sweep's folder with --out")
         try:
             value = tomllib.loads(f"value = {text.strip()}")["value"]
-        except tomllib.TOMLDecodeError:
+        except tomllib.TOMLDecodeError as exc:
+            if text.strip()[:1] in ("[", "{", '"', "'", "+", "-", ".", *"0123456789"):  # meant as TOML, not a word
+                raise SpecError(f"--set {item}: the value of {key} is not TOML ({exc}); e.g. --set 'fragments=[1, 4]', "
+                                "--set lr=0.1, --set sampler=oracle") from None
             value = text.strip()
         overrides[key] = value
     return overrides
