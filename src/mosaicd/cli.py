@@ -71,7 +71,9 @@ NODE_NOTE = ("With --barrier-url the run and learning flags are the barrier's (s
 
 
 def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    from mosaicd.settings import flag_name
+
+    return flag_name(name)
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
@@ -86,16 +88,21 @@ def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
             if name not in applies()[command]:
                 continue
             field = Settings.model_fields[name]
-            default = field.default.value if hasattr(field.default, "value") else field.default
+            value = field.get_default(call_default_factory=True)
+            default = value.value if hasattr(value, "value") else value
             help_text = f"{field.description or ''} [default: {default}; env MOSAIC_{name.upper()}]".lstrip()
             choices = [c.value for c in field.annotation] if isinstance(field.annotation, type) and issubclass(
                 field.annotation, StrEnum) else None
-            if field.annotation in (bool, bool | None):
+            metavar = field.json_schema_extra.get("metavar")  # type: ignore[union-attr]
+            if name == "task_options":  # repeated: each a key=value (settings.task_options reads them)
+                section.add_argument(flag(name), dest=name, action="append", default=None, metavar=metavar,
+                                     help=help_text)
+            elif field.annotation in (bool, bool | None):
                 section.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None,
                                      help=help_text)
             else:
                 section.add_argument(flag(name), dest=name, default=None,  # pydantic checks choices, naming the flag
-                                     metavar="{" + ",".join(choices) + "}" if choices else name.upper(),
+                                     metavar=metavar or ("{" + ",".join(choices) + "}" if choices else name.upper()),
                                      help=help_text)
     sections["outputs"].add_argument("--config", type=Path, help="TOML file with settings (keys as the flags, '-' or "
                                      "'_')")
@@ -250,6 +257,10 @@ def _main(argv: list[str] | None) -> None:
                         "barrier's; give them to `mosaicd barrier`\n")
     try:
         settings = load_settings(args)
+        if args.command != "node" or settings.barrier_url is None:  # a node of a barrier takes the barrier's task
+            from mosaicd.learning.tasks import check_task
+
+            check_task(settings.run_config(), settings.data_dir)  # a task of the user's: it builds, or one line
     except SettingsError as exc:
         parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
     from mosaicd.daemon.entry import run_entry
