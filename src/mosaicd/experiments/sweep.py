@@ -110,6 +110,8 @@ class Spec:
 
 
 def _value_text(value: Any) -> str:
+    if isinstance(value, dict):  # --task-option tables: task_options=scale-1+width-8
+        return "+".join(f"{_value_text(k)}-{_value_text(v)}" for k, v in value.items())
     if isinstance(value, bool):
         return "true" if value else "false"
     text = repr(value) if isinstance(value, float) else str(value)
