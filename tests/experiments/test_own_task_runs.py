@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,27 @@ def test_a_bad_task_stops_a_cluster_or_a_sweep_before_anything_is_written(tasks:
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert f"--task {bad}: Small(run, data_dir, fail='init') failed: RuntimeError: no data here" in proc.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+def blocks(language: str) -> list[str]:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "own-model.md").read_text()
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+@pytest.mark.slow
+def test_the_docs_task_runs_alike_in_cluster_and_simulate_and_its_sweep_validates(tmp_path: Path) -> None:
+    task, toy_data = blocks("python")
+    (tmp_path / "shapes_task.py").write_text(task)
+    (tmp_path / "toy_data.py").write_text(toy_data)
+    subprocess.run([sys.executable, "toy_data.py"], cwd=tmp_path, check=True, timeout=60)
+    assert len(list((tmp_path / "data" / "shapes" / "train").glob("*/*.png"))) == 180
+    run = ["--task", "shapes_task.py:ShapesCNN", "--task-option", "width=4", "--nodes", "3", "--fanout", "1",
+           "--rounds", "2", "--local-steps", "2", "--seed", "1", "--quiet"]
+    ok(mosaicd("simulate", *run, "--out", "sim", cwd=tmp_path))
+    ok(mosaicd("cluster", *run, "--out", "cluster", cwd=tmp_path))
+    simulated, clustered = summary(tmp_path / "sim"), summary(tmp_path / "cluster")
+    assert clustered["model_sha256"] == simulated["model_sha256"] and len(simulated["model_sha256"]) == 3
+    assert clustered["final"]["metric"] == "accuracy" and clustered["settings"]["task_options"] == {"width": 4}
+    (tmp_path / "shapes.toml").write_text(blocks("toml")[1])
+    listed = ok(mosaicd("sweep", "shapes.toml", "--dry-run", cwd=tmp_path))
+    assert "task_options=width-16,fragments=4" in listed.stdout and "4 runs" in listed.stdout, listed.stdout
