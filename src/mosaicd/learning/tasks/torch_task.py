@@ -1,6 +1,10 @@
 """What every torch workload shares: lazy data, cached shards, seeded local SGD, batched evaluation.
 
-A subclass says how to load its `Split`, build its model and turn stored arrays into tensors. One
+A subclass says how to load its `Split`, build its model and turn stored arrays into tensors; or, a user's
+own task (`mosaicd.TorchTask`, docs/own-model.md), gives `model` (a factory, called under the run's seed), `train`
+and `test` data ((inputs, targets) tensors or arrays, or a Dataset of pairs), and optionally `loss` and `metric`
+(a batch's mean from the model's output and the targets; default cross-entropy and accuracy, the metric named by
+the class's `metric`). Partitioning, batching, seeding and evaluation are the same for both. One
 object serves every node of a process: data and the partition are computed once, the model object is
 reused (a lock serialises calls), and a node's work depends only on (run, node, round, vector).
 
@@ -75,13 +79,7 @@ def _accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 class TorchTask(Task):
-    """A torch model trained by seeded local SGD on each node's part of a data set.
-
-    Your own (docs/own-model.md): give `model` (a factory, called under the run's seed), `train` and `test` data
-    ((inputs, targets) tensors or a Dataset), and optionally `loss` and `metric` (a batch's mean, from the model's
-    output and the targets; default cross-entropy and accuracy, the metric named by the class's `metric`), or
-    override `load` and `build_model`. Partitioning (--partition), batching, seeding and evaluation are Mosaic's.
-    """
+    """A torch model trained by seeded local SGD on each node's part of a data set (the module's docstring)."""
 
     partitions: tuple[Partition, ...] = (Partition.IID, Partition.DIRICHLET, Partition.SHARDS)
     eval_batch_size: int = 1000
@@ -112,17 +110,14 @@ class TorchTask(Task):
 
     def load(self) -> Split:
         """Read the data set (called once per object): by default the `train` and `test` data given."""
-        train, test = self._data
-        if train is None or test is None:
-            raise NotImplementedError(f"{type(self).__name__}: give TorchTask train= and test= data, or override "
-                                      "load()")
-        return Split(*as_arrays(train, "train"), *as_arrays(test, "test"))
+        if any(data is None for data in self._data):
+            raise NotImplementedError(f"{type(self).__name__}: give TorchTask train= and test=, or override load()")
+        return Split(*as_arrays(self._data[0], "train"), *as_arrays(self._data[1], "test"))
 
     def build_model(self) -> nn.Module:
         """A freshly initialised model (called under torch.manual_seed(run.seed)): by default `model()`."""
         if self._model_factory is None:
-            raise NotImplementedError(f"{type(self).__name__}: give TorchTask model= (a factory), or override "
-                                      "build_model()")
+            raise NotImplementedError(f"{type(self).__name__}: give TorchTask model=, or override build_model()")
         return self._model_factory()
 
     def inputs(self, x: np.ndarray) -> torch.Tensor:
