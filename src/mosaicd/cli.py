@@ -255,12 +255,13 @@ def _main(argv: list[str] | None) -> None:
         if given:
             parser.exit(2, f"mosaicd node: error: {', '.join(given)}: with --barrier-url the run's settings are the "
                         "barrier's; give them to `mosaicd barrier`\n")
+    checked = None
     try:
         settings = load_settings(args)
         if args.command != "node" or settings.barrier_url is None:  # a node of a barrier takes the barrier's task
             from mosaicd.learning.tasks import check_task
 
-            check_task(settings.run_config(), settings.data_dir)  # a task of the user's: it builds, or one line
+            checked = check_task(settings.run_config(), settings.data_dir)  # a user's task: it builds, or one line
     except SettingsError as exc:
         parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
     from mosaicd.daemon.entry import run_entry
@@ -270,7 +271,9 @@ def _main(argv: list[str] | None) -> None:
     if args.command == "barrier" and not json_logs(settings.log_json) and level in ("debug", "info"):
         level = "warning"  # its console says what happens (daemon/barrier/console.py); the log only what goes wrong
     configure_logging(level, settings.log_json)
-    raise SystemExit(run_entry(args.command, lambda: run_command(args, settings)))
+    task = checked if args.command == "simulate" else None  # other commands' processes build their own
+    del checked
+    raise SystemExit(run_entry(args.command, lambda: run_command(args, settings, task)))
 
 
 def run_tool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -312,7 +315,8 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def run_command(args: argparse.Namespace, settings: Settings) -> int:
+def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) -> int:
+    """The command's run; `task`: the user's task `check_task` built (simulate runs it rather than build another)."""
     import asyncio
 
     if args.command == "node":
@@ -339,6 +343,7 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "simulate":
         from mosaicd.experiments.simulate import run_simulation
 
-        _print_final(run_simulation(settings, progress=not args.quiet, resume=args.resume, replace=args.replace))
+        _print_final(run_simulation(settings, progress=not args.quiet, resume=args.resume, replace=args.replace,
+                                    task=task))
         return 0
     raise AssertionError(args.command)

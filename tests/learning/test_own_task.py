@@ -165,3 +165,22 @@ def mosaicd_env() -> dict[str, str]:
     here = [str(Path(p).resolve()) for p in sys.path if p and Path(p, "mosaicd").is_dir()]
     return {**{k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")},
             "PYTHONPATH": os.pathsep.join(here + [os.environ.get("PYTHONPATH", "")])}
+
+
+def test_simulate_builds_the_task_it_checked_once(tmp_path: Path) -> None:
+    (tmp_path / "counting.py").write_text(
+        "import numpy as np\nfrom mosaic_proto import Layout\nfrom mosaicd import Task\n\n\n"
+        "class Counting(Task):\n"
+        "    def __init__(self, run, data_dir, log=''):\n"
+        "        super().__init__(run, data_dir)\n"
+        "        with open(log, 'a') as f:\n            f.write('built\\n')\n\n"
+        "    layout = property(lambda self: Layout.flat(4))\n\n"
+        "    def initial(self, node):\n        return np.zeros(4, dtype=np.float32)\n\n"
+        "    def train(self, node, round, vector):\n        return vector + np.float32(node), 0.0\n\n"
+        "    def evaluate(self, vector):\n        return {'accuracy': 0.5}\n")
+    log = tmp_path / "builds.txt"
+    proc = mosaicd("simulate", "--task", "counting.py:Counting", "--task-option", f"log={json.dumps(str(log))}", *RUN,
+                   "--out", "run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert log.read_text() == "built\n"  # the data of a user's task is not loaded twice
+    assert summary(tmp_path / "run")["final"]["node_average"] == 0.5
