@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DaemonOptions", "Peer", "PeerDropped", "RunConfig", "Settings"]
+__all__ = ["DaemonOptions", "Peer", "PeerDropped", "RunConfig", "Settings", "Task", "TorchTask"]
 
 _HOMES = {"Peer": "mosaicd.daemon.node.peer", "PeerDropped": "mosaicd.daemon.errors",
-          "DaemonOptions": "mosaicd.settings", "RunConfig": "mosaicd.settings", "Settings": "mosaicd.settings"}
+          "DaemonOptions": "mosaicd.settings", "RunConfig": "mosaicd.settings", "Settings": "mosaicd.settings",
+          "Task": "mosaicd.learning.tasks.base", "TorchTask": "mosaicd.learning.tasks.torch_task"}
 
 
 def __getattr__(name: str) -> Any:

@@ -71,7 +71,9 @@ NODE_NOTE = ("With --barrier-url the run and learning flags are the barrier's (s
 
 
 def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    from mosaicd.settings import flag_name
+
+    return flag_name(name)
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
@@ -86,16 +88,21 @@ def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
             if name not in applies()[command]:
                 continue
             field = Settings.model_fields[name]
-            default = field.default.value if hasattr(field.default, "value") else field.default
+            value = field.get_default(call_default_factory=True)
+            default = value.value if hasattr(value, "value") else value
             help_text = f"{field.description or ''} [default: {default}; env MOSAIC_{name.upper()}]".lstrip()
             choices = [c.value for c in field.annotation] if isinstance(field.annotation, type) and issubclass(
                 field.annotation, StrEnum) else None
-            if field.annotation in (bool, bool | None):
+            metavar = field.json_schema_extra.get("metavar")  # type: ignore[union-attr]
+            if name == "task_options":  # repeated: each a key=value (settings.task_options reads them)
+                section.add_argument(flag(name), dest=name, action="append", default=None, metavar=metavar,
+                                     help=help_text)
+            elif field.annotation in (bool, bool | None):
                 section.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None,
                                      help=help_text)
             else:
                 section.add_argument(flag(name), dest=name, default=None,  # pydantic checks choices, naming the flag
-                                     metavar="{" + ",".join(choices) + "}" if choices else name.upper(),
+                                     metavar=metavar or ("{" + ",".join(choices) + "}" if choices else name.upper()),
                                      help=help_text)
     sections["outputs"].add_argument("--config", type=Path, help="TOML file with settings (keys as the flags, '-' or "
                                      "'_')")
@@ -248,8 +255,13 @@ def _main(argv: list[str] | None) -> None:
         if given:
             parser.exit(2, f"mosaicd node: error: {', '.join(given)}: with --barrier-url the run's settings are the "
                         "barrier's; give them to `mosaicd barrier`\n")
+    checked = None
     try:
         settings = load_settings(args)
+        if args.command != "node" or settings.barrier_url is None:  # a node of a barrier takes the barrier's task
+            from mosaicd.learning.tasks import check_task
+
+            checked = check_task(settings.run_config(), settings.data_dir)  # a user's task: it builds, or one line
     except SettingsError as exc:
         parser.exit(2, f"mosaicd {args.command}: error: {exc}\n")
     from mosaicd.daemon.entry import run_entry
@@ -259,7 +271,9 @@ def _main(argv: list[str] | None) -> None:
     if args.command == "barrier" and not json_logs(settings.log_json) and level in ("debug", "info"):
         level = "warning"  # its console says what happens (daemon/barrier/console.py); the log only what goes wrong
     configure_logging(level, settings.log_json)
-    raise SystemExit(run_entry(args.command, lambda: run_command(args, settings)))
+    task = checked if args.command == "simulate" else None  # other commands' processes build their own
+    del checked
+    raise SystemExit(run_entry(args.command, lambda: run_command(args, settings, task)))
 
 
 def run_tool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -301,7 +315,8 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def run_command(args: argparse.Namespace, settings: Settings) -> int:
+def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) -> int:
+    """The command's run; `task`: the user's task `check_task` built (simulate runs it rather than build another)."""
     import asyncio
 
     if args.command == "node":
@@ -328,6 +343,7 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "simulate":
         from mosaicd.experiments.simulate import run_simulation
 
-        _print_final(run_simulation(settings, progress=not args.quiet, resume=args.resume, replace=args.replace))
+        _print_final(run_simulation(settings, progress=not args.quiet, resume=args.resume, replace=args.replace,
+                                    task=task))
         return 0
     raise AssertionError(args.command)

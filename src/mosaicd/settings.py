@@ -38,10 +38,71 @@ class Partition(StrEnum):
 COMMANDS = ("node", "barrier", "cluster", "simulate")
 
 
-def cli(group: str, *commands: str) -> dict[str, Any]:
+def cli(group: str, *commands: str, metavar: str | None = None) -> dict[str, Any]:
     """A setting's place on the command line (Field metadata): its help group and the subcommands that take it
-    (default: all). `mosaicd`'s flags are generated from it."""
-    return {"json_schema_extra": {"group": group, "commands": list(commands or COMMANDS)}}
+    (default: all), and the flag's metavar where the type does not say it. `mosaicd`'s flags are generated from it."""
+    extra: dict[str, Any] = {"group": group, "commands": list(commands or COMMANDS)}
+    if metavar is not None:
+        extra["metavar"] = metavar
+    return {"json_schema_extra": extra}
+
+
+TASK_ENTRY_POINTS = "mosaic_learning.tasks"  # the entry-point group a package registers its task names in
+TaskOption = str | int | float | bool
+
+
+def task_spec(value: str) -> str:
+    """`--task` as the run carries it: a built-in's `TaskName`, a registered name, `module:Class`, or
+    `/absolute/file.py:Class` (resolved here, once, so that processes started in another folder find the file).
+    Imports nothing: whether the task can be built is `learning.tasks.check_task`'s question."""
+    if isinstance(value, TaskName):
+        return value
+    text = str(value).strip()
+    if text in TaskName._value2member_map_:
+        return TaskName(text)
+    where, colon, name = text.rpartition(":")
+    if not colon:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", text) or text not in _registered_tasks():
+            raise ValueError(f"expected one of {', '.join(TaskName)}, a task a package registers (entry points "
+                             f"{TASK_ENTRY_POINTS!r}), MODULE:CLASS or path/to/file.py:CLASS")
+        return text
+    if not name.isidentifier():
+        raise ValueError(f"{name!r} is not a class name (expected MODULE:CLASS or path/to/file.py:CLASS)")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        return f"{Path(where).expanduser().resolve()}:{name}"
+    if not all(part.isidentifier() for part in where.split(".")):
+        raise ValueError(f"{where!r} is neither a module name nor a .py file (expected MODULE:CLASS or "
+                         "path/to/file.py:CLASS)")
+    return text
+
+
+def _registered_tasks() -> set[str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name for ep in entry_points(group=TASK_ENTRY_POINTS)}
+
+
+def task_options(value: Any) -> dict[str, TaskOption]:
+    """`--task-option key=value` items (a list; values read as TOML: 8, 0.5, true, a bare word as text) or a
+    table (TOML, MOSAIC_TASK_OPTIONS as JSON) as the keyword arguments of the task's constructor."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list | tuple):
+        items: dict[str, Any] = {}
+        for item in value:
+            key, sep, text = str(item).partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"{item!r}: expected key=value (e.g. --task-option width=16)")
+            try:
+                items[key.strip()] = tomllib.loads(f"value = {text.strip()}")["value"]
+            except tomllib.TOMLDecodeError:
+                items[key.strip()] = text.strip()
+        value = items
+    if isinstance(value, dict):
+        for key in value:
+            if not str(key).isidentifier():
+                raise ValueError(f"{key!r}: an option is a keyword argument of the task's constructor, a Python name")
+    return value
 
 
 class SettingsError(ValueError):
@@ -80,7 +141,13 @@ class RunConfig(BaseModel):
     # the run (identical on every node; the barrier hands its own to registering nodes)
     run_id: str = Field("mosaic", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
                         description="name of the run; messages of another run are refused", **cli("run"))
-    task: TaskName = Field(TaskName.QUADRATIC, description="workload", **cli("run"))
+    task: str = Field(TaskName.QUADRATIC, description="workload: a built-in, a name a package registers, "
+                      "MODULE:CLASS or path/to/file.py:CLASS, a mosaicd.Task subclass (docs/own-model.md)",
+                      **cli("run", metavar="{" + ",".join(TaskName) + "}|MODULE:CLASS|FILE.py:CLASS"))
+    task_options: dict[str, TaskOption] = Field(default_factory=dict, description="--task-option KEY=VALUE "
+                                                "(repeatable): a keyword argument of the task's constructor (the "
+                                                "value read as TOML: 8, 0.5, true, or text); part of the run",
+                                                **cli("run", metavar="KEY=VALUE"))
     nodes: int = Field(8, ge=1, le=10_000, description="number of nodes n", **cli("run"))
     rounds: int = Field(20, ge=1, description="rounds T", **cli("run"))
     fragments: int = Field(4, ge=1, description="fragments K (1 = Epidemic Learning)", **cli("run"))
@@ -131,6 +198,16 @@ class RunConfig(BaseModel):
     curvature: Curvature = Field(Curvature.CORRELATED, description="quadratic task's A", **cli("learning"))
     heterogeneous: bool = Field(False, description="quadratic task: a different optimum per node", **cli("learning"))
 
+    @field_validator("task")
+    @classmethod
+    def _task(cls, value: str) -> str:
+        return task_spec(value)  # a built-in stays a TaskName (`run.task is TaskName.QUADRATIC`)
+
+    @field_validator("task_options", mode="before")
+    @classmethod
+    def _task_options(cls, value: Any) -> Any:
+        return task_options(value)
+
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
@@ -140,6 +217,9 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
+        if self.task_options and isinstance(self.task, TaskName):
+            raise ValueError(f"--task-option: the built-in task {self.task} takes no options (its settings are "
+                             "flags); options go to a task given by import path or registered name")
         if self.fanout >= self.nodes:
             raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
         if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
@@ -391,6 +471,11 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
         return self.run_config().model_dump(mode="json")
 
 
+def flag_name(name: str) -> str:
+    """A setting's flag: `--local-steps`; `--task-option` (repeated) for the table `task_options`."""
+    return "--task-option" if name == "task_options" else "--" + name.replace("_", "-")
+
+
 def format_errors(exc: ValidationError, config: Path | None = None) -> str:
     """One line for the errors, each naming where the value can come from: its flag, its variable, --config's key."""
     lines = []
@@ -402,7 +487,7 @@ def format_errors(exc: ValidationError, config: Path | None = None) -> str:
                          if config else f"unknown setting {loc[0]!r} (a Settings argument; see mosaicd node --help)")
             continue
         key = f", or {loc[0]} in --config {config}" if config and loc else ""
-        where = f"--{loc[0].replace('_', '-')} (MOSAIC_{loc[0].upper()}{key})" if loc else "settings"
+        where = f"{flag_name(loc[0])} (MOSAIC_{loc[0].upper()}{key})" if loc else "settings"
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {msg}" + (f" (got {err['input']!r})" if loc and "input" in err else ""))
     return "; ".join(lines)

@@ -90,7 +90,7 @@ def settings_env(settings: Settings, **override: Any) -> dict[str, str]:
     for key, value in values.items():
         if value is None:
             continue
-        env[f"MOSAIC_{key.upper()}"] = json.dumps(value) if isinstance(value, bool) else str(value)
+        env[f"MOSAIC_{key.upper()}"] = json.dumps(value) if isinstance(value, bool | dict) else str(value)
     return env
 
 

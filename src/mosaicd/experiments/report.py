@@ -38,8 +38,8 @@ HELP = "figures (PNG) and a results table (report.md) from a sweep's folder or o
 
 LINE_KEY, SEED_KEY = "fragments", "seed"
 # the settings a single run's report lists
-RUN_KEYS = ("task", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "partition", "alpha",
-            "local_steps", "lr", "seed", "eval_every")
+RUN_KEYS = ("task", "task_options", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "partition",
+            "alpha", "local_steps", "lr", "seed", "eval_every")
 SERIES = NETWORK_METRICS
 
 
@@ -431,7 +431,7 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
         lines = [f"# Run report: {sweep.folder}", "",
                  f"- mode `{sweep.info.get('mode')}`, status {status}" + (f": {error}" if error else ""),
                  "- settings: " + ", ".join(f"{k}={s[k]}" for k in RUN_KEYS if k in s and not (
-                     k == "alpha" and s.get("partition") != "dirichlet")),
+                     k == "alpha" and s.get("partition") != "dirichlet") and s[k] != {}),
                  f"- task {s.get('task')}, metric {sweep.runs[0].metric}, {final_round} rounds"
                  + (f" of {s.get('rounds')}" if s.get("rounds") not in (None, final_round) else ""),
                  "",

@@ -97,6 +97,8 @@ def _load(out: Path) -> tuple[dict[str, Any], np.ndarray] | None:
 
 
 def _flag(name: str, value: Any) -> str:
+    if name == "task_options" and isinstance(value, dict):  # as given: --task-option key=value, repeated
+        return " ".join(f"--task-option {k}={json.dumps(v)}" for k, v in value.items()) or "no --task-option"
     return f"--{name.replace('_', '-')} {json.dumps(value) if not isinstance(value, str) else value}"
 
 

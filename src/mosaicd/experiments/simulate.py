@@ -28,7 +28,7 @@ from mosaic_proto.network import RoundRecord
 from mosaicd.experiments import resume as checkpoint
 from mosaicd.experiments.batched import BatchedTraining
 from mosaicd.learning.evaluation import network_metrics
-from mosaicd.learning.tasks import build_task
+from mosaicd.learning.tasks import Task, build_task
 from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary, release
@@ -36,24 +36,26 @@ from mosaicd.settings import Settings
 
 
 def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound | None = None, *,
-                   resume: bool = False, replace: bool = False, advise: bool = True) -> dict:
+                   resume: bool = False, replace: bool = False, advise: bool = True, task: Task | None = None) -> dict:
     """Run the simulation to its end; summary.json's content. `resume`: continue the unfinished run in --out;
     `replace`: remove the run that --out holds first (see `claim_out`: nothing is written before it agrees).
-    `advise`: a run that stops says on stderr how to go on with it, --quiet or not (a sweep says it instead)."""
+    `advise`: a run that stops says on stderr how to go on with it, --quiet or not (a sweep says it instead).
+    `task`: the run's task already built (`check_task`'s: a user's data is not loaded twice), else built here."""
     given = settings.out if "out" in settings.model_fields_set else None
     out = claim_out(given, "simulate", resume=resume, replace=replace, run_id=settings.run_id)
     try:
-        return _run(settings.model_copy(update={"out": out}), progress, on_round, resume, advise)
+        return _run(settings.model_copy(update={"out": out}), progress, on_round, resume, advise, task)
     finally:
         release(out)
 
 
-def _run(settings: Settings, progress: bool, on_round: OnRound | None, resume: bool, advise: bool) -> dict:
+def _run(settings: Settings, progress: bool, on_round: OnRound | None, resume: bool, advise: bool,
+         task: Task | None) -> dict:
     out = settings.out
     start = checkpoint.resume_point(out, settings) if resume else None
     recorder = RunRecorder(out, settings, mode="simulate", resume_from=start.started if start else None)
     try:
-        return _simulate(settings, recorder, progress, on_round, start)
+        return _simulate(settings, recorder, progress, on_round, start, task)
     except BaseException as exc:
         recorder.fail(failure_text(exc))
         # a run that got going, or was stopped by the user at any point; one that could not start says why instead
@@ -90,8 +92,9 @@ class _Saver:
 
 
 def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_round: OnRound | None,
-              start: checkpoint.Resumed | None) -> dict:
-    task = build_task(settings)
+              start: checkpoint.Resumed | None, task: Task | None) -> dict:
+    if task is None or task.run != settings.run_config():
+        task = build_task(settings)
     fragmentation = Fragmentation.build(task.layout, settings.fragments, settings.seed, settings.strategy)
     sampler = PeerSampler(settings.sampler, settings.fanout, settings.seed)
     vectors = [task.initial(i) for i in range(settings.nodes)]

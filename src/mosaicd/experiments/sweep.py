@@ -110,6 +110,8 @@ class Spec:
 
 
 def _value_text(value: Any) -> str:
+    if isinstance(value, dict):  # --task-option tables: task_options=scale-1+width-8
+        return "+".join(f"{_value_text(k)}-{_value_text(v)}" for k, v in value.items())
     if isinstance(value, bool):
         return "true" if value else "false"
     text = repr(value) if isinstance(value, float) else str(value)
@@ -235,12 +237,38 @@ def load_spec(path: Path | str, out: Path | str | None = None, overrides: dict[s
             errors.append(f"{where}: {message}" + (f" (grid point {name})" if point else ""))
             continue
         spec.runs.append(Run(name, point, settings))
+    if not errors and (failed := _check_tasks(spec, overrides)):
+        raise SpecError(f"{path}: " + "; ".join(failed))
     if errors:
         shown = list(dict.fromkeys(errors))
         more = f"\n  ... and {len(shown) - 5} more" if len(shown) > 5 else ""
         raise SpecError(f"{path}: {len(errors)} of {len(names)} runs have invalid settings:\n  "
                         + "\n  ".join(shown[:5]) + more)
     return spec
+
+
+def _check_tasks(spec: Spec, overrides: dict[str, Any]) -> list[str]:
+    """Each task of the user's in the grid (with its options and data folder) built once (`check_task`), so that
+    one that cannot run stops the sweep before any run starts; the errors, each naming where the task is set."""
+    from mosaicd.learning.tasks import check_task
+    from mosaicd.settings import TaskName
+
+    errors: list[str] = []
+    seen: set[str] = set()
+    for run in spec.runs:
+        s = run.settings
+        key = json.dumps([s.task, s.task_options, str(s.data_dir)], sort_keys=True)
+        if isinstance(s.task, TaskName) or key in seen:
+            continue
+        seen.add(key)
+        try:
+            check_task(s.run_config(), s.data_dir)
+        except SettingsError as exc:
+            where = ", ".join(f"--set {k}={overrides[k]!r}" if k in overrides else f"[grid] {k} = {run.point[k]!r}"
+                              if k in run.point else f"[run] {k} = {spec.base[k]!r}"
+                              for k in ("task", "task_options") if k in run.point or k in spec.base)
+            errors.append(f"{where or 'the settings'}: {exc}" + (f" (grid point {run.name})" if run.point else ""))
+    return errors
 
 
 # ---------------------------------------------------------------------------------------------- results

@@ -186,7 +186,7 @@ def prebuild(settings: Settings) -> Any:
     except Exception as exc:  # noqa: BLE001 - the nodes build it again and say what is wrong
         log.warning("warm_start", prebuilt=False, reason=f"{type(exc).__name__}: {exc}")
         return None
-    log.info("warm_start", prebuilt=True, task=run.task.value, seconds=round(time.perf_counter() - started, 3))
+    log.info("warm_start", prebuilt=True, task=str(run.task), seconds=round(time.perf_counter() - started, 3))
     return task
 
 

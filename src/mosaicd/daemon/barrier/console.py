@@ -32,7 +32,7 @@ def where_lines(barrier: Barrier, url: str) -> list[str]:
            "longest pause between them)"
            if barrier.options.expect_settle else f"the nodes {barrier.options.expect_dns} resolves to"
            if barrier.options.expect_dns else f"{run.nodes} nodes")
-    return [f"mosaic barrier: run {run.run_id}: {run.task.value}, {run.rounds} rounds, K={run.fragments} "
+    return [f"mosaic barrier: run {run.run_id}: {str(run.task)}, {run.rounds} rounds, K={run.fragments} "
             f"fragments, s={run.fanout} peers each, over {how}",
             f"  dashboard: {url}/   status: mosaicd status {url}   results: {barrier.options.out}/"]
 

@@ -75,7 +75,7 @@ class BarrierMetrics:
                          registry=r)
         self._evaluation = _Evaluation()
         r.register(self._evaluation)
-        self._run_info = {"run_id": run.run_id, "task": run.task.value} if run is not None else {}
+        self._run_info = {"run_id": run.run_id, "task": str(run.task)} if run is not None else {}
         self.info.info({**self._run_info, "metric": "", "higher_is_better": ""})
         self._last: float | None = None
         self._dropped: set[int] = set()

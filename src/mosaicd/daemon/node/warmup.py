@@ -20,21 +20,24 @@ from importlib import import_module
 from typing import Any
 
 from mosaicd.logs import get_logger
-from mosaicd.settings import TaskName
 
 
-def prefetch(task: TaskName) -> None:
-    """Import what `task` needs (torch, its model's module) if it is installed; errors are the build's to report."""
-    from mosaicd.learning.tasks import TASK_CLASSES, MissingExtra, require_task
+def prefetch(task: str) -> None:
+    """Import what `task` needs (torch, its model's module; a user's task: its module) if it can; errors are the
+    build's to report."""
+    from mosaicd.learning.tasks import TASK_CLASSES, MissingExtra, require_task, task_class
 
     try:
         require_task(task)
-        import_module(TASK_CLASSES[task].split(":")[0])
+        if task in TASK_CLASSES:
+            import_module(TASK_CLASSES[task].split(":")[0])
+        else:
+            task_class(task)
     except (ImportError, MissingExtra, KeyError, ValueError):
         pass
 
 
-def prefetch_in_background(task: TaskName) -> asyncio.Future:
+def prefetch_in_background(task: str) -> asyncio.Future:
     """`prefetch(task)` in a thread of its own at nice 19 (Linux sets it per thread); done when it is."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()

@@ -1,13 +1,24 @@
-"""The workloads. `build_task(run, data_dir)` is the one way to get one."""
+"""The workloads. `build_task(run, data_dir)` is the one way to get one.
+
+`--task` names a built-in (`TASK_CLASSES`), a name a package registers in the entry-point group
+`mosaic_learning.tasks` (its value `module:Class`), `module:Class` (importable: on PYTHONPATH or installed) or
+`/abs/path/file.py:Class` (loaded from the file; `settings.task_spec` made the path absolute). Any of them is a
+`Task` subclass, built as `Class(run, data_dir, **run.task_options)`.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import sys
+import threading
 from importlib import import_module
 from pathlib import Path
+from typing import Any
 
 from mosaicd.extras import MissingExtra, needs, require
 from mosaicd.learning.data import DataMissing
-from mosaicd.settings import RunConfig, TaskName
+from mosaicd.settings import TASK_ENTRY_POINTS, RunConfig, SettingsError, TaskName
 
 from .base import Task
 
@@ -24,23 +35,125 @@ TASK_CLASSES = {
 _NEEDS: dict[TaskName, tuple[str, ...]] = {TaskName.QUADRATIC: (), TaskName.DIGITS: ("torch", "sklearn")}
 
 
-def require_task(task: TaskName) -> None:
-    """Raise MissingExtra (a ValueError naming `pip install 'mosaic-learning[learning]'`) when `task` needs a
-    module of an extra that is not installed. Imports nothing."""
-    require(f"--task {task.value}", *_NEEDS.get(task, ("torch",)))
+def require_task(task: str) -> None:
+    """Raise MissingExtra (a ValueError naming `pip install 'mosaic-learning[learning]'`) when the built-in
+    `task` needs a module of an extra that is not installed. Imports nothing; a task of the user's is checked by
+    `check_task` instead."""
+    if isinstance(task, TaskName):
+        require(f"--task {task.value}", *_NEEDS.get(task, ("torch",)))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+_file_lock = threading.Lock()  # a node's prefetch thread and its evaluation may load the file at once
+
+
+def _from_file(path: Path, task: str) -> Any:
+    """The module of a task file, loaded once per process under a name of its own (kept in sys.modules, so
+    that pickling and dataclasses find it)."""
+    with _file_lock:
+        return _load_file(path, task)
+
+
+def _load_file(path: Path, task: str) -> Any:
+    name = f"mosaic_task_{path.stem if path.stem.isidentifier() else 'file'}_" \
+           f"{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if not path.is_file():
+        raise ValueError(f"--task {task}: no such file: {path}")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--task {task}: cannot load {path} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ValueError(f"--task {task}: cannot import {path}: {type(exc).__name__}: {_one_line(exc)}") from exc
+    return module
+
+
+def _target(task: str) -> str:
+    """`module:Class` or `/file.py:Class` of a task that is not built in (a registered name looked up)."""
+    if ":" in task:
+        return task
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=TASK_ENTRY_POINTS) if ep.name == task]
+    if not found:
+        raise ValueError(f"--task {task}: no installed package registers it (entry points {TASK_ENTRY_POINTS!r})")
+    return found[0].value
+
+
+def task_class(task: str) -> type[Task]:
+    """The class `--task` names, imported; a ValueError naming --task and the cause when it cannot be had."""
+    if isinstance(task, TaskName):
+        require_task(task)
+        module, cls = TASK_CLASSES[task].split(":")
+        with needs(f"--task {task.value}"):  # an import of an extra that _NEEDS missed
+            return getattr(import_module(module), cls)
+    where, _, name = _target(task).rpartition(":")
+    if where.endswith(".py") or "/" in where:
+        module = _from_file(Path(where), task)
+    else:
+        try:
+            module = import_module(where)
+        except Exception as exc:
+            raise ValueError(f"--task {task}: cannot import {where!r}: {_one_line(exc)}") from exc
+    found = getattr(module, name, None)
+    if found is None:
+        raise ValueError(f"--task {task}: {where} has no {name!r}")
+    if not (isinstance(found, type) and issubclass(found, Task)):
+        raise ValueError(f"--task {task}: {name} is not a subclass of mosaicd.Task (it is {found!r})")
+    return found
 
 
 def build_task(run: RunConfig, data_dir: Path | str | None = None) -> Task:
     """The run's workload; `data_dir` is where this host keeps data sets (not part of the run; a `Settings`
     carries its own, the default for it)."""
     data_dir = data_dir if data_dir is not None else getattr(run, "data_dir", Path("data"))
+    if not isinstance(run.task, TaskName) and run.task not in TASK_CLASSES:
+        return task_class(run.task)(run, Path(data_dir), **run.task_options)
     target = TASK_CLASSES.get(run.task)
     if target is None:
-        raise ValueError(f"--task {run.task.value}: not available in this build")
+        raise ValueError(f"--task {run.task}: not available in this build")
     require_task(run.task)
     module, cls = target.split(":")
-    with needs(f"--task {run.task.value}"):  # an import of an extra that _NEEDS missed
+    with needs(f"--task {run.task}"):  # an import of an extra that _NEEDS missed
         return getattr(import_module(module), cls)(run, Path(data_dir))
 
 
-__all__ = ["DataMissing", "MissingExtra", "Task", "build_task", "require_task"]
+def check_task(run: RunConfig, data_dir: Path | str | None = None) -> Task | None:
+    """A task of the user's, imported, built once and asked for its layout and node 0's initial model, so that
+    one that cannot run is a SettingsError naming --task before any process starts or folder is written; the
+    task built. Built-in tasks: None, nothing done (their extras and data are checked where they always were)."""
+    if isinstance(run.task, TaskName):
+        return None
+    try:
+        cls = task_class(run.task)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    options = ", ".join(f"{k}={v!r}" for k, v in run.task_options.items())
+    step = f"{cls.__name__}(run, data_dir{', ' + options if options else ''})"
+    try:
+        task = cls(run, Path(data_dir if data_dir is not None else getattr(run, "data_dir", "data")),
+                   **run.task_options)
+        step = "its layout"
+        dim = task.layout.dim
+        step = "initial(0)"
+        vector = task.initial(0)
+    except Exception as exc:
+        raise SettingsError(f"--task {run.task}: {step} failed: {type(exc).__name__}: {_one_line(exc)}") from None
+    shape, dtype = getattr(vector, "shape", None), getattr(vector, "dtype", None)
+    if shape != (dim,) or str(dtype) != "float32":
+        raise SettingsError(f"--task {run.task}: initial(0) gave {type(vector).__name__} of shape {shape} and "
+                            f"dtype {dtype}; a float32 vector of the layout's {dim} values is needed")
+    return task
+
+
+__all__ = ["DataMissing", "MissingExtra", "Task", "build_task", "check_task", "require_task", "task_class"]

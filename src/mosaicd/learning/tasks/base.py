@@ -17,12 +17,18 @@ from mosaicd.settings import RunConfig
 
 
 class Task(ABC):
-    name: str
+    """A workload: subclass it for your own model (`--task module:Class`, docs/own-model.md). Its constructor
+    takes the run, the data folder and, as keyword arguments, the run's `--task-option`s; every random draw
+    must come from the run's seed and the node and round it is given, so that every process computes the same."""
+
+    name: str  # a task's own name (the class's name where it gives none)
     metric: str = "accuracy"
     higher_is_better: bool = True
 
     def __init__(self, run: RunConfig, data_dir: Path = Path("data")) -> None:
         self.run, self.data_dir = run, Path(data_dir)
+        if not isinstance(getattr(self, "name", None), str):
+            self.name = type(self).__name__
 
     @property
     @abstractmethod

@@ -1,6 +1,10 @@
 """What every torch workload shares: lazy data, cached shards, seeded local SGD, batched evaluation.
 
-A subclass says how to load its `Split`, build its model and turn stored arrays into tensors. One
+A subclass says how to load its `Split`, build its model and turn stored arrays into tensors; or, a user's
+own task (`mosaicd.TorchTask`, docs/own-model.md), gives `model` (a factory, called under the run's seed), `train`
+and `test` data ((inputs, targets) tensors or arrays, or a Dataset of pairs), and optionally `loss` and `metric`
+(a batch's mean from the model's output and the targets; default cross-entropy and accuracy, the metric named by
+the class's `metric`). Partitioning, batching, seeding and evaluation are the same for both. One
 object serves every node of a process: data and the partition are computed once, the model object is
 reused (a lock serialises calls), and a node's work depends only on (run, node, round, vector).
 
@@ -24,9 +28,9 @@ from __future__ import annotations
 
 import copy
 import threading
-from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,18 +46,55 @@ from . import stacked, torch_eval
 from .base import Task
 from .torch_util import SGD, check_device, layout_of, load_vector, to_vector, train_generator
 
-__all__ = ["TorchTask"]
+__all__ = ["TorchTask", "as_arrays"]
+
+Data = Any  # (inputs, targets) as tensors or arrays, or a torch.utils.data.Dataset of (input, target) pairs
+
+
+def as_arrays(data: Data, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and targets of `data` as two numpy arrays (a Dataset read once, item by item, and stacked)."""
+    if isinstance(data, tuple | list) and len(data) == 2:
+        pairs = data
+    elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        items = [data[i] for i in range(len(data))]
+        if not items:
+            raise ValueError(f"{what}: the data set is empty")
+        pairs = (np.stack([_array(x) for x, _ in items]), np.stack([_array(y) for _, y in items]))
+    else:
+        raise TypeError(f"{what}: expected (inputs, targets) or a Dataset of (input, target) pairs, "
+                        f"got {type(data).__name__}")
+    x, y = (_array(a) for a in pairs)
+    if len(x) != len(y):
+        raise ValueError(f"{what}: {len(x)} inputs but {len(y)} targets")
+    return x, y
+
+
+def _array(a: Any) -> np.ndarray:
+    """A numpy array of `a`; float64 made float32, as Mosaic's models are."""
+    array = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+    return array.astype(np.float32) if array.dtype == np.float64 else array
+
+
+def _accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (output.argmax(dim=-1) == target).float().mean()
 
 
 class TorchTask(Task):
+    """A torch model trained by seeded local SGD on each node's part of a data set (the module's docstring)."""
+
     partitions: tuple[Partition, ...] = (Partition.IID, Partition.DIRICHLET, Partition.SHARDS)
     eval_batch_size: int = 1000
     vmappable: bool = True  # torch.func.vmap runs the model (not LSTM): batched training and evaluation
     stacked_eval: bool | None = None  # evaluate_many through vmap; None: off the CPU only (slower on CPU)
     eval_channels_last: bool = False  # one-by-one evaluation in channels-last memory (CPU convolutions: ~2x)
 
-    def __init__(self, run: RunConfig, data_dir: Path = Path("data")) -> None:
+    def __init__(self, run: RunConfig, data_dir: Path = Path("data"), *,
+                 model: Callable[[], nn.Module] | None = None, train: Data = None, test: Data = None,
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | float] | None = None) -> None:
         super().__init__(run, data_dir)
+        self._model_factory, self._data = model, (train, test)
+        self._loss_fn, self._metric_fn = loss, metric
         if run.partition not in self.partitions:
             raise PartitionError(supported_message(self.name, run.partition.value,
                                                    [p.value for p in self.partitions]))
@@ -77,13 +118,17 @@ class TorchTask(Task):
 
     # ---- what a subclass provides
 
-    @abstractmethod
     def load(self) -> Split:
-        """Read the data set (called once per object)."""
+        """Read the data set (called once per object): by default the `train` and `test` data given."""
+        if any(data is None for data in self._data):
+            raise NotImplementedError(f"{type(self).__name__}: give TorchTask train= and test=, or override load()")
+        return Split(*as_arrays(self._data[0], "train"), *as_arrays(self._data[1], "test"))
 
-    @abstractmethod
     def build_model(self) -> nn.Module:
-        """A freshly initialised model (called under torch.manual_seed(run.seed))."""
+        """A freshly initialised model (called under torch.manual_seed(run.seed)): by default `model()`."""
+        if self._model_factory is None:
+            raise NotImplementedError(f"{type(self).__name__}: give TorchTask model=, or override build_model()")
+        return self._model_factory()
 
     def inputs(self, x: np.ndarray) -> torch.Tensor:
         """Model input from stored rows (a copy; stored arrays may be read-only memory maps)."""
@@ -100,20 +145,33 @@ class TorchTask(Task):
         return self.targets(rows).to(self.device)
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(output, target)
+        return F.cross_entropy(output, target) if self._loss_fn is None else self._loss_fn(output, target)
+
+    @property
+    def _own_scores(self) -> bool:
+        return self._loss_fn is not None or self._metric_fn is not None
 
     def score(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         """Sums over one test batch, turned into metrics by `summarize`."""
+        if self._own_scores:  # the batch means of the given loss and metric, weighted by the batch's size
+            metric = (self._metric_fn or _accuracy)(output, target)
+            return {"loss": float(self.loss(output, target)) * len(target), "metric": float(metric) * len(target)}
         return {"loss": float(F.cross_entropy(output, target, reduction="sum")),
                 "correct": float((output.argmax(dim=1) == target).sum())}
 
     def score_stacked(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """`score` of m models' outputs (m, B, ...) at once: tensors of m sums, left on the device."""
         m = outputs.shape[0]
+        if self._own_scores:
+            return {key: torch.stack([torch.as_tensor(value(o, target), dtype=torch.float64) * len(target)
+                                      for o in outputs])
+                    for key, value in (("loss", self.loss), ("metric", self._metric_fn or _accuracy))}
         loss = F.cross_entropy(outputs.flatten(0, 1), target.repeat(m), reduction="none").view(m, -1).sum(dim=1)
         return {"loss": loss, "correct": (outputs.argmax(dim=-1) == target).sum(dim=1)}
 
     def summarize(self, sums: dict[str, float], count: int) -> dict[str, float]:
+        if "metric" in sums:
+            return {self.metric: sums["metric"] / count, "test_loss": sums["loss"] / count}
         return {"accuracy": sums["correct"] / count, "test_loss": sums["loss"] / count}
 
     # ---- shared machinery
