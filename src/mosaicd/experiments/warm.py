@@ -34,22 +34,12 @@ from typing import Any, NoReturn
 
 from mosaicd.daemon.entry import run_entry
 from mosaicd.daemon.node.warmup import set_threads, warm_up
+from mosaicd.experiments.processes import REPORT_FD, STOP_GRACE_S, die_with_parent
 from mosaicd.logs import configure_logging, get_logger
 from mosaicd.settings import Settings, SettingsError
 
-REPORT_FD = "MOSAIC_WARM_REPORT_FD"
 REAP_DEADLINE_S = 60.0  # after the barrier's end, how long nodes may take to exit before they are killed
-
-
-def die_with_parent(signum: int = signal.SIGTERM) -> None:
-    """PR_SET_PDEATHSIG: this process gets `signum` when its parent dies (no orphans)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)
-    except OSError:
-        pass
-
+KILLED_REAP_S = 10.0  # how long the reaper may take to see killed nodes exit
 
 def run_role(command: str, task: Any = None, sock: socket.socket | None = None) -> int:
     """What `mosaicd node` / `mosaicd barrier` do once the settings are in the environment, with the same errors
@@ -133,7 +123,7 @@ class Children:
         """Wait `grace` seconds for the nodes, then kill those left and reap them."""
         if not self.join(grace):
             self.signal(signal.SIGKILL)
-            self.join(10.0)
+            self.join(KILLED_REAP_S)
 
 
 def _child(child: dict[str, Any], task: Any, parent: int, report: int) -> NoReturn:
@@ -228,7 +218,7 @@ def main() -> NoReturn:
 
     def terminate(signum: int, _frame: Any) -> None:
         children.signal(signum)
-        children.end(5.0)
+        children.end(STOP_GRACE_S)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
