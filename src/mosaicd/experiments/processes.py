@@ -6,7 +6,8 @@ Cold start: every process a fresh `python -m mosaicd` interpreter (`Processes.sp
 and exit statuses as JSON lines on a pipe named by MOSAIC_WARM_REPORT_FD (`REPORT_FD`), read here by a thread into
 `ForkedProcess` handles, which look like `subprocess.Popen` to the launcher.
 
-Standard library only: the warm barrier imports `die_with_parent` and `REPORT_FD` from here before anything else.
+The warm barrier's end of that pipe is `Children` (its forked nodes: forked, reaped, signalled, reported).
+Standard library only: the warm barrier imports this module before anything else.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
 REPORT_FD = "MOSAIC_WARM_REPORT_FD"
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0  # how long a process told SIGTERM may take to exit before it is killed
 FORKED_WAIT_S = 30.0  # how long `ForkedProcess.wait()` waits when given no timeout
 LOG_TAIL_BYTES = 64 * 1024  # how much of a log's end `last_error` reads
+KILLED_REAP_S = 10.0  # how long the warm barrier's reaper may take to see killed nodes exit
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> None:
@@ -233,3 +237,71 @@ class Processes:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+class Children:
+    """The warm barrier's forked nodes: each one's pid reported on the report pipe (`REPORT_FD`) once forked, and
+    its exit once a thread reaped it (what `ForkedProcess` reads, in the launcher)."""
+
+    def __init__(self, report: int) -> None:
+        self.report = report
+        self.names: dict[int, str] = {}
+        self.live: set[int] = set()
+        self.lock = threading.RLock()  # the SIGTERM handler may run while this thread holds it
+        self.reaper: threading.Thread | None = None
+
+    def say(self, **message: Any) -> None:
+        try:
+            os.write(self.report, (json.dumps(message) + "\n").encode())  # one line < PIPE_BUF: atomic
+        except OSError:
+            pass  # the launcher is gone; PDEATHSIG ends us soon
+
+    def fork(self, name: str, body: Callable[[int, int], NoReturn]) -> None:
+        """Fork a child that runs `body(parent's pid, the report pipe's fd)`, which never returns."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            body(parent, self.report)
+        with self.lock:
+            self.names[pid] = name
+            self.live.add(pid)
+        self.say(name=name, pid=pid)
+
+    def start_reaping(self) -> None:
+        self.reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
+        self.reaper.start()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                return
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+            with self.lock:
+                self.live.discard(pid)
+                name = self.names.get(pid)
+            if name is not None:
+                self.say(name=name, exit=os.waitstatus_to_exitcode(status))
+
+    def signal(self, signum: int) -> None:
+        with self.lock:
+            for pid in self.live:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def join(self, timeout: float) -> bool:
+        if self.reaper is not None:
+            self.reaper.join(timeout)
+        return self.reaper is None or not self.reaper.is_alive()
+
+    def end(self, grace: float) -> None:
+        """Wait `grace` seconds for the nodes, then kill those left and reap them."""
+        if not self.join(grace):
+            self.signal(signal.SIGKILL)
+            self.join(KILLED_REAP_S)
