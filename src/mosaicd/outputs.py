@@ -241,6 +241,10 @@ class RunRecorder:
             with open(self.out / name, "w", newline="") as f:
                 csv.writer(f).writerow(columns)
 
+    def counted(self, nodes: int) -> None:
+        """The run's node count as its barrier counted the members at registration: what summary.json records."""
+        self.settings["nodes"] = nodes
+
     def clock(self) -> float:
         """The wall clock that `elapsed_s` is measured on (pass its value as network_round's `taken_at`)."""
         return time.time()
