@@ -8,36 +8,33 @@ talking HTTP. `warm=False` (or a non-CPU device) starts every process as a fresh
 Secure by default: unless --secret-file is given (or --insecure asks for none), the launcher makes a random secret
 for the run, in a 0600 file in a private temporary folder (never in the output folder), hands every process its
 path (MOSAIC_SECRET_FILE) and deletes it at the end: every request between members is signed, and the secret
-appears in no output, log or status.
+appears in no output, log or status (`run_secret.py`).
 
 Progress: `progress=True` shows the `ProgressPrinter` on stderr; `on_round`, when given, is called with a
 `RoundProgress` once per round, in order, as the barrier's /v1/status shows rounds released (polled every
 0.2 s); the last round is reported once the run's summary is written, with the final evaluation row.
 
-This module is the launcher: the run's settings as each process's environment, the run's own secret, the loop that
-watches the run and reports its rounds. Its processes are `processes.py`'s (spawned, watched, stopped), its requests
-to the barrier `barrier_client.py`'s, `--resume` is `cluster_resume.py`'s, and summary.json is written by
-`outputs` only.
+This module is the launcher: the run's settings as each process's environment, the loop that watches the run and
+reports its rounds. Its processes are `processes.py`'s (spawned, watched, stopped), its requests to the barrier
+`barrier_client.py`'s, its secret `run_secret.py`'s, `--resume` is `cluster_resume.py`'s, and summary.json is
+written by `outputs` only.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from mosaicd.daemon.deadlines import RELEASE_PADDING_S
 from mosaicd.daemon.errors import OutputError
-from mosaicd.daemon.http.auth import load_secret
 from mosaicd.experiments import barrier_client, cluster_resume
 from mosaicd.experiments.processes import STOP_GRACE_S, Processes, exit_reason, exit_text, last_error
+from mosaicd.experiments.run_secret import RunSecret
 from mosaicd.learning.tasks import require_task
 from mosaicd.outputs import failure_text, mark_failed, remove_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
@@ -95,7 +92,7 @@ class Cluster:
         self.processes = Processes(self.out, append=resume)  # a resumed run's logs go on
         self.barrier_port: int | None = None  # set by run(): where to scrape the barrier's /v1/status, /metrics
         self.node_ports: list[int] = []  # node-i listens on node_ports[i] (its rank is its address' sort order)
-        self.secret_file: Path | None = None  # the run's own secret, while it runs (`_own_secret`)
+        self.secret = RunSecret(settings)  # the run's own secret file, while it runs
         self.last_status: dict | None = None  # the barrier's newest /v1/status, as the run loop saw it
         self.addresses: dict[str, str] = {}  # node name -> the address it registers with
 
@@ -108,6 +105,11 @@ class Cluster:
     def dead(self) -> dict[str, int]:
         """The processes that ended with a status other than 0, as the run's loop saw them."""
         return self.processes.dead
+
+    @property
+    def secret_file(self) -> Path | None:
+        """The launcher's own secret file for the run, while it runs (None: --secret-file, --insecure)."""
+        return self.secret.path
 
     def status(self, port: int) -> dict | None:
         return barrier_client.status(self.settings, port)
@@ -138,8 +140,7 @@ class Cluster:
             raise
         finally:
             self.stop()
-            if self.secret_file is not None:
-                shutil.rmtree(self.secret_file.parent, ignore_errors=True)
+            self.secret.remove()
 
     def _resume_point(self) -> tuple[dict[str, int], list[str]]:
         """`--resume`: the settings override of the round to go on from, and the nodes to start again."""
@@ -149,20 +150,6 @@ class Cluster:
             raise ClusterFailed(str(exc)) from None
         return {"resume_round": self.resumed_at}, names
 
-    def _own_secret(self) -> dict[str, Any]:
-        """The settings override that gives every process the run's secret: the user's --secret-file, none with
-        --insecure, else a fresh random one in a private 0700 folder (deleted by `run` at the end)."""
-        s = self.settings
-        if s.secret_file is not None or s.insecure:
-            return {}
-        folder = Path(tempfile.mkdtemp(prefix="mosaic-secret-"))  # 0700, outside the output folder
-        path = folder / "secret"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32))
-        self.secret_file = path
-        return {"secret_file": str(path)}
-
     def _start(self) -> str:
         """Spawn the barrier and the nodes (warm or cold); the barrier's URL."""
         s = self.settings
@@ -171,7 +158,7 @@ class Cluster:
         barrier_port, node_ports = ports[0], sorted(ports[1:])  # ranks follow address order: node-i is rank i
         self.barrier_port, self.node_ports = barrier_port, node_ports
         url = barrier_client.barrier_url(s, barrier_port)
-        secret = self._own_secret()
+        secret = self.secret.make()
         resume, names = ({}, [f"node-{i}" for i in range(s.nodes)]) if not self.resume else self._resume_point()
         barrier_env = settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True, **secret, **resume)
         # every node checkpoints every round (unless told otherwise), in OUT/state/node-<i>: what --resume needs
@@ -255,9 +242,8 @@ class Cluster:
         rank = next((m.get("rank") for m in members if m.get("address") == self.addresses.get(name)), None)
         if rank is None:
             return False
-        s = self.settings
-        secret = load_secret(Path(s.secret_file) if s.secret_file else self.secret_file)
-        return barrier_client.tell_left(url, s, secret, rank, f"its process ended ({exit_text(code)})")
+        return barrier_client.tell_left(url, self.settings, self.secret.load(), rank,
+                                        f"its process ended ({exit_text(code)})")
 
 
 def barrier_failure(out: Path, code: int) -> str:
