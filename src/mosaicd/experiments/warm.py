@@ -40,6 +40,7 @@ from mosaicd.settings import Settings, SettingsError
 
 REAP_DEADLINE_S = 60.0  # after the barrier's end, how long nodes may take to exit before they are killed
 
+
 def run_role(command: str, task: Any = None, sock: socket.socket | None = None) -> int:
     """What `mosaicd node` / `mosaicd barrier` do once the settings are in the environment, with the same errors
     and exit codes (cli.main's), given a prebuilt task (and the barrier's listening socket)."""
