@@ -99,9 +99,10 @@ def failure_text(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-def _write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) -> dict[str, Any]:
-    """Replace OUT/summary.json atomically. `indent=None` (a running run's, rewritten at every evaluation): one
-    line, through json's C encoder, several times faster than the indented form."""
+def write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) -> dict[str, Any]:
+    """Replace OUT/summary.json atomically: the one writer of the file (`RunRecorder`, `failed_summary`,
+    `mark_failed`). `indent=None` (a running run's, rewritten at every evaluation): one line, through json's C
+    encoder, several times faster than the indented form."""
     summary = clean_json(summary)
     tmp = out / "summary.json.tmp"
     try:
@@ -111,6 +112,11 @@ def _write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) -
         raise
     tmp.replace(out / "summary.json")
     return summary
+
+
+def remove_summary(out: Path) -> None:
+    """Remove OUT/summary.json: an earlier run's must not pass for the one starting there."""
+    (out / "summary.json").unlink(missing_ok=True)
 
 
 def _started_text(started: float) -> str:
@@ -129,10 +135,32 @@ def failed_summary(out: Path | str, settings: BaseModel | Mapping[str, Any], mod
     settings = settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings)
     latest = rounds[-1] if rounds else None
     done = latest["round"] + 1 if latest and isinstance(latest.get("round"), int) else 0
-    return _write_summary(out, {
+    return write_summary(out, {
         "mode": mode, "status": "failed", "error": " ".join(error.split()), "settings": settings,
         "progress": {"rounds_done": done, "rounds": settings.get("rounds")}, "final": latest,
         "model_sha256": {}, "wall_s": None if wall_s is None else round_(wall_s), **extra})
+
+
+def mark_failed(out: Path, settings: BaseModel | Mapping[str, Any], mode: str, error: str, wall_s: float,
+                rounds_done: int | None = None) -> None:
+    """OUT/summary.json after a run failed as seen from outside its writer (a cluster's launcher): the summary
+    there, marked failed (its own error kept where it gave one), or one made from rounds.csv (`failed_summary`)
+    where there is none. A summary that says the run finished stays as it is. `rounds_done`: the rounds the run
+    got through where its summary may lag behind (a barrier writes its summary every few seconds, its journal
+    every round)."""
+    summary = read_summary(out)
+    if summary is None:
+        failed_summary(out, settings, mode, error, wall_s=wall_s)
+        return
+    if summary.get("status") == "finished":  # the run finished before the failure (a late Ctrl-C)
+        return
+    if summary.get("status") == "failed" and not str(summary.get("error")).startswith("interrupted ("):
+        summary.setdefault("cluster_error", error)
+    else:  # the barrier's own "interrupted (SIGTERM)" is the launcher stopping it: the launcher's reason is the cause
+        summary.update(status="failed", error=error)
+    if rounds_done is not None and isinstance(summary.get("progress"), dict):
+        summary["progress"]["rounds_done"] = rounds_done  # the rounds released: the resumed run goes on from there
+    write_summary(out, summary)
 
 
 def _cell(value: Any) -> Any:
@@ -203,7 +231,7 @@ class RunRecorder:
             node_losses_after(self.out, self.rounds_done - 1) if resume_from is not None else {}
         self._summary_at = -math.inf  # the first round writes summary.json: from then on `mosaicd runs` lists it
         self.ended: str | None = None  # "finished" or "failed" once summary.json says so: never "running" again
-        (self.out / "summary.json").unlink(missing_ok=True)
+        remove_summary(self.out)
         self.trackers = RoundTrackers(self.out, self.settings)  # --tensorboard, --mlflow: copies of each row
         self.round_columns = ROUND_COLUMNS
         for name, columns in (("nodes.csv", NODE_COLUMNS), ("rounds.csv", ROUND_COLUMNS)):
@@ -214,6 +242,10 @@ class RunRecorder:
                 continue
             with open(self.out / name, "w", newline="") as f:
                 csv.writer(f).writerow(columns)
+
+    def counted(self, nodes: int) -> None:
+        """The run's node count as its barrier counted the members at registration: what summary.json records."""
+        self.settings["nodes"] = nodes
 
     def clock(self) -> float:
         """The wall clock that `elapsed_s` is measured on (pass its value as network_round's `taken_at`)."""
@@ -265,13 +297,13 @@ class RunRecorder:
         if self.ended is not None:  # an evaluation that completes after the run failed adds its row only
             return
         self._summary_at = time.monotonic()
-        _write_summary(self.out, {**self._base("running"), "wall_s": round_(time.time() - self.origin)}, indent=None)
+        write_summary(self.out, {**self._base("running"), "wall_s": round_(time.time() - self.origin)}, indent=None)
 
     def finish(self, vectors: Mapping[int, np.ndarray], **extra: Any) -> dict[str, Any]:
         """The run finished: summary.json with "status": "finished", the final models' hashes and `extra`."""
         self.ended = "finished"
         self.trackers.end("finished")
-        return _write_summary(self.out, {
+        return write_summary(self.out, {
             **self._base("finished"),
             "model_sha256": {str(k): model_sha256(v) for k, v in sorted(vectors.items())},
             "wall_s": round_(time.time() - self.origin),
@@ -283,7 +315,7 @@ class RunRecorder:
         evaluation."""
         self.ended = "failed"
         self.trackers.end("failed")
-        return _write_summary(self.out, {
+        return write_summary(self.out, {
             **self._base("failed"),
             "error": " ".join(str(reason).split()),
             "model_sha256": {},

@@ -22,6 +22,7 @@ from mosaicd.terminal import seconds
 if TYPE_CHECKING:
     import ssl
 
+REQUEST_TIMEOUT_S = 3.0  # seconds per request, unless --timeout says otherwise
 HELP = "show a cluster (URL: its barrier or any node) or a run's folder: one row per node, and the run's metrics"
 
 
@@ -53,7 +54,7 @@ def base_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def cluster_view(url: str, timeout: float = 3.0, context: ssl.SSLContext | None = None) -> dict[str, Any]:
+def cluster_view(url: str, timeout: float = REQUEST_TIMEOUT_S, context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """{"barrier": its status, "nodes": [one row per member]}; a node's URL leads to its barrier. `context`:
     how https:// members are verified (and this client shows itself to mutual-TLS ones)."""
     url = base_url(url)
@@ -210,7 +211,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
     parser.add_argument("--interval", type=seconds, default=1.0, help="seconds between redraws [default: 1.0]")
     parser.add_argument("--json", action="store_true", help="print the view as JSON (for scripts)")
-    parser.add_argument("--timeout", type=seconds, default=3.0, help="seconds per request [default: 3.0]")
+    parser.add_argument("--timeout", type=seconds, default=REQUEST_TIMEOUT_S,
+                        help=f"seconds per request [default: {REQUEST_TIMEOUT_S}]")
     tls = parser.add_argument_group("TLS: an https:// cluster (as its members' --tls-* flags)")
     tls.add_argument("--tls-ca", type=Path, help="PEM CA bundle that signed the members' certificates "
                      "[default: the system's CAs]")

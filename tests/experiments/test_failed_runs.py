@@ -16,7 +16,7 @@ from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.experiments.cluster import Cluster, ClusterFailed
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.data import DataMissing
-from mosaicd.outputs import RunRecorder, read_rounds
+from mosaicd.outputs import RunRecorder, mark_failed, read_rounds, remove_summary
 from mosaicd.progress import RoundProgress
 
 QUICK = dict(task="quadratic", nodes=4, dim=8, fragments=2, fanout=1)
@@ -140,3 +140,33 @@ def test_an_evaluation_that_completes_after_the_run_failed_leaves_it_failed(tmp_
     summary = summary_of(tmp_path)
     assert summary["status"] == "failed" and "SIGTERM" in summary["error"] and summary["final"]["round"] == 3
     assert [r["round"] for r in read_rounds(tmp_path)] == [3, 5]
+
+
+def test_a_run_marked_failed_from_outside_keeps_what_its_writer_said(tmp_path: Path) -> None:
+    """`mark_failed` (the launcher's view of a failure): a finished run stays finished, the barrier's own error
+    stays (the launcher's beside it), the barrier's "interrupted" that the launcher caused gives way to the
+    launcher's reason, and the rounds the journal released replace a summary's that lags behind."""
+    settings = Settings(nodes=3, rounds=10)
+    recorder = RunRecorder(tmp_path, settings, mode="cluster")
+    recorder.finish({})
+    mark_failed(tmp_path, settings, "cluster", "interrupted (Ctrl-C)", wall_s=1.0, rounds_done=4)
+    assert summary_of(tmp_path)["status"] == "finished"
+
+    RunRecorder(tmp_path, settings, mode="cluster").fail("a write failed")
+    mark_failed(tmp_path, settings, "cluster", "the run did not finish in time", wall_s=1.0, rounds_done=4)
+    summary = summary_of(tmp_path)
+    assert (summary["status"], summary["error"]) == ("failed", "a write failed")
+    assert summary["cluster_error"] == "the run did not finish in time" and summary["progress"]["rounds_done"] == 4
+
+    RunRecorder(tmp_path, settings, mode="cluster").fail("interrupted (SIGTERM)")
+    mark_failed(tmp_path, settings, "cluster", "interrupted (Ctrl-C)", wall_s=1.0)
+    summary = summary_of(tmp_path)
+    assert (summary["status"], summary["error"], summary["progress"]["rounds_done"]) == \
+        ("failed", "interrupted (Ctrl-C)", 0)
+    assert "cluster_error" not in summary
+
+    remove_summary(tmp_path)
+    mark_failed(tmp_path, settings, "cluster", "the barrier exited", wall_s=2.0)
+    summary = summary_of(tmp_path)  # made from rounds.csv: the run's writer left none
+    assert (summary["status"], summary["error"], summary["mode"], summary["wall_s"]) == \
+        ("failed", "the barrier exited", "cluster", 2.0)

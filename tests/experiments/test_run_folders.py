@@ -356,3 +356,20 @@ def test_a_barrier_started_by_hand_holds_its_out(tmp_path: Path, kit: Any) -> No
     done = mosaicd("simulate", "--task", "quadratic", "--nodes", "4", "--rounds", "2", "--out", str(out), "--replace",
                    "--quiet", cwd=tmp_path)
     assert done.returncode == 0 and read_summary(out)["status"] == "finished", done.stderr
+
+
+def test_the_barrier_journal_has_one_name_and_one_reader(tmp_path: Path) -> None:
+    """The journal's file name is defined once (`rundir/journal.py`); the barrier's journal writes and loads it by
+    that name, and what classifies a folder reads it through the same reader."""
+    import mosaicd.rundir
+    from mosaicd.daemon.barrier import journal as barrier_journal
+    from mosaicd.rundir import journal as journal_file
+
+    assert barrier_journal.STATE_FILE is journal_file.JOURNAL is JOURNAL
+    src = Path(mosaicd.rundir.__file__).parents[1]
+    assert [p.relative_to(src).as_posix() for p in sorted(src.rglob("*.py")) if f'"{JOURNAL}"' in p.read_text()] \
+        == ["rundir/journal.py"]
+    (tmp_path / JOURNAL).write_text(json.dumps({"state": {"phase": "running", "round": 2, "rounds": 3},
+                                                "earlier": {"phase": "running", "round": 1}}))
+    assert journal_file.kept_rounds(tmp_path) == barrier_journal.rounds(tmp_path) == [2, 1]
+    assert journal_file.position(tmp_path) == ("running", 2, 3)

@@ -16,7 +16,8 @@ from typing import Any
 import psutil
 import pytest
 
-from mosaicd.experiments.cluster import Cluster, ForkedProcess
+from mosaicd.experiments.cluster import Cluster
+from mosaicd.experiments.processes import ForkedProcess
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.progress import RoundProgress
 from mosaicd.settings import Settings

@@ -27,28 +27,18 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
+from functools import partial
 from typing import Any, NoReturn
 
 from mosaicd.daemon.entry import run_entry
 from mosaicd.daemon.node.warmup import set_threads, warm_up
+from mosaicd.experiments.processes import REPORT_FD, STOP_GRACE_S, Children, die_with_parent
 from mosaicd.logs import configure_logging, get_logger
 from mosaicd.settings import Settings, SettingsError
 
-REPORT_FD = "MOSAIC_WARM_REPORT_FD"
 REAP_DEADLINE_S = 60.0  # after the barrier's end, how long nodes may take to exit before they are killed
-
-
-def die_with_parent(signum: int = signal.SIGTERM) -> None:
-    """PR_SET_PDEATHSIG: this process gets `signum` when its parent dies (no orphans)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)
-    except OSError:
-        pass
 
 
 def run_role(command: str, task: Any = None, sock: socket.socket | None = None) -> int:
@@ -68,76 +58,10 @@ def run_role(command: str, task: Any = None, sock: socket.socket | None = None) 
     return run_entry(command, lambda: asyncio.run(run_barrier(settings, task=task, sock=sock)))
 
 
-class Children:
-    """The forked nodes: reaped by a thread that reports each exit on the report pipe."""
-
-    def __init__(self, report: int) -> None:
-        self.report = report
-        self.names: dict[int, str] = {}
-        self.live: set[int] = set()
-        self.lock = threading.RLock()  # the SIGTERM handler may run while this thread holds it
-        self.reaper: threading.Thread | None = None
-
-    def say(self, **message: Any) -> None:
-        try:
-            os.write(self.report, (json.dumps(message) + "\n").encode())  # one line < PIPE_BUF: atomic
-        except OSError:
-            pass  # the launcher is gone; PDEATHSIG ends us soon
-
-    def fork(self, child: dict[str, Any], task: Any, listening: socket.socket | None) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            if listening is not None:
-                listening.close()  # the barrier's
-            _child(child, task, parent, self.report)
-        with self.lock:
-            self.names[pid] = child["name"]
-            self.live.add(pid)
-        self.say(name=child["name"], pid=pid)
-
-    def start_reaping(self) -> None:
-        self.reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
-        self.reaper.start()
-
-    def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.wait()
-            except ChildProcessError:
-                return
-            except InterruptedError:  # pragma: no cover - PEP 475 retries
-                continue
-            with self.lock:
-                self.live.discard(pid)
-                name = self.names.get(pid)
-            if name is not None:
-                self.say(name=name, exit=os.waitstatus_to_exitcode(status))
-
-    def signal(self, signum: int) -> None:
-        with self.lock:
-            for pid in self.live:
-                try:
-                    os.kill(pid, signum)
-                except ProcessLookupError:
-                    pass
-
-    def join(self, timeout: float) -> bool:
-        if self.reaper is not None:
-            self.reaper.join(timeout)
-        return self.reaper is None or not self.reaper.is_alive()
-
-    def end(self, grace: float) -> None:
-        """Wait `grace` seconds for the nodes, then kill those left and reap them."""
-        if not self.join(grace):
-            self.signal(signal.SIGKILL)
-            self.join(10.0)
-
-
-def _child(child: dict[str, Any], task: Any, parent: int, report: int) -> NoReturn:
+def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, parent: int, report: int) -> NoReturn:
     """A forked node: never returns into the barrier's code."""
+    if listening is not None:
+        listening.close()  # the barrier's
     code = 1
     try:
         die_with_parent()
@@ -223,12 +147,12 @@ def main() -> NoReturn:
     gc.collect()
     gc.freeze()  # the objects made so far stay where they are: shared with the nodes, not copied by their GC
     for child in spec.get("children", []):
-        children.fork(child, task, listening)
+        children.fork(child["name"], partial(_child, child, task, listening))
     children.start_reaping()
 
     def terminate(signum: int, _frame: Any) -> None:
         children.signal(signum)
-        children.end(5.0)
+        children.end(STOP_GRACE_S)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 

@@ -6,6 +6,10 @@ the state as it was when the round before opened (`earlier`): a whole cluster re
 It is replaced atomically (written beside, fsync'd, renamed, directory fsync'd) after every decision that
 nodes are told of (the roster, each release, each join), before they are told: a restarted barrier never
 takes back what a node has heard.
+
+The file's name and its reading are `mosaicd.rundir.journal`'s (the run folder's layer, which classifies folders
+by it); this module writes it and loads a run from it. Anything above that needs the journal's kept rounds asks
+`rounds` here.
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from mosaic_proto import BarrierPhase, BarrierState
-from mosaicd.rundir import journal_rounds
+from mosaicd.rundir import journal as journal_file
 from mosaicd.settings import RunConfig, SettingsError
 
-STATE_FILE = "barrier-state.json"
+STATE_FILE = journal_file.JOURNAL  # the one name, defined by the file's reader
 VERSION = 1
 
 
@@ -37,7 +41,7 @@ def save(out: Path, run: RunConfig, state: BarrierState, started: float, secured
     resume it (`load`)."""
     out.mkdir(parents=True, exist_ok=True)
     now = state.to_json()
-    earlier = _earlier(out / STATE_FILE, now["round"])
+    earlier = _earlier(out, now["round"])
     data = {"version": VERSION, "run": run.model_dump(mode="json"), "started": started, "secured": secured,
             "state": now, **({"earlier": earlier} if earlier else {})}
     tmp = out / f"{STATE_FILE}.tmp"
@@ -57,10 +61,10 @@ def save(out: Path, run: RunConfig, state: BarrierState, started: float, secured
         os.close(fd)
 
 
-def _earlier(path: Path, round: int) -> dict[str, Any] | None:
+def _earlier(out: Path, round: int) -> dict[str, Any] | None:
     """The newest saved state of a round before `round` (what the file holds now, or its own earlier one)."""
     try:
-        saved = json.loads(path.read_text())
+        saved = journal_file.read(out)
     except (OSError, ValueError):
         return None
     for state in (saved.get("state"), saved.get("earlier")):
@@ -81,7 +85,7 @@ def load(out: Path, run: RunConfig, round: int | None = None, counted: bool = Fa
     its members would go on with nothing checked."""
     path = out / STATE_FILE
     try:
-        data = json.loads(path.read_text())
+        data = journal_file.read(out)
         if data.get("version") != VERSION:
             return None
         if data["state"]["phase"] != BarrierPhase.RUNNING.value:  # ended; `cluster --resume` may take its last round
@@ -124,4 +128,4 @@ def _flag(name: str, value: Any) -> str:
 
 def rounds(out: Path) -> list[int]:
     """The open rounds whose state the journal in OUT keeps that `cluster --resume` can go on from (newest first)."""
-    return journal_rounds(out)
+    return journal_file.kept_rounds(out)

@@ -1,0 +1,84 @@
+"""`cluster --resume`: the one home of the resume policy of a cluster's run. Whether the run in OUT can be resumed
+with these settings (`check`), from which round and with which nodes (`resume_point`, `start`: the newest round
+the barrier's journal keeps of which every live member has a checkpoint), and what the user of a run that stopped
+is told to do next (`next_step`: --resume, or --replace where it cannot be resumed exactly).
+
+The journal is asked through its owner (`daemon/barrier/journal.py`), the checkpoints through theirs
+(`daemon/node/checkpoint.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mosaicd.daemon.barrier import journal as barrier_journal
+from mosaicd.daemon.node import checkpoint
+from mosaicd.rundir import read_summary
+from mosaicd.settings import Settings
+
+
+class NotResumable(ValueError):
+    """`--resume` of a folder whose run cannot be resumed exactly (the message says why)."""
+
+
+def check(out: Path, settings: Settings) -> None:
+    """ResumeError naming the run settings that differ (--nodes too) from the run in OUT, before any change."""
+    barrier_journal.load(out, settings.run_config(), secured=not (settings.insecure and settings.secret_file is None))
+
+
+def start(out: Path, settings: Settings) -> tuple[int, list[str]]:
+    """`--resume`: the round to go on from and the nodes to start again (`resume_point`); NotResumable where
+    there is none."""
+    kept = barrier_journal.rounds(out)
+    if not kept:
+        raise NotResumable(f"--resume: {out} holds no interrupted run to go on with (no "
+                           f"{barrier_journal.STATE_FILE} of a running run)")
+    point = resume_point(out, settings, kept)
+    if point is None:
+        raise NotResumable(f"--resume: the journal keeps rounds {kept}, but not every live member has a "
+                           f"checkpoint of one of them in {out / 'state'}: it cannot be resumed exactly")
+    return point
+
+
+def resume_point(out: Path, settings: Settings, kept: list[int]) -> tuple[int, list[str]] | None:
+    """The round an interrupted cluster in `out` goes on from (the newest of the open rounds its journal keeps,
+    `kept`, of which every live member has a checkpoint) and the nodes to start again (node-<i>, whose checkpoint
+    holds its rank); None where there is none (the journal raises ResumeError for a run of other settings)."""
+    for round in kept:
+        state = barrier_journal.load(out, settings.run_config(), round)["state"]
+        live = set(state["live"]) | set(state["joining"])
+        ranks = {f"node-{i}": c.rank for i in range(settings.nodes)
+                 if (c := checkpoint.load(out / "state" / f"node-{i}", round)) is not None}
+        if live <= set(ranks.values()):
+            return round, sorted((n for n, r in ranks.items() if r in live), key=lambda n: ranks[n])
+    return None
+
+
+def rounds_released(out: Path) -> int | None:
+    """The rounds the run in OUT got through as its journal says (a barrier writes its summary every few seconds,
+    its journal every round): what a resumed run goes on from; None without a journal of a run to resume."""
+    kept = barrier_journal.rounds(out)
+    return kept[0] if kept else None
+
+
+def next_step(out: Path, settings: Settings, exc: BaseException) -> str | None:
+    """What the user can do with the run in OUT after it stopped, in one line (None: the error says it all)."""
+    if (read_summary(out) or {}).get("status") == "finished":
+        return "the run had finished before it was interrupted: its results are there"
+    kept = barrier_journal.rounds(out)
+    if kept and _resumable(out, settings, kept):
+        return f"the run stopped at round {kept[0]} of {settings.rounds}; the same command with --resume continues " \
+            f"it (--out {out})"
+    if kept:
+        return f"the run stopped at round {kept[0]} of {settings.rounds}, before every node had a checkpoint of a " \
+            f"round its journal keeps, so it cannot be resumed exactly; --replace starts it again (--out {out})"
+    if isinstance(exc, KeyboardInterrupt):
+        return f"the run was stopped before its first round; --replace starts it again (--out {out})"
+    return None
+
+
+def _resumable(out: Path, settings: Settings, kept: list[int]) -> bool:
+    try:
+        return resume_point(out, settings, kept) is not None
+    except (OSError, ValueError, KeyError):  # ResumeError is a ValueError
+        return False

@@ -1,0 +1,47 @@
+"""A cluster's own secret: unless --secret-file is given (or --insecure asks for none), `mosaicd cluster` makes a
+random secret for the run, in a 0600 file in a private 0700 temporary folder (never in the output folder), hands
+every process its path (MOSAIC_SECRET_FILE) and deletes it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mosaicd.daemon.http.auth import load_secret
+
+
+class RunSecret:
+    """The run's secret file, from `make` until `remove`; `path` None while there is none of the launcher's own."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.path: Path | None = None
+
+    def make(self) -> dict[str, Any]:
+        """The settings override that gives every process the run's secret: the user's --secret-file, none with
+        --insecure, else a fresh random one (`path`)."""
+        s = self.settings
+        if s.secret_file is not None or s.insecure:
+            return {}
+        folder = Path(tempfile.mkdtemp(prefix="mosaic-secret-"))  # 0700, outside the output folder
+        path = folder / "secret"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+        self.path = path
+        return {"secret_file": str(path)}
+
+    def load(self) -> bytes | None:
+        """The secret's bytes the run's requests are signed with (the user's or the launcher's), None without one."""
+        s = self.settings
+        return load_secret(Path(s.secret_file) if s.secret_file else self.path)
+
+    def remove(self) -> None:
+        """Delete the launcher's own secret and its folder (the user's --secret-file stays)."""
+        if self.path is not None:
+            shutil.rmtree(self.path.parent, ignore_errors=True)
