@@ -256,6 +256,10 @@ def _writes(fn: ast.AST, kinds: dict[str, str], ours: dict[str, tuple[str, set[s
 
     bad = []
     for node in ast.walk(fn):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store | ast.Del) \
+                and isinstance(node.value, ast.Attribute) and (cls := resolve(node.value.value)) in ours \
+                and node.value.attr in ours[cls][1]:  # x.field[key] = ...: the field's contents are the class's too
+            bad.append(f"{me}:{node.lineno} writes into {ast.unparse(node.value)} ({ours[cls][0]}.{cls} owns it)")
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
             owner = ast.unparse(node.value)
             cls = resolve(node.value)
