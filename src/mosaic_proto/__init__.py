@@ -3,9 +3,24 @@ node's and the barrier's state machines."""
 
 from .aggregation import aggregate
 from .attacks import Attack, AttackKind, byzantine_ranks
-from .barrier import BarrierError, BarrierPhase, BarrierReason, BarrierState, Release, rebind, reopen, withdraw
+from .barrier import (
+    BARRIER_TRANSITIONS,
+    BarrierError,
+    BarrierEvent,
+    BarrierPhase,
+    BarrierReason,
+    BarrierState,
+    BarrierStateError,
+    Failure,
+    Joined,
+    Left,
+    Rebound,
+    Roster,
+    Withdrawal,
+)
 from .fragmentation import Fragmentation, Layout, Strategy
 from .membership import MembershipError, parse_address, rank_addresses
+from .messages import Registration, Release, ReleaseNotice
 from .network import InMemoryNetwork, RoundRecord, consensus_distance, consensus_error
 from .node import SNAPSHOTS_KEPT, TRANSITIONS, Advance, NodeEvent, NodePhase, NodeRefused, NodeState, NodeStateError
 from .quadratic import Curvature, Quadratic, curvature_matrix
@@ -19,7 +34,8 @@ from .wire import CONTENT_TYPE, FragmentBatch, Reason, WireError, decode, encode
 __version__ = "0.1.0"
 __all__ = [
     "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "Aggregator", "AggregatorKind", "Attack", "AttackKind",
-    "BarrierError", "BarrierPhase", "BarrierReason", "byzantine_ranks", "rebind", "reopen", "withdraw",
+    "BARRIER_TRANSITIONS", "BarrierError", "BarrierEvent", "BarrierPhase", "BarrierReason", "BarrierStateError",
+    "Failure", "Joined", "Left", "Rebound", "Registration", "ReleaseNotice", "Roster", "Withdrawal", "byzantine_ranks",
     "BarrierState", "CONTENT_TYPE", "Curvature", "EarlyMessage", "FragmentBatch", "Fragmentation", "InMemoryNetwork",
     "Layout", "MembershipError", "NodeEvent", "NodePhase", "NodeRefused", "NodeReport", "NodeState", "NodeStateError",
     "OutgoingMessage", "PeerSampler", "Purpose", "Quadratic", "Reason", "Receipt", "Release", "ReportError",

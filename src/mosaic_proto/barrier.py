@@ -1,11 +1,14 @@
-"""`BarrierState`: the barrier's decisions, with no I/O.
+"""`BarrierState`: the barrier's decisions, with no I/O (as `NodeState` is a node's; h11's `_state.py` is the model).
 
 The daemon (or the in-memory network) feeds it registrations, arrivals and the clock, and gets decisions
 back: who has which rank, when a round is released, who straggled, who is dropped, when the run is over.
+Its phase moves only along `BARRIER_TRANSITIONS`, the one table of which event moves which phase where; a refusal
+(`BarrierError`, with its `BarrierReason`) changes nothing, and an event its phase has no row for is a bug in
+the caller (`BarrierStateError`), which changes nothing either.
 
     state = BarrierState(rounds=T, round_deadline=30.0, drop_after=2, expected=n)
     state.register("10.0.0.5:9000", now)        # until state.complete, then:
-    state.close(now)                            # ranks = sorted addresses
+    roster = state.close(now)                   # ranks = sorted addresses
     release = state.arrive(rank, t, now, report)   # a Release once every live member arrived at t
     release = state.tick(now)                   # or once the round's deadline has passed
 
@@ -15,9 +18,11 @@ wait ends even if nobody arrives; members that have not arrived by then are stra
 straggles `drop_after` rounds in a row is dropped from the next round on. A run whose members are all
 dropped ends, failed.
 
-    rank = state.join(address, now)             # a member that restarted (or, allow_new, a newcomer):
+    joined = state.join(address, now)           # a member that restarted (or, allow_new, a newcomer):
                                                 # it sits out the open round and is a member from the next
     saved = state.to_json(); BarrierState.from_json(saved, now)   # what a restarted barrier resumes from
+    state = BarrierState.from_json(saved, now, rebind=True)       # ... with its members at new addresses:
+    rebound = state.rebind(rank, address, now)  # REBINDING until every live member is back, then RUNNING
 """
 
 from __future__ import annotations
@@ -27,16 +32,51 @@ from enum import StrEnum
 from typing import Any
 
 from .membership import MembershipError, parse_address, rank_addresses
+from .messages import Release, ReleaseNotice
 from .report import NodeReport
 
-__all__ = ["BarrierError", "BarrierPhase", "BarrierReason", "BarrierState", "Member", "Release", "rebind", "reopen"]
+__all__ = ["BARRIER_TRANSITIONS", "BarrierError", "BarrierEvent", "BarrierPhase", "BarrierReason", "BarrierState",
+           "BarrierStateError", "Failure", "Joined", "Left", "Member", "Rebound", "Release", "Roster", "Withdrawal"]
 
 
 class BarrierPhase(StrEnum):
     REGISTERING = "registering"
+    REBINDING = "rebinding"  # a resumed run (--resume-round) waits for its members to come back at new addresses
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+
+
+class BarrierEvent(StrEnum):
+    REGISTER = "register"  # a node registers before the roster is made
+    WITHDRAW = "withdraw"  # ... and withdraws (it was told to stop)
+    COUNT = "count"  # the number of nodes to wait for is known (counted: DNS, none new for a while)
+    CLOSE = "close"  # the roster is made
+    RESTART = "restart"  # a resumed run's members start again at new addresses: it waits for them
+    REBIND = "rebind"  # one of them is back
+    REOPEN = "reopen"  # every one is back: the open round starts again
+    ARRIVE = "arrive"
+    TICK = "tick"  # the open round's deadline passed
+    JOIN = "join"
+    LEAVE = "leave"
+    RELEASE = "release"  # a round is released and the run goes on
+    FINISH = "finish"  # the final release
+    FAIL = "fail"  # the run ends, failed (too few members, a deadline, the daemon's outputs)
+
+
+P, E = BarrierPhase, BarrierEvent
+# phase -> {event: next phase}: every transition, and nothing else (an event a phase has no row for is a bug).
+# A finished run can still fail: its outcome is written after the final release (summary.json once the last
+# evaluations are done), and a write that fails there, or the host told to stop meanwhile, ends it failed.
+BARRIER_TRANSITIONS: dict[BarrierPhase, dict[BarrierEvent, BarrierPhase]] = {
+    P.REGISTERING: {E.REGISTER: P.REGISTERING, E.WITHDRAW: P.REGISTERING, E.COUNT: P.REGISTERING,
+                    E.CLOSE: P.RUNNING, E.FAIL: P.FAILED},
+    P.REBINDING: {E.REBIND: P.REBINDING, E.REOPEN: P.RUNNING, E.FAIL: P.FAILED},
+    P.RUNNING: {E.ARRIVE: P.RUNNING, E.TICK: P.RUNNING, E.JOIN: P.RUNNING, E.LEAVE: P.RUNNING,
+                E.RELEASE: P.RUNNING, E.RESTART: P.REBINDING, E.FINISH: P.FINISHED, E.FAIL: P.FAILED},
+    P.FINISHED: {E.FAIL: P.FAILED},
+    P.FAILED: {},
+}
 
 
 class BarrierReason(StrEnum):
@@ -66,27 +106,80 @@ class BarrierError(Exception):
         self.reason, self.detail = reason, detail
 
 
-@dataclass(frozen=True)
-class Release:
-    """Round `round` is over: `members` go on to the next round."""
+class BarrierStateError(RuntimeError):
+    """An event the barrier's phase has no row for (a bug in the caller, like h11's LocalProtocolError); the state is
+    unchanged."""
 
-    round: int
-    members: tuple[int, ...]
-    stragglers: tuple[int, ...]
-    dropped: tuple[int, ...]  # every member dropped so far
-    finished: bool = False
-    joined: tuple[int, ...] = ()  # members from the next round on that were not in this one
-    left: tuple[int, ...] = ()  # members that said they leave during this round
+
+@dataclass(frozen=True)
+class Roster:
+    """The roster is made: ranks are the addresses in this order; the run needs `min_members` live members."""
+
+    addresses: tuple[str, ...]
+    min_members: int
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """`address` withdrew its registration before the roster was made; `registered` nodes are left."""
+
+    address: str
+    registered: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"round": self.round, "members": list(self.members), "stragglers": list(self.stragglers),
-                "dropped": list(self.dropped), "finished": self.finished, "joined": list(self.joined),
-                "left": list(self.left)}
+        return {"withdrawn": self.address, "registered": self.registered}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Release:
-        return cls(int(data["round"]), tuple(data["members"]), tuple(data["stragglers"]), tuple(data["dropped"]),
-                   bool(data["finished"]), tuple(data.get("joined", ())), tuple(data.get("left", ())))
+
+@dataclass(frozen=True)
+class Rebound:
+    """A member of a resumed run is back at `address`; `waiting_for`: those still awaited (none: the run goes on,
+    its open round `round` started again now)."""
+
+    rank: int
+    address: str
+    waiting_for: tuple[int, ...]
+    round: int
+
+    @property
+    def all_back(self) -> bool:
+        return not self.waiting_for
+
+
+@dataclass(frozen=True)
+class Joined:
+    """`rank` (at `address`) sits out the open round `round` and is a member from the next one on; `release`: the
+    open round's, if nobody else was awaited."""
+
+    rank: int
+    address: str
+    round: int
+    release: Release | None
+
+    @property
+    def from_round(self) -> int:
+        return self.round + 1
+
+
+@dataclass(frozen=True)
+class Left:
+    """`rank` left (or had left already): the run is at `round` with `live` members; `release`: the open round's, if
+    it waited only for it (or too few are left)."""
+
+    rank: int
+    round: int
+    live: tuple[int, ...]
+    release: Release | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"left": self.rank, "round": self.round, "live": list(self.live)}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The run ended, failed, at `round`, for `reason`."""
+
+    reason: str
+    round: int
 
 
 @dataclass
@@ -126,8 +219,22 @@ class BarrierState:
         self.events: list[Release] = []  # the releases with stragglers or joins (and so every drop)
         self.joining: list[int] = []  # members from the next round on
         self.left: list[int] = []  # members that said they leave (they are not waited for, nor sampled)
+        self.awaited: set[int] = set()  # REBINDING: the members not back yet
+        self.heard_failure: set[int] = set()  # FAILED: the live members answered since (`unheard`)
         self._leaving: list[int] = []  # those that left during the open round (its release says so)
         self._open = _Round()
+
+    def _move(self, event: BarrierEvent) -> None:
+        """The one place the phase changes: along `BARRIER_TRANSITIONS`, or BarrierStateError (and nothing changes)."""
+        to = BARRIER_TRANSITIONS[self.phase].get(event)
+        if to is None:
+            raise BarrierStateError(f"barrier: {event.value} is not possible while {self.phase.value}")
+        self.phase = to
+
+    @property
+    def run_phase(self) -> BarrierPhase:
+        """The phase as the journal and /v1/status say it: a run waiting for its members to come back is running."""
+        return BarrierPhase.RUNNING if self.phase is BarrierPhase.REBINDING else self.phase
 
     # -- registration ------------------------------------------------------------------------------
     @property
@@ -137,50 +244,76 @@ class BarrierState:
 
     def register(self, address: str, now: float) -> int | None:
         """Record a registration; its rank once the roster is made, else None (ask again after close())."""
-        try:
-            parse_address(address)
-        except MembershipError as exc:
-            raise BarrierError(BarrierReason.BAD_ADDRESS, str(exc)) from None
+        _checked(address)
         if self.addresses:
             if address in self.addresses:
                 return self.addresses.index(address)
-            raise BarrierError(BarrierReason.REGISTRATION_CLOSED,
-                               f"the run started without {address} (a barrier started "
-                               "that allows joins takes new nodes during the run)")
+            raise _closed_to(address)
         if self.failure:
             raise BarrierError(BarrierReason.REGISTRATION_FAILED, self.failure)
+        self._move(E.REGISTER)
         self.pending.setdefault(address, now)
         return None
 
-    def close(self, now: float) -> tuple[str, ...]:
-        """Make the roster: ranks are the registered addresses in sorted order."""
+    def withdraw(self, address: str) -> Withdrawal | None:
+        """A node that registered withdraws before the roster is made (it was told to stop): the roster is made
+        without it. None where there is nothing to withdraw: it never registered, or the roster is made (it is a
+        member then, and leaves as one)."""
+        if self.phase is not BarrierPhase.REGISTERING or address not in self.pending:
+            return None
+        self._move(E.WITHDRAW)
+        del self.pending[address]
+        return Withdrawal(address, len(self.pending))
+
+    def count(self, expected: int) -> None:
+        """The number of nodes the roster waits for (0: not known yet), where it is counted as nodes register."""
+        self._move(E.COUNT)
+        self.expected = expected
+
+    def close(self, now: float, min_members: int | None = None) -> Roster:
+        """Make the roster: ranks are the registered addresses in sorted order. `min_members`: the run's, where it is
+        known only now (the node count was)."""
+        self._move(E.CLOSE)
+        if min_members is not None:
+            self.min_members = min_members
         self.addresses = tuple(rank_addresses(list(self.pending)))
         self.members = {r: Member(a, last_contact=now) for r, a in enumerate(self.addresses)}
         self.live = list(self.members)
-        self.phase = BarrierPhase.RUNNING
         self._open = _Round(opened=now)
-        return self.addresses
+        return Roster(self.addresses, self.min_members)
 
-    def join(self, address: str, now: float, allow_new: bool = False) -> tuple[int, Release | None]:
+    def rebind(self, rank: int, address: str, now: float) -> Rebound:
+        """A member of a resumed run started again at another address: it keeps its rank (ranks never move). Once
+        every awaited member is back, the open round starts again now: its deadline counts from now."""
+        if rank not in self.awaited:
+            raise BarrierError(BarrierReason.REGISTRATION_CLOSED, f"rank {rank} is not a member the resumed run waits "
+                               f"for (it waits for {sorted(self.awaited)})")
+        _checked(address)
+        self._move(E.REBIND)
+        self.addresses = tuple(address if r == rank else a for r, a in enumerate(self.addresses))
+        self.members[rank].address, self.members[rank].last_contact = address, now
+        self.awaited.discard(rank)
+        if not self.awaited:
+            self._move(E.REOPEN)
+            self._open = _Round(opened=now)
+        return Rebound(rank, address, tuple(sorted(self.awaited)), self.round)
+
+    def join(self, address: str, now: float, allow_new: bool = False) -> Joined:
         """A member that lost its round (it restarted) or, with `allow_new`, a new node: its rank, and the
         release if nobody else is awaited now. It sits out the open round (nobody waits for it there) and is a
         member again from the next round on.
 
         New nodes get the next free rank, so no member's rank moves; the member list stays sorted by rank."""
-        try:
-            parse_address(address)
-        except MembershipError as exc:
-            raise BarrierError(BarrierReason.BAD_ADDRESS, str(exc)) from None
+        _checked(address)
         if self.phase is not BarrierPhase.RUNNING or self.round + 1 >= self.rounds:
             raise BarrierError(BarrierReason.RUN_NOT_JOINABLE,
                                f"the run is {self.phase.value}, at round {self.round} of "
                                                    f"{self.rounds}: no round is left to join")
+        if address not in self.addresses and not allow_new:
+            raise _closed_to(address)
+        self._move(E.JOIN)
         if address in self.addresses:
             rank = self.addresses.index(address)
-        elif not allow_new:
-            raise BarrierError(BarrierReason.REGISTRATION_CLOSED,
-                               f"the run started without {address} (a barrier started "
-                               "that allows joins takes new nodes during the run)")
         else:
             rank = len(self.addresses)
             self.addresses = (*self.addresses, address)
@@ -192,13 +325,16 @@ class BarrierState:
         self.members[rank].missed, self.members[rank].last_contact = 0, now
         if rank not in self.joining:
             self.joining.append(rank)
-        return rank, self._release(now) if set(self.live) <= set(self._open.arrivals) else None
+        return Joined(rank, address, self.round,
+                      self._release(now) if set(self.live) <= set(self._open.arrivals) else None)
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> Failure:
+        """The run ends now, failed, for `reason`."""
+        self._move(E.FAIL)
         self.failure = reason
-        self.phase = BarrierPhase.FAILED
+        return Failure(reason, self.round)
 
-    def leave(self, rank: int, now: float) -> Release | None:
+    def leave(self, rank: int, now: float) -> Left:
         """`rank` leaves the run (it was told to stop, or it failed): nobody waits for it from now on and it is
         not sampled from the next round; the release if the open round needed only it (or if too few are left)."""
         if not self.members or rank not in self.members:
@@ -206,22 +342,21 @@ class BarrierState:
         if self.phase is not BarrierPhase.RUNNING:
             raise BarrierError(BarrierReason.RUN_FAILED if self.phase is BarrierPhase.FAILED
                                else BarrierReason.BAD_ROUND, f"the run is {self.phase.value}")
-        if rank in self.left or rank in self.dropped:
-            return None
-        self.live, self.joining = [r for r in self.live if r != rank], [r for r in self.joining if r != rank]
-        self._open.arrivals.pop(rank, None)
-        self.left.append(rank), self._leaving.append(rank)
-        if len(self.live) < self.min_members or set(self.live) <= set(self._open.arrivals):
-            return self._release(now)
-        return None
+        self._move(E.LEAVE)
+        release = None
+        if rank not in self.left and rank not in self.dropped:
+            self.live, self.joining = [r for r in self.live if r != rank], [r for r in self.joining if r != rank]
+            self._open.arrivals.pop(rank, None)
+            self.left.append(rank), self._leaving.append(rank)
+            if len(self.live) < self.min_members or set(self.live) <= set(self._open.arrivals):
+                release = self._release(now)
+        return Left(rank, self.round, tuple(self.live), release)
 
     # -- rounds ------------------------------------------------------------------------------------
     @property
     def deadline(self) -> float | None:
         """When the open round is released whoever has arrived."""
-        if self.phase is not BarrierPhase.RUNNING:
-            return None
-        return self._open.opened + self.round_deadline
+        return self._open.opened + self.round_deadline if self.phase is BarrierPhase.RUNNING else None
 
     def arrive(self, rank: int, round: int, now: float, report: NodeReport | None = None) -> Release | None:
         """`rank` is done sending `round`; the release if this arrival completes the round.
@@ -232,12 +367,11 @@ class BarrierState:
         if round < self.round:
             self.members[rank].last_contact = now
             return self.released[round]
+        self._move(E.ARRIVE)
         member = self.members[rank]
         member.last_contact, member.last_round, member.missed = now, min(round, self.rounds - 1), 0
         self._open.arrivals.setdefault(rank, (now, report))
-        if set(self.live) <= set(self._open.arrivals):
-            return self._release(now)
-        return None
+        return self._release(now) if set(self.live) <= set(self._open.arrivals) else None
 
     def check(self, rank: int, round: int) -> None:
         """Raise the BarrierError that an arrival of `rank` at `round` would get now (changes nothing)."""
@@ -245,6 +379,9 @@ class BarrierState:
             raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
         if self.phase is BarrierPhase.FAILED:
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
+        if self.phase is BarrierPhase.REBINDING:
+            raise BarrierError(BarrierReason.BAD_ROUND, f"the run waits for members {sorted(self.awaited)} to come "
+                               "back (a resumed run): no round is open")
         if rank in self.dropped:
             raise BarrierError(BarrierReason.DROPPED, f"rank {rank} was dropped from the run")
         if rank in self.left:
@@ -254,8 +391,8 @@ class BarrierState:
         if round > self.rounds:
             raise BarrierError(BarrierReason.BAD_ROUND, f"round {round} is past the run's {self.rounds} rounds")
         if round > self.round:
-            raise BarrierError(BarrierReason.FUTURE_ROUND,
-                               f"round {round} is not open (the barrier is at {self.round})")
+            raise BarrierError(BarrierReason.FUTURE_ROUND, f"round {round} is not open (the barrier is at "
+                               f"{self.round})")
         if round < self.round and round not in self.released:
             raise BarrierError(BarrierReason.STALE_ROUND,
                                f"round {round} was released long ago (the barrier is at {self.round})")
@@ -263,7 +400,10 @@ class BarrierState:
     def tick(self, now: float) -> Release | None:
         """The clock moved: the release if the open round's deadline has passed."""
         deadline = self.deadline
-        return self._release(now) if deadline is not None and now >= deadline else None
+        if deadline is None or now < deadline:
+            return None
+        self._move(E.TICK)
+        return self._release(now)
 
     def _release(self, now: float) -> Release:
         t, arrivals = self.round, self._open.arrivals
@@ -290,80 +430,82 @@ class BarrierState:
         self.round = t + 1
         self._open = _Round(opened=now)
         if too_few and (t < self.rounds or not self.live):
-            self.fail(too_few_reason(self, t))
-        elif finished:
-            self.phase = BarrierPhase.FINISHED
+            self.fail(self._too_few_reason(t))
+        else:
+            self._move(E.FINISH if finished else E.RELEASE)
         return release
+
+    def _too_few_reason(self, t: int) -> str:
+        """Why a run with too few live members after round `t` ends."""
+        parts = [f"dropped {self.dropped} (missed the round deadline {self.round_deadline:g}s {self.drop_after} "
+                 f"rounds in a row)"] if self.dropped else []
+        gone = ", ".join(parts + ([f"left {self.left}"] if self.left else []))
+        if not self.live:
+            return f"every member was dropped or left by round {t}; {gone}"
+        return (f"{len(self.live)} members are left after round {t} ({list(self.live)}), fewer than the "
+                f"{self.min_members} the run needs (each sends every fragment to {self.min_members - 1} others); "
+                f"{gone}")
+
+    # -- what the nodes hear -------------------------------------------------------------------------
+    def notice(self, release: Release) -> ReleaseNotice:
+        """`release` as the nodes hear it: with the addresses of the members that join, and why the run failed if
+        this release ends it so."""
+        failed = release.finished and self.phase is BarrierPhase.FAILED
+        return ReleaseNotice(release, tuple((r, self.addresses[r]) for r in release.joined),
+                             self.failure if failed else None)
+
+    def answered(self, rank: int) -> None:
+        """`rank` got an answer to an arrival or a leave: if the run has failed, that answer said so."""
+        if self.phase is BarrierPhase.FAILED and rank in self.live:
+            self.heard_failure.add(rank)
+
+    def unheard(self, own: int) -> list[int]:
+        """The live members other than `own` not yet told that the run failed."""
+        return [r for r in self.live if r != own and r not in self.heard_failure]
 
     # -- persistence ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        """What a restarted barrier needs to go on deciding as this one would (`dump_state`)."""
-        return dump_state(self)
+        """What a restarted barrier needs to go on deciding as this one would (arrivals at the open round are
+        not kept: the nodes retry them)."""
+        return {"rounds": self.rounds, "round_deadline": self.round_deadline, "drop_after": self.drop_after,
+                "kept": self.kept, "expected": self.expected, "phase": self.run_phase.value, "failure": self.failure,
+                "addresses": list(self.addresses), "round": self.round, "live": self.live,
+                "dropped": self.dropped, "joining": self.joining, "left": self.left, "leaving": self._leaving,
+                "min_members": self.min_members,
+                "members": [[m.missed, m.last_round] for m in self.members.values()],
+                "released": [r.to_json() for _, r in sorted(self.released.items())],
+                "events": [e.to_json() for e in self.events]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], now: float) -> BarrierState:
-        """The state `to_json` saved; the open round (re)opens at `now`."""
-        return load_state(data, now)
+    def from_json(cls, data: dict[str, Any], now: float, rebind: bool = False) -> BarrierState:
+        """The state `to_json` saved; the open round (re)opens at `now`. `rebind`: a running run's members start
+        again at new addresses (--resume-round): REBINDING until every live member is back (`rebind`)."""
+        state = cls(rounds=data["rounds"], round_deadline=data["round_deadline"], drop_after=data["drop_after"],
+                    expected=data["expected"], kept=data["kept"], min_members=data.get("min_members", 1))
+        state.phase, state.failure = BarrierPhase(data["phase"]), data["failure"]  # loaded, not moved
+        state.addresses = tuple(data["addresses"])
+        state.members = {r: Member(a, missed=m[0], last_contact=now, last_round=m[1])
+                         for r, (a, m) in enumerate(zip(state.addresses, data["members"], strict=True))}
+        state.round, state.live = data["round"], list(data["live"])
+        state.dropped, state.joining = list(data["dropped"]), list(data["joining"])
+        state.left, state._leaving = list(data.get("left", [])), list(data.get("leaving", []))
+        state.released = {r["round"]: Release.from_json(r) for r in data["released"]}
+        state.events = [Release.from_json(e) for e in data["events"]]
+        state._open = _Round(opened=now)
+        awaited = set(state.live) | set(state.joining)
+        if rebind and awaited and state.phase is BarrierPhase.RUNNING:
+            state._move(E.RESTART)
+            state.awaited = awaited
+        return state
 
 
-def rebind(state: BarrierState, rank: int, address: str, now: float) -> None:
-    """A member of a resumed run started again at another address: it keeps its rank (ranks never move)."""
-    parse_address(address)
-    state.addresses = tuple(address if r == rank else a for r, a in enumerate(state.addresses))
-    state.members[rank].address, state.members[rank].last_contact = address, now
+def _checked(address: str) -> None:
+    try:
+        parse_address(address)
+    except MembershipError as exc:
+        raise BarrierError(BarrierReason.BAD_ADDRESS, str(exc)) from None
 
 
-def withdraw(state: BarrierState, address: str) -> bool:
-    """A node that registered withdraws before the roster is made (it was told to stop): the roster is made without
-    it. False where there is nothing to withdraw: it never registered, or the roster is made (it is a member then,
-    and leaves as one)."""
-    if state.phase is not BarrierPhase.REGISTERING or address not in state.pending:
-        return False
-    del state.pending[address]
-    return True
-
-
-def reopen(state: BarrierState, now: float) -> None:
-    """The open round starts again now (a resumed run whose members are all back): its deadline counts from now."""
-    state._open = _Round(opened=now)
-
-
-def too_few_reason(state: BarrierState, t: int) -> str:
-    """Why a run with too few live members after round `t` ends."""
-    parts = [f"dropped {state.dropped} (missed the round deadline {state.round_deadline:g}s {state.drop_after} "
-             f"rounds in a row)"] if state.dropped else []
-    gone = ", ".join(parts + ([f"left {state.left}"] if state.left else []))
-    if not state.live:
-        return f"every member was dropped or left by round {t}; {gone}"
-    return (f"{len(state.live)} members are left after round {t} ({list(state.live)}), fewer than the "
-            f"{state.min_members} the run needs (each sends every fragment to {state.min_members - 1} others); {gone}")
-
-
-def dump_state(self: BarrierState) -> dict[str, Any]:
-    """What a restarted barrier needs to go on deciding as this one would (arrivals at the open round are
-    not kept: the nodes retry them)."""
-    return {"rounds": self.rounds, "round_deadline": self.round_deadline, "drop_after": self.drop_after,
-            "kept": self.kept, "expected": self.expected, "phase": self.phase.value, "failure": self.failure,
-            "addresses": list(self.addresses), "round": self.round, "live": self.live,
-            "dropped": self.dropped, "joining": self.joining, "left": self.left, "leaving": self._leaving,
-            "min_members": self.min_members,
-            "members": [[m.missed, m.last_round] for m in self.members.values()],
-            "released": [r.to_json() for _, r in sorted(self.released.items())],
-            "events": [e.to_json() for e in self.events]}
-
-
-def load_state(data: dict[str, Any], now: float) -> BarrierState:
-    """The state `to_json` saved; the open round (re)opens at `now`."""
-    state = BarrierState(rounds=data["rounds"], round_deadline=data["round_deadline"], drop_after=data["drop_after"],
-                expected=data["expected"], kept=data["kept"], min_members=data.get("min_members", 1))
-    state.phase, state.failure = BarrierPhase(data["phase"]), data["failure"]
-    state.addresses = tuple(data["addresses"])
-    state.members = {r: Member(a, missed=m[0], last_contact=now, last_round=m[1])
-                     for r, (a, m) in enumerate(zip(state.addresses, data["members"], strict=True))}
-    state.round, state.live = data["round"], list(data["live"])
-    state.dropped, state.joining = list(data["dropped"]), list(data["joining"])
-    state.left, state._leaving = list(data.get("left", [])), list(data.get("leaving", []))
-    state.released = {r["round"]: Release.from_json(r) for r in data["released"]}
-    state.events = [Release.from_json(e) for e in data["events"]]
-    state._open = _Round(opened=now)
-    return state
+def _closed_to(address: str) -> BarrierError:
+    return BarrierError(BarrierReason.REGISTRATION_CLOSED, f"the run started without {address} (a barrier started "
+                        "that allows joins takes new nodes during the run)")

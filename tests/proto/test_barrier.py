@@ -9,26 +9,31 @@ import numpy as np
 import pytest
 
 from mosaic_proto import (
+    BARRIER_TRANSITIONS,
     BarrierError,
+    BarrierEvent,
     BarrierPhase,
     BarrierState,
+    BarrierStateError,
     Fragmentation,
     InMemoryNetwork,
     Layout,
     NodeReport,
     PeerSampler,
     Quadratic,
+    Registration,
+    ReleaseNotice,
     received_counts,
-    withdraw,
 )
 
 
-def running(n: int = 4, rounds: int = 10, deadline: float = 5.0, drop_after: int = 2) -> BarrierState:
+def running(n: int = 4, rounds: int = 10, deadline: float = 5.0, drop_after: int = 2,
+            min_members: int | None = None) -> BarrierState:
     state = BarrierState(rounds=rounds, round_deadline=deadline, drop_after=drop_after, expected=n)
     for i in reversed(range(n)):
         assert state.register(f"10.0.0.{i + 1}:9000", 0.0) is None
     assert state.complete
-    state.close(0.0)
+    state.close(0.0, min_members)
     return state
 
 
@@ -37,7 +42,7 @@ def test_registration_ranks_are_sorted_addresses_and_closes_once() -> None:
     for address in ("10.0.0.10:1", "10.0.0.9:1", "host-b:1"):
         assert state.register(address, 0.0) is None
     assert state.complete
-    assert state.close(1.0) == ("10.0.0.9:1", "10.0.0.10:1", "host-b:1")
+    assert state.close(1.0).addresses == ("10.0.0.9:1", "10.0.0.10:1", "host-b:1")
     assert state.register("10.0.0.10:1", 2.0) == 1 and not state.complete
     with pytest.raises(BarrierError) as err:
         state.register("10.0.0.11:1", 2.0)
@@ -51,11 +56,12 @@ def test_a_node_that_withdraws_before_the_roster_is_made_is_not_in_it() -> None:
     state = BarrierState(rounds=3, round_deadline=1, drop_after=2, expected=3)
     for address in ("a:1", "b:1"):
         state.register(address, 0.0)
-    assert withdraw(state, "a:1") and not withdraw(state, "a:1") and not withdraw(state, "never:1")
+    assert state.withdraw("a:1").to_json() == {"withdrawn": "a:1", "registered": 1}
+    assert state.withdraw("a:1") is None and state.withdraw("never:1") is None
     assert state.register("c:1", 1.0) is None and not state.complete  # 2 of 3: b and c
     assert state.register("d:1", 1.0) is None and state.complete
-    assert state.close(2.0) == ("b:1", "c:1", "d:1")
-    assert not withdraw(state, "b:1")  # a member now: it leaves as one
+    assert state.close(2.0).addresses == ("b:1", "c:1", "d:1")
+    assert state.withdraw("b:1") is None  # a member now: it leaves as one
 
 
 def test_failed_registration_refuses_later_nodes() -> None:
@@ -211,7 +217,8 @@ def test_a_restarted_member_sits_out_the_open_round_and_joins_the_next() -> None
     for r in range(3):
         state.arrive(r, 0, 1.0)
     state.arrive(2, 1, 2.0)  # then rank 2 restarts and registers again
-    assert state.join("10.0.0.3:9000", 3.0) == (2, None)
+    joined = state.join("10.0.0.3:9000", 3.0)
+    assert (joined.rank, joined.release, joined.from_round) == (2, None, 2)
     with pytest.raises(BarrierError) as err:
         state.arrive(2, 1, 3.5)
     assert err.value.reason == "joining"
@@ -229,7 +236,7 @@ def test_a_dropped_member_can_rejoin_and_new_nodes_only_when_allowed() -> None:
     with pytest.raises(BarrierError) as err:
         state.join("10.0.0.9:9000", 6.0)
     assert err.value.reason == "registration_closed" and state.addresses[-1] == "10.0.0.3:9000"
-    assert state.join("10.0.0.3:9000", 6.0)[0] == 2 and state.join("10.0.0.9:9000", 6.0, allow_new=True)[0] == 3
+    assert state.join("10.0.0.3:9000", 6.0).rank == 2 and state.join("10.0.0.9:9000", 6.0, allow_new=True).rank == 3
     state.arrive(0, 1, 7.0)
     release = state.arrive(1, 1, 7.0)
     assert release.members == (0, 1, 2, 3) and release.joined == (2, 3) and release.dropped == ()
@@ -275,30 +282,32 @@ def test_a_join_that_leaves_nobody_awaited_releases_the_round() -> None:
         state.arrive(r, 0, 1.0)
     state.arrive(0, 1, 2.0)
     state.arrive(1, 1, 2.0)
-    rank, release = state.join("10.0.0.3:9000", 3.0)
-    assert rank == 2 and release is not None and release.round == 1 and release.joined == (2,)
+    joined = state.join("10.0.0.3:9000", 3.0)
+    rank, release = joined.rank, joined.release
+    assert rank == 2 and joined.round == 1 and release is not None and release.round == 1 and release.joined == (2,)
     assert release.stragglers == () and state.round == 2
 
 
 def test_a_member_that_leaves_is_not_waited_for_and_its_round_is_released() -> None:
-    state = running(n=4, rounds=10)
-    state.min_members = 2
+    state = running(n=4, rounds=10, min_members=2)
     for rank in (0, 1, 2):
         assert state.arrive(rank, 0, 1.0) is None
-    release = state.leave(3, 1.5)
+    left = state.leave(3, 1.5)
+    release = left.release
+    assert left.to_json() == {"left": 3, "round": 1, "live": [0, 1, 2]}
     assert release is not None and release.members == (0, 1, 2) and release.left == (3,) and not release.stragglers
     assert state.left == [3] and release in state.events
     with pytest.raises(BarrierError) as refused:
         state.arrive(3, 1, 2.0)
     assert refused.value.reason == "left"
-    assert state.leave(3, 2.5) is None  # a second leave changes nothing
+    before = state.to_json()
+    assert state.leave(3, 2.5).release is None and state.to_json() == before  # a second leave changes nothing
 
 
 def test_too_few_members_end_the_run_at_once_failed() -> None:
-    state = running(n=4, rounds=10)
-    state.min_members = 3  # fanout 2
-    assert state.leave(0, 1.0) is None
-    release = state.leave(1, 1.2)
+    state = running(n=4, rounds=10, min_members=3)  # fanout 2
+    assert state.leave(0, 1.0).release is None
+    release = state.leave(1, 1.2).release
     assert release is not None and release.finished and state.phase is BarrierPhase.FAILED
     assert "fewer than the 3 the run needs" in (state.failure or "")
     with pytest.raises(BarrierError) as refused:
@@ -311,3 +320,138 @@ def test_leaving_survives_a_restart_of_the_barrier() -> None:
     state.leave(2, 1.0)
     again = BarrierState.from_json(state.to_json(), 5.0)
     assert again.left == [2] and again.live == [0, 1, 3] and again.min_members == state.min_members
+
+
+# -- the phase table ---------------------------------------------------------------------------------------
+def test_every_phase_has_a_row_every_event_is_used_and_every_phase_is_reachable() -> None:
+    assert set(BARRIER_TRANSITIONS) == set(BarrierPhase)
+    assert {e for row in BARRIER_TRANSITIONS.values() for e in row} == set(BarrierEvent)
+    reachable, frontier = {BarrierPhase.REGISTERING}, [BarrierPhase.REGISTERING]
+    while frontier:
+        for to in BARRIER_TRANSITIONS[frontier.pop()].values():
+            if to not in reachable:
+                reachable.add(to)
+                frontier.append(to)
+    assert reachable == set(BarrierPhase)
+
+
+def test_failed_is_the_end_and_finished_can_only_fail() -> None:
+    """A finished run's outcome is written after its final release: a write that fails there ends it failed."""
+    assert BARRIER_TRANSITIONS[BarrierPhase.FAILED] == {}
+    assert BARRIER_TRANSITIONS[BarrierPhase.FINISHED] == {BarrierEvent.FAIL: BarrierPhase.FAILED}
+
+
+def in_phase(phase: BarrierPhase) -> BarrierState:
+    """A state in `phase`, reached through its public methods only."""
+    if phase is BarrierPhase.REGISTERING:
+        state = BarrierState(rounds=3, round_deadline=1, drop_after=2, expected=2)
+        state.register("a:1", 0.0)
+        return state
+    if phase is BarrierPhase.REBINDING:
+        return BarrierState.from_json(running(3).to_json(), 1.0, rebind=True)
+    state = running(2, rounds=1)
+    if phase is BarrierPhase.FINISHED:
+        for t in (0, 1):
+            state.arrive(0, t, 0.0)
+            state.arrive(1, t, 0.0)
+    elif phase is BarrierPhase.FAILED:
+        state.fail("a write failed")
+    assert state.phase is phase
+    return state
+
+
+@pytest.mark.parametrize("phase", list(BarrierPhase))
+def test_an_event_a_phase_has_no_row_for_is_refused_and_changes_nothing(phase: BarrierPhase) -> None:
+    for event in set(BarrierEvent) - set(BARRIER_TRANSITIONS[phase]):
+        state = in_phase(phase)
+        before = state.to_json()
+        with pytest.raises(BarrierStateError):
+            state._move(event)
+        assert state.phase is phase and state.to_json() == before
+
+
+@pytest.mark.parametrize("phase, call", [
+    (BarrierPhase.RUNNING, lambda s: s.close(9.0)),
+    (BarrierPhase.RUNNING, lambda s: s.count(7)),
+    (BarrierPhase.REBINDING, lambda s: s.close(9.0)),
+    (BarrierPhase.FINISHED, lambda s: s.count(1)),
+    (BarrierPhase.FAILED, lambda s: s.fail("again")),
+    (BarrierPhase.FAILED, lambda s: s.close(9.0)),
+])
+def test_calls_out_of_order_are_refused_and_change_nothing(phase: BarrierPhase, call: object) -> None:
+    state = in_phase(phase)
+    before = state.to_json()
+    with pytest.raises(BarrierStateError):
+        call(state)  # type: ignore[operator]
+    assert state.phase is phase and state.to_json() == before
+
+
+@pytest.mark.parametrize("phase, call, reason", [
+    (BarrierPhase.REGISTERING, lambda s: s.join("a:1", 1.0), "run_not_joinable"),
+    (BarrierPhase.REGISTERING, lambda s: s.leave(0, 1.0), "unknown_rank"),
+    (BarrierPhase.REGISTERING, lambda s: s.arrive(0, 0, 1.0), "unknown_rank"),
+    (BarrierPhase.REGISTERING, lambda s: s.rebind(0, "a:2", 1.0), "registration_closed"),
+    (BarrierPhase.REBINDING, lambda s: s.arrive(0, 0, 1.0), "bad_round"),
+    (BarrierPhase.REBINDING, lambda s: s.leave(0, 1.0), "bad_round"),
+    (BarrierPhase.REBINDING, lambda s: s.join("10.0.0.1:9000", 1.0), "run_not_joinable"),
+    (BarrierPhase.REBINDING, lambda s: s.rebind(0, "no port", 1.0), "bad_address"),
+    (BarrierPhase.RUNNING, lambda s: s.rebind(0, "a:2", 1.0), "registration_closed"),
+    (BarrierPhase.RUNNING, lambda s: s.register("new:1", 1.0), "registration_closed"),
+    (BarrierPhase.FINISHED, lambda s: s.arrive(0, 2, 1.0), "bad_round"),
+    (BarrierPhase.FINISHED, lambda s: s.leave(0, 1.0), "bad_round"),
+    (BarrierPhase.FAILED, lambda s: s.arrive(0, 0, 1.0), "run_failed"),
+    (BarrierPhase.FAILED, lambda s: s.leave(0, 1.0), "run_failed"),
+])
+def test_refusals_in_each_phase_change_nothing(phase: BarrierPhase, call: object, reason: str) -> None:
+    state = in_phase(phase)
+    before = state.to_json()
+    with pytest.raises(BarrierError) as err:
+        call(state)  # type: ignore[operator]
+    assert err.value.reason == reason
+    assert state.phase is phase and state.to_json() == before
+
+
+def test_a_resumed_run_waits_for_every_member_at_its_new_address_then_reopens_its_round() -> None:
+    saved = running(3).to_json()
+    state = BarrierState.from_json(saved, 1.0, rebind=True)
+    assert state.phase is BarrierPhase.REBINDING and state.deadline is None
+    assert state.to_json() == saved  # the journal says running: the run goes on from it
+    first = state.rebind(2, "10.0.1.3:9000", 2.0)
+    assert (first.waiting_for, first.all_back) == ((0, 1), False)
+    with pytest.raises(BarrierError) as err:  # back already
+        state.rebind(2, "10.0.1.3:9000", 2.0)
+    assert err.value.reason == "registration_closed"
+    state.rebind(0, "10.0.1.1:9000", 3.0)
+    last = state.rebind(1, "10.0.1.2:9000", 4.0)
+    assert last.all_back and last.round == 0 and state.phase is BarrierPhase.RUNNING
+    assert state.deadline == 9.0 and state.addresses == ("10.0.1.1:9000", "10.0.1.2:9000", "10.0.1.3:9000")
+    assert BarrierState.from_json(saved, 1.0).phase is BarrierPhase.RUNNING  # not resumed elsewhere
+
+
+def test_the_notice_and_the_registration_cross_the_wire_as_they_always_did() -> None:
+    state = running(3, rounds=10, drop_after=1)
+    state.arrive(0, 0, 1.0)
+    state.arrive(1, 0, 1.0)
+    state.tick(5.0)
+    state.join("10.0.0.3:9000", 6.0)
+    state.arrive(0, 1, 7.0)
+    release = state.arrive(1, 1, 7.0)
+    notice = state.notice(release)
+    wire = {"round": 1, "members": [0, 1, 2], "stragglers": [], "dropped": [], "finished": False, "joined": [2],
+            "left": [], "addresses": {"2": "10.0.0.3:9000"}}
+    assert json.dumps(notice.to_json()) == json.dumps(wire) and ReleaseNotice.from_json(wire) == notice
+    failed = running(2, rounds=5, drop_after=1)
+    ending = failed.tick(5.0)
+    assert failed.notice(ending).to_json()["failure"] == failed.failure and "failure" not in wire
+    registration = Registration(1, ("a:1", "b:1"), {"rounds": 3}, 0, (0, 1))
+    assert list(registration.to_json()) == ["rank", "members", "run", "round", "live"]
+    assert Registration.from_json(json.loads(json.dumps(registration.to_json()))) == registration
+
+
+def test_who_has_heard_that_the_run_failed() -> None:
+    state = running(3)
+    state.answered(1)  # the run has not failed: nothing to hear
+    state.fail("a write failed")
+    assert state.unheard(0) == [1, 2]
+    state.answered(2)
+    assert state.unheard(0) == [1]

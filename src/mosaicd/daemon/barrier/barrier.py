@@ -1,13 +1,14 @@
 """The barrier process around `mosaic_proto.BarrierState`: long polls, the clock, snapshots, outputs.
 
-`BarrierState` decides (ranks, releases, stragglers, drops); this adapter feeds it requests and the
-clock, tells waiting nodes what it decided, and does the I/O that follows a release, off the round's
-critical path: it writes the round's node rows, then pulls the nodes' model snapshots at evaluation
+`BarrierState` decides (ranks, releases, stragglers, drops, who is back, how the run ends); this adapter feeds it
+requests and the clock and runs what each decision calls for: save it (barrier_journal.py, before anyone hears of
+it), re-arm the deadline timer, record it, then tell the waiting nodes. The I/O that follows a release is off the
+round's critical path: it writes the round's node rows, then pulls the nodes' model snapshots at evaluation
 rounds and evaluates them in a worker thread while the next rounds go on. Nodes keep their last
 `SNAPSHOTS_KEPT` snapshots, so a collection must end before the release that would drop its snapshot.
 
-Every decision is saved (barrier_journal.py) before the nodes hear of it; a barrier started again with the
-same --out resumes the run from there, while the nodes retry their arrivals (--barrier-grace).
+A barrier started again with the same --out resumes the run from its journal, while the nodes retry their arrivals
+(--barrier-grace).
 """
 
 from __future__ import annotations
@@ -19,13 +20,22 @@ from typing import Any
 
 import numpy as np
 
-from mosaic_proto import SNAPSHOTS_KEPT, BarrierError, BarrierPhase, BarrierReason, BarrierState, NodeReport, Release
+from mosaic_proto import (
+    SNAPSHOTS_KEPT,
+    BarrierError,
+    BarrierPhase,
+    BarrierReason,
+    BarrierState,
+    Left,
+    NodeReport,
+    Release,
+)
 from mosaicd.daemon.barrier import journal as barrier_journal
-from mosaicd.daemon.barrier.ending import end_after_evaluations, end_failed, fail_output, record_end
+from mosaicd.daemon.barrier.ending import RunEnd
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
 from mosaicd.daemon.barrier.layouts import LayoutClaims
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
-from mosaicd.daemon.barrier.registration import count_nodes, registration_deadline
+from mosaicd.daemon.barrier.registration import Registrar
 from mosaicd.daemon.barrier.release_log import ReleaseLog
 from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.errors import OutputError
@@ -35,6 +45,8 @@ from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
 from mosaicd.rundir import hold_barrier, keep_earlier_run
 from mosaicd.settings import DaemonOptions, RunConfig
 
+P = BarrierPhase
+
 
 class Barrier:
     def __init__(self, run: RunConfig, options: DaemonOptions, *,
@@ -43,9 +55,9 @@ class Barrier:
         (`open_outputs`). ResumeError: OUT holds another run in progress (or not the round asked for)."""
         secret = load_secret(options.secret_file)  # a run started with one is not resumed without it
         self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
-        if self.resumed:
+        if self.resumed:  # --resume-round: every member comes back at a new address and takes its rank back
             run = self.resumed["run"]
-            self.state = BarrierState.from_json(self.resumed["state"], _now())
+            self.state = BarrierState.from_json(self.resumed["state"], _now(), rebind=options.resume_round is not None)
         else:
             counted = options.expect_dns or options.expect_settle  # the count is known once nodes register
             self.state = BarrierState(rounds=run.rounds, round_deadline=run.round_deadline,
@@ -53,25 +65,18 @@ class Barrier:
                                       min_members=run.min_members)
         self.run, self.options = run, options
         self.log = get_logger(role="barrier", run=run.run_id)
-        # --resume-round: every member comes back at a new address and takes its rank back (registration.rebind)
-        self.rebinding = set(self.state.live) | set(self.state.joining) \
-            if self.resumed and options.resume_round is not None else set()
-        self.rebound = asyncio.Event()
-        self.recorder = open_outputs(options, run, self.resumed, self.state.round if self.rebinding else None,
-                                     self.log, hold_out)
+        rebinding = self.state.phase is P.REBINDING
+        self.recorder = open_outputs(options, run, self.resumed, self.state.round if rebinding else None, self.log,
+                                     hold_out)
         self.metrics = BarrierMetrics(run)
         self.keyring = Keyring(secret) if secret else None
-        self.register_status = 503  # 422 when the run as registered is invalid: retrying cannot help
-        self.registered, self.done = asyncio.Event(), asyncio.Event()
+        self.registrar = Registrar(self)  # the registration's long polls (registration.py)
         self.layouts = LayoutClaims()  # the model every member must build (layouts.py)
-        self.published: dict[int, dict[str, Any]] = {}
+        self.notices = Notices({t: self.state.notice(r).to_json() for t, r in self.state.released.items()})
+        self.ending = RunEnd(self.recorder, self.log, self.state.round if self.resumed else None)
+        self.done = self.ending.done
         self.evaluator = NetworkEvaluator(options, self.keyring, evaluate, self.recorder, self.metrics, self.log,
-                                          on_output_error=lambda exc: fail_output(self, exc))
-        self._published = asyncio.Event()
-        self.resumed_at: int | None = None  # the open round this barrier resumed the run at (its journal)
-        self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
-        self.heard_failure: set[int] = set()  # ranks answered since the run failed (`ending.unheard`)
-        self.output_error: str | None = None  # why the run was ended early (end_failed): nothing more is saved
+                                          on_output_error=self.fail_output)
         self.stopping = False  # interrupt(): nothing more is decided
         self._collections: dict[int, asyncio.Task] = {}
         self.recollect: list[int] = []  # evaluations a resumed run collects with its first release (_resume)
@@ -85,33 +90,68 @@ class Barrier:
     def now() -> float:
         return asyncio.get_running_loop().time()
 
+    @property
+    def output_error(self) -> str | None:
+        """Why the run was ended early (`end_failed`): nothing more is saved."""
+        return self.ending.output_error
+
+    @property
+    def failure(self) -> str | None:
+        """Why the run failed, as the nodes and people hear it (the last reason it was ended for)."""
+        return self.ending.output_error or self.state.failure
+
     async def start(self) -> None:
         self.metrics.expected.set(self.state.expected)
         if self.resumed:
             return self._resume()
-        self._spawn(registration_deadline(self))
-        self._spawn(count_nodes(self))
+        for task in self.registrar.tasks():
+            self._spawn(task)
 
     def _resume(self) -> None:
-        """Go on with the saved run: the open round starts again now; evaluations that the crash cut short are
-        collected again where the nodes still keep their snapshots (nodes started again: at their next release)."""
-        state = self.state
-        self.registered.set()
+        """Go on with the saved run: the open round starts again now (rebinding: once every member is back);
+        evaluations that the crash cut short are collected again where the nodes still keep their snapshots (nodes
+        started again: at their next release)."""
+        state, rebinding = self.state, self.state.phase is P.REBINDING
+        self.registrar.resumed()
         self.metrics.members.set(len(state.live))
-        if not self.rebinding:  # else once every member is back (registration.rebind)
+        if not rebinding:
             self.arm_deadline()
-        self.published = {t: told(self.state, r) for t, r in state.released.items()}
-        missing, lost = evaluations_cut_short(state.round, self.run, self.recorder, bool(self.rebinding))
-        if self.rebinding:  # not at the addresses the journal keeps: collected with the next release's (publish)
+        missing, lost = evaluations_cut_short(state.round, self.run, self.recorder, rebinding)
+        if rebinding:  # not at the addresses the journal keeps: collected with the next release's (publish)
             self.recollect = missing
         else:
             live = {r: state.addresses[r] for r in state.live}
             for e in missing:
                 self._collections[e] = self._spawn(self.evaluator.collect(self.run, e, live, False))
-        self.resumed_at = state.round  # summary.json says so: this barrier went on from the journal
         self.log.warning("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
                          evaluations_recollected=missing, **({"evaluations_lost": lost} if lost else {}))
 
+    # -- registration (registration.py: its long polls) -----------------------------------------------------
+    async def register(self, address: str, rank: int | None = None) -> dict[str, Any]:
+        """Long poll until the roster is made (`Registrar.register`)."""
+        return await self.registrar.register(address, rank)
+
+    async def withdraw(self, address: str, reason: str) -> dict[str, Any]:
+        """`address` withdraws its registration, or leaves if it is a member (`Registrar.withdraw`)."""
+        return await self.registrar.withdraw(address, reason)
+
+    def close_roster(self, run: RunConfig) -> None:
+        """Every expected node registered: the roster is made, the run (`run`: with the node count) begins."""
+        self.run = run
+        roster = self.state.close(self.now(), run.min_members)
+        self.save_journal()
+        self.arm_deadline()
+        self.recorder.settings["nodes"] = len(roster.addresses)
+        self.metrics.members.set(len(roster.addresses))
+        self.log.info("registration_closed", members=len(roster.addresses))
+
+    def fail_registration(self, reason: str) -> None:
+        """Registration cannot complete (`reason`): the run ends."""
+        self.state.fail(reason)
+        self.ending.registration_failed(reason)
+        self.done.set()
+
+    # -- rounds --------------------------------------------------------------------------------------
     def save_journal(self) -> None:
         """Save the state before anyone hears of it; a write that fails ends the run (`fail_output`)."""
         if self.stopping:
@@ -121,7 +161,7 @@ class Barrier:
         try:
             barrier_journal.save(self.options.out, self.run, self.state, self.recorder.started, bool(self.keyring))
         except OSError as exc:
-            fail_output(self, exc)
+            self.fail_output(exc)
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}") from None
 
     def arm_deadline(self) -> None:
@@ -132,33 +172,22 @@ class Barrier:
         if self.state.deadline is not None:
             self._timer = asyncio.get_running_loop().call_at(self.state.deadline, self._on_deadline)
 
-    async def stop(self) -> None:
-        """The process stops: a failed run still evaluating its last models is recorded as failed now."""
-        if self._ending is not None and self.state.phase is BarrierPhase.FAILED:
-            try:
-                record_end(self, self._ending)
-            except OSError as exc:
-                fail_output(self, exc)
-        self.interrupt()
-
-    def interrupt(self) -> None:
-        """Decide nothing more; every waiting arrival is answered 503 barrier_stopping now. On Ctrl-C the journal so
-        stays where the console says (as after a SIGKILL): the nodes retry against the barrier started again."""
-        self.stopping = True
-        if self._timer:
-            self._timer.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        self._published.set()
-
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def check_layout(self, rank: int, claim: tuple[int, str] | None) -> None:
+        """An arrival's layout against the run's: one that differs ends the run (BarrierError run_failed, its
+        reason)."""
+        why = self.layouts.differs(rank, claim)
+        if why is not None:
+            self.end_failed(why)
+            raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {why}")
+
     async def arrive(self, rank: int, round: int, report: NodeReport | None) -> dict[str, Any]:
-        """Long poll until `round` is released: the release as JSON. BarrierError if refused."""
+        """Long poll until `round` is released: the release as the nodes hear it (JSON). BarrierError if refused."""
         retry = round < self.state.round  # a round released already: its release again, recorded once
         release = self.state.arrive(rank, round, self.now(), report)
         if release is not None and not retry:
@@ -166,18 +195,15 @@ class Barrier:
         return await self.wait_published(round, release_wait(self.run.round_deadline, self.options.request_timeout))
 
     async def wait_published(self, round: int, limit: float) -> dict[str, Any]:
-        end = self.now() + limit
-        while round not in self.published:
-            if self.stopping:
-                raise stopping()
-            if self.state.phase is BarrierPhase.FAILED:
-                raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.state.failure}")
-            event = self._published
-            try:
-                await asyncio.wait_for(event.wait(), timeout=max(end - self.now(), 0))
-            except TimeoutError:
-                raise BarrierError(BarrierReason.BARRIER_TIMEOUT, f"round {round} was not released in time") from None
-        return self.published[round]
+        return await self.notices.wait(round, limit, self.now, self._refusal)
+
+    def _refusal(self) -> BarrierError | None:
+        """Why a long poll ends now, unanswered (None: it goes on waiting)."""
+        if self.stopping:
+            return stopping()
+        if self.state.phase is P.FAILED:
+            return BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
+        return None
 
     def _on_deadline(self) -> None:
         self._timer = None
@@ -194,7 +220,7 @@ class Barrier:
         try:
             await self._publish_saved(release)
         except OSError as exc:
-            fail_output(self, exc)
+            self.fail_output(exc)
         except BarrierError:  # the journal could not be saved: fail_output told everyone
             pass
 
@@ -211,13 +237,10 @@ class Barrier:
                                                                                   release.finished))
         for e in [e for e in self._collections if e + SNAPSHOTS_KEPT <= t or release.finished]:
             await self._collections.pop(e)
-        self.published[t] = told(self.state, release)
-        self.published.pop(t - SNAPSHOTS_KEPT, None)
-        self._published.set()
-        self._published = asyncio.Event()
+        self.notices.put(t, self.state.notice(release).to_json(), SNAPSHOTS_KEPT)
         if release.finished:  # the nodes are free to go once their models are collected; evaluation goes on
             self._ending = release
-            self._spawn(end_after_evaluations(self, release))
+            self._spawn(self._end_after_evaluations(release))
 
     async def leave(self, rank: int, reason: str, ends_run: bool = False) -> dict[str, Any]:
         """`rank` leaves the run (a signal, or an error it could not go on after): nobody waits for it from now
@@ -226,23 +249,103 @@ class Barrier:
         failed, at its last saved decision (the leave is not saved), so that it can be resumed."""
         if ends_run:
             self.state.check(rank, self.state.round)
-            end_failed(self, f"rank {rank}: {reason}")
-            return {"left": rank, "round": self.state.round, "live": list(self.state.live)}
-        release = self.state.leave(rank, self.now())
-        self.leave_reasons.setdefault(rank, reason)
+            self.end_failed(f"rank {rank}: {reason}")
+            return Left(rank, self.state.round, tuple(self.state.live)).to_json()
+        left = self.state.leave(rank, self.now())
+        self.ending.left(rank, reason)
         self.save_journal()
         self.metrics.left.inc()
         self.log.warning("left", rank=rank, reason=reason, live=len(self.state.live), round=self.state.round)
-        if release is not None:
-            await self.publish(release)
-        return {"left": rank, "round": self.state.round, "live": list(self.state.live)}
+        if left.release is not None:
+            await self.publish(left.release)
+        return Left(rank, self.state.round, tuple(self.state.live)).to_json()
+
+    def answered(self, rank: int) -> None:
+        """`rank` got an answer to an arrival or a leave: if the run has failed, that answer said so."""
+        self.state.answered(rank)
+
+    def unheard(self, own: int) -> list[int]:
+        """The live members other than `own` not yet told that the run failed: rank 0 serves until this is empty."""
+        return self.state.unheard(own)
+
+    # -- the end -------------------------------------------------------------------------------------
+    async def _end_after_evaluations(self, release: Release) -> None:
+        """The run's last release: summary.json once its evaluations are done (nobody waits for them meanwhile)."""
+        try:
+            await self.evaluator.drain()
+            self.ending.record(release, self.state, self.run, self.evaluator.final_vectors)
+        except OSError as exc:
+            self.fail_output(exc)
+
+    def end_failed(self, reason: str) -> None:
+        """End the run now, failed (a write that failed, the process told to stop): nothing more is saved to the
+        journal, so the run can be resumed from its last decision; every waiting node hears `reason`."""
+        if self.output_error is not None or self.done.is_set():
+            return
+        if self.state.phase is not P.FAILED:
+            self.state.fail(reason)
+        self.ending.ended_early(reason, self.state.left)
+        self.notices.wake()
+
+    def fail_output(self, exc: OSError) -> None:
+        """A write failed (a full disk...): the run ends, failed, at its last saved decision (the journal is
+        replaced atomically, so it stays whole); once there is room, `--resume` (or the barrier started again)
+        goes on from that decision."""
+        path = exc.filename or self.options.out
+        self.log.error("output_failed", path=str(path), error=str(exc), detail="the run stops at its last saved "
+                       "decision: free space, then resume it")
+        self.end_failed(f"cannot write {path}: {exc.strerror or exc}")
+
+    async def stop(self) -> None:
+        """The process stops: a failed run still evaluating its last models is recorded as failed now."""
+        if self._ending is not None and self.state.phase is P.FAILED:
+            try:
+                self.ending.record(self._ending, self.state, self.run, self.evaluator.final_vectors)
+            except OSError as exc:
+                self.fail_output(exc)
+        self.interrupt()
+
+    def interrupt(self) -> None:
+        """Decide nothing more; every waiting arrival is answered 503 barrier_stopping now. On Ctrl-C the journal so
+        stays where the console says (as after a SIGKILL): the nodes retry against the barrier started again."""
+        self.stopping = True
+        if self._timer:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        self.notices.wake()
 
 
-def told(state: BarrierState, release: Release) -> dict[str, Any]:
-    """A release as the nodes hear it: with the addresses of the members that join, and why the run failed if this
-    release ends it so."""
-    failed = {"failure": state.failure} if release.finished and state.phase is BarrierPhase.FAILED else {}
-    return {**release.to_json(), "addresses": {str(r): state.addresses[r] for r in release.joined}, **failed}
+class Notices:
+    """The kept releases as the nodes heard them (`ReleaseNotice` JSON, by round), and the long polls waiting for the
+    next one."""
+
+    def __init__(self, heard: dict[int, dict[str, Any]]) -> None:
+        self.heard = heard
+        self._event = asyncio.Event()
+
+    def put(self, round: int, notice: dict[str, Any], kept: int) -> None:
+        self.heard[round] = notice
+        self.heard.pop(round - kept, None)
+        self.wake()
+
+    def wake(self) -> None:
+        """Every long poll looks again (a release, or the run ended)."""
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, round: int, limit: float, now: Callable[[], float],
+                   refusal: Callable[[], BarrierError | None]) -> dict[str, Any]:
+        """Until round `round` is released (its notice), `refusal()` says why not, or `limit` seconds passed."""
+        end = now() + limit
+        while round not in self.heard:
+            if (refused := refusal()) is not None:
+                raise refused
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout=max(end - now(), 0))
+            except TimeoutError:
+                raise BarrierError(BarrierReason.BARRIER_TIMEOUT, f"round {round} was not released in time") from None
+        return self.heard[round]
 
 
 def stopping() -> BarrierError:

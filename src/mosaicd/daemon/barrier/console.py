@@ -40,7 +40,7 @@ def where_lines(barrier: Barrier, url: str) -> list[str]:
 def waiting_line(barrier: Barrier) -> str:
     state = barrier.state
     of = f" of {state.expected}" if state.expected else ""
-    missing = unregistered(barrier)
+    missing = unregistered(barrier.options, state.pending)
     return f"waiting for nodes: {len(state.pending)}{of} registered" + (
         f"; not yet: {', '.join(missing)}" if missing else "")
 
@@ -53,7 +53,7 @@ def end_line(barrier: Barrier, started: float) -> str:
         return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.monotonic() - started)}, "
                 f"{len(state.live)}/{len(state.addresses)} nodes to the end; {metrics_text(row) or 'no evaluation'}; "
                 f"{files}")
-    return f"failed: {state.failure or 'the run ended early'}; {files}"
+    return f"failed: {barrier.failure or 'the run ended early'}; {files}"
 
 
 class BarrierConsole:

@@ -1,80 +1,88 @@
 """How the barrier ends a run: summary.json after the last release, once its evaluations are done; or early,
 failed: a write that could not be made (a full disk...), or the process hosting it told to stop. Nothing more
-is journaled after a failure, so the run can be resumed from its last saved decision."""
+is journaled after a failure, so the run can be resumed from its last saved decision.
+
+`RunEnd` writes the outcome, once, and then sets `done`; `Barrier` decides when (`Barrier.end_failed`,
+`Barrier.fail_output`). `end_failed` and `unheard` are the calls a node hosting the barrier makes on it."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from mosaic_proto import BarrierPhase, Release
-from mosaicd.outputs import robustness_summary
+import numpy as np
 
-if TYPE_CHECKING:
-    from mosaicd.daemon.barrier.barrier import Barrier
-
-
-async def end_after_evaluations(barrier: Barrier, release: Release) -> None:
-    """The run's last release: summary.json once its evaluations are done (nobody waits for them meanwhile)."""
-    try:
-        await barrier.evaluator.drain()
-        record_end(barrier, release)
-    except OSError as exc:
-        fail_output(barrier, exc)
+from mosaic_proto import BarrierPhase, BarrierState, Release
+from mosaicd.outputs import RunRecorder, robustness_summary
+from mosaicd.settings import RunConfig
 
 
-def record_end(barrier: Barrier, release: Release) -> None:
-    """summary.json says how the run ended (failed: why, and who left first); then `done`. Also called when the
-    barrier's process stops while a failed run still evaluates its last models: it is recorded failed at once.
-    OSError: it could not be written (`fail_output`)."""
-    if barrier.done.is_set():
-        return
-    outcome = {"members": list(release.members), "dropped": list(release.dropped),
-               "addresses": list(barrier.state.addresses), "events": [e.to_json() for e in barrier.state.events],
-               **robustness_summary(barrier.run),
-               **({"resumed_at": barrier.resumed_at} if barrier.resumed_at is not None else {})}
-    if barrier.state.phase is BarrierPhase.FAILED:
-        barrier.log.error("run_failed", detail=barrier.state.failure)
-        first = next(iter(barrier.leave_reasons.items()), None)
-        why = f"; rank {first[0]} left first: {first[1]}" if first else ""
-        barrier.recorder.fail(f"{barrier.state.failure or 'failed'}{why}", **outcome, left=list(barrier.state.left))
-    else:
-        barrier.recorder.finish(barrier.evaluator.final_vectors, **outcome, left=list(barrier.state.left))
-    barrier.done.set()
+class RunEnd:
+    """The run's outcome in summary.json (finished, or failed and why, and who left first), then `done`."""
+
+    def __init__(self, recorder: RunRecorder, log: Any, resumed_at: int | None = None) -> None:
+        """`resumed_at`: the open round a barrier resumed the run at (its journal); summary.json says so."""
+        self.recorder, self.log, self.resumed_at = recorder, log, resumed_at
+        self.done = asyncio.Event()
+        self.output_error: str | None = None  # why the run was ended early (`ended_early`): nothing more is saved
+        self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
+
+    def left(self, rank: int, reason: str) -> None:
+        self.leave_reasons.setdefault(rank, reason)
+
+    def record(self, release: Release, state: BarrierState, run: RunConfig, final_vectors: dict[int, np.ndarray]
+               ) -> None:
+        """summary.json says how the run ended with `release` (failed: why, and who left first); then `done`. Also
+        called when the barrier's process stops while a failed run still evaluates its last models: it is recorded
+        failed at once. OSError: it could not be written (`Barrier.fail_output`)."""
+        if self.done.is_set():
+            return
+        resumed = {"resumed_at": self.resumed_at} if self.resumed_at is not None else {}
+        outcome = {"members": list(release.members), "dropped": list(release.dropped),
+                   "addresses": list(state.addresses), "events": [e.to_json() for e in state.events],
+                   **robustness_summary(run), **resumed}
+        if state.phase is BarrierPhase.FAILED:
+            self.log.error("run_failed", detail=state.failure)
+            first = next(iter(self.leave_reasons.items()), None)
+            why = f"; rank {first[0]} left first: {first[1]}" if first else ""
+            self.recorder.fail(f"{state.failure or 'failed'}{why}", **outcome, left=list(state.left))
+        else:
+            self.recorder.finish(final_vectors, **outcome, left=list(state.left))
+        self.done.set()
+
+    def ended_early(self, reason: str, left: list[int]) -> bool:
+        """The run ends now, failed, for `reason` (False: it has ended already): summary.json says why, then `done`."""
+        if self.output_error is not None or self.done.is_set():
+            return False
+        self.output_error = reason
+        self.log.error("run_failed", detail=reason)
+        try:
+            self.recorder.fail(reason, left=list(left))
+        except OSError:
+            pass
+        self.done.set()
+        return True
+
+    def registration_failed(self, reason: str) -> None:
+        """Registration could not complete: the run ends (summary.json says why). OSError: it could not be written."""
+        self.log.error("registration_failed", detail=reason)
+        self.recorder.fail(f"registration failed: {reason}")
 
 
-def fail_output(barrier: Barrier, exc: OSError) -> None:
-    """A write failed (a full disk...): the run ends, failed, at its last saved decision (the journal is
-    replaced atomically, so it stays whole); once there is room, `--resume` (or the barrier started again)
-    goes on from that decision."""
-    path = exc.filename or barrier.options.out
-    barrier.log.error("output_failed", path=str(path), error=str(exc), detail="the run stops at its last saved "
-                   "decision: free space, then resume it")
-    end_failed(barrier, f"cannot write {path}: {exc.strerror or exc}")
+class Hosted(Protocol):
+    """What a node hosting the barrier calls on it (`mosaicd.daemon.barrier.barrier.Barrier`)."""
 
-def end_failed(barrier: Barrier, reason: str) -> None:
+    def end_failed(self, reason: str) -> None: ...
+
+    def unheard(self, own: int) -> list[int]: ...
+
+
+def end_failed(barrier: Hosted, reason: str) -> None:
     """End the run now, failed (a write that failed, the process told to stop): nothing more is saved to the
     journal, so the run can be resumed from its last decision; every waiting node hears `reason`."""
-    if barrier.output_error is not None or barrier.done.is_set():
-        return
-    barrier.output_error = reason
-    barrier.log.error("run_failed", detail=reason)
-    barrier.state.fail(reason)
-    try:
-        barrier.recorder.fail(reason, left=list(barrier.state.left))
-    except OSError:
-        pass
-    barrier._published.set()
-    barrier._published = asyncio.Event()
-    barrier.done.set()
+    barrier.end_failed(reason)
 
 
-def answered(barrier: Barrier, rank: int) -> None:
-    """`rank` got an answer to an arrival or a leave: if the run has failed, that answer said so."""
-    if barrier.state.phase is BarrierPhase.FAILED and rank in barrier.state.live:
-        barrier.heard_failure.add(rank)
-
-
-def unheard(barrier: Barrier, own: int) -> list[int]:
+def unheard(barrier: Hosted, own: int) -> list[int]:
     """The live members other than `own` not yet told that the run failed: rank 0 serves until this is empty."""
-    return [r for r in barrier.state.live if r != own and r not in barrier.heard_failure]
+    return barrier.unheard(own)

@@ -5,14 +5,9 @@ both, instead of a run that "finishes" with every fragment refused as foreign_fi
 from __future__ import annotations
 
 import string
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mosaic_proto import BarrierError, BarrierReason
-from mosaicd.daemon.barrier.ending import end_failed
 from mosaicd.daemon.http.errors import bad_request
-
-if TYPE_CHECKING:
-    from mosaicd.daemon.barrier.barrier import Barrier
 
 FINGERPRINT_CHARS = 128  # hex digits, at most (the fingerprint is a SHA-256 today: 64)
 
@@ -51,11 +46,3 @@ class LayoutClaims:
                f"the same {values} values as rank {first}, in another layout (tensor names or shapes)")
         return (f"the members build different models: rank {rank} fragments {how} (fingerprints {claim[1][:12]} and "
                 f"{fingerprint[:12]}); every member must build the same model")
-
-
-def check_layout(barrier: Barrier, rank: int, body: dict[str, Any]) -> None:
-    """An arrival's layout against the run's: one that differs ends the run (BarrierError run_failed, its reason)."""
-    why = barrier.layouts.differs(rank, claimed_layout(body))
-    if why is not None:
-        end_failed(barrier, why)
-        raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {why}")

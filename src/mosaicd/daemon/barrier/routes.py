@@ -28,9 +28,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, NodeReport, ReportError
-from mosaicd.daemon.barrier import registration
-from mosaicd.daemon.barrier.ending import answered
-from mosaicd.daemon.barrier.layouts import check_layout
+from mosaicd.daemon.barrier.layouts import claimed_layout
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
 from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
 from mosaicd.daemon.http.endpoints import member_app
@@ -78,97 +76,106 @@ def proven(request: web.Request, who: str) -> None:
         raise bad_request("sender_mismatch", f"signed by {sender!r}, but speaks for {who!r}", 403)
 
 
-def barrier_app(barrier: Barrier) -> web.Application:
-    async def register(request: web.Request) -> web.Response:
+class BarrierRoutes:
+    """The API's handlers: a request's checks and status codes; every decision is the `Barrier`'s."""
+
+    def __init__(self, barrier: Barrier) -> None:
+        self.barrier = barrier
+
+    async def register(self, request: web.Request) -> web.Response:
         body = await read_json(request, {"address": str})
         proven(request, body["address"])
         try:
-            rank = body.get("rank")
-            if rank is not None:  # a member of a resumed run, back at a new address
-                if type(rank) is not int or rank < 0:
-                    raise bad_request("bad_field", "field 'rank' must be a non-negative integer")
-                return web.json_response(await registration.rebind(barrier, body["address"], rank))
-            return web.json_response(await registration.register(barrier, body["address"]))
+            rank = body.get("rank")  # a member of a resumed run, back at a new address
+            if rank is not None and (type(rank) is not int or rank < 0):
+                raise bad_request("bad_field", "field 'rank' must be a non-negative integer")
+            return web.json_response(await self.barrier.register(body["address"], rank))
         except BarrierError as exc:
-            status = barrier.register_status if exc.reason == "registration_failed" else STATUS_OF_REASON[exc.reason]
+            status = (self.barrier.registrar.status if exc.reason == "registration_failed"
+                      else STATUS_OF_REASON[exc.reason])
             raise bad_request(exc.reason, exc.detail, status) from None
 
-    async def arrive(request: web.Request) -> web.Response:
+    async def arrive(self, request: web.Request) -> web.Response:
         body = await read_json(request, {"rank": int, "round": int})
         proven(request, str(body["rank"]))
         try:
-            barrier.state.check(body["rank"], body["round"])
+            self.barrier.state.check(body["rank"], body["round"])
             report = checked_report(body.get("report"), body["round"])
-            check_layout(barrier, body["rank"], body)
-            return web.json_response(await barrier.arrive(body["rank"], body["round"], report))
+            self.barrier.check_layout(body["rank"], claimed_layout(body))
+            return web.json_response(await self.barrier.arrive(body["rank"], body["round"], report))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
         finally:
-            answered(barrier, body["rank"])
+            self.barrier.answered(body["rank"])
 
-    async def withdraw(request: web.Request) -> web.Response:
+    async def withdraw(self, request: web.Request) -> web.Response:
         body = await read_json(request, {"address": str})
         proven(request, body["address"])
         try:
-            return web.json_response(await registration.withdraw(barrier, body["address"], reason_of(body)))
+            return web.json_response(await self.barrier.withdraw(body["address"], reason_of(body)))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
 
-    async def leave(request: web.Request) -> web.Response:
+    async def leave(self, request: web.Request) -> web.Response:
         body = await read_json(request, {"rank": int})
         proven(request, str(body["rank"]))
         reason = reason_of(body)
         if not isinstance(body.get("ends_run", False), bool):
             raise bad_request("bad_field", "field 'ends_run' must be a boolean")
         try:
-            return web.json_response(await barrier.leave(body["rank"], reason, body.get("ends_run", False)))
+            return web.json_response(await self.barrier.leave(body["rank"], reason, body.get("ends_run", False)))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
         finally:
-            answered(barrier, body["rank"])
+            self.barrier.answered(body["rank"])
 
-    async def status(request: web.Request) -> web.Response:
-        return web.json_response(barrier_status(barrier))
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(barrier_status(self.barrier))
 
-    async def history(request: web.Request) -> web.Response:
+    async def history(self, request: web.Request) -> web.Response:
         raw = request.query.get("since", "0")
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 12):
             raise bad_request("bad_since", f"since must be a non-negative integer (a round), got {raw!r}")
-        return web.json_response(barrier_history(barrier, int(raw)))
+        return web.json_response(barrier_history(self.barrier, int(raw)))
 
-    async def dashboard(request: web.Request) -> web.Response:
+    async def dashboard(self, request: web.Request) -> web.Response:
         return dashboard_file("index.html", "text/html")
 
-    async def dashboard_asset(request: web.Request) -> web.Response:
+    async def dashboard_asset(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in DASHBOARD_FILES:
             raise bad_request("not_found", f"no dashboard file {name!r}", 404)
         return dashboard_file(name, DASHBOARD_FILES[name])
 
-    async def on_startup(app: web.Application) -> None:
-        await barrier.start()
+    async def run_of(self, request: web.Request) -> str:
+        """The run a request is signed for: registrations are signed with the registration key."""
+        return REGISTER_RUN if request.path.endswith("/v1/register") else self.barrier.run.run_id
 
-    async def on_cleanup(app: web.Application) -> None:
-        await barrier.stop()
+    async def on_startup(self, app: web.Application) -> None:
+        await self.barrier.start()
 
-    async def run_of(request: web.Request) -> str:
-        return REGISTER_RUN if request.path.endswith("/v1/register") else barrier.run.run_id
+    async def on_cleanup(self, app: web.Application) -> None:
+        await self.barrier.stop()
 
+
+def barrier_app(barrier: Barrier) -> web.Application:
+    """The barrier's app: its routes, the shared endpoints and limits (`member_app`), and its start and stop."""
+    routes = BarrierRoutes(barrier)
     limits = Limits(barrier.options, barrier.metrics.registry, registration=lambda: barrier.run.nodes + 10
                     if barrier.state.phase is BarrierPhase.REGISTERING else 0)  # http/limits.py
     app = member_app([
-        web.post("/v1/register", register),
-        web.post("/v1/arrive", arrive),
-        web.post("/v1/leave", leave),
-        web.delete("/v1/register", withdraw),
-        web.get("/v1/status", status),
-        web.get("/v1/history", history),
-        web.get("/", dashboard),
-        web.get("/dashboard/{name}", dashboard_asset),
-    ], options=barrier.options, keyring=barrier.keyring, run_of=run_of, registry=barrier.metrics.registry,
+        web.post("/v1/register", routes.register),
+        web.post("/v1/arrive", routes.arrive),
+        web.post("/v1/leave", routes.leave),
+        web.delete("/v1/register", routes.withdraw),
+        web.get("/v1/status", routes.status),
+        web.get("/v1/history", routes.history),
+        web.get("/", routes.dashboard),
+        web.get("/dashboard/{name}", routes.dashboard_asset),
+    ], options=barrier.options, keyring=barrier.keyring, run_of=routes.run_of, registry=barrier.metrics.registry,
         limits=limits, max_body=1024 * 1024, openapi=Path(__file__).parent / "openapi.json")
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
+    app.on_startup.append(routes.on_startup)
+    app.on_cleanup.append(routes.on_cleanup)
     return app
 
 
@@ -176,9 +183,9 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
     state, now = barrier.state, barrier.now()
     last = state.released[max(state.released)] if state.released else None
     return {
-        "role": "barrier", "run_id": barrier.run.run_id, "phase": state.phase.value, "round": state.round,
+        "role": "barrier", "run_id": barrier.run.run_id, "phase": state.run_phase.value, "round": state.round,
         "rounds": barrier.run.rounds, "expected": state.expected, "registered": len(state.pending),
-        "live": state.live, "dropped": state.dropped, "left": state.left, "failure": state.failure,
+        "live": state.live, "dropped": state.dropped, "left": state.left, "failure": barrier.failure,
         "stragglers": list(last.stragglers) if last else [],
         "members": [{"rank": r, "address": m.address, "missed": m.missed, "last_round": m.last_round,
                      "last_contact_s": round(now - m.last_contact, 3)} for r, m in state.members.items()],

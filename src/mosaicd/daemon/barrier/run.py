@@ -90,7 +90,7 @@ def interrupted(barrier: Barrier, how: str) -> None:
         barrier.recorder.fail(f"interrupted ({how})")
     except OSError:
         pass
-    if state.phase.value != "running":
+    if state.run_phase.value != "running":
         print(f"mosaicd barrier: {options.out}: interrupted while nodes registered; the same command starts the run "
               "again", file=sys.stderr)
         return
