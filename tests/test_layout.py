@@ -239,14 +239,16 @@ def foreign_writes(path: Path, classes: dict[str, dict[str, set[str]]], held: di
         members = typed(init, {}) if init else {}
         for fn in (f for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)):
             own = {"self": cls.name, **{k: v for k, v in members.items() if k.startswith("self.")}}
-            bad += _writes(fn, typed(fn, own), ours, held, me)
+            made = {ast.unparse(t) for t, v in map(_assignment, ast.walk(fn))  # `state = cls(...)`: its own object
+                    if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id in ("cls", cls.name)}
+            bad += _writes(fn, typed(fn, own), ours, held, me, made)
     for fn in (f for f in tree.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)):
         bad += _writes(fn, typed(fn, {}), ours, held, me)
     return bad
 
 
 def _writes(fn: ast.AST, kinds: dict[str, str], ours: dict[str, tuple[str, set[str]]],
-            held: dict[str, dict[str, str]], me: str) -> list[str]:
+            held: dict[str, dict[str, str]], me: str, made: set[str] = frozenset()) -> list[str]:
     def resolve(expr: ast.AST) -> str | None:
         if (known := kinds.get(ast.unparse(expr))) is not None:
             return known
@@ -265,7 +267,7 @@ def _writes(fn: ast.AST, kinds: dict[str, str], ours: dict[str, tuple[str, set[s
             cls = resolve(node.value)
             if cls in ours and node.attr in ours[cls][1]:
                 bad.append(f"{me}:{node.lineno} writes {owner}.{node.attr} ({ours[cls][0]}.{cls} owns it)")
-            elif node.attr.startswith("_") and not node.attr.startswith("__") and owner not in ("self", "cls"):
+            elif node.attr.startswith("_") and not node.attr.startswith("__") and owner not in ("self", "cls", *made):
                 bad.append(f"{me}:{node.lineno} writes {owner}.{node.attr}, a private field of another object")
     return bad
 

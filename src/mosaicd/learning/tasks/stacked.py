@@ -15,17 +15,14 @@ stacked; the callers fall back to one model at a time for the others.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from .torch_util import float_state, train_generator
-
-if TYPE_CHECKING:
-    from .torch_task import TorchTask
+from .torch_util import TorchModelTask, float_state, train_generator
 
 __all__ = ["STACK_SAMPLES", "chunks", "has_buffers", "restack", "train_stacked", "unstack"]
 
@@ -61,7 +58,7 @@ def chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def train_stacked(task: TorchTask, nodes: list[int], round: int,
+def train_stacked(task: TorchModelTask, nodes: list[int], round: int,
                   vectors: list[np.ndarray]) -> list[tuple[np.ndarray, float]]:
     """`task.train(node, round, vector)` for every node, together; same order of results as `nodes`."""
     results: dict[int, tuple[np.ndarray, float]] = {}
@@ -81,7 +78,7 @@ def train_stacked(task: TorchTask, nodes: list[int], round: int,
     return [results[k] for k in range(len(nodes))]
 
 
-def _train_group(task: TorchTask, nodes: list[int], round: int, vectors: list[np.ndarray],
+def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: list[np.ndarray],
                  batch: int) -> tuple[np.ndarray, list[float]]:
     s, split, model = task.run, task.split, task.model
     model.train()

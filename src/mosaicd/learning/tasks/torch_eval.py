@@ -10,17 +10,12 @@ The caller holds the task's lock.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
 from .stacked import chunks, unstack
-from .torch_util import load_vector
-
-if TYPE_CHECKING:
-    from .torch_task import TorchTask
+from .torch_util import TorchModelTask, load_vector
 
 __all__ = ["EVAL_STACK_SAMPLES", "evaluate_one", "evaluate_stacked", "test_rows"]
 
@@ -28,7 +23,7 @@ EVAL_STACK_SAMPLES = {"cpu": 2048}  # samples (models x batch) per vmapped call,
 EVAL_STACK_DEFAULT = 8192
 
 
-def test_rows(task: TorchTask, samples: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def test_rows(task: TorchModelTask, samples: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """The test set, or its rows `samples` (sorted indices)."""
     split = task.split
     if len(split.y_test) == 0:
@@ -38,7 +33,7 @@ def test_rows(task: TorchTask, samples: np.ndarray | None) -> tuple[np.ndarray, 
     return split.x_test[samples], split.y_test[samples]
 
 
-def evaluate_one(task: TorchTask, vector: np.ndarray, samples: np.ndarray | None = None) -> dict[str, float]:
+def evaluate_one(task: TorchModelTask, vector: np.ndarray, samples: np.ndarray | None = None) -> dict[str, float]:
     x_test, y_test = test_rows(task, samples)
     count = len(y_test)
     sums: dict[str, float] = {}
@@ -56,7 +51,7 @@ def evaluate_one(task: TorchTask, vector: np.ndarray, samples: np.ndarray | None
     return task.summarize(sums, count)
 
 
-def evaluate_stacked(task: TorchTask, vectors: list[np.ndarray],
+def evaluate_stacked(task: TorchModelTask, vectors: list[np.ndarray],
                      samples: np.ndarray | None = None) -> list[dict[str, float]]:
     """`task.evaluate_one(v, samples)` of every vector: each test batch goes to the device once and through
     chunks of models together; the sums stay on the device until the end."""

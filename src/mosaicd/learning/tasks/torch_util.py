@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -110,3 +111,39 @@ def check_device(name: str) -> torch.device:
             raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
         deterministic_cuda()
     return device
+
+
+class TorchModelTask(Protocol):
+    """What `stacked.py` and `torch_eval.py` ask of the `TorchTask` they serve (it imports them, so they name it by
+    what they use rather than import it back)."""
+
+    name: str
+    run: Any
+    device: torch.device
+    eval_batch_size: int
+    eval_channels_last: bool
+
+    @property
+    def split(self) -> Any: ...
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    @property
+    def eval_model(self) -> nn.Module: ...
+
+    def shard(self, node: int) -> np.ndarray: ...
+
+    def x(self, rows: np.ndarray) -> torch.Tensor: ...
+
+    def y(self, rows: np.ndarray) -> torch.Tensor: ...
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+    def score(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]: ...
+
+    def score_stacked(self, outputs: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    def summarize(self, sums: dict[str, float], count: int) -> dict[str, float]: ...
+
+    def evaluate_one(self, vector: np.ndarray, samples: np.ndarray | None = None) -> dict[str, float]: ...
