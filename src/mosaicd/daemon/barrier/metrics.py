@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+from prometheus_client import Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mosaic_proto import Release
-from mosaicd.daemon.node.metrics import SECONDS_BUCKETS, asyncio_tasks
+from mosaicd.daemon.http.metrics import SECONDS_BUCKETS, member_registry
 from mosaicd.settings import RunConfig
 
 # evaluation row key -> (metric name, help)
@@ -54,10 +54,7 @@ class _Evaluation(Collector):
 
 class BarrierMetrics:
     def __init__(self, run: RunConfig | None = None) -> None:
-        r = self.registry = CollectorRegistry()
-        ProcessCollector(registry=r)
-        Gauge("mosaic_asyncio_tasks", "asyncio tasks of the daemon's event loop", registry=r).set_function(
-            asyncio_tasks)
+        r = self.registry = member_registry()
         self.round = Gauge("mosaic_barrier_round", "round the barrier waits on", registry=r)
         self.members = Gauge("mosaic_barrier_members", "live members", registry=r)
         self.registered = Gauge("mosaic_barrier_registered", "registered nodes", registry=r)
