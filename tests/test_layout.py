@@ -155,3 +155,18 @@ def test_no_class_is_over_200_lines() -> None:
            for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)
            and n.end_lineno - n.lineno + 1 > 200]
     assert not big, big
+
+
+def test_the_roles_share_only_http_the_neutral_modules_and_the_core() -> None:
+    """daemon/node/ and daemon/barrier/ import nothing of each other (at run time or for annotations), nor the
+    module that puts them together (daemon/embedded.py): a node reaches the barrier it hosts as a
+    `daemon.hosting.HostedBarrier`."""
+    roles = {"mosaicd.daemon.node": "mosaicd.daemon.barrier", "mosaicd.daemon.barrier": "mosaicd.daemon.node"}
+    found = []
+    for path in FILES:
+        me = module_name(path)
+        for mine, other in roles.items():
+            if me == mine or me.startswith(mine + "."):
+                found += [f"{me} imports {t}" for t in imports(path)
+                          if t == other or t.startswith((other + ".", "mosaicd.daemon.embedded"))]
+    assert not found, found

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
 from mosaic_proto import Fragmentation, Layout, NodePhase, NodeState, PeerSampler
-from mosaicd.daemon.barrier.barrier import Barrier
-from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.errors import PeerDropped, RunEnded
+from mosaicd.daemon.hosting import BarrierHost, HostedBarrier
 from mosaicd.daemon.http.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
 from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresses, own_address
@@ -45,22 +43,22 @@ __all__ = ["Peer", "PeerDropped", "RunEnded"]
 
 class Peer:
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
-                 evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None,
-                 rejoining: bool = False, resume_rank: int | None = None) -> None:
+                 host: BarrierHost | None = None, rejoining: bool = False, resume_rank: int | None = None) -> None:
         """`model`: the model's Layout, or a torch module whose float state is the gossiped vector; None to
-        give it after registration (`set_model`). `run` is needed only where this peer hosts the barrier
-        (rank 0 of a --peer-list); `evaluate` is that barrier's network evaluation. `rejoining`: this process
+        give it after registration (`set_model`). `run` and `host` are needed only where this peer hosts the
+        barrier (rank 0 of a --peer-list): `host` builds it (`mosaicd.Peer` gives `mosaicd.daemon.embedded`'s,
+        with the network evaluation it was given). `rejoining`: this process
         takes over from an earlier one (it has its checkpoint): fragments of the round it lost are refused
         at once instead of held until it is ready. `resume_rank`: the rank this process takes back in a resumed
         run (`--resume-round`), wherever it listens now."""
-        self.options, self._model, self._evaluate, self._hosted_run = options, model, evaluate, run
+        self.options, self._model, self._host, self._hosted_run = options, model, host, run
         self._resume_rank = resume_rank
         self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining,
                                on_refused=lambda why, n: self.metrics.counted(why, n))
         secret = load_secret(options.secret_file)
         self.inbox = Inbox(self.state, options, Keyring(secret) if secret else None)
         self.log = get_logger(role="node")
-        self.barrier: Barrier | None = None
+        self.barrier: HostedBarrier | None = None  # the one this peer hosts (rank 0 of a --peer-list)
         self._runner: web.AppRunner | None = None
         keyring = self.inbox.keyring
         self._client = Client(options.request_timeout, options.retries, signer=signer(
@@ -116,9 +114,9 @@ class Peer:
         check_listen(options, inbox.keyring)
         if options.peer_list is not None:
             inbox.barrier_url = inbox.barrier_url or embedded_barrier_url(options)
-            self.barrier = embedded_barrier(options, self._hosted_run, self._evaluate)
+            self.barrier = hosted_barrier(options, self._hosted_run, self._host)
             if self.barrier is not None:
-                app.add_subapp("/barrier", barrier_app(self.barrier))
+                app.add_subapp("/barrier", self.barrier.app())
         if not inbox.barrier_url:
             raise ValueError("--barrier-url or --peer-list is needed to find the other nodes")
         self._runner, port = await serve(app, options)
@@ -263,12 +261,14 @@ def settings_differ(ours: RunConfig | None, run: RunConfig) -> str:
                      if k != "nodes" and mine.get(k) != v)
 
 
-def embedded_barrier(options: DaemonOptions, run: RunConfig | None, evaluate: Any) -> Barrier | None:
-    """With --peer-list, rank 0 (the first address in sorted order) also serves the barrier."""
+def hosted_barrier(options: DaemonOptions, run: RunConfig | None, host: BarrierHost | None) -> HostedBarrier | None:
+    """With --peer-list, rank 0 (the first address in sorted order) also serves the barrier, for as many nodes as
+    the list names."""
     addresses = listed_addresses(options)
     if addresses[0] != own_address(options, options.port) or options.barrier_url:
         return None
     if run is None:
         raise ValueError("rank 0 of a --peer-list hosts the barrier: it needs the run's settings")
-    counted = {"expect_dns": None, "expect_settle": None}  # the list counts the nodes
-    return Barrier(run.with_nodes(len(addresses)), options.model_copy(update=counted), evaluate=evaluate)
+    if host is None:
+        raise ValueError("rank 0 of a --peer-list hosts the barrier: it needs a host (mosaicd.Peer has one)")
+    return host(run.with_nodes(len(addresses)), options)
