@@ -113,14 +113,14 @@ class Peer:
         app = node_app(inbox)
         check_listen(options, inbox.keyring)
         if options.peer_list is not None:
-            inbox.barrier_url = inbox.barrier_url or embedded_barrier_url(options)
+            inbox.registers_with(inbox.barrier_url or embedded_barrier_url(options))
             self.barrier = hosted_barrier(options, self._hosted_run, self._host)
             if self.barrier is not None:
                 app.add_subapp("/barrier", self.barrier.app())
         if not inbox.barrier_url:
             raise ValueError("--barrier-url or --peer-list is needed to find the other nodes")
         self._runner, port = await serve(app, options)
-        inbox.address = own_address(options, port)
+        inbox.listening(own_address(options, port))
         self.log = self.log.bind(address=inbox.address)
 
     async def _register(self) -> None:
@@ -135,9 +135,8 @@ class Peer:
         differ = settings_differ(self._hosted_run, run)
         self.state.registered(int(reply["rank"]), list(reply["members"]), reply.get("live", range(len(
             reply["members"]))), int(reply.get("round", 0)), run.run_id)
-        self.inbox.run = run
         self.log = self.log.bind(node=self.rank, run=run.run_id)
-        self.inbox.registered.set()
+        self.inbox.registered_for(run)
         self.log.info("registered", rank=self.rank, members=len(self.members), round=self.round)
         if differ:  # a peer list's member started with other run settings than rank 0's: it cannot take part
             reason = f"its run settings differ from rank 0's: {differ}"
@@ -173,11 +172,10 @@ class Peer:
             from mosaicd.learning.tasks.torch_util import layout_of
             model = layout_of(model)
         run = self.run
-        self.inbox.layout = model
         fragmentation = Fragmentation.build(model, run.fragments, run.seed, run.strategy)
         self.state.start(fragmentation, PeerSampler(run.sampler, run.fanout, run.seed), vector,
                          aggregator=run.aggregator_rule(), attack=run.attack_of(self.rank))
-        self.inbox.ready.set()
+        self.inbox.model_known(model)
         self.log.info("ready", dim=model.dim, fingerprint=fragmentation.fingerprint.hex())
 
     def begin(self, vector: np.ndarray, kept_as: int | None = None, before: np.ndarray | None = None) -> None:
