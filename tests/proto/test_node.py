@@ -27,6 +27,7 @@ from mosaic_proto import (
     ReportError,
     WireError,
 )
+from mosaic_proto.round import TRAFFIC, Traffic
 
 N, D, K, S, ROUNDS = 6, 12, 3, 2, 8
 FR = Fragmentation.build(Layout.flat(D), K, 4, "random")
@@ -179,10 +180,12 @@ def test_only_the_last_snapshots_are_kept() -> None:
 
 
 def test_reports_round_trip_through_json_and_malformed_ones_are_refused() -> None:
-    report = NodeReport(3, loss=0.5, messages_out=2, refused={"stale_round": 1}, delivered={4: (2, 100)},
-                        wait_s=0.25, stragglers=(1,))
+    report = NodeReport(3, loss=0.5, traffic=Traffic(messages_out=2), refused={"stale_round": 1},
+                        delivered={4: (2, 100)}, wait_s=0.25, stragglers=(1,))
     again = NodeReport.from_json(report.to_json(), 3)
-    assert again == report
+    assert again == report and again.messages_out == again.traffic.messages_out == 2
+    assert list(report.to_json()) == ["round", "loss", *TRAFFIC, "refused", "train_s", "send_s", "wait_s",
+                                      "aggregate_s", "delivered", "stragglers"]  # the wire's order, flat
     assert math.isnan(NodeReport.from_json(NodeReport(3).to_json(), 3).loss)
     for bad in ({"round": 2}, {"round": 3, "loss": "x"}, {"round": 3, "delivered": {"x": [1, 2]}},
                 {"round": 3, "refused": {"a": -1}}, {"round": 3, "bytes_out": 2**70}, [3]):

@@ -33,7 +33,7 @@ from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresse
 from mosaicd.daemon.http.server import serve
 from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.daemon.node.inbox import Inbox
-from mosaicd.daemon.node.outbound import arrival, arrive, leave, live_model, send_all
+from mosaicd.daemon.node.outbound import arrival, arrive, leave, live_model, read_release, send_all
 from mosaicd.daemon.node.routes import node_app
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
@@ -200,16 +200,15 @@ class Peer:
         delivered, unsent = await send_all(self._client, t, messages, urls, self.log,
                                            state.send_budget(self.run.round_deadline))
         report = state.sent(delivered, unsent, loss, train_s)
-        release = await self._arrive(arrival(state, report))
-        advance = state.released(release["members"], {int(r): a for r, a in (release.get("addresses") or {}).items()},
-                                 release.get("stragglers", []))
+        release, joined, failure = read_release(await self._arrive(arrival(state, report)))
+        advance = state.released(release.members, joined, release.stragglers)
         self.metrics.sent(advance.sent)
         if state.phase is NodePhase.DROPPED:
             raise PeerDropped(f"node {self.rank} was dropped from the run after round {t}")
-        if release.get("failure"):  # the run ended early, failed: nothing is left to do
+        if failure:  # the run ended early, failed: nothing is left to do
             state.finishing()
             state.finished()
-            raise RunEnded(f"the run failed after round {t}: {release['failure']}")
+            raise RunEnded(f"the run failed after round {t}: {failure}")
         self.metrics.taken(advance.taken)
         self.metrics.round_done(t + 1, loss, advance.report)
         return advance.vector
