@@ -80,7 +80,7 @@ class Inbox:
         """One fragment message: (HTTP status, JSON answer). `sender`: the member the request's signature proved
         (None without a cluster secret)."""
         state = self.state
-        if not state.takes_fragments and not self.ready.is_set() and state.phase.value == "registering":
+        if state.waits_for_model and not self.ready.is_set():
             try:  # it registers: the model comes soon
                 await asyncio.wait_for(self.ready.wait(), self.options.request_timeout)
             except TimeoutError:

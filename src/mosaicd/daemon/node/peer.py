@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from mosaic_proto import Fragmentation, Layout, NodePhase, NodeState, PeerSampler
+from mosaic_proto import Fragmentation, Layout, NodeEvent, NodeState, PeerSampler
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost, HostedBarrier
 from mosaicd.daemon.http.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
@@ -193,7 +193,7 @@ class Peer:
         if not isinstance(local, np.ndarray) and hasattr(local, "state_dict"):
             return await _gossip_module(self, local, loss, train_s)
         state, t = self.state, self.state.round
-        if state.phase is not NodePhase.TRAINING:
+        if not state.allows(NodeEvent.OUTGOING):
             raise RuntimeError(f"gossip() needs a registered peer with a model (set_model), not {state.phase.value}")
         messages = state.outgoing(local)
         urls = [f"{scheme(self.options)}://{state.addresses[m.peer]}/v1/fragments" for m in messages]
@@ -203,11 +203,10 @@ class Peer:
         release, joined, failure = read_release(await self._arrive(arrival(state, report)))
         advance = state.released(release.members, joined, release.stragglers)
         self.metrics.sent(advance.sent)
-        if state.phase is NodePhase.DROPPED:
+        if advance.left_out:
             raise PeerDropped(f"node {self.rank} was dropped from the run after round {t}")
         if failure:  # the run ended early, failed: nothing is left to do
-            state.finishing()
-            state.finished()
+            state.run_failed()
             raise RunEnded(f"the run failed after round {t}: {failure}")
         self.metrics.taken(advance.taken)
         self.metrics.round_done(t + 1, loss, advance.report)
@@ -218,14 +217,14 @@ class Peer:
             return await arrive(self._client, self.inbox.barrier_url or "", body, final, self.run.round_deadline,
                                 self.options, self.log)
         except PeerDropped:
-            if self.state.phase is not NodePhase.DROPPED:
+            if self.state.allows(NodeEvent.DROPPED):
                 self.state.dropped()
             raise
 
     async def leave(self, reason: str, ends_run: bool = False) -> None:
         """Leave the run (told to stop, or failing): the barrier stops waiting for this node at once. `ends_run`:
         the run cannot go on without this node (its checkpoint could not be written): it ends, failed, resumable."""
-        if self.state.phase in (NodePhase.LEFT, NodePhase.FINISHED, NodePhase.LEAVING) or self.rank < 0:
+        if self.state.gone or self.rank < 0:
             return
         self.state.leaving()
         await leave(self._client, self.inbox.barrier_url or "", {"rank": self.rank, "reason": reason[:2000],
