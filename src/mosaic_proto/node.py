@@ -36,7 +36,7 @@ from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
 __all__ = ["GONE", "SNAPSHOTS_KEPT", "TAKES_FRAGMENTS", "TRANSITIONS", "WAITS_FOR_MODEL", "Advance", "NodeEvent",
-           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError"]
+           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError", "Snapshots"]
 
 SNAPSHOTS_KEPT = 3  # models after the last rounds a node keeps for the barrier's evaluation (and a rejoining peer)
 
@@ -130,6 +130,29 @@ def _not_taking(phase: NodePhase) -> NodeRefused:
 _NOT_READY = {P.REJOINING: "node is rejoining the run"}
 
 
+class Snapshots(dict[int, np.ndarray]):
+    """round -> this node's model after that round: the last `SNAPSHOTS_KEPT`, for the barrier's evaluations (and
+    peers that rejoin)."""
+
+    def keep(self, round: int, vector: np.ndarray) -> None:
+        self[round] = vector
+        self.pop(round - SNAPSHOTS_KEPT, None)
+
+    def resumed(self, round: int, vector: np.ndarray, before: np.ndarray | None) -> None:
+        """A resumed run's checkpoint: its model after `round`, and `before` after the round before (where kept)."""
+        kept = {round: vector, round - 1: before}
+        self.update({t: v for t, v in kept.items() if t >= 0 and v is not None})
+
+    def model(self, round: int | None, newest: np.ndarray | None) -> tuple[int, np.ndarray] | None:
+        """(round, model) kept for `round`, or None; for None, the newest kept (else `newest`, as of round -1)."""
+        if round is not None:
+            vector = self.get(round)
+            return None if vector is None else (round, vector)
+        last = max(self) if self else -1
+        vector = self.get(last, newest)
+        return None if vector is None else (last, vector)
+
+
 class NodePhases:
     """A node's phase, moved only along `TRANSITIONS` (`_fire`), and what the phase allows."""
 
@@ -177,7 +200,7 @@ class NodeState(NodePhases):
         self.rank, self.round, self.run_id = -1, 0, ""
         self.addresses: list[str] = []
         self.members: list[int] = []
-        self.snapshots: dict[int, np.ndarray] = {}
+        self.snapshots = Snapshots()
         self.vector: np.ndarray | None = None
         self.last_report: NodeReport | None = None
         self.loss = math.nan
@@ -223,8 +246,8 @@ class NodeState(NodePhases):
         """The model this node starts the run (or its rejoin) from; `kept_as`: the round it is the model after (a
         resumed run's checkpoint), kept as that round's snapshot for the barrier's evaluation, `before` too."""
         self.vector = vector
-        kept = {} if kept_as is None else {kept_as: vector, kept_as - 1: before}
-        self.snapshots.update({t: v for t, v in kept.items() if t >= 0 and v is not None})
+        if kept_as is not None:
+            self.snapshots.resumed(kept_as, vector, before)
 
     def rejoining(self) -> None:
         """A dropped node registers again (--rejoin-dropped)."""
@@ -278,8 +301,8 @@ class NodeState(NodePhases):
         aggregating = self.clock()
         outcome = self._round.finish()
         t = self.round
-        self.vector = self.snapshots[t] = outcome.vector
-        self.snapshots.pop(t - SNAPSHOTS_KEPT, None)
+        self.vector = outcome.vector
+        self.snapshots.keep(t, outcome.vector)
         self._opened = self.clock()
         for rank, address in sorted(joined.items()):
             if rank == len(self.addresses):  # a node that joined: the next free rank
@@ -356,9 +379,4 @@ class NodeState(NodePhases):
 
     def model(self, round: int | None = None) -> tuple[int, np.ndarray] | None:
         """(round, model) kept for `round` (None: the newest model), or None."""
-        if round is not None:
-            vector = self.snapshots.get(round)
-            return None if vector is None else (round, vector)
-        newest = max(self.snapshots) if self.snapshots else -1
-        vector = self.snapshots.get(newest, self.vector)
-        return None if vector is None else (newest, vector)
+        return self.snapshots.model(round, self.vector)

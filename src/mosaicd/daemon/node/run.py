@@ -33,10 +33,7 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     prefetched = None if task is not None else prefetch_in_background(settings.task)
     run = settings.run_config() if settings.peer_list is not None else None
     options = settings.daemon_options()
-    saved = checkpoint.load(checkpoint.state_dir(options), options.resume_round)
-    if options.resume_round is not None and saved is None:
-        raise FileNotFoundError(f"--resume-round {options.resume_round}: no checkpoint of that round in "
-                                f"{checkpoint.state_dir(options)} (--state-dir)")
+    saved = found_checkpoint(options)
     resume_rank = saved.rank if saved is not None and options.resume_round is not None else None
     peer = Peer(options, run=run, host=host, rejoining=saved is not None, resume_rank=resume_rank)
     registering = asyncio.ensure_future(peer.__aenter__())
@@ -63,18 +60,32 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
             elif peer.barrier is not None:  # the run this process hosts failed: the others hear it from it
                 await linger_for_the_others(peer, stopped)
             raise
-        lingering = asyncio.ensure_future(asyncio.sleep(settings.linger))
-        if options.leave_on_signal:  # told to stop while it lingers after the run (compose down): it stops now
-            on_signals(lingering)
-        try:
-            await lingering
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():  # this task was stopped, not only its linger
-                raise
+        await linger(settings.linger, options)
     finally:
         await peer.close()
     return 0
+
+
+def found_checkpoint(options: DaemonOptions) -> checkpoint.Checkpoint | None:
+    """The checkpoint in the state directory (of --resume-round, which must be there), if any."""
+    saved = checkpoint.load(checkpoint.state_dir(options), options.resume_round)
+    if options.resume_round is not None and saved is None:
+        raise FileNotFoundError(f"--resume-round {options.resume_round}: no checkpoint of that round in "
+                                f"{checkpoint.state_dir(options)} (--state-dir)")
+    return saved
+
+
+async def linger(seconds: float, options: DaemonOptions) -> None:
+    """Serve `seconds` more after the run (--linger); told to stop meanwhile (compose down), stop now."""
+    lingering = asyncio.ensure_future(asyncio.sleep(seconds))
+    if options.leave_on_signal:
+        on_signals(lingering)
+    try:
+        await lingering
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # this task was stopped, not only its linger
+            raise
 
 
 HOST_LINGER_S = 5.0  # rank 0 of a peer list that stops: how long at most it still tells the others the run failed
