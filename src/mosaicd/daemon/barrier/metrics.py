@@ -3,7 +3,8 @@
 One metric per quantity (`mosaic_node_average_metric`, `mosaic_consensus_distance`, ...); which task metric
 (accuracy, rmse, loss, ...) the `_metric` gauges hold is `mosaic_run_info`'s `metric` label. The evaluation
 gauges appear with the first evaluation. Round durations are a histogram (`mosaic_barrier_round_seconds`); the
-registry also holds the `process_*` metrics and serves no `_created` series (`daemon/http.py`).
+registry also holds the `process_*` metrics (`daemon/http/metrics.py`) and serves no `_created` series
+(`daemon/http/endpoints.py`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Names follow Prometheus conventions: base units in the name (`_bytes`, `_seconds`), `_total` on counters, one
 metric per quantity; round phase durations are a histogram (`mosaic_round_phase_seconds{phase}`); the
-registry also holds the `process_*` metrics and serves no `_created` series (`daemon/http/endpoints.py`).
+registry also holds the `process_*` metrics (`daemon/http/metrics.py`) and serves no `_created` series
+(`daemon/http/endpoints.py`).
 """
 
 from __future__ import annotations

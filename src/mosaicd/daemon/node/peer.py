@@ -12,7 +12,9 @@ A peer that registers during a run (it restarted, or joins late) starts at `peer
 `peer.download_model()` or its own checkpoint.
 
 `Peer` is an adapter: `mosaic_proto.NodeState` decides (phases, rounds, membership, reports), `Inbox` serves it
-to the node's HTTP API, and this class carries out the I/O: serving, registering, sending, arriving.
+to the node's HTTP API, and this class carries out the I/O: serving, registering, sending, arriving. Rank 0 of a
+--peer-list also serves the run's barrier, which its `host` builds (`daemon/hosting.py`): this class knows it only
+as a `HostedBarrier`; `mosaicd.Peer` (`daemon/embedded.py`) hosts the real one.
 """
 
 from __future__ import annotations
