@@ -11,7 +11,8 @@ barrier's release and incoming bytes, and gets messages, reports and decisions b
     report = state.sent(delivered, unsent, loss, train_s)   # WAITING: the arrival carries `report`
     advance = state.released(members, joined, stragglers)   # AGGREGATING -> TRAINING (or DROPPED)
     state.receive(data, sender)                             # any time: accept, buffer or refuse (NodeRefused)
-    state.finishing(); state.finished()                     # the final arrival, then FINISHED
+    state.finishing(); state.finished()                     # FINISHING: the final arrival, then FINISHED
+    state.run_failed()                                      # a release that ends the run, failed: FINISHED
     state.leaving(); state.left()                           # a node that stops tells the barrier: LEFT
 """
 
@@ -34,8 +35,8 @@ from .round import OutgoingMessage, Receipt, RoundReport, RoundState, decoded
 from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
-__all__ = ["SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "NodeEvent", "NodePhase", "NodeRefused", "NodeState",
-           "NodeStateError"]
+__all__ = ["GONE", "SNAPSHOTS_KEPT", "TAKES_FRAGMENTS", "TRANSITIONS", "WAITS_FOR_MODEL", "Advance", "NodeEvent",
+           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError", "Snapshots"]
 
 SNAPSHOTS_KEPT = 3  # models after the last rounds a node keeps for the barrier's evaluation (and a rejoining peer)
 
@@ -46,6 +47,7 @@ class NodePhase(StrEnum):
     SENDING = "sending"
     WAITING = "waiting"
     AGGREGATING = "aggregating"
+    FINISHING = "finishing"  # the final arrival waits at the barrier
     REJOINING = "rejoining"
     LEAVING = "leaving"
     LEFT = "left"
@@ -54,7 +56,8 @@ class NodePhase(StrEnum):
 
 
 class NodeEvent(StrEnum):
-    REGISTERED = "registered"  # the barrier answered the registration (or, for a dropped node, the new one)
+    REGISTERED = "registered"  # the barrier answered the registration (the model is not known yet)
+    READMITTED = "readmitted"  # a dropped node's new registration was answered: it knows the model, it goes on
     STARTED = "started"  # the model is known
     OUTGOING = "outgoing"  # the trained vector is in, the round's messages out
     SENT = "sent"  # the sends are over: the arrival goes to the barrier
@@ -65,7 +68,8 @@ class NodeEvent(StrEnum):
     REJOIN = "rejoin"  # a dropped node registers again
     NEW_RUN = "new_run"  # a node with a checkpoint registered for a run at round 0: it lost nothing, it starts anew
     FINISHING = "finishing"  # the final arrival
-    FINISHED = "finished"
+    FINISHED = "finished"  # the barrier answered the final arrival
+    RUN_FAILED = "run_failed"  # the release said the run ended, failed
     LEAVE = "leave"  # a signal: tell the barrier, then stop
     LEFT = "left"
 
@@ -73,18 +77,23 @@ class NodeEvent(StrEnum):
 P, E = NodePhase, NodeEvent
 # phase -> {event: next phase}: every transition, and nothing else (an event a phase has no row for is a bug)
 TRANSITIONS: dict[NodePhase, dict[NodeEvent, NodePhase]] = {
-    P.REGISTERING: {E.STARTED: P.TRAINING, E.LEAVE: P.LEAVING},
-    P.REJOINING: {E.STARTED: P.TRAINING, E.REGISTERED: P.TRAINING, E.NEW_RUN: P.REGISTERING, E.LEAVE: P.LEAVING},
-    P.TRAINING: {E.OUTGOING: P.SENDING, E.FINISHING: P.WAITING, E.LEAVE: P.LEAVING},
+    P.REGISTERING: {E.REGISTERED: P.REGISTERING, E.STARTED: P.TRAINING, E.LEAVE: P.LEAVING},
+    P.REJOINING: {E.REGISTERED: P.REJOINING, E.READMITTED: P.TRAINING, E.NEW_RUN: P.REGISTERING,
+                  E.STARTED: P.TRAINING, E.LEAVE: P.LEAVING},
+    P.TRAINING: {E.OUTGOING: P.SENDING, E.FINISHING: P.FINISHING, E.RUN_FAILED: P.FINISHED, E.LEAVE: P.LEAVING},
     P.SENDING: {E.SENT: P.WAITING, E.LEAVE: P.LEAVING},
-    P.WAITING: {E.RELEASED: P.AGGREGATING, E.FINISHED: P.FINISHED, E.DROPPED: P.DROPPED, E.LEAVE: P.LEAVING},
+    P.WAITING: {E.RELEASED: P.AGGREGATING, E.DROPPED: P.DROPPED, E.LEAVE: P.LEAVING},
     P.AGGREGATING: {E.AGGREGATED: P.TRAINING, E.LEFT_OUT: P.DROPPED},
+    P.FINISHING: {E.FINISHED: P.FINISHED, E.DROPPED: P.DROPPED, E.LEAVE: P.LEAVING},
     P.DROPPED: {E.REJOIN: P.REJOINING, E.LEAVE: P.LEAVING},
     P.LEAVING: {E.LEFT: P.LEFT},
     P.LEFT: {},
     P.FINISHED: {},
 }
-TAKES_FRAGMENTS = frozenset({P.TRAINING, P.SENDING, P.WAITING, P.AGGREGATING})
+TAKES_FRAGMENTS = frozenset({P.TRAINING, P.SENDING, P.WAITING, P.AGGREGATING})  # a round is open: it takes them
+WAITS_FOR_MODEL = frozenset({P.REGISTERING})  # fragments that come now may wait for the model (it comes soon)
+GONE = frozenset({P.LEAVING, P.LEFT, P.FINISHED})  # the run is over for the node, or it tells the barrier it leaves
+_REFUSED_FOR_GOOD = GONE | {P.FINISHING}  # phases that take no fragment again: a sender must not retry
 
 
 class NodeStateError(RuntimeError):
@@ -108,18 +117,76 @@ class Advance:
     report: NodeReport
     taken: RoundReport  # the messages buffered for the next round, accepted (or refused) by its state just now
     sent: RoundReport  # the finished round's outgoing traffic
+    left_out: bool = False  # the release does not name this node: it is DROPPED
 
 
-def _not_taking(phase: NodePhase, has_round: bool) -> NodeRefused:
+def _not_taking(phase: NodePhase) -> NodeRefused:
     """Why a node in `phase` takes no fragment messages (`NodeState.taking`)."""
-    if phase in (P.FINISHED, P.LEFT, P.LEAVING) or (phase is P.WAITING and not has_round):
+    if phase in _REFUSED_FOR_GOOD:
         return NodeRefused("finished", f"node is {phase.value}: it takes no more fragments", retry=False)
-    if phase is P.REJOINING:
-        return NodeRefused("not_ready", "node is rejoining the run", retry=True)
-    return NodeRefused("not_ready", f"node is {phase.value}", retry=True)
+    return NodeRefused("not_ready", _NOT_READY.get(phase, f"node is {phase.value}"), retry=True)
 
 
-class NodeState:
+_NOT_READY = {P.REJOINING: "node is rejoining the run"}
+
+
+class Snapshots(dict[int, np.ndarray]):
+    """round -> this node's model after that round: the last `SNAPSHOTS_KEPT`, for the barrier's evaluations (and
+    peers that rejoin)."""
+
+    def keep(self, round: int, vector: np.ndarray) -> None:
+        self[round] = vector
+        self.pop(round - SNAPSHOTS_KEPT, None)
+
+    def resumed(self, round: int, vector: np.ndarray, before: np.ndarray | None) -> None:
+        """A resumed run's checkpoint: its model after `round`, and `before` after the round before (where kept)."""
+        kept = {round: vector, round - 1: before}
+        self.update({t: v for t, v in kept.items() if t >= 0 and v is not None})
+
+    def model(self, round: int | None, newest: np.ndarray | None) -> tuple[int, np.ndarray] | None:
+        """(round, model) kept for `round`, or None; for None, the newest kept (else `newest`, as of round -1)."""
+        if round is not None:
+            vector = self.get(round)
+            return None if vector is None else (round, vector)
+        last = max(self) if self else -1
+        vector = self.get(last, newest)
+        return None if vector is None else (last, vector)
+
+
+class NodePhases:
+    """A node's phase, moved only along `TRANSITIONS` (`_fire`), and what the phase allows."""
+
+    rank: int
+
+    def __init__(self, phase: NodePhase) -> None:
+        self.phase = phase
+
+    def allows(self, event: NodeEvent) -> bool:
+        """Whether `event` may happen in this node's phase."""
+        return event in TRANSITIONS[self.phase]
+
+    @property
+    def gone(self) -> bool:
+        """The run is over for this node (finished, left), or it is telling the barrier it leaves."""
+        return self.phase in GONE
+
+    @property
+    def takes_fragments(self) -> bool:
+        return self.phase in TAKES_FRAGMENTS
+
+    @property
+    def waits_for_model(self) -> bool:
+        """Fragments that come now may wait for the model: it comes soon (`WAITS_FOR_MODEL`)."""
+        return self.phase in WAITS_FOR_MODEL
+
+    def _fire(self, event: NodeEvent) -> None:
+        to = TRANSITIONS[self.phase].get(event)
+        if to is None:
+            raise NodeStateError(f"node {self.rank}: {event.value} is not possible while {self.phase.value}")
+        self.phase = to
+
+
+class NodeState(NodePhases):
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_norm: float | None = None, rejoining: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  on_refused: Callable[[str, int], None] | None = None) -> None:
@@ -129,11 +196,11 @@ class NodeState:
         self.max_bytes, self.max_norm, self.clock, self.on_refused = max_bytes, max_norm, clock, on_refused
         self.aggregator: Aggregator | None = None
         self.attack: Attack | None = None
-        self.phase = P.REJOINING if rejoining else P.REGISTERING
+        super().__init__(P.REJOINING if rejoining else P.REGISTERING)
         self.rank, self.round, self.run_id = -1, 0, ""
         self.addresses: list[str] = []
         self.members: list[int] = []
-        self.snapshots: dict[int, np.ndarray] = {}
+        self.snapshots = Snapshots()
         self.vector: np.ndarray | None = None
         self.last_report: NodeReport | None = None
         self.loss = math.nan
@@ -147,24 +214,20 @@ class NodeState:
         self._report: NodeReport | None = None
 
     # -- membership --------------------------------------------------------------------------------
-    def _fire(self, event: NodeEvent) -> None:
-        to = TRANSITIONS[self.phase].get(event)
-        if to is None:
-            raise NodeStateError(f"node {self.rank}: {event.value} is not possible while {self.phase.value}")
-        self.phase = to
-
     def registered(self, rank: int, addresses: Sequence[str], live: Iterable[int], round: int, run_id: str) -> None:
         """The barrier's answer to a registration: this node's rank, the members' addresses, who is live, and the
         round it takes part from (> 0 for a node that rejoins or joins late)."""
-        if self.phase not in (P.REGISTERING, P.REJOINING):
-            raise NodeStateError(f"registered() while {self.phase.value}")
+        if self.fragmentation is not None:  # a rejoin after a drop: the model is known, go on at once
+            event = E.READMITTED
+        elif round == 0 and self.allows(E.NEW_RUN):  # a checkpoint of an earlier run (this run's are of round >= 1)
+            event = E.NEW_RUN
+        else:
+            event = E.REGISTERED
+        self._fire(event)
         self.rank, self.addresses, self.round, self.run_id = rank, list(addresses), round, run_id
         self.members = sorted(int(m) for m in live)
         self._opened = self.clock()
-        if self.phase is P.REJOINING and round == 0 and self.fragmentation is None:
-            self._fire(E.NEW_RUN)  # its checkpoint is an earlier run's (this run's are of round >= 1): nothing lost
-        elif self.fragmentation is not None:  # a rejoin after a drop: the model is known, go on at once
-            self._fire(E.REGISTERED)
+        if event is E.READMITTED:
             self._open_round(())
 
     def start(self, fragmentation: Fragmentation, sampler: PeerSampler, vector: np.ndarray | None = None, *,
@@ -183,8 +246,8 @@ class NodeState:
         """The model this node starts the run (or its rejoin) from; `kept_as`: the round it is the model after (a
         resumed run's checkpoint), kept as that round's snapshot for the barrier's evaluation, `before` too."""
         self.vector = vector
-        kept = {} if kept_as is None else {kept_as: vector, kept_as - 1: before}
-        self.snapshots.update({t: v for t, v in kept.items() if t >= 0 and v is not None})
+        if kept_as is not None:
+            self.snapshots.resumed(kept_as, vector, before)
 
     def rejoining(self) -> None:
         """A dropped node registers again (--rejoin-dropped)."""
@@ -192,8 +255,8 @@ class NodeState:
         self.rank, self._round = -1, None
 
     def leaving(self) -> None:
-        """This node stops (a signal): it tells the barrier, then is LEFT."""
-        if self.phase not in (P.LEAVING, P.LEFT, P.FINISHED):
+        """This node stops (a signal): it tells the barrier, then is LEFT (nothing changes once it is `gone`)."""
+        if not self.gone:
             self._fire(E.LEAVE)
 
     def left(self) -> None:
@@ -238,8 +301,8 @@ class NodeState:
         aggregating = self.clock()
         outcome = self._round.finish()
         t = self.round
-        self.vector = self.snapshots[t] = outcome.vector
-        self.snapshots.pop(t - SNAPSHOTS_KEPT, None)
+        self.vector = outcome.vector
+        self.snapshots.keep(t, outcome.vector)
         self._opened = self.clock()
         for rank, address in sorted(joined.items()):
             if rank == len(self.addresses):  # a node that joined: the next free rank
@@ -251,7 +314,7 @@ class NodeState:
         if self.rank not in self.members:
             self._fire(E.LEFT_OUT)
             self._round = None
-            return Advance(outcome.vector, report, RoundReport(t + 1), outcome.report)
+            return Advance(outcome.vector, report, RoundReport(t + 1), outcome.report, left_out=True)
         taken = self._open_round(outcome.early)
         self._aggregate_s = self.clock() - aggregating
         self._fire(E.AGGREGATED)
@@ -268,7 +331,13 @@ class NodeState:
         self._round = None
 
     def finished(self) -> None:
+        """The barrier answered the final arrival: the run is over for this node."""
         self._fire(E.FINISHED)
+
+    def run_failed(self) -> None:
+        """The release said the run ended, failed: it is over for this node (as if finished), no round is open."""
+        self._fire(E.RUN_FAILED)
+        self._round = None
 
     def _open_round(self, early: tuple) -> RoundReport:
         assert self.fragmentation is not None and self.sampler is not None
@@ -286,10 +355,6 @@ class NodeState:
             self.on_refused(reason, count)
 
     # -- incoming ------------------------------------------------------------------------------------------
-    @property
-    def takes_fragments(self) -> bool:
-        return self._round is not None and self.phase in TAKES_FRAGMENTS
-
     def receive(self, data: bytes | bytearray | memoryview, sender: int | None = None) -> tuple[Receipt, int]:
         """Take one message: (accepted or buffered, fragments accepted now). WireError if the message is refused,
         NodeRefused if this node cannot take messages in its phase; the state is unchanged then."""
@@ -297,8 +362,9 @@ class NodeState:
 
     def taking(self) -> RoundState:
         """The open round's state (for `decoded`, in a worker thread if need be); NodeRefused if none takes any."""
-        if self._round is None or self.phase not in TAKES_FRAGMENTS:
-            raise _not_taking(self.phase, self._round is not None)
+        if not self.takes_fragments:
+            raise _not_taking(self.phase)
+        assert self._round is not None  # every phase that takes fragments has its round open
         return self._round
 
     def take(self, batch: FragmentBatch | WireError, nbytes: int, sender: int | None = None) -> tuple[Receipt, int]:
@@ -313,9 +379,4 @@ class NodeState:
 
     def model(self, round: int | None = None) -> tuple[int, np.ndarray] | None:
         """(round, model) kept for `round` (None: the newest model), or None."""
-        if round is not None:
-            vector = self.snapshots.get(round)
-            return None if vector is None else (round, vector)
-        newest = max(self.snapshots) if self.snapshots else -1
-        vector = self.snapshots.get(newest, self.vector)
-        return None if vector is None else (newest, vector)
+        return self.snapshots.model(round, self.vector)

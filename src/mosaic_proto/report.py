@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .round import RoundReport
+from .round import TRAFFIC, RoundReport, Traffic
 
 __all__ = ["NODE_COLUMNS", "NodeReport", "ReportError", "received_counts"]
 
@@ -28,13 +28,7 @@ class ReportError(ValueError):
 class NodeReport:
     round: int
     loss: float = math.nan
-    messages_out: int = 0
-    fragments_out: int = 0
-    bytes_out: int = 0
-    messages_in: int = 0
-    fragments_in: int = 0
-    bytes_in: int = 0
-    fragments_unsent: int = 0
+    traffic: Traffic = field(default_factory=Traffic)  # read as the report's own too: `report.bytes_out`
     refused: dict[str, int] = field(default_factory=dict)
     train_s: float = 0.0
     send_s: float = 0.0
@@ -45,15 +39,25 @@ class NodeReport:
 
     @classmethod
     def of_traffic(cls, traffic: RoundReport, **fields_: Any) -> NodeReport:
-        """A report from a round state's traffic counts and the node's own `fields_` (loss, phase seconds...)."""
-        return cls(**{**traffic.to_json(), **fields_})
+        """A report from a round state's traffic counts and refusals, and the node's own `fields_` (loss, phase
+        seconds...; `refused` replaces the round state's)."""
+        return cls(**{"round": traffic.round, "traffic": traffic.counts(),
+                      "refused": dict(traffic.refused + traffic.cut), **fields_})
 
     def with_release(self, wait_s: float, stragglers: tuple[int, ...], **traffic_in: int) -> NodeReport:
         """The same round once it is released: the wait, the stragglers and the incoming traffic counted then."""
-        return replace(self, wait_s=wait_s, stragglers=tuple(stragglers), **traffic_in)
+        return replace(self, wait_s=wait_s, stragglers=tuple(stragglers), traffic=replace(self.traffic, **traffic_in))
+
+    def __getattr__(self, name: str) -> Any:
+        """The traffic counts, read as the report's own (`report.bytes_out`)."""
+        if name in TRAFFIC:
+            return getattr(self.traffic, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_json(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in _FIELDS}
+        data: dict[str, Any] = {}
+        for f in _FIELDS:  # the traffic counts in the traffic field's place, as fields of the report's own
+            data.update(self.traffic.traffic_json() if f.name == "traffic" else {f.name: getattr(self, f.name)})
         data["refused"] = dict(self.refused)
         data["delivered"] = {str(p): [f, b] for p, (f, b) in sorted(self.delivered.items())}
         data["stragglers"] = list(self.stragglers)
@@ -74,13 +78,18 @@ class NodeReport:
         if type(data.get("round")) is not int or data["round"] != round:
             raise ReportError(f"report.round must be the arrival's round {round}")
         values: dict[str, Any] = {"round": round}
-        for f in _FIELDS:
-            value = data.get(f.name)
-            if f.name in ("round", "refused", "delivered", "stragglers") or value is None:
+        counts: dict[str, int] = {}
+        for name, kind in _NUMBERS:
+            value = data.get(name)
+            if value is None:
                 continue
             if not _number(value):
-                raise ReportError(f"report.{f.name} must be a number")
-            values[f.name] = float(value) if f.type in ("float", "float | None") else int(value)
+                raise ReportError(f"report.{name} must be a number")
+            if kind is float:
+                values[name] = float(value)
+            else:
+                counts[name] = int(value)
+        values["traffic"] = Traffic(**counts)
         refused = data.get("refused")
         if refused is not None:
             if not (isinstance(refused, dict) and all(_count(v) for v in refused.values())):
@@ -102,6 +111,9 @@ class NodeReport:
 
 
 _FIELDS = fields(NodeReport)  # dataclasses.fields() builds its tuple anew each call: once here
+# the numbers of a report's JSON, in its order: float (loss, phase seconds) or int (the traffic counts)
+_NUMBERS = tuple(n for f in _FIELDS for n in ([(name, int) for name in TRAFFIC] if f.name == "traffic" else
+                                              [(f.name, float)] if f.type in ("float", "float | None") else []))
 
 NODE_COLUMNS = ("round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
                 "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 import numpy as np
@@ -48,24 +48,57 @@ class EarlyMessage:
     nbytes: int
 
 
-@dataclass
-class RoundReport:
-    round: int
+@dataclass(kw_only=True)
+class Traffic:
+    """One round's fragment messages as one node counts them: sent (those its peers took), given up on, and accepted.
+    A `RoundReport` counts them as the round goes; a `NodeReport` carries them to the barrier."""
+
     messages_out: int = 0
     fragments_out: int = 0
     bytes_out: int = 0
     messages_in: int = 0
     fragments_in: int = 0
     bytes_in: int = 0
-    refused: Counter = field(default_factory=Counter)
     fragments_unsent: int = 0
+
+    def counts(self) -> Traffic:
+        """These counts alone, as a `Traffic` of their own (of a `RoundReport`: without its round and refusals)."""
+        return Traffic(**{name: getattr(self, name) for name in TRAFFIC})
+
+    def traffic_json(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in TRAFFIC}
+
+    def accepted(self, fragments: int, nbytes: int) -> None:
+        self.messages_in += 1
+        self.fragments_in += fragments
+        self.bytes_in += nbytes
+
+    def sending(self, messages: Sequence[OutgoingMessage]) -> None:
+        self.messages_out = len(messages)
+        self.fragments_out = sum(len(m.fragments) for m in messages)
+        self.bytes_out = sum(len(m.payload) for m in messages)
+
+    def unsent(self, message: OutgoingMessage) -> None:
+        """The transport gave up on `message`: it counts as unsent, not sent."""
+        self.messages_out -= 1
+        self.fragments_out -= len(message.fragments)
+        self.bytes_out -= len(message.payload)
+        self.fragments_unsent += len(message.fragments)
+
+
+TRAFFIC = tuple(f.name for f in fields(Traffic))  # the counts' names, in the order reports write them
+
+
+@dataclass
+class RoundReport(Traffic):
+    round: int
+    refused: Counter = field(default_factory=Counter)
     cut: Counter = field(default_factory=Counter)  # received fragments the aggregator's rule clipped or trimmed
 
     def to_json(self) -> dict:
         """The report as JSON; `refused` holds both kinds of refusal by reason: messages refused (wire reasons,
         out_of_range for --max-norm) and received fragments cut by the aggregator's rule (clipped, trimmed)."""
-        counts = {k: v for k, v in self.__dict__.items() if k not in ("refused", "cut")}
-        return {**counts, "refused": dict(self.refused + self.cut)}
+        return {"round": self.round, **self.traffic_json(), "refused": dict(self.refused + self.cut)}
 
 
 @dataclass(frozen=True)
@@ -178,9 +211,7 @@ class RoundState:
             raise WireError(Reason.DUPLICATE_FRAGMENT, f"sender {batch.sender} already sent fragments {dup}")
         else:
             have.update(batch.fragments)
-        self.report.messages_in += 1
-        self.report.fragments_in += len(batch.fragments)
-        self.report.bytes_in += nbytes
+        self.report.accepted(len(batch.fragments), nbytes)
         return Receipt.ACCEPTED
 
     def plan(self) -> dict[int, list[int]]:
@@ -209,9 +240,7 @@ class RoundState:
                     self.run_id, self.round, self.node, self.fragmentation.k, self.fragmentation.fingerprint,
                     {f: sent[f] for f in frags}))
             messages.append(OutgoingMessage(peer, tuple(frags), payload))
-        self.report.messages_out = len(messages)
-        self.report.fragments_out = sum(len(m.fragments) for m in messages)
-        self.report.bytes_out = sum(len(m.payload) for m in messages)
+        self.report.sending(messages)
         return messages
 
     def _crafted(self, fragments: list[np.ndarray]) -> list[np.ndarray]:
@@ -238,10 +267,7 @@ class RoundState:
 
     def mark_unsent(self, message: OutgoingMessage) -> None:
         """The transport gave up on a message: keep the report honest."""
-        self.report.messages_out -= 1
-        self.report.fragments_out -= len(message.fragments)
-        self.report.bytes_out -= len(message.payload)
-        self.report.fragments_unsent += len(message.fragments)
+        self.report.unsent(message)
 
     def finish(self) -> RoundOutcome:
         """Aggregate what arrived (call after the barrier) and hand on messages for later rounds."""

@@ -6,7 +6,7 @@ from typing import Any
 
 __all__ = ["DaemonOptions", "Peer", "PeerDropped", "RunConfig", "Settings", "Task", "TorchTask"]
 
-_HOMES = {"Peer": "mosaicd.daemon.node.peer", "PeerDropped": "mosaicd.daemon.errors",
+_HOMES = {"Peer": "mosaicd.daemon.embedded", "PeerDropped": "mosaicd.daemon.errors",
           "DaemonOptions": "mosaicd.settings", "RunConfig": "mosaicd.settings", "Settings": "mosaicd.settings",
           "Task": "mosaicd.learning.tasks.base", "TorchTask": "mosaicd.learning.tasks.torch_task"}
 

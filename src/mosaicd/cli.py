@@ -322,7 +322,7 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
     if args.command == "node":
         if settings.peer_list is not None:
             check_peer_list(settings)
-        from mosaicd.daemon.node.run import run_node
+        from mosaicd.daemon.embedded import run_node  # the node role, hosting the barrier as a peer list's rank 0
         return asyncio.run(run_node(settings))
     if args.command == "barrier":
         from mosaicd.daemon.barrier.run import run_barrier

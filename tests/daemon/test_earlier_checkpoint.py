@@ -45,7 +45,7 @@ async def post_round_0_fragment_while_the_model_is_not_known(registered_round: i
     async def model_known() -> None:
         await asyncio.sleep(0.3)
         state.start(FR, SAMPLER, Q.initial(0))
-        inbox.ready.set()
+        inbox.model_known(FR.layout)
 
     starting = asyncio.ensure_future(model_known())
     try:

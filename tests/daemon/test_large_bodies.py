@@ -43,7 +43,7 @@ async def node() -> AsyncIterator[tuple[str, Inbox]]:
     state.registered(0, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 1, 2], 0, RUN)
     state.start(FR, SAMPLER, np.zeros(DIM, np.float32))
     inbox = Inbox(state, options, None)
-    inbox.ready.set()
+    inbox.model_known(FR.layout)
     runner, port = await serve(node_app(inbox), options)
     try:
         yield f"http://127.0.0.1:{port}", inbox

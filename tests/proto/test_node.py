@@ -27,6 +27,7 @@ from mosaic_proto import (
     ReportError,
     WireError,
 )
+from mosaic_proto.round import TRAFFIC, Traffic
 
 N, D, K, S, ROUNDS = 6, 12, 3, 2, 8
 FR = Fragmentation.build(Layout.flat(D), K, 4, "random")
@@ -80,13 +81,40 @@ def test_a_round_moves_through_its_phases_in_order() -> None:
     assert state.last_report == advance.report and state.model() == (0, advance.vector)
 
 
-@pytest.mark.parametrize("call", ["released", "sent", "finished", "left"])
+@pytest.mark.parametrize("call", ["released", "sent", "finished", "left", "dropped", "rejoining", "registered"])
 def test_calls_out_of_order_are_refused_and_change_nothing(call: str) -> None:
     state = started()
-    args = {"released": (range(N), {}, []), "sent": ({}, [])}.get(call, ())
+    args = {"released": (range(N), {}, []), "sent": ({}, []), "registered": (4, ["h:1"], [4], 7, "other")}.get(call, ())
     with pytest.raises((NodeStateError, AssertionError)):
         getattr(state, call)(*args)
-    assert state.phase is NodePhase.TRAINING and state.round == 0
+    assert state.phase is NodePhase.TRAINING and state.round == 0 and state.rank == 0 and state.run_id == "node-test"
+    assert not state.allows(NodeEvent(call if call != "rejoining" else "rejoin"))
+
+
+def test_the_final_arrival_waits_in_its_own_phase_and_ends_finished_or_dropped() -> None:
+    for end, phase in (("finished", NodePhase.FINISHED), ("dropped", NodePhase.DROPPED)):
+        state = started()
+        state.finishing()
+        assert state.phase is NodePhase.FINISHING and not state.takes_fragments and not state.gone
+        with pytest.raises(NodeStateError):
+            state.released(range(N), {}, [])
+        getattr(state, end)()
+        assert state.phase is phase
+
+
+def test_a_run_that_failed_ends_the_node_finished_from_its_next_round() -> None:
+    state = started()
+    state.outgoing(Q.initial(0))
+    state.sent({}, [])
+    advance = state.released(range(N), {}, [])
+    assert not advance.left_out and state.phase is NodePhase.TRAINING
+    state.run_failed()
+    assert state.phase is NodePhase.FINISHED and state.gone and state.round == 1
+    with pytest.raises(NodeRefused) as refused:
+        state.receive(b"\xa0")
+    assert refused.value.reason == "finished" and not refused.value.retry
+    state.leaving()  # nothing to tell: the run is over
+    assert state.phase is NodePhase.FINISHED
 
 
 def test_outgoing_before_the_model_is_known_is_refused() -> None:
@@ -127,6 +155,9 @@ def test_a_finished_node_refuses_for_good() -> None:
     assert refused.value.reason == "finished" and not refused.value.retry
     state.finished()
     assert state.phase is NodePhase.FINISHED
+    with pytest.raises(NodeRefused) as refused:
+        state.receive(b"\xa0")
+    assert refused.value.reason == "finished" and not refused.value.retry
 
 
 def test_a_refused_message_is_counted_in_the_next_report() -> None:
@@ -145,14 +176,14 @@ def test_a_node_left_out_of_the_next_round_is_dropped_and_can_rejoin() -> None:
     state = started(2)
     state.outgoing(Q.initial(2))
     state.sent({}, [])
-    state.released([0, 1, 3, 4, 5], {}, [2])
+    assert state.released([0, 1, 3, 4, 5], {}, [2]).left_out
     assert state.phase is NodePhase.DROPPED
     with pytest.raises(NodeRefused):
         state.receive(b"\xa0")
     state.rejoining()
     assert state.phase is NodePhase.REJOINING and state.rank == -1
-    state.registered(2, [f"h:{i + 1}" for i in range(N)], range(N), 3, "node-test")
-    assert state.phase is NodePhase.TRAINING and state.round == 3
+    state.registered(2, [f"h:{i + 1}" for i in range(N)], range(N), 3, "node-test")  # readmitted: it has the model
+    assert state.phase is NodePhase.TRAINING and state.round == 3 and state.takes_fragments
 
 
 def test_leaving_is_possible_from_any_live_phase_and_final() -> None:
@@ -179,10 +210,12 @@ def test_only_the_last_snapshots_are_kept() -> None:
 
 
 def test_reports_round_trip_through_json_and_malformed_ones_are_refused() -> None:
-    report = NodeReport(3, loss=0.5, messages_out=2, refused={"stale_round": 1}, delivered={4: (2, 100)},
-                        wait_s=0.25, stragglers=(1,))
+    report = NodeReport(3, loss=0.5, traffic=Traffic(messages_out=2), refused={"stale_round": 1},
+                        delivered={4: (2, 100)}, wait_s=0.25, stragglers=(1,))
     again = NodeReport.from_json(report.to_json(), 3)
-    assert again == report
+    assert again == report and again.messages_out == again.traffic.messages_out == 2
+    assert list(report.to_json()) == ["round", "loss", *TRAFFIC, "refused", "train_s", "send_s", "wait_s",
+                                      "aggregate_s", "delivered", "stragglers"]  # the wire's order, flat
     assert math.isnan(NodeReport.from_json(NodeReport(3).to_json(), 3).loss)
     for bad in ({"round": 2}, {"round": 3, "loss": "x"}, {"round": 3, "delivered": {"x": [1, 2]}},
                 {"round": 3, "refused": {"a": -1}}, {"round": 3, "bytes_out": 2**70}, [3]):

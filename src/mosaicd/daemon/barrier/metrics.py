@@ -3,7 +3,8 @@
 One metric per quantity (`mosaic_node_average_metric`, `mosaic_consensus_distance`, ...); which task metric
 (accuracy, rmse, loss, ...) the `_metric` gauges hold is `mosaic_run_info`'s `metric` label. The evaluation
 gauges appear with the first evaluation. Round durations are a histogram (`mosaic_barrier_round_seconds`); the
-registry also holds the `process_*` metrics and serves no `_created` series (`daemon/http.py`).
+registry also holds the `process_*` metrics (`daemon/http/metrics.py`) and serves no `_created` series
+(`daemon/http/endpoints.py`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+from prometheus_client import Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mosaic_proto import Release
-from mosaicd.daemon.node.metrics import SECONDS_BUCKETS, asyncio_tasks
+from mosaicd.daemon.http.metrics import SECONDS_BUCKETS, member_registry
 from mosaicd.settings import RunConfig
 
 # evaluation row key -> (metric name, help)
@@ -54,10 +55,7 @@ class _Evaluation(Collector):
 
 class BarrierMetrics:
     def __init__(self, run: RunConfig | None = None) -> None:
-        r = self.registry = CollectorRegistry()
-        ProcessCollector(registry=r)
-        Gauge("mosaic_asyncio_tasks", "asyncio tasks of the daemon's event loop", registry=r).set_function(
-            asyncio_tasks)
+        r = self.registry = member_registry()
         self.round = Gauge("mosaic_barrier_round", "round the barrier waits on", registry=r)
         self.members = Gauge("mosaic_barrier_members", "live members", registry=r)
         self.registered = Gauge("mosaic_barrier_registered", "registered nodes", registry=r)

@@ -36,13 +36,36 @@ class Inbox:
     def __init__(self, state: NodeState, options: DaemonOptions, keyring: Keyring | None) -> None:
         self.state, self.options, self.keyring = state, options, keyring
         self.metrics = NodeMetrics()
-        self.run: RunConfig | None = None  # the barrier's, once registered
-        self.layout: Layout | None = None
-        self.address = ""
-        self.barrier_url = options.barrier_url
+        self._run: RunConfig | None = None
+        self._layout: Layout | None = None
+        self._address = ""
+        self._barrier_url = options.barrier_url
         self.registered = asyncio.Event()  # the run (and its key) is known
         self.ready = asyncio.Event()  # the model is known: fragments are taken
         self.decoding = BodySlots(DECODES_AT_ONCE, DECODES_AT_ONCE, options.max_body_bytes)
+
+    run = property(lambda self: self._run, doc="the run as the barrier handed it out (None before registration)")
+    layout = property(lambda self: self._layout, doc="the model's layout, once known (None before)")
+    address = property(lambda self: self._address, doc="where this node listens, as its peers reach it")
+    barrier_url = property(lambda self: self._barrier_url, doc="the barrier this node registers with")
+
+    def registers_with(self, barrier_url: str | None) -> None:
+        """The barrier's URL: --barrier-url, or the one a peer list's rank 0 serves."""
+        self._barrier_url = barrier_url
+
+    def listening(self, address: str) -> None:
+        """The node's server is up: peers reach it at `address`."""
+        self._address = address
+
+    def registered_for(self, run: RunConfig) -> None:
+        """The barrier took the registration and handed out `run`: requests signed with its key are taken."""
+        self._run = run
+        self.registered.set()
+
+    def model_known(self, layout: Layout) -> None:
+        """The model's layout is known and the node's state started: fragments are taken."""
+        self._layout = layout
+        self.ready.set()
 
     async def run_of(self) -> str | None:
         """The run whose key signs requests to this node, once it knows it (waits up to a request timeout)."""
@@ -57,7 +80,7 @@ class Inbox:
         """One fragment message: (HTTP status, JSON answer). `sender`: the member the request's signature proved
         (None without a cluster secret)."""
         state = self.state
-        if not state.takes_fragments and not self.ready.is_set() and state.phase.value == "registering":
+        if state.waits_for_model and not self.ready.is_set():
             try:  # it registers: the model comes soon
                 await asyncio.wait_for(self.ready.wait(), self.options.request_timeout)
             except TimeoutError:

@@ -2,40 +2,26 @@
 
 Names follow Prometheus conventions: base units in the name (`_bytes`, `_seconds`), `_total` on counters, one
 metric per quantity; round phase durations are a histogram (`mosaic_round_phase_seconds{phase}`); the
-registry also holds the `process_*` metrics and serves no `_created` series (`daemon/http/endpoints.py`).
+registry also holds the `process_*` metrics (`daemon/http/metrics.py`) and serves no `_created` series
+(`daemon/http/endpoints.py`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import Counter, Gauge, Histogram
 
 from mosaic_proto import NodeReport, Reason, RoundReport
+from mosaicd.daemon.http.metrics import SECONDS_BUCKETS, member_registry
 
 PHASES = ("train", "send", "wait", "aggregate")
 CUT_RULES = ("clipped", "trimmed")  # what mosaic_proto.robust counts
-# from a millisecond (protocol-only rounds on loopback) to minutes (a CIFAR epoch on CPU, a long barrier wait)
-SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-                   300.0, 600.0)
-
-
-def asyncio_tasks() -> float:
-    """Tasks of the event loop that serves the scrape (NaN off a loop): a leak of tasks shows as a count that
-    rises with the rounds (bench/soak.py)."""
-    try:
-        return float(len(asyncio.all_tasks()))
-    except RuntimeError:
-        return math.nan
 
 
 class NodeMetrics:
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        ProcessCollector(registry=r)
-        Gauge("mosaic_asyncio_tasks", "asyncio tasks of the daemon's event loop", registry=r).set_function(
-            asyncio_tasks)
+        r = self.registry = member_registry()
         self.round = Gauge("mosaic_round", "rounds this node has finished (the round it is in)", registry=r)
         self.bytes_out = Counter("mosaic_sent_bytes", "fragment message bytes sent", registry=r)
         self.bytes_in = Counter("mosaic_received_bytes", "fragment message bytes accepted", registry=r)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from mosaic_proto import CONTENT_TYPE, BarrierReason, Layout, NodeReport, NodeState, OutgoingMessage, Reason
+from mosaic_proto import CONTENT_TYPE, BarrierReason, Layout, NodeReport, NodeState, OutgoingMessage, Reason, Release
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.http.body import hash_bytes
@@ -93,6 +93,13 @@ async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: 
         if exc.reason in (BarrierReason.RUN_FAILED, BarrierReason.LEFT):
             raise RunEnded(exc.detail) from None
         raise
+
+
+def read_release(body: dict[str, Any]) -> tuple[Release, dict[int, str], str | None]:
+    """The barrier's answer to an arrival: the release, rank -> address of the members it names that join, and why
+    the run failed where this release ends it so (else None). The one place that reads a release's extra keys."""
+    joined = {int(rank): address for rank, address in (body.get("addresses") or {}).items()}
+    return Release.from_json(body), joined, body.get("failure") or None
 
 
 async def leave(client: Client, barrier_url: str, body: dict[str, Any], timeout: float, log: Any) -> bool:

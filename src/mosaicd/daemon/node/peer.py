@@ -12,30 +12,30 @@ A peer that registers during a run (it restarted, or joins late) starts at `peer
 `peer.download_model()` or its own checkpoint.
 
 `Peer` is an adapter: `mosaic_proto.NodeState` decides (phases, rounds, membership, reports), `Inbox` serves it
-to the node's HTTP API, and this class carries out the I/O: serving, registering, sending, arriving.
+to the node's HTTP API, and this class carries out the I/O: serving, registering, sending, arriving. Rank 0 of a
+--peer-list also serves the run's barrier, which its `host` builds (`daemon/hosting.py`): this class knows it only
+as a `HostedBarrier`; `mosaicd.Peer` (`daemon/embedded.py`) hosts the real one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from mosaic_proto import Fragmentation, Layout, NodePhase, NodeState, PeerSampler
-from mosaicd.daemon.barrier.barrier import Barrier
-from mosaicd.daemon.barrier.routes import barrier_app
+from mosaic_proto import Fragmentation, Layout, NodeEvent, NodeState, PeerSampler
 from mosaicd.daemon.errors import PeerDropped, RunEnded
+from mosaicd.daemon.hosting import BarrierHost, HostedBarrier
 from mosaicd.daemon.http.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
 from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.http.server import serve
 from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.daemon.node.inbox import Inbox
-from mosaicd.daemon.node.outbound import arrival, arrive, leave, live_model, send_all
+from mosaicd.daemon.node.outbound import arrival, arrive, leave, live_model, read_release, send_all
 from mosaicd.daemon.node.routes import node_app
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
@@ -45,22 +45,22 @@ __all__ = ["Peer", "PeerDropped", "RunEnded"]
 
 class Peer:
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
-                 evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None,
-                 rejoining: bool = False, resume_rank: int | None = None) -> None:
+                 host: BarrierHost | None = None, rejoining: bool = False, resume_rank: int | None = None) -> None:
         """`model`: the model's Layout, or a torch module whose float state is the gossiped vector; None to
-        give it after registration (`set_model`). `run` is needed only where this peer hosts the barrier
-        (rank 0 of a --peer-list); `evaluate` is that barrier's network evaluation. `rejoining`: this process
+        give it after registration (`set_model`). `run` and `host` are needed only where this peer hosts the
+        barrier (rank 0 of a --peer-list): `host` builds it (`mosaicd.Peer` gives `mosaicd.daemon.embedded`'s,
+        with the network evaluation it was given). `rejoining`: this process
         takes over from an earlier one (it has its checkpoint): fragments of the round it lost are refused
         at once instead of held until it is ready. `resume_rank`: the rank this process takes back in a resumed
         run (`--resume-round`), wherever it listens now."""
-        self.options, self._model, self._evaluate, self._hosted_run = options, model, evaluate, run
+        self.options, self._model, self._host, self._hosted_run = options, model, host, run
         self._resume_rank = resume_rank
         self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining,
                                on_refused=lambda why, n: self.metrics.counted(why, n))
         secret = load_secret(options.secret_file)
         self.inbox = Inbox(self.state, options, Keyring(secret) if secret else None)
         self.log = get_logger(role="node")
-        self.barrier: Barrier | None = None
+        self.barrier: HostedBarrier | None = None  # the one this peer hosts (rank 0 of a --peer-list)
         self._runner: web.AppRunner | None = None
         keyring = self.inbox.keyring
         self._client = Client(options.request_timeout, options.retries, signer=signer(
@@ -115,14 +115,14 @@ class Peer:
         app = node_app(inbox)
         check_listen(options, inbox.keyring)
         if options.peer_list is not None:
-            inbox.barrier_url = inbox.barrier_url or embedded_barrier_url(options)
-            self.barrier = embedded_barrier(options, self._hosted_run, self._evaluate)
+            inbox.registers_with(inbox.barrier_url or embedded_barrier_url(options))
+            self.barrier = hosted_barrier(options, self._hosted_run, self._host)
             if self.barrier is not None:
-                app.add_subapp("/barrier", barrier_app(self.barrier))
+                app.add_subapp("/barrier", self.barrier.app())
         if not inbox.barrier_url:
             raise ValueError("--barrier-url or --peer-list is needed to find the other nodes")
         self._runner, port = await serve(app, options)
-        inbox.address = own_address(options, port)
+        inbox.listening(own_address(options, port))
         self.log = self.log.bind(address=inbox.address)
 
     async def _register(self) -> None:
@@ -137,9 +137,8 @@ class Peer:
         differ = settings_differ(self._hosted_run, run)
         self.state.registered(int(reply["rank"]), list(reply["members"]), reply.get("live", range(len(
             reply["members"]))), int(reply.get("round", 0)), run.run_id)
-        self.inbox.run = run
         self.log = self.log.bind(node=self.rank, run=run.run_id)
-        self.inbox.registered.set()
+        self.inbox.registered_for(run)
         self.log.info("registered", rank=self.rank, members=len(self.members), round=self.round)
         if differ:  # a peer list's member started with other run settings than rank 0's: it cannot take part
             reason = f"its run settings differ from rank 0's: {differ}"
@@ -175,11 +174,10 @@ class Peer:
             from mosaicd.learning.tasks.torch_util import layout_of
             model = layout_of(model)
         run = self.run
-        self.inbox.layout = model
         fragmentation = Fragmentation.build(model, run.fragments, run.seed, run.strategy)
         self.state.start(fragmentation, PeerSampler(run.sampler, run.fanout, run.seed), vector,
                          aggregator=run.aggregator_rule(), attack=run.attack_of(self.rank))
-        self.inbox.ready.set()
+        self.inbox.model_known(model)
         self.log.info("ready", dim=model.dim, fingerprint=fragmentation.fingerprint.hex())
 
     def begin(self, vector: np.ndarray, kept_as: int | None = None, before: np.ndarray | None = None) -> None:
@@ -197,23 +195,21 @@ class Peer:
         if not isinstance(local, np.ndarray) and hasattr(local, "state_dict"):
             return await _gossip_module(self, local, loss, train_s)
         state, t = self.state, self.state.round
-        if state.phase is not NodePhase.TRAINING:
+        if not state.allows(NodeEvent.OUTGOING):
             raise RuntimeError(f"gossip() needs a registered peer with a model (set_model), not {state.phase.value}")
         messages = state.outgoing(local)
         urls = [f"{scheme(self.options)}://{state.addresses[m.peer]}/v1/fragments" for m in messages]
         delivered, unsent = await send_all(self._client, t, messages, urls, self.log,
                                            state.send_budget(self.run.round_deadline))
         report = state.sent(delivered, unsent, loss, train_s)
-        release = await self._arrive(arrival(state, report))
-        advance = state.released(release["members"], {int(r): a for r, a in (release.get("addresses") or {}).items()},
-                                 release.get("stragglers", []))
+        release, joined, failure = read_release(await self._arrive(arrival(state, report)))
+        advance = state.released(release.members, joined, release.stragglers)
         self.metrics.sent(advance.sent)
-        if state.phase is NodePhase.DROPPED:
+        if advance.left_out:
             raise PeerDropped(f"node {self.rank} was dropped from the run after round {t}")
-        if release.get("failure"):  # the run ended early, failed: nothing is left to do
-            state.finishing()
-            state.finished()
-            raise RunEnded(f"the run failed after round {t}: {release['failure']}")
+        if failure:  # the run ended early, failed: nothing is left to do
+            state.run_failed()
+            raise RunEnded(f"the run failed after round {t}: {failure}")
         self.metrics.taken(advance.taken)
         self.metrics.round_done(t + 1, loss, advance.report)
         return advance.vector
@@ -223,14 +219,14 @@ class Peer:
             return await arrive(self._client, self.inbox.barrier_url or "", body, final, self.run.round_deadline,
                                 self.options, self.log)
         except PeerDropped:
-            if self.state.phase is not NodePhase.DROPPED:
+            if self.state.allows(NodeEvent.DROPPED):
                 self.state.dropped()
             raise
 
     async def leave(self, reason: str, ends_run: bool = False) -> None:
         """Leave the run (told to stop, or failing): the barrier stops waiting for this node at once. `ends_run`:
         the run cannot go on without this node (its checkpoint could not be written): it ends, failed, resumable."""
-        if self.state.phase in (NodePhase.LEFT, NodePhase.FINISHED, NodePhase.LEAVING) or self.rank < 0:
+        if self.state.gone or self.rank < 0:
             return
         self.state.leaving()
         await leave(self._client, self.inbox.barrier_url or "", {"rank": self.rank, "reason": reason[:2000],
@@ -263,12 +259,14 @@ def settings_differ(ours: RunConfig | None, run: RunConfig) -> str:
                      if k != "nodes" and mine.get(k) != v)
 
 
-def embedded_barrier(options: DaemonOptions, run: RunConfig | None, evaluate: Any) -> Barrier | None:
-    """With --peer-list, rank 0 (the first address in sorted order) also serves the barrier."""
+def hosted_barrier(options: DaemonOptions, run: RunConfig | None, host: BarrierHost | None) -> HostedBarrier | None:
+    """With --peer-list, rank 0 (the first address in sorted order) also serves the barrier, for as many nodes as
+    the list names."""
     addresses = listed_addresses(options)
     if addresses[0] != own_address(options, options.port) or options.barrier_url:
         return None
     if run is None:
         raise ValueError("rank 0 of a --peer-list hosts the barrier: it needs the run's settings")
-    counted = {"expect_dns": None, "expect_settle": None}  # the list counts the nodes
-    return Barrier(run.with_nodes(len(addresses)), options.model_copy(update=counted), evaluate=evaluate)
+    if host is None:
+        raise ValueError("rank 0 of a --peer-list hosts the barrier: it needs a host (mosaicd.Peer has one)")
+    return host(run.with_nodes(len(addresses)), options)

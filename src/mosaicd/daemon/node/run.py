@@ -10,9 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from mosaicd.daemon.barrier.ending import end_failed, unheard
-from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
+from mosaicd.daemon.hosting import BarrierHost
 from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.node import checkpoint
 from mosaicd.daemon.node.peer import Peer
@@ -21,25 +20,22 @@ from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, Settings
 
 
-async def run_node(settings: Settings, task: Any = None) -> int:
+async def run_node(settings: Settings, task: Any = None, host: BarrierHost | None = None) -> int:
     """Register (the barrier hands out the run), build the task, then train and gossip every round.
 
     `task`: one built before registration (`mosaicd cluster`'s warm start), used only if it is the registered
     run's. Without one, the task's imports run in a thread while the node registers. SIGTERM or SIGINT make the
     node leave the run (it tells the barrier, which stops waiting for it; before the roster is made, it withdraws
     its registration) and exit 0; an error after registration
-    makes it leave too, saying why, before the error ends the process."""
+    makes it leave too, saying why, before the error ends the process. `host`: builds the barrier this node hosts
+    where it is rank 0 of a --peer-list (`mosaicd node` runs `mosaicd.daemon.embedded.run_node`, which gives it)."""
     keep_freed_memory()  # this process is a node: let it reuse what each round frees (daemon/server.py)
     prefetched = None if task is not None else prefetch_in_background(settings.task)
     run = settings.run_config() if settings.peer_list is not None else None
     options = settings.daemon_options()
-    saved = checkpoint.load(checkpoint.state_dir(options), options.resume_round)
-    if options.resume_round is not None and saved is None:
-        raise FileNotFoundError(f"--resume-round {options.resume_round}: no checkpoint of that round in "
-                                f"{checkpoint.state_dir(options)} (--state-dir)")
+    saved = found_checkpoint(options)
     resume_rank = saved.rank if saved is not None and options.resume_round is not None else None
-    peer = Peer(options, run=run, evaluate=NetworkEvaluation(settings.data_dir, task), rejoining=saved is not None,
-                resume_rank=resume_rank)
+    peer = Peer(options, run=run, host=host, rejoining=saved is not None, resume_rank=resume_rank)
     registering = asyncio.ensure_future(peer.__aenter__())
     told = on_signals(registering) if options.leave_on_signal else None
     try:
@@ -64,18 +60,32 @@ async def run_node(settings: Settings, task: Any = None) -> int:
             elif peer.barrier is not None:  # the run this process hosts failed: the others hear it from it
                 await linger_for_the_others(peer, stopped)
             raise
-        lingering = asyncio.ensure_future(asyncio.sleep(settings.linger))
-        if options.leave_on_signal:  # told to stop while it lingers after the run (compose down): it stops now
-            on_signals(lingering)
-        try:
-            await lingering
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():  # this task was stopped, not only its linger
-                raise
+        await linger(settings.linger, options)
     finally:
         await peer.close()
     return 0
+
+
+def found_checkpoint(options: DaemonOptions) -> checkpoint.Checkpoint | None:
+    """The checkpoint in the state directory (of --resume-round, which must be there), if any."""
+    saved = checkpoint.load(checkpoint.state_dir(options), options.resume_round)
+    if options.resume_round is not None and saved is None:
+        raise FileNotFoundError(f"--resume-round {options.resume_round}: no checkpoint of that round in "
+                                f"{checkpoint.state_dir(options)} (--state-dir)")
+    return saved
+
+
+async def linger(seconds: float, options: DaemonOptions) -> None:
+    """Serve `seconds` more after the run (--linger); told to stop meanwhile (compose down), stop now."""
+    lingering = asyncio.ensure_future(asyncio.sleep(seconds))
+    if options.leave_on_signal:
+        on_signals(lingering)
+    try:
+        await lingering
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # this task was stopped, not only its linger
+            raise
 
 
 HOST_LINGER_S = 5.0  # rank 0 of a peer list that stops: how long at most it still tells the others the run failed
@@ -120,7 +130,7 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     await saving.drain()
     await peer.finish()
     if peer.barrier is not None:
-        await peer.barrier.done.wait()
+        await peer.barrier.wait_done()
 
 
 async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) -> None:
@@ -131,7 +141,7 @@ async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) ->
     assert peer.barrier is not None
     loop = asyncio.get_running_loop()
     until = loop.time() + HOST_LINGER_S
-    while unheard(peer.barrier, peer.rank) and not stopped and loop.time() < until:
+    while peer.barrier.unheard(peer.rank) and not stopped and loop.time() < until:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.1)  # the last answers leave the socket
 
@@ -156,7 +166,7 @@ async def leave_for(peer: Peer, reason: str, ends_run: bool = False) -> None:
     if peer.barrier is None:
         await peer.leave(reason, ends_run)
         return
-    end_failed(peer.barrier, f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
+    peer.barrier.fail(f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
     await linger_for_the_others(peer)
 
 
