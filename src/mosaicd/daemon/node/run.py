@@ -17,6 +17,7 @@ from mosaicd.daemon.node import checkpoint
 from mosaicd.daemon.node.peer import Peer
 from mosaicd.daemon.node.warmup import prefetch_in_background
 from mosaicd.logs import get_logger
+from mosaicd.outputs import is_eval_round
 from mosaicd.settings import DaemonOptions, Settings
 
 
@@ -118,19 +119,40 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
         else:
             local, loss = vector, math.nan
         await saving.drain()  # the checkpoint of round t is on disk before this node arrives at t
+        evaluates = is_eval_round(t, run)
+        if evaluates:  # the barrier's collection of round t waits for this node's metrics of it
+            peer.evaluating(t)
         try:
             vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)
         except PeerDropped as exc:
+            peer.evaluated(t, None)
             if not options.rejoin_dropped:
                 raise
             vector = await rejoin_after_drop(peer, t, exc, options)
             continue
+        except BaseException:
+            peer.evaluated(t, None)
+            raise
         log.info("round", round=t, loss=loss)
+        if evaluates:  # its own model after round t, on its own task, before it trains round t + 1
+            peer.evaluated(t, await evaluate_own(task, vector, peer, t))
         await saving.after(t, vector)
     await saving.drain()
     await peer.finish()
     if peer.barrier is not None:
         await peer.barrier.wait_done()
+
+
+async def evaluate_own(task: Any, vector: np.ndarray, peer: Peer, t: int) -> dict[str, Any] | None:
+    """This node's evaluation of its model after round `t` (`learning.evaluation.node_evaluation`), in a worker
+    thread; None (logged) where it fails: the barrier's row then leaves this node out."""
+    from mosaicd.learning.evaluation import node_evaluation
+
+    try:
+        return await asyncio.to_thread(node_evaluation, task, vector)
+    except Exception as exc:
+        peer.log.warning("evaluation_failed", round=t, error=f"{type(exc).__name__}: {exc}")
+        return None
 
 
 async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) -> None:
