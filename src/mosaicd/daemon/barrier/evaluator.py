@@ -125,7 +125,7 @@ def combine(run: RunConfig, ranks: list[int], vectors: dict[int, np.ndarray], no
                 out[key] = first[key]
         if first["source"] == "reported":
             out["reported"] = reported_average([node_metrics[r]["values"] for r in nodes])
-    out.update({k: v for k, v in average.items() if k not in out or k.startswith("average_model")})
+    out.update({k: v for k, v in average.items() if out.get(k) is None or k.startswith("average_model")})
     out["nodes"] = nodes or ranks
     return out
 
