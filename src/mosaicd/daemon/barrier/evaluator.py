@@ -86,7 +86,14 @@ class NetworkEvaluator:
         ranks, says = honest_nodes(run, sorted(vectors))  # attackers' models are collected, not evaluated
         if not ranks:
             return
-        metrics = await asyncio.to_thread(combine, run, ranks, vectors, node_metrics, self.evaluate)
+        try:
+            metrics = await asyncio.to_thread(combine, run, ranks, vectors, node_metrics, self.evaluate)
+        except Exception as exc:  # the barrier's task cannot evaluate these models: the nodes' metrics still count
+            if self.evaluate is None:
+                raise
+            self.log.warning("average_model_failed", round=round, error=f"{type(exc).__name__}: {exc}",
+                             detail="the row has no average_model: is the barrier's --task the nodes' model?")
+            metrics = await asyncio.to_thread(combine, run, ranks, vectors, node_metrics, None)
         metrics.update(says)
         if previous is not None:
             await previous
