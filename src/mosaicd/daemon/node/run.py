@@ -106,7 +106,14 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     log = get_logger(role="node", run=run.run_id, node=peer.rank)
     vector = await starting_model(peer, task, saved, options)
     if options.resume_round is not None:  # its models after the two rounds before, for the barrier's evaluations
-        peer.begin(vector, kept_as=peer.round - 1, before=model_before(peer, options))
+        before = model_before(peer, options)
+        peer.begin(vector, kept_as=peer.round - 1, before=before)
+        kept = [(r, v) for r, v in ((peer.round - 1, vector), (peer.round - 2, before))
+                if v is not None and r >= 0 and is_eval_round(r, run)]
+        for r, _ in kept:  # and its metrics of them: the barrier may collect them again (its rows cut short)
+            peer.evaluating(r)
+        for r, v in kept:
+            peer.evaluated(r, await evaluate_own(task, v, peer, r))
     else:
         peer.begin(vector)
     saving = Checkpoints(options, peer)
