@@ -8,6 +8,7 @@ It runs compose.yaml as it is (only MOSAIC_* settings through the environment, t
 that it can read them), samples every container's memory from its cgroup once a second, reads the round releases
 from the barrier's log, and keeps the run's results. compose.yaml puts the containers on the host's network, so the
 host's neighbour (ARP) table plays no part: its thresholds are printed for the record (deploy/hostcheck.py).
+`release_to_row_s`: from the last round's release to its evaluation row (bench/release_to_row.py).
 Writes OUT/scale.json, OUT/memory.csv, OUT/scale.png and OUT/results/; the last line of stdout is the JSON object.
 """
 
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MB = 1024 * 1024
 sys.path.insert(0, str(ROOT / "deploy"))
 import hostcheck  # noqa: E402  (deploy/hostcheck.py: stdlib only, also run by users on the Docker host)
+from release_to_row import release_to_row  # noqa: E402  (bench/release_to_row.py, beside this file)
 
 COMPOSE_CLIS = {"v2": ["docker", "compose"], "v1": ["docker-compose"]}
 
@@ -332,6 +334,8 @@ def main() -> None:
         "all_nodes_every_round": everyone,
         "members_at_end": len(status["live"]), "dropped": status["dropped"], "straggler_reports": stragglers,
         "final_node_average": summary["final"]["node_average"] if summary.get("final") else None,
+        # from the last round's release to its evaluation row (bench/release_to_row.py: the barrier's log)
+        **release_to_row(events),
         "round_seconds": [round(d, 2) for d in durations],
     }
     (out / "scale.json").write_text(json.dumps(figures, indent=2))

@@ -1,5 +1,7 @@
-"""`examples/own_training_loop.py`, the `mosaicd.Peer` example the README points to: it runs to its end, and Ctrl-C
-stops it cleanly with its run's summary saying so. A real process; four peers and a barrier on 127.0.0.1."""
+"""`examples/own_training_loop.py`, the `mosaicd.Peer` example the README points to: it runs to its end, the same
+models twice, with the loop's own metrics in rounds.csv, and Ctrl-C stops it cleanly with its run's summary saying
+so. Real processes: four peers and a barrier on 127.0.0.1; or the twin: a stand-alone `mosaicd barrier` and one
+process per node."""
 
 from __future__ import annotations
 
@@ -13,22 +15,70 @@ from pathlib import Path
 
 import pytest
 
+from mosaicd.rundir import read_rounds
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "own_training_loop.py"
 
 
-def start() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(EXAMPLE)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(EXAMPLE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 @pytest.mark.slow
-def test_the_peer_example_runs_to_its_end() -> None:
-    proc = start()
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    accuracies = [float(a) for a in re.findall(r"'(\d\.\d+)'", err.splitlines()[-1])]
-    assert len(accuracies) == 4 and min(accuracies) > 0.5, err[-2000:]
-    out = Path(re.search(r"outputs in (\S+)\)", err).group(1))  # type: ignore[union-attr]
-    assert json.loads((out / "summary.json").read_text())["status"] == "finished"
+def test_the_peer_example_runs_to_its_end_the_same_twice() -> None:
+    procs = [start(), start()]  # at once: two runs of the same command
+    summaries = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        accuracies = [float(a) for a in re.findall(r"'(\d\.\d+)'", err.splitlines()[-1])]
+        assert len(accuracies) == 4 and min(accuracies) > 0.5, err[-2000:]
+        out = Path(re.search(r"outputs in (\S+)\)", err).group(1))  # type: ignore[union-attr]
+        summaries.append(json.loads((out / "summary.json").read_text()))
+        rows = read_rounds(out)
+        assert [r["round"] for r in rows] == list(range(15))  # the loop's metrics of every round
+        assert rows[-1]["metric"] == "accuracy" and set(rows[-1]["reported"]) == {"accuracy", "test_loss"}
+        assert rows[-1]["node_average"] == rows[-1]["reported"]["accuracy"] and len(rows[-1]["per_node"]) == 4
+    assert [s["status"] for s in summaries] == ["finished"] * 2
+    assert summaries[0]["final"]["reported"]["accuracy"] > 0.5
+    assert summaries[0]["model_sha256"] == summaries[1]["model_sha256"]  # seeded: the same models
+
+
+@pytest.mark.slow
+def test_own_loops_against_a_stand_alone_barrier(tmp_path: Path) -> None:
+    """`mosaicd barrier --nodes 3` (no --task: it evaluates nothing itself) and three processes of the example's
+    twin (--barrier-url): the run finishes, the loops' metrics in rounds.csv."""
+    port_file, out = tmp_path / "port", tmp_path / "run"
+    barrier = subprocess.Popen([sys.executable, "-m", "mosaicd", "barrier", "--nodes", "3", "--rounds", "4",
+                                "--fragments", "4", "--fanout", "2", "--eval-every", "2", "--host", "127.0.0.1",
+                                "--port", "0", "--port-file", str(port_file), "--out", str(out), "--linger", "0",
+                                "--log-json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text().strip():
+            assert time.monotonic() < end and barrier.poll() is None, barrier.communicate()[1][-3000:]
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        nodes = [start("--barrier-url", url) for _ in range(3)]
+        for proc in nodes:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+            assert "test accuracy" in err
+        _, err = barrier.communicate(timeout=60)
+        assert barrier.returncode == 0, err[-3000:]
+        assert "average_model_failed" not in err  # no --task: it evaluated nothing itself
+    finally:
+        for proc in [barrier, *locals().get("nodes", [])]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and len(summary["model_sha256"]) == 3
+    rows = read_rounds(out)
+    assert [r["round"] for r in rows] == [1, 3]
+    assert all(r["metric"] == "accuracy" and r["average_model"] is None and len(r["per_node"]) == 3 for r in rows)
+    assert summary["final"]["reported"] == rows[-1]["reported"] and "test_loss" in rows[-1]["reported"]
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -132,11 +133,22 @@ _NOT_READY = {P.REJOINING: "node is rejoining the run"}
 
 class Snapshots(dict[int, np.ndarray]):
     """round -> this node's model after that round: the last `SNAPSHOTS_KEPT`, for the barrier's evaluations (and
-    peers that rejoin)."""
+    peers that rejoin); `metrics`: round -> the node's metrics of that round (its own evaluation of the model after
+    it, or what a training loop reported), served with the snapshot and dropped with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: dict[int, dict[str, Any]] = {}
 
     def keep(self, round: int, vector: np.ndarray) -> None:
         self[round] = vector
         self.pop(round - SNAPSHOTS_KEPT, None)
+        for old in [r for r in self.metrics if r <= round - SNAPSHOTS_KEPT]:
+            del self.metrics[old]
+
+    def keep_metrics(self, round: int, metrics: dict[str, Any]) -> None:
+        """The node's metrics of `round` (kept until its snapshot is dropped)."""
+        self.metrics[round] = metrics
 
     def resumed(self, round: int, vector: np.ndarray, before: np.ndarray | None) -> None:
         """A resumed run's checkpoint: its model after `round`, and `before` after the round before (where kept)."""
@@ -380,3 +392,11 @@ class NodeState(NodePhases):
     def model(self, round: int | None = None) -> tuple[int, np.ndarray] | None:
         """(round, model) kept for `round` (None: the newest model), or None."""
         return self.snapshots.model(round, self.vector)
+
+    def keep_metrics(self, round: int, metrics: dict[str, Any]) -> None:
+        """This node's metrics of `round`, served with its snapshot (`Snapshots.keep_metrics`)."""
+        self.snapshots.keep_metrics(round, metrics)
+
+    def metrics_of(self, round: int) -> dict[str, Any] | None:
+        """This node's metrics of `round`, where kept."""
+        return self.snapshots.metrics.get(round)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DaemonOptions", "Peer", "PeerDropped", "RunConfig", "Settings", "Task", "TorchTask"]
+__all__ = ["Barrier", "DaemonOptions", "Peer", "PeerDropped", "RunConfig", "Settings", "Task", "TorchTask",
+           "configure_logging"]
 
-_HOMES = {"Peer": "mosaicd.daemon.embedded", "PeerDropped": "mosaicd.daemon.errors",
+_HOMES = {"Barrier": "mosaicd.daemon.embedded", "configure_logging": "mosaicd.logs",
+          "Peer": "mosaicd.daemon.embedded", "PeerDropped": "mosaicd.daemon.errors",
           "DaemonOptions": "mosaicd.settings", "RunConfig": "mosaicd.settings", "Settings": "mosaicd.settings",
           "Task": "mosaicd.learning.tasks.base", "TorchTask": "mosaicd.learning.tasks.torch_task"}
 

@@ -4,7 +4,9 @@
                        done of the run's), "final": the newest evaluation row (the last one once the run ended),
                        and at the end model_sha256 per node; small, the same size at round 10 as at round 10,000
     OUT/rounds.csv     one row per evaluated round, appended: the spec's four metrics, the mean training loss,
-                       the per-node metric (`per_node`, space-separated, in the order of `nodes`)
+                       the per-node metric (`per_node`, space-separated, in the order of `nodes`), and where the
+                       nodes' own training loops reported metrics (`Peer.gossip(metrics=...)`), their node
+                       averages (`reported`, a JSON object)
     OUT/nodes.csv      one row per node and round, appended: loss, bytes and fragments in/out, refusals, phase timings
 
 With attackers (`--byzantine`), the evaluation rows cover the honest nodes only (`"honest_only": true`, `nodes`
@@ -47,7 +49,7 @@ NETWORK_METRICS = ("node_average", "average_model", "consensus_distance", "node_
 SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads first of an evaluation row
 ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s",  # the first eight: as before
                  "higher_is_better", "node_average_test_loss", "average_model_test_loss", "eval_samples",
-                 "test_size", "nodes", "per_node"]
+                 "test_size", "nodes", "per_node", "reported"]  # reported: a training loop's metrics, a JSON object
 # what np.load raises on a checkpoint (.npz: a node's or simulate's) that is cut short, damaged (a flipped bit: the
 # zip's CRC), empty or another file
 NPZ_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
@@ -173,6 +175,8 @@ def _cell(value: Any) -> Any:
         return " ".join(str(_cell(v)) for v in value)
     if isinstance(value, np.generic):
         return value.item()
+    if isinstance(value, dict):
+        return json.dumps(clean_json(value), separators=(",", ":"))
     return value
 
 

@@ -193,6 +193,9 @@ def render(view: dict[str, Any]) -> Any:
                    f"  average-model {_num(metrics.get('average_model'), '.4f')}"
                    f"  consensus {_num(metrics.get('consensus_distance'), '.4g')}"
                    f"  spread {_num(metrics.get('node_spread'), '.4g')}" if metrics else "no evaluation yet")
+    if metrics and isinstance(metrics.get("reported"), dict):  # what the nodes' own training loops reported
+        summary.append("\nreported (node average): " + "  ".join(f"{k} {_num(v, '.4g')}"
+                                                               for k, v in metrics["reported"].items()))
     table = Table(box=None, header_style="bold", pad_edge=False)
     evaluated = f"{metric} @ {metrics['round']}" if isinstance(metrics.get("round"), int) else metric
     for name in ("rank", "address", "phase", "round", "contact", "missed", "straggler", "sent", "received",

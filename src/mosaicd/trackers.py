@@ -34,8 +34,11 @@ class _Tracker(Protocol):
 
 
 def _numbers(row: Mapping[str, Any]) -> dict[str, float]:
-    """The row's finite numbers, but the round itself (it is the step)."""
-    return {k: float(v) for k, v in row.items() if k != "round" and isinstance(v, int | float)
+    """The row's finite numbers, but the round itself (it is the step); a training loop's reported metrics as
+    `reported.<name>`."""
+    reported = row.get("reported")
+    flat = {**row, **({f"reported.{k}": v for k, v in reported.items()} if isinstance(reported, Mapping) else {})}
+    return {k: float(v) for k, v in flat.items() if k != "round" and isinstance(v, int | float)
             and not isinstance(v, bool) and math.isfinite(v)}
 
 

@@ -72,7 +72,8 @@ async def scrapes(tmp_path: Path, kit: Any) -> dict[str, str]:
         vectors = {p.rank: np.full(settings.dim, p.rank, np.float32) for p in peers}
         for t in range(settings.rounds):
             results = await asyncio.wait_for(asyncio.gather(
-                *(p.gossip(vectors[p.rank], loss=1.0 / (1 + t), train_s=0.001) for p in peers)), 30)
+                *(p.gossip(vectors[p.rank], loss=1.0 / (1 + t), train_s=0.001, metrics={"loss": 1.0 / (1 + t)})
+                  for p in peers)), 30)  # each node's metrics: the barrier evaluates only the average model
             vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
         await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 30)
         await asyncio.wait_for(barrier.done.wait(), 10)

@@ -38,3 +38,6 @@ def test_task_trains_in_cluster_and_in_process(task: str, tmp_path: Path) -> Non
     for key in ("node_average", "average_model", "consensus_distance", "node_spread"):
         assert final[key] is not None, key
     assert (tmp_path / "cluster" / "rounds.csv").read_text().count("\n") == 3  # header + 2 evaluated rounds
+    # the nodes evaluate themselves, the barrier combines: simulate's metrics, exactly (elapsed_s is a clock)
+    assert {k: v for k, v in final.items() if k != "elapsed_s"} == \
+        {k: v for k, v in simulated["final"].items() if k != "elapsed_s"}

@@ -94,3 +94,10 @@ def test_a_tracker_whose_extra_is_missing_is_refused_naming_the_flag_and_the_ext
     assert not (tmp_path / "ml").exists()
     with pytest.raises(SettingsError):  # a value that is no path at all
         Settings.load(tensorboard=3.5j)
+
+
+def test_a_training_loops_reported_metrics_are_scalars_of_their_own() -> None:
+    from mosaicd.trackers import _numbers
+
+    row = {"round": 3, "node_average": 0.5, "nodes": [0, 1], "reported": {"accuracy": 0.5, "test_loss": float("nan")}}
+    assert _numbers(row) == {"node_average": 0.5, "reported.accuracy": 0.5}

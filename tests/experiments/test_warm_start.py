@@ -20,6 +20,7 @@ from mosaicd.experiments.cluster import Cluster
 from mosaicd.experiments.processes import ForkedProcess
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.progress import RoundProgress
+from mosaicd.rundir import read_rounds
 from mosaicd.settings import Settings
 
 
@@ -28,7 +29,7 @@ def test_forked_digits_nodes_with_two_torch_threads_match_simulate(tmp_path: Pat
     """threads=2: the barrier warms torch up with one thread (no OpenMP pool crosses the fork), each node then
     trains with two; a pool inherited from the parent would hang the nodes, a wrong thread count changes bits."""
     common = dict(task="digits", nodes=3, rounds=3, fragments=2, fanout=1, local_steps=2, seed=4, threads=2,
-                  partition="dirichlet", alpha=0.1, min_samples=8, eval_every=3)
+                  partition="dirichlet", alpha=0.1, min_samples=8, eval_every=3, eval_samples=100)
     # --linger 3: the nodes stay 3 s after the run, so that round 0 is reported while they are alive even when
     # the whole run is over before the launcher's first look at the barrier
     cluster = Cluster(Settings.load(**common, linger=3, out=tmp_path / "cluster"), progress=False)
@@ -44,6 +45,11 @@ def test_forked_digits_nodes_with_two_torch_threads_match_simulate(tmp_path: Pat
     simulated = run_simulation(Settings.load(**common, out=tmp_path / "sim"), progress=False)
     assert clustered["model_sha256"] == simulated["model_sha256"]
     assert clustered["final"]["average_model"] == simulated["final"]["average_model"]
+    # every node evaluates its own model (--eval-samples rows), the barrier combines: simulate's rows, exactly
+    rows = {name: [{k: v for k, v in row.items() if k != "elapsed_s"} for row in read_rounds(tmp_path / name)]
+            for name in ("cluster", "sim")}
+    assert [r["round"] for r in rows["cluster"]] == [2] and rows["cluster"] == rows["sim"]
+    assert rows["cluster"][0]["eval_samples"] == 100 and len(rows["cluster"][0]["per_node"]) == 3
     barrier = cluster.procs["barrier"].pid
     assert {n: p for n, p in parents.items() if n != "barrier"} == {f"node-{i}": barrier for i in range(3)}
     assert all(isinstance(cluster.procs[f"node-{i}"], ForkedProcess) for i in range(3))

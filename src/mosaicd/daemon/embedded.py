@@ -8,6 +8,7 @@ node`) are the node role's, with that host given by default, as every user of th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 from aiohttp import web
 
 from mosaic_proto import Layout
-from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.barrier import Barrier as RunBarrier
 from mosaicd.daemon.barrier.ending import end_failed, unheard
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
@@ -24,7 +25,7 @@ from mosaicd.daemon.node import peer as node_peer
 from mosaicd.daemon.node import run as node_run
 from mosaicd.settings import DaemonOptions, RunConfig, Settings
 
-__all__ = ["EmbeddedBarrier", "Peer", "hosting", "run_node"]
+__all__ = ["Barrier", "EmbeddedBarrier", "Peer", "hosting", "run_node"]
 
 Evaluate = Callable[[RunConfig, list[np.ndarray]], dict]
 
@@ -34,7 +35,7 @@ class EmbeddedBarrier:
 
     def __init__(self, run: RunConfig, options: DaemonOptions, evaluate: Evaluate | None = None) -> None:
         counted = {"expect_dns": None, "expect_settle": None}  # the peer list counts the nodes
-        self.barrier = Barrier(run, options.model_copy(update=counted), evaluate=evaluate)
+        self.barrier = RunBarrier(run, options.model_copy(update=counted), evaluate=evaluate)
 
     def app(self) -> web.Application:
         return barrier_app(self.barrier)
@@ -69,3 +70,86 @@ async def run_node(settings: Settings, task: Any = None) -> int:
     """`mosaicd.daemon.node.run.run_node`, hosting the barrier (with the run's network evaluation) where this node
     is rank 0 of a --peer-list."""
     return await node_run.run_node(settings, task, host=hosting(NetworkEvaluation(settings.data_dir, task)))
+
+
+class Barrier:
+    """The public `mosaicd.Barrier`: a run's barrier served from your own program, for your own training loops.
+
+        async with mosaicd.Barrier(settings) as barrier:     # serves it; `barrier.url` is what Peers register with
+            ...                                               # run the Peers (here, or on other hosts)
+        # leaving the block waits for the run's end: summary.json written (`barrier.summary`)
+
+    `settings`: a `mosaicd.Settings` (the run's: nodes, rounds, K, ...; where it listens; --out). It evaluates no
+    node model (each node's loop reports its own metrics, `Peer.gossip(metrics=...)`); only with an explicit
+    `task` setting does it also evaluate the average model. An exception or Ctrl-C inside the block ends the run as
+    failed, saying why (the journal stays at the last decision: `mosaicd barrier` with the same --out resumes it).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._barrier: RunBarrier | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    @property
+    def out(self) -> Any:
+        return self.settings.out
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        """The run's summary.json as it is now (None before the first round)."""
+        from mosaicd.rundir import read_summary
+
+        return read_summary(self.settings.out)
+
+    async def __aenter__(self) -> Barrier:
+        from mosaicd.daemon.barrier.console import local_url
+        from mosaicd.daemon.barrier.run import evaluates
+        from mosaicd.daemon.http.server import serve
+        from mosaicd.daemon.http.tls import scheme
+
+        s = self.settings
+        evaluate = NetworkEvaluation(s.data_dir) if evaluates(s) else None
+        self._barrier = RunBarrier(s.run_config(), s.daemon_options(), evaluate=evaluate, hold_out=True)
+        try:
+            self._runner, port = await serve(barrier_app(self._barrier), s)
+        except BaseException:
+            self._release()
+            raise
+        self.url = local_url(s.host, port, scheme(s))
+        return self
+
+    async def wait(self) -> dict[str, Any] | None:
+        """Until the run ended (finished or failed): its summary."""
+        assert self._barrier is not None, "use it as `async with mosaicd.Barrier(settings) as barrier`"
+        await self._barrier.done.wait()
+        return self.summary
+
+    @property
+    def finished(self) -> bool:
+        return self._barrier is not None and self._barrier.done.is_set() and self._barrier.failure is None
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        barrier = self._barrier
+        assert barrier is not None
+        try:
+            if exc is None:
+                await self.wait()
+            elif not barrier.done.is_set():
+                barrier.interrupt()  # its open long polls are answered now, so the server stops at once
+                why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError) else \
+                    f"{type(exc).__name__}: {exc}"
+                if barrier.recorder.ended is None:
+                    try:
+                        barrier.recorder.fail(f"interrupted ({why})")
+                    except OSError:
+                        pass
+        finally:
+            if self._runner is not None:
+                await self._runner.cleanup()
+            self._release()
+
+    def _release(self) -> None:
+        from mosaicd.rundir import BARRIER_LOCK, release
+
+        release(self.settings.out / BARRIER_LOCK)

@@ -10,7 +10,7 @@ import numpy as np
 from mosaic_proto import consensus_distance
 from mosaicd.learning.tasks.base import Task
 
-__all__ = ["average_model", "eval_subset", "network_metrics"]
+__all__ = ["average_model", "eval_subset", "network_metrics", "node_evaluation"]
 
 EVAL_SUBSET_KEY = 0x65766131  # "eva1": separates the evaluation subset's stream from the run's other draws
 
@@ -64,5 +64,30 @@ def network_metrics(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]
         out["test_size"] = size
     if "test_loss" in avg and all("test_loss" in m for m in node_metrics):
         out["node_average_test_loss"] = float(np.mean([m["test_loss"] for m in node_metrics]))
+        out["average_model_test_loss"] = float(avg["test_loss"])
+    return out
+
+
+def node_evaluation(task: Task, vector: np.ndarray) -> dict[str, Any]:
+    """One node's evaluation of its own model, as its snapshot keeps it (`daemon/http/model_codec.py`'s `metrics`):
+    the same rows (`--eval-samples`: `eval_subset`) and the same per-model path (`task.evaluate_many`) as
+    `network_metrics`, so that the barrier's row from the nodes' metrics equals simulate's (on the CPU)."""
+    size = task.test_size()
+    subset = eval_subset(task.run.seed, size, task.run.eval_samples) if size is not None else None
+    values = {k: float(v) for k, v in task.evaluate_many([vector], subset)[0].items()}
+    out: dict[str, Any] = {"values": values, "metric": task.metric, "higher_is_better": bool(task.higher_is_better),
+                           "source": "task"}
+    if size is not None:
+        out["eval_samples"] = size if subset is None else len(subset)
+        out["test_size"] = size
+    return out
+
+
+def average_evaluation(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]:
+    """The average model's part of `network_metrics` (what a barrier with the run's task adds to the nodes')."""
+    avg = task.evaluate(average_model(vectors))
+    out: dict[str, Any] = {"metric": task.metric, "higher_is_better": bool(task.higher_is_better),
+                           "average_model": float(avg[task.metric])}
+    if "test_loss" in avg:
         out["average_model_test_loss"] = float(avg["test_loss"])
     return out

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+JSON_COLUMNS = ("reported",)  # rounds.csv cells that hold a JSON object
 LIST_COLUMNS = ("nodes", "per_node")  # rounds.csv cells that hold a list: its items separated by spaces
 RUN_MARKER = "summary.json"
 EARLIER = "earlier"  # where a barrier keeps the run its --out held when it starts a new one (`keep_earlier_run`)
@@ -48,7 +49,17 @@ def read_rounds(out: Path | str) -> list[dict[str, Any]]:
 
 
 def parse_row(row: dict[str | None, str | None]) -> dict[str, Any]:
-    return {k: _parse_list(v) if k in LIST_COLUMNS else parse_cell(v) for k, v in row.items() if k is not None}
+    return {k: _parse_list(v) if k in LIST_COLUMNS else _parse_json(v) if k in JSON_COLUMNS else parse_cell(v)
+            for k, v in row.items() if k is not None}
+
+
+def _parse_json(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def parse_cell(text: str | None) -> Any:

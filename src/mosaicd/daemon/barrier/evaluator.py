@@ -1,9 +1,11 @@
-"""The barrier's evaluation, off the round's critical path: pull the nodes' snapshots, evaluate them in a
-worker thread, record the rows in round order.
+"""The barrier's evaluation rows, off the round's critical path: pull the nodes' snapshots with the metrics each
+node keeps with them (its own evaluation of its model, or what its training loop reported), combine those,
+and record the rows in round order. The barrier evaluates no node model: it computes the consensus distance from
+the vectors, and the average model's metric where it has the run's task (`NetworkEvaluation`).
 
-`collect` returns once the snapshots are pulled: the evaluation is a separate future. The barrier awaits a
-collection before the release that would make nodes drop its snapshots (round e + SNAPSHOTS_KEPT), never an
-evaluation; only the run's final release waits for the evaluations (`drain`), to write summary.json."""
+`collect` returns once the snapshots are pulled: the row is a separate future. The barrier awaits a
+collection before the release that would make nodes drop its snapshots (round e + SNAPSHOTS_KEPT); only the run's
+final release waits for the rows (`drain`), to write summary.json."""
 
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from mosaic_proto import consensus_distance
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.daemon.http.auth import Keyring, signer
 from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import client_context, scheme
-from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, honest_nodes
+from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, honest_nodes, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
 
 
@@ -42,6 +45,7 @@ class NetworkEvaluator:
         deadline runs, so a node that does not answer (stopped, frozen) costs it at most a quarter of the round
         deadline, not --request-timeout: else the release would come too late and every member would straggle."""
         vectors: dict[int, np.ndarray] = {}
+        node_metrics: dict[int, dict[str, Any]] = {}
         taken_at = self.recorder.clock()
         sign = signer(lambda: self.keyring.credentials(run.run_id), lambda: "barrier") if self.keyring else None
         timeout = min(self.options.request_timeout, run.round_deadline / 8)  # two attempts
@@ -51,15 +55,19 @@ class NetworkEvaluator:
                 url = f"{scheme(self.options)}://{address}/v1/model?round={round}"
                 try:
                     _, body, _ = await client.request("GET", url, round=round)
-                    vectors[rank] = decode_model(body)["vector"]
+                    model = decode_model(body)
+                    vectors[rank] = model["vector"]
+                    if model["metrics"] is not None:
+                        node_metrics[rank] = model["metrics"]
                 except (HttpError, ValueError) as exc:
                     self.log.warning("collect_failed", rank=rank, round=round, error=str(exc))
             await asyncio.gather(*(fetch(r, a) for r, a in addresses.items()))
         if final:
             self.final_vectors = vectors
-        if self.evaluate is not None and vectors:
+        if vectors and is_eval_round(round, run):
             previous = self._evaluation
-            self._evaluation = asyncio.ensure_future(self._evaluate(run, round, vectors, previous, taken_at))
+            self._evaluation = asyncio.ensure_future(self._evaluate(run, round, vectors, node_metrics, previous,
+                                                                    taken_at))
 
     async def collect_rounds(self, run: RunConfig, rounds: list[int], addresses: dict[int, str], final: bool) -> None:
         """`collect` of several rounds, one after the other, so that their rows are written in round order; `final`:
@@ -73,12 +81,20 @@ class NetworkEvaluator:
             await self._evaluation
 
     async def _evaluate(self, run: RunConfig, round: int, vectors: dict[int, np.ndarray],
-                        previous: asyncio.Future | None, taken_at: float) -> None:
+                        node_metrics: dict[int, dict[str, Any]], previous: asyncio.Future | None,
+                        taken_at: float) -> None:
         ranks, says = honest_nodes(run, sorted(vectors))  # attackers' models are collected, not evaluated
-        assert self.evaluate is not None
         if not ranks:
             return
-        metrics = await asyncio.to_thread(self.evaluate, run, [vectors[r] for r in ranks])
+        try:
+            metrics = await asyncio.to_thread(combine, run, ranks, vectors, node_metrics, self.evaluate)
+        except Exception as exc:  # the barrier's task cannot evaluate these models: the nodes' metrics still count
+            if self.evaluate is None:
+                raise
+            self.log.warning("average_model_failed", round=round, error=f"{type(exc).__name__}: {exc}",
+                             detail="the row has no average_model: is the barrier's --task the nodes' model?")
+            metrics = await asyncio.to_thread(combine, run, ranks, vectors, node_metrics, None)
+        metrics.update(says)
         if previous is not None:
             await previous
         try:
@@ -92,17 +108,53 @@ class NetworkEvaluator:
         self.log.info("evaluated", round=round, **{k: self.last_metrics.get(k) for k in SUMMARY_KEYS})
 
 
+def combine(run: RunConfig, ranks: list[int], vectors: dict[int, np.ndarray], node_metrics: dict[int, dict[str, Any]],
+            evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None) -> dict[str, Any]:
+    """An evaluation row from the nodes' own metrics (`ranks`' in rank order, as simulate's `network_metrics` takes
+    them): node_average, node_spread (population std) and per_node of the leading metric, the node-averaged test
+    loss, a training loop's reported metrics (`reported`: each one's node average), the consensus distance of the
+    vectors, and the average model's metric where the barrier has the run's task (`evaluate`)."""
+    models = [vectors[r] for r in ranks]
+    out: dict[str, Any] = {"consensus_distance": consensus_distance(np.stack([np.asarray(v) for v in models]))}
+    average = evaluate(run, models) if evaluate is not None else {}
+    have = [r for r in ranks if r in node_metrics]
+    name = next((node_metrics[r]["metric"] for r in have if node_metrics[r]["metric"]), average.get("metric"))
+    nodes = [r for r in have if name in node_metrics[r]["values"]]
+    if nodes:
+        first = node_metrics[nodes[0]]
+        per_node = [node_metrics[r]["values"][name] for r in nodes]
+        out.update(metric=name, higher_is_better=first["higher_is_better"], node_average=float(np.mean(per_node)),
+                   node_spread=float(np.std(per_node)), per_node=per_node)
+        if all("test_loss" in node_metrics[r]["values"] for r in nodes):
+            out["node_average_test_loss"] = float(np.mean([node_metrics[r]["values"]["test_loss"] for r in nodes]))
+        for key in ("eval_samples", "test_size"):
+            if key in first:
+                out[key] = first[key]
+        if first["source"] == "reported":
+            out["reported"] = reported_average([node_metrics[r]["values"] for r in nodes])
+    out.update({k: v for k, v in average.items() if out.get(k) is None or k.startswith("average_model")})
+    out["nodes"] = nodes or ranks
+    return out
+
+
+def reported_average(values: list[dict[str, float]]) -> dict[str, float]:
+    """Each reported metric's mean over the nodes that reported it, in the order the loops name them."""
+    names = list(dict.fromkeys(k for v in values for k in v))
+    return {k: float(np.mean([v[k] for v in values if k in v])) for k in names}
+
+
 class NetworkEvaluation:
-    """The barrier's `evaluate`: the network metrics of the run's task, built once the run is final."""
+    """The barrier's `evaluate`: the average model's metric on the run's task (built once, when first needed); the
+    node models are evaluated by the nodes themselves."""
 
     def __init__(self, data_dir: Any, task: Any = None) -> None:
         self.data_dir = data_dir
         self._task: Any = task  # a prebuilt one (warm start) is used only if it is the run's
 
     def __call__(self, run: RunConfig, vectors: list[np.ndarray]) -> dict[str, Any]:
-        from mosaicd.learning.evaluation import network_metrics
+        from mosaicd.learning.evaluation import average_evaluation
         from mosaicd.learning.tasks import build_task
 
         if self._task is None or self._task.run != run:
             self._task = build_task(run, self.data_dir)
-        return network_metrics(self._task, vectors)
+        return average_evaluation(self._task, vectors)

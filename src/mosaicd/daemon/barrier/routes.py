@@ -183,7 +183,7 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
     state, now = barrier.state, barrier.now()
     last = state.released[max(state.released)] if state.released else None
     return {
-        "role": "barrier", "run_id": barrier.run.run_id, "phase": state.run_phase.value, "round": state.round,
+        "role": "barrier", "run_id": barrier.run.run_id, "phase": status_phase(barrier), "round": state.round,
         "rounds": barrier.run.rounds, "expected": state.expected, "registered": len(state.pending),
         "live": state.live, "dropped": state.dropped, "left": state.left, "failure": barrier.failure,
         "stragglers": list(last.stragglers) if last else [],
@@ -192,6 +192,14 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
         "metrics": clean_json(barrier.evaluator.last_metrics), "latest": latest_per_node(barrier.recorder.rounds),
         "settings": barrier.run.model_dump(mode="json"),
     }
+
+
+def status_phase(barrier: Barrier) -> str:
+    """The run's phase as /v1/status says it: finished only once its last row and summary.json are written."""
+    phase = barrier.state.run_phase
+    if phase is BarrierPhase.FINISHED and not barrier.done.is_set():
+        return BarrierPhase.RUNNING.value
+    return phase.value
 
 
 def latest_per_node(rounds: list[dict[str, Any]]) -> dict[str, float]:

@@ -25,7 +25,8 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
     for evaluation if it is the run's; `sock`: a socket already listening (the warm start binds it early)."""
     from mosaicd.learning.tasks import require_task
 
-    require_task(settings.task)  # it evaluates the task: say now, not at the first evaluation, if it cannot
+    if evaluates(settings, task):  # it evaluates the average model: say now, not at the first evaluation, if it cannot
+        require_task(settings.task)
     # where it cannot listen, say so before the Barrier opens its outputs (keeping an earlier run aside...)
     check_listen(settings, Keyring(secret) if (secret := load_secret(settings.secret_file)) else None)
     if sock is None:
@@ -52,8 +53,8 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
 
 
 async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[str]) -> int:
-    barrier = Barrier(settings.run_config(), settings.daemon_options(),
-                      evaluate=NetworkEvaluation(settings.data_dir, task), hold_out=True)
+    evaluate = NetworkEvaluation(settings.data_dir, task) if evaluates(settings, task) else None
+    barrier = Barrier(settings.run_config(), settings.daemon_options(), evaluate=evaluate, hold_out=True)
     check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours
     runner, port = await serve(barrier_app(barrier), settings, sock)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
@@ -77,6 +78,13 @@ async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[
     if barrier.output_error is not None:  # ended early (a write that failed): one line, naming the path
         raise RunEnded(barrier.output_error)
     return 0 if barrier.state.phase.value == "finished" else 1
+
+
+def evaluates(settings: Settings, task: Any = None) -> bool:
+    """Whether the barrier evaluates the average model (the nodes evaluate their own): where it has the run's task,
+    a `cluster`'s (prebuilt, or --task given) or `mosaicd barrier --task X`; without --task (own training loops),
+    it only combines what the nodes report."""
+    return task is not None or "task" in settings.model_fields_set
 
 
 def interrupted(barrier: Barrier, how: str) -> None:

@@ -1,7 +1,17 @@
-"""The body of GET /v1/model: {"rank", "round", "layout", "vector": 85(float32 LE bytes)} in CBOR."""
+"""The body of GET /v1/model: {"rank", "round", "layout", "vector": 85(float32 LE bytes), "metrics"?} in CBOR.
+
+`metrics` (optional; bodies without it stay readable): the node's metrics of that round, kept with its snapshot:
+
+    {"values": {name: float, ...},          every metric the node has of the round
+     "metric": name,                         the one the evaluation row leads with (`values` holds it)
+     "higher_is_better": bool | None,
+     "source": "task" | "reported",          its own task's evaluation of the model, or what a training loop reported
+     "eval_samples": int, "test_size": int}  (task: the test rows it was evaluated on, of how many)
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import cbor2
@@ -11,10 +21,14 @@ from mosaic_proto import Layout
 from mosaic_proto.wire import TAG_FLOAT32_LE
 
 
-def encode_model(rank: int, round: int, layout: Layout, vector: np.ndarray) -> bytes:
+def encode_model(rank: int, round: int, layout: Layout, vector: np.ndarray,
+                 metrics: dict[str, Any] | None = None) -> bytes:
     data = np.ascontiguousarray(vector, dtype="<f4").tobytes()
-    return cbor2.dumps({"rank": rank, "round": round, "layout": layout.to_json(),
-                        "vector": cbor2.CBORTag(TAG_FLOAT32_LE, data)})
+    body = {"rank": rank, "round": round, "layout": layout.to_json(),
+            "vector": cbor2.CBORTag(TAG_FLOAT32_LE, data)}
+    if metrics is not None:
+        body["metrics"] = metrics
+    return cbor2.dumps(body)
 
 
 def decode_model(body: bytes) -> dict[str, Any]:
@@ -27,6 +41,30 @@ def decode_model(body: bytes) -> dict[str, Any]:
         vector = np.frombuffer(tag.value, dtype="<f4").copy()
         if vector.size != layout.dim:
             raise ValueError(f"vector has {vector.size} values, layout {layout.dim}")
-        return {"rank": int(obj["rank"]), "round": int(obj["round"]), "layout": layout, "vector": vector}
+        return {"rank": int(obj["rank"]), "round": int(obj["round"]), "layout": layout, "vector": vector,
+                "metrics": check_metrics(obj.get("metrics"))}
     except Exception as exc:
         raise ValueError(f"not a model body: {exc}") from None
+
+
+def check_metrics(metrics: Any) -> dict[str, Any] | None:
+    """A body's `metrics` as the barrier uses them (ValueError: not of the documented shape)."""
+    if metrics is None:
+        return None
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("values"), dict):
+        raise ValueError("metrics is not a map with values")
+    values = {}
+    for k, v in metrics["values"].items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int | float | None):
+            raise ValueError(f"metric {k!r} is not a number")
+        values[k] = math.nan if v is None else float(v)
+    name = metrics.get("metric")
+    if name is not None and name not in values:
+        raise ValueError(f"metric {name!r} has no value")
+    hib = metrics.get("higher_is_better")
+    out = {"values": values, "metric": name, "higher_is_better": None if hib is None else bool(hib),
+           "source": str(metrics.get("source", "reported"))}
+    for key in ("eval_samples", "test_size"):
+        if isinstance(metrics.get(key), int):
+            out[key] = int(metrics[key])
+    return out

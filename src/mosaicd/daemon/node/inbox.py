@@ -43,6 +43,7 @@ class Inbox:
         self.registered = asyncio.Event()  # the run (and its key) is known
         self.ready = asyncio.Event()  # the model is known: fragments are taken
         self.decoding = BodySlots(DECODES_AT_ONCE, DECODES_AT_ONCE, options.max_body_bytes)
+        self._evaluating: dict[int, asyncio.Event] = {}  # rounds whose metrics the node is computing
 
     run = property(lambda self: self._run, doc="the run as the barrier handed it out (None before registration)")
     layout = property(lambda self: self._layout, doc="the model's layout, once known (None before)")
@@ -66,6 +67,28 @@ class Inbox:
         """The model's layout is known and the node's state started: fragments are taken."""
         self._layout = layout
         self.ready.set()
+
+    def evaluating(self, round: int) -> None:
+        """The node computes its metrics of `round`: the barrier's GET /v1/model of it waits for them."""
+        self._evaluating[round] = asyncio.Event()
+
+    def evaluated(self, round: int, metrics: dict[str, Any] | None) -> None:
+        """The node's metrics of `round` (None: none after all): kept with its snapshot, served from now on."""
+        if metrics is not None:
+            self.state.keep_metrics(round, metrics)
+        event = self._evaluating.pop(round, None)
+        if event is not None:
+            event.set()
+
+    async def metrics_of(self, round: int) -> dict[str, Any] | None:
+        """The node's metrics of `round`, once computed (waiting up to a request timeout where they are being)."""
+        event = self._evaluating.get(round)
+        if event is not None:
+            try:
+                await asyncio.wait_for(event.wait(), self.options.request_timeout)
+            except TimeoutError:
+                pass
+        return self.state.metrics_of(round)
 
     async def run_of(self) -> str | None:
         """The run whose key signs requests to this node, once it knows it (waits up to a request timeout)."""

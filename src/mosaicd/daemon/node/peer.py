@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -187,16 +188,21 @@ class Peer:
         self.state.begin(vector, kept_as, before)
 
     # -- one round: train (the caller) -> fragment -> send -> barrier -> aggregate ------------------
-    async def gossip(self, local: np.ndarray | Any, *, loss: float = math.nan, train_s: float = 0.0) -> np.ndarray:
+    async def gossip(self, local: np.ndarray | Any, *, loss: float = math.nan, train_s: float = 0.0,
+                     metrics: Mapping[str, float] | None = None) -> np.ndarray:
         """Send this round's fragments of `local`, wait at the barrier, and return the aggregated vector.
 
         `local` is a flat float32 vector, or a torch module: then its state is gossiped and overwritten in place.
+        `metrics`: your own metrics of this round (name -> number): kept with the round's snapshot, the barrier
+        collects them at evaluation rounds into rounds.csv (`metric`: the first name; all of them under `reported`).
         """
         if not isinstance(local, np.ndarray) and hasattr(local, "state_dict"):
-            return await _gossip_module(self, local, loss, train_s)
+            return await _gossip_module(self, local, loss, train_s, metrics)
         state, t = self.state, self.state.round
         if not state.allows(NodeEvent.OUTGOING):
             raise RuntimeError(f"gossip() needs a registered peer with a model (set_model), not {state.phase.value}")
+        if metrics is not None:
+            self.inbox.evaluated(t, reported(metrics))
         messages = state.outgoing(local)
         urls = [f"{scheme(self.options)}://{state.addresses[m.peer]}/v1/fragments" for m in messages]
         delivered, unsent = await send_all(self._client, t, messages, urls, self.log,
@@ -213,6 +219,14 @@ class Peer:
         self.metrics.taken(advance.taken)
         self.metrics.round_done(t + 1, loss, advance.report)
         return advance.vector
+
+    def evaluating(self, round: int) -> None:
+        """This node computes its metrics of `round` (the model after it): the barrier's collection waits for them."""
+        self.inbox.evaluating(round)
+
+    def evaluated(self, round: int, metrics: dict[str, Any] | None) -> None:
+        """This node's metrics of `round` (`model_codec`'s `metrics`), kept and served with its snapshot."""
+        self.inbox.evaluated(round, metrics)
 
     async def _arrive(self, body: dict[str, Any], final: bool = False) -> dict[str, Any]:
         try:
@@ -241,11 +255,25 @@ class Peer:
         self.state.finished()
 
 
-async def _gossip_module(peer: Peer, module: Any, loss: float, train_s: float) -> np.ndarray:
+def reported(metrics: Mapping[str, float]) -> dict[str, Any]:
+    """A training loop's own metrics of a round as a snapshot keeps them (`model_codec`); the first one leads."""
+    values = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"gossip(metrics=...): a metric's name must be a non-empty string, not {name!r}")
+        try:
+            values[name] = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"gossip(metrics=...): {name} is not a number: {value!r}") from None
+    return {"values": values, "metric": next(iter(values), None), "higher_is_better": None, "source": "reported"}
+
+
+async def _gossip_module(peer: Peer, module: Any, loss: float, train_s: float,
+                         metrics: Mapping[str, float] | None) -> np.ndarray:
     """`Peer.gossip` of a torch module: its state is gossiped, then overwritten in place by the aggregate."""
     from mosaicd.learning.tasks.torch_util import load_vector, to_vector
 
-    vector = await peer.gossip(to_vector(module), loss=loss, train_s=train_s)
+    vector = await peer.gossip(to_vector(module), loss=loss, train_s=train_s, metrics=metrics)
     load_vector(module, vector)
     return vector
 

@@ -46,7 +46,8 @@ def node_app(inbox: Inbox) -> web.Application:
             raise bad_request("no_snapshot", f"no model kept for round {raw} (have {sorted(inbox.state.snapshots)})",
                               404)
         round, vector = kept
-        return web.Response(body=encode_model(inbox.state.rank, round, inbox.layout, vector),
+        metrics = await inbox.metrics_of(round)
+        return web.Response(body=encode_model(inbox.state.rank, round, inbox.layout, vector, metrics),
                             content_type="application/cbor")
 
     async def status(request: web.Request) -> web.Response:

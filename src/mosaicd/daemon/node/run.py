@@ -17,6 +17,7 @@ from mosaicd.daemon.node import checkpoint
 from mosaicd.daemon.node.peer import Peer
 from mosaicd.daemon.node.warmup import prefetch_in_background
 from mosaicd.logs import get_logger
+from mosaicd.outputs import is_eval_round
 from mosaicd.settings import DaemonOptions, Settings
 
 
@@ -105,7 +106,14 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     log = get_logger(role="node", run=run.run_id, node=peer.rank)
     vector = await starting_model(peer, task, saved, options)
     if options.resume_round is not None:  # its models after the two rounds before, for the barrier's evaluations
-        peer.begin(vector, kept_as=peer.round - 1, before=model_before(peer, options))
+        before = model_before(peer, options)
+        peer.begin(vector, kept_as=peer.round - 1, before=before)
+        kept = [(r, v) for r, v in ((peer.round - 1, vector), (peer.round - 2, before))
+                if v is not None and r >= 0 and is_eval_round(r, run)]
+        for r, _ in kept:  # and its metrics of them: the barrier may collect them again (its rows cut short)
+            peer.evaluating(r)
+        for r, v in kept:
+            peer.evaluated(r, await evaluate_own(task, v, peer, r))
     else:
         peer.begin(vector)
     saving = Checkpoints(options, peer)
@@ -118,19 +126,40 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
         else:
             local, loss = vector, math.nan
         await saving.drain()  # the checkpoint of round t is on disk before this node arrives at t
+        evaluates = is_eval_round(t, run)
+        if evaluates:  # the barrier's collection of round t waits for this node's metrics of it
+            peer.evaluating(t)
         try:
             vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)
         except PeerDropped as exc:
+            peer.evaluated(t, None)
             if not options.rejoin_dropped:
                 raise
             vector = await rejoin_after_drop(peer, t, exc, options)
             continue
+        except BaseException:
+            peer.evaluated(t, None)
+            raise
         log.info("round", round=t, loss=loss)
+        if evaluates:  # its own model after round t, on its own task, before it trains round t + 1
+            peer.evaluated(t, await evaluate_own(task, vector, peer, t))
         await saving.after(t, vector)
     await saving.drain()
     await peer.finish()
     if peer.barrier is not None:
         await peer.barrier.wait_done()
+
+
+async def evaluate_own(task: Any, vector: np.ndarray, peer: Peer, t: int) -> dict[str, Any] | None:
+    """This node's evaluation of its model after round `t` (`learning.evaluation.node_evaluation`), in a worker
+    thread; None (logged) where it fails: the barrier's row then leaves this node out."""
+    from mosaicd.learning.evaluation import node_evaluation
+
+    try:
+        return await asyncio.to_thread(node_evaluation, task, vector)
+    except Exception as exc:
+        peer.log.warning("evaluation_failed", round=t, error=f"{type(exc).__name__}: {exc}")
+        return None
 
 
 async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) -> None:

@@ -137,7 +137,9 @@ function renderNodes(s) {
   }
   if (latest) {
     $("metric-header").textContent = latest.metric;
-    $("latest-eval").textContent = `(${latest.metric} at round ${latest.round})`;
+    const reported = latest.reported  // a training loop's own metrics, node-averaged (Peer.gossip(metrics=...))
+      ? "; reported: " + Object.entries(latest.reported).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") : "";
+    $("latest-eval").textContent = `(${latest.metric} at round ${latest.round}${reported})`;
   }
   const stragglers = new Set(s.stragglers), dropped = new Set(s.dropped);
   const rows = s.members.map((m) => {
