@@ -370,7 +370,8 @@ def simulated_hashes(summary: dict[str, Any], tmp: Path) -> dict[str, str]:
     """`mosaicd simulate` with the run's settings (summary.json's), on this machine."""
     from mosaicd.settings import Settings
 
-    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items() if v is not None}
+    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items()
+           if v is not None and v != {}}  # no --task-options {}: simulate takes --task-option KEY=VALUE
     argv = []
     for key, value in run.items():
         name = key.replace("_", "-")
