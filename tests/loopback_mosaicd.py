@@ -1,6 +1,6 @@
 """`mosaicd` as the daemon tests start it by hand: a `barrier` or `node` given no --secret-file (nor
 MOSAIC_SECRET_FILE) runs --insecure, as every by-hand role on loopback did before secrets became the default there.
-Tests that are about the secret give one (then nothing is added) or start `Kit.mosaicd_plain`."""
+Tests that are about the secret give one (then nothing is added) or start `Kit.mosaicd`, as a user types it."""
 
 from __future__ import annotations
 

@@ -140,14 +140,14 @@ def test_no_secret_no_listening_beyond_loopback(kit: Any, tmp_path: Path) -> Non
     """A node without a secret is refused beyond loopback and on loopback alike (a barrier makes its own: below)."""
     for host, said in (("0.0.0.0", "listening beyond loopback needs --secret-file"),
                        ("127.0.0.1", "needs --secret-file")):
-        proc = subprocess.run([*kit.mosaicd_plain, "node", "--barrier-url", "http://127.0.0.1:9", "--host", host,
+        proc = subprocess.run([*kit.mosaicd, "node", "--barrier-url", "http://127.0.0.1:9", "--host", host,
                                "--port", "0"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
         assert proc.returncode == 1, proc.stderr
         line, = [line for line in proc.stderr.splitlines() if "error" in line]
         assert f"--host {host}: " in line and said in line and "--insecure" in line, proc.stderr
     short = tmp_path / "short"
     short.write_text("tiny")
-    proc = subprocess.run([*kit.mosaicd_plain, "barrier", "--secret-file", str(short), "--port", "0"],
+    proc = subprocess.run([*kit.mosaicd, "barrier", "--secret-file", str(short), "--port", "0"],
                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1 and "at least 16 bytes" in proc.stderr and "tiny" not in proc.stderr
 
@@ -172,7 +172,7 @@ def test_a_barrier_started_by_hand_without_a_secret_makes_one_and_refuses_unsign
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        proc = subprocess.Popen([*kit.mosaicd_plain, "barrier", "--task", "quadratic", "--nodes", "3", "--fanout",
+        proc = subprocess.Popen([*kit.mosaicd, "barrier", "--task", "quadratic", "--nodes", "3", "--fanout",
                                  "1", "--port", str(port), "--out", str(out), "--register-deadline", "60"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
         try:
