@@ -167,7 +167,9 @@ def _structlog_restored() -> Any:
 class Kit:
     """Helpers shared by the daemon tests (through a fixture, so test modules need not import conftest)."""
 
-    mosaicd = (sys.executable, "-m", "mosaicd")
+    mosaicd = (sys.executable, "-m", "mosaicd")  # as a user types it: secure by default
+    # by-hand roles as the daemon tests start them on loopback: --insecure unless given a secret (loopback_mosaicd.py)
+    by_hand = (sys.executable, str(Path(__file__).with_name("loopback_mosaicd.py")))
     http = staticmethod(http)
     flags = staticmethod(flags)
     role_flags = staticmethod(role_flags)

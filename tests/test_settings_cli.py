@@ -31,7 +31,7 @@ def run(kit: Any, *argv: str, env: dict[str, str] | None = None, cwd: Path | Non
     import os
 
     environment = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")} | (env or {})
-    return subprocess.run([*kit.mosaicd, *argv], capture_output=True, text=True, timeout=timeout, env=environment,
+    return subprocess.run([*kit.by_hand, *argv], capture_output=True, text=True, timeout=timeout, env=environment,
                           cwd=cwd, stdin=subprocess.DEVNULL)
 
 
@@ -293,7 +293,7 @@ def test_node_says_at_once_that_its_barrier_is_unreachable(kit: Any) -> None:
     import time
 
     started = time.monotonic()
-    proc = subprocess.Popen([*kit.mosaicd, "node", "--barrier-url", f"http://127.0.0.1:{free_ports(1)[0]}",
+    proc = subprocess.Popen([*kit.by_hand, "node", "--barrier-url", f"http://127.0.0.1:{free_ports(1)[0]}",
                              "--port", "0", "--register-deadline", "6", "--log-json"], stderr=subprocess.PIPE,
                             text=True, stdin=subprocess.DEVNULL)
     first = json.loads(proc.stderr.readline())

@@ -333,9 +333,10 @@ class DaemonOptions(BaseModel):
     max_norm: float | None = Field(None, gt=0, description="refuse a received fragment whose norm is over this many "
                                    "times the node's own (a guard against faults, not against attacks)",
                                    **cli("network", "node", "cluster", "simulate"))
-    insecure: bool = Field(False, description="listen beyond loopback without --secret-file: anyone who reaches "
-                           "a port can join the run and send it models; `mosaicd cluster`: run without the secret it "
-                           "makes for each run by default", **cli("network", "node", "barrier", "cluster"))
+    insecure: bool = Field(False, description="run without --secret-file: anyone who reaches a port (on loopback, "
+                           "any local user) can join the run and send it models; without it a node refuses to start "
+                           "with no secret, `mosaicd barrier` makes its own (OUT.secret) and `mosaicd cluster` one "
+                           "for each run", **cli("network", "node", "barrier", "cluster"))
     tls_cert: Path | None = Field(None, description="PEM certificate (chain) this member serves TLS with and shows "
                                   "as a client; with it every URL between members is https:// (needs --tls-key)",
                                   **cli("network", "node", "barrier", "cluster"))

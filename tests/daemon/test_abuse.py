@@ -256,7 +256,7 @@ def test_a_connection_flood_beyond_the_open_file_limit_neither_fails_accepts_nor
     port = free_ports(1)[0]
     log_path = tmp_path / "barrier.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([*kit.mosaicd, "barrier", "--host", "127.0.0.1", "--port", str(port), "--nodes", "2",
+        proc = subprocess.Popen([*kit.by_hand, "barrier", "--host", "127.0.0.1", "--port", str(port), "--nodes", "2",
                                  "--fanout", "1", "--out", str(tmp_path / "run"), "--log-json"],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=limit)
     socks: list[socket.socket] = []
@@ -297,7 +297,7 @@ def test_a_connection_flood_beyond_the_open_file_limit_neither_fails_accepts_nor
 
 async def test_a_registration_burst_gets_429_per_address(tmp_path: Path) -> None:
     settings = Settings(nodes=5, rounds=1, fanout=1, out=tmp_path, host="127.0.0.1", port=0, register_rate=0.5,
-                        register_deadline=30)
+                        register_deadline=30, insecure=True)  # unsigned registrations reach the rate limit
     barrier = Barrier(settings.run_config(), settings.daemon_options())
     runner, port = await serve(barrier_app(barrier), settings.daemon_options())
     try:

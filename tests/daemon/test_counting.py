@@ -25,13 +25,13 @@ def test_barrier_counts_nodes_once_none_new_came_and_tells_people(tmp_path: Path
     try:
         with open(console, "wb") as out:
             procs.append(subprocess.Popen(
-                [*kit.mosaicd, "barrier", *kit.flags(RUN), "--nodes", "99", "--expect-settle", "2", "--host",
+                [*kit.by_hand, "barrier", *kit.flags(RUN), "--nodes", "99", "--expect-settle", "2", "--host",
                  "127.0.0.1", "--port", str(port), "--out", str(tmp_path / "run"), "--no-log-json", "--linger", "3"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         for i in range(nodes):
             with open(tmp_path / f"node-{i}.log", "wb") as out:
                 procs.append(subprocess.Popen(
-                    [*kit.mosaicd, "node", "--barrier-url", f"http://127.0.0.1:{port}", "--host", "127.0.0.1",
+                    [*kit.by_hand, "node", "--barrier-url", f"http://127.0.0.1:{port}", "--host", "127.0.0.1",
                      "--port", "0", "--port-file", str(tmp_path / f"node-{i}.port"), "--log-json"],
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         codes = [p.wait(timeout=120) for p in procs]

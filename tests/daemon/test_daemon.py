@@ -21,7 +21,7 @@ RUN = dict(nodes=8, rounds=5, fragments=4, fanout=2, seed=0)  # the quadratic ta
 @pytest.mark.slow  # about 8 s on 2 idle cores (9 processes start), more on a busy machine
 def test_cluster_matches_in_memory_network(tmp_path: Path, kit: Any) -> None:
     out = tmp_path / "run"
-    proc = subprocess.run([*kit.mosaicd, "cluster", *kit.flags(RUN), "--out", str(out), "--quiet"], capture_output=True,
+    proc = subprocess.run([*kit.by_hand, "cluster", *kit.flags(RUN), "--out", str(out), "--quiet"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -47,7 +47,7 @@ def test_peer_list_matches_in_memory_network(tmp_path: Path, kit: Any) -> None:
         for port in ports:
             log = open(tmp_path / f"node-{port}.log", "wb")
             procs[port] = subprocess.Popen(
-                [*kit.mosaicd, "node", "--peer-list", str(peers), "--port", str(port), "--host", "127.0.0.1",
+                [*kit.by_hand, "node", "--peer-list", str(peers), "--port", str(port), "--host", "127.0.0.1",
                  "--out", str(tmp_path / f"out-{port}"), "--log-json", *kit.flags(RUN)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             log.close()

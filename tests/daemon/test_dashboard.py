@@ -150,7 +150,7 @@ def test_dashboard_fills_in_during_a_run(browser: Any, cluster: Cluster, kit: An
 
 async def test_history_and_dashboard_routes(tmp_path: Path, aiohttp_client: Any) -> None:
     """Plain HTTP, in process: /v1/history's `since` and bound, NaN as null; the page and its allow-listed files."""
-    settings = Settings(nodes=4, rounds=3000, register_deadline=60, out=tmp_path / "barrier")
+    settings = Settings(nodes=4, rounds=3000, register_deadline=60, out=tmp_path / "barrier", insecure=True)
     barrier = Barrier(settings.run_config(), settings.daemon_options())
     client = await aiohttp_client(barrier_app(barrier))
 
@@ -193,7 +193,7 @@ async def test_history_and_dashboard_routes(tmp_path: Path, aiohttp_client: Any)
 async def test_dashboard_works_under_a_prefix(tmp_path: Path, aiohttp_client: Any) -> None:
     """With --peer-list, rank 0 serves the barrier under /barrier/: the page refers to its files and the API by
     relative URLs, so that they resolve there too."""
-    settings = Settings(nodes=4, register_deadline=60, out=tmp_path / "barrier")
+    settings = Settings(nodes=4, register_deadline=60, out=tmp_path / "barrier", insecure=True)
     outer = web.Application()
     outer.add_subapp("/barrier", barrier_app(Barrier(settings.run_config(), settings.daemon_options())))
     client = await aiohttp_client(outer)

@@ -33,7 +33,7 @@ def peer_list(kit: Any, tmp_path: Path, run: dict[str, Any]) -> tuple[dict[int, 
     for port in ports:
         with open(tmp_path / f"node-{port}.log", "wb") as log:
             procs[port] = subprocess.Popen(
-                [*kit.mosaicd, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
+                [*kit.by_hand, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
                  "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), "--log-json", *kit.flags(run)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return procs, ports
@@ -60,7 +60,7 @@ def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: A
         seen_after = time.monotonic() - stopped
         assert procs[victim].wait(timeout=10) == 0  # it left as told
         assert 3 not in status["live"] and seen_after < 5.0, seen_after
-        shown = subprocess.run([*kit.mosaicd, "status", f"http://127.0.0.1:{rank0}/barrier", "--json"],
+        shown = subprocess.run([*kit.by_hand, "status", f"http://127.0.0.1:{rank0}/barrier", "--json"],
                                capture_output=True, text=True, timeout=60)
         assert next(r for r in json.loads(shown.stdout)["nodes"] if r["rank"] == 3)["phase"] == "left", shown
         metrics = kit.http("GET", f"http://127.0.0.1:{rank0}/barrier/metrics").body.decode()
@@ -168,7 +168,7 @@ async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_
 @pytest.mark.slow
 def test_nodes_that_cannot_start_end_a_cluster_with_their_reason(tmp_path: Path, kit: Any) -> None:
     started = time.monotonic()
-    proc = subprocess.run([*kit.mosaicd, "cluster", "--task", "cifar10", "--nodes", "4", "--rounds", "1",
+    proc = subprocess.run([*kit.by_hand, "cluster", "--task", "cifar10", "--nodes", "4", "--rounds", "1",
                            "--out", str(tmp_path / "out"), "--data-dir", str(tmp_path / "no-data")],
                           capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
@@ -191,7 +191,7 @@ def test_a_peer_list_member_with_other_run_settings_is_refused_naming_them(tmp_p
         mine = {**run, "rounds": 5, "fragments": 8} if port == ports[2] else run
         with open(tmp_path / f"node-{port}.log", "wb") as log:
             procs[port] = subprocess.Popen(
-                [*kit.mosaicd, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
+                [*kit.by_hand, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
                  "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), *kit.flags(mine)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -217,7 +217,7 @@ def test_a_peer_list_member_that_never_starts_is_named_when_registration_gives_u
         for port in ports[:2]:
             with open(tmp_path / f"node-{port}.log", "wb") as log:
                 procs[port] = subprocess.Popen(
-                    [*kit.mosaicd, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
+                    [*kit.by_hand, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
                      "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), "--log-json", *kit.flags(run)],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         for port, proc in procs.items():

@@ -91,7 +91,7 @@ def net(tmp_path_factory: pytest.TempPathFactory, kit: Any) -> Any:
 
     def spawn(name: str, *args: str) -> None:
         with open(tmp / f"{name}.log", "wb") as log:
-            command = [*kit.mosaicd, *args, "--host", "127.0.0.1", "--log-json", *kit.role_flags(args[0], RUN)]
+            command = [*kit.by_hand, *args, "--host", "127.0.0.1", "--log-json", *kit.role_flags(args[0], RUN)]
             net.procs[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL)
 

@@ -55,7 +55,7 @@ def launcher(tmp_path: Path, kit: Any, run: dict[str, Any]) -> tuple[int, list[i
     def spawn(name: str, port: int, *args: str) -> None:
         with open(tmp_path / f"{name}.log", "wb") as log:
             procs[port] = subprocess.Popen(
-                [*kit.mosaicd, *args, "--host", "127.0.0.1", "--port", str(port), "--log-json",
+                [*kit.by_hand, *args, "--host", "127.0.0.1", "--port", str(port), "--log-json",
                  *kit.role_flags(args[0], run)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -159,7 +159,7 @@ def test_cluster_timeout_leaves_no_process(tmp_path: Path, kit: Any) -> None:
 def test_killed_cluster_command_takes_its_processes_with_it(tmp_path: Path, kit: Any) -> None:
     """`mosaicd cluster` killed with SIGKILL (no chance to clean up): its children die with it (PDEATHSIG)."""
     out = tmp_path / "run"
-    parent = subprocess.Popen([*kit.mosaicd, "cluster", "--nodes", "3", "--fanout", "1", "--rounds", "100000",
+    parent = subprocess.Popen([*kit.by_hand, "cluster", "--nodes", "3", "--fanout", "1", "--rounds", "100000",
                                "--eval-every", "0", "--out", str(out), "--quiet"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     procs: list[psutil.Process] = []

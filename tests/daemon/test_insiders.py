@@ -173,7 +173,7 @@ def test_default_cluster_is_signed_and_its_secret_appears_nowhere(tmp_path: Path
 
 def test_an_unprotected_barrier_on_loopback_warns_once(tmp_path: Path, kit: Any) -> None:
     port = free_ports(1)[0]
-    proc = subprocess.Popen([*kit.mosaicd, "barrier", "--host", "127.0.0.1", "--port", str(port), "--nodes", "2",
+    proc = subprocess.Popen([*kit.by_hand, "barrier", "--host", "127.0.0.1", "--port", str(port), "--nodes", "2",
                              "--fanout", "1", "--log-json", "--out", str(tmp_path / "run")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:

@@ -60,7 +60,8 @@ def served_name(name: str, served: dict[str, tuple[str, set[str]]]) -> bool:
 @pytest.fixture
 async def scrapes(tmp_path: Path, kit: Any) -> dict[str, str]:
     run = dict(nodes=3, rounds=3, fragments=2, fanout=1, dim=12, seed=3, train=True, eval_every=1,
-               host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
+               host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10,
+               insecure=True)  # the families of an unsigned run (a signed one adds mosaic_auth_refused)
     barrier_settings = Settings(**run, out=tmp_path / "barrier")
     barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options(),
                       evaluate=NetworkEvaluation(tmp_path / "data"))

@@ -45,7 +45,8 @@ def served(app: web.Application) -> set[tuple[str, str]]:
 
 
 def apps(tmp_path: Path) -> dict[str, web.Application]:
-    settings = Settings(nodes=2, rounds=1, fanout=1, out=tmp_path / "barrier", barrier_url="http://127.0.0.1:9")
+    settings = Settings(nodes=2, rounds=1, fanout=1, out=tmp_path / "barrier", barrier_url="http://127.0.0.1:9",
+                        insecure=True)
     barrier = Barrier(settings.run_config(), settings.daemon_options())
     return {"node": node_app(Peer(settings.daemon_options(), Layout.flat(4)).inbox), "barrier": barrier_app(barrier)}
 
@@ -75,7 +76,7 @@ def test_every_error_is_the_json_error_object(name: str) -> None:
 # -- the live daemons -------------------------------------------------------------------------------------------
 
 RUN = dict(run_id="openapi", fragments=2, dim=8, seed=2, train=False, eval_every=1, host="127.0.0.1", port=0,
-           register_deadline=30, request_timeout=5, max_body_bytes=64 * 1024)
+           register_deadline=30, request_timeout=5, max_body_bytes=64 * 1024, insecure=True)  # unsigned requests
 
 
 class Live:

@@ -39,7 +39,7 @@ class Lab:
 
     def spawn(self, name: str, port: int, command: str, *args: str) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
-        proc = subprocess.Popen([*self.kit.mosaicd, command, *args, "--host", "127.0.0.1", "--port", str(port),
+        proc = subprocess.Popen([*self.kit.by_hand, command, *args, "--host", "127.0.0.1", "--port", str(port),
                                  "--log-json", *self.kit.role_flags(command, self.run)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
@@ -166,7 +166,7 @@ def journal_of_a_3_node_run(tmp_path: Path, round_deadline: float) -> Settings:
 def test_restarted_barrier_refuses_another_runs_settings(tmp_path: Path, kit: Any) -> None:
     """A run in progress in OUT is resumed only with its own settings; else the barrier says which differ."""
     run = journal_of_a_3_node_run(tmp_path, round_deadline=9)
-    proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(run.out), "--nodes", "3", "--rounds", "7",
+    proc = subprocess.run([*kit.by_hand, "barrier", "--out", str(run.out), "--nodes", "3", "--rounds", "7",
                            "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2  # a usage error, as simulate --resume with other settings
     assert "holds run 'mosaic' in progress" in proc.stderr and "--rounds" in proc.stderr, proc.stderr
@@ -179,7 +179,7 @@ def test_restarted_barrier_takes_the_journals_node_count_only_where_it_counts_th
     (here --expect-settle; --expect-dns and a peer list alike) resumes the run with the run's count."""
     run = journal_of_a_3_node_run(tmp_path, round_deadline=60)
     saved = (run.out / "barrier-state.json").read_text()
-    barrier = [*kit.mosaicd, "barrier", "--out", str(run.out), "--nodes", "4", "--rounds", "5", "--fanout", "1"]
+    barrier = [*kit.by_hand, "barrier", "--out", str(run.out), "--nodes", "4", "--rounds", "5", "--fanout", "1"]
     given = subprocess.run([*barrier, "--port", "0"], capture_output=True, text=True, timeout=30)
     assert given.returncode == 2, given.stderr  # a usage error, as any other run setting
     assert "(--nodes 4; the run has --nodes 3)" in given.stderr, given.stderr
@@ -208,7 +208,7 @@ def _status(kit: Any, port: int) -> dict[str, Any] | None:
 def test_a_barrier_refuses_a_damaged_journal_in_one_line(tmp_path: Path, kit: Any, content: str) -> None:
     """A barrier-state.json that is not a journal it can read (cut short, edited, another file) is no traceback."""
     (tmp_path / "barrier-state.json").write_text(content)
-    proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
+    proc = subprocess.run([*kit.by_hand, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
                            "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "barrier-state.json cannot be read" in proc.stderr and "move it away" in proc.stderr, proc.stderr
@@ -220,7 +220,7 @@ def test_a_barrier_that_cannot_write_its_out_says_so_in_one_line(tmp_path: Path,
     folders end the same way): one line naming --out, exit 1, and the run that was there left as it was."""
     (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "settings": {"run_id": "old"}}))
     (tmp_path / "earlier").write_text("not a folder")
-    proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
+    proc = subprocess.run([*kit.by_hand, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
                            "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"--out {tmp_path}: cannot write" in proc.stderr, proc.stderr
@@ -234,7 +234,7 @@ def test_a_barrier_that_cannot_listen_leaves_its_out_untouched(tmp_path: Path, k
     before = sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir())
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        proc = subprocess.run([*kit.mosaicd, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
+        proc = subprocess.run([*kit.by_hand, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
                                "--fanout", "1", "--host", "127.0.0.1", "--port", str(port)], capture_output=True,
                               text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr

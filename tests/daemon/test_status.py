@@ -34,7 +34,7 @@ def test_status_of_a_live_cluster_from_barrier_and_node(tmp_path: Path, kit: Any
 
         view = kit.wait_until(evaluated, 60, "an evaluation of every node")
         via_node = cluster_view(f"127.0.0.1:{cluster.node_ports[2]}")
-        proc = subprocess.run([*kit.mosaicd, "status", barrier, "--json"], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run([*kit.by_hand, "status", barrier, "--json"], capture_output=True, text=True, timeout=30)
         console = Console(record=True, width=160)
         console.print(render(view))
         text = console.export_text()
@@ -55,10 +55,10 @@ def test_status_of_a_live_cluster_from_barrier_and_node(tmp_path: Path, kit: Any
 
 
 def test_status_of_nothing_says_so(kit: Any) -> None:
-    proc = subprocess.run([*kit.mosaicd, "status", f"http://127.0.0.1:{free_ports(1)[0]}"], capture_output=True,
+    proc = subprocess.run([*kit.by_hand, "status", f"http://127.0.0.1:{free_ports(1)[0]}"], capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode == 1 and proc.stderr.startswith("mosaicd status: error: http://127.0.0.1:")
-    proc = subprocess.run([*kit.mosaicd, "status", "ftp://x"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([*kit.by_hand, "status", "ftp://x"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and "expected http://host:port" in proc.stderr
 
 
@@ -70,7 +70,7 @@ def test_status_of_a_silent_address_names_the_limit_it_waited(kit: Any) -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen(4)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        proc = subprocess.run([*kit.mosaicd, "status", url, "--timeout", "0.5"], capture_output=True, text=True,
+        proc = subprocess.run([*kit.by_hand, "status", url, "--timeout", "0.5"], capture_output=True, text=True,
                               timeout=30)
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip() == f"mosaicd status: error: {url}/v1/status: no answer within 0.5 s (--timeout)"
@@ -79,7 +79,7 @@ def test_status_of_a_silent_address_names_the_limit_it_waited(kit: Any) -> None:
 def test_status_of_a_barrier_waiting_for_its_nodes_counts_who_has_come(tmp_path: Path, kit: Any) -> None:
     """While nodes register there are no members yet: "registered 0/4", not "live 0/0"."""
     port = free_ports(1)[0]
-    barrier = subprocess.Popen([*kit.mosaicd, "barrier", "--task", "quadratic", "--nodes", "4", "--rounds", "3",
+    barrier = subprocess.Popen([*kit.by_hand, "barrier", "--task", "quadratic", "--nodes", "4", "--rounds", "3",
                                 "--fanout", "2", "--host", "127.0.0.1", "--port", str(port), "--out",
                                 str(tmp_path / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -90,7 +90,7 @@ def test_status_of_a_barrier_waiting_for_its_nodes_counts_who_has_come(tmp_path:
             except OSError:
                 return False
         kit.wait_until(listening, 30, "the barrier to listen")
-        proc = subprocess.run([*kit.mosaicd, "status", url], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run([*kit.by_hand, "status", url], capture_output=True, text=True, timeout=30)
     finally:
         barrier.terminate()
         barrier.wait(timeout=30)

@@ -99,7 +99,7 @@ def test_mutual_tls_cluster_with_secret_equals_the_reference(tmp_path: Path, kit
 
     def spawn(name: str, port: int, *args: str, pem: Pem) -> None:
         with open(tmp_path / f"{name}.log", "wb") as log:
-            procs[name] = subprocess.Popen([*kit.mosaicd, *args, "--port", str(port), *common,
+            procs[name] = subprocess.Popen([*kit.by_hand, *args, "--port", str(port), *common,
                                             *certs.member_flags(pem), *kit.role_flags(args[0], RUN)],
                                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -121,14 +121,14 @@ def test_mutual_tls_cluster_with_secret_equals_the_reference(tmp_path: Path, kit
 
         kit.wait_until(finished, 120, "the run to finish")
         # mosaicd status speaks TLS too: with the CA and a member's certificate it sees every node
-        proc = subprocess.run([*kit.mosaicd, "status", barrier_url, "--json", *certs.member_flags()],
+        proc = subprocess.run([*kit.by_hand, "status", barrier_url, "--json", *certs.member_flags()],
                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, proc.stderr
         view = json.loads(proc.stdout)
         assert view["barrier"]["phase"] == "finished"
         assert [n["reachable"] for n in view["nodes"]] == [True] * RUN["nodes"]
         # ... without a client certificate, the --tls-client-auth barrier refuses it
-        proc = subprocess.run([*kit.mosaicd, "status", barrier_url, "--tls-ca", str(certs.ca)], capture_output=True,
+        proc = subprocess.run([*kit.by_hand, "status", barrier_url, "--tls-ca", str(certs.ca)], capture_output=True,
                               text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert proc.returncode == 1 and barrier_url in proc.stderr, proc.stderr
     finally:
@@ -163,7 +163,7 @@ def test_peer_list_of_https_addresses_runs_over_tls(tmp_path: Path, kit: Any, ce
         for port in ports:
             with open(tmp_path / f"node-{port}.log", "wb") as log:
                 procs[port] = subprocess.Popen(
-                    [*kit.mosaicd, "node", "--peer-list", str(peers), "--port", str(port), "--host", "127.0.0.1",
+                    [*kit.by_hand, "node", "--peer-list", str(peers), "--port", str(port), "--host", "127.0.0.1",
                      "--out", str(tmp_path / f"out-{port}"), "--log-json", "--tls-client-auth",
                      *certs.member_flags(), *kit.flags(run)],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

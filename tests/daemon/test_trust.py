@@ -137,16 +137,82 @@ def test_outsiders_are_refused_and_the_run_equals_simulate(tmp_path: Path, kit: 
 
 
 def test_no_secret_no_listening_beyond_loopback(kit: Any, tmp_path: Path) -> None:
-    for command in (["barrier"], ["node", "--barrier-url", "http://127.0.0.1:9"]):
-        proc = subprocess.run([*kit.mosaicd, *command, "--host", "0.0.0.0", "--port", "0"], capture_output=True,
-                              text=True, timeout=30, stdin=subprocess.DEVNULL)
+    """A node without a secret is refused beyond loopback and on loopback alike (a barrier makes its own: below)."""
+    for host, said in (("0.0.0.0", "listening beyond loopback needs --secret-file"),
+                       ("127.0.0.1", "needs --secret-file")):
+        proc = subprocess.run([*kit.mosaicd, "node", "--barrier-url", "http://127.0.0.1:9", "--host", host,
+                               "--port", "0"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
         assert proc.returncode == 1, proc.stderr
-        assert "--host 0.0.0.0: listening beyond loopback needs --secret-file" in proc.stderr
+        line, = [line for line in proc.stderr.splitlines() if "error" in line]
+        assert f"--host {host}: " in line and said in line and "--insecure" in line, proc.stderr
     short = tmp_path / "short"
     short.write_text("tiny")
-    proc = subprocess.run([*kit.mosaicd, "barrier", "--secret-file", str(short), "--port", "0"], capture_output=True,
-                          text=True, timeout=30, stdin=subprocess.DEVNULL)
+    proc = subprocess.run([*kit.mosaicd, "barrier", "--secret-file", str(short), "--port", "0"],
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1 and "at least 16 bytes" in proc.stderr and "tiny" not in proc.stderr
+
+
+def test_a_barrier_started_by_hand_without_a_secret_makes_one_and_refuses_unsigned_requests_at_once(
+        kit: Any, tmp_path: Path) -> None:
+    """Loopback is not private on a shared machine: `mosaicd barrier` with no secret flag makes OUT.secret (600, beside
+    --out, never printed), says how to hand it to nodes, refuses an unsigned registration at once (401, not held
+    open), and a barrier started again with the same --out keeps the same secret."""
+    import socket
+
+    def up(url: str) -> bool:
+        try:
+            return kit.http("GET", url, timeout=2).status == 200
+        except OSError:
+            return False
+
+    out = tmp_path / "run"
+    secret_path = tmp_path / "run.secret"
+    said = []
+    for start in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([*kit.mosaicd, "barrier", "--task", "quadratic", "--nodes", "3", "--fanout",
+                                 "1", "--port", str(port), "--out", str(out), "--register-deadline", "60"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        try:
+            health = f"http://127.0.0.1:{port}/healthz"
+            kit.wait_until(lambda: up(health), 30, "the barrier")  # noqa: B023 (called at once)
+            sent = time.monotonic()
+            resp = kit.http("POST", f"http://127.0.0.1:{port}/v1/register", b"{}", "application/json")
+            assert (resp.status, resp.json()["reason"]) == (401, "unsigned")
+            assert time.monotonic() - sent < 1.0
+            if start == 0:
+                secret = secret_path.read_bytes()
+            assert secret_path.stat().st_mode & 0o777 == 0o600 and secret_path.read_bytes() == secret
+        finally:
+            proc.terminate()
+            stderr = proc.communicate(timeout=30)[1]
+        said.append(stderr)
+        assert f"--secret-file {secret_path}" in stderr and secret.strip().decode() not in stderr, stderr
+    assert "made now" in said[0] and "kept from an earlier start" in said[1]
+    for path in out.rglob("*"):
+        assert not path.is_file() or secret.strip() not in path.read_bytes(), path
+
+
+async def test_a_peer_without_a_secret_shares_its_process_barrier_s_or_is_refused(tmp_path: Path) -> None:
+    """`mosaicd.Peer` with no secret: signed with the secret of the barrier in its own process (an own training
+    loop's); with no barrier of its own process to share one, refused (unless --insecure)."""
+    from mosaicd import Peer
+    from mosaicd.daemon.http import auth
+
+    held = list(auth._PROCESS_SECRET)
+    auth._PROCESS_SECRET.clear()
+    try:
+        options = Settings(barrier_url="http://127.0.0.1:9", port=0).daemon_options()
+        with pytest.raises(auth.SecretError, match="needs --secret-file.*--insecure"):
+            async with Peer(options, Layout.flat(4)):
+                pass
+        shared = auth.process_secret()
+        assert auth.peer_secret(options) == shared
+        assert auth.peer_secret(options.model_copy(update={"insecure": True})) is None
+    finally:
+        auth._PROCESS_SECRET[:] = held
 
 
 async def test_an_unsigned_request_to_a_node_that_does_not_know_its_run_yet_is_refused_at_once() -> None:

@@ -71,8 +71,8 @@ def test_a_peer_list_runs_a_task_file(tasks: Path, tmp_path: Path) -> None:
         for port in ports:
             with open(tmp_path / f"node-{port}.log", "wb") as log:
                 procs[port] = subprocess.Popen(
-                    [sys.executable, "-m", "mosaicd", "node", "--peer-list", str(peers), "--port", str(port), "--host",
-                     "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), "--log-json", *settings],
+                    [sys.executable, "-m", "mosaicd", "node", "--insecure", "--peer-list", str(peers), "--port",
+                     str(port), "--host", "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), "--log-json", *settings],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         for port, proc in procs.items():
             assert proc.wait(timeout=120) == 0, (tmp_path / f"node-{port}.log").read_text()[-3000:]

@@ -28,13 +28,13 @@ def rounds_done(out: Path) -> int:
 
 
 def start(kit: Any, out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([*kit.mosaicd, "cluster", *RUN, "--out", str(out), "--quiet", *extra],
+    return subprocess.Popen([*kit.by_hand, "cluster", *RUN, "--out", str(out), "--quiet", *extra],
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def reference(kit: Any, tmp_path: Path, rounds: str = "60", *extra: str) -> dict[str, str]:
     args = [*RUN[:RUN.index("--rounds") + 1], rounds, *RUN[RUN.index("--rounds") + 2:], *extra]
-    subprocess.run([*kit.mosaicd, "simulate", *args, "--out", str(tmp_path / "simulate"), "--quiet"], check=True,
+    subprocess.run([*kit.by_hand, "simulate", *args, "--out", str(tmp_path / "simulate"), "--quiet"], check=True,
                    capture_output=True, timeout=120)
     return json.loads((tmp_path / "simulate" / "summary.json").read_text())["model_sha256"]
 
@@ -68,7 +68,7 @@ def cut_evaluations_from(out: Path, round: int) -> None:
 
 
 def resume(kit: Any, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
-    proc = subprocess.run([*kit.mosaicd, "cluster", *extra, "--out", str(out), "--resume"], capture_output=True,
+    proc = subprocess.run([*kit.by_hand, "cluster", *extra, "--out", str(out), "--resume"], capture_output=True,
                           text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "summary.json").read_text())
@@ -92,7 +92,7 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_models(tmp_path: Path, kit: 
     assert summary["status"] == "failed" and "interrupted" in summary["error"]
     before = listing(out)
     started = time.monotonic()
-    again = subprocess.run([*kit.mosaicd, "cluster", *RUN, *every, "--out", str(out), "--quiet"], capture_output=True,
+    again = subprocess.run([*kit.by_hand, "cluster", *RUN, *every, "--out", str(out), "--quiet"], capture_output=True,
                            text=True, timeout=60)  # the same command: refused, naming --resume, nothing touched
     assert again.returncode != 0 and "--resume" in again.stderr and time.monotonic() - started < 30, again.stderr
     assert listing(out) == before
@@ -119,7 +119,7 @@ def test_resume_with_another_node_count_is_refused_as_another_fanout_is(tmp_path
     assert proc.wait(timeout=30) == 130
     before = listing(out)
     for flag, value in (("--nodes", "7"), ("--fanout", "3")):
-        refused = subprocess.run([*kit.mosaicd, "cluster", *RUN, flag, value, "--out", str(out), "--quiet", "--resume"],
+        refused = subprocess.run([*kit.by_hand, "cluster", *RUN, flag, value, "--out", str(out), "--quiet", "--resume"],
                                  capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2, refused.stderr[-2000:]  # a usage error, as simulate --resume's
         ours = RUN[RUN.index(flag) + 1]
@@ -129,7 +129,7 @@ def test_resume_with_another_node_count_is_refused_as_another_fanout_is(tmp_path
     # the run was started with a secret (the cluster's own): resumed without one, nothing would be checked
     for command in (["cluster", *RUN, "--resume", "--insecure", "--quiet"],
                     ["barrier", *RUN, "--host", "127.0.0.1", "--port", "0"]):
-        refused = subprocess.run([*kit.mosaicd, *command, "--out", str(out)], capture_output=True, text=True,
+        refused = subprocess.run([*kit.by_hand, *command, "--out", str(out)], capture_output=True, text=True,
                                  timeout=120)
         assert refused.returncode == 2 and "started with a cluster secret: give its --secret-file" in refused.stderr, \
             refused.stderr[-2000:]
@@ -158,7 +158,7 @@ def test_a_full_disk_ends_the_run_naming_the_path_and_resume_finishes_it(tmp_pat
         out = disk / "run"
         extra = ["--rounds", "300"]
         started = time.monotonic()
-        proc = subprocess.run([*kit.mosaicd, "cluster", *RUN, *extra, "--out", str(out), "--quiet"],
+        proc = subprocess.run([*kit.by_hand, "cluster", *RUN, *extra, "--out", str(out), "--quiet"],
                               capture_output=True, text=True, timeout=120)
         took = time.monotonic() - started
         assert proc.returncode != 0 and took < 60, (took, proc.stderr[-2000:])

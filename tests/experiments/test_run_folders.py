@@ -333,7 +333,7 @@ def test_a_barrier_started_by_hand_holds_its_out(tmp_path: Path, kit: Any) -> No
     out = tmp_path / "run"
     barrier = ["barrier", "--task", "quadratic", "--nodes", "4", "--rounds", "3", "--fanout", "2", "--host",
                "127.0.0.1", "--port", "0", "--out", str(out)]
-    proc = subprocess.Popen([*kit.mosaicd, *barrier], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([*kit.by_hand, *barrier], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         kit.wait_until(lambda: (out / "rounds.csv").exists(), 60, "the barrier's rounds.csv (it waits for its nodes)")

@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netns"))
 from harness import RELAY_IP, SUBNET, HarnessError, Lab, missing, sh  # noqa: E402
+from pageblocks import DEPLOY_PAGE, block  # noqa: E402
 
 __all__ = ["HostsLab", "Engine", "HarnessError", "load_image", "missing", "sh", "RELAY_IP", "SUBNET"]
 TPROXY_PORT = 9999
@@ -287,46 +288,54 @@ class RunResults:
 
 
 class ComposePerHost(RunResults):
-    """deploy/multihost as its comments say: the barrier's project on one host, a nodes project with its own
-    --scale on each node host, all joined by the barrier's address and one secret file (the same path on every
-    host: the lab's hosts share this machine's file system, as the docs' `scp` would make it)."""
+    """deploy/multihost by docs/deploy.md's marked blocks, as written (pageblocks.py): the secret, the barrier's
+    project on one host, a nodes project with its own --scale on each node host, only the barrier's address and
+    the home folder substituted (and the counts, where a caller's scale is not the page's 2 per host). The lab's
+    hosts share this machine's file system, so the secret needs no copy (the page's scp); results, data and the
+    image name come from the variables the page names (MOSAIC_RESULTS, MOSAIC_DATA, MOSAIC_IMAGE)."""
 
     def __init__(self, lab: HostsLab, tmp: Path, image: str, scale: dict[int, int], barrier_host: int = 0,
                  settings: dict[str, str] | None = None, name: str = "mh") -> None:
         self.lab, self.tmp, self.scale, self.barrier_host = lab, tmp, scale, barrier_host
         self.results = tmp / "results"
         self.results.mkdir(parents=True)
-        home = tmp / "home"
-        home.mkdir()
-        subprocess.run(["sh", "-c", SECRET_FILE_ONE_LINER], env={**os.environ, "HOME": str(home)}, check=True,
-                       timeout=30)
-        self.secret = home / ".mosaic" / "secret"
-        self.url = f"http://{lab.ip(barrier_host)}:8000"
-        self.env = {"MOSAIC_IMAGE": image, "MOSAIC_SECRET_PATH": str(self.secret), "MOSAIC_RESULTS": str(self.results),
-                    "MOSAIC_NODES": str(sum(scale.values())), "MOSAIC_BARRIER_URL": self.url,
-                    "MOSAIC_BARRIER_PORT": "8000", **(settings or {})}
+        self.home = tmp / "home"
+        self.home.mkdir()
+        (tmp / "data").mkdir()
         self.cli = compose_cli()
+        self.run_block("secret", {**os.environ, "HOME": str(self.home)})
+        self.secret = self.home / ".mosaic" / "secret"
+        self.url = f"http://{lab.ip(barrier_host)}:8000"
+        self.env = {"MOSAIC_IMAGE": image, "MOSAIC_RESULTS": str(self.results), "MOSAIC_DATA": str(tmp / "data"),
+                    "HOME": str(self.home), **(settings or {})}
         self.projects: list[tuple[Engine, list[str]]] = []
-        self.name = f"{name}{os.getpid()}"
+        self.name = name
+        # what `logs` and `down` need to read the files (the blocks set these on their own command lines)
+        self.files_env = {**self.env, "MOSAIC_SECRET_PATH": str(self.secret), "MOSAIC_BARRIER_URL": self.url,
+                          "MOSAIC_NODES": str(sum(scale.values()))}
 
-    def compose(self, engine: Engine, file: str, project: str, *args: str, timeout: float = 300) -> str:
-        cmd = [*self.cli, "-p", project, "-f", str(ROOT / file), *args]
-        done = subprocess.run(cmd, env={**engine.env, **self.env}, capture_output=True, text=True, timeout=timeout,
-                              cwd=ROOT, stdin=subprocess.DEVNULL)
+    def run_block(self, name: str, env: dict[str, str], host: int | None = None, **names: str) -> str:
+        text = block(DEPLOY_PAGE, name, **names)
+        if self.cli == ["docker-compose"]:
+            text = text.replace("docker compose", "docker-compose")
+        done = subprocess.run(["bash", "-euc", text], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                              stdin=subprocess.DEVNULL)
         if done.returncode != 0:
-            raise HarnessError(f"{' '.join(cmd)} on host {engine.host} exited {done.returncode}: "
+            raise HarnessError(f"docs/deploy.md block {name} on host {host} exited {done.returncode}: "
                                f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
         return done.stdout
 
     def up(self) -> ComposePerHost:
         barrier = self.lab.engines[self.barrier_host]
-        self.projects.append((barrier, ["deploy/multihost/barrier.yaml", f"{self.name}b"]))
-        self.compose(barrier, "deploy/multihost/barrier.yaml", f"{self.name}b", "up", "-d")
+        self.projects.append((barrier, ["deploy/multihost/barrier.yaml", "mosaic-barrier"]))
+        total = sum(self.scale.values())
+        self.run_block("barrier", {**barrier.env, **self.env}, self.barrier_host,
+                       **({} if total == 6 else {"MOSAIC_NODES=6": f"MOSAIC_NODES={total}"}))
         for host, n in self.scale.items():
             engine = self.lab.engines[host]
-            self.projects.append((engine, ["deploy/multihost/nodes.yaml", f"{self.name}n{host}"]))
-            self.compose(engine, "deploy/multihost/nodes.yaml", f"{self.name}n{host}", "up", "-d", "--scale",
-                         f"node={n}")
+            self.projects.append((engine, ["deploy/multihost/nodes.yaml", "mosaic-nodes"]))
+            self.run_block("nodes", {**engine.env, **self.env}, host, BARRIER_HOST=self.lab.ip(self.barrier_host),
+                           **({} if n == 2 else {"node=2": f"node={n}"}))
         return self
 
     def status(self) -> dict[str, Any]:
@@ -339,7 +348,8 @@ class ComposePerHost(RunResults):
         out = []
         for engine, (file, project) in self.projects:
             cmd = [*self.cli, "-p", project, "-f", str(ROOT / file), "logs", "--no-color", "--tail", str(tail)]
-            done = subprocess.run(cmd, env={**engine.env, **self.env}, capture_output=True, text=True, timeout=120)
+            done = subprocess.run(cmd, env={**engine.env, **self.files_env}, capture_output=True, text=True,
+                                  timeout=120)
             out.append(f"--- host {engine.host} {project}\n{done.stdout[-3000:]}{done.stderr[-1000:]}")
         return "\n".join(out)
 
@@ -347,7 +357,7 @@ class ComposePerHost(RunResults):
         for engine, (file, project) in reversed(self.projects):
             if engine.running():
                 subprocess.run([*self.cli, "-p", project, "-f", str(ROOT / file), "down", "-v", "--remove-orphans",
-                                "-t", "5"], env={**engine.env, **self.env}, capture_output=True, timeout=300)
+                                "-t", "5"], env={**engine.env, **self.files_env}, capture_output=True, timeout=300)
         self.projects.clear()
 
 
@@ -360,7 +370,8 @@ def simulated_hashes(summary: dict[str, Any], tmp: Path) -> dict[str, str]:
     """`mosaicd simulate` with the run's settings (summary.json's), on this machine."""
     from mosaicd.settings import Settings
 
-    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items() if v is not None}
+    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items()
+           if v is not None and v != {}}  # no --task-options {}: simulate takes --task-option KEY=VALUE
     argv = []
     for key, value in run.items():
         name = key.replace("_", "-")
@@ -435,11 +446,19 @@ class StackRun(RunResults):
                     "MOSAIC_SECRET_NAME": self.secret_name, "MOSAIC_BARRIER_PORT": "8000", **settings}
 
     def deploy(self) -> StackRun:
+        """docs/deploy.md's Swarm blocks as written: the secret, then `docker stack deploy` (the lab's names for
+        the secret, the stack and the results folder substituted; the run's settings in the environment)."""
         m = self.swarm.manager
-        subprocess.run(["sh", "-c", SWARM_SECRET_ONE_LINER.replace("mosaic_secret", self.secret_name)], env=m.env,
-                       check=True, capture_output=True, timeout=60)
-        m.docker("stack", "deploy", "--detach", "--resolve-image", "never", "-c", str(ROOT / "deploy/stack.yaml"),
-                 self.name, env=self.env)
+        env = {**m.env, **{k: v for k, v in self.env.items() if k not in ("MOSAIC_NODES", "MOSAIC_RESULTS")}}
+        for name, names in (("swarm-secret", {"mosaic_secret": self.secret_name}),
+                            ("swarm-deploy", {"deploy/stack.yaml":
+                                              str(ROOT / "deploy/stack.yaml"), " mosaic\n": f" {self.name}\n",
+                                              "MOSAIC_NODES=6": f"MOSAIC_NODES={self.nodes}"})):
+            done = subprocess.run(["bash", "-euc", block(DEPLOY_PAGE, name, **names)], env=env, capture_output=True,
+                                  text=True, timeout=300, cwd=self.results.parent, stdin=subprocess.DEVNULL)
+            if done.returncode != 0:
+                raise HarnessError(f"docs/deploy.md block {name} exited {done.returncode}: {done.stdout[-2000:]}"
+                                   f"{done.stderr[-2000:]}")
         return self
 
     def tasks(self, service: str) -> dict[str, int]:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pageblocks import SLURM_PAGE, block
 from slurmlab import SlurmLab, free_port_range, require_slurm
 
 pytestmark = [pytest.mark.slurm]
@@ -59,7 +60,8 @@ def simulated_hashes(kit, summary: dict, tmp: Path) -> dict[str, str]:
     """`mosaicd simulate` with the run's settings (as summary.json records them)."""
     from mosaicd.settings import Settings
 
-    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items() if v is not None}
+    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items()
+           if v is not None and v != {}}  # no --task-options {}: simulate takes --task-option KEY=VALUE
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
     subprocess.run([sys.executable, "-m", "mosaicd", "simulate", *kit.flags(run), "--out", str(tmp), "--quiet"],
                    check=True, env=env, capture_output=True, timeout=300)
@@ -67,17 +69,24 @@ def simulated_hashes(kit, summary: dict, tmp: Path) -> dict[str, str]:
 
 
 def job_log(out: Path) -> str:
-    logs = sorted(out.parent.glob(f"{out.name}-job-*.log")) + sorted((out / "logs").glob("task-*.log"))
+    logs = (sorted(out.parent.glob(f"{out.name}-job-*.log")) + sorted(out.parent.glob("mosaic-*.log"))
+            + sorted((out / "logs").glob("task-*.log")))
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in logs)
 
 
 def test_a_run_as_one_job_equals_simulate(kit, slurm: SlurmLab, tmp_path: Path) -> None:
+    """deploy/slurm/README.md's first run, its block as written (pageblocks.py): only the paths substituted."""
     out, rounds = tmp_path / "shared" / "run", 8
-    done = slurm.run(*sbatch(slurm, out, [*RUN, "--rounds", str(rounds)], "--wait"), check=False, timeout=300,
-                     env=job_env(slurm, out))
-    assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{job_log(out)}\n{slurm.logs()}"
-    job = done.stdout.strip().split(";")[0]
+    out.parent.mkdir(parents=True)
+    paths = {"/shared/mosaic/.venv/bin": str(Path(sys.executable).parent), "/shared/runs/first": str(out),
+             "deploy/slurm/": f"{SCRIPT.parent}/"}
+    text = block(SLURM_PAGE, "slurm-first-run", **paths)
+    done = subprocess.run(["bash", "-c", text], env=job_env(slurm, out), cwd=out.parent, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.stdout.split()[-1] == "0", f"{done.stdout}{done.stderr}\n{job_log(out)}\n{slurm.logs()}"
+    job = done.stdout.split("Submitted batch job ")[1].split()[0]
     assert slurm.job_state(job) == "COMPLETED"
+    assert "--export=ALL" in text and f"--rounds {rounds}" in text
 
     summary = read_summary(out)
     assert summary["status"] == "finished" and summary["dropped"] == [], summary.get("error")

@@ -12,7 +12,7 @@ from mosaicd.daemon.barrier.console import BarrierConsole, local_url
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.errors import RunEnded
-from mosaicd.daemon.http.auth import Keyring, check_listen, load_secret
+from mosaicd.daemon.http.auth import Keyring, check_listen, load_secret, own_secret_file
 from mosaicd.daemon.http.server import check_port, serve
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.logs import get_logger, json_logs
@@ -27,6 +27,8 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
 
     if evaluates(settings, task):  # it evaluates the average model: say now, not at the first evaluation, if it cannot
         require_task(settings.task)
+    if settings.secret_file is None and not settings.insecure:  # secure by default, loopback too
+        settings = own_secret(settings)
     # where it cannot listen, say so before the Barrier opens its outputs (keeping an earlier run aside...)
     check_listen(settings, Keyring(secret) if (secret := load_secret(settings.secret_file)) else None)
     if sock is None:
@@ -50,6 +52,16 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
         raise
     finally:
         release(settings.out / BARRIER_LOCK)
+
+
+def own_secret(settings: Settings) -> Settings:
+    """No --secret-file, no --insecure: the barrier's own secret (OUT.secret, `auth.own_secret_file`), and how to
+    hand it to the nodes, said once on stderr (the path only, never the secret)."""
+    path, made = own_secret_file(settings.out)
+    print(f"mosaicd barrier: cluster secret {path} ({'made now' if made else 'kept from an earlier start'}, mode "
+          f"600): give every node --secret-file {path} (MOSAIC_SECRET_FILE; copy it to other hosts), or start the "
+          "barrier with --secret-file, or --insecure for none", file=sys.stderr)
+    return settings.model_copy(update={"secret_file": path})
 
 
 async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[str]) -> int:

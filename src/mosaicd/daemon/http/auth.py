@@ -9,6 +9,7 @@ is hashed while it is read (`body.read_body`), and the handler gets those bytes 
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -46,6 +47,42 @@ def load_secret(path: Path | None) -> bytes | None:
     return secret
 
 
+_PROCESS_SECRET: list[bytes] = []  # made by the first Barrier of this process that was given no secret
+
+
+def process_secret() -> bytes:
+    """The in-process secret: a `Barrier` made without --secret-file (and without --insecure) signs with it, and
+    every `mosaicd.Peer` of the same process without a secret of its own shares it (an own training loop's
+    barrier hands its secret to its peers itself). Random, in memory only, never logged."""
+    if not _PROCESS_SECRET:
+        _PROCESS_SECRET.append(secrets.token_urlsafe(32).encode())
+    return _PROCESS_SECRET[0]
+
+
+def peer_secret(options: Any) -> bytes | None:
+    """A peer's secret: its --secret-file's; else, unless --insecure or --peer-list (whose members are processes of
+    their own: they all read one --secret-file), the secret of a barrier in this process; else None."""
+    secret = load_secret(options.secret_file)
+    if secret is None and not options.insecure and getattr(options, "peer_list", None) is None and _PROCESS_SECRET:
+        secret = _PROCESS_SECRET[0]
+    return secret
+
+
+def own_secret_file(out: Path) -> tuple[Path, bool]:
+    """`mosaicd barrier` without --secret-file: its own secret, OUT.secret beside --out (mode 600, outside the
+    results folder, which is served and copied), made once and reused by a barrier started again with the same
+    --out. The path, and whether it was made now."""
+    path = Path(out).absolute()
+    path = path.parent / (path.name + ".secret")
+    if path.exists():
+        return path, False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path, True
+
+
 class Keyring:
     """The keys derived from one secret: registration, and the run's once it is known."""
 
@@ -78,13 +115,18 @@ def auth_window(options: Any) -> float:
 
 
 def check_listen(options: Any, keyring: Keyring | None, barrier: bool = False) -> None:
-    """Refuse to listen beyond loopback without a secret, unless the user says --insecure. On loopback without a
-    secret, a barrier (or a --peer-list node, whose rank 0 hosts one) says once, in a warning, what that allows."""
+    """Refuse to listen beyond loopback without a secret, unless the user says --insecure; a node (a peer-list
+    member, a `mosaicd.Peer`) without one is refused on loopback too. Without a secret (--insecure), a barrier (or a
+    --peer-list node, whose rank 0 hosts one) says once, in a warning, what that allows."""
     host = options.host
     loopback = host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
     if not loopback and keyring is None and not options.insecure:
         raise SecretError(f"--host {host}: listening beyond loopback needs --secret-file (MOSAIC_SECRET_FILE), so "
                           "that only members can join and send models; --insecure listens without one")
+    if keyring is None and not options.insecure and not barrier:  # loopback is not private on a shared machine
+        raise SecretError(f"--host {host}: a node needs --secret-file (MOSAIC_SECRET_FILE; the barrier's, e.g. the "
+                          "OUT.secret that `mosaicd barrier` made and printed) even on loopback, where any local user "
+                          "could join and send models; --insecure runs without one")
     if keyring is None and (barrier or getattr(options, "peer_list", None) is not None):
         get_logger(role="barrier" if barrier else "node").warning(
             "no_secret", host=host, detail="no cluster secret: any process on this host can register, arrive and "

@@ -30,7 +30,7 @@ from aiohttp import web
 from mosaic_proto import Fragmentation, Layout, NodeEvent, NodeState, PeerSampler
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost, HostedBarrier
-from mosaicd.daemon.http.auth import REGISTER_RUN, Keyring, check_listen, load_secret, signer
+from mosaicd.daemon.http.auth import REGISTER_RUN, Keyring, check_listen, peer_secret, signer
 from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.http.server import serve
@@ -58,7 +58,7 @@ class Peer:
         self._resume_rank = resume_rank
         self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining,
                                on_refused=lambda why, n: self.metrics.counted(why, n))
-        secret = load_secret(options.secret_file)
+        secret = peer_secret(options)  # --secret-file's, or an in-process barrier's
         self.inbox = Inbox(self.state, options, Keyring(secret) if secret else None)
         self.log = get_logger(role="node")
         self.barrier: HostedBarrier | None = None  # the one this peer hosts (rank 0 of a --peer-list)
