@@ -2,8 +2,9 @@
 `mosaicd.Barrier`, `mosaicd.Settings`).
 
     python examples/own_training_loop.py                 # four peers and their barrier in this one process
-    mosaicd barrier --nodes 3 --rounds 15 --fragments 4 --fanout 2 --out run   # or: the barrier on one host,
-    python examples/own_training_loop.py --barrier-url http://HOST:8000       # and one such process per node
+    mosaicd barrier --nodes 3 --rounds 15 --fragments 4 --fanout 2 --out run   # or: the barrier on one host
+                                                  # (it makes the run's secret, run.secret; copy it to the nodes),
+    python examples/own_training_loop.py --barrier-url http://HOST:8000 --secret-file run.secret   # one per node
 
 Each round, every peer trains its own model on its own shard for a few steps, reports its own metrics of the
 round (`gossip(metrics=...)`: they land in rounds.csv, summary.json and `mosaicd status`), and gossips. Every
@@ -74,7 +75,7 @@ async def main(args: argparse.Namespace) -> None:
     data = load()
     quiet = dict(log_level="warning", port=args.port, host=args.host)
     if args.barrier_url:  # one node of a run whose barrier (`mosaicd barrier`) runs elsewhere
-        settings = mosaicd.Settings.load(barrier_url=args.barrier_url, **quiet,
+        settings = mosaicd.Settings.load(barrier_url=args.barrier_url, secret_file=args.secret_file, **quiet,
                                          **({"advertise": args.advertise} if args.advertise else {}))
         accuracy = await node(settings, data)
         print(f"test accuracy: {accuracy:.3f}", file=sys.stderr)
@@ -91,6 +92,7 @@ async def main(args: argparse.Namespace) -> None:
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--barrier-url", help="run one node of the run this barrier serves (else: all, in-process)")
+    parser.add_argument("--secret-file", help="with --barrier-url: the run's secret (the barrier's OUT.secret)")
     parser.add_argument("--host", default="127.0.0.1", help="where this process listens")
     parser.add_argument("--port", type=int, default=0, help="its port (0: any free one)")
     parser.add_argument("--advertise", help="HOST:PORT the other nodes reach this one at (another host's)")

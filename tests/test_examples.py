@@ -60,7 +60,9 @@ def test_own_loops_against_a_stand_alone_barrier(tmp_path: Path) -> None:
             assert time.monotonic() < end and barrier.poll() is None, barrier.communicate()[1][-3000:]
             time.sleep(0.05)
         url = f"http://127.0.0.1:{port_file.read_text().strip()}"
-        nodes = [start("--barrier-url", url) for _ in range(3)]
+        secret = Path(f"{out}.secret")  # made by the barrier, which was given none (secure by default)
+        assert secret.stat().st_mode & 0o777 == 0o600
+        nodes = [start("--barrier-url", url, "--secret-file", str(secret)) for _ in range(3)]
         for proc in nodes:
             _, err = proc.communicate(timeout=300)
             assert proc.returncode == 0, err[-3000:]
