@@ -1,10 +1,14 @@
-"""structlog setup: JSON lines when not on a terminal, readable lines on one."""
+"""structlog setup: lines for people (the default, on a terminal or not), or JSON lines for log shippers
+(--log-json, MOSAIC_LOG_JSON=true). The lines for people fold repeated warnings: one line per kind (its event)
+every WARN_EVERY_S, which says how many were folded since the last; JSON logs keep every line."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
+from typing import Any
 
 # structlog.dev imports rich (and pygments) when installed, only to draw tracebacks, which format_exc_info below
 # renders already: hidden while structlog is imported, so that a node or barrier does not import it (~0.1 s).
@@ -42,8 +46,37 @@ def _stderr_path() -> str:
 
 
 def json_logs(json: bool | None) -> bool:
-    """--log-json as given, else JSON when stderr is not a terminal."""
-    return not sys.stderr.isatty() if json is None else json
+    """--log-json as given; by default lines for people, on a terminal or not (a container's console, a log
+    file): JSON only when asked for."""
+    return bool(json)
+
+
+WARN_EVERY_S = 10.0  # lines for people: at most one warning line of each kind this often
+
+
+class FoldRepeats:
+    """A structlog processor for the console of people: a warning of a kind (its event name) already said within
+    the last `every` seconds is dropped and counted; the next one said carries `folded=N` (those dropped since
+    the line before). Errors and lines of other levels pass as they are."""
+
+    def __init__(self, every: float = WARN_EVERY_S, clock: Any = time.monotonic) -> None:
+        self.every, self.clock = every, clock
+        self.said: dict[str, float] = {}
+        self.folded: dict[str, int] = {}
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("level") not in ("warning", "warn"):
+            return event
+        kind, now = str(event.get("event")), self.clock()
+        said = self.said.get(kind)
+        if said is not None and now - said < self.every:
+            self.folded[kind] = self.folded.get(kind, 0) + 1
+            raise structlog.DropEvent
+        self.said[kind] = now
+        folded = self.folded.pop(kind, 0)
+        if folded:
+            event["folded"] = f"{folded} more since the last (one line per {self.every:g}s)"
+        return event
 
 
 def configure_logging(level: str = "info", json: bool | None = None) -> None:
@@ -53,6 +86,7 @@ def configure_logging(level: str = "info", json: bool | None = None) -> None:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            *([] if json else [FoldRepeats()]),
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             renderer,
