@@ -45,12 +45,23 @@ def waiting_line(barrier: Barrier) -> str:
         f"; not yet: {', '.join(missing)}" if missing else "")
 
 
+def resumed_line(barrier: Barrier) -> str | None:
+    """A barrier started again on its run's OUT: where the run goes on, from what, and how long it ran before."""
+    if not barrier.resumed:
+        return None
+    ran = time.time() - barrier.recorder.origin  # the time the run ran before (summary.json's wall_s)
+    before = f", after {clock(ran)} of it before" if ran >= 1 else ""
+    return (f"resumed at round {barrier.state.round} of {barrier.run.rounds} from the journal in "
+            f"{barrier.options.out}/{before}: the nodes still waiting for the barrier go on with it")
+
+
 def end_line(barrier: Barrier, started: float) -> str:
+    """`started`: when the run began (time.time(); a resumed run's: its first start, less the time it stood)."""
     state, out = barrier.state, barrier.options.out
     files = f"results in {out}/ (summary.json, rounds.csv, nodes.csv)"
     if state.phase is BarrierPhase.FINISHED:
         row = barrier.recorder.rounds[-1] if barrier.recorder.rounds else None
-        return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.monotonic() - started)}, "
+        return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.time() - started)}, "
                 f"{len(state.live)}/{len(state.addresses)} nodes to the end; {metrics_text(row) or 'no evaluation'}; "
                 f"{files}")
     return f"failed: {barrier.failure or 'the run ended early'}; {files}"
@@ -62,9 +73,9 @@ class BarrierConsole:
     def __init__(self, barrier: Barrier, url: str) -> None:
         self.barrier, self.url = barrier, url
         self.printer = ProgressPrinter()
-        self.started = time.monotonic()
+        self.resumed_at = barrier.state.round if barrier.resumed else None
         self.registered, self.said_waiting = -1, -WAITING_EVERY_S
-        self.rounds_done, self.said_round, self.row_round = 0, -ROUND_EVERY_S, -1
+        self.rounds_done, self.said_round, self.row_round = self.resumed_at or 0, -ROUND_EVERY_S, -1
 
     def look(self, final: bool = False) -> None:
         barrier, state, now = self.barrier, self.barrier.state, time.monotonic()
@@ -73,8 +84,9 @@ class BarrierConsole:
                 self.registered, self.said_waiting = len(state.pending), now
                 self.printer.message(waiting_line(barrier))
             return
-        if self.rounds_done == 0 and self.said_round < 0 and state.addresses:
-            self.printer.message(f"registration closed: {len(state.addresses)} nodes; round 0 starts")
+        if self.said_round < 0 and state.addresses:
+            if self.resumed_at is None:
+                self.printer.message(f"registration closed: {len(state.addresses)} nodes; round 0 starts")
             self.printer.start_run("", barrier.run.rounds)
             self.said_round = now - ROUND_EVERY_S
         done = min(state.round, barrier.run.rounds)
@@ -102,6 +114,8 @@ class BarrierConsole:
         """Until the run ends: its lines, then the result."""
         for line in where_lines(self.barrier, self.url):
             self.printer.message(line)
+        if (line := resumed_line(self.barrier)) is not None:
+            self.printer.message(line)
         while not self.barrier.done.is_set():
             self.look()
             try:
@@ -109,4 +123,4 @@ class BarrierConsole:
             except TimeoutError:
                 pass
         self.look(final=True)
-        self.printer.message(end_line(self.barrier, self.started))
+        self.printer.message(end_line(self.barrier, self.barrier.recorder.origin))
