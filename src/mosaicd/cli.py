@@ -319,6 +319,10 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
     """The command's run; `task`: the user's task `check_task` built (simulate runs it rather than build another)."""
     import asyncio
 
+    if args.command in ("node", "barrier"):
+        from mosaicd.daemon.entry import exit_promptly
+
+        exit_promptly()  # told to stop, it exits within 2 s (`entry.exit_within`)
     if args.command == "node":
         if settings.peer_list is not None:
             check_peer_list(settings)

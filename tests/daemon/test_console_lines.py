@@ -36,3 +36,21 @@ def test_warnings_fold_per_kind_and_say_how_many() -> None:
 @pytest.mark.parametrize(("given", "json"), [(None, False), (False, False), (True, True)])
 def test_lines_for_people_unless_json_is_asked_for(given: bool | None, json: bool) -> None:
     assert json_logs(given) is json
+
+
+def test_a_command_told_to_stop_exits_in_time_whatever_its_threads_do(tmp_path) -> None:
+    """`exit_within`: a worker thread mid-training (which nothing interrupts, and which the interpreter waits for at
+    exit) does not keep a node told to stop past the time Docker gives it; the output is flushed."""
+    import subprocess
+    import sys
+    import time
+
+    program = ("import sys, threading, time\n"
+               "from mosaicd.daemon.entry import exit_promptly, exit_within\n"
+               "threading.Thread(target=time.sleep, args=(30,)).start()  # a round's training, not a daemon\n"
+               "exit_promptly()\n"
+               "exit_within(lambda: 0, 0.5)\n"
+               "print('left the run', flush=False)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "left the run\n" and time.monotonic() - started < 5

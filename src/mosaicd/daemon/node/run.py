@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from mosaicd.daemon.entry import exit_within
 from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost
 from mosaicd.daemon.http.server import keep_freed_memory
@@ -46,7 +47,7 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
         return 0
     try:
         rounds = asyncio.ensure_future(train_and_gossip(peer, settings, task, saved, prefetched))
-        stopped = on_signals(rounds) if options.leave_on_signal else None
+        stopped = on_signals(rounds, 0 if peer.barrier is None else 1) if options.leave_on_signal else None
         try:
             await rounds
         except asyncio.CancelledError:
@@ -146,14 +147,16 @@ async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) ->
     await asyncio.sleep(0.1)  # the last answers leave the socket
 
 
-def on_signals(work: asyncio.Future) -> list[str]:
-    """SIGTERM and SIGINT cancel `work` (the node then leaves the run); the list gets the signal's name."""
+def on_signals(work: asyncio.Future, code: int = 0) -> list[str]:
+    """SIGTERM and SIGINT cancel `work` (the node then leaves the run); the list gets the signal's name. The process
+    ends within `entry.EXIT_WITHIN_S` (with `code` if it has not ended by then)."""
     loop, seen = asyncio.get_running_loop(), []
 
     def stop(signum: signal.Signals) -> None:
         if not seen:
             seen.append(signum.name)
             work.cancel()
+            exit_within(lambda: code)  # it leaves the run meanwhile; a round's training is not waited for
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop, signum)
     return seen
