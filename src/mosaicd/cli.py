@@ -270,7 +270,7 @@ def _main(argv: list[str] | None) -> None:
     level = settings.log_level
     if args.command == "barrier" and not json_logs(settings.log_json) and level in ("debug", "info"):
         level = "warning"  # its console says what happens (daemon/barrier/console.py); the log only what goes wrong
-    configure_logging(level, settings.log_json)
+    configure_logging(level, settings.log_json, log_files(args.command, settings))
     task = checked if args.command == "simulate" else None  # other commands' processes build their own
     del checked
     raise SystemExit(run_entry(args.command, lambda: run_command(args, settings, task)))
@@ -293,6 +293,26 @@ def run_tool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         settings = sys.modules.get("mosaicd.settings")  # a SettingsError only where settings were imported
         usage = settings is not None and isinstance(exc, settings.SettingsError)  # a spec or flag the user wrote
         parser.exit(2 if usage else 1, f"mosaicd {args.command}: error: {exc}\n")
+
+
+def log_files(command: str, settings: Settings) -> dict[str, Path] | None:
+    """The log files of a node or barrier (`logs.ToFiles`): --log-file's, and rank 0 of a --peer-list's in its
+    OUT/logs/ (barrier.log, node-0.log: as `cluster` leaves them, for `mosaicd log` and `mosaicd runs`)."""
+    files: dict[str, Path] = {}
+    if command in ("node", "barrier") and settings.log_file is not None:
+        files["*"] = Path(settings.log_file)
+    if command == "node" and settings.peer_list is not None and settings.barrier_url is None:
+        from mosaicd.daemon.http.membership import listed_addresses, own_address
+
+        options = settings.daemon_options()
+        try:
+            rank0 = listed_addresses(options)[0] == own_address(options, options.port)
+        except (ValueError, OSError):  # said in one line once the node starts (check_peer_list)
+            rank0 = False
+        if rank0:
+            files.update(barrier=Path(settings.out) / "logs" / "barrier.log",
+                         node=Path(settings.out) / "logs" / "node-0.log")
+    return files or None
 
 
 def check_peer_list(settings: Settings) -> None:

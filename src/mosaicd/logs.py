@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 # structlog.dev imports rich (and pygments) when installed, only to draw tracebacks, which format_exc_info below
@@ -79,19 +80,60 @@ class FoldRepeats:
         return event
 
 
-def configure_logging(level: str = "info", json: bool | None = None) -> None:
+class ToFiles:
+    """A structlog processor that appends every event, as a JSON line, to a log file: `files["barrier"]` the
+    barrier's (role=barrier), `files["node"]` the others', `files["*"]` all. Each line opens the file anew (a few
+    lines a second): a folder moved aside (an earlier run's, `rundir.keep_earlier_run`) does not take later lines
+    with it. A file that cannot be written is left alone (the console still says what happens)."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+        self.render = structlog.processors.JSONRenderer()
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        role = "barrier" if event.get("role") == "barrier" else "node"
+        paths = {path for key, path in self.files.items() if key in (role, "*")}
+        if paths:
+            line = self.render(logger, method, dict(event)) + "\n"
+            for path in paths:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(path, "a", encoding="utf-8") as f:
+                        f.write(line)
+                except OSError:
+                    pass
+        return event
+
+
+class AtLeast:
+    """Drops the events below `level` (the console's, where log files take more)."""
+
+    def __init__(self, level: str) -> None:
+        self.level = getattr(logging, level.upper())
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if getattr(logging, str(event.get("level", "info")).upper(), logging.INFO) < self.level:
+            raise structlog.DropEvent
+        return event
+
+
+def configure_logging(level: str = "info", json: bool | None = None, files: dict[str, Path] | None = None) -> None:
+    """The console at `level` (JSON lines or lines for people); `files`: log files (`ToFiles`) that take every
+    line of info and up, whatever the console's level."""
     json = json_logs(json)
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    least = min(getattr(logging, level.upper()), logging.INFO) if files else getattr(logging, level.upper())
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            *([] if json else [FoldRepeats()]),
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            *([ToFiles(files), AtLeast(level)] if files else []),
+            *([] if json else [FoldRepeats()]),
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        wrapper_class=structlog.make_filtering_bound_logger(least),
         logger_factory=lambda *_: StderrLogger(sys.stderr),  # the stderr of the moment (pytest swaps it)
         cache_logger_on_first_use=False,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import signal
+import sys
 import time
 from typing import Any
 
@@ -105,6 +106,9 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     peer.set_model(task.layout)
     log = get_logger(role="node", run=run.run_id, node=peer.rank)
     vector = await starting_model(peer, task, saved, options)
+    if peer.round > 0 and saved is not None and saved.run_id == run.run_id and settings.peer_list is not None:
+        print(f"mosaicd node: run {run.run_id} goes on at round {peer.round} of {run.rounds}: this node resumes from "
+              f"its checkpoint of round {saved.round}", file=sys.stderr, flush=True)
     if options.resume_round is not None:  # its models after the two rounds before, for the barrier's evaluations
         peer.begin(vector, kept_as=peer.round - 1, before=model_before(peer, options))
     else:
@@ -170,6 +174,9 @@ async def leave_for(peer: Peer, reason: str, ends_run: bool = False) -> None:
         await peer.leave(reason, ends_run)
         return
     peer.barrier.fail(f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
+    if reason.startswith("it was told to stop"):  # a person stopped it: how to go on (checkpoints: exactly)
+        print(f"mosaicd node: rank 0 stopped the run at round {peer.round} of {peer.run.rounds} (it hosts the "
+              "barrier); start the same commands again, on every member, to resume it", file=sys.stderr, flush=True)
     await linger_for_the_others(peer)
 
 
