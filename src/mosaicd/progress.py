@@ -43,6 +43,7 @@ class RoundProgress:
     row: dict[str, Any] | None = None  # the evaluation row (rounds.csv's columns), see below; else None
     live: int | None = None            # cluster mode: live members and members, from the barrier
     members: int | None = None
+    notes: str = ""                    # what went wrong since the last line (the barrier's console): stragglers...
     # simulate: `row` is given exactly at the evaluation rounds (`--eval-every`, and the last round).
     # cluster: the barrier evaluates in the background, so a row comes with the first round reported after it
     # is ready (row["round"] says which round it evaluates); the last round always comes with the final row.
@@ -95,6 +96,7 @@ class _Run:
     loss: float | None = None
     metrics: str = ""
     members: str = ""
+    notes: str = ""
     points: deque[tuple[float, int]] = field(default_factory=deque)  # (when, rounds done) of recent updates
     first_round_s: float | None = None                               # start-up and first round
     start_up_s: float | None = None                                  # that less one round at the recent rate
@@ -118,6 +120,7 @@ class _Run:
             self.metrics = metrics_text(p.row)
         if p.members is not None:
             self.members = f"members {p.live}/{p.members}"
+        self.notes = p.notes
 
     def seconds_per_round(self) -> float | None:
         """Mean duration of the last `window` rounds; None until two rounds are done (the first holds start-up)."""
@@ -131,7 +134,8 @@ class _Run:
         return None if rate is None else rate * max(0, self.rounds - self.done)
 
     def detail(self) -> str:
-        parts = [self.metrics, f"train loss {self.loss:.4f}" if self.loss is not None else "", self.members]
+        parts = [self.metrics, f"train loss {self.loss:.4f}" if self.loss is not None else "", self.members,
+                 self.notes]
         return " | ".join(p for p in parts if p)
 
 

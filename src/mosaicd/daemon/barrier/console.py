@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 EVERY_S = 1.0          # how often it looks
 WAITING_EVERY_S = 5.0  # while registering: a line when the count changed, at most this often
 ROUND_EVERY_S = 2.0    # a round line at most this often (fast runs: the newest round then)
+SLOW_PHASE_S = 0.5     # a round line names the mean seconds of each phase once one of them takes this long
 
 
 def local_url(host: str, port: int, scheme: str) -> str:
@@ -92,10 +93,29 @@ class BarrierConsole:
         done = min(state.round, barrier.run.rounds)
         last = done >= barrier.run.rounds  # the last round's line at once; the result comes once the run is done
         if done > self.rounds_done and (final or last or now - self.said_round >= ROUND_EVERY_S):
+            notes = self.notes(self.rounds_done, done)
             self.rounds_done, self.said_round = done, now
             self.printer.on_round(RoundProgress(done - 1, barrier.run.rounds, loss=self.loss(done - 1),
                                                 row=self.new_row(), live=len(state.live),
-                                                members=len(state.addresses)))
+                                                members=len(state.addresses), notes=notes))
+
+    def notes(self, since: int, upto: int) -> str:
+        """What an operator needs of the rounds in [since, upto) (the rounds this line covers): the stragglers
+        they were released without, the members dropped, the messages refused, and the slowest phase."""
+        entries = [e for e in self.barrier.history if since <= e["round"] < upto]
+        stragglers = sorted({r for e in entries for r in e.get("stragglers") or []})
+        dropped = sorted({r for e in entries for r in e.get("dropped") or []})
+        refused: dict[str, int] = {}
+        for e in entries:
+            for reason, count in (e.get("refused") or {}).items():
+                refused[reason] = refused.get(reason, 0) + count
+        parts = [f"stragglers {stragglers}" if stragglers else "", f"dropped {dropped}" if dropped else "",
+                 "refused " + ", ".join(f"{n} {why}" for why, n in refused.items()) if refused else ""]
+        if entries:
+            phases = {p: e[f"{p}_s"] for p in ("train", "send", "wait") for e in entries[-1:] if f"{p}_s" in e}
+            if phases and max(phases.values()) >= SLOW_PHASE_S:  # where the time goes, once it is noticeable
+                parts.append("mean " + " ".join(f"{p} {v:.1f}s" for p, v in phases.items()))
+        return " | ".join(p for p in parts if p)
 
     def loss(self, round: int) -> float | None:
         for entry in reversed(self.barrier.history):
