@@ -151,6 +151,7 @@ class _Sweep:
     start_ups: list[float] = field(default_factory=list)
     rate: float | None = None  # seconds per round, the latest known
     task: TaskID | None = None
+    last: str = ""        # the latest news of its runs (on a terminal: in its bar)
 
 
 class ProgressPrinter:
@@ -217,7 +218,8 @@ class ProgressPrinter:
         if self._sweep is not None:
             self._sweep.started_runs += 1
         if self._progress is not None:
-            self._run.task = self._progress.add_task(label or "run", total=rounds, **self._fields(self._run))
+            if self._sweep is None:  # a sweep's runs are shown on its one bar (its detail: the run and its round)
+                self._run.task = self._progress.add_task(label or "run", total=rounds, **self._fields(self._run))
             self._redraw_sweep()
 
     def on_round(self, p: RoundProgress) -> None:
@@ -301,7 +303,19 @@ class ProgressPrinter:
         return {"count": f"{run.done}/{run.rounds} rounds", "left": self._left(run.eta()), "detail": run.detail()}
 
     def _sweep_fields(self, sweep: _Sweep) -> dict[str, str]:
-        return {"count": f"runs {sweep.done}/{sweep.runs}", "left": self._left(self.sweep_eta()), "detail": ""}
+        run = self._run
+        now = [] if run is None else [f"{run.label}: {round_text(run.done, run.rounds)}", run.detail()]
+        detail = " | ".join(p for p in (*now, sweep.last) if p)
+        return {"count": f"runs {sweep.done}/{sweep.runs}", "left": self._left(self.sweep_eta()), "detail": detail}
+
+    def sweep_news(self, text: str, always: bool = False) -> None:
+        """A sweep's line about one of its runs (started, finished): a line off a terminal (a log); on one, the
+        sweep's bar shows it (`always`: a line there too, e.g. a failure)."""
+        if self._sweep is not None and self._progress is not None and not always:
+            self._sweep.last = text
+            self._redraw_sweep()
+            return
+        self.message(text, always=always)
 
     def _fit(self) -> None:
         """Give the detail column the width the other columns leave on the terminal."""

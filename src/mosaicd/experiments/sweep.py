@@ -439,8 +439,8 @@ def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, 
             printer.end_run()
             eta = printer.sweep_eta()
             done = counts["skipped"] + counts["ran"] + counts["failed"]
-            printer.message(f"sweep: [{done}/{len(spec.runs)}] {text}"
-                            + (f"; ~{clock(eta)} left" if eta and done < len(spec.runs) else ""), always=always)
+            printer.sweep_news(f"sweep: [{done}/{len(spec.runs)}] {text}"
+                               + (f"; ~{clock(eta)} left" if eta and done < len(spec.runs) else ""), always=always)
 
         for run in spec.runs:
             state, summary = states[run.name]
@@ -462,7 +462,7 @@ def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, 
                 printer.message(f"sweep: redoing {run.name} from scratch ({why})")
                 counts["redone"] += 1
             done = counts["skipped"] + counts["ran"] + counts["failed"]
-            printer.message(f"sweep: [{done + 1}/{len(spec.runs)}] {run.name} ...")
+            printer.sweep_news(f"sweep: [{done + 1}/{len(spec.runs)}] {run.name} ...")
             printer.start_run(run.name, run.settings.rounds)
             try:
                 summary = execute(run, spec.out, spec.mode, printer, timeout, on_round, resume=state == "resume")
