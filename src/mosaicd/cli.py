@@ -219,6 +219,12 @@ def _command_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import signal
+
+    # SIGTERM ends any command as Ctrl-C does, from its first moment (the roles then take it over): a process that
+    # is PID 1 of a container, as mosaicd is in the image, would otherwise ignore it while it starts up, and
+    # `docker stop` would wait its 10 s and kill it
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         _main(argv)
     except KeyboardInterrupt:  # Ctrl-C before a command has started (its imports): nothing was written
