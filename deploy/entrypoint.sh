@@ -58,7 +58,7 @@ if [ "$(id -u)" = 0 ]; then
         --no-new-privs mosaicd "$@" &
     child=$!
     trap 'kill -TERM "$child" 2>/dev/null || true' TERM
-    trap 'kill -INT "$child" 2>/dev/null || true' INT
+    trap 'kill -TERM "$child" 2>/dev/null || true' INT  # a background job ignores SIGINT: it is told as SIGTERM
     code=0
     wait "$child" || code=$?
     while kill -0 "$child" 2>/dev/null; do  # a signal passed on interrupted `wait`: wait for mosaicd's end
