@@ -9,7 +9,12 @@
 #     host belong to that user;
 #   - it is owned by root (Docker created the missing bind source): it is given to the owner of
 #     MOSAIC_OWNER_FROM when that is a non-root uid (compose.yaml: the project's folder, so the results
-#     belong to whoever checked it out), else to mosaic (10001:10001), and mosaicd runs as that uid.
+#     belong to whoever checked it out), and mosaicd runs as that uid;
+#   - it is owned by root and so is MOSAIC_OWNER_FROM (root checked the project out): mosaicd runs as
+#     mosaic (10001) on the folder, lent to it for the run, and the entrypoint hands the folder back to
+#     root when mosaicd exits (SIGTERM and SIGINT are passed on to mosaicd meanwhile: `docker stop` ends it
+#     as it ends mosaicd itself, within 2 s), so the results belong to root, as the checkout does;
+#   - it is owned by root and MOSAIC_OWNER_FROM is unset: it is given to mosaic (10001:10001).
 # Started as a non-root uid, it checks that the output folder is writable and says what to do if not.
 set -eu
 
@@ -26,6 +31,7 @@ done
 if [ "$(id -u)" = 0 ]; then
     uid=10001
     gid=10001
+    hand_back=0
     if [ -n "$out" ]; then
         mkdir -p "$out"
         owner="$(stat -c %u "$out")"
@@ -34,6 +40,9 @@ if [ "$(id -u)" = 0 ]; then
             uid="$(stat -c %u "$from")"
             gid="$(stat -c %g "$from")"
             chown "$uid:$gid" "$out"
+        elif [ "$owner" = 0 ] && [ -n "$from" ] && [ -e "$from" ]; then
+            hand_back=1  # root's checkout: lent to mosaic for the run (an earlier run's files too), then root's
+            chown -R 10001:10001 "$out"
         elif [ "$owner" = 0 ]; then
             chown 10001:10001 "$out"
         else
@@ -41,8 +50,23 @@ if [ "$(id -u)" = 0 ]; then
             gid="$(stat -c %g "$out")"
         fi
     fi
-    exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all \
-        --no-new-privs mosaicd "$@"
+    if [ "$hand_back" = 0 ]; then
+        exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all \
+            --no-new-privs mosaicd "$@"
+    fi
+    setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all \
+        --no-new-privs mosaicd "$@" &
+    child=$!
+    trap 'kill -TERM "$child" 2>/dev/null || true' TERM
+    trap 'kill -TERM "$child" 2>/dev/null || true' INT  # a background job ignores SIGINT: it is told as SIGTERM
+    code=0
+    wait "$child" || code=$?
+    while kill -0 "$child" 2>/dev/null; do  # a signal passed on interrupted `wait`: wait for mosaicd's end
+        code=0
+        wait "$child" || code=$?
+    done
+    chown -R 0:0 "$out"
+    exit "$code"
 fi
 
 if [ -n "$out" ]; then

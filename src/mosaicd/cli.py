@@ -219,6 +219,12 @@ def _command_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import signal
+
+    # SIGTERM ends any command as Ctrl-C does, from its first moment (the roles then take it over): a process that
+    # is PID 1 of a container, as mosaicd is in the image, would otherwise ignore it while it starts up, and
+    # `docker stop` would wait its 10 s and kill it
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         _main(argv)
     except KeyboardInterrupt:  # Ctrl-C before a command has started (its imports): nothing was written
@@ -270,7 +276,7 @@ def _main(argv: list[str] | None) -> None:
     level = settings.log_level
     if args.command == "barrier" and not json_logs(settings.log_json) and level in ("debug", "info"):
         level = "warning"  # its console says what happens (daemon/barrier/console.py); the log only what goes wrong
-    configure_logging(level, settings.log_json)
+    configure_logging(level, settings.log_json, log_files(args.command, settings))
     task = checked if args.command == "simulate" else None  # other commands' processes build their own
     del checked
     raise SystemExit(run_entry(args.command, lambda: run_command(args, settings, task)))
@@ -293,6 +299,26 @@ def run_tool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         settings = sys.modules.get("mosaicd.settings")  # a SettingsError only where settings were imported
         usage = settings is not None and isinstance(exc, settings.SettingsError)  # a spec or flag the user wrote
         parser.exit(2 if usage else 1, f"mosaicd {args.command}: error: {exc}\n")
+
+
+def log_files(command: str, settings: Settings) -> dict[str, Path] | None:
+    """The log files of a node or barrier (`logs.ToFiles`): --log-file's, and rank 0 of a --peer-list's in its
+    OUT/logs/ (barrier.log, node-0.log: as `cluster` leaves them, for `mosaicd log` and `mosaicd runs`)."""
+    files: dict[str, Path] = {}
+    if command in ("node", "barrier") and settings.log_file is not None:
+        files["*"] = Path(settings.log_file)
+    if command == "node" and settings.peer_list is not None and settings.barrier_url is None:
+        from mosaicd.daemon.http.membership import listed_addresses, own_address
+
+        options = settings.daemon_options()
+        try:
+            rank0 = listed_addresses(options)[0] == own_address(options, options.port)
+        except (ValueError, OSError):  # said in one line once the node starts (check_peer_list)
+            rank0 = False
+        if rank0:
+            files.update(barrier=Path(settings.out) / "logs" / "barrier.log",
+                         node=Path(settings.out) / "logs" / "node-0.log")
+    return files or None
 
 
 def check_peer_list(settings: Settings) -> None:
@@ -319,6 +345,10 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
     """The command's run; `task`: the user's task `check_task` built (simulate runs it rather than build another)."""
     import asyncio
 
+    if args.command in ("node", "barrier"):
+        from mosaicd.daemon.entry import exit_promptly
+
+        exit_promptly()  # told to stop, it exits within 2 s (`entry.exit_within`)
     if args.command == "node":
         if settings.peer_list is not None:
             check_peer_list(settings)

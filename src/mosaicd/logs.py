@@ -1,10 +1,15 @@
-"""structlog setup: JSON lines when not on a terminal, readable lines on one."""
+"""structlog setup: lines for people (the default, on a terminal or not), or JSON lines for log shippers
+(--log-json, MOSAIC_LOG_JSON=true). The lines for people fold repeated warnings: one line per kind (its event)
+every WARN_EVERY_S, which says how many were folded since the last; JSON logs keep every line."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
 # structlog.dev imports rich (and pygments) when installed, only to draw tracebacks, which format_exc_info below
 # renders already: hidden while structlog is imported, so that a node or barrier does not import it (~0.1 s).
@@ -42,22 +47,93 @@ def _stderr_path() -> str:
 
 
 def json_logs(json: bool | None) -> bool:
-    """--log-json as given, else JSON when stderr is not a terminal."""
-    return not sys.stderr.isatty() if json is None else json
+    """--log-json as given; by default lines for people, on a terminal or not (a container's console, a log
+    file): JSON only when asked for."""
+    return bool(json)
 
 
-def configure_logging(level: str = "info", json: bool | None = None) -> None:
+WARN_EVERY_S = 10.0  # lines for people: at most one warning line of each kind this often
+
+
+class FoldRepeats:
+    """A structlog processor for the console of people: a warning of a kind (its event name) already said within
+    the last `every` seconds is dropped and counted; the next one said carries `folded=N` (those dropped since
+    the line before). Errors and lines of other levels pass as they are."""
+
+    def __init__(self, every: float = WARN_EVERY_S, clock: Any = time.monotonic) -> None:
+        self.every, self.clock = every, clock
+        self.said: dict[str, float] = {}
+        self.folded: dict[str, int] = {}
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("level") not in ("warning", "warn"):
+            return event
+        kind, now = str(event.get("event")), self.clock()
+        said = self.said.get(kind)
+        if said is not None and now - said < self.every:
+            self.folded[kind] = self.folded.get(kind, 0) + 1
+            raise structlog.DropEvent
+        self.said[kind] = now
+        folded = self.folded.pop(kind, 0)
+        if folded:
+            event["folded"] = f"{folded} more since the last (one line per {self.every:g}s)"
+        return event
+
+
+class ToFiles:
+    """A structlog processor that appends every event, as a JSON line, to a log file: `files["barrier"]` the
+    barrier's (role=barrier), `files["node"]` the others', `files["*"]` all. Each line opens the file anew (a few
+    lines a second): a folder moved aside (an earlier run's, `rundir.keep_earlier_run`) does not take later lines
+    with it. A file that cannot be written is left alone (the console still says what happens)."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+        self.render = structlog.processors.JSONRenderer()
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        role = "barrier" if event.get("role") == "barrier" else "node"
+        paths = {path for key, path in self.files.items() if key in (role, "*")}
+        if paths:
+            line = self.render(logger, method, dict(event)) + "\n"
+            for path in paths:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(path, "a", encoding="utf-8") as f:
+                        f.write(line)
+                except OSError:
+                    pass
+        return event
+
+
+class AtLeast:
+    """Drops the events below `level` (the console's, where log files take more)."""
+
+    def __init__(self, level: str) -> None:
+        self.level = getattr(logging, level.upper())
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if getattr(logging, str(event.get("level", "info")).upper(), logging.INFO) < self.level:
+            raise structlog.DropEvent
+        return event
+
+
+def configure_logging(level: str = "info", json: bool | None = None, files: dict[str, Path] | None = None) -> None:
+    """The console at `level` (JSON lines or lines for people); `files`: log files (`ToFiles`) that take every
+    line of info and up, whatever the console's level."""
     json = json_logs(json)
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    least = min(getattr(logging, level.upper()), logging.INFO) if files else getattr(logging, level.upper())
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            *([ToFiles(files), AtLeast(level)] if files else []),
+            *([] if json else [FoldRepeats()]),
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        wrapper_class=structlog.make_filtering_bound_logger(least),
         logger_factory=lambda *_: StderrLogger(sys.stderr),  # the stderr of the moment (pytest swaps it)
         cache_logger_on_first_use=False,
     )

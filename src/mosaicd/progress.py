@@ -43,6 +43,7 @@ class RoundProgress:
     row: dict[str, Any] | None = None  # the evaluation row (rounds.csv's columns), see below; else None
     live: int | None = None            # cluster mode: live members and members, from the barrier
     members: int | None = None
+    notes: str = ""                    # what went wrong since the last line (the barrier's console): stragglers...
     # simulate: `row` is given exactly at the evaluation rounds (`--eval-every`, and the last round).
     # cluster: the barrier evaluates in the background, so a row comes with the first round reported after it
     # is ready (row["round"] says which round it evaluates); the last round always comes with the final row.
@@ -95,6 +96,7 @@ class _Run:
     loss: float | None = None
     metrics: str = ""
     members: str = ""
+    notes: str = ""
     points: deque[tuple[float, int]] = field(default_factory=deque)  # (when, rounds done) of recent updates
     first_round_s: float | None = None                               # start-up and first round
     start_up_s: float | None = None                                  # that less one round at the recent rate
@@ -118,6 +120,7 @@ class _Run:
             self.metrics = metrics_text(p.row)
         if p.members is not None:
             self.members = f"members {p.live}/{p.members}"
+        self.notes = p.notes
 
     def seconds_per_round(self) -> float | None:
         """Mean duration of the last `window` rounds; None until two rounds are done (the first holds start-up)."""
@@ -131,7 +134,8 @@ class _Run:
         return None if rate is None else rate * max(0, self.rounds - self.done)
 
     def detail(self) -> str:
-        parts = [self.metrics, f"train loss {self.loss:.4f}" if self.loss is not None else "", self.members]
+        parts = [self.metrics, f"train loss {self.loss:.4f}" if self.loss is not None else "", self.members,
+                 self.notes]
         return " | ".join(p for p in parts if p)
 
 
@@ -147,6 +151,7 @@ class _Sweep:
     start_ups: list[float] = field(default_factory=list)
     rate: float | None = None  # seconds per round, the latest known
     task: TaskID | None = None
+    last: str = ""        # the latest news of its runs (on a terminal: in its bar)
 
 
 class ProgressPrinter:
@@ -213,7 +218,8 @@ class ProgressPrinter:
         if self._sweep is not None:
             self._sweep.started_runs += 1
         if self._progress is not None:
-            self._run.task = self._progress.add_task(label or "run", total=rounds, **self._fields(self._run))
+            if self._sweep is None:  # a sweep's runs are shown on its one bar (its detail: the run and its round)
+                self._run.task = self._progress.add_task(label or "run", total=rounds, **self._fields(self._run))
             self._redraw_sweep()
 
     def on_round(self, p: RoundProgress) -> None:
@@ -297,7 +303,19 @@ class ProgressPrinter:
         return {"count": f"{run.done}/{run.rounds} rounds", "left": self._left(run.eta()), "detail": run.detail()}
 
     def _sweep_fields(self, sweep: _Sweep) -> dict[str, str]:
-        return {"count": f"runs {sweep.done}/{sweep.runs}", "left": self._left(self.sweep_eta()), "detail": ""}
+        run = self._run
+        now = [] if run is None else [f"{run.label}: {round_text(run.done, run.rounds)}", run.detail()]
+        detail = " | ".join(p for p in (*now, sweep.last) if p)
+        return {"count": f"runs {sweep.done}/{sweep.runs}", "left": self._left(self.sweep_eta()), "detail": detail}
+
+    def sweep_news(self, text: str, always: bool = False) -> None:
+        """A sweep's line about one of its runs (started, finished): a line off a terminal (a log); on one, the
+        sweep's bar shows it (`always`: a line there too, e.g. a failure)."""
+        if self._sweep is not None and self._progress is not None and not always:
+            self._sweep.last = text
+            self._redraw_sweep()
+            return
+        self.message(text, always=always)
 
     def _fit(self) -> None:
         """Give the detail column the width the other columns leave on the terminal."""

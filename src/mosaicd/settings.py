@@ -439,7 +439,12 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
     linger: float = Field(0.0, ge=0, description="seconds a node keeps serving after its last round",
                           **cli("outputs", "node", "barrier"))
     log_level: str = Field("info", pattern=r"^(debug|info|warning|error)$", **cli("outputs"))
-    log_json: bool | None = Field(None, description="JSON logs (default: when not on a terminal)", **cli("outputs"))
+    log_json: bool | None = Field(None, description="JSON log lines, every one, for log shippers (default: lines "
+                                  "for people, a warning of a kind at most every 10 s)", **cli("outputs"))
+    log_file: Path | None = Field(None, description="node, barrier: every log line (info and up), as JSON, also "
+                                  "appended to this file, whatever the console shows (`mosaicd log` reads a run's "
+                                  "OUT/logs/*.log; rank 0 of a --peer-list writes its own there)",
+                                  **cli("outputs", "node", "barrier"))
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

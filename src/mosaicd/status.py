@@ -112,7 +112,8 @@ def folder_view(folder: Path) -> dict[str, Any]:
     addresses = summary.get("addresses") or []
     dropped = list(summary.get("dropped") or [])
     left = list(summary.get("left") or [])
-    members = summary.get("members") or [r for r in range(nodes) if r not in dropped]
+    # live: the members still in the run (a summary's members may name one that left or was dropped since)
+    members = [r for r in (summary.get("members") or range(nodes)) if r not in dropped and r not in left]
     latest = {str(r): v for r, v in zip(final.get("nodes") or [], final.get("per_node") or [], strict=False)}
     last = last_node_rows(folder, nodes)
     status = str(summary.get("status"))

@@ -59,6 +59,8 @@ def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: A
                                 "the barrier to record rank 3 as left")
         seen_after = time.monotonic() - stopped
         assert procs[victim].wait(timeout=10) == 0  # it left as told
+        exited_after = time.monotonic() - stopped
+        assert exited_after < 2.0, f"the node took {exited_after:.1f} s to exit after SIGTERM"
         assert 3 not in status["live"] and seen_after < 5.0, seen_after
         shown = subprocess.run([*kit.by_hand, "status", f"http://127.0.0.1:{rank0}/barrier", "--json"],
                                capture_output=True, text=True, timeout=60)
@@ -69,8 +71,16 @@ def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: A
             assert procs[port].wait(timeout=120) == 0, (tmp_path / f"node-{port}.log").read_text()[-2000:]
     finally:
         kit.stop_all(procs)
-    summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
+    out = tmp_path / f"out-{rank0}"
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["left"] == [3] and summary["members"] == [0, 1, 2]
+    # rank 0 leaves logs/ as `cluster` does (the barrier's, its own), which `mosaicd log` reads
+    assert sorted(p.name for p in (out / "logs").iterdir()) == ["barrier.log", "node-0.log"]
+    for args, said in (([], " left "), (["--node", "0"], "info    round role=node")):  # info lines too
+        shown = subprocess.run([*kit.mosaicd, "log", str(out), *args], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and said in shown.stdout, (shown.stdout[-2000:], shown.stderr)
+    folder = subprocess.run([*kit.mosaicd, "status", str(out), "--json"], capture_output=True, text=True, timeout=60)
+    assert json.loads(folder.stdout)["barrier"]["live"] == [0, 1, 2], folder.stdout[-2000:]  # not the one that left
     assert any(e["left"] == [3] for e in summary["events"])
     left_log = [json.loads(line) for line in (tmp_path / f"node-{victim}.log").read_text().splitlines()
                 if line.startswith("{")]
@@ -119,9 +129,11 @@ def test_rank_0_told_to_stop_fails_the_run_and_exits_once_the_others_heard(tmp_p
     finally:
         kit.stop_all(procs)
     assert code0 == 1 and set(codes.values()) == {1}, (code0, codes)
-    assert took < HOST_LINGER_S, took
+    assert took < min(HOST_LINGER_S, 2.0), took  # and within 2 s of SIGTERM
     summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
     assert summary["status"] == "failed" and "which hosts the barrier, stopped" in summary["error"], summary
+    said0 = (tmp_path / f"node-{rank0}.log").read_text()  # how to go on, in a line for people
+    assert "start the same commands again, on every member, to resume it" in said0, said0[-2000:]
     for port in ports[1:]:
         said = (tmp_path / f"node-{port}.log").read_text()
         assert "which hosts the barrier, stopped" in said and "barrier_unreachable" not in said, said[-2000:]

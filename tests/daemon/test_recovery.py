@@ -184,16 +184,23 @@ def test_restarted_barrier_takes_the_journals_node_count_only_where_it_counts_th
     assert given.returncode == 2, given.stderr  # a usage error, as any other run setting
     assert "(--nodes 4; the run has --nodes 3)" in given.stderr, given.stderr
     assert (run.out / "barrier-state.json").read_text() == saved
-    port_file = tmp_path / "port"
-    counting = subprocess.Popen([*barrier, "--expect-settle", "1", "--port", "0", "--port-file", str(port_file)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port_file, console = tmp_path / "port", tmp_path / "console.txt"
+    with open(console, "wb") as said:  # its console, off a terminal: lines for people (not --log-json)
+        counting = subprocess.Popen([*barrier, "--expect-settle", "1", "--port", "0", "--port-file", str(port_file)],
+                                    stdout=said, stderr=subprocess.STDOUT)
     try:
         port = kit.wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 30, "the port file")
         status = kit.wait_until(lambda: _status(kit, int(port)), 30, "the barrier's status")
         assert status["phase"] == "running" and status["live"] == [0, 1, 2] and status["settings"]["nodes"] == 3
+        kit.wait_until(lambda: "resumed at" in console.read_text(), 10, "the resumed banner")
     finally:
         counting.terminate()
+        stopped = time.monotonic()
         counting.wait(timeout=30)
+    assert time.monotonic() - stopped < 2  # SIGTERM: out within 2 s
+    text = console.read_text()
+    assert f"resumed at round 0 of 5 from the journal in {run.out}/" in text, text
+    assert "registration closed" not in text and "round 0 starts" not in text, text
 
 
 def _status(kit: Any, port: int) -> dict[str, Any] | None:

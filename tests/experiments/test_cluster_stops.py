@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,11 @@ def test_sigterm_to_the_launcher_ends_the_run_as_ctrl_c_does(tmp_path: Path, kit
     proc = start(kit, out, run)
     kit.wait_until(lambda: nodes_rows(out) >= 4 * 20, 90, "round 20 in nodes.csv")
     proc.send_signal(signal.SIGTERM)  # the launcher alone: what `timeout`, systemd or a job scheduler sends
+    told = time.monotonic()
     _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - told
     assert proc.returncode == 130, err[-2000:]
+    assert took < 2.0, f"the launcher took {took:.1f} s to exit after SIGTERM"
     ended = summary(out)
     assert ended["status"] == "failed" and "interrupted" in ended["error"], ended
     stopped = [line for line in err.splitlines() if "the same command with --resume continues it" in line]

@@ -170,3 +170,18 @@ def test_a_run_marked_failed_from_outside_keeps_what_its_writer_said(tmp_path: P
     summary = summary_of(tmp_path)  # made from rounds.csv: the run's writer left none
     assert (summary["status"], summary["error"], summary["mode"], summary["wall_s"]) == \
         ("failed", "the barrier exited", "cluster", 2.0)
+
+
+def test_cluster_without_its_data_says_so_once_and_makes_no_folder(kit, tmp_path: Path) -> None:
+    """The launcher checks the data once, before any folder is made or process starts: one line, exit 1."""
+    import subprocess
+    import time
+
+    started = time.monotonic()
+    done = subprocess.run([*kit.mosaicd, "cluster", "--task", "cifar10", "--nodes", "4", "--rounds", "2",
+                           "--data-dir", str(tmp_path / "nothing")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and time.monotonic() - started < 10
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mosaicd cluster: error: task cifar10: data set not found"), lines
+    assert list(tmp_path.iterdir()) == []  # no runs/ folder

@@ -97,6 +97,26 @@ def test_live_display_on_a_terminal() -> None:
     assert "\x1b[" in text and "3/3 rounds" in text and "train loss 1.0000" in text
 
 
+def test_a_sweep_on_a_terminal_is_one_bar() -> None:
+    """A sweep's runs are shown on the sweep's bar (its detail: the run, its round, the latest news), not a bar
+    and two lines per run; a failure is still a line."""
+    buf = io.StringIO()
+    with ProgressPrinter(console=Console(file=buf, force_terminal=True, width=200)) as printer:
+        printer.start_sweep(runs=2, runs_to_run=2, rounds_to_run=4)
+        for name in ("first", "second"):
+            printer.sweep_news(f"sweep: {name} ...")
+            printer.start_run(name, 2)
+            for r in range(2):
+                printer.on_round(RoundProgress(r, 2, 1.0, None))
+            printer.end_run()
+            printer.sweep_news(f"sweep: {name} done")
+        printer.sweep_news("sweep: second failed", always=True)
+    text = buf.getvalue()
+    assert "runs 2/2" in text and "sweep: second done" in text  # the bar's last state (rich draws twice a second)
+    assert "2/2 rounds" not in text  # no bar of a run's own
+    assert "sweep: second failed\n" in ANSI.sub("", text) and "sweep: first ...\n" not in ANSI.sub("", text)
+
+
 def test_time_left_comes_from_the_recent_rounds() -> None:
     """A slow start-up (loading data, spawning processes) and fast rounds: the time left is that of the rounds
     left at the recent pace, not (time since the start) / (rounds done) x (rounds left)."""

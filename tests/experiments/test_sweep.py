@@ -125,7 +125,7 @@ def test_sweep_runs_skips_and_redoes(tmp_path: Path, capsys: pytest.CaptureFixtu
         main(["sweep", str(spec_path), "--quiet"])
     assert done.value.code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["ran"] == 4 and result["skipped"] == 0
+    assert result["ran"] == 4 and result["skipped"] == 0 and result["cpu_s"] > 0  # the docs quote CPU time
     for name in ("fragments=1,seed=0", "fragments=4,seed=1"):
         folder = out / "runs" / name
         for f in ("settings.json", "summary.json", "rounds.csv", "nodes.csv", "run.log"):

@@ -3,7 +3,9 @@ error a user can act on is one line on stderr and exit 1, Ctrl-C is 130; only bu
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from collections.abc import Callable
 
 from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
@@ -29,3 +31,35 @@ def run_entry(command: str, main: Callable[[], int]) -> int:
     except USER_ERRORS as exc:
         print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
         return 1
+
+
+# A process told to stop (SIGTERM, Ctrl-C) exits within this, whatever it still waits for: a worker thread in the
+# middle of a round's training (which nothing can interrupt, and which the interpreter would wait for at exit), a
+# request to a slow peer or barrier. Docker kills a container 10 s after SIGTERM; a restarted node rejoins sooner.
+EXIT_WITHIN_S = 1.8
+_exit_promptly = False
+
+
+def exit_promptly() -> None:
+    """This process is a `mosaicd` command's (not a program that uses the roles as a library): `exit_within` may
+    end it."""
+    global _exit_promptly
+    _exit_promptly = True
+
+
+def exit_within(code: Callable[[], int], seconds: float = EXIT_WITHIN_S) -> None:
+    """Told to stop: unless the process has ended by then, end it after `seconds` with `code()` (the output
+    flushed; worker threads not waited for). Nothing where the process is not a command's (`exit_promptly`)."""
+    if not _exit_promptly:
+        return
+
+    def end() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code())
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()

@@ -280,6 +280,15 @@ class _Reported:
                 callback(p)
 
 
+def check_before_spawning(settings: Settings) -> None:
+    """What every process would find wrong, found once by the launcher before any folder is made or process
+    starts: the task's extras and a built-in task's data set (one error line: MissingExtra, DataMissing)."""
+    from mosaicd.learning.data import check_data
+
+    require_task(settings.task)
+    check_data(settings.task, settings.data_dir)
+
+
 def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
                 on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True, *,
                 resume: bool = False, replace: bool = False, advise: bool = True) -> dict:
@@ -289,6 +298,7 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
     stops says on stderr how to go on with it (`cluster_resume.next_step`); a sweep, which goes on its own way, says
     it instead."""
     given = settings.out if "out" in settings.model_fields_set else None
+    check_before_spawning(settings)
     out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)
     try:
         if resume:  # ResumeError naming the run settings that differ (--nodes too: given here), before any change

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 REPORT_FD = "MOSAIC_WARM_REPORT_FD"
 PR_SET_PDEATHSIG = 1
-STOP_GRACE_S = 5.0  # how long a process told SIGTERM may take to exit before it is killed
+STOP_GRACE_S = 1.5  # how long a process told SIGTERM may take to exit before it is killed (all: in 2 s)
 FORKED_WAIT_S = 30.0  # how long `ForkedProcess.wait()` waits when given no timeout
 LOG_TAIL_BYTES = 64 * 1024  # how much of a log's end `last_error` reads
 KILLED_REAP_S = 10.0  # how long the warm barrier's reaper may take to see killed nodes exit

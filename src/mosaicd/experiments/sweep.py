@@ -439,8 +439,8 @@ def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, 
             printer.end_run()
             eta = printer.sweep_eta()
             done = counts["skipped"] + counts["ran"] + counts["failed"]
-            printer.message(f"sweep: [{done}/{len(spec.runs)}] {text}"
-                            + (f"; ~{clock(eta)} left" if eta and done < len(spec.runs) else ""), always=always)
+            printer.sweep_news(f"sweep: [{done}/{len(spec.runs)}] {text}"
+                               + (f"; ~{clock(eta)} left" if eta and done < len(spec.runs) else ""), always=always)
 
         for run in spec.runs:
             state, summary = states[run.name]
@@ -462,7 +462,7 @@ def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, 
                 printer.message(f"sweep: redoing {run.name} from scratch ({why})")
                 counts["redone"] += 1
             done = counts["skipped"] + counts["ran"] + counts["failed"]
-            printer.message(f"sweep: [{done + 1}/{len(spec.runs)}] {run.name} ...")
+            printer.sweep_news(f"sweep: [{done + 1}/{len(spec.runs)}] {run.name} ...")
             printer.start_run(run.name, run.settings.rounds)
             try:
                 summary = execute(run, spec.out, spec.mode, printer, timeout, on_round, resume=state == "resume")
@@ -502,6 +502,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user and system) of this process and its children so far (cluster runs' processes too)."""
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec, args.out, parse_overrides(args.overrides))
@@ -523,5 +531,6 @@ def main(args: argparse.Namespace) -> int:
               f"command again to resume (the interrupted run {again}).", file=sys.stderr)
         return 130
     result["wall_s"] = round(time.monotonic() - started, 1)
+    result["cpu_s"] = round(cpu_seconds(), 1)  # what it costs whatever else the host runs (the docs' figures)
     print(json.dumps(result))
     return 1 if result["failed"] else 0

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 EVERY_S = 1.0          # how often it looks
 WAITING_EVERY_S = 5.0  # while registering: a line when the count changed, at most this often
 ROUND_EVERY_S = 2.0    # a round line at most this often (fast runs: the newest round then)
+SLOW_PHASE_S = 0.5     # a round line names the mean seconds of each phase once one of them takes this long
 
 
 def local_url(host: str, port: int, scheme: str) -> str:
@@ -45,12 +46,23 @@ def waiting_line(barrier: Barrier) -> str:
         f"; not yet: {', '.join(missing)}" if missing else "")
 
 
+def resumed_line(barrier: Barrier) -> str | None:
+    """A barrier started again on its run's OUT: where the run goes on, from what, and how long it ran before."""
+    if not barrier.resumed:
+        return None
+    ran = time.time() - barrier.recorder.origin  # the time the run ran before (summary.json's wall_s)
+    before = f", after {clock(ran)} of it before" if ran >= 1 else ""
+    return (f"resumed at round {barrier.state.round} of {barrier.run.rounds} from the journal in "
+            f"{barrier.options.out}/{before}: the nodes still waiting for the barrier go on with it")
+
+
 def end_line(barrier: Barrier, started: float) -> str:
+    """`started`: when the run began (time.time(); a resumed run's: its first start, less the time it stood)."""
     state, out = barrier.state, barrier.options.out
     files = f"results in {out}/ (summary.json, rounds.csv, nodes.csv)"
     if state.phase is BarrierPhase.FINISHED:
         row = barrier.recorder.rounds[-1] if barrier.recorder.rounds else None
-        return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.monotonic() - started)}, "
+        return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.time() - started)}, "
                 f"{len(state.live)}/{len(state.addresses)} nodes to the end; {metrics_text(row) or 'no evaluation'}; "
                 f"{files}")
     return f"failed: {barrier.failure or 'the run ended early'}; {files}"
@@ -62,9 +74,9 @@ class BarrierConsole:
     def __init__(self, barrier: Barrier, url: str) -> None:
         self.barrier, self.url = barrier, url
         self.printer = ProgressPrinter()
-        self.started = time.monotonic()
+        self.resumed_at = barrier.state.round if barrier.resumed else None
         self.registered, self.said_waiting = -1, -WAITING_EVERY_S
-        self.rounds_done, self.said_round, self.row_round = 0, -ROUND_EVERY_S, -1
+        self.rounds_done, self.said_round, self.row_round = self.resumed_at or 0, -ROUND_EVERY_S, -1
 
     def look(self, final: bool = False) -> None:
         barrier, state, now = self.barrier, self.barrier.state, time.monotonic()
@@ -73,17 +85,37 @@ class BarrierConsole:
                 self.registered, self.said_waiting = len(state.pending), now
                 self.printer.message(waiting_line(barrier))
             return
-        if self.rounds_done == 0 and self.said_round < 0 and state.addresses:
-            self.printer.message(f"registration closed: {len(state.addresses)} nodes; round 0 starts")
+        if self.said_round < 0 and state.addresses:
+            if self.resumed_at is None:
+                self.printer.message(f"registration closed: {len(state.addresses)} nodes; round 0 starts")
             self.printer.start_run("", barrier.run.rounds)
             self.said_round = now - ROUND_EVERY_S
         done = min(state.round, barrier.run.rounds)
         last = done >= barrier.run.rounds  # the last round's line at once; the result comes once the run is done
         if done > self.rounds_done and (final or last or now - self.said_round >= ROUND_EVERY_S):
+            notes = self.notes(self.rounds_done, done)
             self.rounds_done, self.said_round = done, now
             self.printer.on_round(RoundProgress(done - 1, barrier.run.rounds, loss=self.loss(done - 1),
                                                 row=self.new_row(), live=len(state.live),
-                                                members=len(state.addresses)))
+                                                members=len(state.addresses), notes=notes))
+
+    def notes(self, since: int, upto: int) -> str:
+        """What an operator needs of the rounds in [since, upto) (the rounds this line covers): the stragglers
+        they were released without, the members dropped, the messages refused, and the slowest phase."""
+        entries = [e for e in self.barrier.history if since <= e["round"] < upto]
+        stragglers = sorted({r for e in entries for r in e.get("stragglers") or []})
+        dropped = sorted({r for e in entries for r in e.get("dropped") or []})
+        refused: dict[str, int] = {}
+        for e in entries:
+            for reason, count in (e.get("refused") or {}).items():
+                refused[reason] = refused.get(reason, 0) + count
+        parts = [f"stragglers {stragglers}" if stragglers else "", f"dropped {dropped}" if dropped else "",
+                 "refused " + ", ".join(f"{n} {why}" for why, n in refused.items()) if refused else ""]
+        if entries:
+            phases = {p: e[f"{p}_s"] for p in ("train", "send", "wait") for e in entries[-1:] if f"{p}_s" in e}
+            if phases and max(phases.values()) >= SLOW_PHASE_S:  # where the time goes, once it is noticeable
+                parts.append("mean " + " ".join(f"{p} {v:.1f}s" for p, v in phases.items()))
+        return " | ".join(p for p in parts if p)
 
     def loss(self, round: int) -> float | None:
         for entry in reversed(self.barrier.history):
@@ -102,6 +134,8 @@ class BarrierConsole:
         """Until the run ends: its lines, then the result."""
         for line in where_lines(self.barrier, self.url):
             self.printer.message(line)
+        if (line := resumed_line(self.barrier)) is not None:
+            self.printer.message(line)
         while not self.barrier.done.is_set():
             self.look()
             try:
@@ -109,4 +143,4 @@ class BarrierConsole:
             except TimeoutError:
                 pass
         self.look(final=True)
-        self.printer.message(end_line(self.barrier, self.started))
+        self.printer.message(end_line(self.barrier, self.barrier.recorder.origin))

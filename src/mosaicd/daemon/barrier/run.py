@@ -11,6 +11,7 @@ from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.console import BarrierConsole, local_url
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.entry import exit_within
 from mosaicd.daemon.errors import RunEnded
 from mosaicd.daemon.http.auth import Keyring, check_listen, load_secret, own_secret_file
 from mosaicd.daemon.http.server import check_port, serve
@@ -38,6 +39,7 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
 
     def terminated() -> None:
         stopped.append("SIGTERM")
+        exit_within(lambda: 130)  # stopped, whatever it waits for (exits 0 itself when the run had ended)
         if main is not None:
             main.cancel()
     try:

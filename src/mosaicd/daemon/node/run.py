@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import math
 import signal
+import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from mosaicd.daemon.entry import exit_within
 from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost
 from mosaicd.daemon.http.server import keep_freed_memory
@@ -47,7 +49,7 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
         return 0
     try:
         rounds = asyncio.ensure_future(train_and_gossip(peer, settings, task, saved, prefetched))
-        stopped = on_signals(rounds) if options.leave_on_signal else None
+        stopped = on_signals(rounds, 0 if peer.barrier is None else 1) if options.leave_on_signal else None
         try:
             await rounds
         except asyncio.CancelledError:
@@ -105,6 +107,9 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     peer.set_model(task.layout)
     log = get_logger(role="node", run=run.run_id, node=peer.rank)
     vector = await starting_model(peer, task, saved, options)
+    if peer.round > 0 and saved is not None and saved.run_id == run.run_id and settings.peer_list is not None:
+        print(f"mosaicd node: run {run.run_id} goes on at round {peer.round} of {run.rounds}: this node resumes from "
+              f"its checkpoint of round {saved.round}", file=sys.stderr, flush=True)
     if options.resume_round is not None:  # its models after the two rounds before, for the barrier's evaluations
         before = model_before(peer, options)
         peer.begin(vector, kept_as=peer.round - 1, before=before)
@@ -175,14 +180,16 @@ async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) ->
     await asyncio.sleep(0.1)  # the last answers leave the socket
 
 
-def on_signals(work: asyncio.Future) -> list[str]:
-    """SIGTERM and SIGINT cancel `work` (the node then leaves the run); the list gets the signal's name."""
+def on_signals(work: asyncio.Future, code: int = 0) -> list[str]:
+    """SIGTERM and SIGINT cancel `work` (the node then leaves the run); the list gets the signal's name. The process
+    ends within `entry.EXIT_WITHIN_S` (with `code` if it has not ended by then)."""
     loop, seen = asyncio.get_running_loop(), []
 
     def stop(signum: signal.Signals) -> None:
         if not seen:
             seen.append(signum.name)
             work.cancel()
+            exit_within(lambda: code)  # it leaves the run meanwhile; a round's training is not waited for
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop, signum)
     return seen
@@ -196,6 +203,9 @@ async def leave_for(peer: Peer, reason: str, ends_run: bool = False) -> None:
         await peer.leave(reason, ends_run)
         return
     peer.barrier.fail(f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
+    if reason.startswith("it was told to stop"):  # a person stopped it: how to go on (checkpoints: exactly)
+        print(f"mosaicd node: rank 0 stopped the run at round {peer.round} of {peer.run.rounds} (it hosts the "
+              "barrier); start the same commands again, on every member, to resume it", file=sys.stderr, flush=True)
     await linger_for_the_others(peer)
 
 

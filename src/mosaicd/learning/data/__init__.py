@@ -16,7 +16,7 @@ arrays are kept in memory (about 180 MB for CIFAR).
 """
 
 from .cifar import RowFile, cache_dirs, load_cifar
-from .common import DataMissing, Split, data_path, missing
+from .common import DataMissing, Split, check_data, data_path, missing
 from .digits import load_digits
 from .fetch import FetchError, fetch, safe_extract_tar, safe_extract_zip
 from .movielens import load_movielens
@@ -24,7 +24,8 @@ from .shakespeare import LEAF_LETTERS, encode_chars, load_shakespeare
 from .synthetic import write_synthetic
 
 __all__ = [
-    "LEAF_LETTERS", "DataMissing", "FetchError", "RowFile", "Split", "cache_dirs", "data_path", "encode_chars", "fetch",
+    "LEAF_LETTERS", "DataMissing", "FetchError", "RowFile", "Split", "cache_dirs", "check_data", "data_path",
+    "encode_chars", "fetch",
     "load_cifar", "load_digits", "load_movielens", "load_shakespeare", "missing", "safe_extract_tar",
     "safe_extract_zip", "write_synthetic",
 ]

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DataMissing", "Split", "data_path", "missing"]
+__all__ = ["DataMissing", "Split", "check_data", "data_path", "missing"]
 
 _DIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "movielens": "ml-latest-small",
          "shakespeare": "shakespeare"}
@@ -39,3 +39,25 @@ def missing(task: str, path: Path, what: str = "") -> DataMissing:
     detail = f" ({what})" if what else ""
     return DataMissing(f"task {task}: data set not found at {path}{detail}; run `mosaicd data fetch {task}` "
                        f"(with --data-dir {Path(path).parent} if not the default) or put the files there")
+
+
+def check_data(task: str, data_dir: Path | str) -> None:
+    """DataMissing, as the task's loader would raise it, when the files of a built-in task's data set are not in
+    data_dir; nothing read (a launcher asks this once, before any process starts). Other tasks: nothing."""
+    task = str(task)
+    if task not in _DIRS:
+        return
+    root = data_path(task, data_dir)
+    if task == "cifar10":
+        absent = [name for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+                  if not (root / name).is_file()]
+        what = "missing " + ", ".join(absent) if absent else ""
+    elif task == "cifar100":
+        absent = [name for name in ("train", "test") if not (root / name).is_file()]
+        what = "missing " + ", ".join(absent) if absent else ""
+    elif task == "movielens":
+        what = "" if (root / "ratings.csv").is_file() else "no ratings.csv"
+    else:
+        what = next((f"no {sub}/ folder" for sub in ("train", "test") if not (root / sub).is_dir()), "")
+    if what:
+        raise missing(task, root, what)

@@ -1,0 +1,56 @@
+"""The console for people: a warning of a kind at most once per interval, saying how many were folded; errors and
+JSON logs keep every line."""
+
+from __future__ import annotations
+
+import pytest
+import structlog
+
+from mosaicd.logs import FoldRepeats, json_logs
+
+
+def test_warnings_fold_per_kind_and_say_how_many() -> None:
+    now = [0.0]
+    fold = FoldRepeats(every=10.0, clock=lambda: now[0])
+
+    def said(event: str, level: str = "warning") -> dict | None:
+        try:
+            return fold(None, level, {"event": event, "level": level})
+        except structlog.DropEvent:
+            return None
+
+    assert said("slow_connect") is not None
+    assert [said("slow_connect") for _ in range(40)] == [None] * 40
+    assert said("retrying") is not None  # another kind: its own line
+    assert said("send_failed", "error") is not None and said("send_failed", "error") is not None  # errors: all
+    now[0] = 9.9
+    assert said("slow_connect") is None
+    now[0] = 10.5
+    line = said("slow_connect")
+    assert line is not None and line["folded"].startswith("41 more since the last")
+    assert said("slow_connect") is None
+    now[0] = 21.0
+    assert "folded" not in (said("retrying") or {"folded": 1})
+
+
+@pytest.mark.parametrize(("given", "json"), [(None, False), (False, False), (True, True)])
+def test_lines_for_people_unless_json_is_asked_for(given: bool | None, json: bool) -> None:
+    assert json_logs(given) is json
+
+
+def test_a_command_told_to_stop_exits_in_time_whatever_its_threads_do(tmp_path) -> None:
+    """`exit_within`: a worker thread mid-training (which nothing interrupts, and which the interpreter waits for at
+    exit) does not keep a node told to stop past the time Docker gives it; the output is flushed."""
+    import subprocess
+    import sys
+    import time
+
+    program = ("import sys, threading, time\n"
+               "from mosaicd.daemon.entry import exit_promptly, exit_within\n"
+               "threading.Thread(target=time.sleep, args=(30,)).start()  # a round's training, not a daemon\n"
+               "exit_promptly()\n"
+               "exit_within(lambda: 0, 0.5)\n"
+               "print('left the run', flush=False)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "left the run\n" and time.monotonic() - started < 5
