@@ -71,6 +71,9 @@ def flags(values: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for key, value in values.items():
         name = key.replace("_", "-")
+        if isinstance(value, dict):  # task_options: one --task-option KEY=VALUE each (none when empty)
+            out += [a for k, v in value.items() for a in (f"--{name.removesuffix('s')}", f"{k}={v}")]
+            continue
         out += [f"--{name}" if value else f"--no-{name}"] if isinstance(value, bool) else [f"--{name}", str(value)]
     return out
 
