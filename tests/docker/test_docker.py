@@ -192,9 +192,14 @@ def check_results(folder: Path, nodes: int, rounds: int) -> dict:
 
 
 def simulated_hashes(kit, summary: dict, tmp: Path) -> dict[str, str]:
-    """The final model hashes of the same run in one process on this host: `mosaicd simulate` with its settings."""
+    """The final model hashes of the same run in one process on this host: `mosaicd simulate` with its settings
+    (a task of the user's, a file the containers read from /tasks, from where compose.yaml mounts it here)."""
     from mosaicd.settings import Settings
 
+    task = str(summary["settings"]["task"])
+    if task.startswith("/tasks/"):
+        summary = {**summary, "settings": {**summary["settings"],
+                                           "task": str(ROOT / "examples" / task.removeprefix("/tasks/"))}}
     run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items() if v is not None}
     sh(*kit.mosaicd, "simulate", *kit.flags(run), "--out", str(tmp),
        env={k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")})
@@ -279,9 +284,10 @@ def assert_console_for_people(logs: str, port: int, nodes: int, rounds: int) -> 
 def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, compose: list[str], results: Path,
                                                              tmp_path: Path, projects: list[Project]) -> None:
     nodes, rounds, port = 8, 6, free_port()
+    # a task of the user's: a file outside the package (examples/digits_task.py), mounted at /tasks (MOSAIC_TASKS)
     project = Project(compose, f"mosaictest{os.getpid()}", "compose.yaml", environment(
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS=str(rounds),
-        MOSAIC_NODE_LINGER="120", MOSAIC_BARRIER_LINGER="120"))
+        MOSAIC_NODE_LINGER="120", MOSAIC_BARRIER_LINGER="120", MOSAIC_TASK="/tasks/digits_task.py:DigitsMLP"))
     projects.append(project)
     project("up", "-d", "--no-build", "--scale", f"node={nodes}")  # no secret prepared: `secret` makes one
     barrier = f"http://127.0.0.1:{port}"
@@ -332,6 +338,7 @@ def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, co
     assert final_summary(kit, results)["status"] == "finished"
     assert_secret_kept(secret, logs, results)
     summary = check_results(results, nodes, rounds)
+    assert summary["settings"]["task"] == "/tasks/digits_task.py:DigitsMLP"
     assert summary["final"]["node_average"] > 0.5
     assert summary["model_sha256"] == simulated_hashes(kit, summary, tmp_path / "simulated")
 
