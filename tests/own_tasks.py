@@ -122,6 +122,8 @@ class Small(Task):
         return np.zeros(3 if self.fail == "shape" else 4, dtype=np.float32)
 
     def train(self, node, round, vector):
+        if self.fail == "train":
+            raise RuntimeError("the training data went away")
         return vector, 0.0
 
     def evaluate(self, vector):

@@ -61,7 +61,7 @@ class Net:
 
 
 async def _start_helpers(net: Net, count: int) -> None:
-    settings = Settings(**RUN, host="127.0.0.1", port=0, barrier_url=net.barrier)
+    settings = Settings(**RUN, host="127.0.0.1", port=0, barrier_url=net.barrier, insecure=True)  # as its by-hand roles
     net.helpers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(count)]
     await asyncio.gather(*(p.__aenter__() for p in net.helpers))
 
