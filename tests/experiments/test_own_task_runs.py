@@ -128,7 +128,7 @@ def blocks(language: str) -> list[str]:
 
 @pytest.mark.slow
 def test_the_docs_task_runs_alike_in_cluster_and_simulate_and_its_sweep_validates(tmp_path: Path) -> None:
-    task, toy_data = blocks("python")
+    task, toy_data = blocks("python")[:2]  # the task and its toy data (the own-loop sketch follows)
     (tmp_path / "shapes_task.py").write_text(task)
     (tmp_path / "toy_data.py").write_text(toy_data)
     subprocess.run([sys.executable, "toy_data.py"], cwd=tmp_path, check=True, timeout=60)
