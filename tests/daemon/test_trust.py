@@ -201,8 +201,8 @@ async def test_a_peer_without_a_secret_shares_its_process_barrier_s_or_is_refuse
     from mosaicd import Peer
     from mosaicd.daemon.http import auth
 
-    held = list(auth._PROCESS_SECRET)
-    auth._PROCESS_SECRET.clear()
+    held = list(auth._PROCESS_SECRETS)  # barriers other tests left alive in this process
+    auth._PROCESS_SECRETS.clear()
     try:
         options = Settings(barrier_url="http://127.0.0.1:9", port=0).daemon_options()
         with pytest.raises(auth.SecretError, match="needs --secret-file.*--insecure"):
@@ -211,8 +211,10 @@ async def test_a_peer_without_a_secret_shares_its_process_barrier_s_or_is_refuse
         shared = auth.process_secret()
         assert auth.peer_secret(options) == shared
         assert auth.peer_secret(options.model_copy(update={"insecure": True})) is None
+        auth.forget_process_secret(shared)  # its barrier stopped: a Peer made later does not sign with it
+        assert auth.peer_secret(options) is None
     finally:
-        auth._PROCESS_SECRET[:] = held
+        auth._PROCESS_SECRETS[:] = held
 
 
 async def test_an_unsigned_request_to_a_node_that_does_not_know_its_run_yet_is_refused_at_once() -> None:

@@ -47,24 +47,31 @@ def load_secret(path: Path | None) -> bytes | None:
     return secret
 
 
-_PROCESS_SECRET: list[bytes] = []  # made by the first Barrier of this process that was given no secret
+_PROCESS_SECRETS: list[bytes] = []  # those of the Barriers alive in this process that were given no secret
 
 
 def process_secret() -> bytes:
-    """The in-process secret: a `Barrier` made without --secret-file (and without --insecure) signs with it, and
-    every `mosaicd.Peer` of the same process without a secret of its own shares it (an own training loop's
-    barrier hands its secret to its peers itself). Random, in memory only, never logged."""
-    if not _PROCESS_SECRET:
-        _PROCESS_SECRET.append(secrets.token_urlsafe(32).encode())
-    return _PROCESS_SECRET[0]
+    """A new in-process secret: a `Barrier` made without --secret-file (and without --insecure) signs with it, and
+    every `mosaicd.Peer` of the same process without a secret of its own shares it while that Barrier lives (an own
+    training loop's barrier hands its secret to its peers itself; `forget_process_secret` once it stops, so that no
+    later Peer signs with a dead barrier's). Random, in memory only, never logged."""
+    secret = secrets.token_urlsafe(32).encode()
+    _PROCESS_SECRETS.append(secret)
+    return secret
+
+
+def forget_process_secret(secret: bytes) -> None:
+    """The Barrier that made `secret` stopped: no Peer made from now on takes it."""
+    if secret in _PROCESS_SECRETS:
+        _PROCESS_SECRETS.remove(secret)
 
 
 def peer_secret(options: Any) -> bytes | None:
     """A peer's secret: its --secret-file's; else, unless --insecure or --peer-list (whose members are processes of
     their own: they all read one --secret-file), the secret of a barrier in this process; else None."""
     secret = load_secret(options.secret_file)
-    if secret is None and not options.insecure and getattr(options, "peer_list", None) is None and _PROCESS_SECRET:
-        secret = _PROCESS_SECRET[0]
+    if secret is None and not options.insecure and getattr(options, "peer_list", None) is None and _PROCESS_SECRETS:
+        secret = _PROCESS_SECRETS[-1]  # the newest barrier of this process that is still alive
     return secret
 
 
