@@ -5,14 +5,12 @@ every process its path (MOSAIC_SECRET_FILE) and deletes it at the end.
 
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from mosaicd.daemon.http.auth import load_secret
+from mosaicd.daemon.http.auth import load_secret, write_new_secret
 
 
 class RunSecret:
@@ -29,11 +27,7 @@ class RunSecret:
         if s.secret_file is not None or s.insecure:
             return {}
         folder = Path(tempfile.mkdtemp(prefix="mosaic-secret-"))  # 0700, outside the output folder
-        path = folder / "secret"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32))
-        self.path = path
+        path = self.path = write_new_secret(folder / "secret")
         return {"secret_file": str(path)}
 
     def load(self) -> bytes | None:

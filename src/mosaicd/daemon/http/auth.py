@@ -75,6 +75,15 @@ def peer_secret(options: Any) -> bytes | None:
     return secret
 
 
+def write_new_secret(path: Path) -> Path:
+    """A fresh random secret in a new file only its owner can read (mode 600; an existing file is an error, never
+    overwritten). The one way a secret file is made: the barrier's own (`own_secret_file`), a cluster's per run."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
 def own_secret_file(out: Path) -> tuple[Path, bool]:
     """`mosaicd barrier` without --secret-file: its own secret, OUT.secret beside --out (mode 600, outside the
     results folder, which is served and copied), made once and reused by a barrier started again with the same
@@ -84,10 +93,7 @@ def own_secret_file(out: Path) -> tuple[Path, bool]:
     if path.exists():
         return path, False
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
-    return path, True
+    return write_new_secret(path), True
 
 
 class Keyring:
