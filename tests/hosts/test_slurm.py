@@ -60,8 +60,7 @@ def simulated_hashes(kit, summary: dict, tmp: Path) -> dict[str, str]:
     """`mosaicd simulate` with the run's settings (as summary.json records them)."""
     from mosaicd.settings import Settings
 
-    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items()
-           if v is not None and v != {}}  # no --task-options {}: simulate takes --task-option KEY=VALUE
+    run = {k: v for k, v in Settings.model_validate(summary["settings"]).run_fields().items() if v is not None}
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
     subprocess.run([sys.executable, "-m", "mosaicd", "simulate", *kit.flags(run), "--out", str(tmp), "--quiet"],
                    check=True, env=env, capture_output=True, timeout=300)
