@@ -170,10 +170,7 @@ def test_peer_list_of_https_addresses_runs_over_tls(tmp_path: Path, kit: Any, ce
         for port, proc in procs.items():
             assert proc.wait(timeout=120) == 0, (tmp_path / f"node-{port}.log").read_text()[-3000:]
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+        kit.stop_all(procs)
     summary = json.loads((tmp_path / f"out-{min(ports)}" / "summary.json").read_text())
     assert summary["addresses"] == [f"127.0.0.1:{p}" for p in sorted(ports)]  # ranks: host:port, sorted
     assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))

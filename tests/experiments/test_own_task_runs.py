@@ -58,7 +58,7 @@ def test_the_torch_helper_task_runs_alike_in_cluster_and_simulate(tasks: Path, t
 
 
 @pytest.mark.slow
-def test_a_peer_list_runs_a_task_file(tasks: Path, tmp_path: Path) -> None:
+def test_a_peer_list_runs_a_task_file(tasks: Path, tmp_path: Path, kit) -> None:
     settings = ["--task", f"{tasks / 'numtask.py'}:Mean", "--task-option", "scale=2", *RUN[:-1]]
     ok(mosaicd("simulate", *settings, "--out", str(tmp_path / "sim"), "--quiet"))
     ports = free_ports(4)
@@ -77,10 +77,7 @@ def test_a_peer_list_runs_a_task_file(tasks: Path, tmp_path: Path) -> None:
         for port, proc in procs.items():
             assert proc.wait(timeout=120) == 0, (tmp_path / f"node-{port}.log").read_text()[-3000:]
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+        kit.stop_all(procs)
     assert summary(tmp_path / f"out-{min(ports)}")["model_sha256"] == summary(tmp_path / "sim")["model_sha256"]
 
 
