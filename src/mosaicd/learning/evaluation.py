@@ -29,6 +29,17 @@ def eval_subset(seed: int, size: int, samples: int | None) -> np.ndarray | None:
     return np.sort(rng.choice(size, samples, replace=False))
 
 
+def evaluation_rows(task: Task) -> tuple[int | None, np.ndarray | None]:
+    """The test set's size (None: a task without one) and the rows node models are evaluated on (`eval_subset`)."""
+    size = task.test_size()
+    return size, eval_subset(task.run.seed, size, task.run.eval_samples) if size is not None else None
+
+
+def _row_counts(size: int | None, subset: np.ndarray | None) -> dict[str, int]:
+    """`eval_samples` (the rows each node model was evaluated on) and `test_size`, for tasks with a test set."""
+    return {} if size is None else {"eval_samples": size if subset is None else len(subset), "test_size": size}
+
+
 def network_metrics(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]:
     """The spec's four metrics of `task.metric` over the nodes' models, on the global test set.
 
@@ -45,8 +56,7 @@ def network_metrics(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]
     if len(vectors) == 0:
         raise ValueError("network_metrics needs at least one model")
     name = task.metric
-    size = task.test_size()
-    subset = eval_subset(task.run.seed, size, task.run.eval_samples) if size is not None else None
+    size, subset = evaluation_rows(task)
     node_metrics = task.evaluate_many(vectors, subset)
     per_node = [float(m[name]) for m in node_metrics]
     avg = task.evaluate(average_model(vectors))
@@ -59,9 +69,7 @@ def network_metrics(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]
         "node_spread": float(np.std(per_node)),
         "per_node": per_node,
     }
-    if size is not None:
-        out["eval_samples"] = size if subset is None else len(subset)
-        out["test_size"] = size
+    out.update(_row_counts(size, subset))
     if "test_loss" in avg and all("test_loss" in m for m in node_metrics):
         out["node_average_test_loss"] = float(np.mean([m["test_loss"] for m in node_metrics]))
         out["average_model_test_loss"] = float(avg["test_loss"])
@@ -72,15 +80,10 @@ def node_evaluation(task: Task, vector: np.ndarray) -> dict[str, Any]:
     """One node's evaluation of its own model, as its snapshot keeps it (`daemon/http/model_codec.py`'s `metrics`):
     the same rows (`--eval-samples`: `eval_subset`) and the same per-model path (`task.evaluate_many`) as
     `network_metrics`, so that the barrier's row from the nodes' metrics equals simulate's (on the CPU)."""
-    size = task.test_size()
-    subset = eval_subset(task.run.seed, size, task.run.eval_samples) if size is not None else None
+    size, subset = evaluation_rows(task)
     values = {k: float(v) for k, v in task.evaluate_many([vector], subset)[0].items()}
-    out: dict[str, Any] = {"values": values, "metric": task.metric, "higher_is_better": bool(task.higher_is_better),
-                           "source": "task"}
-    if size is not None:
-        out["eval_samples"] = size if subset is None else len(subset)
-        out["test_size"] = size
-    return out
+    return {"values": values, "metric": task.metric, "higher_is_better": bool(task.higher_is_better),
+            "source": "task", **_row_counts(size, subset)}
 
 
 def average_evaluation(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]:
