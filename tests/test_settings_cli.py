@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +288,16 @@ def test_usage_errors_exit_2_naming_the_flag(argv: list[str], expected: str,
 def test_version(kit: Any) -> None:
     proc = run(kit, "--version")
     assert proc.returncode == 0 and proc.stdout.startswith("mosaicd ")
+
+
+def test_an_interrupt_inside_exec_ends_the_command_with_130(tmp_path: Path) -> None:
+    """Ctrl-C landing in code run from a string (torch's imports make dataclasses): the command ends with 130, as
+    for any Ctrl-C, not killed by SIGINT (-2) as CPython 3.11 would end it after main returned."""
+    (tmp_path / "task.py").write_text("from mosaicd import TorchTask\nclass Interrupted(TorchTask):\n    def "
+                                      "__init__(self, run, data_dir):\n        exec('raise KeyboardInterrupt')\n")
+    proc = subprocess.run([sys.executable, "-m", "mosaicd", "simulate", "--task", "task.py:Interrupted", "--out",
+                           str(tmp_path / "o")], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
 
 
 def test_node_says_at_once_that_its_barrier_is_unreachable(kit: Any) -> None:

@@ -229,6 +229,16 @@ def main(argv: list[str] | None = None) -> None:
         _main(argv)
     except KeyboardInterrupt:  # Ctrl-C before a command has started (its imports): nothing was written
         raise SystemExit(130) from None
+    finally:
+        _forget_caught_interrupts()
+
+
+def _forget_caught_interrupts() -> None:
+    """The exit code is the one the command chose. CPython 3.11 marks an interrupt raised inside a string given to
+    `exec` (Ctrl-C landing in a dataclass's generated methods as torch is imported) as never caught, and then ends
+    the process by SIGINT (-2) whatever the command caught and returned; compiling and running a string clears that
+    mark (run_eval_code_obj), and no interrupt escapes `main`."""
+    exec("None")
 
 
 def _main(argv: list[str] | None) -> None:

@@ -229,8 +229,8 @@ def test_a_second_sweep_of_the_same_out_is_refused_while_the_first_goes_on(tmp_p
         assert first.poll() is None
     finally:
         os.kill(first.pid, signal.SIGINT)
-        first.communicate(timeout=60)
-    assert first.returncode == 130
+        said = first.communicate(timeout=60)[1]
+    assert first.returncode == 130, said[-3000:]
 
 
 def test_a_failed_run_stops_the_sweep_with_its_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
