@@ -40,6 +40,16 @@ def peer_list(kit: Any, tmp_path: Path, run: dict[str, Any]) -> tuple[dict[int, 
     return procs, ports
 
 
+def exited(tmp_path: Path, procs: dict[int, subprocess.Popen], port: int, within: float) -> int:
+    """The node's exit code; one that goes on past `within` s fails the test with what it said last."""
+    try:
+        return procs[port].wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        said = (tmp_path / f"node-{port}.log").read_text()
+        pytest.fail(f"the node on port {port} (rank {sorted(procs).index(port)}) still runs {within:g} s on; "
+                    f"it said last:\n{said[-3000:]}")
+
+
 def barrier_status(kit: Any, port: int) -> dict[str, Any] | None:
     try:
         return kit.http("GET", f"http://127.0.0.1:{port}/barrier/v1/status", timeout=2).json()
@@ -124,9 +134,9 @@ def test_rank_0_told_to_stop_fails_the_run_and_exits_once_the_others_heard(tmp_p
         kit.wait_until(lambda: (barrier_status(kit, rank0) or {}).get("round", 0) >= 10, 60, "round 10")
         procs[rank0].send_signal(signal.SIGTERM)
         stopped = time.monotonic()
-        code0 = procs[rank0].wait(timeout=30)
+        code0 = exited(tmp_path, procs, rank0, 30)
         took = time.monotonic() - stopped
-        codes = {port: procs[port].wait(timeout=30) for port in ports[1:]}
+        codes = {port: exited(tmp_path, procs, port, 30) for port in ports[1:]}
     finally:
         kit.stop_all(procs)
     assert code0 == 1 and set(codes.values()) == {1}, (code0, codes)
