@@ -125,29 +125,35 @@ def test_too_few_members_end_the_run_on_every_process_at_once(tmp_path: Path, ki
 @pytest.mark.slow
 def test_rank_0_told_to_stop_fails_the_run_and_exits_once_the_others_heard(tmp_path: Path, kit: Any) -> None:
     """Rank 0 hosts the barrier: told to stop, it ends the run (failed); every other node hears why at its next
-    arrival and exits 1 with the reason, and rank 0 exits as soon as they have (not after HOST_LINGER_S)."""
+    arrival and exits 1 with the reason, and rank 0 exits as soon as they have (not after HOST_LINGER_S). A member
+    that rank 0's last 2 s could not reach (starved by a loaded host) takes the barrier for restarting, waits
+    --barrier-grace for it and then says it did not answer: never a hang."""
     from mosaicd.daemon.node.run import HOST_LINGER_S
 
-    procs, ports = peer_list(kit, tmp_path, RUN)
+    procs, ports = peer_list(kit, tmp_path, {**RUN, "barrier_grace": 15})
     rank0 = ports[0]
     try:
         kit.wait_until(lambda: (barrier_status(kit, rank0) or {}).get("round", 0) >= 10, 60, "round 10")
         procs[rank0].send_signal(signal.SIGTERM)
-        stopped = time.monotonic()
         code0 = exited(tmp_path, procs, rank0, 30)
-        took = time.monotonic() - stopped
-        codes = {port: exited(tmp_path, procs, port, 30) for port in ports[1:]}
+        codes = {port: exited(tmp_path, procs, port, 40) for port in ports[1:]}
     finally:
         kit.stop_all(procs)
     assert code0 == 1 and set(codes.values()) == {1}, (code0, codes)
-    assert took < min(HOST_LINGER_S, 2.0), took  # and within 2 s of SIGTERM
     summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
     assert summary["status"] == "failed" and "which hosts the barrier, stopped" in summary["error"], summary
     said0 = (tmp_path / f"node-{rank0}.log").read_text()  # how to go on, in a line for people
     assert "start the same commands again, on every member, to resume it" in said0, said0[-2000:]
-    for port in ports[1:]:
+    told = [json.loads(line) for line in said0.splitlines() if '"failure_told"' in line]
+    assert len(told) <= 1 and all(t["waited_s"] < HOST_LINGER_S for t in told), told
+    missed = None if not told else set(told[0]["unheard"])  # None: its 2 s ran out before they all heard
+    for rank, port in enumerate(ports[1:], 1):
         said = (tmp_path / f"node-{port}.log").read_text()
-        assert "which hosts the barrier, stopped" in said and "barrier_unreachable" not in said, said[-2000:]
+        if "which hosts the barrier, stopped" in said:
+            assert "barrier_unreachable" not in said, said[-2000:]
+        else:
+            assert missed is None or rank in missed, (rank, told, said[-2000:])
+            assert "did not answer for --barrier-grace 15s" in said, said[-2000:]
 
 
 async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_failed(tmp_path: Path,

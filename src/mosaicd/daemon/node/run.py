@@ -177,6 +177,8 @@ async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) ->
     until = loop.time() + HOST_LINGER_S
     while peer.barrier.unheard(peer.rank) and not stopped and loop.time() < until:
         await asyncio.sleep(0.05)
+    peer.log.info("failure_told", unheard=peer.barrier.unheard(peer.rank),
+                  waited_s=round(HOST_LINGER_S - (until - loop.time()), 2))
     await asyncio.sleep(0.1)  # the last answers leave the socket
 
 
