@@ -27,12 +27,15 @@ from mosaicd.experiments.cluster import free_ports
 RUN = dict(nodes=4, rounds=400, fragments=2, fanout=2, dim=16, seed=5, eval_every=0, round_deadline=60)
 
 
-def peer_list(kit: Any, tmp_path: Path, run: dict[str, Any]) -> tuple[dict[int, subprocess.Popen], list[int]]:
-    ports = sorted(free_ports(run["nodes"]))
-    (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
+def peer_list(kit: Any, tmp_path: Path, run: dict[str, Any], ports: list[int] | None = None,
+              logs: str = "node") -> tuple[dict[int, subprocess.Popen], list[int]]:
+    """The members of a peer list, started by hand (`ports`: the same list again, logging to `logs`-PORT.log)."""
+    if ports is None:
+        ports = sorted(free_ports(run["nodes"]))
+        (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
     procs = {}
     for port in ports:
-        with open(tmp_path / f"node-{port}.log", "wb") as log:
+        with open(tmp_path / f"{logs}-{port}.log", "wb") as log:
             procs[port] = subprocess.Popen(
                 [*kit.by_hand, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
                  "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), "--log-json", *kit.flags(run)],
@@ -154,6 +157,36 @@ def test_rank_0_told_to_stop_fails_the_run_and_exits_once_the_others_heard(tmp_p
         else:
             assert missed is None or rank in missed, (rank, told, said[-2000:])
             assert "did not answer for --barrier-grace 15s" in said, said[-2000:]
+
+
+@pytest.mark.slow
+def test_the_same_commands_again_resume_the_run_and_every_member_says_so(tmp_path: Path, kit: Any) -> None:
+    """What rank 0 told to stop says to do: start the same commands again. The run goes on from the members'
+    checkpoints to its end, and every member's console says at which round it goes on and from what."""
+    run = {**RUN, "rounds": 40}
+    procs, ports = peer_list(kit, tmp_path, run)
+    rank0 = ports[0]
+    try:
+        kit.wait_until(lambda: (barrier_status(kit, rank0) or {}).get("round", 0) >= 10, 60, "round 10")
+        procs[rank0].send_signal(signal.SIGTERM)
+        codes = [exited(tmp_path, procs, port, 40) for port in ports]
+    finally:
+        kit.stop_all(procs)
+    assert set(codes) == {1}, codes
+    procs, _ = peer_list(kit, tmp_path, run, ports, logs="again")
+    try:
+        codes = [exited(tmp_path, procs, port, 120) for port in ports]
+    finally:
+        kit.stop_all(procs)
+    said = {port: (tmp_path / f"again-{port}.log").read_text() for port in ports}
+    assert set(codes) == {0}, {p: s[-1500:] for p, s in said.items()}
+    summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
+    assert summary["status"] == "finished", summary
+    lines = [next((line for line in s.splitlines() if "mosaicd node: run " in line and " goes on at round " in line),
+                  s[-1500:]) for s in said.values()]
+    rounds = {line.split(" goes on at round ")[1].split(" of ")[0] for line in lines}
+    assert len(rounds) == 1 and int(rounds.pop()) >= 10, lines
+    assert all("of 40: this node resumes from its checkpoint of round" in line for line in lines), lines
 
 
 async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_failed(tmp_path: Path,
