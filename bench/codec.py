@@ -1,4 +1,5 @@
-"""Wire codec throughput: encode + decode round trip of one float32 fragment vs a plain numpy copy.
+"""Wire codec throughput: encode + decode round trip of one float32 fragment vs a plain numpy copy; and the
+compression codecs' cost per message (`mosaic_proto.compression`: compress + decompress, bytes against `none`).
 
 For each size n (floats), one message carries one fragment of n float32 values (K=1 fragmentation of a
 flat layout of n coordinates). The round trip is `decode(encode(batch))` with full validation; the
@@ -6,7 +7,9 @@ reference is `np.copyto` of the same n floats into a preallocated array. Through
 payload (n * 4 bytes / time per operation; 1 MB = 1e6 bytes), best of several timed repeats.
 
 Usage: .venv/bin/python bench/codec.py [--budget SECONDS]
-The last line of stdout is a JSON object: per-size figures and `ratio` (round trip / copy at 1e6 floats).
+The last line of stdout is a JSON object: per-size figures, `ratio` (round trip / copy at 1e6 floats) and
+`compression` (per codec and fragment size: microseconds per compress + decompress, that time against a copy of
+the same floats, payload bytes against `none`).
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ from collections.abc import Callable
 import numpy as np
 
 from mosaic_proto import Fragmentation, FragmentBatch, Layout, decode, encode
+from mosaic_proto.compression import Compression, decompress
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+COMPRESSIONS = ("none", "fp16", "bf16", "int8", "topk:0.1", "topk:0.01")
+COMPRESSION_SIZES = (14_826, 1_000_000)  # the digits CNN's whole model; a 1M-float fragment
 RUN_ID = "bench-codec"
 
 
@@ -68,6 +74,24 @@ def bench_size(n: int, budget: float) -> dict[str, float]:
     }
 
 
+def bench_compression(n: int, budget: float) -> dict[str, dict[str, float]]:
+    """Per codec: one fragment of n floats compressed and decompressed (the sender's and a receiver's work)."""
+    values = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    dst = np.empty_like(values)
+    t_copy = per_op(lambda: np.copyto(dst, values), budget / (len(COMPRESSIONS) + 1))
+    plain = n * 4
+    rows = {}
+    for text in COMPRESSIONS:
+        codec = Compression.parse(text)
+
+        def both(codec: Compression = codec) -> object:
+            return decompress(codec.compress(values, seed=1, round=2, node=3, fragment=0))
+        t = per_op(both, budget / (len(COMPRESSIONS) + 1))
+        nbytes = codec.compress(values, seed=1, round=2, node=3, fragment=0).nbytes
+        rows[text] = {"us": t * 1e6, "vs_copy": t / t_copy, "bytes": nbytes, "bytes_vs_none": nbytes / plain}
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=0.8, help="seconds of timing per size (default 0.8)")
@@ -80,9 +104,18 @@ def main() -> None:
     for r in rows.values():
         print(f"{r['floats']:>10.0e} {r['message_bytes']:>10} {r['header_bytes']:>4} {r['encode_MBps']:>12.0f} "
               f"{r['decode_MBps']:>12.0f} {r['roundtrip_MBps']:>16.0f} {r['copy_MBps']:>10.0f} {r['ratio']:>8.3f}")
+    compression = {str(n): bench_compression(n, args.budget) for n in COMPRESSION_SIZES}
+    print("\ncompression (mosaic_proto.compression): compress + decompress of one fragment, payload bytes")
+    print(f"{'floats':>10} {'codec':>10} {'us':>10} {'x copy':>8} {'bytes':>10} {'x none':>7}")
+    for n, codecs in compression.items():
+        for text, r in codecs.items():
+            print(f"{int(n):>10} {text:>10} {r['us']:>10.1f} {r['vs_copy']:>8.1f} {r['bytes']:>10} "
+                  f"{r['bytes_vs_none']:>7.3f}")
     summary = {"sizes": {n: {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
                          for n, r in rows.items()},
-               "ratio": round(rows[str(1_000_000)]["ratio"], 4)}
+               "ratio": round(rows[str(1_000_000)]["ratio"], 4),
+               "compression": {n: {c: {k: round(v, 3) for k, v in r.items()} for c, r in codecs.items()}
+                               for n, codecs in compression.items()}}
     print(json.dumps(summary))
 
 

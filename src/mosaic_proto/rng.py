@@ -27,6 +27,7 @@ class Purpose(IntEnum):
     DATA = 6
     BYZANTINE = 7
     ATTACK = 8
+    COMPRESSION = 9
 
 
 def key_parts(seed: int, purpose: Purpose, round: int = NONE, node: int = NONE, fragment: int = NONE) -> list[int]:

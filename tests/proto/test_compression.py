@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from mosaic_proto.compression import (
+    Compression,
+    ErrorFeedback,
+    decompress,
+    dense,
+    from_bfloat16,
+    sparse_average,
+    to_bfloat16,
+)
+
+KEY = dict(seed=7, round=3, node=2, fragment=1)
+finite = arrays(np.float32, st.integers(1, 300), elements=st.floats(-1e4, 1e4, width=32))
+
+
+@pytest.mark.parametrize("text, codec, fraction", [("none", "none", 1.0), ("fp16", "fp16", 1.0),
+                                                   ("bf16", "bf16", 1.0), ("int8", "int8", 1.0),
+                                                   ("topk:0.1", "topk", 0.1), (" topk:1 ", "topk", 1.0)])
+def test_parse(text: str, codec: str, fraction: float) -> None:
+    parsed = Compression.parse(text)
+    assert (parsed.codec, parsed.fraction) == (codec, fraction)
+    assert Compression.parse(str(parsed)) == parsed
+
+
+@pytest.mark.parametrize("text, says", [("gzip", "one of none, fp16"), ("topk", "topk:0.1"), ("topk:0", "(0, 1]"),
+                                        ("topk:1.5", "(0, 1]"), ("topk:nan", "(0, 1]"), ("int8:4", "no argument")])
+def test_parse_refuses_naming_what_is_allowed(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match="compression|topk") as err:
+        Compression.parse(text)
+    assert says in str(err.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(finite)
+def test_each_codec_stays_within_its_error(values: np.ndarray) -> None:
+    peak = float(np.max(np.abs(values)))
+    assert np.array_equal(dense(Compression("none").compress(values, **KEY)), values)
+    fp16 = dense(Compression("fp16").compress(values, **KEY))
+    assert np.allclose(fp16, values, rtol=2.0 ** -11, atol=2.0 ** -24)
+    bf16 = dense(Compression("bf16").compress(values, **KEY))
+    assert np.allclose(bf16, values, rtol=2.0 ** -8, atol=2.0 ** -133)  # bf16's subnormals: 7 bits
+    int8 = Compression("int8").compress(values, **KEY)
+    assert np.all(np.abs(dense(int8) - values) <= int8.scale * 1.0001 + 1e-30)
+    assert int8.scale == (peak / 127 if peak > 0 else 1.0)
+
+
+def test_fp16_saturates_instead_of_sending_infinity() -> None:
+    sent = dense(Compression("fp16").compress(np.array([1e6, -1e9, 3.0], np.float32), **KEY))
+    assert sent.tolist() == [65504.0, -65504.0, 3.0]
+
+
+def test_bfloat16_rounds_to_nearest_even_as_torch_does() -> None:
+    torch = pytest.importorskip("torch")
+    values = np.random.default_rng(0).standard_normal(10_000).astype(np.float32) * 1000
+    values[:4] = [1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, -0.0, 65504.0]  # ties (to even: down, up), a sign, a big one
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(to_bfloat16(values), theirs)
+    assert np.array_equal(from_bfloat16(theirs), torch.from_numpy(values).to(torch.bfloat16).float().numpy())
+
+
+def test_int8_is_the_same_for_the_same_key_and_unbiased_over_keys() -> None:
+    values = np.linspace(-1, 1, 1001, dtype=np.float32)
+    int8 = Compression("int8")
+    once, again = int8.compress(values, **KEY), int8.compress(values, **KEY)
+    assert np.array_equal(once.values, again.values) and once.scale == again.scale
+    assert not np.array_equal(once.values, int8.compress(values, **{**KEY, "round": 4}).values)
+    mean = np.mean([dense(int8.compress(values, **{**KEY, "round": r})) for r in range(400)], axis=0)
+    assert np.max(np.abs(mean - values)) < 0.15 * once.scale  # stochastic rounding: right on average (nearest: 0.5)
+
+
+def test_topk_sends_the_largest_coordinates_in_index_order() -> None:
+    values = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    message = Compression.parse("topk:0.1").compress(values, **KEY)
+    indices, sent = decompress(message)
+    assert indices is not None and len(indices) == 100 and np.all(np.diff(indices.astype(np.int64)) > 0)
+    assert np.array_equal(sent, values[indices])
+    assert np.min(np.abs(sent)) >= np.sort(np.abs(values))[-100]
+    assert Compression.parse("topk:0.0001").kept(10) == 1
+
+
+def test_bytes_on_the_wire() -> None:
+    values = np.ones(10_000, np.float32)
+    sizes = {text: Compression.parse(text).compress(values, **KEY).nbytes
+             for text in ("none", "fp16", "bf16", "int8", "topk:0.1")}
+    assert sizes == {"none": 40_000, "fp16": 20_000, "bf16": 20_000, "int8": 10_004, "topk:0.1": 8_000}
+
+
+def test_error_feedback_delays_what_topk_drops_and_loses_nothing() -> None:
+    """A constant fragment sent for many rounds: the sum of what arrived is the sum of what was sent, less the
+    residual still kept, which stays bounded."""
+    values = np.random.default_rng(2).standard_normal(200).astype(np.float32)
+    feedback = ErrorFeedback(Compression.parse("topk:0.05"))
+    arrived = np.zeros_like(values, dtype=np.float64)
+    for r in range(100):
+        arrived += dense(feedback.compress(values, seed=1, round=r, node=0, fragment=3))
+    residual = feedback.residual(3)
+    assert residual is not None and np.allclose(arrived + residual, 100 * values.astype(np.float64), atol=1e-3)
+    assert np.max(np.abs(residual)) < 40 * np.max(np.abs(values))
+    assert feedback.residual(0) is None
+
+
+def test_sparse_average_counts_only_the_messages_that_carry_a_coordinate() -> None:
+    own = np.array([1, 1, 1, 1], np.float32)
+    topk = Compression.parse("topk:0.5")
+    a = topk.compress(np.array([9, 0, 5, 0], np.float32), **KEY)  # carries coordinates 0 and 2
+    b = Compression("none").compress(np.array([3, 3, 3, 3], np.float32), **KEY)
+    assert np.array_equal(sparse_average(own, [a, b]), np.array([13 / 3, 2, 3, 2], np.float32))
+    with pytest.raises(ValueError, match="coordinates"):
+        sparse_average(np.ones(3, np.float32), [b])
