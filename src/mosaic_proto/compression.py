@@ -69,10 +69,6 @@ class Compression:
     def __str__(self) -> str:
         return f"topk:{self.fraction:g}" if self.codec == "topk" else self.codec
 
-    @property
-    def lossy(self) -> bool:
-        return self.codec != "none"
-
     def kept(self, size: int) -> int:
         """How many coordinates of a `size`-long fragment topk sends."""
         return size if self.codec != "topk" else min(size, max(1, math.ceil(self.fraction * size)))
@@ -94,8 +90,6 @@ class Compression:
             levels = np.floor(values / np.float32(scale) + noise)
             return Compressed("int8", size, np.clip(levels, -INT8_LEVELS, INT8_LEVELS).astype(np.int8), scale=scale)
         kept = self.kept(size)
-        if kept == size:
-            return Compressed("topk", size, values.copy(), np.arange(size, dtype=np.uint32))
         largest = np.argpartition(-np.abs(values), kept - 1, kind="introselect")[:kept]
         indices = np.sort(largest).astype(np.uint32)
         return Compressed("topk", size, values[indices], indices)
@@ -145,7 +139,7 @@ class ErrorFeedback:
     def compress(self, values: np.ndarray, *, seed: int, round: int, node: int, fragment: int) -> Compressed:
         values = np.asarray(values, dtype=np.float32)
         carried = self._residuals.get(fragment)
-        target = values if carried is None or carried.shape != values.shape else values + carried
+        target = values if carried is None else values + carried
         message = self.compression.compress(target, seed=seed, round=round, node=node, fragment=fragment)
         self._residuals[fragment] = target - dense(message)
         return message

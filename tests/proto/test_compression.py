@@ -83,6 +83,8 @@ def test_topk_sends_the_largest_coordinates_in_index_order() -> None:
     assert np.array_equal(sent, values[indices])
     assert np.min(np.abs(sent)) >= np.sort(np.abs(values))[-100]
     assert Compression.parse("topk:0.0001").kept(10) == 1
+    every = Compression.parse("topk:1").compress(values, **KEY)
+    assert np.array_equal(every.indices, np.arange(1000)) and np.array_equal(every.values, values)
 
 
 def test_bytes_on_the_wire() -> None:
