@@ -174,11 +174,10 @@ async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) ->
     job's ports are free within moments of its end."""
     assert peer.barrier is not None
     loop = asyncio.get_running_loop()
-    until = loop.time() + HOST_LINGER_S
-    while peer.barrier.unheard(peer.rank) and not stopped and loop.time() < until:
+    started = loop.time()
+    while peer.barrier.unheard(peer.rank) and not stopped and loop.time() < started + HOST_LINGER_S:
         await asyncio.sleep(0.05)
-    peer.log.info("failure_told", unheard=peer.barrier.unheard(peer.rank),
-                  waited_s=round(HOST_LINGER_S - (until - loop.time()), 2))
+    peer.log.info("failure_told", unheard=peer.barrier.unheard(peer.rank), waited_s=round(loop.time() - started, 2))
     await asyncio.sleep(0.1)  # the last answers leave the socket
 
 
