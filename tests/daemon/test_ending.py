@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -43,12 +44,13 @@ def peer_list(kit: Any, tmp_path: Path, run: dict[str, Any], ports: list[int] | 
     return procs, ports
 
 
-def exited(tmp_path: Path, procs: dict[int, subprocess.Popen], port: int, within: float) -> int:
-    """The node's exit code; one that goes on past `within` s fails the test with what it said last."""
+def exited(tmp_path: Path, procs: dict[int, subprocess.Popen], port: int, within: float, logs: str = "node") -> int:
+    """The node's exit code; one that goes on past `within` s fails the test with what it said last (in the
+    `logs`-PORT.log `peer_list` started it with)."""
     try:
         return procs[port].wait(timeout=within)
     except subprocess.TimeoutExpired:
-        said = (tmp_path / f"node-{port}.log").read_text()
+        said = (tmp_path / f"{logs}-{port}.log").read_text()
         pytest.fail(f"the node on port {port} (rank {sorted(procs).index(port)}) still runs {within:g} s on; "
                     f"it said last:\n{said[-3000:]}")
 
@@ -175,18 +177,18 @@ def test_the_same_commands_again_resume_the_run_and_every_member_says_so(tmp_pat
     assert set(codes) == {1}, codes
     procs, _ = peer_list(kit, tmp_path, run, ports, logs="again")
     try:
-        codes = [exited(tmp_path, procs, port, 120) for port in ports]
+        codes = [exited(tmp_path, procs, port, 120, logs="again") for port in ports]
     finally:
         kit.stop_all(procs)
     said = {port: (tmp_path / f"again-{port}.log").read_text() for port in ports}
     assert set(codes) == {0}, {p: s[-1500:] for p, s in said.items()}
     summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
     assert summary["status"] == "finished", summary
-    lines = [next((line for line in s.splitlines() if "mosaicd node: run " in line and " goes on at round " in line),
-                  s[-1500:]) for s in said.values()]
-    rounds = {line.split(" goes on at round ")[1].split(" of ")[0] for line in lines}
-    assert len(rounds) == 1 and int(rounds.pop()) >= 10, lines
-    assert all("of 40: this node resumes from its checkpoint of round" in line for line in lines), lines
+    resumed = [re.search(r"^mosaicd node: run \S+ goes on at round (\d+) of 40: this node resumes from its "
+                         r"checkpoint of round \d+$", s, re.MULTILINE) for s in said.values()]
+    assert all(resumed), {p: s[-1500:] for (p, s), m in zip(said.items(), resumed, strict=True) if m is None}
+    rounds = {int(m[1]) for m in resumed if m}
+    assert len(rounds) == 1 and rounds.pop() >= 10, [m[0] for m in resumed if m]
 
 
 async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_failed(tmp_path: Path,
