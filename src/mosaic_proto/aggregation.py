@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .compression import Compressed, sparse_average
 from .fragmentation import Fragmentation
 
 # Coordinates summed at a time: the float64 accumulator (256 KiB) and the blocks it reads stay in the CPU's
@@ -38,6 +39,8 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
     if own_fragments is not None and [len(v) for v in own_fragments] != [len(ix) for ix in fragmentation.indices]:
         raise ValueError("own_fragments must be own's K fragments, in fragment order")
     own = np.asarray(own)
+    if any(isinstance(values, Compressed) for frags in received.values() for values in frags.values()):
+        return _sparse(own, fragmentation, received, own_fragments)
     if fragmentation.dim < SCATTER_BELOW * fragmentation.k:
         return scattered(own, fragmentation, received)
     parts_of: list[list[np.ndarray]] = [[] for _ in fragmentation.indices]
@@ -89,3 +92,16 @@ def scattered(own: np.ndarray, fragmentation: Fragmentation,
     acc = own.astype(np.float64)
     np.add.at(acc, at, np.concatenate(values))
     return (acc / (np.bincount(at, minlength=fragmentation.dim) + 1.0)).astype(np.float32)
+
+
+def _sparse(own: np.ndarray, fragmentation: Fragmentation,
+            received: Mapping[int, Mapping[int, np.ndarray | Compressed]],
+            own_fragments: Sequence[np.ndarray] | None) -> np.ndarray:
+    """`aggregate` where messages carry some coordinates only (--compress topk): each coordinate of a fragment
+    averaged over the node's own value and the messages that carry it (`sparse_average`), in ascending sender order."""
+    out = np.array(own, dtype=np.float32, copy=True)
+    for f, ix in enumerate(fragmentation.indices):
+        parts = [received[s][f] for s in sorted(received) if f in received[s]]
+        if parts:
+            out[ix] = sparse_average(own[ix] if own_fragments is None else own_fragments[f], parts)
+    return out

@@ -19,6 +19,9 @@ Every rule is deterministic: sums run in float64 in ascending sender order (clip
 per coordinate (trimmed-mean), so the result does not depend on arrival order. Each also counts what its rule cut
 (`Aggregator.aggregate`'s Counter): received fragments clipped, and received fragments trimmed in nearly all of their
 coordinates (TRIMMED_SHARE).
+
+With --compress topk a received fragment carries some coordinates only: the robust rules read the receiver's own
+value in the others (`compression.densify`), so a coordinate a sender left out pulls nowhere.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from enum import StrEnum
 import numpy as np
 
 from .aggregation import aggregate
+from .compression import densify
 from .fragmentation import Fragmentation
 
 # A received fragment counts as "trimmed" when at least this share of its coordinates was cut away. An honest
@@ -80,7 +84,7 @@ class Aggregator:
             if not senders:
                 continue
             mine = own[ix] if own_fragments is None else np.asarray(own_fragments[f])
-            parts = [np.asarray(received[s][f]) for s in senders]
+            parts = [densify(received[s][f], mine) for s in senders]  # topk: own values where a message is silent
             if self.kind is AggregatorKind.CLIPPED:
                 out[ix], n = clipped_fragment(mine, parts, self.clip_radius)
                 cut["clipped"] += n

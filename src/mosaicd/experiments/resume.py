@@ -2,10 +2,10 @@
 
 Every draw of a run is keyed by (seed, purpose, round, node, ...), so a simulation is a function of its settings
 and of the state between two rounds: every node's model, the `InMemoryNetwork`'s round, members and virtual
-clock, and the `BarrierState`. The checkpoint holds exactly that, the settings, the run's wall-clock start and the
-sizes of rounds.csv and nodes.csv when it was taken; a resumed run cuts the CSVs back to those sizes (the rows of
-the rounds it runs again go, so none is written twice) and goes on, and its final models equal the uninterrupted
-run's bit for bit.
+clock, the `BarrierState`, and with a lossy --compress what each node's error feedback carries. The checkpoint
+holds exactly that, the settings, the run's wall-clock start and the sizes of rounds.csv and nodes.csv when it was
+taken; a resumed run cuts the CSVs back to those sizes (the rows of the rounds it runs again go, so none is written
+twice) and goes on, and its final models equal the uninterrupted run's bit for bit.
 
 The file is replaced atomically (written beside, fsync'd, renamed, the folder fsync'd), so a crash leaves the
 previous checkpoint or the new one. A run stopped before its first checkpoint resumes from round 0, which is the
@@ -46,6 +46,7 @@ class Resumed:
     vectors: np.ndarray | None
     started: float  # the wall-clock start of the run it continues (`time.time()`)
     redone: int     # rounds the stopped run had done past this point, run again now
+    carried: dict[int, tuple[list[int], np.ndarray]] | None = None  # node -> its compressor's fragments, their state
 
     def apply(self, network: InMemoryNetwork) -> None:
         """Put `network` (built from the settings, as at round 0) where the checkpoint left the run."""
@@ -53,6 +54,10 @@ class Resumed:
             return
         barrier = BarrierState.from_json(self.barrier, self.clock) if self.barrier is not None else None
         network.restore(list(self.vectors), self.round, self.clock, self.members, barrier)
+        sizes = network.fragmentation.sizes
+        for node, (fragments, flat) in (self.carried or {}).items():
+            bounds = np.cumsum([0] + [sizes[f] for f in fragments])
+            network.compressors[node].restore({f: flat[bounds[i]:bounds[i + 1]] for i, f in enumerate(fragments)})
 
 
 def _fsync_replace(tmp: Path, path: Path) -> None:
@@ -70,9 +75,13 @@ def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float
             "round": network.round, "clock": network.clock, "members": list(network.members),
             "barrier": network.barrier.to_json() if network.barrier is not None else None,
             "sizes": {name: (out / name).stat().st_size for name in CSV_FILES}}
+    carried = {node: c.state() for node, c in network.compressors.items()}
+    meta["carried"] = {str(node): sorted(state) for node, state in carried.items() if state}
+    arrays = {f"carried_{node}": np.concatenate([state[f] for f in sorted(state)]).astype("<f4")
+              for node, state in carried.items() if state}
     buffer = io.BytesIO()
     np.savez(buffer, vectors=np.stack([np.asarray(v, dtype="<f4") for v in network.vectors]),
-             meta=np.array(json.dumps(meta)))
+             meta=np.array(json.dumps(meta)), **arrays)
     tmp = out / f"{SIMULATE_CHECKPOINT}.tmp"
     with open(tmp, "wb") as f:
         f.write(buffer.getbuffer())
@@ -81,7 +90,7 @@ def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float
     _fsync_replace(tmp, out / SIMULATE_CHECKPOINT)
 
 
-def _load(out: Path) -> tuple[dict[str, Any], np.ndarray] | None:
+def _load(out: Path) -> tuple[dict[str, Any], np.ndarray, dict[int, np.ndarray]] | None:
     path = out / SIMULATE_CHECKPOINT
     if not path.exists():
         return None
@@ -89,11 +98,12 @@ def _load(out: Path) -> tuple[dict[str, Any], np.ndarray] | None:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             vectors = data["vectors"].astype(np.float32)
+            carried = {int(node): data[f"carried_{node}"].astype(np.float32) for node in meta.get("carried", {})}
     except NPZ_READ_ERRORS as exc:
         raise ValueError(f"--resume: {path} cannot be read ({exc}): start afresh with --replace") from None
     if meta.get("version") != VERSION:
         raise ValueError(f"--resume: {path} was written by another version of mosaicd: start afresh with --replace")
-    return meta, vectors
+    return meta, vectors, carried
 
 
 def _flag(name: str, value: Any) -> str:
@@ -137,9 +147,10 @@ def resume_point(out: Path, settings: Settings) -> Resumed:
         for name in CSV_FILES:
             _cut(out / name, None)
         return Resumed(0, 0.0, list(range(settings.nodes)), None, None, time.time(), done)
-    meta, vectors = loaded
+    meta, vectors, carried = loaded
     for name in CSV_FILES:
         _cut(out / name, int(meta["sizes"][name]))
     return Resumed(int(meta["round"]), float(meta["clock"]), [int(m) for m in meta["members"]], meta["barrier"],
-                   vectors, float(meta["started"]), max(0, done - int(meta["round"])))
+                   vectors, float(meta["started"]), max(0, done - int(meta["round"])),
+                   {node: ([int(f) for f in meta["carried"][str(node)]], flat) for node, flat in carried.items()})
 

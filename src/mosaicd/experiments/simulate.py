@@ -106,7 +106,8 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     run = settings.run_config()
     attacks = {i: run.attack_of(i) for i in run.byzantine_ranks()}
     network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier,
-                              aggregator=run.aggregator_rule(), attacks=attacks, max_norm=settings.max_norm)
+                              aggregator=run.aggregator_rule(), attacks=attacks, max_norm=settings.max_norm,
+                              compressors={i: run.compressor_of(i) for i in range(settings.nodes)})
     if start is not None:
         start.apply(network)
     saver = _Saver(settings, network.round)
