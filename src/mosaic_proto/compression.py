@@ -134,20 +134,25 @@ def from_bfloat16(bits: np.ndarray) -> np.ndarray:
 
 
 class Compressor:
-    """One node's sending side: the run's codec keyed by (seed, node), and with error feedback what its lossy
-    messages left out, carried into later rounds. It lives as long as the node's run (a checkpoint keeps its
+    """One node's side of the run's codec: what it sends, keyed by (seed, node), and with error feedback what its
+    lossy messages leave out, carried into later rounds. It lives as long as the node's run (a checkpoint keeps its
     `state`).
 
     Messages carry model values, not updates, so the two kinds of codec carry different things. A quantizer's
     rounding error is added to the fragment's next values (sigma-delta: what is sent averages out to the model).
-    topk keeps the values its receivers were last sent and sends the coordinates that moved most since (the model's
-    largest coordinates without it): every coordinate is sent sooner or later, none is skipped for good. Adding
-    topk's left-out values to the next round's, as for updates, would count the model again each round."""
+    topk keeps the values it last sent of each coordinate and sends the coordinates that moved most since (the
+    model's largest coordinates without it), so every coordinate is sent sooner or later; and as a receiver it keeps
+    the newest value it has heard of each coordinate (`stand_in`), which stands in for the coordinates a message
+    leaves out. Measured on digits (16 nodes, K=4, Dirichlet 0.1, 30 rounds, topk:0.1): averaging each coordinate
+    over the messages that carry it only, 54.3% node-average accuracy; with the stand-in, 73.3% (none: 74.0%).
+    Adding topk's left-out values to the next round's, as one does for updates, would count the model again each
+    round (it diverged)."""
 
     def __init__(self, compression: Compression, *, seed: int, node: int, error_feedback: bool = True) -> None:
         self.compression, self.seed, self.node = compression, seed, node
         self.error_feedback = error_feedback and compression.codec != "none"
         self._kept: dict[int, np.ndarray] = {}  # fragment -> rounding error (quantizers) or last values sent (topk)
+        self._heard: np.ndarray | None = None  # topk: the newest value heard of each coordinate of the model
 
     def compress(self, values: np.ndarray, *, round: int, fragment: int) -> Compressed:
         """Fragment `fragment`'s values of `round` as they go on the wire (to every receiver alike)."""
@@ -176,13 +181,55 @@ class Compressor:
             return None
         return np.asarray(values, dtype=np.float32) - kept if self.compression.codec == "topk" else kept.copy()
 
-    def state(self) -> dict[int, np.ndarray]:
-        """What it carries per fragment (copies), for a checkpoint: a resumed node must carry it on."""
-        return {f: kept.copy() for f, kept in sorted(self._kept.items())}
+    def stand_in(self, own: np.ndarray) -> np.ndarray | None:
+        """topk with error feedback: the newest value this node has heard of each coordinate (its own `own` where it
+        has heard none yet), which a receiver reads where a message is silent; None for every other codec."""
+        if not (self.error_feedback and self.compression.codec == "topk"):
+            return None
+        if self._heard is None:
+            self._heard = np.array(own, dtype=np.float32, copy=True)
+        return self._heard
 
-    def restore(self, state: Mapping[int, np.ndarray]) -> None:
+    def heard(self, indices: Sequence[np.ndarray], received: Mapping[int, Mapping[int, object]]) -> None:
+        """A round's messages were aggregated: what they carried becomes the newest value heard of those
+        coordinates (in ascending sender order: the last sender's value stays). `indices`: each fragment's
+        coordinates in the model."""
+        if self._heard is None:
+            return
+        for sender in sorted(received):
+            for f, part in received[sender].items():
+                if isinstance(part, Compressed) and part.indices is not None:
+                    self._heard[indices[f][part.indices]] = part.values
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What it carries (copies), for a checkpoint: a resumed node must carry it on. Keys: "kept_F" per
+        fragment F, "heard"."""
+        state = {f"kept_{f}": kept.copy() for f, kept in sorted(self._kept.items())}
+        if self._heard is not None:
+            state["heard"] = self._heard.copy()
+        return state
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
         """Go on from a checkpoint's `state`."""
-        self._kept = {int(f): np.array(kept, dtype=np.float32) for f, kept in state.items()}
+        self._kept = {int(key.removeprefix("kept_")): np.array(v, dtype=np.float32)
+                      for key, v in state.items() if key.startswith("kept_")}
+        heard = state.get("heard")
+        self._heard = None if heard is None else np.array(heard, dtype=np.float32)
+
+
+def stand_in_average(own: np.ndarray, received: Sequence[Compressed | np.ndarray], stand_in: np.ndarray) -> np.ndarray:
+    """A fragment averaged over the node's own values and every message (count-based, as dense messages are), where
+    a sparse message's missing coordinates read `stand_in` (the newest values heard), summed in the order given."""
+    total = np.asarray(own, dtype=np.float64).copy()
+    base = np.asarray(stand_in, dtype=np.float64)
+    for message in received:
+        if isinstance(message, Compressed) and message.indices is not None:
+            part = base.copy()
+            part[message.indices] = message.values
+            total += part
+        else:
+            total += dense(message) if isinstance(message, Compressed) else message
+    return (total / (1 + len(received))).astype(np.float32)
 
 
 def densify(part: np.ndarray | Compressed, own: np.ndarray) -> np.ndarray:

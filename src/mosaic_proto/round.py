@@ -294,7 +294,11 @@ class RoundState:
             raise RuntimeError(f"round {self.round} is already finished")
         self._finished = True
         rule = self.aggregator or Aggregator()
-        vector, cut = rule.aggregate(self._local, self.fragmentation, self._received, own_fragments=self._own_fragments)
+        stand_in = None if self.compressor is None else self.compressor.stand_in(self._local)
+        vector, cut = rule.aggregate(self._local, self.fragmentation, self._received, own_fragments=self._own_fragments,
+                                     stand_in=stand_in)
+        if stand_in is not None:
+            self.compressor.heard(self.fragmentation.indices, self._received)
         for reason, count in sorted(cut.items()):
             self.report.cut[reason] += count
             if self._on_refused is not None:

@@ -7,12 +7,14 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from mosaic_proto.compression import (
+    Compressed,
     Compression,
     Compressor,
     decompress,
     dense,
     from_bfloat16,
     sparse_average,
+    stand_in_average,
     to_bfloat16,
 )
 
@@ -148,3 +150,30 @@ def test_without_error_feedback_nothing_is_kept() -> None:
     compressor = Compressor(Compression.parse("topk:0.1"), seed=0, node=0, error_feedback=False)
     compressor.compress(np.arange(30, dtype=np.float32), round=0, fragment=0)
     assert compressor.unsent(0, np.zeros(30, np.float32)) is None and compressor.state() == {}
+
+
+def test_a_topk_receiver_reads_the_newest_value_it_heard_where_a_message_is_silent() -> None:
+    """Fragment [0..4) of a model of 6: the first round's stand-in is the node's own model; what the messages
+    carried (the higher sender's value last) is heard, and read by the next round where a message is silent."""
+    topk = Compression.parse("topk:0.5")
+    receiver = Compressor(topk, seed=0, node=0)
+    own = np.array([1, 1, 1, 1, 5, 5], np.float32)
+    indices = [np.array([0, 2, 4, 5]), np.array([1, 3])]
+    a = Compressed("topk", 4, np.array([9, 3], np.float32), np.array([0, 1], np.uint32))
+    b = Compressed("topk", 4, np.array([7, 2], np.float32), np.array([1, 2], np.uint32))
+    stand_in = receiver.stand_in(own)
+    assert stand_in is not None and np.array_equal(stand_in, own)
+    mine = own[indices[0]]
+    assert np.allclose(stand_in_average(mine, [a, b], stand_in[indices[0]]),
+                       [(1 + 9 + 1) / 3, (1 + 5 + 5) / 3, (5 + 5 + 2) / 3, (5 + 5 + 5) / 3])
+    receiver.heard(indices, {2: {0: b}, 1: {0: a}})
+    assert np.array_equal(receiver.stand_in(own), [9, 1, 7, 1, 2, 5])  # coordinate 2 (index 1): sender 2's 7
+    again = Compressor(topk, seed=0, node=0)
+    again.restore(receiver.state())
+    assert np.array_equal(again.stand_in(np.zeros(6, np.float32)), [9, 1, 7, 1, 2, 5])
+
+
+def test_only_topk_with_error_feedback_has_a_stand_in() -> None:
+    own = np.ones(4, np.float32)
+    assert Compressor(Compression.parse("int8"), seed=0, node=0).stand_in(own) is None
+    assert Compressor(Compression.parse("topk:0.1"), seed=0, node=0, error_feedback=False).stand_in(own) is None

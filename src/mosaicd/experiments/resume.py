@@ -46,7 +46,7 @@ class Resumed:
     vectors: np.ndarray | None
     started: float  # the wall-clock start of the run it continues (`time.time()`)
     redone: int     # rounds the stopped run had done past this point, run again now
-    carried: dict[int, tuple[list[int], np.ndarray]] | None = None  # node -> its compressor's fragments, their state
+    carried: dict[int, dict[str, np.ndarray]] | None = None  # node -> its compressor's state (`Compressor.state`)
 
     def apply(self, network: InMemoryNetwork) -> None:
         """Put `network` (built from the settings, as at round 0) where the checkpoint left the run."""
@@ -54,10 +54,8 @@ class Resumed:
             return
         barrier = BarrierState.from_json(self.barrier, self.clock) if self.barrier is not None else None
         network.restore(list(self.vectors), self.round, self.clock, self.members, barrier)
-        sizes = network.fragmentation.sizes
-        for node, (fragments, flat) in (self.carried or {}).items():
-            bounds = np.cumsum([0] + [sizes[f] for f in fragments])
-            network.compressors[node].restore({f: flat[bounds[i]:bounds[i + 1]] for i, f in enumerate(fragments)})
+        for node, state in (self.carried or {}).items():
+            network.compressors[node].restore(state)
 
 
 def _fsync_replace(tmp: Path, path: Path) -> None:
@@ -77,8 +75,8 @@ def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float
             "sizes": {name: (out / name).stat().st_size for name in CSV_FILES}}
     carried = {node: c.state() for node, c in network.compressors.items()}
     meta["carried"] = {str(node): sorted(state) for node, state in carried.items() if state}
-    arrays = {f"carried_{node}": np.concatenate([state[f] for f in sorted(state)]).astype("<f4")
-              for node, state in carried.items() if state}
+    arrays = {f"carried_{node}_{key}": np.asarray(values, dtype="<f4")
+              for node, state in carried.items() for key, values in state.items()}
     buffer = io.BytesIO()
     np.savez(buffer, vectors=np.stack([np.asarray(v, dtype="<f4") for v in network.vectors]),
              meta=np.array(json.dumps(meta)), **arrays)
@@ -90,7 +88,7 @@ def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float
     _fsync_replace(tmp, out / SIMULATE_CHECKPOINT)
 
 
-def _load(out: Path) -> tuple[dict[str, Any], np.ndarray, dict[int, np.ndarray]] | None:
+def _load(out: Path) -> tuple[dict[str, Any], np.ndarray, dict[int, dict[str, np.ndarray]]] | None:
     path = out / SIMULATE_CHECKPOINT
     if not path.exists():
         return None
@@ -98,7 +96,8 @@ def _load(out: Path) -> tuple[dict[str, Any], np.ndarray, dict[int, np.ndarray]]
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             vectors = data["vectors"].astype(np.float32)
-            carried = {int(node): data[f"carried_{node}"].astype(np.float32) for node in meta.get("carried", {})}
+            carried = {int(node): {key: data[f"carried_{node}_{key}"].astype(np.float32) for key in keys}
+                       for node, keys in meta.get("carried", {}).items()}
     except NPZ_READ_ERRORS as exc:
         raise ValueError(f"--resume: {path} cannot be read ({exc}): start afresh with --replace") from None
     if meta.get("version") != VERSION:
@@ -151,6 +150,5 @@ def resume_point(out: Path, settings: Settings) -> Resumed:
     for name in CSV_FILES:
         _cut(out / name, int(meta["sizes"][name]))
     return Resumed(int(meta["round"]), float(meta["clock"]), [int(m) for m in meta["members"]], meta["barrier"],
-                   vectors, float(meta["started"]), max(0, done - int(meta["round"])),
-                   {node: ([int(f) for f in meta["carried"][str(node)]], flat) for node, flat in carried.items()})
+                   vectors, float(meta["started"]), max(0, done - int(meta["round"])), carried)
 

@@ -5,7 +5,7 @@ STATE_DIR/checkpoint.npz, replaced atomically (written beside, fsync'd, renamed)
 checkpoint or the new one, never a torn one. The one before is kept as checkpoint-previous.npz: a whole cluster
 resumed exactly goes on from the newest round every node has (`mosaicd cluster --resume`), which can be the one
 before a node's newest. With a lossy --compress it also holds what the node's error feedback carries (`carried`,
-fragment -> values), so that a resumed node sends what it would have sent.
+`Compressor.state`), so that a resumed node sends what it would have sent.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Checkpoint:
     address: str
     round: int  # the round it goes on with (its model is the one after round - 1)
     vector: np.ndarray
-    carried: dict[int, np.ndarray] = field(default_factory=dict)  # its compressor's state (`Compressor.state`)
+    carried: dict[str, np.ndarray] = field(default_factory=dict)  # its compressor's state (`Compressor.state`)
 
 
 def state_dir(options: DaemonOptions) -> Path | None:
@@ -90,7 +90,7 @@ def _read(path: Path) -> Checkpoint | None:
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
-            carried = {int(name.removeprefix("carried_")): data[name].astype(np.float32)
+            carried = {name.removeprefix("carried_"): data[name].astype(np.float32)
                        for name in data.files if name.startswith("carried_")}
             return Checkpoint(str(meta["run_id"]), int(meta["rank"]), str(meta["address"]), int(meta["round"]),
                               data["vector"].astype(np.float32), carried)

@@ -182,12 +182,12 @@ class Peer:
         self.inbox.model_known(model)
         self.log.info("ready", dim=model.dim, fingerprint=fragmentation.fingerprint.hex())
 
-    def compression_state(self) -> dict[int, np.ndarray]:
+    def compression_state(self) -> dict[str, np.ndarray]:
         """What this node's error feedback carries (--compress), for its checkpoint."""
         compressor = self.state.compressor
         return {} if compressor is None else compressor.state()
 
-    def restore_compression(self, carried: Mapping[int, np.ndarray]) -> None:
+    def restore_compression(self, carried: Mapping[str, np.ndarray]) -> None:
         """Go on with a checkpoint's error feedback (after `set_model`)."""
         if self.state.compressor is not None:
             self.state.compressor.restore(carried)
