@@ -1,5 +1,6 @@
 """Wire codec throughput: encode + decode round trip of one float32 fragment vs a plain numpy copy; and the
-compression codecs' cost per message (`mosaic_proto.compression`: compress + decompress, bytes against `none`).
+compression codecs' cost per message (--compress: compress + encode at the sender, decode at a receiver, the
+message's bytes against `none`'s).
 
 For each size n (floats), one message carries one fragment of n float32 values (K=1 fragmentation of a
 flat layout of n coordinates). The round trip is `decode(encode(batch))` with full validation; the
@@ -8,8 +9,8 @@ payload (n * 4 bytes / time per operation; 1 MB = 1e6 bytes), best of several ti
 
 Usage: .venv/bin/python bench/codec.py [--budget SECONDS]
 The last line of stdout is a JSON object: per-size figures, `ratio` (round trip / copy at 1e6 floats) and
-`compression` (per codec and fragment size: microseconds per compress + decompress, that time against a copy of
-the same floats, payload bytes against `none`).
+`compression` (per codec and fragment size: microseconds to compress + encode and to decode one message of one
+fragment, both against a copy of the same floats, and the message's bytes against `none`'s).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from mosaic_proto import Fragmentation, FragmentBatch, Layout, decode, encode
-from mosaic_proto.compression import Compression, decompress
+from mosaic_proto.compression import Compression, Compressor
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 COMPRESSIONS = ("none", "fp16", "bf16", "int8", "topk:0.1", "topk:0.01")
@@ -75,20 +76,28 @@ def bench_size(n: int, budget: float) -> dict[str, float]:
 
 
 def bench_compression(n: int, budget: float) -> dict[str, dict[str, float]]:
-    """Per codec: one fragment of n floats compressed and decompressed (the sender's and a receiver's work)."""
+    """Per codec: a message of one fragment of n floats, compressed (with error feedback, as a node sends it) and
+    encoded by the sender, decoded (and checked) by a receiver."""
     values = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    fragmentation = Fragmentation.build(Layout(("x",), ((n,),)), 1, seed=0)
     dst = np.empty_like(values)
-    t_copy = per_op(lambda: np.copyto(dst, values), budget / (len(COMPRESSIONS) + 1))
-    plain = n * 4
-    rows = {}
+    share = budget / (2 * len(COMPRESSIONS) + 1)
+    t_copy = per_op(lambda: np.copyto(dst, values), share)
+    rows, plain = {}, None
     for text in COMPRESSIONS:
         codec = Compression.parse(text)
+        compressor = Compressor(codec, seed=1, node=3)
 
-        def both(codec: Compression = codec) -> object:
-            return decompress(codec.compress(values, seed=1, round=2, node=3, fragment=0))
-        t = per_op(both, budget / (len(COMPRESSIONS) + 1))
-        nbytes = codec.compress(values, seed=1, round=2, node=3, fragment=0).nbytes
-        rows[text] = {"us": t * 1e6, "vs_copy": t / t_copy, "bytes": nbytes, "bytes_vs_none": nbytes / plain}
+        def send(codec: Compression = codec, compressor: Compressor = compressor) -> bytes:
+            sent = values if codec.codec == "none" else compressor.compress(values, round=2, fragment=0)
+            return encode(FragmentBatch(RUN_ID, 2, 3, 1, fragmentation.fingerprint, {0: sent}, codec.codec))
+        data = send()
+        t_send = per_op(send, share)
+        t_receive = per_op(lambda data=data, codec=codec: decode(data, fragmentation, run_id=RUN_ID,
+                                                                 compression=codec), share)
+        plain = plain or len(data)
+        rows[text] = {"encode_us": t_send * 1e6, "decode_us": t_receive * 1e6, "us": (t_send + t_receive) * 1e6,
+                      "vs_copy": (t_send + t_receive) / t_copy, "bytes": len(data), "bytes_vs_none": len(data) / plain}
     return rows
 
 
@@ -105,12 +114,12 @@ def main() -> None:
         print(f"{r['floats']:>10.0e} {r['message_bytes']:>10} {r['header_bytes']:>4} {r['encode_MBps']:>12.0f} "
               f"{r['decode_MBps']:>12.0f} {r['roundtrip_MBps']:>16.0f} {r['copy_MBps']:>10.0f} {r['ratio']:>8.3f}")
     compression = {str(n): bench_compression(n, args.budget) for n in COMPRESSION_SIZES}
-    print("\ncompression (mosaic_proto.compression): compress + decompress of one fragment, payload bytes")
-    print(f"{'floats':>10} {'codec':>10} {'us':>10} {'x copy':>8} {'bytes':>10} {'x none':>7}")
+    print("\n--compress: a message of one fragment, compress + encode (sender) and decode (receiver), its bytes")
+    print(f"{'floats':>10} {'codec':>10} {'encode us':>10} {'decode us':>10} {'x copy':>8} {'bytes':>10} {'x none':>7}")
     for n, codecs in compression.items():
         for text, r in codecs.items():
-            print(f"{int(n):>10} {text:>10} {r['us']:>10.1f} {r['vs_copy']:>8.1f} {r['bytes']:>10} "
-                  f"{r['bytes_vs_none']:>7.3f}")
+            print(f"{int(n):>10} {text:>10} {r['encode_us']:>10.1f} {r['decode_us']:>10.1f} {r['vs_copy']:>8.1f} "
+                  f"{r['bytes']:>10} {r['bytes_vs_none']:>7.3f}")
     summary = {"sizes": {n: {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
                          for n, r in rows.items()},
                "ratio": round(rows[str(1_000_000)]["ratio"], 4),

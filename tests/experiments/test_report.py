@@ -138,3 +138,18 @@ def test_report_of_a_failed_run_shows_its_rounds_and_why(tmp_path: Path) -> None
     (run / "rounds.csv").write_text((run / "rounds.csv").read_text().splitlines()[0] + "\n")  # the header only
     with pytest.raises(ValueError, match="no evaluated round .the run failed: out of memory"):
         write_report(run)
+
+
+def test_a_sweep_of_codecs_gets_its_accuracy_against_bytes(tmp_path: Path) -> None:
+    """A grid over --compress: accuracy_vs_bytes.png, and the table's bytes per node as nodes.csv counts them."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.replace("fanout = [1, 2]", 'compress = ["none", "int8"]').replace("seed = [0, 1]", "")
+                    .replace("dim = 8", "dim = 512").format(out=tmp_path / "sweep"))
+    run_sweep(load_spec(spec), progress=False)
+    result = write_report(tmp_path / "sweep")
+    out = tmp_path / "sweep" / "report"
+    assert png_ok(out / "accuracy_vs_bytes.png") and str(out / "accuracy_vs_bytes.png") in result["figures"]
+    table = [line.split(" | ") for line in (out / "report.md").read_text().splitlines() if line.startswith("| ")]
+    column = table[0].index("MiB sent per node")
+    sent = {(row[0].lstrip("| "), row[1]): float(row[column]) for row in table[1:]}
+    assert 0 < sent[("int8", "4")] < 0.5 * sent[("none", "4")]

@@ -9,6 +9,7 @@ whatever its status, with the rounds it recorded. Writes, in RUN_DIR/report/ (or
     consensus_vs_rounds.png   consensus distance and node spread vs rounds
     best_vs_fanout.png        best node-average metric over rounds vs the degree s (when the grid varies fanout)
     best_vs_alpha.png         the same vs the Dirichlet alpha (when the grid varies alpha)
+    accuracy_vs_bytes.png     final node-average metric vs bytes sent per node (when the grid varies compress)
     report.md                 the final table and the figures
 
 Grouping: one line per K (`fragments`); lines are the mean over seeds (`seed` in the grid), the shaded
@@ -21,6 +22,7 @@ percent; RMSE and the quadratic loss as they are (lower is better). "Best" is th
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import math
@@ -50,6 +52,7 @@ class RunData:
     settings: dict[str, Any]
     rounds: list[dict[str, Any]]
     wall_s: float | None
+    sent_per_node: float = math.nan  # bytes on the wire each node sent over the run, on average (nodes.csv)
 
     @property
     def metric(self) -> str:
@@ -111,7 +114,8 @@ def load(folder: Path | str) -> Sweep:
             missing.append(f"{entry['name']} (failed)")
             continue
         runs.append(RunData(entry["name"], entry["point"], summary.get("settings", {}),
-                            read_rounds(folder / entry["dir"]), summary.get("wall_s")))
+                            read_rounds(folder / entry["dir"]), summary.get("wall_s"),
+                            sent_per_node(folder / entry["dir"], summary.get("settings", {}).get("nodes"))))
     if not runs:
         raise FileNotFoundError(f"{folder}: none of the {len(info['runs'])} runs has finished (no summary.json)")
     return Sweep(folder, info, info.get("grid", {}), runs, missing)
@@ -133,8 +137,19 @@ def load_run(folder: Path | str) -> Sweep:
         why = f" (the run {status}: {summary.get('error')})" if status == "failed" else ""
         raise ValueError(f"{folder}: rounds.csv holds no evaluated round{why}")
     info = {"single": True, "mode": summary.get("mode"), "status": status, "error": summary.get("error")}
-    run = RunData(folder.resolve().name, {}, summary.get("settings", {}), rounds, summary.get("wall_s"))
+    run = RunData(folder.resolve().name, {}, summary.get("settings", {}), rounds, summary.get("wall_s"),
+                  sent_per_node(folder, summary.get("settings", {}).get("nodes")))
     return Sweep(folder, info, {}, [run], [])
+
+
+def sent_per_node(folder: Path, nodes: Any) -> float:
+    """The bytes on the wire a node sent over the run, averaged over the run's `nodes` (nodes.csv's bytes_out)."""
+    try:
+        with open(folder / "nodes.csv", newline="") as f:
+            total = sum(int(row["bytes_out"] or 0) for row in csv.DictReader(f))
+    except (OSError, KeyError, ValueError):
+        return math.nan
+    return total / nodes if isinstance(nodes, int) and nodes > 0 else math.nan
 
 
 # ---------------------------------------------------------------------------------------------- units
@@ -353,6 +368,53 @@ def figure_best_vs(sweep: Sweep, x_key: str, x_label: str, path: Path, log_x: bo
     return path
 
 
+def figure_metric_vs_bytes(sweep: Sweep, path: Path) -> Path:
+    """Final node-average metric against the bytes a node sent, one line per K through the codecs (`compress`)."""
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in sweep.panel_keys if k != "compress"]
+    rows = panels(sweep, keys)
+    ks = line_values(sweep)
+    colors = _colors(len(ks))
+    cols = min(3, len(rows))
+    fig, axes = plt.subplots(math.ceil(len(rows) / cols), cols, figsize=(6.0 * cols, 4.4 * math.ceil(len(rows) / cols)
+                                                                         + 0.6), squeeze=False)
+    for ax, where in zip(axes.flat, rows, strict=False):
+        chosen = select(sweep, where)
+        if not chosen:
+            ax.set_visible(False)
+            continue
+        unit = chosen[0].unit
+        for k, color in zip(ks, colors, strict=True):
+            points = []
+            for codec in sweep.grid["compress"]:
+                runs = [r for r in chosen if in_line(r, k) and r.point.get("compress") == codec]
+                finals = [_num(r.rounds[-1].get("node_average")) for r in runs if r.rounds]
+                sent = [r.sent_per_node for r in runs]
+                if finals and all(map(math.isfinite, sent)):
+                    points.append((float(np.mean(sent)) / 2**20, float(np.mean(finals)) * unit.scale, str(codec)))
+            points.sort()
+            if not points:
+                continue
+            ax.plot([p[0] for p in points], [p[1] for p in points], color=color, marker="o", lw=1.6, ms=5,
+                    label=_k_label(k, [r for r in chosen if in_line(r, k)]))
+            for x, y, codec in points:
+                ax.annotate(codec, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+        ax.set_xscale("log")
+        ax.set_xlabel("MiB sent per node over the run (on the wire)")
+        ax.set_ylabel("final node-average " + unit.label)
+        ax.set_title("final node-average vs bytes sent" + (f" ({_panel_title(sweep, where)})" if where else ""))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.set_visible(False)
+    fig.suptitle(_context(sweep).replace("band = min..max", "points = mean"), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 # ---------------------------------------------------------------------------------------------- the table
 
 
@@ -377,7 +439,7 @@ def table(sweep: Sweep) -> list[str]:
     spread = unit.spread_label.split(" (")[0] + (" (points)" if unit.scale == 100 else "")
     header = [*(_label(k, "").rstrip("=") for k in keys), "seeds", f"node-average {m}", f"average-model {m}",
               f"best node-average {m}", f"node-average {m}, mean over rounds", "consensus distance", spread,
-              "train loss", "wall (s)"]
+              "train loss", "MiB sent per node", "wall (s)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     values = [sorted(sweep.grid[k]) if k == LINE_KEY else sweep.grid[k] for k in keys]
     cells = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
@@ -395,6 +457,7 @@ def table(sweep: Sweep) -> list[str]:
             _pm([_num(f.get("consensus_distance")) for f in finals], None),
             _pm([_num(f.get("node_spread")) for f in finals], unit),
             _pm([_num(f.get("train_loss")) for f in finals], None),
+            _pm([r.sent_per_node / 2**20 for r in runs], None),
             _pm([_num(r.wall_s) for r in runs], None),
         ]) + " |")
     return lines
@@ -422,6 +485,9 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
     if len(sweep.grid.get("alpha", [])) > 1:
         figures.append(("Best node-average metric vs Dirichlet alpha",
                         figure_best_vs(sweep, "alpha", "Dirichlet alpha", out / "best_vs_alpha.png", log_x=True)))
+    if len(sweep.grid.get("compress", [])) > 1:
+        figures.append(("Final node-average metric vs bytes sent per node",
+                        figure_metric_vs_bytes(sweep, out / "accuracy_vs_bytes.png")))
     s = sweep.runs[0].settings
     base = ", ".join(f"{k}={v}" for k, v in sweep.info.get("base", {}).items())
     final_round = max((r.rounds[-1]["round"] + 1 for r in sweep.runs if r.rounds), default=0)
@@ -456,7 +522,7 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
         "Best node-average: the best evaluated round of each run; mean over rounds: the node-average metric "
         "averaged over the evaluated rounds (how fast it learns); both then mean ± std over seeds. Consensus "
         "distance: mean over nodes of ||x_i - mean_j x_j||. Node spread: std over nodes of the node metric. "
-        "Wall: seconds per run.",
+        "MiB sent per node: the fragment messages' bytes on the wire over the run (nodes.csv). Wall: seconds per run.",
         "",
         "## Figures",
         "",
