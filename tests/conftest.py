@@ -54,6 +54,22 @@ def stop_all(procs: dict[Any, subprocess.Popen]) -> None:
             proc.wait(timeout=10)
 
 
+MEASURED: list[str] = []
+
+
+def measured(line: str) -> None:
+    """A figure a test measured (a time, a count, with the host's load): listed at the end of the run's output, so
+    CI's log shows it, where a timed assertion would only fail on a busy host."""
+    MEASURED.append(line)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if MEASURED:
+        terminalreporter.section("figures the tests measured")
+        for line in MEASURED:
+            terminalreporter.write_line(line)
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -180,6 +196,7 @@ class Kit:
     serve_on_loopback = staticmethod(serve_on_loopback)
     served_barrier = staticmethod(served_barrier)
     wait_until = staticmethod(wait_until)
+    measured = staticmethod(measured)
     stop_all = staticmethod(stop_all)
     sha256_f32 = staticmethod(sha256_f32)
     reference_vectors = staticmethod(reference_vectors)

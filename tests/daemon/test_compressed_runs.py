@@ -48,6 +48,18 @@ def test_simulate_equals_cluster_for_every_codec(tmp_path: Path, codec: str) -> 
         assert plain["model_sha256"] != simulate["model_sha256"]
 
 
+@pytest.mark.slow  # 2 loopback clusters of 6 processes and 2 simulations: ~16 s on 2 idle cores
+@pytest.mark.parametrize(("codec", "aggregator"), [("topk:0.25", "trimmed-mean"), ("int8", "clipped")])
+def test_robust_aggregators_on_compressed_messages_equal_simulate(tmp_path: Path, codec: str, aggregator: str) -> None:
+    """A robust rule reads a sparse message's missing coordinates as the newest values heard; an attacker's
+    crafted fragments are compressed as any others."""
+    run = dict(QUADRATIC, compress=codec, aggregator=aggregator, byzantine=1, attack="sign-flip")
+    cluster = run_cluster(Settings(**run, out=tmp_path / "cluster"), progress=False, timeout=120)
+    simulate = run_simulation(Settings(**run, out=tmp_path / "simulate"), progress=False)
+    assert cluster["status"] == simulate["status"] == "finished"
+    assert cluster["model_sha256"] == simulate["model_sha256"] and len(cluster["model_sha256"]) == 5
+
+
 def phase(kit: Any, port: int) -> str | None:
     """A daemon's phase (/v1/status); None while it does not listen yet."""
     try:
