@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, NodeReport, PeerSampler
 from mosaic_proto.network import RoundRecord
+from mosaic_proto.profiles import RoundPlan, VirtualClock
 from mosaicd.experiments import resume as checkpoint
 from mosaicd.experiments.batched import BatchedTraining
 from mosaicd.learning.evaluation import network_metrics
@@ -74,6 +75,16 @@ def _say_unfinished(out: Path) -> None:
           f"the same command with --resume continues it{saved} (--out {out})", file=sys.stderr)
 
 
+def _timings(plan: RoundPlan | None, node: int, each_s: float, released: float) -> dict[str, float]:
+    """A node's phase seconds in nodes.csv: on the virtual clock with --node-profile (train, send, and the wait
+    until the release), else its share of the round's measured time as its training."""
+    if plan is None:
+        return {"train_s": each_s}
+    timing = plan.nodes[node]
+    return {"train_s": round(timing.train_s, 6), "send_s": round(timing.send_s, 6),
+            "wait_s": round(released - timing.arrival, 6)}
+
+
 class _Saver:
     """When to checkpoint: after every `checkpoint_rounds` rounds, or a round ending `checkpoint_seconds` after
     the last save, whichever comes first; never after the last round (the run is then finished)."""
@@ -107,8 +118,13 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     attacks = {i: run.attack_of(i) for i in run.byzantine_ranks()}
     network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier,
                               aggregator=run.aggregator_rule(), attacks=attacks, max_norm=settings.max_norm)
+    spec, profiles = run.profile_spec(), run.node_profiles()
+    clock = VirtualClock(profiles, spec.compute_s, settings.round_deadline) if spec and profiles else None
+    planned = settings.fanout * 4 * task.layout.dim  # what a node sends a round: s x d float32 values (no headers)
     if start is not None:
         start.apply(network)
+        if clock is not None and start.ready:
+            clock.restore(start.ready)
     saver = _Saver(settings, network.round)
     with ProgressPrinter(enabled=progress) as printer:
         printer.message(f"run folder {settings.out}")
@@ -121,21 +137,27 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
             started = time.perf_counter()
             if batched is not None:
                 batched.prepare(network)
-            record: RoundRecord = network.step()
+            plan = clock.plan(network.clock, network.members, planned) if clock is not None else None
+            record: RoundRecord = network.step(absent=plan.late, arrivals=plan.arrivals) if plan else network.step()
+            if clock is not None and plan is not None:
+                clock.released(plan, network.clock)
             elapsed = time.perf_counter() - started
             each_s = elapsed / len(record.nodes)
             rows = zip(record.nodes, record.losses, record.reports, strict=True)
-            recorder.node_rounds((node, NodeReport.of_traffic(report, loss=loss, train_s=each_s))
+            recorder.node_rounds((node, NodeReport.of_traffic(report, loss=loss, **_timings(plan, node, each_s,
+                                                                                             network.clock)))
                                  for node, loss, report in rows)
             row = None
             if is_eval_round(record.round, settings):
                 taken_at = time.time()
                 honest, says = honest_nodes(run, network.members)
                 live = [network.vectors[i] for i in honest]
-                row = recorder.network_round(record.round, {**network_metrics(task, live), "nodes": honest, **says},
-                                             taken_at)
+                virtual = {"virtual_s": round(network.clock, 6)} if clock is not None else {}
+                row = recorder.network_round(record.round, {**network_metrics(task, live), "nodes": honest, **says,
+                                                            **virtual}, taken_at)
             if saver.due(network.round):
-                checkpoint.save(settings.out, network, settings, recorder.started)
+                checkpoint.save(settings.out, network, settings, recorder.started,
+                                clock.to_json() if clock is not None else None)
                 saver.saved(network.round)
             losses = [x for x in record.losses if math.isfinite(x)]
             done = RoundProgress(record.round, settings.rounds, sum(losses) / len(losses) if losses else None, row)
