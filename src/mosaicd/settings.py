@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
@@ -221,6 +222,11 @@ class RunConfig(BaseModel):
         file on every host), so the barrier hands the same profile to every node."""
         if value is None or value == "":
             return None
+        if isinstance(value, str) and value.lstrip().startswith("{"):  # the content, as JSON (a launcher's env)
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a profile's JSON: {exc}") from None
         try:
             if isinstance(value, str | Path):
                 path = Path(value).expanduser()
