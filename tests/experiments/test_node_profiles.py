@@ -76,3 +76,28 @@ def test_a_bad_profile_is_refused_naming_the_flag_file_and_line(tmp_path: Path) 
     (tmp_path / "far.toml").write_text("[nodes.9]\nlatency = 1\n")
     with pytest.raises(SettingsError, match=r"names rank 9, but the run has 8 nodes"):
         Settings.load(node_profile=tmp_path / "far.toml", nodes=8)
+
+
+def test_simulate_resumed_goes_on_with_the_virtual_clock(tmp_path: Path) -> None:
+    """A slow node that lags behind (late rounds in a row, not dropped yet) starts its next round when it arrived:
+    the checkpoint keeps that, so a resumed run's rows and times equal the uninterrupted run's."""
+    (tmp_path / "lag.toml").write_text("compute_s = 0.3\n[nodes.2]\nslowdown = 4\n")
+    flags = {**RUN, "rounds": 6, "round_deadline": 1.0, "drop_after": 3, "checkpoint_rounds": 1,
+             "node_profile": tmp_path / "lag.toml"}
+    whole = run_simulation(Settings.load(**flags, out=tmp_path / "whole"), progress=False)
+
+    def stop_after_round_1(done: object) -> None:
+        if getattr(done, "round", None) == 1:
+            raise KeyboardInterrupt
+
+    settings = Settings.load(**flags, out=tmp_path / "stopped")
+    with pytest.raises(KeyboardInterrupt):
+        run_simulation(settings, progress=False, on_round=stop_after_round_1, advise=False)
+    resumed = run_simulation(settings, progress=False, resume=True)
+    assert resumed["model_sha256"] == whole["model_sha256"] and resumed["events"] == whole["events"]
+    assert [(e["round"], e["stragglers"]) for e in whole["events"]] == [(0, [2]), (1, [2]), (2, [2])]
+
+    def times(out: Path) -> list[tuple[str, str]]:
+        return [(r["round"], r["virtual_s"]) for r in csv.DictReader(open(out / "rounds.csv"))]
+    assert times(tmp_path / "stopped") == times(tmp_path / "whole")
+    assert rows(tmp_path / "stopped") == rows(tmp_path / "whole")
