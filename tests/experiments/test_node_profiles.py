@@ -14,8 +14,9 @@ from mosaicd.experiments.cluster import run_cluster
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.settings import Settings, SettingsError
 
-# two nodes 5x slower: 2 s of training against a 1.5 s deadline, which the others (0.4 s) meet with room to spare
-PROFILE = "compute_s = 0.4\n[nodes.1]\nslowdown = 5\n[nodes.4]\nslowdown = 5\n"
+# two nodes 5x slower: 2 s of training against a 1.5 s deadline, which the others (0.4 s, and 50 ms latency) meet
+# with room to spare
+PROFILE = "compute_s = 0.4\n[default]\nlatency = 0.05\n[nodes.1]\nslowdown = 5\n[nodes.4]\nslowdown = 5\n"
 RUN = {"nodes": 6, "rounds": 5, "fragments": 2, "fanout": 2, "round_deadline": 1.5, "drop_after": 2, "seed": 3}
 
 
@@ -34,9 +35,9 @@ def test_simulate_predicts_the_stragglers_from_the_profile_alone(tmp_path: Path)
     assert first["dropped"] == [1, 4]
     # the time axis: two rounds that end at the deadline, then rounds of the fast nodes' 0.4 s
     virtual = [float(r["virtual_s"]) for r in csv.DictReader(open(tmp_path / "sim0" / "rounds.csv"))]
-    assert virtual == pytest.approx([1.5, 3.0, 3.4, 3.8, 4.2])
+    assert virtual == pytest.approx([1.5, 3.0, 3.45, 3.9, 4.35])
     waits = {(r["round"], r["node"]): float(r["wait_s"]) for r in rows(tmp_path / "sim0")}
-    assert waits[("0", "0")] == pytest.approx(1.1) and waits[("2", "0")] == 0.0
+    assert waits[("0", "0")] == pytest.approx(1.05) and waits[("2", "0")] == 0.0
     # deterministic: the same settings give the same file, but for the wall clock
     assert rows(tmp_path / "sim0") == rows(tmp_path / "sim1")
     assert runs[1]["model_sha256"] == first["model_sha256"] and runs[1]["events"] == first["events"]
@@ -62,7 +63,7 @@ def test_cluster_with_two_slow_nodes_shows_them_as_the_stragglers_simulate_predi
         spent = float(row["train_s"]) + float(row["send_s"]) + float(row["wait_s"])
         if row["round"] in ("0", "1"):
             assert float(row["wait_s"]) > 0.4 and spent > 1.2, row
-        assert float(row["train_s"]) >= 0.4, row  # the profile's training time, for real
+        assert float(row["train_s"]) >= 0.4 and float(row["send_s"]) >= 0.05, row  # the profile's, for real
     # the members left are the same, with the same models: the stragglers' fragments counted for nobody
     assert clustered["model_sha256"] == simulated["model_sha256"]
     journal = json.loads((tmp_path / "cluster" / "summary.json").read_text())
@@ -101,3 +102,16 @@ def test_simulate_resumed_goes_on_with_the_virtual_clock(tmp_path: Path) -> None
         return [(r["round"], r["virtual_s"]) for r in csv.DictReader(open(out / "rounds.csv"))]
     assert times(tmp_path / "stopped") == times(tmp_path / "whole")
     assert rows(tmp_path / "stopped") == rows(tmp_path / "whole")
+
+
+def test_the_example_sweep_and_the_report_on_the_virtual_clock(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from mosaicd.experiments.report import write_report
+    from mosaicd.experiments.sweep import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "examples" / "digits-stragglers.toml", out=tmp_path / "s")
+    assert spec.base["node_profile"]["draw"] == [{"share": 0.2, "slowdown": 5}]
+    (tmp_path / "slow.toml").write_text(PROFILE)
+    run_simulation(Settings.load(**RUN, node_profile=tmp_path / "slow.toml", out=tmp_path / "sim"), progress=False)
+    report = write_report(tmp_path / "sim")
+    assert any(f.endswith("metric_vs_time.png") for f in report["figures"])
