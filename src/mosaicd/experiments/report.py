@@ -287,7 +287,8 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
     rows = panels(sweep, sweep.panel_keys)
     ks = line_values(sweep)
     colors = _colors(len(ks))
-    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.8 * len(rows) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.8 * len(rows) + 0.6), squeeze=False,
+                             sharex="all" if x_key != "round" else "none")  # times compare across the panels
     for row, where in zip(axes, rows, strict=True):
         chosen = select(sweep, where)
         if not chosen:
