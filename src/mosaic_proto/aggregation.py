@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .compression import Compressed, sparse_average, stand_in_average
 from .fragmentation import Fragmentation
 
 # Coordinates summed at a time: the float64 accumulator (256 KiB) and the blocks it reads stay in the CPU's
@@ -18,7 +19,7 @@ SCATTER_BELOW = 16
 
 def aggregate(own: np.ndarray, fragmentation: Fragmentation,
               received: Mapping[int, Mapping[int, np.ndarray]], *, block: int = BLOCK,
-              own_fragments: Sequence[np.ndarray] | None = None) -> np.ndarray:
+              own_fragments: Sequence[np.ndarray] | None = None, stand_in: np.ndarray | None = None) -> np.ndarray:
     """x[C==k] = (own[C==k] + sum of received k-values) / (1 + their count), for every fragment k.
 
     `received` maps sender -> fragment -> values. Sums run in ascending sender order in float64, so the
@@ -32,12 +33,17 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
     (the result does not depend on it). `own_fragments`: `own`'s fragments as `fragmentation.views(own)` gave
     them (the node gathered them to send them), so that they are not gathered again. A model of fewer than
     `SCATTER_BELOW` coordinates per fragment goes through `scattered` instead (the same bits).
+
+    Sparse messages (--compress topk) are averaged by `_sparse`: with `stand_in` (the newest values the node heard,
+    `Compressor.stand_in`) read where a message is silent, else over the messages that carry each coordinate.
     """
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     if own_fragments is not None and [len(v) for v in own_fragments] != [len(ix) for ix in fragmentation.indices]:
         raise ValueError("own_fragments must be own's K fragments, in fragment order")
     own = np.asarray(own)
+    if any(isinstance(values, Compressed) for frags in received.values() for values in frags.values()):
+        return _sparse(own, fragmentation, received, own_fragments, stand_in)
     if fragmentation.dim < SCATTER_BELOW * fragmentation.k:
         return scattered(own, fragmentation, received)
     parts_of: list[list[np.ndarray]] = [[] for _ in fragmentation.indices]
@@ -89,3 +95,18 @@ def scattered(own: np.ndarray, fragmentation: Fragmentation,
     acc = own.astype(np.float64)
     np.add.at(acc, at, np.concatenate(values))
     return (acc / (np.bincount(at, minlength=fragmentation.dim) + 1.0)).astype(np.float32)
+
+
+def _sparse(own: np.ndarray, fragmentation: Fragmentation,
+            received: Mapping[int, Mapping[int, np.ndarray | Compressed]],
+            own_fragments: Sequence[np.ndarray] | None, stand_in: np.ndarray | None = None) -> np.ndarray:
+    """`aggregate` where messages carry some coordinates only (--compress topk), in ascending sender order: each
+    fragment averaged over the node's own values and every message, `stand_in` read where one is silent
+    (`stand_in_average`); without it each coordinate over the messages that carry it (`sparse_average`)."""
+    out = np.array(own, dtype=np.float32, copy=True)
+    for f, ix in enumerate(fragmentation.indices):
+        parts = [received[s][f] for s in sorted(received) if f in received[s]]
+        if parts:
+            mine = own[ix] if own_fragments is None else own_fragments[f]
+            out[ix] = sparse_average(mine, parts) if stand_in is None else stand_in_average(mine, parts, stand_in[ix])
+    return out

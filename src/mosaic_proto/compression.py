@@ -4,14 +4,14 @@ A `Compression` is a run setting every member agrees on (`none`, `fp16`, `bf16`,
 codec is deterministic: `int8`'s stochastic rounding draws from the run's keyed generator (seed, round, sender,
 fragment), so a fragment compresses to the same bytes in one process or on many hosts. `topk` sends the largest
 coordinates with their indices; a receiver averages each coordinate over the contributions that carry it
-(`sparse_average`), as fragment-wise averaging does over the senders of a fragment. Lossy codecs keep what they
-dropped (`ErrorFeedback`) and add it to the next round's values, so nothing is lost for good, only delayed.
+(`sparse_average`), as fragment-wise averaging does over the senders of a fragment. With error feedback
+(`Compressor`) what a lossy message left out is sent in later rounds: nothing is lost for good, only delayed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,8 +73,10 @@ class Compression:
         """How many coordinates of a `size`-long fragment topk sends."""
         return size if self.codec != "topk" else min(size, max(1, math.ceil(self.fraction * size)))
 
-    def compress(self, values: np.ndarray, *, seed: int, round: int, node: int, fragment: int) -> Compressed:
-        """`values` (float32) as they go on the wire; the key makes int8's rounding the same on every host."""
+    def compress(self, values: np.ndarray, *, seed: int, round: int, node: int, fragment: int,
+                 by: np.ndarray | None = None) -> Compressed:
+        """`values` (float32) as they go on the wire; the key makes int8's rounding the same on every host. `by`:
+        what topk ranks coordinates by (their magnitude; default the values')."""
         values = np.ascontiguousarray(values, dtype=np.float32)
         size = values.size
         if self.codec == "none":
@@ -85,12 +87,13 @@ class Compression:
             return Compressed("bf16", size, to_bfloat16(values))
         if self.codec == "int8":
             peak = float(np.max(np.abs(values))) if size else 0.0
-            scale = peak / INT8_LEVELS if peak > 0 else 1.0
+            scale = float(np.float32(peak / INT8_LEVELS)) or 1.0  # float32, as it travels; 1 for a zero fragment
             noise = keyed_rng(seed, Purpose.COMPRESSION, round, node, fragment).random(size, dtype=np.float32)
             levels = np.floor(values / np.float32(scale) + noise)
             return Compressed("int8", size, np.clip(levels, -INT8_LEVELS, INT8_LEVELS).astype(np.int8), scale=scale)
         kept = self.kept(size)
-        largest = np.argpartition(-np.abs(values), kept - 1, kind="introselect")[:kept]
+        rank = np.abs(values if by is None else np.asarray(by, dtype=np.float32))
+        largest = np.argpartition(-rank, kept - 1, kind="introselect")[:kept]
         indices = np.sort(largest).astype(np.uint32)
         return Compressed("topk", size, values[indices], indices)
 
@@ -102,7 +105,8 @@ def decompress(message: Compressed) -> tuple[np.ndarray | None, np.ndarray]:
     if message.codec == "bf16":
         return None, from_bfloat16(message.values)
     if message.codec == "int8":
-        return None, message.values.astype(np.float32) * np.float32(message.scale)
+        with np.errstate(over="ignore"):  # a forged scale overflows to infinity, which the receiver refuses
+            return None, message.values.astype(np.float32) * np.float32(message.scale)
     if message.codec == "topk":
         return message.indices, message.values.astype(np.float32)
     raise ValueError(f"unknown codec {message.codec!r}")
@@ -129,33 +133,127 @@ def from_bfloat16(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-class ErrorFeedback:
-    """One node's residuals, per fragment: what its lossy messages left out, added to the next values it sends."""
+class Compressor:
+    """One node's side of the run's codec: what it sends, keyed by (seed, node), and with error feedback what its
+    lossy messages leave out, carried into later rounds. It lives as long as the node's run (a checkpoint keeps its
+    `state`).
 
-    def __init__(self, compression: Compression) -> None:
-        self.compression = compression
-        self._residuals: dict[int, np.ndarray] = {}
+    Messages carry model values, not updates, so the two kinds of codec carry different things. A quantizer's
+    rounding error is added to the fragment's next values (sigma-delta: what is sent averages out to the model).
+    topk keeps the values it last sent of each coordinate and sends the coordinates that moved most since (the
+    model's largest coordinates without it), so every coordinate is sent sooner or later; and as a receiver it keeps
+    the newest value it has heard of each coordinate (`stand_in`), which stands in for the coordinates a message
+    leaves out. Measured on digits (16 nodes, K=4, Dirichlet 0.1, 30 rounds, topk:0.1): averaging each coordinate
+    over the messages that carry it only, 54.3% node-average accuracy; with the stand-in, 73.3% (none: 74.0%).
+    Adding topk's left-out values to the next round's, as one does for updates, would count the model again each
+    round (it diverged)."""
 
-    def compress(self, values: np.ndarray, *, seed: int, round: int, node: int, fragment: int) -> Compressed:
+    def __init__(self, compression: Compression, *, seed: int, node: int, error_feedback: bool = True) -> None:
+        self.compression, self.seed, self.node = compression, seed, node
+        self.error_feedback = error_feedback and compression.codec != "none"
+        self._kept: dict[int, np.ndarray] = {}  # fragment -> rounding error (quantizers) or last values sent (topk)
+        self._heard: np.ndarray | None = None  # topk: the newest value heard of each coordinate of the model
+
+    def compress(self, values: np.ndarray, *, round: int, fragment: int) -> Compressed:
+        """Fragment `fragment`'s values of `round` as they go on the wire (to every receiver alike)."""
         values = np.asarray(values, dtype=np.float32)
-        carried = self._residuals.get(fragment)
-        target = values if carried is None else values + carried
-        message = self.compression.compress(target, seed=seed, round=round, node=node, fragment=fragment)
-        self._residuals[fragment] = target - dense(message)
+        key = {"seed": self.seed, "round": round, "node": self.node, "fragment": fragment}
+        if not self.error_feedback:
+            return self.compression.compress(values, **key)
+        kept = self._kept.get(fragment)
+        if self.compression.codec == "topk":
+            sent = np.zeros_like(values) if kept is None else kept
+            message = self.compression.compress(values, by=values - sent, **key)
+            sent = sent.copy()
+            sent[message.indices] = message.values
+            self._kept[fragment] = sent
+            return message
+        target = values if kept is None else values + kept
+        message = self.compression.compress(target, **key)
+        self._kept[fragment] = target - dense(message)
         return message
 
-    def residual(self, fragment: int) -> np.ndarray | None:
-        """What fragment `fragment`'s messages have left out so far (a copy)."""
-        kept = self._residuals.get(fragment)
-        return None if kept is None else kept.copy()
+    def unsent(self, fragment: int, values: np.ndarray) -> np.ndarray | None:
+        """What fragment `fragment`'s receivers have not been told of `values` (its newest values): the rounding
+        error carried, or for topk the values less those last sent; None before its first message."""
+        kept = self._kept.get(fragment)
+        if kept is None:
+            return None
+        return np.asarray(values, dtype=np.float32) - kept if self.compression.codec == "topk" else kept.copy()
+
+    def stand_in(self, own: np.ndarray) -> np.ndarray | None:
+        """topk with error feedback: the newest value this node has heard of each coordinate (its own `own` where it
+        has heard none yet), which a receiver reads where a message is silent; None for every other codec."""
+        if not (self.error_feedback and self.compression.codec == "topk"):
+            return None
+        if self._heard is None:
+            self._heard = np.array(own, dtype=np.float32, copy=True)
+        return self._heard
+
+    def heard(self, indices: Sequence[np.ndarray], received: Mapping[int, Mapping[int, object]]) -> None:
+        """A round's messages were aggregated: what they carried becomes the newest value heard of those
+        coordinates (in ascending sender order: the last sender's value stays). `indices`: each fragment's
+        coordinates in the model."""
+        if self._heard is None:
+            return
+        for sender in sorted(received):
+            for f, part in received[sender].items():
+                if isinstance(part, Compressed) and part.indices is not None:
+                    self._heard[indices[f][part.indices]] = part.values
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What it carries (copies), for a checkpoint: a resumed node must carry it on. Keys: "kept_F" per
+        fragment F, "heard"."""
+        state = {f"kept_{f}": kept.copy() for f, kept in sorted(self._kept.items())}
+        if self._heard is not None:
+            state["heard"] = self._heard.copy()
+        return state
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        """Go on from a checkpoint's `state`."""
+        self._kept = {int(key.removeprefix("kept_")): np.array(v, dtype=np.float32)
+                      for key, v in state.items() if key.startswith("kept_")}
+        heard = state.get("heard")
+        self._heard = None if heard is None else np.array(heard, dtype=np.float32)
 
 
-def sparse_average(own: np.ndarray, received: Sequence[Compressed]) -> np.ndarray:
+def stand_in_average(own: np.ndarray, received: Sequence[Compressed | np.ndarray], stand_in: np.ndarray) -> np.ndarray:
+    """A fragment averaged over the node's own values and every message (count-based, as dense messages are), where
+    a sparse message's missing coordinates read `stand_in` (the newest values heard), summed in the order given."""
+    total = np.asarray(own, dtype=np.float64).copy()
+    base = np.asarray(stand_in, dtype=np.float64)
+    for message in received:
+        if isinstance(message, Compressed) and message.indices is not None:
+            part = base.copy()
+            part[message.indices] = message.values
+            total += part
+        else:
+            total += dense(message) if isinstance(message, Compressed) else message
+    return (total / (1 + len(received))).astype(np.float32)
+
+
+def densify(part: np.ndarray | Compressed, own: np.ndarray) -> np.ndarray:
+    """A received fragment as dense values, the receiver's own where a sparse message carries nothing: what the
+    robust rules (trimmed-mean, clipped) and --max-norm see, so a coordinate nobody sent pulls nowhere."""
+    if not isinstance(part, Compressed):
+        return np.asarray(part)
+    indices, values = decompress(part)
+    if indices is None:
+        return values
+    out = np.array(own, dtype=np.float32, copy=True)
+    out[indices] = values
+    return out
+
+
+def sparse_average(own: np.ndarray, received: Sequence[Compressed | np.ndarray]) -> np.ndarray:
     """Each coordinate of a fragment averaged over the node's own value and the messages that carry it, in the
-    order given (ascending sender, as `aggregate` sums): a coordinate nobody sent keeps the node's own value."""
+    order given (ascending sender, as `aggregate` sums): a coordinate nobody sent keeps the node's own value.
+    A dense array carries every coordinate."""
     total = np.asarray(own, dtype=np.float64).copy()
     count = np.ones(total.size, dtype=np.int64)
     for message in received:
+        if not isinstance(message, Compressed):
+            message = Compressed("none", len(message), np.asarray(message))
         if message.size != total.size:
             raise ValueError(f"a message of {message.size} coordinates for a fragment of {total.size}")
         indices, values = decompress(message)

@@ -54,7 +54,8 @@ def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.
         of_row, weights=items[fragment], minlength=len(message)).astype(np.int64)
     message_sender, message_receiver = np.zeros(len(message), dtype=np.int64), np.zeros(len(message), dtype=np.int64)
     message_sender[of_row], message_receiver[of_row] = sender, receiver
-    reports = _reports(round, count, sender, receiver, message_sender, message_receiver, size)
+    raw = 4 * np.asarray(fragmentation.sizes, dtype=np.int64)[fragment]  # each row's float32 bytes
+    reports = _reports(round, count, sender, receiver, message_sender, message_receiver, size, raw)
 
     rows = np.flatnonzero(delivered)
     sizes = np.asarray(fragmentation.sizes, dtype=np.int64)
@@ -67,7 +68,7 @@ def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.
 
 
 def _reports(round: int, count: int, sender: np.ndarray, receiver: np.ndarray, message_sender: np.ndarray,
-             message_receiver: np.ndarray, size: np.ndarray) -> list[RoundReport]:
+             message_receiver: np.ndarray, size: np.ndarray, raw: np.ndarray) -> list[RoundReport]:
     """Each node's counts, as `RoundState` keeps them: what it sent to absent members is unsent, not sent."""
     sent, message_sent = receiver >= 0, message_receiver >= 0
 
@@ -77,10 +78,11 @@ def _reports(round: int, count: int, sender: np.ndarray, receiver: np.ndarray, m
     columns = zip(per_node(message_sender[message_sent]), per_node(sender[sent]),
                   per_node(message_sender[message_sent], size[message_sent]),
                   per_node(message_receiver[message_sent]), per_node(receiver[sent]),
-                  per_node(message_receiver[message_sent], size[message_sent]), per_node(sender[~sent]), strict=True)
+                  per_node(message_receiver[message_sent], size[message_sent]), per_node(sender[~sent]),
+                  per_node(sender[sent], raw[sent]), strict=True)
     return [RoundReport(round, messages_out=m_out, fragments_out=f_out, bytes_out=b_out, messages_in=m_in,
-                        fragments_in=f_in, bytes_in=b_in, fragments_unsent=unsent)
-            for m_out, f_out, b_out, m_in, f_in, b_in, unsent in columns]
+                        fragments_in=f_in, bytes_in=b_in, fragments_unsent=unsent, raw_bytes_out=raw_out)
+            for m_out, f_out, b_out, m_in, f_in, b_in, unsent, raw_out in columns]
 
 
 def _scattered(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarray, receiver: np.ndarray,

@@ -10,6 +10,7 @@ import numpy as np
 
 from .attacks import Attack
 from .barrier import BarrierState, Release
+from .compression import Compressor
 from .exchange import exchange_round
 from .fragmentation import Fragmentation
 from .robust import Aggregator, AggregatorKind
@@ -51,7 +52,8 @@ class InMemoryNetwork:
     messages to it are lost), so it straggles after `round_deadline` and is dropped as the barrier decides.
 
     `aggregator`: every node's rule (None: mean); `attacks`: node -> how that node lies (its round states get
-    the model each round started from, as a daemon's do: none in round 0); `max_norm`: every node's --max-norm.
+    the model each round started from, as a daemon's do: none in round 0); `max_norm`: every node's --max-norm;
+    `compressors`: node -> its codec and error feedback (--compress), kept across rounds as a daemon keeps its own.
 
     A round where every node keeps to the protocol and averages (no attack, no --max-norm, the mean rule) is
     exchanged as arrays (`exchange.exchange_round`): the same models and reports as messages, at a fraction of the
@@ -61,9 +63,12 @@ class InMemoryNetwork:
     def __init__(self, vectors: Sequence[np.ndarray], fragmentation: Fragmentation, sampler: PeerSampler,
                  train: TrainFn | None, run_id: str = "inmemory", barrier: BarrierState | None = None, *,
                  aggregator: Aggregator | None = None, attacks: Mapping[int, Attack] | None = None,
-                 max_norm: float | None = None, messages: bool = False) -> None:
+                 max_norm: float | None = None, messages: bool = False,
+                 compressors: Mapping[int, Compressor] | None = None) -> None:
         self.aggregator, self.attacks, self.max_norm = aggregator, dict(attacks or {}), max_norm
-        self.batched = not (messages or self.attacks or max_norm is not None
+        self.compressors = dict(compressors or {})
+        compressed = any(c.compression.codec != "none" for c in self.compressors.values())
+        self.batched = not (messages or self.attacks or max_norm is not None or compressed
                             or (aggregator is not None and aggregator.kind is not AggregatorKind.MEAN))
         self.vectors = [np.ascontiguousarray(v, dtype=np.float32) for v in vectors]
         self.fragmentation, self.sampler, self.train, self.run_id = fragmentation, sampler, train, run_id
@@ -97,7 +102,8 @@ class InMemoryNetwork:
         states = {i: RoundState(node=i, round=t, members=members, fragmentation=self.fragmentation,
                                 sampler=self.sampler, run_id=self.run_id, planned_only=True, max_norm=self.max_norm,
                                 aggregator=self.aggregator, attack=self.attacks.get(i),
-                                start=self.vectors[i] if i in self.attacks and t > 0 else None)
+                                start=self.vectors[i] if i in self.attacks and t > 0 else None,
+                                compressor=self.compressors.get(i))
                   for i in present}
         losses = []
         for i, state in states.items():

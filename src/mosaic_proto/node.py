@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .attacks import Attack
+from .compression import Compressor
 from .fragmentation import Fragmentation
 from .report import NodeReport
 from .robust import Aggregator
@@ -208,6 +209,7 @@ class NodeState(NodePhases):
         self.max_bytes, self.max_norm, self.clock, self.on_refused = max_bytes, max_norm, clock, on_refused
         self.aggregator: Aggregator | None = None
         self.attack: Attack | None = None
+        self.compressor: Compressor | None = None
         super().__init__(P.REJOINING if rejoining else P.REGISTERING)
         self.rank, self.round, self.run_id = -1, 0, ""
         self.addresses: list[str] = []
@@ -243,13 +245,16 @@ class NodeState(NodePhases):
             self._open_round(())
 
     def start(self, fragmentation: Fragmentation, sampler: PeerSampler, vector: np.ndarray | None = None, *,
-              aggregator: Aggregator | None = None, attack: Attack | None = None) -> None:
+              aggregator: Aggregator | None = None, attack: Attack | None = None,
+              compressor: Compressor | None = None) -> None:
         """The model's fragmentation is known (and its starting vector, where known): from now on fragments are
-        taken. `aggregator`: the run's rule (None: mean); `attack`: how this node lies, if it is an attacker."""
+        taken. `aggregator`: the run's rule (None: mean); `attack`: how this node lies, if it is an attacker;
+        `compressor`: the run's codec with this node's error feedback (None: --compress none)."""
         if self.rank < 0:
             raise NodeStateError("start() before registered()")
         self._fire(E.STARTED)
         self.fragmentation, self.sampler, self.aggregator, self.attack = fragmentation, sampler, aggregator, attack
+        self.compressor = compressor
         self._open_round(())
         if vector is not None:
             self.begin(vector)
@@ -357,7 +362,8 @@ class NodeState(NodePhases):
                                  fragmentation=self.fragmentation, sampler=self.sampler, run_id=self.run_id,
                                  max_bytes=self.max_bytes, early=early, planned_only=True, max_norm=self.max_norm,
                                  aggregator=self.aggregator, attack=self.attack, on_refused=self._counted,
-                                 start=self.vector if self.attack is not None and self.round > 0 else None)
+                                 start=self.vector if self.attack is not None and self.round > 0 else None,
+                                 compressor=self.compressor)
         self._refused.update(self._round.report.refused)
         return self._round.report
 

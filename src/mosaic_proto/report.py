@@ -116,8 +116,9 @@ _NUMBERS = tuple(n for f in _FIELDS for n in ([(name, int) for name in TRAFFIC] 
                                               [(f.name, float)] if f.type in ("float", "float | None") else []))
 
 NODE_COLUMNS = ("round", "node", "loss", "bytes_out", "bytes_in", "fragments_out", "fragments_in", "messages_out",
-                "messages_in", "fragments_unsent", "refused", "train_s", "send_s", "wait_s", "aggregate_s",
-                "refused_by_reason")  # refused: messages refused and fragments the aggregator cut; by reason after
+                "messages_in", "fragments_unsent", "raw_bytes_out", "refused", "train_s", "send_s", "wait_s",
+                "aggregate_s", "refused_by_reason")
+# refused: messages refused and fragments the aggregator cut; by reason after. raw_bytes_out: before --compress
 
 
 def received_counts(reports: dict[int, NodeReport | None]) -> dict[int, tuple[int, int, int]]:

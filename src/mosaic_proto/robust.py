@@ -19,6 +19,9 @@ Every rule is deterministic: sums run in float64 in ascending sender order (clip
 per coordinate (trimmed-mean), so the result does not depend on arrival order. Each also counts what its rule cut
 (`Aggregator.aggregate`'s Counter): received fragments clipped, and received fragments trimmed in nearly all of their
 coordinates (TRIMMED_SHARE).
+
+With --compress topk a received fragment carries some coordinates only: the robust rules read the receiver's own
+value in the others, or with error feedback the newest value it heard of them (`compression.densify`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from enum import StrEnum
 import numpy as np
 
 from .aggregation import aggregate
+from .compression import densify
 from .fragmentation import Fragmentation
 
 # A received fragment counts as "trimmed" when at least this share of its coordinates was cut away. An honest
@@ -68,10 +72,12 @@ class Aggregator:
 
     def aggregate(self, own: np.ndarray, fragmentation: Fragmentation,
                   received: Mapping[int, Mapping[int, np.ndarray]],
-                  own_fragments: Sequence[np.ndarray] | None = None) -> tuple[np.ndarray, Counter]:
-        """The new vector and what the rule cut: {"clipped": n} or {"trimmed": n} (received fragments)."""
+                  own_fragments: Sequence[np.ndarray] | None = None,
+                  stand_in: np.ndarray | None = None) -> tuple[np.ndarray, Counter]:
+        """The new vector and what the rule cut: {"clipped": n} or {"trimmed": n} (received fragments). `stand_in`:
+        what a sparse message's missing coordinates read (else the node's own values)."""
         if self.kind is AggregatorKind.MEAN:
-            return aggregate(own, fragmentation, received, own_fragments=own_fragments), Counter()
+            return aggregate(own, fragmentation, received, own_fragments=own_fragments, stand_in=stand_in), Counter()
         own = np.asarray(own, dtype=np.float32)
         out = np.array(own, copy=True)
         cut: Counter = Counter()
@@ -80,7 +86,8 @@ class Aggregator:
             if not senders:
                 continue
             mine = own[ix] if own_fragments is None else np.asarray(own_fragments[f])
-            parts = [np.asarray(received[s][f]) for s in senders]
+            fill = mine if stand_in is None else stand_in[ix]  # what a sparse message's missing coordinates read
+            parts = [densify(received[s][f], fill) for s in senders]
             if self.kind is AggregatorKind.CLIPPED:
                 out[ix], n = clipped_fragment(mine, parts, self.clip_radius)
                 cut["clipped"] += n

@@ -20,6 +20,7 @@ from enum import StrEnum
 import numpy as np
 
 from .attacks import Attack
+from .compression import Compressed, Compression, Compressor
 from .fragmentation import Fragmentation
 from .robust import Aggregator
 from .sampling import PeerSampler
@@ -38,6 +39,7 @@ class OutgoingMessage:
     peer: int
     fragments: tuple[int, ...]
     payload: bytes
+    raw_bytes: int = 0  # the fragments' float32 bytes before compression (4 per coordinate)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Traffic:
     fragments_in: int = 0
     bytes_in: int = 0
     fragments_unsent: int = 0
+    raw_bytes_out: int = 0  # the float32 bytes of the fragments sent, before compression (4 per coordinate)
 
     def counts(self) -> Traffic:
         """These counts alone, as a `Traffic` of their own (of a `RoundReport`: without its round and refusals)."""
@@ -77,12 +80,14 @@ class Traffic:
         self.messages_out = len(messages)
         self.fragments_out = sum(len(m.fragments) for m in messages)
         self.bytes_out = sum(len(m.payload) for m in messages)
+        self.raw_bytes_out = sum(m.raw_bytes for m in messages)
 
     def unsent(self, message: OutgoingMessage) -> None:
         """The transport gave up on `message`: it counts as unsent, not sent."""
         self.messages_out -= 1
         self.fragments_out -= len(message.fragments)
         self.bytes_out -= len(message.payload)
+        self.raw_bytes_out -= message.raw_bytes
         self.fragments_unsent += len(message.fragments)
 
 
@@ -113,7 +118,8 @@ def decoded(state: RoundState, data: bytes | bytearray | memoryview) -> Fragment
     nothing and reads only the run's constants (fragmentation, id, byte limit), so a daemon may run it in a worker
     thread and give the result to `take` on its event loop."""
     try:
-        return decode(data, state.fragmentation, run_id=state.run_id, max_bytes=state.max_bytes)
+        return decode(data, state.fragmentation, run_id=state.run_id, max_bytes=state.max_bytes,
+                      compression=state.compression)
     except WireError as exc:
         return exc
 
@@ -123,7 +129,8 @@ class RoundState:
                  sampler: PeerSampler, run_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
                  window: int = DEFAULT_WINDOW, early: Iterable[EarlyMessage] = (), planned_only: bool = False,
                  max_norm: float | None = None, aggregator: Aggregator | None = None, attack: Attack | None = None,
-                 start: np.ndarray | None = None, on_refused: Callable[[str, int], None] | None = None) -> None:
+                 start: np.ndarray | None = None, on_refused: Callable[[str, int], None] | None = None,
+                 compressor: Compressor | None = None) -> None:
         """`planned_only`: accept only the fragments the sampler's plan has the sender send to this node (every
         node can recompute the plan), so nobody can slip in fragments that were not its to send.
         `max_norm`: refuse a fragment whose L2 norm exceeds max_norm times this node's own fragment's (a guard
@@ -133,7 +140,9 @@ class RoundState:
         round started from, which ALIE crafts from.
         `on_refused(reason, count)`: told of what this state refuses on its own, not through an exception to the
         caller: a message refused by --max-norm once this node's own norms are known (`outgoing`), and the
-        received fragments the aggregator's rule cut (`finish`), so that a daemon can count them."""
+        received fragments the aggregator's rule cut (`finish`), so that a daemon can count them.
+        `compressor`: the node's codec and error feedback (None: --compress none), kept by the node across rounds;
+        received messages must be of its codec."""
         self.node, self.round, self.run_id = node, round, run_id
         self.members = tuple(sorted(set(members)))
         if node not in self.members:
@@ -142,6 +151,8 @@ class RoundState:
         self.max_bytes, self.window, self.planned_only, self.max_norm = max_bytes, window, planned_only, max_norm
         self._own_norms: list[float] | None = None
         self.aggregator, self.attack, self._start, self._on_refused = aggregator, attack, start, on_refused
+        self.compressor = compressor
+        self.compression = compressor.compression if compressor is not None else Compression()
         self.report = RoundReport(round)
         self._received: dict[int, dict[int, np.ndarray]] = {}
         self._early: dict[tuple[int, int], EarlyMessage] = {}
@@ -231,15 +242,19 @@ class RoundState:
                 except WireError as exc:
                     del self._received[sender]
                     self._refuse(exc.reason.value, 1)
-        sent = fragments if self.attack is None else self._crafted(fragments)
+        sent: list = fragments if self.attack is None else self._crafted(fragments)
+        codec = self.compression.codec
+        if self.compressor is not None and codec != "none":  # once per fragment: every receiver gets the same bytes
+            sent = [self.compressor.compress(values, round=self.round, fragment=f) for f, values in enumerate(sent)]
+        sizes = self.fragmentation.sizes
         messages, payloads = [], {}  # a message names no receiver: peers sent the same fragments share its bytes
         for peer, frags in self.sampler.planned(self.round, self.node, self.fragmentation.k, self.members).items():
             payload = payloads.get(frags)
             if payload is None:
                 payload = payloads[frags] = encode(FragmentBatch(
                     self.run_id, self.round, self.node, self.fragmentation.k, self.fragmentation.fingerprint,
-                    {f: sent[f] for f in frags}))
-            messages.append(OutgoingMessage(peer, tuple(frags), payload))
+                    {f: sent[f] for f in frags}, codec))
+            messages.append(OutgoingMessage(peer, tuple(frags), payload, 4 * sum(sizes[f] for f in frags)))
         self.report.sending(messages)
         return messages
 
@@ -256,9 +271,11 @@ class RoundState:
         if self._on_refused is not None:
             self._on_refused(reason, count)
 
-    def _check_norms(self, sender: int, fragments: dict[int, np.ndarray]) -> None:
+    def _check_norms(self, sender: int, fragments: dict[int, np.ndarray | Compressed]) -> None:
+        """A sparse fragment's norm is that of the values it carries."""
         assert self._own_norms is not None and self.max_norm is not None
-        for f, values in fragments.items():
+        for f, part in fragments.items():
+            values = part.values if isinstance(part, Compressed) else part
             limit = self.max_norm * max(self._own_norms[f], 1e-6)
             norm = float(np.linalg.norm(values.astype(np.float64)))
             if norm > limit:
@@ -277,7 +294,11 @@ class RoundState:
             raise RuntimeError(f"round {self.round} is already finished")
         self._finished = True
         rule = self.aggregator or Aggregator()
-        vector, cut = rule.aggregate(self._local, self.fragmentation, self._received, own_fragments=self._own_fragments)
+        stand_in = None if self.compressor is None else self.compressor.stand_in(self._local)
+        vector, cut = rule.aggregate(self._local, self.fragmentation, self._received, own_fragments=self._own_fragments,
+                                     stand_in=stand_in)
+        if stand_in is not None:
+            self.compressor.heard(self.fragmentation.indices, self._received)
         for reason, count in sorted(cut.items()):
             self.report.cut[reason] += count
             if self._on_refused is not None:

@@ -3,6 +3,11 @@
     {"v": 1, "run": text, "round": uint, "sender": uint, "k": uint, "fp": bytes(8), "dtype": "<f4",
      "frags": [[index, 85(bytes)], ...]}      85 = RFC 8746 typed array, float32 little-endian
 
+A run with `--compress` names its codec in "dtype" and sends each fragment as that codec's item (RFC 8746 tags):
+"fp16" [index, 84(float16 LE)], "bf16" [index, 69(uint16 LE: bfloat16 bits)], "int8" [index, 72(sint8), scale
+(float32)], "topk" [index, 85(float32 LE values), 70(uint32 LE indices, ascending)]. A receiver takes only its
+run's codec; dense codecs decode to float32 fragments, topk to a `Compressed` (the coordinates it carries).
+
 Encoding writes the CBOR framing by hand around the fragments' own buffers (one copy into the
 message); decoding trusts nothing and raises only `WireError`. Messages of `_ZERO_COPY_MIN_BYTES` and more
 that are laid out exactly as `encode` writes them are parsed without copying the fragments (the arrays are
@@ -27,6 +32,7 @@ from typing import NamedTuple
 import cbor2
 import numpy as np
 
+from .compression import Compressed, Compression, decompress
 from .fragmentation import Fragmentation
 
 VERSION = 1
@@ -47,6 +53,13 @@ _MAX_HEADER_STRING = 4 * _MAX_RUN_ID
 _MAX_DEPTH = 6
 _ITEMS_PER_FRAGMENT = 8
 _FRAMING_SLACK = 1024
+_FRAGMENT_ITEMS = 3  # the most items of one fragment's array: [index, values, scale or indices]
+# "dtype" of each codec's messages, and the RFC 8746 tag of its values (topk's indices: TAG_UINT32_LE)
+CODEC_DTYPE = {"none": DTYPE, "fp16": "fp16", "bf16": "bf16", "int8": "int8", "topk": "topk"}
+_CODEC_TAG = {"none": TAG_FLOAT32_LE, "fp16": 84, "bf16": 69, "int8": 72, "topk": TAG_FLOAT32_LE}
+_CODEC_NUMPY = {"none": "<f4", "fp16": "<f2", "bf16": "<u2", "int8": "i1", "topk": "<f4"}
+TAG_UINT32_LE = 70
+_NONE = Compression()
 
 
 class Reason(StrEnum):
@@ -84,18 +97,22 @@ class WireError(ValueError):
 
 @dataclass(frozen=True)
 class FragmentBatch:
-    """What one sender sends one receiver in one round; `fragments` maps index -> float32 values."""
+    """What one sender sends one receiver in one round; `fragments` maps index -> float32 values, or for a
+    compressed run (`codec`) what travels: to `encode` a `Compressed` each; from `decode` float32 values for the
+    dense codecs and topk's `Compressed`."""
 
     run_id: str
     round: int
     sender: int
     k: int
     fingerprint: bytes
-    fragments: dict[int, np.ndarray] = field(repr=False)
+    fragments: dict[int, np.ndarray | Compressed] = field(repr=False)
+    codec: str = "none"
 
     @property
     def floats(self) -> int:
-        return sum(len(v) for v in self.fragments.values())
+        """The coordinates of the fragments it stands for (a sparse one's whole fragment)."""
+        return sum(v.size for v in self.fragments.values())
 
 
 @functools.lru_cache(maxsize=4096)  # the same few heads (indices, lengths, rounds) over and over
@@ -124,30 +141,47 @@ def _item(value: object) -> bytes:
 
 
 @functools.lru_cache(maxsize=256)
-def _framing(run_id: str, k: int, fingerprint: bytes) -> tuple[bytes, bytes, bytes]:
+def _framing(run_id: str, k: int, fingerprint: bytes, dtype: str = DTYPE) -> tuple[bytes, bytes, bytes]:
     """The framing before round, between round and sender, and after sender: the same for every message of a run."""
     key = dict(_KEY_CBOR)
     before_round = b"".join([_head(5, len(_KEYS)), key["v"], _item(VERSION), key["run"], _item(run_id), key["round"]])
-    after_sender = b"".join([key["k"], _item(k), key["fp"], _item(fingerprint), key["dtype"], _item(DTYPE),
+    after_sender = b"".join([key["k"], _item(k), key["fp"], _item(fingerprint), key["dtype"], _item(dtype),
                              key["frags"]])
     return before_round, key["sender"], after_sender
 
 
 def encode(batch: FragmentBatch) -> bytes:
+    dtype = CODEC_DTYPE[batch.codec]
     if type(batch.run_id) is str and type(batch.k) is int and type(batch.fingerprint) is bytes:
-        before_round, sender_key, after_sender = _framing(batch.run_id, batch.k, batch.fingerprint)
+        before_round, sender_key, after_sender = _framing(batch.run_id, batch.k, batch.fingerprint, dtype)
         parts: list[bytes | memoryview] = [before_round, _item(batch.round), sender_key, _item(batch.sender),
                                            after_sender]
     else:
-        header = (VERSION, batch.run_id, batch.round, batch.sender, batch.k, batch.fingerprint, DTYPE)
+        header = (VERSION, batch.run_id, batch.round, batch.sender, batch.k, batch.fingerprint, dtype)
         parts = [_head(5, len(_KEYS))]
         for (_, key), value in zip(_KEY_CBOR, header, strict=False):
             parts += [key, _item(value)]
         parts.append(_KEY_CBOR[-1][1])
     parts.append(_head(4, len(batch.fragments)))
+    if batch.codec == "none":
+        for index in sorted(batch.fragments):
+            values = np.ascontiguousarray(batch.fragments[index], dtype=DTYPE)
+            parts += [b"\x82", _head(0, index), b"\xd8\x55", _head(2, values.nbytes), memoryview(values).cast("B")]
+        return b"".join(parts)
+    tag = _head(6, _CODEC_TAG[batch.codec])
     for index in sorted(batch.fragments):
-        values = np.ascontiguousarray(batch.fragments[index], dtype=DTYPE)
-        parts += [b"\x82", _head(0, index), b"\xd8\x55", _head(2, values.nbytes), memoryview(values).cast("B")]
+        message = batch.fragments[index]
+        if not isinstance(message, Compressed) or message.codec != batch.codec:
+            raise TypeError(f"fragment {index} of a {batch.codec} message must be a Compressed of that codec")
+        values = np.ascontiguousarray(message.values, dtype=_CODEC_NUMPY[batch.codec])
+        parts += [b"\x83" if batch.codec in ("int8", "topk") else b"\x82", _head(0, index), tag,
+                  _head(2, values.nbytes), memoryview(values).cast("B")]
+        if batch.codec == "int8":
+            parts.append(b"\xfa" + struct.pack(">f", message.scale))
+        elif batch.codec == "topk":
+            assert message.indices is not None
+            indices = np.ascontiguousarray(message.indices, dtype="<u4")
+            parts += [_head(6, TAG_UINT32_LE), _head(2, indices.nbytes), memoryview(indices).cast("B")]
     return b"".join(parts)
 
 
@@ -313,12 +347,15 @@ def _run_layout(run_id: str, k: int, fingerprint: bytes) -> re.Pattern[bytes]:
 _FRAGMENT_VALUE = (cbor2.CBORTag, _Span)  # what a fragment's values decode to: cbor2's tag, or the fast path's span
 
 
-def max_message_bytes(fragmentation: Fragmentation) -> int:
-    """The most bytes a message of this run can take: all K fragments' floats plus generous framing."""
-    return 4 * fragmentation.dim + _ITEMS_PER_FRAGMENT * 8 * fragmentation.k + _FRAMING_SLACK
+def max_message_bytes(fragmentation: Fragmentation, compression: Compression = _NONE) -> int:
+    """The most bytes a message of this run can take: all K fragments' floats (topk: and their indices) plus
+    generous framing."""
+    payload = 8 * sum(map(compression.kept, fragmentation.sizes)) if compression.codec == "topk" else \
+        4 * fragmentation.dim
+    return payload + _ITEMS_PER_FRAGMENT * 8 * fragmentation.k + _FRAMING_SLACK
 
 
-def check_structure(data: bytes | memoryview, fragmentation: Fragmentation) -> None:
+def check_structure(data: bytes | memoryview, fragmentation: Fragmentation, compression: Compression = _NONE) -> None:
     """Refuse, from its CBOR heads alone, a body that cannot be a message of this run; None if it may be one.
 
     Only heads are read and strings skipped, and it stops at the first head beyond what a message of this run
@@ -328,7 +365,7 @@ def check_structure(data: bytes | memoryview, fragmentation: Fragmentation) -> N
     before it is refused, and what passes decodes (cbor2) into O(K) objects whatever its size. (A message of the
     run encoded in a way no sender here writes, such as byte strings in thousands of chunks, is refused too.)
     """
-    limit = max_message_bytes(fragmentation)
+    limit = max_message_bytes(fragmentation, compression)
     if len(data) > limit:
         raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes: no message of this run is over {limit} bytes")
     k = fragmentation.k
@@ -392,7 +429,7 @@ def _opens(stack: list[list[int]], major: int, arg: int, pos: int, end: int, k: 
     if major == 5 and depth > 0:
         raise WireError(Reason.BAD_HEADER, "a map inside the message")
     if major == 4:
-        cap = k if depth == 1 else 2
+        cap = k if depth == 1 else _FRAGMENT_ITEMS
         if arg > cap:
             raise WireError(Reason.BAD_FRAGMENT, f"an array of {arg} items where this run has at most {cap}")
     if major == 6 or (major in (4, 5) and arg != 0):  # a tag wraps one item
@@ -407,7 +444,8 @@ def _close(stack: list[list[int]], k: int) -> bool:
         top = stack[-1]
         if top[0] == -1:  # indefinite: bounded by count
             top[2] += 1
-            cap = (2 * len(_KEYS) if len(stack) == 1 else k if len(stack) == 2 else 2) if top[1] in (4, 5) else None
+            cap = (2 * len(_KEYS) if len(stack) == 1 else k if len(stack) == 2 else _FRAGMENT_ITEMS) \
+                if top[1] in (4, 5) else None
             if cap is not None and top[2] > cap:
                 raise WireError(Reason.BAD_FRAGMENT, f"an indefinite container of more than {cap} items")
             return False
@@ -432,13 +470,14 @@ def _slow_parse(data: bytes) -> dict:
     return obj
 
 
-def _header(data: bytes, fragmentation: Fragmentation, run_id: str | None) -> tuple[str, int, int, int, bytes, list]:
+def _header(data: bytes, fragmentation: Fragmentation, run_id: str | None,
+            compression: Compression) -> tuple[str, int, int, int, bytes, list]:
     """Any message that is not laid out as this run's `encode` writes it: parsed (zero-copy when large and
     canonical, else cbor2 after `check_structure`) and its header checked, each fault named."""
     obj = _fast_parse(data, fragmentation.k) if len(data) >= _ZERO_COPY_MIN_BYTES else None
     if obj is None:
         if len(data) >= _CHECK_MIN_BYTES:
-            check_structure(data, fragmentation)
+            check_structure(data, fragmentation, compression)
         obj = _slow_parse(data)
     if not isinstance(obj, dict) or obj.keys() != _KEYSET:
         keys = sorted(_show(key) for key in obj)[:20] if isinstance(obj, dict) else _show(obj)
@@ -457,8 +496,10 @@ def _header(data: bytes, fragmentation: Fragmentation, run_id: str | None) -> tu
     fp = obj["fp"]
     if type(fp) is not bytes or fp != fragmentation.fingerprint:
         raise WireError(Reason.FOREIGN_FINGERPRINT, "the sender fragments the model differently (fingerprint mismatch)")
-    if type(obj["dtype"]) is not str or obj["dtype"] != DTYPE:
-        raise WireError(Reason.BAD_DTYPE, f"dtype must be {DTYPE!r}, got {_show(obj['dtype'])}")
+    dtype = CODEC_DTYPE[compression.codec]
+    if type(obj["dtype"]) is not str or obj["dtype"] != dtype:
+        raise WireError(Reason.BAD_DTYPE, f"dtype must be {dtype!r} (this run's --compress {compression}), got "
+                        f"{_show(obj['dtype'])}")
     frags = obj["frags"]
     if not isinstance(frags, list):
         raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
@@ -466,11 +507,12 @@ def _header(data: bytes, fragmentation: Fragmentation, run_id: str | None) -> tu
 
 
 def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *, run_id: str | None = None,
-           max_bytes: int = DEFAULT_MAX_BYTES) -> FragmentBatch:
-    """Parse and validate one message against this run's fragmentation.
+           max_bytes: int = DEFAULT_MAX_BYTES, compression: Compression = _NONE) -> FragmentBatch:
+    """Parse and validate one message against this run's fragmentation and codec (`compression`).
 
-    The returned fragments are read-only float32 arrays; for `bytes` input they are views into `data`
-    (no copy), any other buffer is copied once first so that they never alias memory the caller may reuse.
+    The returned fragments are read-only float32 arrays (topk: `Compressed`); for `bytes` input of an uncompressed
+    run they are views into `data` (no copy), any other buffer is copied once first so that they never alias memory
+    the caller may reuse.
     """
     if not isinstance(data, bytes):
         try:
@@ -482,14 +524,17 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
         data = view.tobytes()
     if len(data) > max_bytes:
         raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes is over the {max_bytes}-byte limit")
-    parsed = _run_parse(data, run_id, fragmentation) if run_id is not None else None
+    parsed = _run_parse(data, run_id, fragmentation) if run_id is not None and compression.codec == "none" else None
     if parsed is not None:
         run, (round_, sender, frags), k, fp = run_id, parsed, fragmentation.k, fragmentation.fingerprint
         round_, sender = _int(round_, "round"), _int(sender, "sender")
     else:
-        run, round_, sender, k, fp, frags = _header(data, fragmentation, run_id)
+        run, round_, sender, k, fp, frags = _header(data, fragmentation, run_id, compression)
     if not 0 < len(frags) <= k:
         raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
+    if compression.codec != "none":
+        return FragmentBatch(run, round_, sender, k, fp, _compressed(frags, fragmentation, compression),
+                             compression.codec)
     fragments: dict[int, np.ndarray] = {}
     for item in frags:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], _FRAGMENT_VALUE)):
@@ -513,3 +558,53 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
             raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
         fragments[index] = values
     return FragmentBatch(run, round_, sender, k, fp, fragments)
+
+
+def _compressed(frags: list, fragmentation: Fragmentation, compression: Compression) -> dict:
+    """A compressed message's fragments (cbor2 decoded them): each item checked against the run's codec and the
+    fragment's size (topk: exactly the coordinates it keeps, ascending and in range), as float32 values or, for
+    topk, a `Compressed`."""
+    codec, k = compression.codec, fragmentation.k
+    items, tag_of_values, dtype = (3 if codec in ("int8", "topk") else 2), _CODEC_TAG[codec], _CODEC_NUMPY[codec]
+    fragments: dict[int, np.ndarray | Compressed] = {}
+    for item in frags:
+        if not (isinstance(item, list) and len(item) == items and isinstance(item[1], cbor2.CBORTag)):
+            raise WireError(Reason.BAD_FRAGMENT, f"each fragment of a {codec} message must be a list of {items} "
+                            "items: [index, typed array" + (", scale]" if codec == "int8" else
+                                                            ", indices]" if codec == "topk" else "]"))
+        index, tag = item[0], item[1]
+        if type(index) is not int or not 0 <= index < k:
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment index must be in [0, {k}), got {_show(index)}")
+        if index in fragments:
+            raise WireError(Reason.DUPLICATE_FRAGMENT, f"fragment {index} appears twice")
+        size = len(fragmentation.indices[index])
+        count = compression.kept(size)
+        values = _typed(tag, tag_of_values, dtype, count, f"fragment {index}'s values")
+        if codec == "topk":
+            indices = _typed(item[2], TAG_UINT32_LE, "<u4", count, f"fragment {index}'s indices")
+            if count and (int(indices[-1]) >= size or (count > 1 and not bool(np.all(indices[1:] > indices[:-1])))):
+                raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s indices must ascend within [0, {size})")
+            if not _finite(values):
+                raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
+            fragments[index] = Compressed("topk", size, values, indices)
+            continue
+        scale = 1.0
+        if codec == "int8":
+            scale = item[2]
+            if type(scale) is not float or not (math.isfinite(scale) and scale > 0):
+                raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s scale must be a positive finite float")
+        dense = decompress(Compressed(codec, size, values, scale=scale))[1]
+        if not _finite(dense):
+            raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
+        fragments[index] = dense
+    return fragments
+
+
+def _typed(tag: object, number: int, dtype: str, count: int, what: str) -> np.ndarray:
+    """The `count` values of an RFC 8746 typed array of tag `number`."""
+    width = np.dtype(dtype).itemsize
+    if not (isinstance(tag, cbor2.CBORTag) and tag.tag == number and type(tag.value) is bytes):
+        raise WireError(Reason.BAD_FRAGMENT, f"{what} must be a tag-{number} typed array")
+    if len(tag.value) != count * width:
+        raise WireError(Reason.BAD_FRAGMENT, f"{what} take {len(tag.value)} bytes, expected {count * width}")
+    return np.frombuffer(tag.value, dtype=dtype)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from mosaic_proto import Aggregator, AggregatorKind, Attack, AttackKind, SamplerKind, Strategy, byzantine_ranks
+from mosaic_proto.compression import Compression, Compressor
 from mosaic_proto.profiles import NodeProfile, NodeProfiles, ProfileError
 from mosaic_proto.quadratic import CORRELATED_MAX_DIM, Curvature
 from mosaicd.extras import require
@@ -183,6 +184,13 @@ class RunConfig(BaseModel):
     attack_scale: float | None = Field(None, description="the attack's strength: sign-flip -s*x (1), scale s*x "
                                        "(10), noise x + s*rms(x)*N(0,1) (1), alie z (Baruch et al.'s z_max)",
                                        **cli("run"))
+    # compression (docs/compression.md): what a fragment's values travel as
+    compress: str = Field("none", description="what fragments travel as: none (float32), fp16, bf16, int8 "
+                          "(stochastic rounding keyed by the seed), topk:FRACTION (that share of each fragment's "
+                          "coordinates, with their indices)", **cli("run", metavar="none|fp16|bf16|int8|topk:FRACTION"))
+    error_feedback: bool = Field(True, description="lossy --compress: carry what a message left out into later "
+                                 "rounds (int8, fp16, bf16: the rounding error; topk: the coordinates that moved most "
+                                 "since they were last sent)", **cli("run"))
     # learning
     train: bool = Field(True, description="run local training (off: protocol-only rounds)", **cli("learning"))
     local_steps: int = Field(1, ge=0, description="local SGD steps H per round", **cli("learning"))
@@ -239,6 +247,11 @@ class RunConfig(BaseModel):
         except ProfileError as exc:
             raise ValueError(str(exc)) from None
 
+    @field_validator("compress")
+    @classmethod
+    def _compress(cls, value: str) -> str:
+        return str(Compression.parse(value))  # one spelling per codec: topk:0.10 is topk:0.1
+
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
@@ -286,6 +299,11 @@ class RunConfig(BaseModel):
     def aggregator_rule(self) -> Aggregator:
         """The aggregation every node of the run applies (`mosaic_proto.robust`)."""
         return Aggregator(self.aggregator, self.trim, self.clip_radius)
+
+    def compressor_of(self, node: int) -> Compressor:
+        """`node`'s sending side of the run's --compress (its error feedback starts empty)."""
+        return Compressor(Compression.parse(self.compress), seed=self.seed, node=node,
+                          error_feedback=self.error_feedback)
 
     def byzantine_ranks(self) -> tuple[int, ...]:
         """The ranks that attack, drawn from the seed: the same on every node and in simulate."""

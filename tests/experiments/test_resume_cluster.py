@@ -196,3 +196,19 @@ def _barrier_pid(launcher: int) -> int | None:
         if int(stat.rsplit(")", 1)[1].split()[1]) == launcher and b"mosaicd.experiments.warm" in cmdline:
             return int(entry.name)
     return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codec", ["int8", "topk:0.5"])
+def test_a_compressed_run_resumes_with_each_nodes_error_feedback(tmp_path: Path, kit: Any, codec: str) -> None:
+    """--compress with error feedback: Ctrl-C, then --resume gives the uninterrupted run's models, because each
+    node's checkpoint carries what its messages left out (without it, the resumed nodes would send other values)."""
+    out, compress = tmp_path / "run", ["--compress", codec]
+    proc = start(kit, out, *compress)
+    kit.wait_until(lambda: rounds_done(out) >= 10, 90, "round 10 in nodes.csv")
+    kit.wait_until(lambda: all(kept[:1] == journal_rounds(out)[:1] for kept in checkpoints(out)), 60,
+                   "a round that every node checkpointed")
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    done, summary = resume(kit, out, *RUN, *compress)
+    assert summary["status"] == "finished" and summary["model_sha256"] == reference(kit, tmp_path, "60", *compress)

@@ -7,12 +7,14 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from mosaic_proto.compression import (
+    Compressed,
     Compression,
-    ErrorFeedback,
+    Compressor,
     decompress,
     dense,
     from_bfloat16,
     sparse_average,
+    stand_in_average,
     to_bfloat16,
 )
 
@@ -48,7 +50,7 @@ def test_each_codec_stays_within_its_error(values: np.ndarray) -> None:
     assert np.allclose(bf16, values, rtol=2.0 ** -8, atol=2.0 ** -133)  # bf16's subnormals: 7 bits
     int8 = Compression("int8").compress(values, **KEY)
     assert np.all(np.abs(dense(int8) - values) <= int8.scale * 1.0001 + 1e-30)
-    assert int8.scale == (peak / 127 if peak > 0 else 1.0)
+    assert int8.scale == (float(np.float32(peak / 127)) or 1.0)  # float32, as the wire carries it
 
 
 def test_fp16_saturates_instead_of_sending_infinity() -> None:
@@ -94,18 +96,30 @@ def test_bytes_on_the_wire() -> None:
     assert sizes == {"none": 40_000, "fp16": 20_000, "bf16": 20_000, "int8": 10_004, "topk:0.1": 8_000}
 
 
-def test_error_feedback_delays_what_topk_drops_and_loses_nothing() -> None:
-    """A constant fragment sent for many rounds: the sum of what arrived is the sum of what was sent, less the
-    residual still kept, which stays bounded."""
+def test_topk_with_error_feedback_sends_every_coordinate_in_turn() -> None:
+    """A fragment that stays the same: with error feedback its receivers know all of it after 1 / fraction rounds,
+    and then nothing is left unsent; without it, topk sends the same largest coordinates forever."""
     values = np.random.default_rng(2).standard_normal(200).astype(np.float32)
-    feedback = ErrorFeedback(Compression.parse("topk:0.05"))
-    arrived = np.zeros_like(values, dtype=np.float64)
-    for r in range(100):
-        arrived += dense(feedback.compress(values, seed=1, round=r, node=0, fragment=3))
-    residual = feedback.residual(3)
-    assert residual is not None and np.allclose(arrived + residual, 100 * values.astype(np.float64), atol=1e-3)
-    assert np.max(np.abs(residual)) < 40 * np.max(np.abs(values))
-    assert feedback.residual(0) is None
+    topk = Compression.parse("topk:0.05")
+    feedback, plain = Compressor(topk, seed=1, node=0), Compressor(topk, seed=1, node=0, error_feedback=False)
+    known, seen = np.zeros_like(values), set()
+    for r in range(20):
+        message = feedback.compress(values, round=r, fragment=3)
+        known[message.indices] = message.values
+        seen.update(plain.compress(values, round=r, fragment=3).indices.tolist())
+    assert np.array_equal(known, values)
+    unsent = feedback.unsent(3, values)
+    assert unsent is not None and not unsent.any()
+    assert len(seen) == 10 and feedback.unsent(0, values) is None
+
+
+def test_quantizer_error_feedback_sends_the_model_on_average() -> None:
+    """int8 of a constant fragment: the rounding error carried, the messages' mean tends to the values."""
+    values = np.random.default_rng(5).standard_normal(100).astype(np.float32)
+    compressor = Compressor(Compression.parse("int8"), seed=0, node=1)
+    sent = np.mean([dense(compressor.compress(values, round=r, fragment=0)) for r in range(50)], axis=0)
+    step = np.abs(values).max() / 127
+    assert np.max(np.abs(sent - values)) < 2 * step / 50 + 1e-6
 
 
 def test_sparse_average_counts_only_the_messages_that_carry_a_coordinate() -> None:
@@ -116,3 +130,50 @@ def test_sparse_average_counts_only_the_messages_that_carry_a_coordinate() -> No
     assert np.array_equal(sparse_average(own, [a, b]), np.array([13 / 3, 2, 3, 2], np.float32))
     with pytest.raises(ValueError, match="coordinates"):
         sparse_average(np.ones(3, np.float32), [b])
+
+
+@pytest.mark.parametrize("codec", ["int8", "topk:0.2"])
+def test_the_state_survives_a_checkpoint_and_the_messages_go_on_the_same(codec: str) -> None:
+    """A node that resumes from its compressor's state sends what it would have sent had it never stopped."""
+    values = np.random.default_rng(3).standard_normal(64).astype(np.float32)
+    whole, first = (Compressor(Compression.parse(codec), seed=4, node=2) for _ in range(2))
+    for r in range(3):
+        whole.compress(values * r, round=r, fragment=0)
+        first.compress(values * r, round=r, fragment=0)
+    again = Compressor(Compression.parse(codec), seed=4, node=2)
+    again.restore(first.state())
+    assert again.compress(values, round=3, fragment=0).values.tobytes() == \
+        whole.compress(values, round=3, fragment=0).values.tobytes()
+
+
+def test_without_error_feedback_nothing_is_kept() -> None:
+    compressor = Compressor(Compression.parse("topk:0.1"), seed=0, node=0, error_feedback=False)
+    compressor.compress(np.arange(30, dtype=np.float32), round=0, fragment=0)
+    assert compressor.unsent(0, np.zeros(30, np.float32)) is None and compressor.state() == {}
+
+
+def test_a_topk_receiver_reads_the_newest_value_it_heard_where_a_message_is_silent() -> None:
+    """Fragment [0..4) of a model of 6: the first round's stand-in is the node's own model; what the messages
+    carried (the higher sender's value last) is heard, and read by the next round where a message is silent."""
+    topk = Compression.parse("topk:0.5")
+    receiver = Compressor(topk, seed=0, node=0)
+    own = np.array([1, 1, 1, 1, 5, 5], np.float32)
+    indices = [np.array([0, 2, 4, 5]), np.array([1, 3])]
+    a = Compressed("topk", 4, np.array([9, 3], np.float32), np.array([0, 1], np.uint32))
+    b = Compressed("topk", 4, np.array([7, 2], np.float32), np.array([1, 2], np.uint32))
+    stand_in = receiver.stand_in(own)
+    assert stand_in is not None and np.array_equal(stand_in, own)
+    mine = own[indices[0]]
+    assert np.allclose(stand_in_average(mine, [a, b], stand_in[indices[0]]),
+                       [(1 + 9 + 1) / 3, (1 + 5 + 5) / 3, (5 + 5 + 2) / 3, (5 + 5 + 5) / 3])
+    receiver.heard(indices, {2: {0: b}, 1: {0: a}})
+    assert np.array_equal(receiver.stand_in(own), [9, 1, 7, 1, 2, 5])  # coordinate 2 (index 1): sender 2's 7
+    again = Compressor(topk, seed=0, node=0)
+    again.restore(receiver.state())
+    assert np.array_equal(again.stand_in(np.zeros(6, np.float32)), [9, 1, 7, 1, 2, 5])
+
+
+def test_only_topk_with_error_feedback_has_a_stand_in() -> None:
+    own = np.ones(4, np.float32)
+    assert Compressor(Compression.parse("int8"), seed=0, node=0).stand_in(own) is None
+    assert Compressor(Compression.parse("topk:0.1"), seed=0, node=0, error_feedback=False).stand_in(own) is None

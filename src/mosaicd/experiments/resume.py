@@ -2,10 +2,10 @@
 
 Every draw of a run is keyed by (seed, purpose, round, node, ...), so a simulation is a function of its settings
 and of the state between two rounds: every node's model, the `InMemoryNetwork`'s round, members and virtual
-clock, and the `BarrierState`. The checkpoint holds exactly that, the settings, the run's wall-clock start and the
-sizes of rounds.csv and nodes.csv when it was taken; a resumed run cuts the CSVs back to those sizes (the rows of
-the rounds it runs again go, so none is written twice) and goes on, and its final models equal the uninterrupted
-run's bit for bit.
+clock, the `BarrierState`, and with a lossy --compress what each node's error feedback carries. The checkpoint
+holds exactly that, the settings, the run's wall-clock start and the sizes of rounds.csv and nodes.csv when it was
+taken; a resumed run cuts the CSVs back to those sizes (the rows of the rounds it runs again go, so none is written
+twice) and goes on, and its final models equal the uninterrupted run's bit for bit.
 
 The file is replaced atomically (written beside, fsync'd, renamed, the folder fsync'd), so a crash leaves the
 previous checkpoint or the new one. A run stopped before its first checkpoint resumes from round 0, which is the
@@ -46,6 +46,7 @@ class Resumed:
     vectors: np.ndarray | None
     started: float  # the wall-clock start of the run it continues (`time.time()`)
     redone: int     # rounds the stopped run had done past this point, run again now
+    carried: dict[int, dict[str, np.ndarray]] | None = None  # node -> its compressor's state (`Compressor.state`)
     ready: dict[str, float] | None = None  # --node-profile: the virtual clock's late nodes (`VirtualClock.to_json`)
 
     def apply(self, network: InMemoryNetwork) -> None:
@@ -54,6 +55,8 @@ class Resumed:
             return
         barrier = BarrierState.from_json(self.barrier, self.clock) if self.barrier is not None else None
         network.restore(list(self.vectors), self.round, self.clock, self.members, barrier)
+        for node, state in (self.carried or {}).items():
+            network.compressors[node].restore(state)
 
 
 def _fsync_replace(tmp: Path, path: Path) -> None:
@@ -73,9 +76,13 @@ def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float
             "round": network.round, "clock": network.clock, "members": list(network.members),
             "barrier": network.barrier.to_json() if network.barrier is not None else None,
             "sizes": {name: (out / name).stat().st_size for name in CSV_FILES}}
+    carried = {node: c.state() for node, c in network.compressors.items()}
+    meta["carried"] = {str(node): sorted(state) for node, state in carried.items() if state}
+    arrays = {f"carried_{node}_{key}": np.asarray(values, dtype="<f4")
+              for node, state in carried.items() for key, values in state.items()}
     buffer = io.BytesIO()
     np.savez(buffer, vectors=np.stack([np.asarray(v, dtype="<f4") for v in network.vectors]),
-             meta=np.array(json.dumps(meta)))
+             meta=np.array(json.dumps(meta)), **arrays)
     tmp = out / f"{SIMULATE_CHECKPOINT}.tmp"
     with open(tmp, "wb") as f:
         f.write(buffer.getbuffer())
@@ -84,7 +91,7 @@ def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float
     _fsync_replace(tmp, out / SIMULATE_CHECKPOINT)
 
 
-def _load(out: Path) -> tuple[dict[str, Any], np.ndarray] | None:
+def _load(out: Path) -> tuple[dict[str, Any], np.ndarray, dict[int, dict[str, np.ndarray]]] | None:
     path = out / SIMULATE_CHECKPOINT
     if not path.exists():
         return None
@@ -92,11 +99,13 @@ def _load(out: Path) -> tuple[dict[str, Any], np.ndarray] | None:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             vectors = data["vectors"].astype(np.float32)
+            carried = {int(node): {key: data[f"carried_{node}_{key}"].astype(np.float32) for key in keys}
+                       for node, keys in meta.get("carried", {}).items()}
     except NPZ_READ_ERRORS as exc:
         raise ValueError(f"--resume: {path} cannot be read ({exc}): start afresh with --replace") from None
     if meta.get("version") != VERSION:
         raise ValueError(f"--resume: {path} was written by another version of mosaicd: start afresh with --replace")
-    return meta, vectors
+    return meta, vectors, carried
 
 
 def _flag(name: str, value: Any) -> str:
@@ -140,9 +149,10 @@ def resume_point(out: Path, settings: Settings) -> Resumed:
         for name in CSV_FILES:
             _cut(out / name, None)
         return Resumed(0, 0.0, list(range(settings.nodes)), None, None, time.time(), done)
-    meta, vectors = loaded
+    meta, vectors, carried = loaded
     for name in CSV_FILES:
         _cut(out / name, int(meta["sizes"][name]))
     return Resumed(int(meta["round"]), float(meta["clock"]), [int(m) for m in meta["members"]], meta["barrier"],
-                   vectors, float(meta["started"]), max(0, done - int(meta["round"])), meta.get("ready"))
+                   vectors, float(meta["started"]), max(0, done - int(meta["round"])), carried,
+                   meta.get("ready"))
 

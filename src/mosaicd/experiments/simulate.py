@@ -23,7 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, NodeReport, PeerSampler
+from mosaic_proto.compression import Compression
 from mosaic_proto.network import RoundRecord
 from mosaic_proto.profiles import RoundPlan, VirtualClock
 from mosaicd.experiments import resume as checkpoint
@@ -33,7 +36,7 @@ from mosaicd.learning.tasks import Task, build_task
 from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary, release
-from mosaicd.settings import Settings
+from mosaicd.settings import RunConfig, Settings
 
 
 def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound | None = None, *,
@@ -73,6 +76,14 @@ def _say_unfinished(out: Path) -> None:
     saved = " from its last checkpoint" if (out / SIMULATE_CHECKPOINT).exists() else " from round 0"
     print(f"mosaicd simulate: {out}: the run stopped at round {done} of {summary.get('settings', {}).get('rounds')}; "
           f"the same command with --resume continues it{saved} (--out {out})", file=sys.stderr)
+
+
+def _planned_bytes(run: RunConfig, fragmentation: Fragmentation) -> int:
+    """What a node sends a round, for the virtual clock: each fragment to s receivers, as --compress carries its
+    values (float32 without it; message framing left out)."""
+    codec = Compression.parse(run.compress)
+    return run.fanout * sum(codec.compress(np.zeros(size, np.float32), seed=0, round=0, node=0, fragment=0).nbytes
+                            for size in fragmentation.sizes)
 
 
 def _timings(plan: RoundPlan | None, node: int, each_s: float, released: float) -> dict[str, float]:
@@ -117,10 +128,11 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     run = settings.run_config()
     attacks = {i: run.attack_of(i) for i in run.byzantine_ranks()}
     network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier,
-                              aggregator=run.aggregator_rule(), attacks=attacks, max_norm=settings.max_norm)
+                              aggregator=run.aggregator_rule(), attacks=attacks, max_norm=settings.max_norm,
+                              compressors={i: run.compressor_of(i) for i in range(settings.nodes)})
     spec, profiles = run.profile_spec(), run.node_profiles()
     clock = VirtualClock(profiles, spec.compute_s, settings.round_deadline) if spec and profiles else None
-    planned = settings.fanout * 4 * task.layout.dim  # what a node sends a round: s x d float32 values (no headers)
+    planned = _planned_bytes(run, fragmentation) if clock is not None else 0
     if start is not None:
         start.apply(network)
         if clock is not None and start.ready:

@@ -4,7 +4,8 @@ with the same state directory rejoins the run where it left off.
 STATE_DIR/checkpoint.npz, replaced atomically (written beside, fsync'd, renamed): a crash leaves the previous
 checkpoint or the new one, never a torn one. The one before is kept as checkpoint-previous.npz: a whole cluster
 resumed exactly goes on from the newest round every node has (`mosaicd cluster --resume`), which can be the one
-before a node's newest.
+before a node's newest. With a lossy --compress it also holds what the node's error feedback carries (`carried`,
+`Compressor.state`), so that a resumed node sends what it would have sent.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ class Checkpoint:
     address: str
     round: int  # the round it goes on with (its model is the one after round - 1)
     vector: np.ndarray
+    carried: dict[str, np.ndarray] = field(default_factory=dict)  # its compressor's state (`Compressor.state`)
 
 
 def state_dir(options: DaemonOptions) -> Path | None:
@@ -49,7 +51,8 @@ def save(directory: Path, checkpoint: Checkpoint) -> None:
     meta = {"run_id": checkpoint.run_id, "rank": checkpoint.rank, "address": checkpoint.address,
             "round": checkpoint.round}
     buffer = io.BytesIO()
-    np.savez(buffer, vector=np.asarray(checkpoint.vector, dtype="<f4"), meta=np.array(json.dumps(meta)))
+    np.savez(buffer, vector=np.asarray(checkpoint.vector, dtype="<f4"), meta=np.array(json.dumps(meta)),
+             **{f"carried_{f}": np.asarray(v, dtype="<f4") for f, v in checkpoint.carried.items()})
     tmp = directory / f"{FILE}.tmp"
     try:
         with open(tmp, "wb") as f:
@@ -87,8 +90,10 @@ def _read(path: Path) -> Checkpoint | None:
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
+            carried = {name.removeprefix("carried_"): data[name].astype(np.float32)
+                       for name in data.files if name.startswith("carried_")}
             return Checkpoint(str(meta["run_id"]), int(meta["rank"]), str(meta["address"]), int(meta["round"]),
-                              data["vector"].astype(np.float32))
+                              data["vector"].astype(np.float32), carried)
     except NPZ_READ_ERRORS as exc:
         get_logger(role="node").warning("checkpoint_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}",
                                         detail="not used: the previous checkpoint, if readable, or none is")

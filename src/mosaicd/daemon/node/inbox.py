@@ -127,7 +127,10 @@ class Inbox:
         """Why a body that declares `size` bytes cannot be a message of this run (answered 413 before it is read:
         nothing of it is held or decoded), or None."""
         fragmentation = self.state.fragmentation
-        if size is None or fragmentation is None or size <= (limit := max_message_bytes(fragmentation)):
+        compressor = self.state.compressor
+        limit = None if fragmentation is None else max_message_bytes(
+            fragmentation, *([compressor.compression] if compressor is not None else []))
+        if size is None or limit is None or size <= limit:
             return None
         self.metrics.refused(Reason.TOO_LARGE)
         return f"{size} bytes: no message of this run is over {limit} bytes"

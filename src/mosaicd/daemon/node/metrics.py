@@ -24,6 +24,8 @@ class NodeMetrics:
         r = self.registry = member_registry()
         self.round = Gauge("mosaic_round", "rounds this node has finished (the round it is in)", registry=r)
         self.bytes_out = Counter("mosaic_sent_bytes", "fragment message bytes sent", registry=r)
+        self.raw_bytes_out = Counter("mosaic_sent_uncompressed_bytes", "the float32 bytes of the fragments sent, "
+                                     "before --compress (4 per coordinate)", registry=r)
         self.bytes_in = Counter("mosaic_received_bytes", "fragment message bytes accepted", registry=r)
         self.msgs_out = Counter("mosaic_sent_messages", "fragment messages sent", registry=r)
         self.frags_out = Counter("mosaic_sent_fragments", "fragments sent", registry=r)
@@ -71,6 +73,7 @@ class NodeMetrics:
 
     def sent(self, report: RoundReport) -> None:
         self.bytes_out.inc(report.bytes_out)
+        self.raw_bytes_out.inc(report.raw_bytes_out)
         self.msgs_out.inc(report.messages_out)
         self.frags_out.inc(report.fragments_out)
         self.unsent.inc(report.fragments_unsent)

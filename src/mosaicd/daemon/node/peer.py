@@ -178,9 +178,20 @@ class Peer:
         run = self.run
         fragmentation = Fragmentation.build(model, run.fragments, run.seed, run.strategy)
         self.state.start(fragmentation, PeerSampler(run.sampler, run.fanout, run.seed), vector,
-                         aggregator=run.aggregator_rule(), attack=run.attack_of(self.rank))
+                         aggregator=run.aggregator_rule(), attack=run.attack_of(self.rank),
+                         compressor=run.compressor_of(self.rank))
         self.inbox.model_known(model)
         self.log.info("ready", dim=model.dim, fingerprint=fragmentation.fingerprint.hex())
+
+    def compression_state(self) -> dict[str, np.ndarray]:
+        """What this node's error feedback carries (--compress), for its checkpoint."""
+        compressor = self.state.compressor
+        return {} if compressor is None else compressor.state()
+
+    def restore_compression(self, carried: Mapping[str, np.ndarray]) -> None:
+        """Go on with a checkpoint's error feedback (after `set_model`)."""
+        if self.state.compressor is not None:
+            self.state.compressor.restore(carried)
 
     def begin(self, vector: np.ndarray, kept_as: int | None = None, before: np.ndarray | None = None) -> None:
         """The model this peer starts from (its round's model until the first aggregate); `kept_as`: the round it

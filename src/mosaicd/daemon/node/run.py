@@ -121,6 +121,8 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
             peer.evaluated(r, await evaluate_own(task, v, peer, r))
     else:
         peer.begin(vector)
+    if saved is not None and (saved.run_id, saved.rank, saved.round) == (run.run_id, peer.rank, peer.round):
+        peer.restore_compression(saved.carried)  # it goes on from this checkpoint's round: exactly, as if never stopped
     saving = Checkpoints(options, peer)
     data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
     spec = run.profile_spec()
@@ -277,7 +279,8 @@ class Checkpoints:
         if not self.every or self.directory is None or (t + 1) % self.every:
             return
         await self.drain()
-        saved = checkpoint.Checkpoint(self.peer.run.run_id, self.peer.rank, self.peer.address, t + 1, vector)
+        saved = checkpoint.Checkpoint(self.peer.run.run_id, self.peer.rank, self.peer.address, t + 1, vector,
+                                      self.peer.compression_state())
         self._writing = asyncio.ensure_future(asyncio.to_thread(checkpoint.save, self.directory, saved))
 
     async def drain(self) -> None:
