@@ -5,7 +5,7 @@ every round, and its summary's stragglers and drops) and `mosaicd cluster` on lo
 lines: the measured release of every round, from `registration_closed` for round 0, and its stragglers and drops).
 Both evaluate every round so that every round has a time.
 
-    .venv/bin/python bench/profiles.py              # the five cases, about 2 min on 2 cores
+    .venv/bin/python bench/profiles.py              # the six cases, about 3 min on 2 cores
     .venv/bin/python bench/profiles.py --case slow-missed
 
 Last line of stdout: a JSON object, case -> its figures.
@@ -39,6 +39,9 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "bandwidth": ("1 MB/s + 50 ms links, one node 250 kB/s; 800 kB sent a round", "compute_s = 0.2\n[default]\n"
                   "bandwidth = \"1MB/s\"\nlatency = 0.05\n[nodes.2]\nbandwidth = \"250kB/s\"\n",
                   {"dim": 100_000, "curvature": "diagonal", "round_deadline": 6.0}),
+    "bandwidth-fp16": ("the same links, --compress fp16: 400 kB sent a round", "compute_s = 0.2\n[default]\n"
+                       "bandwidth = \"1MB/s\"\nlatency = 0.05\n[nodes.2]\nbandwidth = \"250kB/s\"\n",
+                       {"dim": 100_000, "curvature": "diagonal", "round_deadline": 6.0, "compress": "fp16"}),
     "link-cut": ("one node 100 kB/s: its 800 kB cut at its send budget (3 s deadline)", "compute_s = 0.2\n"
                  "[nodes.2]\nbandwidth = \"100kB/s\"\n", {"dim": 100_000, "curvature": "diagonal",
                                                           "round_deadline": 3.0}),
