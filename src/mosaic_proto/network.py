@@ -91,11 +91,14 @@ class InMemoryNetwork:
         self.vectors = [np.ascontiguousarray(v, dtype=np.float32) for v in vectors]
         self.round, self.clock, self.members, self.barrier = round, clock, list(members), barrier
 
-    def step(self, absent: Collection[int] = ()) -> RoundRecord:
+    def step(self, absent: Collection[int] = (), arrivals: Mapping[int, float] | None = None) -> RoundRecord:
+        """One round; `absent` members miss it. `arrivals`: when each present member arrives at the barrier on the
+        virtual clock (a node profile's `VirtualClock`), else all arrive at once; the release is then at the last
+        arrival, or at the round's deadline if someone is absent."""
         t, members = self.round, self.members
         present = [i for i in members if i not in absent]
         if self.batched:
-            return self._exchanged(t, present)
+            return self._exchanged(t, present, arrivals)
         states = {i: RoundState(node=i, round=t, members=members, fragmentation=self.fragmentation,
                                 sampler=self.sampler, run_id=self.run_id, planned_only=True, max_norm=self.max_norm,
                                 aggregator=self.aggregator, attack=self.attacks.get(i),
@@ -114,7 +117,7 @@ class InMemoryNetwork:
                         state.mark_unsent(message)
                 else:
                     state.mark_unsent(message)
-        release = self._barrier(t, present)
+        release = self._barrier(t, present, arrivals)
         outcomes = {i: s.finish() for i, s in states.items()}
         for i, outcome in outcomes.items():
             self.vectors[i] = outcome.vector
@@ -123,14 +126,14 @@ class InMemoryNetwork:
         self.round += 1
         return RoundRecord(t, losses, [o.report for o in outcomes.values()], present, release)
 
-    def _exchanged(self, t: int, present: list[int]) -> RoundRecord:
+    def _exchanged(self, t: int, present: list[int], arrivals: Mapping[int, float] | None) -> RoundRecord:
         """`step` for a round of nodes that all keep to the protocol: trained one by one, exchanged as arrays."""
         losses, trained = [], {}
         for i in present:
             trained[i], loss = self.train(i, t, self.vectors[i]) if self.train else (self.vectors[i], float("nan"))
             losses.append(loss)
         vectors, reports = exchange_round(t, self.members, trained, self.fragmentation, self.sampler, self.run_id)
-        release = self._barrier(t, present)
+        release = self._barrier(t, present, arrivals)
         for i in present:
             self.vectors[i] = vectors[i]
         if release is not None:
@@ -138,12 +141,15 @@ class InMemoryNetwork:
         self.round += 1
         return RoundRecord(t, losses, [reports[i] for i in present], present, release)
 
-    def _barrier(self, round: int, present: list[int]) -> Release | None:
-        """Every present member arrives now; if some are missing, the clock runs to the round's deadline."""
+    def _barrier(self, round: int, present: list[int], arrivals: Mapping[int, float] | None = None) -> Release | None:
+        """Every present member arrives (now, or at its time in `arrivals`, in time order); if some are missing, the
+        clock runs to the round's deadline."""
         if self.barrier is None:
             return None
         release = None
-        for i in present:
+        at = arrivals or {}
+        for i in sorted(present, key=lambda i: (at.get(i, self.clock), i)):
+            self.clock = max(self.clock, at.get(i, self.clock))
             release = self.barrier.arrive(i, round, self.clock) or release
         if release is None:
             self.clock = self.barrier.deadline if self.barrier.deadline is not None else self.clock

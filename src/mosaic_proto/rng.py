@@ -28,6 +28,7 @@ class Purpose(IntEnum):
     BYZANTINE = 7
     ATTACK = 8
     COMPRESSION = 9
+    PROFILE = 10
 
 
 def key_parts(seed: int, purpose: Purpose, round: int = NONE, node: int = NONE, fragment: int = NONE) -> list[int]:

@@ -49,7 +49,8 @@ NETWORK_METRICS = ("node_average", "average_model", "consensus_distance", "node_
 SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads first of an evaluation row
 ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s",  # the first eight: as before
                  "higher_is_better", "node_average_test_loss", "average_model_test_loss", "eval_samples",
-                 "test_size", "nodes", "per_node", "reported"]  # reported: a training loop's metrics, a JSON object
+                 "test_size", "nodes", "per_node", "reported",  # reported: a training loop's metrics, a JSON object
+                 "virtual_s"]  # simulate --node-profile: the virtual clock at the round's release (s since the start)
 # what np.load raises on a checkpoint (.npz: a node's or simulate's) that is cut short, damaged (a flipped bit: the
 # zip's CRC), empty or another file
 NPZ_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
 from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from mosaic_proto import Aggregator, AggregatorKind, Attack, AttackKind, SamplerKind, Strategy, byzantine_ranks
 from mosaic_proto.compression import Compression, Compressor
+from mosaic_proto.profiles import NodeProfile, NodeProfiles, ProfileError
 from mosaic_proto.quadratic import CORRELATED_MAX_DIM, Curvature
 from mosaicd.extras import require
 
@@ -161,6 +163,11 @@ class RunConfig(BaseModel):
     round_deadline: float = Field(120.0, gt=0, description="seconds a round may take from its release: the barrier "
                                   "releases it then, whoever has arrived, and a node's sends end before it",
                                   **cli("run"))
+    node_profile: Annotated[dict[str, Any] | None, NoDecode] = Field(
+        None, description="nodes that are not alike: a TOML or CSV file of each node's compute slowdown, link "
+        "bandwidth and latency, or shares of the nodes drawn from --seed (docs/faults.md); the run carries its "
+        "content to every node: cluster applies it for real, simulate on a virtual clock",
+        **cli("run", metavar="FILE"))
     # robustness (docs/security.md): how nodes aggregate, and members that lie
     aggregator: AggregatorKind = Field(AggregatorKind.MEAN, description="fragment-wise aggregation: mean (the "
                                        "paper's), trimmed-mean (coordinate-wise, --trim), clipped (self-centred, "
@@ -216,6 +223,30 @@ class RunConfig(BaseModel):
     def _task_options(cls, value: Any) -> Any:
         return task_options(value)
 
+    @field_validator("node_profile", mode="before")
+    @classmethod
+    def _node_profile(cls, value: Any) -> dict[str, Any] | None:
+        """A file's path is read here, once: the run carries the profile's content (a path would not mean the same
+        file on every host), so the barrier hands the same profile to every node."""
+        if value is None or value == "":
+            return None
+        if isinstance(value, str) and value.lstrip().startswith("{"):  # the content, as JSON (a launcher's env)
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a profile's JSON: {exc}") from None
+        try:
+            if isinstance(value, str | Path):
+                path = Path(value).expanduser()
+                try:
+                    text = path.read_text()
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+                return NodeProfiles.parse(text, str(value)).to_json()
+            return NodeProfiles.from_json(value).to_json()
+        except ProfileError as exc:
+            raise ValueError(str(exc)) from None
+
     @field_validator("compress")
     @classmethod
     def _compress(cls, value: str) -> str:
@@ -249,7 +280,21 @@ class RunConfig(BaseModel):
             raise ValueError(f"--byzantine {self.byzantine} leaves no honest node among --nodes {self.nodes}")
         if self.attack_scale is not None and not math.isfinite(self.attack_scale):
             raise ValueError("--attack-scale must be a finite number")
+        if self.node_profile is not None:
+            try:
+                self.node_profiles()
+            except ProfileError as exc:
+                raise ValueError(f"--node-profile {exc}") from None
         return self
+
+    def profile_spec(self) -> NodeProfiles | None:
+        """--node-profile as written (its compute_s, draws and named nodes), or None."""
+        return None if self.node_profile is None else NodeProfiles.from_json(self.node_profile)
+
+    def node_profiles(self) -> tuple[NodeProfile, ...] | None:
+        """Each rank's profile (draws from --seed), the same on every node and in simulate; None without one."""
+        spec = self.profile_spec()
+        return None if spec is None else spec.resolve(self.seed, self.nodes)
 
     def aggregator_rule(self) -> Aggregator:
         """The aggregation every node of the run applies (`mosaic_proto.robust`)."""

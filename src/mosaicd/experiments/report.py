@@ -6,6 +6,8 @@ unfinished runs (no summary.json, or one that says "status": "failed") are left 
 whatever its status, with the rounds it recorded. Writes, in RUN_DIR/report/ (or --out):
 
     metric_vs_rounds.png      node-average and average-model metric vs rounds
+    metric_vs_time.png        the same vs time: simulate's virtual clock (--node-profile: `virtual_s`), or a
+                              cluster's elapsed seconds
     consensus_vs_rounds.png   consensus distance and node spread vs rounds
     best_vs_fanout.png        best node-average metric over rounds vs the degree s (when the grid varies fanout)
     best_vs_alpha.png         the same vs the Dirichlet alpha (when the grid varies alpha)
@@ -221,12 +223,17 @@ def in_line(run: RunData, k: Any) -> bool:
     return run.point.get(LINE_KEY, run.settings.get(LINE_KEY)) == k
 
 
-def aggregate(runs: list[RunData], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Rounds common to all runs; mean, min, max and std over runs (seeds) of `key` at those rounds."""
+def aggregate(runs: list[RunData], key: str, x_key: str = "round") -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                             np.ndarray, np.ndarray]:
+    """Rounds common to all runs; mean, min, max and std over runs (seeds) of `key` at those rounds. `x_key`: the
+    x of those rounds, the round itself or a time column (its mean over the runs)."""
     series = [r.series(key) for r in runs]
     common = sorted(set.intersection(*(set(s) for s in series))) if series else []
     values = np.array([[s[t] for t in common] for s in series], dtype=float).reshape(len(series), len(common))
     x = np.array(common, dtype=float)  # the round, 0-based, as in rounds.csv and on the console
+    if x_key != "round":
+        times = [r.series(x_key) for r in runs]
+        x = np.array([np.mean([t[c] for t in times]) for c in common], dtype=float)
     with np.errstate(all="ignore"):
         return x, np.nanmean(values, 0), np.nanmin(values, 0), np.nanmax(values, 0), np.nanstd(values, 0)
 
@@ -277,13 +284,26 @@ def _wants_log(ax: Any, unit: Unit, key: str) -> bool:
     return bool(values.size) and values.min() > 0 and values.max() / values.min() > 100
 
 
-def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str], path: Path) -> Path:
+def time_key(sweep: Sweep) -> str | None:
+    """The column a time axis reads: simulate's virtual clock where every run has one, a cluster's elapsed_s."""
+    rows = [row for run in sweep.runs for row in run.rounds]
+    if rows and all(math.isfinite(_num(row.get("virtual_s"))) for row in rows):
+        return "virtual_s"
+    if rows and sweep.info.get("mode") == "cluster" and all(math.isfinite(_num(row.get("elapsed_s"))) for row in rows):
+        return "elapsed_s"
+    return None
+
+
+def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str], path: Path,
+                     x_key: str = "round") -> Path:
+    """`x_key`: "round", or a time column (`time_key`)."""
     import matplotlib.pyplot as plt
 
     rows = panels(sweep, sweep.panel_keys)
     ks = line_values(sweep)
     colors = _colors(len(ks))
-    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.8 * len(rows) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 3.8 * len(rows) + 0.6), squeeze=False,
+                             sharex="all" if x_key != "round" else "none")  # times compare across the panels
     for row, where in zip(axes, rows, strict=True):
         chosen = select(sweep, where)
         if not chosen:
@@ -297,14 +317,15 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
                 runs = [r for r in chosen if in_line(r, k)]
                 if not runs:
                     continue
-                x, mean, lo, hi, _ = aggregate(runs, key)
+                x, mean, lo, hi, _ = aggregate(runs, key, x_key)
                 ax.plot(x, mean * scale, color=color, lw=1.8, marker="o" if len(x) <= 12 else None, ms=3,
                         label=_k_label(k, runs) + (f" ({len(runs)} seeds)" if len(runs) != sweep.seeds else ""))
                 if len(runs) > 1:
                     ax.fill_between(x, lo * scale, hi * scale, color=color, alpha=0.18, lw=0)
             ylabel = {"node_average": unit.label, "average_model": unit.label, "node_spread": unit.spread_label,
                       "consensus_distance": "consensus distance (mean L2 to the average model)"}[key]
-            ax.set_xlabel("round")
+            ax.set_xlabel({"round": "round", "virtual_s": "virtual time (s, simulate's clock of --node-profile)",
+                           "elapsed_s": "elapsed time (s)"}.get(x_key, x_key))
             ax.set_ylabel(ylabel)
             metric_name = {"accuracy": "accuracy", "rmse": "RMSE", "loss": "loss"}.get(unit.metric, unit.metric)
             ax.set_title(title.format(metric=metric_name) + (f" ({_panel_title(sweep, where)})" if where else ""))
@@ -479,6 +500,11 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
             sweep, ("consensus_distance", "node_spread"), ("consensus distance", "node spread"),
             out / "consensus_vs_rounds.png")),
     ]
+    clock = time_key(sweep)
+    if clock is not None:
+        figures.append(("Node-average and average-model metric vs time", figure_vs_rounds(
+            sweep, ("node_average", "average_model"), ("node-average {metric}", "average-model {metric}"),
+            out / "metric_vs_time.png", x_key=clock)))
     if len(sweep.grid.get("fanout", [])) > 1:
         figures.append(("Best node-average metric vs degree s", figure_best_vs(
             sweep, "fanout", "degree s (receivers per fragment)", out / "best_vs_fanout.png")))

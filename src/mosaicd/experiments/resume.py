@@ -47,6 +47,7 @@ class Resumed:
     started: float  # the wall-clock start of the run it continues (`time.time()`)
     redone: int     # rounds the stopped run had done past this point, run again now
     carried: dict[int, dict[str, np.ndarray]] | None = None  # node -> its compressor's state (`Compressor.state`)
+    ready: dict[str, float] | None = None  # --node-profile: the virtual clock's late nodes (`VirtualClock.to_json`)
 
     def apply(self, network: InMemoryNetwork) -> None:
         """Put `network` (built from the settings, as at round 0) where the checkpoint left the run."""
@@ -67,9 +68,11 @@ def _fsync_replace(tmp: Path, path: Path) -> None:
         os.close(fd)
 
 
-def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float) -> None:
-    """Checkpoint the run between two rounds (after round `network.round - 1`'s rows were written)."""
-    meta = {"version": VERSION, "settings": settings.model_dump(mode="json"), "started": started,
+def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float,
+         ready: dict[str, float] | None = None) -> None:
+    """Checkpoint the run between two rounds (after round `network.round - 1`'s rows were written); `ready`: the
+    virtual clock's state, with --node-profile."""
+    meta = {"ready": ready, "version": VERSION, "settings": settings.model_dump(mode="json"), "started": started,
             "round": network.round, "clock": network.clock, "members": list(network.members),
             "barrier": network.barrier.to_json() if network.barrier is not None else None,
             "sizes": {name: (out / name).stat().st_size for name in CSV_FILES}}
@@ -150,5 +153,6 @@ def resume_point(out: Path, settings: Settings) -> Resumed:
     for name in CSV_FILES:
         _cut(out / name, int(meta["sizes"][name]))
     return Resumed(int(meta["round"]), float(meta["clock"]), [int(m) for m in meta["members"]], meta["barrier"],
-                   vectors, float(meta["started"]), max(0, done - int(meta["round"])), carried)
+                   vectors, float(meta["started"]), max(0, done - int(meta["round"])), carried,
+                   meta.get("ready"))
 

@@ -23,8 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from mosaic_proto import BarrierState, Fragmentation, InMemoryNetwork, NodeReport, PeerSampler
+from mosaic_proto.compression import Compression
 from mosaic_proto.network import RoundRecord
+from mosaic_proto.profiles import RoundPlan, VirtualClock
 from mosaicd.experiments import resume as checkpoint
 from mosaicd.experiments.batched import BatchedTraining
 from mosaicd.learning.evaluation import network_metrics
@@ -32,7 +36,7 @@ from mosaicd.learning.tasks import Task, build_task
 from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary, release
-from mosaicd.settings import Settings
+from mosaicd.settings import RunConfig, Settings
 
 
 def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound | None = None, *,
@@ -74,6 +78,24 @@ def _say_unfinished(out: Path) -> None:
           f"the same command with --resume continues it{saved} (--out {out})", file=sys.stderr)
 
 
+def _planned_bytes(run: RunConfig, fragmentation: Fragmentation) -> int:
+    """What a node sends a round, for the virtual clock: each fragment to s receivers, as --compress carries its
+    values (float32 without it; message framing left out)."""
+    codec = Compression.parse(run.compress)
+    return run.fanout * sum(codec.compress(np.zeros(size, np.float32), seed=0, round=0, node=0, fragment=0).nbytes
+                            for size in fragmentation.sizes)
+
+
+def _timings(plan: RoundPlan | None, node: int, each_s: float, released: float) -> dict[str, float]:
+    """A node's phase seconds in nodes.csv: on the virtual clock with --node-profile (train, send, and the wait
+    until the release), else its share of the round's measured time as its training."""
+    if plan is None:
+        return {"train_s": each_s}
+    timing = plan.nodes[node]
+    return {"train_s": round(timing.train_s, 6), "send_s": round(timing.send_s, 6),
+            "wait_s": round(released - timing.arrival, 6)}
+
+
 class _Saver:
     """When to checkpoint: after every `checkpoint_rounds` rounds, or a round ending `checkpoint_seconds` after
     the last save, whichever comes first; never after the last round (the run is then finished)."""
@@ -108,8 +130,13 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier,
                               aggregator=run.aggregator_rule(), attacks=attacks, max_norm=settings.max_norm,
                               compressors={i: run.compressor_of(i) for i in range(settings.nodes)})
+    spec, profiles = run.profile_spec(), run.node_profiles()
+    clock = VirtualClock(profiles, spec.compute_s, settings.round_deadline) if spec and profiles else None
+    planned = _planned_bytes(run, fragmentation) if clock is not None else 0
     if start is not None:
         start.apply(network)
+        if clock is not None and start.ready:
+            clock.restore(start.ready)
     saver = _Saver(settings, network.round)
     with ProgressPrinter(enabled=progress) as printer:
         printer.message(f"run folder {settings.out}")
@@ -122,21 +149,27 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
             started = time.perf_counter()
             if batched is not None:
                 batched.prepare(network)
-            record: RoundRecord = network.step()
+            plan = clock.plan(network.clock, network.members, planned) if clock is not None else None
+            record: RoundRecord = network.step(absent=plan.late, arrivals=plan.arrivals) if plan else network.step()
+            if clock is not None and plan is not None:
+                clock.released(plan, network.clock)
             elapsed = time.perf_counter() - started
             each_s = elapsed / len(record.nodes)
             rows = zip(record.nodes, record.losses, record.reports, strict=True)
-            recorder.node_rounds((node, NodeReport.of_traffic(report, loss=loss, train_s=each_s))
+            recorder.node_rounds((node, NodeReport.of_traffic(report, loss=loss, **_timings(plan, node, each_s,
+                                                                                             network.clock)))
                                  for node, loss, report in rows)
             row = None
             if is_eval_round(record.round, settings):
                 taken_at = time.time()
                 honest, says = honest_nodes(run, network.members)
                 live = [network.vectors[i] for i in honest]
-                row = recorder.network_round(record.round, {**network_metrics(task, live), "nodes": honest, **says},
-                                             taken_at)
+                virtual = {"virtual_s": round(network.clock, 6)} if clock is not None else {}
+                row = recorder.network_round(record.round, {**network_metrics(task, live), "nodes": honest, **says,
+                                                            **virtual}, taken_at)
             if saver.due(network.round):
-                checkpoint.save(settings.out, network, settings, recorder.started)
+                checkpoint.save(settings.out, network, settings, recorder.started,
+                                clock.to_json() if clock is not None else None)
                 saver.saved(network.round)
             losses = [x for x in record.losses if math.isfinite(x)]
             done = RoundProgress(record.round, settings.rounds, sum(losses) / len(losses) if losses else None, row)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
 from mosaic_proto import CONTENT_TYPE, BarrierReason, Layout, NodeReport, NodeState, OutgoingMessage, Reason, Release
+from mosaic_proto.profiles import NodeProfile, TokenBucket
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.http.body import hash_bytes
@@ -19,17 +21,36 @@ from mosaicd.daemon.http.tls import scheme
 from mosaicd.settings import DaemonOptions
 
 
+class Link:
+    """--node-profile's link, for real: each send waits the profile's latency, and the bytes of the node's sends go
+    through a token bucket at its bandwidth, one after the other, before the request leaves."""
+
+    def __init__(self, profile: NodeProfile) -> None:
+        self.latency = profile.latency
+        self.bucket = TokenBucket(profile.bandwidth) if profile.bandwidth else None
+
+    async def __call__(self, nbytes: int) -> None:
+        loop = asyncio.get_running_loop()
+        paced = self.bucket.take(nbytes, loop.time()) if self.bucket is not None else 0.0
+        if self.latency + paced > 0:
+            await asyncio.sleep(self.latency + paced)
+
+
 async def send_all(client: Client, round: int, messages: list[OutgoingMessage], urls: list[str], log: Any,
-                   budget: float = math.inf) -> tuple[dict[int, tuple[int, int]], list[OutgoingMessage]]:
+                   budget: float = math.inf, pace: Callable[[int], Awaitable[None]] | None = None,
+                   ) -> tuple[dict[int, tuple[int, int]], list[OutgoingMessage]]:
     """POST every message concurrently, for at most `budget` seconds: (peer -> (fragments, bytes) of those taken,
     the messages not taken). A peer that does not take its fragments is not fatal. A send that takes over a
-    quarter of the budget (and a second) is logged with its peer and time."""
+    quarter of the budget (and a second) is logged with its peer and time. `pace`: awaited with each message's
+    size before it is sent (a profile's `Link`)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     digests: dict[int, asyncio.Future[str | None]] = {}  # by payload: peers sent the same fragments share its bytes
 
     async def send(message: OutgoingMessage, url: str) -> bool:
         try:
+            if pace is not None:
+                await pace(len(message.payload))
             if client.signer is not None and id(message.payload) not in digests:
                 digests[id(message.payload)] = asyncio.ensure_future(hash_bytes(message.payload))
             digest = await asyncio.shield(digests[id(message.payload)]) if client.signer is not None else None

@@ -36,7 +36,7 @@ from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresse
 from mosaicd.daemon.http.server import serve
 from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.daemon.node.inbox import Inbox
-from mosaicd.daemon.node.outbound import arrival, arrive, leave, live_model, read_release, send_all
+from mosaicd.daemon.node.outbound import Link, arrival, arrive, leave, live_model, read_release, send_all
 from mosaicd.daemon.node.routes import node_app
 from mosaicd.logs import get_logger
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
@@ -56,6 +56,7 @@ class Peer:
         run (`--resume-round`), wherever it listens now."""
         self.options, self._model, self._host, self._hosted_run = options, model, host, run
         self._resume_rank = resume_rank
+        self._paced: tuple[int, Link] | None = None  # (rank, its link) under --node-profile
         self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining,
                                on_refused=lambda why, n: self.metrics.counted(why, n))
         secret = peer_secret(options)  # --secret-file's, or an in-process barrier's
@@ -217,7 +218,7 @@ class Peer:
         messages = state.outgoing(local)
         urls = [f"{scheme(self.options)}://{state.addresses[m.peer]}/v1/fragments" for m in messages]
         delivered, unsent = await send_all(self._client, t, messages, urls, self.log,
-                                           state.send_budget(self.run.round_deadline))
+                                           state.send_budget(self.run.round_deadline), self._link())
         report = state.sent(delivered, unsent, loss, train_s)
         release, joined, failure = read_release(await self._arrive(arrival(state, report)))
         advance = state.released(release.members, joined, release.stragglers)
@@ -230,6 +231,15 @@ class Peer:
         self.metrics.taken(advance.taken)
         self.metrics.round_done(t + 1, loss, advance.report)
         return advance.vector
+
+    def _link(self) -> Link | None:
+        """This node's link as --node-profile describes it (latency, bandwidth), or None."""
+        spec = self.run.profile_spec()
+        if spec is None:
+            return None
+        if self._paced is None or self._paced[0] != self.rank:
+            self._paced = (self.rank, Link(spec.of(self.rank, self.run.seed, self.run.nodes)))
+        return self._paced[1]
 
     def evaluating(self, round: int) -> None:
         """This node computes its metrics of `round` (the model after it): the barrier's collection waits for them."""

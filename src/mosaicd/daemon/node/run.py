@@ -125,6 +125,8 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
         peer.restore_compression(saved.carried)  # it goes on from this checkpoint's round: exactly, as if never stopped
     saving = Checkpoints(options, peer)
     data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
+    spec = run.profile_spec()
+    profile = spec.of(peer.rank, run.seed, run.nodes) if spec is not None else None
     while peer.round < run.rounds:
         t = peer.round
         started = time.perf_counter()
@@ -132,6 +134,9 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
             local, loss = await asyncio.to_thread(task.train, data_rank, t, vector)
         else:
             local, loss = vector, math.nan
+        if profile is not None and spec is not None:  # --node-profile: train as slowly as such a node would
+            took = time.perf_counter() - started
+            await asyncio.sleep(max(profile.train_s(max(spec.compute_s, took)) - took, 0.0))
         await saving.drain()  # the checkpoint of round t is on disk before this node arrives at t
         evaluates = is_eval_round(t, run)
         if evaluates:  # the barrier's collection of round t waits for this node's metrics of it
