@@ -104,6 +104,26 @@ def role_flags(command: str, values: dict[str, Any]) -> list[str]:
     return flags({k: v for k, v in values.items() if k in taken})
 
 
+def status(port: int) -> dict[str, Any]:
+    """A daemon's /v1/status on loopback; {} while it does not listen yet."""
+    try:
+        reply = http("GET", f"http://127.0.0.1:{port}/v1/status", timeout=5)
+    except OSError:
+        return {}
+    return reply.json() if reply.status == 200 else {}
+
+
+def wait_lingering(cluster: Any, result: dict[str, Any], timeout: float) -> None:
+    """Wait until every node of `cluster` (run by `run_in_thread`, with --linger) is done and still serves its last
+    /metrics; the cluster's error if it failed meanwhile."""
+    def lingering() -> bool:
+        if "error" in result:
+            raise result["error"]
+        return bool(cluster.node_ports) and all(status(p).get("phase") == "finished" for p in cluster.node_ports)
+
+    wait_until(lingering, timeout, "every node done (lingering)")
+
+
 def run_in_thread(cluster: Any, timeout: float) -> tuple[threading.Thread, dict[str, Any]]:
     """`cluster.run(timeout)` in a background thread; the dict gets "summary", or "error" (raised or not by the
     test, as it sees fit)."""
@@ -193,6 +213,8 @@ class Kit:
     flags = staticmethod(flags)
     role_flags = staticmethod(role_flags)
     run_in_thread = staticmethod(run_in_thread)
+    status = staticmethod(status)
+    wait_lingering = staticmethod(wait_lingering)
     serve_on_loopback = staticmethod(serve_on_loopback)
     served_barrier = staticmethod(served_barrier)
     wait_until = staticmethod(wait_until)

@@ -60,29 +60,13 @@ def test_robust_aggregators_on_compressed_messages_equal_simulate(tmp_path: Path
     assert cluster["model_sha256"] == simulate["model_sha256"] and len(cluster["model_sha256"]) == 5
 
 
-def phase(kit: Any, port: int) -> str | None:
-    """A daemon's phase (/v1/status); None while it does not listen yet."""
-    try:
-        reply = kit.http("GET", f"http://127.0.0.1:{port}/v1/status", timeout=5)
-    except OSError:
-        return None
-    return reply.json().get("phase") if reply.status == 200 else None
-
-
 @pytest.mark.slow  # one loopback cluster of 6 processes: ~8 s on 2 idle cores
 def test_metrics_count_the_bytes_on_the_wire_and_before_compression(tmp_path: Path, kit: Any) -> None:
     settings = Settings(**QUADRATIC, compress="int8", linger=20.0, out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
     thread, result = kit.run_in_thread(cluster, timeout=120)
     try:
-        def lingering() -> bool:  # every node is done and serves its last /metrics (--linger)
-            if "error" in result:
-                raise result["error"]
-            if not cluster.node_ports:
-                return False
-            return all(phase(kit, p) == "finished" for p in cluster.node_ports)
-
-        kit.wait_until(lingering, 60, "every node done")
+        kit.wait_lingering(cluster, result, 60)
         scraped = {}
         for name in ("mosaic_sent_bytes_total", "mosaic_sent_uncompressed_bytes_total"):
             scraped[name] = sum(float(line.rsplit(" ", 1)[1]) for p in cluster.node_ports

@@ -37,15 +37,6 @@ def by_reason(rows: list[dict[str, str]]) -> Counter:
     return total
 
 
-def status_of(kit: Any, port: int) -> dict[str, Any]:
-    """A daemon's /v1/status; {} while it does not listen yet."""
-    try:
-        reply = kit.http("GET", f"http://127.0.0.1:{port}/v1/status", timeout=5)
-    except OSError:
-        return {}
-    return reply.json() if reply.status == 200 else {}
-
-
 def scrape(kit: Any, port: int, prefix: str) -> float:
     """The sum of a /metrics family's samples whose line starts with `prefix`."""
     body = kit.http("GET", f"http://127.0.0.1:{port}/metrics").body.decode()
@@ -102,14 +93,7 @@ def test_max_norm_refusals_are_counted_in_metrics_and_nodes_csv(tmp_path: Path, 
     cluster = Cluster(settings, progress=False)
     thread, result = kit.run_in_thread(cluster, timeout=120)
     try:
-        def lingering() -> bool:  # every node is done and serves its last /metrics (--linger)
-            if "error" in result:
-                raise result["error"]
-            if not cluster.node_ports:
-                return False
-            return all(status_of(kit, p).get("phase") == "finished" for p in cluster.node_ports)
-
-        kit.wait_until(lingering, 60, "every node done")
+        kit.wait_lingering(cluster, result, 60)
         refused = {r: scrape(kit, cluster.node_ports[r], 'mosaic_refused_messages_total{reason="out_of_range"}')
                    for r in range(5)}
     finally:
@@ -147,7 +131,7 @@ def test_default_cluster_is_signed_and_its_secret_appears_nowhere(tmp_path: Path
         assert stat.S_IMODE(secret_file.parent.stat().st_mode) == 0o700
         secret = secret_file.read_text().strip()
         assert len(secret) >= 16
-        kit.wait_until(lambda: status_of(kit, port).get("rank", -1) >= 0, 30, "node-0 registered")
+        kit.wait_until(lambda: kit.status(port).get("rank", -1) >= 0, 30, "node-0 registered")
         fr = Fragmentation.build(Layout.flat(8), 2, settings.seed)
         forged = encode(FragmentBatch(settings.run_id, 1, 1, 2, fr.fingerprint, {0: np.ones(4, np.float32)}))
         reply = kit.http("POST", f"http://127.0.0.1:{port}/v1/fragments", forged, CONTENT_TYPE)

@@ -340,22 +340,42 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
     return path
 
 
-def figure_best_vs(sweep: Sweep, x_key: str, x_label: str, path: Path, log_x: bool = False) -> Path:
+def _small_multiples(sweep: Sweep, x_key: str, width: float, height: float) -> tuple[Any, list]:
+    """A figure of one subplot per combination of the grid's other panel keys than `x_key` (3 a row): the figure,
+    and (axes, grid point, its runs) of the subplots that have runs (the others hidden)."""
     import matplotlib.pyplot as plt
 
-    keys = [k for k in sweep.panel_keys if k != x_key]
-    rows = panels(sweep, keys)
-    ks = line_values(sweep)
-    colors = _colors(len(ks))
+    rows = panels(sweep, [k for k in sweep.panel_keys if k != x_key])
     cols = min(3, len(rows))
     nrows = math.ceil(len(rows) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4.0 * nrows + 0.6), squeeze=False)
-    xs = sorted(sweep.grid[x_key])
-    for ax, where in zip(axes.flat, rows, strict=False):
-        chosen = select(sweep, where)
-        if not chosen:
+    fig, axes = plt.subplots(nrows, cols, figsize=(width * cols, height * nrows + 0.6), squeeze=False)
+    drawn = []
+    for i, ax in enumerate(axes.flat):
+        chosen = select(sweep, rows[i]) if i < len(rows) else []
+        if chosen:
+            drawn.append((ax, rows[i], chosen))
+        else:
             ax.set_visible(False)
-            continue
+    return fig, drawn
+
+
+def _saved(fig: Any, sweep: Sweep, spread: str, path: Path) -> Path:
+    """`fig` titled with the sweep's context (`spread`: what the seeds' spread is drawn as) and written to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(_context(sweep).replace("band = min..max", spread), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def figure_best_vs(sweep: Sweep, x_key: str, x_label: str, path: Path, log_x: bool = False) -> Path:
+    ks = line_values(sweep)
+    colors = _colors(len(ks))
+    fig, drawn = _small_multiples(sweep, x_key, 5.5, 4.0)
+    xs = sorted(sweep.grid[x_key])
+    for ax, where, chosen in drawn:
         unit = chosen[0].unit
         for k, color in zip(ks, colors, strict=True):
             means, stds, used = [], [], []
@@ -379,32 +399,15 @@ def figure_best_vs(sweep: Sweep, x_key: str, x_label: str, path: Path, log_x: bo
         ax.set_xticklabels([str(v) for v in xs])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(rows):]:
-        ax.set_visible(False)
-    context = _context(sweep).replace("band = min..max", "error bars = +-1 std")
-    fig.suptitle(context, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _saved(fig, sweep, "error bars = +-1 std", path)
 
 
 def figure_metric_vs_bytes(sweep: Sweep, path: Path) -> Path:
     """Final node-average metric against the bytes a node sent, one line per K through the codecs (`compress`)."""
-    import matplotlib.pyplot as plt
-
-    keys = [k for k in sweep.panel_keys if k != "compress"]
-    rows = panels(sweep, keys)
     ks = line_values(sweep)
     colors = _colors(len(ks))
-    cols = min(3, len(rows))
-    fig, axes = plt.subplots(math.ceil(len(rows) / cols), cols, figsize=(6.0 * cols, 4.4 * math.ceil(len(rows) / cols)
-                                                                         + 0.6), squeeze=False)
-    for ax, where in zip(axes.flat, rows, strict=False):
-        chosen = select(sweep, where)
-        if not chosen:
-            ax.set_visible(False)
-            continue
+    fig, drawn = _small_multiples(sweep, "compress", 6.0, 4.4)
+    for ax, where, chosen in drawn:
         unit = chosen[0].unit
         for k, color in zip(ks, colors, strict=True):
             points = []
@@ -427,13 +430,7 @@ def figure_metric_vs_bytes(sweep: Sweep, path: Path) -> Path:
         ax.set_title("final node-average vs bytes sent" + (f" ({_panel_title(sweep, where)})" if where else ""))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(rows):]:
-        ax.set_visible(False)
-    fig.suptitle(_context(sweep).replace("band = min..max", "points = mean"), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _saved(fig, sweep, "points = mean", path)
 
 
 # ---------------------------------------------------------------------------------------------- the table
