@@ -26,11 +26,16 @@ every configuration in the three modes, plain, secret and secret+TLS, --repeats 
 secret+TLS, plain, ...: load that comes and goes hits every mode alike), and prints each mode's median seconds
 per round and its ratio to plain's median (the secret: --secret-file, else 32 random bytes).
 
+Event loops (`--event-loop uvloop,asyncio`): every run is made once per loop named, in turn with the modes and
+repeats, and a table gives each (n, K, mode)'s median seconds and CPU seconds per round on each loop and their
+ratio to the last loop named (uvloop / asyncio: below 1, uvloop is faster).
+
 s is capped at n - 1 (a node has n - 1 possible receivers; the settings refuse s >= n).
 
 Usage: .venv/bin/python bench/round.py [--nodes 8,16,32] [--fragments 1,16] [--fanout 8] [--dim 1000000]
                                        [--rounds 6] [--warmup 1] [--keep DIR]
                                        [--secret-file PATH] [--tls] [--compare [--repeats 3]]
+                                       [--event-loop auto|uvloop|asyncio[,...]]
 The last line of stdout is a JSON list with one row per configuration.
 """
 
@@ -55,7 +60,7 @@ from exchange import per_round
 from procstat import cpu_seconds, stat_fields
 
 from mosaicd.experiments.cluster import Cluster
-from mosaicd.settings import Settings
+from mosaicd.settings import EventLoop, Settings
 
 BYTES_TOLERANCE = 0.01
 MODES = ("plain", "secret", "secret+tls")
@@ -63,6 +68,14 @@ MODES = ("plain", "secret", "secret+tls")
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _loops(text: str) -> list[str]:
+    loops = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in loops if x not in EventLoop._value2member_map_]
+    if bad or not loops:
+        raise argparse.ArgumentTypeError(f"expected {', '.join(EventLoop)} (comma-separated), got {text!r}")
+    return loops
 
 
 # -- the reference: a plain loopback socket pair -------------------------------------------------------------
@@ -209,11 +222,11 @@ def security(mode: str, secret: Path | None, certs: dict[str, Path] | None) -> d
 
 
 def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Path, mode: str = "plain",
-               **extra: object) -> dict:
+               event_loop: str = "auto", **extra: object) -> dict:
     settings = Settings.load(
         run_id=f"bench-round-n{n}-k{k}", nodes=n, rounds=rounds, fragments=k, fanout=s, dim=d, task="quadratic",
         train=False, eval_every=0, round_deadline=900.0, request_timeout=300.0, register_deadline=300.0,
-        out=out, log_level="info", **extra)
+        out=out, log_level="info", event_loop=event_loop, **extra)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     with CpuSampler() as cpu:
@@ -239,7 +252,7 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
                                   for r in rows)
     bytes_node = statistics.fmean(per_row)
     return {
-        "n": n, "d": d, "K": k, "s": s, "mode": mode,
+        "n": n, "d": d, "K": k, "s": s, "mode": mode, "event_loop": event_loop,
         "rounds_measured": len(intervals),
         "seconds_per_round": statistics.fmean(intervals),
         "seconds_per_round_max": max(intervals),
@@ -271,6 +284,9 @@ def main() -> None:
     parser.add_argument("--compare", action="store_true", help="run each configuration plain, with a secret, and "
                         "with a secret and mutual TLS; print the ratios to plain")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each mode, in turn (the median counts)")
+    parser.add_argument("--event-loop", type=_loops, default=["auto"], metavar="LOOP[,LOOP]",
+                        help="the cluster's --event-loop; several (uvloop,asyncio): each run on each, in turn, and "
+                        "their ratios")
     args = parser.parse_args()
     if args.rounds <= max(args.warmup, 1):
         parser.error("--rounds must be more than --warmup (and at least 2)")
@@ -281,9 +297,10 @@ def main() -> None:
     else:
         modes = ("+".join(m for m, on in (("secret", args.secret_file), ("tls", args.tls)) if on) or "plain",)
 
+    loops = args.event_loop
     print(f"bench/round.py: python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}; "
           f"d={args.dim}, rounds={args.rounds} (first {args.warmup} not counted), training off, eval at the end only; "
-          f"modes: {', '.join(modes)}", flush=True)
+          f"modes: {', '.join(modes)}; event loops: {', '.join(loops)}", flush=True)
     root = args.keep or Path(tempfile.mkdtemp(prefix="mosaic-bench-round-"))
     root.mkdir(parents=True, exist_ok=True)
     secret = args.secret_file or (make_secret(root) if any("secret" in m for m in modes) else None)
@@ -295,9 +312,10 @@ def main() -> None:
         for n in args.nodes:
             s = min(args.fanout, n - 1)
             for k in args.fragments:
-                for rep, mode in ((rep, mode) for rep in range(args.repeats) for mode in modes):
+                for rep, mode, loop in ((rep, mode, loop) for rep in range(args.repeats) for mode in modes
+                                        for loop in loops):
                     row = run_config(n, k, s, args.dim, args.rounds, args.warmup,
-                                     root / f"n{n}-k{k}-{mode.replace('+', '-')}-{rep}", mode,
+                                     root / f"n{n}-k{k}-{mode.replace('+', '-')}-{loop}-{rep}", mode, loop,
                                      **security(mode, secret, certs))
                     total = n * s * args.dim * 4
                     if total not in sockets:
@@ -312,7 +330,7 @@ def main() -> None:
                     rows.append(row)
                     flag = "" if row["bytes_rows_off"] == 0 else f"  !! {row['bytes_rows_off']} rows off by >1%"
                     note = f"  (s capped at n-1={s})" if s != args.fanout else ""
-                    print(f"  done n={n:>3} K={k:>3} s={s} {mode}: {row['seconds_per_round']:.3f} s/round, "
+                    print(f"  done n={n:>3} K={k:>3} s={s} {mode} {loop}: {row['seconds_per_round']:.3f} s/round, "
                           f"{row['cpu_s_per_round']:.3f} CPU-s/round, cluster "
                           f"wall {row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}{note}{flag}",
                           flush=True)
@@ -321,13 +339,15 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
 
     print()
-    head = (f"{'n':>3} {'K':>3} {'s':>2} {'mode':>10} {'s/round':>8} {'max':>7} {'MB/node/rnd':>11} {'ratio':>8} "
+    head = (f"{'n':>3} {'K':>3} {'s':>2} {'mode':>10} {'loop':>7} {'s/round':>8} {'max':>7} {'MB/node/rnd':>11} "
+            f"{'ratio':>8} "
             f"{'msgs':>5} {'send_s':>7} {'wait_s':>7} {'aggr_s':>7} {'socket_s':>8} {'slowdown':>8} {'MB/s':>6} "
             f"{'compute_s':>9} {'bound_s':>7} {'vs_bound':>8} {'load':>5}")
     print(head)
     for r in rows:
         mbps = r["n"] * r["bytes_per_node_round"] / r["seconds_per_round"] / 1e6
-        print(f"{r['n']:>3} {r['K']:>3} {r['s']:>2} {r['mode']:>10} {r['seconds_per_round']:>8.3f} "
+        print(f"{r['n']:>3} {r['K']:>3} {r['s']:>2} {r['mode']:>10} {r['event_loop']:>7} "
+              f"{r['seconds_per_round']:>8.3f} "
               f"{r['seconds_per_round_max']:>7.3f} "
               f"{r['bytes_per_node_round'] / 1e6:>11.3f} {r['bytes_ratio']:>8.5f} {r['messages_per_node_round']:>5.1f} "
               f"{r['send_s']:>7.3f} {r['wait_s']:>7.3f} {r['aggregate_s']:>7.3f} {r['socket_seconds']:>8.3f} "
@@ -341,34 +361,52 @@ def main() -> None:
           "one core); "
           "bound_s: socket_s + compute_s / cores, the cost of the computation itself; load: 1-min load average "
           "before the run")
-    runs: dict[tuple[int, int, str], list[dict]] = {}
+    runs: dict[tuple[int, int, str, str], list[dict]] = {}
     for r in rows:
-        runs.setdefault((r["n"], r["K"], r["mode"]), []).append(r)
+        runs.setdefault((r["n"], r["K"], r["mode"], r["event_loop"]), []).append(r)
     median = {key: statistics.median(r["seconds_per_round"] for r in group) for key, group in runs.items()}
     cpu_median = {key: statistics.median(r["cpu_s_per_round"] for r in group) for key, group in runs.items()}
+    bound_median = {key: statistics.median(r["vs_bound"] for r in group) for key, group in runs.items()}
     for r in rows:
-        base, cpu_base = median.get((r["n"], r["K"], "plain")), cpu_median.get((r["n"], r["K"], "plain"))
+        plain = (r["n"], r["K"], "plain", r["event_loop"])
+        base, cpu_base = median.get(plain), cpu_median.get(plain)
         r["vs_plain"] = r["seconds_per_round"] / base if base else None
         r["cpu_vs_plain"] = r["cpu_s_per_round"] / cpu_base if cpu_base else None
+        other = (r["n"], r["K"], r["mode"], loops[-1])  # the last loop named: asyncio in `uvloop,asyncio`
+        r["vs_last_loop"] = r["seconds_per_round"] / median[other] if len(loops) > 1 else None
+        r["cpu_vs_last_loop"] = r["cpu_s_per_round"] / cpu_median[other] if len(loops) > 1 else None
     if len(modes) > 1:
         print()
-        print(f"{'n':>3} {'K':>3} {'mode':>10} {'runs':>4} {'median s/round':>14} {'vs plain':>8} "
+        print(f"{'n':>3} {'K':>3} {'mode':>10} {'loop':>7} {'runs':>4} {'median s/round':>14} {'vs plain':>8} "
               f"{'CPU-s/round':>11} {'vs plain':>8}  {'every run s/round':<30}")
-        for (n, k, mode), group in runs.items():
-            base, cpu_base = median.get((n, k, "plain")), cpu_median.get((n, k, "plain"))
-            ratio = f"{median[n, k, mode] / base:>8.3f}" if base else f"{'-':>8}"
-            cpu_ratio = f"{cpu_median[n, k, mode] / cpu_base:>8.3f}" if cpu_base else f"{'-':>8}"
+        for (n, k, mode, loop), group in runs.items():
+            base, cpu_base = median.get((n, k, "plain", loop)), cpu_median.get((n, k, "plain", loop))
+            ratio = f"{median[n, k, mode, loop] / base:>8.3f}" if base else f"{'-':>8}"
+            cpu_ratio = f"{cpu_median[n, k, mode, loop] / cpu_base:>8.3f}" if cpu_base else f"{'-':>8}"
             each = " ".join(f"{r['seconds_per_round']:.3f}" for r in group)
-            print(f"{n:>3} {k:>3} {mode:>10} {len(group):>4} {median[n, k, mode]:>14.3f} {ratio} "
-                  f"{cpu_median[n, k, mode]:>11.3f} {cpu_ratio}  {each}")
+            print(f"{n:>3} {k:>3} {mode:>10} {loop:>7} {len(group):>4} {median[n, k, mode, loop]:>14.3f} {ratio} "
+                  f"{cpu_median[n, k, mode, loop]:>11.3f} {cpu_ratio}  {each}")
         print("vs plain: the mode's median seconds (CPU seconds of all cluster processes) per round over plain's "
-              "(same n, K); the modes ran in turn, --repeats times. On a shared machine the CPU seconds are the "
-              "steadier figure: wall time also counts other jobs' load")
+              "(same n, K, loop); the modes ran in turn, --repeats times. On a shared machine the CPU seconds are "
+              "the steadier figure: wall time also counts other jobs' load")
+    if len(loops) > 1:
+        last = loops[-1]
+        print()
+        print(f"{'n':>3} {'K':>3} {'mode':>10} {'loop':>7} {'median s/round':>14} {'vs ' + last:>10} "
+              f"{'CPU-s/round':>11} {'vs ' + last:>10} {'vs_bound':>8}")
+        for (n, k, mode, loop) in runs:
+            other = (n, k, mode, last)
+            print(f"{n:>3} {k:>3} {mode:>10} {loop:>7} {median[n, k, mode, loop]:>14.3f} "
+                  f"{median[n, k, mode, loop] / median[other]:>10.3f} {cpu_median[n, k, mode, loop]:>11.3f} "
+                  f"{cpu_median[n, k, mode, loop] / cpu_median[other]:>10.3f} {bound_median[n, k, mode, loop]:>8.2f}")
+        print(f"vs {last}: the loop's median seconds (CPU seconds) per round over {last}'s, same n, K and mode, "
+              "the runs made in turn; vs_bound: the median of the runs' round against the bound")
     keys = ("n", "d", "K", "s", "mode", "seconds_per_round", "cpu_s_per_round", "bytes_per_node_round",
             "expected_bytes", "bytes_ratio",
             "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket", "compute_seconds",
-            "bound_seconds", "vs_bound", "load1")
+            "bound_seconds", "vs_bound", "load1", "event_loop")
     keys += ("vs_plain", "cpu_vs_plain") if len(modes) > 1 else ()
+    keys += ("vs_last_loop", "cpu_vs_last_loop") if len(loops) > 1 else ()
     print(json.dumps([{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in keys} for r in rows]))
     if off:
         sys.exit(1)

@@ -22,9 +22,14 @@ cluster's wall against it. With --repeat the variants and simulate run in turn (
 and each ratio is the median of the ratios of runs made side by side (`ratios_to_bound`, `ratios_wall`): this
 host's speed drifts by tens of percent over minutes.
 
+`--event-loop uvloop,asyncio`: the warm cluster once per loop named (variants `warm-uvloop`, `warm-asyncio`), in
+turn with the others; `ratio_to_bound` and `ratios_to_bound` per loop, and `loop_ratio_wall` / `loop_ratio_cpu`:
+the first loop's wall (CPU seconds) over the last's, side by side (below 1: the first is faster).
+
     .venv/bin/python bench/tutorial.py                # warm and cold once each: about 1.5 min on 2 idle cores
     .venv/bin/python bench/tutorial.py --repeat 3     # 3 of each, interleaved; medians
     .venv/bin/python bench/tutorial.py --no-cold --rounds 20   # a quick look
+    .venv/bin/python bench/tutorial.py --no-cold --event-loop uvloop,asyncio --repeat 3
 
 Last line of stdout: a JSON object {"warm": {...}, "cold": {...}, "simulate": {...}, "ratio_wall": warm/cold
 launch_wall_s, "ratio_to_bound": ..., ...}.
@@ -49,15 +54,15 @@ from procstat import cpu_seconds, stat_fields
 from mosaicd.experiments.cluster import Cluster
 from mosaicd.logs import configure_logging
 from mosaicd.rundir import claim_out
-from mosaicd.settings import Settings
+from mosaicd.settings import EventLoop, Settings
 
 MIB = 1024 * 1024
 
 
-def tutorial_settings(out: Path, rounds: int, nodes: int) -> Settings:
+def tutorial_settings(out: Path, rounds: int, nodes: int, event_loop: str = "auto") -> Settings:
     return Settings.load(task="digits", nodes=nodes, rounds=rounds, sampler="local", fanout=4, fragments=1,
                          local_steps=10, batch_size=16, lr=0.05, partition="dirichlet", alpha=0.1, eval_every=10,
-                         out=out)
+                         out=out, event_loop=event_loop)
 
 
 def pss_bytes(pid: int | None) -> int | None:
@@ -152,10 +157,11 @@ class ThreadCpuSampler(Sampler):
         return {k: round(v, 2) for k, v in parts.items()}
 
 
-def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
+def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str = "auto") -> dict[str, Any]:
     # each run afresh: a repeat in the same folder would find the last run's checkpoints and journal
-    out = claim_out(workdir / ("warm" if warm else "cold"), "cluster", replace=True)
-    settings = tutorial_settings(out, rounds, nodes)
+    warm = name.startswith("warm")
+    out = claim_out(workdir / name, "cluster", replace=True)
+    settings = tutorial_settings(out, rounds, nodes, event_loop)
     cluster = Cluster(settings, progress=False, warm=warm)
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     before_self = resource.getrusage(resource.RUSAGE_SELF)
@@ -183,7 +189,7 @@ def run_once(warm: bool, rounds: int, nodes: int, workdir: Path) -> dict[str, An
         "pss_barrier_mib": round(peak["barrier"] / MIB, 1) if "barrier" in peak else None,
         "pss_samples": sampler.samples, "accuracy": final.get("average_model"),
         **split, "node_loop_ms_per_round": round(1000 * split["node_loop_s"] / (nodes * rounds), 2),
-        "model_sha256": summary.get("model_sha256"),
+        "model_sha256": summary.get("model_sha256"), "event_loop": event_loop,
     }
 
 
@@ -254,10 +260,21 @@ def main() -> None:
     parser.add_argument("--no-cold", action="store_true", help="skip the cold reference")
     parser.add_argument("--no-simulate", action="store_true", help="skip simulate's CPU-seconds reference")
     parser.add_argument("--workdir", type=Path, default=None, help="where runs go [default: a temporary folder]")
+    parser.add_argument("--event-loop", default="auto", metavar="LOOP[,LOOP]",
+                        help="the cluster's --event-loop (auto, uvloop, asyncio); several (uvloop,asyncio): the warm "
+                        "cluster on each, in turn, and their ratios")
     args = parser.parse_args()
+    loops = [x.strip() for x in args.event_loop.split(",") if x.strip()]
+    if not loops or any(x not in EventLoop._value2member_map_ for x in loops):
+        parser.error(f"--event-loop: expected {', '.join(EventLoop)} (comma-separated), got {args.event_loop!r}")
     configure_logging("warning")
     cores = os.cpu_count() or 1
-    runs: dict[str, list[dict[str, Any]]] = {"warm": []} if args.no_cold else {"warm": [], "cold": []}
+    # variant -> its loop; the first warm one is "warm" for the cold and simulate comparisons
+    variants = {"warm": loops[0]} if len(loops) == 1 else {f"warm-{loop}": loop for loop in loops}
+    warms = list(variants)
+    if not args.no_cold:
+        variants["cold"] = loops[0]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     if not args.no_simulate:
         runs["simulate"] = []
     with tempfile.TemporaryDirectory(prefix="mosaic-tutorial-") as tmp:
@@ -265,38 +282,59 @@ def main() -> None:
         for i in range(args.repeat):
             for name in runs:
                 runs[name].append(run_simulate(args.rounds, args.nodes, workdir) if name == "simulate"
-                                  else run_once(name == "warm", args.rounds, args.nodes, workdir))
+                                  else run_once(name, args.rounds, args.nodes, workdir, variants[name]))
             if args.repeat > 1:
                 done = ", ".join(f"{name} cpu {r[-1]['cpu_s']:.1f} s" if name == "simulate"
                                  else f"{name} wall {r[-1]['wall_s']:.1f} s" for name, r in runs.items())
                 print(f"run {i + 1}/{args.repeat}: {done}", flush=True)
     results = {name: median_of(r) for name, r in runs.items()}
-    for name in ("warm", "cold"):
-        if name in results:
+    for name in results:
+        if name != "simulate":
             print_variant(name, results[name])
-    report: dict[str, Any] = {"job": {"nodes": args.nodes, "rounds": args.rounds, "repeat": args.repeat},
-                              "cores": cores, **results}
+    report: dict[str, Any] = {"job": {"nodes": args.nodes, "rounds": args.rounds, "repeat": args.repeat,
+                                      "event_loops": loops}, "cores": cores, **results}
     if "simulate" in results:
-        sim, warm = results["simulate"], results["warm"]
+        sim = results["simulate"]
         bound = sim["cpu_s"] / cores
         report["compute_bound_s"] = round(bound, 2)
         bounds = [s["cpu_s"] / cores for s in runs["simulate"]]
-        report["ratio_to_bound"], report["ratios_to_bound"] = side_by_side([r["wall_s"] for r in runs["warm"]], bounds)
-        report["ratio_launch_to_bound"], _ = side_by_side([r["launch_wall_s"] for r in runs["warm"]], bounds)
-        report["same_models_simulate"] = all(s["model_sha256"] == w["model_sha256"]
-                                             for s, w in zip(runs["simulate"], runs["warm"], strict=True))
-        each = f" (each run: {', '.join(f'{x}x' for x in report['ratios_to_bound'])})" if args.repeat > 1 else ""
-        print(f"simulate: cpu {sim['cpu_s']:.1f} s (wall {sim['wall_s']:.1f} s); bound on {cores} cores "
-              f"{bound:.1f} s; cluster wall {warm['wall_s']:.1f} s = {report['ratio_to_bound']}x the bound{each} "
-              f"(launch to end {report['ratio_launch_to_bound']}x); same models: {report['same_models_simulate']}")
+        for name in warms:
+            warm, key = results[name], "" if len(warms) == 1 else f" ({name})"
+            ratio, ratios = side_by_side([r["wall_s"] for r in runs[name]], bounds)
+            launch, _ = side_by_side([r["launch_wall_s"] for r in runs[name]], bounds)
+            if len(warms) == 1:
+                report["ratio_to_bound"], report["ratios_to_bound"], report["ratio_launch_to_bound"] = \
+                    ratio, ratios, launch
+            else:
+                report.setdefault("ratio_to_bound", {})[variants[name]] = ratio
+                report.setdefault("ratios_to_bound", {})[variants[name]] = ratios
+                report.setdefault("ratio_launch_to_bound", {})[variants[name]] = launch
+            each = f" (each run: {', '.join(f'{x}x' for x in ratios)})" if args.repeat > 1 else ""
+            print(f"simulate: cpu {sim['cpu_s']:.1f} s (wall {sim['wall_s']:.1f} s); bound on {cores} cores "
+                  f"{bound:.1f} s; cluster{key} wall {warm['wall_s']:.1f} s = {ratio}x the bound{each} "
+                  f"(launch to end {launch}x)")
+        report["same_models_simulate"] = all(s["model_sha256"] == w["model_sha256"] for name in warms
+                                             for s, w in zip(runs["simulate"], runs[name], strict=True))
+        print(f"same models as simulate: {report['same_models_simulate']}")
+    if len(warms) > 1:
+        first, last = warms[0], warms[-1]
+        report["loop_ratio_wall"], report["loop_ratios_wall"] = side_by_side(
+            [r["wall_s"] for r in runs[first]], [r["wall_s"] for r in runs[last]])
+        report["loop_ratio_cpu"], report["loop_ratios_cpu"] = side_by_side(
+            [r["cpu_s"] for r in runs[first]], [r["cpu_s"] for r in runs[last]])
+        report["loop_ratio_node_loop"], _ = side_by_side(
+            [r["node_loop_s"] for r in runs[first]], [r["node_loop_s"] for r in runs[last]])
+        print(f"{loops[0]} / {loops[-1]}: wall {report['loop_ratio_wall']} (each run: "
+              f"{', '.join(map(str, report['loop_ratios_wall']))}), CPU {report['loop_ratio_cpu']}, nodes' event "
+              f"loops' CPU {report['loop_ratio_node_loop']}")
     if "cold" in results:
-        warm, cold = results["warm"], results["cold"]
+        warm, cold = results[warms[0]], results["cold"]
         report["ratio_wall"], report["ratios_wall"] = side_by_side(
-            [r["launch_wall_s"] for r in runs["warm"]], [r["launch_wall_s"] for r in runs["cold"]])
+            [r["launch_wall_s"] for r in runs[warms[0]]], [r["launch_wall_s"] for r in runs["cold"]])
         report["ratio_pss_total"] = (round(warm["pss_total_mib"] / cold["pss_total_mib"], 3)
                                      if warm["pss_total_mib"] and cold["pss_total_mib"] else None)
         report["same_models"] = all(w["model_sha256"] == c["model_sha256"]
-                                    for w, c in zip(runs["warm"], runs["cold"], strict=True))
+                                    for w, c in zip(runs[warms[0]], runs["cold"], strict=True))
         print(f"warm / cold: wall {report['ratio_wall']}, PSS {report['ratio_pss_total']}, "
               f"same models: {report['same_models']}")
     for r in results.values():

@@ -78,6 +78,8 @@ def test_the_core_wheel_installs_and_runs_without_torch(tmp_path: Path) -> None:
     ok(bin_ / "pip", "install", "-q", wheel)
 
     assert python("import torch", str(bin_ / "python"), env=env).returncode != 0  # really absent
+    if sys.platform == "linux":  # the roles' event loop comes with the core there (--event-loop auto)
+        assert python("import uvloop", str(bin_ / "python"), env=env).returncode == 0
     where = ok(bin_ / "python", "-c", "import mosaicd; print(mosaicd.__file__)").stdout
     assert where.startswith(str(venv)), where  # the wheel's, not the checkout's
     assert ok(bin_ / "mosaicd", "--version").stdout.strip() == f"mosaicd {wheel.name.split('-')[1]}"

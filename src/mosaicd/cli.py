@@ -353,8 +353,6 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) -> int:
     """The command's run; `task`: the user's task `check_task` built (simulate runs it rather than build another)."""
-    import asyncio
-
     if args.command in ("node", "barrier"):
         from mosaicd.daemon.entry import exit_promptly
 
@@ -363,10 +361,12 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
         if settings.peer_list is not None:
             check_peer_list(settings)
         from mosaicd.daemon.embedded import run_node  # the node role, hosting the barrier as a peer list's rank 0
-        return asyncio.run(run_node(settings))
+        from mosaicd.daemon.loop import run
+        return run(run_node(settings), settings.event_loop)
     if args.command == "barrier":
         from mosaicd.daemon.barrier.run import run_barrier
-        return asyncio.run(run_barrier(settings))
+        from mosaicd.daemon.loop import run
+        return run(run_barrier(settings), settings.event_loop)
     if args.command in ("cluster", "simulate"):
         import signal
 

@@ -31,6 +31,29 @@ class TaskName(StrEnum):
     SHAKESPEARE = "shakespeare"
 
 
+class EventLoop(StrEnum):
+    """The event loop a process runs its role on (`mosaicd.daemon.loop`): it moves the same bytes, so no model
+    depends on it."""
+
+    AUTO = "auto"  # uvloop where it is installed, asyncio's own otherwise
+    UVLOOP = "uvloop"
+    ASYNCIO = "asyncio"
+
+
+UVLOOP_MISSING = ("uvloop is not installed here: `pip install uvloop` (on Linux mosaic-learning installs it), or "
+                  "give auto (uvloop where installed) or asyncio")
+
+
+def uvloop_installed() -> bool:
+    """Whether uvloop can be imported, without importing it (a settings check stays cheap)."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("uvloop") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 class Partition(StrEnum):
     IID = "iid"
     DIRICHLET = "dirichlet"
@@ -410,6 +433,10 @@ class DaemonOptions(BaseModel):
                                 "their clients", **cli("network", "node", "barrier", "cluster"))
     tls_client_auth: bool = Field(False, description="mutual TLS: accept only clients showing a certificate that "
                                   "--tls-ca signed (needs --tls-ca)", **cli("network", "node", "barrier", "cluster"))
+    event_loop: EventLoop = Field(EventLoop.AUTO, description="the event loop node, barrier and launcher run on: "
+                                  "auto (uvloop where it is installed: its sockets and TLS are C), uvloop, or "
+                                  "asyncio (Python's own); no model depends on it",
+                                  **cli("network", "node", "barrier", "cluster"))
     # surviving faults
     barrier_grace: float = Field(120.0, gt=0, description="node: seconds to keep retrying an unreachable barrier "
                                  "(it may be restarting: it resumes the run from OUT/barrier-state.json)",
@@ -442,6 +469,13 @@ class DaemonOptions(BaseModel):
         if value is not None:  # said before the run starts, not by the barrier once the nodes are up
             require("it", *{"tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sqlalchemy", "alembic")}[
                 info.field_name])
+        return value
+
+    @field_validator("event_loop")
+    @classmethod
+    def _event_loop(cls, value: EventLoop) -> EventLoop:
+        if value is EventLoop.UVLOOP and not uvloop_installed():  # said at start, not when the loop is made
+            raise ValueError(UVLOOP_MISSING)
         return value
 
     @field_validator("barrier_url")

@@ -2,19 +2,19 @@
 deadlines, TLS; requests signed by `daemon/http/auth.py`): the status it polls while the run goes on, and the
 leave of a node whose process ended.
 
-The launcher is not an event loop: each request runs in one of its own (`asyncio.run`), so that any thread may
-ask (a test or a bench script reads `Cluster.status` beside the run's loop).
+The launcher is not an event loop: each request runs in one of its own (`daemon.loop.run`, the run's
+--event-loop), so that any thread may ask (a test or a bench script reads `Cluster.status` beside the run's loop).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 from mosaicd.daemon.http.auth import Keyring, signer
 from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.tls import client_context, scheme
+from mosaicd.daemon.loop import run
 
 STATUS_TIMEOUT_S = 2.0  # a status poll; the run's loop polls again 0.2 s later
 LEAVE_TIMEOUT_S = 5.0  # telling the barrier that a node left: one try
@@ -33,7 +33,7 @@ def status(settings: Any, port: int) -> dict | None:
             return body
 
     try:
-        return json.loads(asyncio.run(get()))
+        return json.loads(run(get(), settings.event_loop))
     except (HttpError, OSError, ValueError):
         return None
 
@@ -51,6 +51,6 @@ def tell_left(url: str, settings: Any, secret: bytes | None, rank: int, reason: 
             return answer
 
     try:
-        return asyncio.run(post()) == 200
+        return run(post(), settings.event_loop) == 200
     except (HttpError, OSError, ValueError):
         return False

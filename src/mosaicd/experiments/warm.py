@@ -19,7 +19,6 @@ barrier's) and writes the nodes to start on its stdin, one JSON object: {"childr
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import ipaddress
 import json
@@ -33,6 +32,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 from mosaicd.daemon.entry import run_entry
+from mosaicd.daemon.loop import loop_factory, run
 from mosaicd.daemon.node.warmup import set_threads, warm_up
 from mosaicd.experiments.processes import REPORT_FD, STOP_GRACE_S, Children, die_with_parent
 from mosaicd.logs import configure_logging, get_logger
@@ -54,8 +54,8 @@ def run_role(command: str, task: Any = None, sock: socket.socket | None = None) 
         return 2
     configure_logging(settings.log_level, settings.log_json)
     if command == "node":
-        return run_entry(command, lambda: asyncio.run(run_node(settings, task=task)))
-    return run_entry(command, lambda: asyncio.run(run_barrier(settings, task=task, sock=sock)))
+        return run_entry(command, lambda: run(run_node(settings, task=task), settings.event_loop))
+    return run_entry(command, lambda: run(run_barrier(settings, task=task, sock=sock), settings.event_loop))
 
 
 def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, parent: int, report: int) -> NoReturn:
@@ -142,6 +142,7 @@ def main() -> NoReturn:
     configure_logging(settings.log_level, settings.log_json)
     task = prebuild(settings)
     import mosaicd.daemon.node.run  # noqa: F401 - imported once, here, for every node
+    loop_factory(settings.event_loop)  # uvloop too, where it runs the roles
 
     listening = listen(settings)
     gc.collect()

@@ -34,6 +34,7 @@ from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.errors import bad_request, read_json
 from mosaicd.daemon.http.limits import Limits
+from mosaicd.daemon.loop import loop_name
 from mosaicd.outputs import clean_json
 
 if TYPE_CHECKING:
@@ -190,7 +191,7 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
         "members": [{"rank": r, "address": m.address, "missed": m.missed, "last_round": m.last_round,
                      "last_contact_s": round(now - m.last_contact, 3)} for r, m in state.members.items()],
         "metrics": clean_json(barrier.evaluator.last_metrics), "latest": latest_per_node(barrier.recorder.rounds),
-        "settings": barrier.run.model_dump(mode="json"),
+        "settings": barrier.run.model_dump(mode="json"), "event_loop": loop_name(),
     }
 
 

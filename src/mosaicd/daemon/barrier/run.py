@@ -16,6 +16,7 @@ from mosaicd.daemon.errors import RunEnded
 from mosaicd.daemon.http.auth import Keyring, check_listen, load_secret, own_secret_file
 from mosaicd.daemon.http.server import check_port, serve
 from mosaicd.daemon.http.tls import scheme
+from mosaicd.daemon.loop import loop_name
 from mosaicd.logs import get_logger, json_logs
 from mosaicd.rundir import BARRIER_LOCK, release
 from mosaicd.settings import Settings
@@ -71,7 +72,8 @@ async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[
     barrier = Barrier(settings.run_config(), settings.daemon_options(), evaluate=evaluate, hold_out=True)
     check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours
     runner, port = await serve(barrier_app(barrier), settings, sock)
-    get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected)
+    get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected,
+                                    event_loop=loop_name())
     console = None if json_logs(settings.log_json) else asyncio.ensure_future(
         BarrierConsole(barrier, local_url(settings.host, port, scheme(settings))).run())
     try:

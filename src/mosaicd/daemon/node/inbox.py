@@ -22,6 +22,7 @@ from mosaic_proto.wire import max_message_bytes
 from mosaicd.daemon.http.auth import Keyring
 from mosaicd.daemon.http.body import OFF_LOOP_BYTES
 from mosaicd.daemon.http.limits import BodySlots
+from mosaicd.daemon.loop import loop_name
 from mosaicd.daemon.node.metrics import NodeMetrics
 from mosaicd.outputs import clean_json
 from mosaicd.settings import DaemonOptions, RunConfig
@@ -158,4 +159,5 @@ class Inbox:
             "dim": self.layout.dim if self.layout else None,
             "loss": state.loss if math.isfinite(state.loss) else None,
             "last_round": clean_json(last.to_json()) if last else None, "barrier_url": self.barrier_url,
+            "event_loop": loop_name(),
         }

@@ -35,6 +35,7 @@ from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.http.server import serve
 from mosaicd.daemon.http.tls import client_context, scheme
+from mosaicd.daemon.loop import loop_name
 from mosaicd.daemon.node.inbox import Inbox
 from mosaicd.daemon.node.outbound import Link, arrival, arrive, leave, live_model, read_release, send_all
 from mosaicd.daemon.node.routes import node_app
@@ -141,7 +142,8 @@ class Peer:
             reply["members"]))), int(reply.get("round", 0)), run.run_id)
         self.log = self.log.bind(node=self.rank, run=run.run_id)
         self.inbox.registered_for(run)
-        self.log.info("registered", rank=self.rank, members=len(self.members), round=self.round)
+        self.log.info("registered", rank=self.rank, members=len(self.members), round=self.round,
+                      event_loop=loop_name())
         if differ:  # a peer list's member started with other run settings than rank 0's: it cannot take part
             reason = f"its run settings differ from rank 0's: {differ}"
             await self.leave(reason)
