@@ -9,6 +9,7 @@ the same bytes in the same order of decisions: no model depends on it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -41,6 +42,14 @@ def run(main: Coroutine[Any, Any, T], choice: EventLoop | str = EventLoop.AUTO) 
         raise
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
+
+
+async def sleep_at_least(seconds: float) -> None:
+    """`asyncio.sleep` that never returns early: uvloop's timers count milliseconds and may fire up to one early,
+    and a --node-profile's stretched training or latency must last at least what it says."""
+    end = time.perf_counter() + seconds
+    while (left := end - time.perf_counter()) > 0:
+        await asyncio.sleep(left)
 
 
 def loop_name(loop: asyncio.AbstractEventLoop | None = None) -> str:

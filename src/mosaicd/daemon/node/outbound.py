@@ -18,6 +18,7 @@ from mosaicd.daemon.http.body import hash_bytes
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import scheme
+from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.settings import DaemonOptions
 
 
@@ -32,8 +33,7 @@ class Link:
     async def __call__(self, nbytes: int) -> None:
         loop = asyncio.get_running_loop()
         paced = self.bucket.take(nbytes, loop.time()) if self.bucket is not None else 0.0
-        if self.latency + paced > 0:
-            await asyncio.sleep(self.latency + paced)
+        await sleep_at_least(self.latency + paced)
 
 
 async def send_all(client: Client, round: int, messages: list[OutgoingMessage], urls: list[str], log: Any,

@@ -15,6 +15,7 @@ from mosaicd.daemon.entry import exit_within
 from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost
 from mosaicd.daemon.http.server import keep_freed_memory
+from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.daemon.node import checkpoint
 from mosaicd.daemon.node.peer import Peer
 from mosaicd.daemon.node.warmup import prefetch_in_background
@@ -136,7 +137,7 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
             local, loss = vector, math.nan
         if profile is not None and spec is not None:  # --node-profile: train as slowly as such a node would
             took = time.perf_counter() - started
-            await asyncio.sleep(max(profile.train_s(max(spec.compute_s, took)) - took, 0.0))
+            await sleep_at_least(profile.train_s(max(spec.compute_s, took)) - took)
         await saving.drain()  # the checkpoint of round t is on disk before this node arrives at t
         evaluates = is_eval_round(t, run)
         if evaluates:  # the barrier's collection of round t waits for this node's metrics of it
