@@ -2,10 +2,10 @@
 
 A `Compression` is a run setting every member agrees on (`none`, `fp16`, `bf16`, `int8`, `topk:FRACTION`). Every
 codec is deterministic: `int8`'s stochastic rounding draws from the run's keyed generator (seed, round, sender,
-fragment), so a fragment compresses to the same bytes in one process or on many hosts. `topk` sends the largest
-coordinates with their indices; a receiver averages each coordinate over the contributions that carry it
-(`sparse_average`), as fragment-wise averaging does over the senders of a fragment. With error feedback
-(`Compressor`) what a lossy message left out is sent in later rounds: nothing is lost for good, only delayed.
+fragment), so a fragment compresses to the same bytes in one process or on many hosts. `topk` sends some
+coordinates with their indices. With error feedback (`Compressor`) what a lossy message left out is sent in later
+rounds, and a receiver reads the newest value it heard where a topk message is silent (`stand_in_average`);
+without it, each coordinate is averaged over the messages that carry it (`sparse_average`).
 """
 
 from __future__ import annotations
@@ -162,9 +162,8 @@ class Compressor:
             return self.compression.compress(values, **key)
         kept = self._kept.get(fragment)
         if self.compression.codec == "topk":
-            sent = np.zeros_like(values) if kept is None else kept
+            sent = np.zeros_like(values) if kept is None else kept.copy()
             message = self.compression.compress(values, by=values - sent, **key)
-            sent = sent.copy()
             sent[message.indices] = message.values
             self._kept[fragment] = sent
             return message
@@ -172,14 +171,6 @@ class Compressor:
         message = self.compression.compress(target, **key)
         self._kept[fragment] = target - dense(message)
         return message
-
-    def unsent(self, fragment: int, values: np.ndarray) -> np.ndarray | None:
-        """What fragment `fragment`'s receivers have not been told of `values` (its newest values): the rounding
-        error carried, or for topk the values less those last sent; None before its first message."""
-        kept = self._kept.get(fragment)
-        if kept is None:
-            return None
-        return np.asarray(values, dtype=np.float32) - kept if self.compression.codec == "topk" else kept.copy()
 
     def stand_in(self, own: np.ndarray) -> np.ndarray | None:
         """topk with error feedback: the newest value this node has heard of each coordinate (its own `own` where it
@@ -221,14 +212,8 @@ def stand_in_average(own: np.ndarray, received: Sequence[Compressed | np.ndarray
     """A fragment averaged over the node's own values and every message (count-based, as dense messages are), where
     a sparse message's missing coordinates read `stand_in` (the newest values heard), summed in the order given."""
     total = np.asarray(own, dtype=np.float64).copy()
-    base = np.asarray(stand_in, dtype=np.float64)
     for message in received:
-        if isinstance(message, Compressed) and message.indices is not None:
-            part = base.copy()
-            part[message.indices] = message.values
-            total += part
-        else:
-            total += dense(message) if isinstance(message, Compressed) else message
+        total += densify(message, stand_in)
     return (total / (1 + len(received))).astype(np.float32)
 
 

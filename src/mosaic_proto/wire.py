@@ -58,6 +58,7 @@ _FRAGMENT_ITEMS = 3  # the most items of one fragment's array: [index, values, s
 CODEC_DTYPE = {"none": DTYPE, "fp16": "fp16", "bf16": "bf16", "int8": "int8", "topk": "topk"}
 _CODEC_TAG = {"none": TAG_FLOAT32_LE, "fp16": 84, "bf16": 69, "int8": 72, "topk": TAG_FLOAT32_LE}
 _CODEC_NUMPY = {"none": "<f4", "fp16": "<f2", "bf16": "<u2", "int8": "i1", "topk": "<f4"}
+_CODEC_ITEMS = {"none": 2, "fp16": 2, "bf16": 2, "int8": 3, "topk": 3}  # [index, values] (+ scale or indices)
 TAG_UINT32_LE = 70
 _NONE = Compression()
 
@@ -174,7 +175,7 @@ def encode(batch: FragmentBatch) -> bytes:
         if not isinstance(message, Compressed) or message.codec != batch.codec:
             raise TypeError(f"fragment {index} of a {batch.codec} message must be a Compressed of that codec")
         values = np.ascontiguousarray(message.values, dtype=_CODEC_NUMPY[batch.codec])
-        parts += [b"\x83" if batch.codec in ("int8", "topk") else b"\x82", _head(0, index), tag,
+        parts += [_head(4, _CODEC_ITEMS[batch.codec]), _head(0, index), tag,
                   _head(2, values.nbytes), memoryview(values).cast("B")]
         if batch.codec == "int8":
             parts.append(b"\xfa" + struct.pack(">f", message.scale))
@@ -565,7 +566,7 @@ def _compressed(frags: list, fragmentation: Fragmentation, compression: Compress
     fragment's size (topk: exactly the coordinates it keeps, ascending and in range), as float32 values or, for
     topk, a `Compressed`."""
     codec, k = compression.codec, fragmentation.k
-    items, tag_of_values, dtype = (3 if codec in ("int8", "topk") else 2), _CODEC_TAG[codec], _CODEC_NUMPY[codec]
+    items, tag_of_values, dtype = _CODEC_ITEMS[codec], _CODEC_TAG[codec], _CODEC_NUMPY[codec]
     fragments: dict[int, np.ndarray | Compressed] = {}
     for item in frags:
         if not (isinstance(item, list) and len(item) == items and isinstance(item[1], cbor2.CBORTag)):

@@ -324,7 +324,7 @@ class RunConfig(BaseModel):
         return Aggregator(self.aggregator, self.trim, self.clip_radius)
 
     def compressor_of(self, node: int) -> Compressor:
-        """`node`'s sending side of the run's --compress (its error feedback starts empty)."""
+        """`node`'s side of the run's --compress (its error feedback starts empty)."""
         return Compressor(Compression.parse(self.compress), seed=self.seed, node=node,
                           error_feedback=self.error_feedback)
 

@@ -108,9 +108,8 @@ def test_topk_with_error_feedback_sends_every_coordinate_in_turn() -> None:
         known[message.indices] = message.values
         seen.update(plain.compress(values, round=r, fragment=3).indices.tolist())
     assert np.array_equal(known, values)
-    unsent = feedback.unsent(3, values)
-    assert unsent is not None and not unsent.any()
-    assert len(seen) == 10 and feedback.unsent(0, values) is None
+    assert np.array_equal(feedback.state()["kept_3"], values)  # the values last sent: all of them, nothing unsent
+    assert len(seen) == 10 and "kept_0" not in feedback.state()
 
 
 def test_quantizer_error_feedback_sends_the_model_on_average() -> None:
@@ -149,7 +148,7 @@ def test_the_state_survives_a_checkpoint_and_the_messages_go_on_the_same(codec: 
 def test_without_error_feedback_nothing_is_kept() -> None:
     compressor = Compressor(Compression.parse("topk:0.1"), seed=0, node=0, error_feedback=False)
     compressor.compress(np.arange(30, dtype=np.float32), round=0, fragment=0)
-    assert compressor.unsent(0, np.zeros(30, np.float32)) is None and compressor.state() == {}
+    assert compressor.state() == {}
 
 
 def test_a_topk_receiver_reads_the_newest_value_it_heard_where_a_message_is_silent() -> None:

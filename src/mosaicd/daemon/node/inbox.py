@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from mosaic_proto import FragmentBatch, Layout, NodeRefused, NodeState, Reason, WireError
+from mosaic_proto.compression import Compression
 from mosaic_proto.round import decoded
 from mosaic_proto.wire import max_message_bytes
 from mosaicd.daemon.http.auth import Keyring
@@ -129,9 +130,8 @@ class Inbox:
         nothing of it is held or decoded), or None."""
         fragmentation = self.state.fragmentation
         compressor = self.state.compressor
-        limit = None if fragmentation is None else max_message_bytes(
-            fragmentation, *([compressor.compression] if compressor is not None else []))
-        if size is None or limit is None or size <= limit:
+        codec = compressor.compression if compressor is not None else Compression()
+        if size is None or fragmentation is None or size <= (limit := max_message_bytes(fragmentation, codec)):
             return None
         self.metrics.refused(Reason.TOO_LARGE)
         return f"{size} bytes: no message of this run is over {limit} bytes"

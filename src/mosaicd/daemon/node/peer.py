@@ -236,10 +236,11 @@ class Peer:
 
     def _link(self) -> Link | None:
         """This node's link as --node-profile describes it (latency, bandwidth), or None."""
-        spec = self.run.profile_spec()
-        if spec is None:
+        if self.run.node_profile is None:
             return None
-        if self._paced is None or self._paced[0] != self.rank:
+        if self._paced is None or self._paced[0] != self.rank:  # the profile is read once per rank, not per round
+            spec = self.run.profile_spec()
+            assert spec is not None
             self._paced = (self.rank, Link(spec.of(self.rank, self.run.seed, self.run.nodes)))
         return self._paced[1]
 
