@@ -31,6 +31,7 @@ import numpy as np
 from .attacks import Attack
 from .compression import Compressor
 from .fragmentation import Fragmentation
+from .profiles import MIN_SEND_BUDGET_S, send_margin
 from .report import NodeReport
 from .robust import Aggregator
 from .round import OutgoingMessage, Receipt, RoundReport, RoundState, decoded
@@ -290,8 +291,7 @@ class NodeState(NodePhases):
     def send_budget(self, round_deadline: float) -> float:
         """Seconds the sends may take now: what is left of the round's deadline (counted from its release) less
         a margin for the arrival (a tenth of it, 1 s to half of it), at least 0.5 s."""
-        margin = min(max(0.1 * round_deadline, 1.0), 0.5 * round_deadline)
-        return max(round_deadline - margin - (self.clock() - self._opened), 0.5)
+        return max(round_deadline - send_margin(round_deadline) - (self.clock() - self._opened), MIN_SEND_BUDGET_S)
 
     def sent(self, delivered: Mapping[int, tuple[int, int]], unsent: Iterable[OutgoingMessage], loss: float = math.nan,
              train_s: float = 0.0) -> NodeReport:

@@ -193,10 +193,11 @@ class NodeProfiles:
             if count > len(free):
                 raise ProfileError(f"{self.source}: [[draw]] #{i + 1} wants {count} of the {nodes} nodes, but only "
                                    f"{len(free)} are left after the draws before it")
-            picked = keyed_rng(seed, Purpose.PROFILE, fragment=i).choice(len(free), count, replace=False)
-            for p in sorted(int(x) for x in picked):
+            picked = {int(x) for x in keyed_rng(seed, Purpose.PROFILE, fragment=i).choice(len(free), count,
+                                                                                          replace=False)}
+            for p in picked:
                 each[free[p]] = replace(base, **draw.values)
-            free = [r for j, r in enumerate(free) if j not in {int(x) for x in picked}]
+            free = [r for j, r in enumerate(free) if j not in picked]
         for rank, values in self.nodes.items():
             each[rank] = replace(base, **values)
         return tuple(each)
@@ -282,7 +283,8 @@ def _values(raw: Mapping[str, Any], where: str | Callable[[str], str]) -> dict[s
 
 
 def send_margin(round_deadline: float) -> float:
-    """What a node keeps of the round's deadline for its arrival: its sends end that long before (`NodeState`)."""
+    """What a node keeps of the round's deadline for its arrival (a tenth of it, 1 s to half of it): its sends end
+    that long before (`NodeState.send_budget`, and `VirtualClock` as a model of it)."""
     return min(max(0.1 * round_deadline, 1.0), 0.5 * round_deadline)
 
 
