@@ -333,11 +333,7 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
                 ax.set_yscale("log")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="best")
-    fig.suptitle(_context(sweep), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _saved(fig, sweep, path)
 
 
 def _small_multiples(sweep: Sweep, x_key: str, width: float, height: float) -> tuple[Any, list]:
@@ -359,11 +355,13 @@ def _small_multiples(sweep: Sweep, x_key: str, width: float, height: float) -> t
     return fig, drawn
 
 
-def _saved(fig: Any, sweep: Sweep, spread: str, path: Path) -> Path:
-    """`fig` titled with the sweep's context (`spread`: what the seeds' spread is drawn as) and written to `path`."""
+def _saved(fig: Any, sweep: Sweep, path: Path, spread: str | None = None) -> Path:
+    """`fig` titled with the sweep's context (`spread`: what the seeds' spread is drawn as, if not a band) and
+    written to `path`."""
     import matplotlib.pyplot as plt
 
-    fig.suptitle(_context(sweep).replace("band = min..max", spread), fontsize=10)
+    context = _context(sweep)
+    fig.suptitle(context if spread is None else context.replace("band = min..max", spread), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -399,7 +397,7 @@ def figure_best_vs(sweep: Sweep, x_key: str, x_label: str, path: Path, log_x: bo
         ax.set_xticklabels([str(v) for v in xs])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _saved(fig, sweep, "error bars = +-1 std", path)
+    return _saved(fig, sweep, path, "error bars = +-1 std")
 
 
 def figure_metric_vs_bytes(sweep: Sweep, path: Path) -> Path:
@@ -430,7 +428,7 @@ def figure_metric_vs_bytes(sweep: Sweep, path: Path) -> Path:
         ax.set_title("final node-average vs bytes sent" + (f" ({_panel_title(sweep, where)})" if where else ""))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    return _saved(fig, sweep, "points = mean", path)
+    return _saved(fig, sweep, path, "points = mean")
 
 
 # ---------------------------------------------------------------------------------------------- the table
