@@ -150,7 +150,8 @@ def mark_failed(out: Path, settings: BaseModel | Mapping[str, Any], mode: str, e
     there, marked failed (its own error kept where it gave one), or one made from rounds.csv (`failed_summary`)
     where there is none. A summary that says the run finished stays as it is. `rounds_done`: the rounds the run
     got through where its summary may lag behind (a barrier writes its summary every few seconds, its journal
-    every round)."""
+    every round). Its writers have stopped: "final" is the newest row in rounds.csv (an evaluation may have
+    completed after its writer said the run failed)."""
     summary = read_summary(out)
     if summary is None:
         failed_summary(out, settings, mode, error, wall_s=wall_s)
@@ -163,6 +164,9 @@ def mark_failed(out: Path, settings: BaseModel | Mapping[str, Any], mode: str, e
         summary.update(status="failed", error=error)
     if rounds_done is not None and isinstance(summary.get("progress"), dict):
         summary["progress"]["rounds_done"] = rounds_done  # the rounds released: the resumed run goes on from there
+    rounds = read_rounds(out)
+    if rounds:
+        summary["final"] = rounds[-1]
     write_summary(out, summary)
 
 

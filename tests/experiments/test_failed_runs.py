@@ -140,6 +140,10 @@ def test_an_evaluation_that_completes_after_the_run_failed_leaves_it_failed(tmp_
     summary = summary_of(tmp_path)
     assert summary["status"] == "failed" and "SIGTERM" in summary["error"] and summary["final"]["round"] == 3
     assert [r["round"] for r in read_rounds(tmp_path)] == [3, 5]
+    # once its writers stopped, the launcher's mark names the newest row: the failure stays, with its reason
+    mark_failed(tmp_path, recorder.settings, "cluster", "interrupted (Ctrl-C)", wall_s=1.0)
+    summary = summary_of(tmp_path)
+    assert summary["status"] == "failed" and "SIGTERM" in summary["error"] and summary["final"]["round"] == 5
 
 
 def test_a_run_marked_failed_from_outside_keeps_what_its_writer_said(tmp_path: Path) -> None:
