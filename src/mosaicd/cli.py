@@ -289,7 +289,12 @@ def _main(argv: list[str] | None) -> None:
     configure_logging(level, settings.log_json, log_files(args.command, settings))
     task = checked if args.command == "simulate" else None  # other commands' processes build their own
     del checked
-    raise SystemExit(run_entry(args.command, lambda: run_command(args, settings, task)))
+    code = run_entry(args.command, lambda: run_command(args, settings, task))
+    if args.command in ("node", "barrier"):
+        from mosaicd.daemon.entry import end_process
+
+        end_process(code)  # at once, as it ends: a container told to stop is gone within 2 s
+    raise SystemExit(code)
 
 
 def run_tool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

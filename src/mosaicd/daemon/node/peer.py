@@ -261,15 +261,16 @@ class Peer:
                 self.state.dropped()
             raise
 
-    async def leave(self, reason: str, ends_run: bool = False) -> None:
+    async def leave(self, reason: str, ends_run: bool = False, within: float | None = None) -> None:
         """Leave the run (told to stop, or failing): the barrier stops waiting for this node at once. `ends_run`:
-        the run cannot go on without this node (its checkpoint could not be written): it ends, failed, resumable."""
+        the run cannot go on without this node (its checkpoint could not be written): it ends, failed, resumable.
+        `within`: how long the barrier has to answer (a process told to stop has 2 s in all)."""
         if self.state.gone or self.rank < 0:
             return
         self.state.leaving()
         await leave(self._client, self.inbox.barrier_url or "", {"rank": self.rank, "reason": reason[:2000],
                                                                    "ends_run": ends_run},
-                    min(self.options.request_timeout, 5.0), self.log)
+                    min(self.options.request_timeout, 5.0) if within is None else within / 2, self.log)  # 2 tries
         self.state.left()
 
     async def finish(self) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mosaicd.daemon.entry import exit_within
+from mosaicd.daemon.entry import exit_within, told_to_stop
 from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost
 from mosaicd.daemon.http.server import keep_freed_memory
@@ -56,18 +56,22 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
         except asyncio.CancelledError:
             if stopped is None or not stopped:
                 raise
-            await leave_for(peer, f"it was told to stop ({stopped[0]})")
-            return 0 if peer.barrier is None else 1  # rank 0 of a peer list ended the run it hosts: failed
+            await leave_for(peer, f"it was told to stop ({stopped[0]})", within=LEAVE_WITHIN_S)
+            code = 0 if peer.barrier is None else 1  # rank 0 of a peer list ended the run it hosts: failed
         except Exception as exc:
             if not isinstance(exc, PeerDropped | RunEnded):  # the barrier knows of those already
                 await leave_for(peer, f"error: {exc}", ends_run=isinstance(exc, OutputError | OSError))
             elif peer.barrier is not None:  # the run this process hosts failed: the others hear it from it
                 await linger_for_the_others(peer, stopped)
             raise
-        await linger(settings.linger, options)
+        else:
+            await linger(settings.linger, options)
+            code = 0
     finally:
         await peer.close()
-    return 0
+    if stopped:
+        told_to_stop(code)  # a command's process ends here, its round's training not waited for
+    return code
 
 
 def found_checkpoint(options: DaemonOptions) -> checkpoint.Checkpoint | None:
@@ -92,6 +96,8 @@ async def linger(seconds: float, options: DaemonOptions) -> None:
             raise
 
 
+# a node told to stop: how long the barrier has to hear its leave (two tries), within the process's 2 s to exit
+LEAVE_WITHIN_S = 1.0
 HOST_LINGER_S = 5.0  # rank 0 of a peer list that stops: how long at most it still tells the others the run failed
 
 
@@ -204,12 +210,12 @@ def on_signals(work: asyncio.Future, code: int = 0) -> list[str]:
     return seen
 
 
-async def leave_for(peer: Peer, reason: str, ends_run: bool = False) -> None:
+async def leave_for(peer: Peer, reason: str, ends_run: bool = False, within: float | None = None) -> None:
     """Tell the barrier this node leaves, and why (`ends_run`: the run cannot go on exactly without it: a write it
-    could not make). Rank 0 of a peer list ends the run it hosts (failed), and serves until the others have heard
-    it (`linger_for_the_others`)."""
+    could not make; `within`: how long the barrier has to answer). Rank 0 of a peer list ends the run it hosts
+    (failed), and serves until the others have heard it (`linger_for_the_others`)."""
     if peer.barrier is None:
-        await peer.leave(reason, ends_run)
+        await peer.leave(reason, ends_run, within)
         return
     peer.barrier.fail(f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
     if reason.startswith("it was told to stop"):  # a person stopped it: how to go on (checkpoints: exactly)
