@@ -31,6 +31,8 @@ from typing import Any
 
 from aiohttp import ClientSession, TCPConnector, web
 
+from mosaicd.daemon.http.connections import Connections
+
 HEAD = struct.Struct("!I")
 
 
@@ -64,7 +66,7 @@ class FramedServer(asyncio.BufferedProtocol):
 
 
 async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
-    if kind == "http":
+    if kind in ("http", "thin"):
         async def fragments(request: web.Request) -> web.Response:
             body = await request.read()
             return web.json_response({"accepted": len(body)})
@@ -79,7 +81,7 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
     ready.send(True)
     await asyncio.get_running_loop().run_in_executor(None, done.recv)
     ready.send(time.process_time() - started)
-    if kind == "http":
+    if kind in ("http", "thin"):
         await runner.cleanup()
     else:
         server.close()
@@ -98,6 +100,18 @@ async def http_client(port: int, body: bytes, messages: int, concurrency: int) -
                     await resp.read()
                     assert resp.status == 200
         await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
+
+
+async def thin_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
+    connections = Connections()
+    url = f"http://127.0.0.1:{port}/v1/fragments"
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            answer = await connections.request("POST", url, {"Content-Type": "application/octet-stream"}, body)
+            assert answer.status == 200
+    await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
+    connections.close()
 
 
 async def framed_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
@@ -126,7 +140,7 @@ def measure(kind: str, messages: int, size: int, concurrency: int) -> dict[str, 
             raise SystemExit(f"the {kind} server did not start within 30 s")
         ready_recv.recv()
         body = os.urandom(size)
-        client = framed_client if kind == "framed" else http_client
+        client = {"framed": framed_client, "http": http_client, "thin": thin_client}[kind]
         started_cpu, started = time.process_time(), time.perf_counter()
         asyncio.run(client(port, body, messages, concurrency))
         wall, client_cpu = time.perf_counter() - started, time.process_time() - started_cpu
@@ -154,7 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.repeat):
-        for kind in ("http", "framed"):
+        for kind in ("http", "thin", "framed"):
             result = measure(kind, args.messages, args.size, args.concurrency)
             print(f"{kind:7s} {result['cpu_us_per_message']:8.1f} us CPU per message (client + server), "
                   f"{result['wall_us_per_message']:8.1f} us wall", flush=True)
