@@ -29,7 +29,8 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # Content-Length:
 
 
 class Answer:
-    """An answer: its status, body and content type (lower case, parameters dropped; "" when none)."""
+    """An answer: its status, body and content type (lower case, parameters dropped; RFC 9110's
+    application/octet-stream when it names none)."""
 
     __slots__ = ("status", "body", "content_type")
 
@@ -105,7 +106,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         chunks, self._chunks = self._chunks, []
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        kind = self._content_type.split(b";", 1)[0].strip().lower().decode("latin-1")
+        kind = self._content_type.split(b";", 1)[0].strip().lower().decode("latin-1") or "application/octet-stream"
         answer, self._answer = self._answer, None
         if answer is not None and not answer.done():
             answer.set_result(Answer(self._parser.get_status_code(), body, kind))
