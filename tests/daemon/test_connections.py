@@ -137,6 +137,27 @@ async def test_a_kept_connection_closed_as_the_request_leaves_is_replaced_once()
         await server.wait_closed()
 
 
+async def test_an_answer_without_a_length_ends_with_its_connection() -> None:
+    """A server that frames its answer by closing the connection (no Content-Length, not chunked)."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x"
+    connections = Connections()
+    try:
+        for _ in range(2):
+            answer = await connections.request("GET", url, {}, b"")
+            assert (answer.status, answer.body, answer.content_type) == (200, b"all of it", "application/octet-stream")
+    finally:
+        connections.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_request_past_its_deadline_fails_and_its_connection_is_dropped(kit: Any) -> None:
     seen: list[tuple[Any, bytes, dict[str, str]]] = []
     runner, base = await kit.serve_on_loopback(app_with(seen))

@@ -72,6 +72,8 @@ class _Connection(asyncio.Protocol):
         self._content_type = b""
         self._keep = True
         self._started = False  # a byte of the answer came
+        self._framed = False  # the answer's length is known (Content-Length, chunked), not "until the server closes"
+        self._headed = False  # the answer's head came whole
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -86,6 +88,8 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def eof_received(self) -> bool:
+        if self._headed and not self._framed and self._answer is not None:  # a body that ends with the connection
+            self.on_message_complete()
         return False  # close: a kept-alive connection whose server said goodbye is of no more use
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -94,11 +98,17 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools' callbacks ------------------------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) == 12 and name.lower() == b"content-type":
+        name = name.lower()
+        if name == b"content-type":
             self._content_type = value
+        elif name == b"content-length" or name == b"transfer-encoding":
+            self._framed = True
 
     def on_headers_complete(self) -> None:
+        self._headed = True
         self._keep = self._parser.should_keep_alive()
+        status = self._parser.get_status_code()
+        self._framed = self._framed or status in (204, 304) or 100 <= status < 200
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
@@ -122,7 +132,7 @@ class _Connection(asyncio.Protocol):
         """Send one request (its head, then its body as it is: no copy) and wait for the whole answer."""
         assert self.transport is not None and self._answer is None
         self._answer = asyncio.get_running_loop().create_future()
-        self._started, self._content_type, self._chunks = False, b"", []
+        self._started, self._content_type, self._chunks, self._framed, self._headed = False, b"", [], False, False
         if len(body) <= JOIN_BELOW:  # one write, one system call: the copy costs less
             self.transport.write(head + body if body else head)
         else:
