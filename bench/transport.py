@@ -5,15 +5,21 @@ exchanges of ~59 kB. This measures the floor each way of moving such a message f
 another and getting an answer, with nothing of ours in between:
 
 - `http`: an aiohttp client session POSTs the body to an aiohttp server, whose handler reads it and answers a
-  small JSON object (keep-alive; the way nodes talk today, without our middlewares, signing or decoding);
+  small JSON object (keep-alive; the way nodes talked before "Speed 4, item 2", without our middlewares,
+  signing or decoding);
+- `thin`: the same server, the client `mosaicd.daemon.http.connections.Connections` (the nodes' client since
+  then: kept-alive HTTP/1.1, httptools), so `client_cpu_s` against `http`'s is what the client change saves;
 - `framed`: one asyncio connection carries length-prefixed messages, and the server answers each with 4 bytes
   (a `BufferedProtocol` reading straight into a buffer: what a transport below HTTP would do).
 
 Each runs `--messages` round trips with `--concurrency` in flight; the figure is CPU seconds (user + system) of
-client and server together per message, and the wall. The variants alternate `--repeat` times; the best counts.
+client and server together per message (and each side's), and the wall. The variants alternate `--repeat` times;
+the best counts. `--event-loop uvloop`: both processes on uvloop, as the daemons run.
 
 Usage: .venv/bin/python bench/transport.py [--messages 4000] [--size 59000] [--concurrency 4] [--repeat 3]
-Last line of stdout: a JSON object {"http": {...}, "framed": {...}, "ratio_cpu": http / framed}.
+                                           [--event-loop asyncio|uvloop]
+Last line of stdout: a JSON object {"http": {...}, "thin": {...}, "framed": {...}, "ratio_cpu": http / framed,
+"ratio_cpu_thin": thin / framed}.
 """
 
 from __future__ import annotations
@@ -31,7 +37,11 @@ from typing import Any
 
 from aiohttp import ClientSession, TCPConnector, web
 
+from mosaicd.daemon.http.connections import Connections
+from mosaicd.daemon.loop import run
+
 HEAD = struct.Struct("!I")
+LOOP = ["asyncio"]  # --event-loop, for the forked server too
 
 
 class FramedServer(asyncio.BufferedProtocol):
@@ -64,7 +74,7 @@ class FramedServer(asyncio.BufferedProtocol):
 
 
 async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
-    if kind == "http":
+    if kind in ("http", "thin"):
         async def fragments(request: web.Request) -> web.Response:
             body = await request.read()
             return web.json_response({"accepted": len(body)})
@@ -79,7 +89,7 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
     ready.send(True)
     await asyncio.get_running_loop().run_in_executor(None, done.recv)
     ready.send(time.process_time() - started)
-    if kind == "http":
+    if kind in ("http", "thin"):
         await runner.cleanup()
     else:
         server.close()
@@ -87,7 +97,7 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
 
 def server_main(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the client's to handle: it stops this process
-    asyncio.run(serve(kind, sock, ready, done))
+    run(serve(kind, sock, ready, done), LOOP[0])
 
 
 async def http_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
@@ -98,6 +108,18 @@ async def http_client(port: int, body: bytes, messages: int, concurrency: int) -
                     await resp.read()
                     assert resp.status == 200
         await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
+
+
+async def thin_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
+    connections = Connections()
+    url = f"http://127.0.0.1:{port}/v1/fragments"
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            answer = await connections.request("POST", url, {"Content-Type": "application/octet-stream"}, body)
+            assert answer.status == 200
+    await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
+    connections.close()
 
 
 async def framed_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
@@ -126,9 +148,9 @@ def measure(kind: str, messages: int, size: int, concurrency: int) -> dict[str, 
             raise SystemExit(f"the {kind} server did not start within 30 s")
         ready_recv.recv()
         body = os.urandom(size)
-        client = framed_client if kind == "framed" else http_client
+        client = {"framed": framed_client, "http": http_client, "thin": thin_client}[kind]
         started_cpu, started = time.process_time(), time.perf_counter()
-        asyncio.run(client(port, body, messages, concurrency))
+        run(client(port, body, messages, concurrency), LOOP[0])
         wall, client_cpu = time.perf_counter() - started, time.process_time() - started_cpu
         done_send.send(True)
         if not ready_recv.poll(30):
@@ -151,21 +173,28 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=59000, help="bytes per message (the tutorial job's: ~59 kB)")
     parser.add_argument("--concurrency", type=int, default=4, help="messages in flight")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--event-loop", default="asyncio", choices=("asyncio", "uvloop"),
+                        help="both processes' loop (the daemons run on uvloop where it is installed)")
     args = parser.parse_args()
+    LOOP[0] = args.event_loop
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.repeat):
-        for kind in ("http", "framed"):
+        for kind in ("http", "thin", "framed"):
             result = measure(kind, args.messages, args.size, args.concurrency)
-            print(f"{kind:7s} {result['cpu_us_per_message']:8.1f} us CPU per message (client + server), "
+            client_us, server_us = (1e6 * result[f"{side}_cpu_s"] / args.messages for side in ("client", "server"))
+            print(f"{kind:7s} {result['cpu_us_per_message']:8.1f} us CPU per message (client + server: "
+                  f"{client_us:.1f} + {server_us:.1f}), "
                   f"{result['wall_us_per_message']:8.1f} us wall", flush=True)
             if kind not in best or result["cpu_us_per_message"] < best[kind]["cpu_us_per_message"]:
                 best[kind] = result
     ratio = best["http"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
-    print(f"{args.messages} messages of {args.size} bytes, {args.concurrency} in flight, best of {args.repeat}: "
-          f"http {best['http']['cpu_us_per_message']} us, framed {best['framed']['cpu_us_per_message']} us "
-          f"CPU per message: {ratio:.2f}x")
+    thin = best["thin"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
+    print(f"{args.messages} messages of {args.size} bytes, {args.concurrency} in flight, {args.event_loop}, best of "
+          f"{args.repeat}: http {best['http']['cpu_us_per_message']} us ({ratio:.2f}x framed), thin "
+          f"{best['thin']['cpu_us_per_message']} us ({thin:.2f}x), framed {best['framed']['cpu_us_per_message']} us "
+          "CPU per message")
     print(json.dumps({"messages": args.messages, "size": args.size, "concurrency": args.concurrency, **best,
-                      "ratio_cpu": round(ratio, 3)}))
+                      "event_loop": args.event_loop, "ratio_cpu": round(ratio, 3), "ratio_cpu_thin": round(thin, 3)}))
 
 
 if __name__ == "__main__":

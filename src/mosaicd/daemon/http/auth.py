@@ -8,6 +8,7 @@ is hashed while it is read (`body.read_body`), and the handler gets those bytes 
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import time
@@ -27,6 +28,7 @@ from mosaicd.logs import get_logger
 REGISTER_RUN = "register"  # the key for registrations, before a node knows the run
 SENDER = web.RequestKey("mosaic_sender", int)  # the member a request's valid tag proves sent it
 OPEN = frozenset({"/healthz", "/metrics", "/v1/status", "/v1/history", "/", "/openapi.json"})  # read-only views
+_OPEN_TAILS = tuple(OPEN - {"/"})  # the same views under a prefix (a node's embedded /barrier)
 
 
 class SecretError(ValueError):
@@ -116,10 +118,15 @@ def signer(credentials: Callable[[], Credentials], sender: Callable[[], str]) ->
     """`Client`'s signer: the headers of one attempt (a fresh time and nonce each time; `digest`, the body's,
     computed once per request by the client, off the event loop when the body is large)."""
     def sign(method: str, url: str, body: bytes, round: int, digest: str | None = None) -> dict[str, str]:
-        path = urlsplit(url).path or "/"
-        return credentials().headers(method, path, sender(), round, body, time.time(), os.urandom(12).hex(),
+        return credentials().headers(method, _path(url), sender(), round, body, time.time(), os.urandom(12).hex(),
                                      digest)
     return sign
+
+
+@functools.lru_cache(maxsize=1024)
+def _path(url: str) -> str:
+    """The path a request to `url` signs (parsed once per URL: a node posts to the same few every round)."""
+    return urlsplit(url).path or "/"
 
 
 def auth_window(options: Any) -> float:
@@ -157,8 +164,7 @@ def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if request.method == "GET" and (path in OPEN or path.startswith("/dashboard/") or path.endswith(
-                tuple(OPEN - {"/"}))):
+        if request.method == "GET" and (path in OPEN or path.startswith("/dashboard/") or path.endswith(_OPEN_TAILS)):
             return await handler(request)
         try:
             signed, tag = SignedHeaders.from_headers(request.headers)  # unsigned: refused before the run is known

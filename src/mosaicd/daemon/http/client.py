@@ -1,4 +1,5 @@
-"""The one HTTP client of the node and the barrier: deadlines, retries with backoff, signed requests."""
+"""The one HTTP client of the node and the barrier: deadlines, retries with backoff, signed requests, over
+`connections.Connections` (kept-alive HTTP/1.1)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, TraceConfig, payload
-
 from mosaic_proto import BarrierReason
 from mosaicd.daemon.http.body import hash_bytes
+from mosaicd.daemon.http.connections import Connections, SlowConnects
 from mosaicd.logs import get_logger
 
 
@@ -45,28 +45,9 @@ def refusal(status: int, body: bytes) -> HttpError:
     return HttpError(status, body.decode(errors="replace")[:300])
 
 
-class _PiecewiseBody(payload.BytesPayload):
-    """A large request body sent as its first piece (together with the request head) and then the rest, as
-    views: aiohttp otherwise joins head and body into one new bytes (a copy of every body) on Python < 3.12."""
-
-    FIRST = 1 << 16
-
-    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
-        view = memoryview(self._value)[:content_length]
-        await writer.write(view[:self.FIRST])
-        if len(view) > self.FIRST:
-            await writer.write(view[self.FIRST:])
-
-    async def write(self, writer: Any) -> None:
-        await self.write_with_length(writer, None)
-
-
-def _body(data: bytes) -> bytes | payload.Payload | None:
-    return _PiecewiseBody(data) if len(data) > 4 * _PiecewiseBody.FIRST else (data or None)
-
-
 class Client:
-    """One shared aiohttp session; per-request deadlines; retries with exponential backoff on 5xx/network errors."""
+    """Kept-alive connections shared by all requests; per-request deadlines; retries with exponential backoff on
+    5xx/network errors."""
 
     def __init__(self, timeout: float, retries: int, backoff: float = 0.1,
                  signer: Callable[[str, str, bytes, int, str | None], dict[str, str]] | None = None,
@@ -76,23 +57,21 @@ class Client:
         `ssl_context`: how https:// peers are verified and this client shows itself (daemon/tls.py)."""
         self.timeout, self.retries, self.backoff, self.signer = timeout, retries, backoff, signer
         self.ssl_context = ssl_context
-        self._session: ClientSession | None = None
+        self._connections: Connections | None = None
 
     async def __aenter__(self) -> Client:
-        self._session = ClientSession(connector=TCPConnector(limit=256, force_close=False,
-                                                             ssl=self.ssl_context or True),
-                                      trace_configs=[SlowConnects().trace_config()])
+        self._connections = Connections(self.ssl_context, on_connect=SlowConnects())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session:
-            await self._session.close()
+        if self._connections:
+            self._connections.close()
 
     async def request(self, method: str, url: str, *, timeout: float | None = None, retries: int | None = None,
                       round: int = 0, data: bytes = b"", json_body: Any = None,
                       headers: dict[str, str] | None = None, digest: str | None = None) -> tuple[int, bytes, str]:
         """`digest`: `data`'s body digest where the caller has it (one body sent to several peers is hashed once)."""
-        assert self._session is not None, "Client used outside 'async with'"
+        assert self._connections is not None, "Client used outside 'async with'"
         headers = dict(headers or {})
         if json_body is not None:
             data = json.dumps(json_body).encode()
@@ -109,17 +88,17 @@ class Client:
                 await asyncio.sleep(delay)
             signed = {**headers, **self.signer(method, url, data, round, digest)} if self.signer else headers
             try:
-                async with self._session.request(method, url, timeout=ClientTimeout(total=timeout or self.timeout),
-                                                 data=_body(data), headers=signed) as resp:
-                    body = await resp.read()
-                    if resp.status < 400:
-                        return resp.status, body, resp.content_type
-                    error = refusal(resp.status, body)
-                    if resp.status < 500:
-                        raise error
-                    last, refused = error.detail, error if isinstance(error, Refused) else None
-            except (TimeoutError, ClientError, OSError) as exc:
-                last, refused = f"{type(exc).__name__}: {exc}", None
+                async with asyncio.timeout(timeout or self.timeout):
+                    answer = await self._connections.request(method, url, signed, data)
+            except (TimeoutError, OSError, ValueError) as exc:  # ValueError: a URL or certificate it cannot use
+                last, refused = f"{type(exc).__name__}: {str(exc) or 'no answer in time'}", None
+                continue
+            if answer.status < 400:
+                return answer.status, answer.body, answer.content_type
+            error = refusal(answer.status, answer.body)
+            if answer.status < 500:
+                raise error
+            last, refused = error.detail, error if isinstance(error, Refused) else None
         if refused is not None:  # the last answer gave a reason (registration failed...): the caller may stop on it
             raise refused
         raise HttpError(None, f"{method} {url} failed after {attempts} attempts: {last}")
@@ -171,44 +150,3 @@ class Client:
                             left_s=float(f"{left:.1f}"), error=exc.detail)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
-
-
-class SlowConnects:
-    """Logs TCP connections that take over SLOW_CONNECT_S to open, and, from the third in a process, the likely
-    causes: connects stall when the kernel drops packets to peers it cannot resolve (a full neighbour table,
-    e.g. many containers on one host) or when the network or the peer is overloaded."""
-
-    SLOW_CONNECT_S = 1.0
-    seen = 0  # slow connects in this process
-
-    def trace_config(self) -> TraceConfig:
-        config = TraceConfig()
-        config.on_request_start.append(self._request)
-        config.on_connection_create_start.append(self._start)
-        config.on_connection_create_end.append(self._end)
-        return config
-
-    async def _request(self, session: Any, context: Any, params: Any) -> None:
-        context.peer = f"{params.url.host}:{params.url.port}"
-
-    async def _start(self, session: Any, context: Any, params: Any) -> None:
-        context.connect_started = asyncio.get_running_loop().time()
-
-    async def _end(self, session: Any, context: Any, params: Any) -> None:
-        took = asyncio.get_running_loop().time() - getattr(context, "connect_started", 0.0)
-        if took <= self.SLOW_CONNECT_S:
-            return
-        SlowConnects.seen += 1
-        hint = {}
-        peer = getattr(context, "peer", None) or ""
-        if SlowConnects.seen >= 3 and peer.startswith("127."):
-            hint = {"likely_cause": "connections to this host's own peers take seconds to open: the peers are too "
-                    "busy to accept them (more processes than cores, e.g. many containers starting at once)"}
-        elif SlowConnects.seen >= 3:
-            hint = {"likely_cause": "connections take seconds to open: on one host with many containers on a bridge "
-                    "the kernel's neighbour (ARP) table may be full ('neighbor table overflow' in dmesg; raise "
-                    "net.ipv4.neigh.default.gc_thresh1/2/3, see docs/deploy.md); else the network or the peer is "
-                    "overloaded"}
-        get_logger(role="client").warning("slow_connect", peer=getattr(context, "peer", None), seconds=round(took, 3),
-                                          slow_connects=SlowConnects.seen,
-                                          **hint)

@@ -1,0 +1,257 @@
+"""A thin HTTP/1.1 client: kept-alive connections per peer, one request at a time on each, answers parsed by
+httptools (llhttp, in C). The one transport under `client.Client`.
+
+Why not aiohttp's ClientSession: a node posts ~9 small-to-large messages per round, and the session's machinery
+(request and response objects, URL objects, header multidicts, trace hooks, timers, the payload writer, a stream
+reader per answer) cost ~0.2 ms of the client's CPU per request, against ~0.07 ms here, and ~0.07 ms for moving a
+59 kB body both ways on a framed stream (bench/transport.py; bench/README.md "Speed 4, item 2"). Here a request
+is one `bytes` head written before its body (no copy of a large body), an answer is a status, its content type
+and its body's pieces joined once. The wire stays standard HTTP/1.1, so any server answers, and the daemons'
+servers stay aiohttp's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import httptools
+
+from mosaicd.logs import get_logger
+
+MAX_CONNECTIONS = 256  # connections open at once, to all peers (aiohttp's TCPConnector limit before)
+IDLE_KEPT = 16  # idle connections kept per peer
+JOIN_BELOW = 1 << 18  # a body up to this size is sent in one piece with its head (a copy), a larger one after it
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # Content-Length: 0 when sent without a body
+
+
+class Answer:
+    """An answer: its status, body and content type (lower case, parameters dropped; RFC 9110's
+    application/octet-stream when it names none)."""
+
+    __slots__ = ("status", "body", "content_type")
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        self.status, self.body, self.content_type = status, body, content_type
+
+
+@functools.lru_cache(maxsize=1024)
+def _target(url: str) -> tuple[tuple[str, int, bool], bytes, bytes]:
+    """((host, port, tls), request target, Host header's value) of an http(s) URL; parsed once per URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return (parts.hostname, port, tls), target.encode("ascii"), parts.netloc.encode("idna")
+
+
+def _header_bytes(headers: dict[str, str]) -> bytes:
+    lines = []
+    for name, value in headers.items():
+        line = f"{name}: {value}\r\n"
+        if "\r" in line[:-2] or "\n" in line[:-2]:
+            raise ValueError(f"header {name!r}: line breaks are not allowed in a header")
+        lines.append(line)
+    return "".join(lines).encode("latin-1")
+
+
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection; `exchange` sends a request and waits for its whole answer."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._answer: asyncio.Future[Answer] | None = None
+        self._chunks: list[bytes] = []
+        self._content_type = b""
+        self._keep = True
+        self._started = False  # a byte of the answer came
+        self._framed = False  # the answer's length is known (Content-Length, chunked), not "until the server closes"
+        self._headed = False  # the answer's head came whole
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._started = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionError(f"malformed HTTP answer: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool:
+        if self._headed and not self._framed and self._answer is not None:  # a body that ends with the connection
+            self.on_message_complete()
+        return False  # close: a kept-alive connection whose server said goodbye is of no more use
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(exc or ConnectionResetError("the server closed the connection before it answered"))
+
+    # -- httptools' callbacks ------------------------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-type":
+            self._content_type = value
+        elif name == b"content-length" or name == b"transfer-encoding":
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self._headed = True
+        self._keep = self._parser.should_keep_alive()
+        status = self._parser.get_status_code()
+        self._framed = self._framed or status in (204, 304) or 100 <= status < 200
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        chunks, self._chunks = self._chunks, []
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        kind = self._content_type.split(b";", 1)[0].strip().lower().decode("latin-1") or "application/octet-stream"
+        answer, self._answer = self._answer, None
+        if answer is not None and not answer.done():
+            answer.set_result(Answer(self._parser.get_status_code(), body, kind))
+        if not self._keep:
+            self.close()
+
+    # -- use -----------------------------------------------------------------------------------------------------
+    @property
+    def reusable(self) -> bool:
+        return not self.closed and self._keep and self.transport is not None and not self.transport.is_closing()
+
+    async def exchange(self, head: bytes, body: bytes | memoryview) -> Answer:
+        """Send one request (its head, then its body as it is: no copy) and wait for the whole answer."""
+        assert self.transport is not None and self._answer is None
+        self._answer = asyncio.get_running_loop().create_future()
+        self._started, self._content_type, self._chunks, self._framed, self._headed = False, b"", [], False, False
+        if len(body) <= JOIN_BELOW:  # one write, one system call: the copy costs less
+            self.transport.write(head + body if body else head)
+        else:
+            self.transport.write(head)
+            self.transport.write(body)
+        return await self._answer
+
+    @property
+    def answered_nothing(self) -> bool:
+        """Whether no byte of an answer came: a reused connection closed by its server as the request left."""
+        return not self._started
+
+    def _fail(self, exc: BaseException) -> None:
+        answer, self._answer = self._answer, None
+        if answer is not None and not answer.done():
+            answer.set_exception(exc)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Connections:
+    """Kept-alive connections per (host, port, tls): a request takes an idle one or opens one (at most
+    MAX_CONNECTIONS at once), and gives it back when its answer came whole and the server keeps it open."""
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None,
+                 on_connect: Callable[[str, float], None] | None = None) -> None:
+        """`ssl_context`: for https:// peers (the system's defaults when None); `on_connect(peer, seconds)`: told
+        how long each new connection took to open."""
+        self.ssl_context = ssl_context
+        self.on_connect = on_connect
+        self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._open: set[_Connection] = set()
+
+    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | memoryview) -> Answer:
+        """One request and its answer. A connection that fails is closed; a kept-alive one that its server closed
+        before it answered is replaced by a new one once (the request had not reached the server's handler)."""
+        peer, target, host = _target(url)
+        length = len(body)
+        head = b"".join((method.encode("ascii"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n",
+                         (b"Content-Length: %d\r\n" % length) if length or method in _BODY_METHODS else b"",
+                         _header_bytes(headers), b"\r\n"))
+        async with self._slots:
+            conn, reused = await self._take(peer)
+            while True:
+                try:
+                    answer = await conn.exchange(head, body)
+                except BaseException as exc:  # failed, timed out or cancelled: the connection's state is unknown
+                    conn.close()
+                    self._open.discard(conn)
+                    if reused and isinstance(exc, ConnectionError) and conn.answered_nothing:
+                        conn, reused = await self._open_one(peer), False
+                        continue
+                    raise
+                break
+            if conn.reusable:
+                idle = self._idle.setdefault(peer, [])
+                if len(idle) < IDLE_KEPT:
+                    idle.append(conn)
+                    return answer
+            conn.close()
+            self._open.discard(conn)
+            return answer
+
+    async def _take(self, peer: tuple[str, int, bool]) -> tuple[_Connection, bool]:
+        idle = self._idle.get(peer)
+        while idle:
+            conn = idle.pop()
+            if conn.reusable:
+                return conn, True
+            self._open.discard(conn)
+        return await self._open_one(peer), False
+
+    async def _open_one(self, peer: tuple[str, int, bool]) -> _Connection:
+        host, port, tls = peer
+        loop = asyncio.get_running_loop()
+        context: ssl.SSLContext | None = None
+        if tls:
+            context = self.ssl_context or ssl.create_default_context()
+        started = loop.time()
+        _, conn = await loop.create_connection(_Connection, host, port, ssl=context,
+                                               server_hostname=host if tls else None)
+        self._open.add(conn)
+        if self.on_connect is not None:
+            self.on_connect(f"{host}:{port}", loop.time() - started)
+        return conn
+
+    def close(self) -> None:
+        """Close every connection (idle or in use)."""
+        for conn in list(self._open):
+            conn.close()
+        self._open.clear()
+        self._idle.clear()
+
+
+class SlowConnects:
+    """Logs TCP connections that take over SLOW_CONNECT_S to open, and, from the third in a process, the likely
+    causes: connects stall when the kernel drops packets to peers it cannot resolve (a full neighbour table,
+    e.g. many containers on one host) or when the network or the peer is overloaded."""
+
+    SLOW_CONNECT_S = 1.0
+    seen = 0  # slow connects in this process
+
+    def __call__(self, peer: str, took: float) -> None:
+        if took <= self.SLOW_CONNECT_S:
+            return
+        SlowConnects.seen += 1
+        hint: dict[str, Any] = {}
+        if SlowConnects.seen >= 3 and peer.startswith("127."):
+            hint = {"likely_cause": "connections to this host's own peers take seconds to open: the peers are too "
+                    "busy to accept them (more processes than cores, e.g. many containers starting at once)"}
+        elif SlowConnects.seen >= 3:
+            hint = {"likely_cause": "connections take seconds to open: on one host with many containers on a bridge "
+                    "the kernel's neighbour (ARP) table may be full ('neighbor table overflow' in dmesg; raise "
+                    "net.ipv4.neigh.default.gc_thresh1/2/3, see docs/deploy.md); else the network or the peer is "
+                    "overloaded"}
+        get_logger(role="client").warning("slow_connect", peer=peer, seconds=round(took, 3),
+                                          slow_connects=SlowConnects.seen, **hint)

@@ -1,0 +1,194 @@
+"""The thin HTTP/1.1 client (`http/connections.py`, under `Client`) against real aiohttp servers on loopback:
+kept-alive connections reused, answers of every framing (Content-Length, chunked, none, large), a server that
+closes or drops its connections, deadlines, and requests it refuses to write."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from mosaicd.daemon.http.client import Client, HttpError, Refused
+from mosaicd.daemon.http.connections import Connections, SlowConnects
+
+
+def app_with(seen: list[tuple[Any, bytes, dict[str, str]]]) -> web.Application:
+    """Handlers that note (connection, body, headers) of each request."""
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        seen.append((request.transport, body, dict(request.headers)))
+        return web.Response(body=body, content_type="application/cbor")
+
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "text/plain"
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for piece in (b"one ", b"two ", b"three"):
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
+
+    async def close(request: web.Request) -> web.Response:
+        seen.append((request.transport, await request.read(), dict(request.headers)))
+        resp = web.json_response({"closing": True})
+        resp.force_close()
+        return resp
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(1)
+        return web.json_response({})
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"reason": "stale_round", "detail": "too old"}, status=409)
+
+    async def empty(request: web.Request) -> web.Response:
+        return web.Response(status=204)
+
+    async def big(request: web.Request) -> web.Response:
+        return web.Response(body=bytes(range(256)) * (1 << 15))  # 8 MiB: many reads
+
+    app = web.Application(client_max_size=1 << 24)
+    app.add_routes([web.post("/echo", echo), web.get("/echo", echo), web.get("/chunked", chunked),
+                    web.post("/close", close), web.get("/slow", slow), web.post("/refuse", refuse),
+                    web.delete("/empty", empty), web.get("/big", big)])
+    return app
+
+
+async def test_requests_share_kept_alive_connections_and_read_every_framing(kit: Any) -> None:
+    seen: list[tuple[Any, bytes, dict[str, str]]] = []
+    runner, base = await kit.serve_on_loopback(app_with(seen))
+    try:
+        async with Client(5, 0) as client:
+            for body in (b"", b"x", os.urandom(70_000), os.urandom(3 << 20)):  # joined to the head, and not
+                status, answer, kind = await client.request("POST", f"{base}/echo?a=1", data=body,
+                                                            headers={"Content-Type": "application/cbor"})
+                assert (status, answer, kind) == (200, body, "application/cbor")
+            assert len({id(transport) for transport, _, _ in seen}) == 1  # one connection, kept alive
+            assert seen[0][2]["Content-Length"] == "0" and seen[0][2]["Host"] == base.split("//")[1]
+            status, answer, _ = await client.request("GET", f"{base}/echo")
+            assert status == 200 and answer == b"" and "Content-Length" not in seen[-1][2]
+            assert (await client.request("GET", f"{base}/chunked"))[1:] == (b"one two three", "text/plain")
+            assert (await client.request("DELETE", f"{base}/empty"))[:2] == (204, b"")
+            assert (await client.request("GET", f"{base}/big"))[1] == bytes(range(256)) * (1 << 15)
+            assert await client.post_json(f"{base}/close", {"a": 1}) == {"closing": True}
+            await client.request("POST", f"{base}/echo", data=b"after")  # the closed one is not taken again
+            assert seen[-1][1] == b"after" and seen[-1][0] is not seen[-2][0]
+
+            # ten at once: ten connections, kept and taken again
+            await asyncio.gather(*(client.request("POST", f"{base}/echo", data=b"%d" % i) for i in range(10)))
+            before = {id(t) for t, _, _ in seen[-10:]}
+            await asyncio.gather(*(client.request("POST", f"{base}/echo", data=b"%d" % i) for i in range(10)))
+            assert {id(t) for t, _, _ in seen[-10:]} <= before
+
+            with pytest.raises(Refused) as refused:
+                await client.request("POST", f"{base}/refuse", data=b"x")
+            assert (refused.value.status, refused.value.reason) == (409, "stale_round")
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_connection_its_server_closed_while_idle_is_replaced(kit: Any) -> None:
+    """The server forgets idle connections (its keep-alive timeout); the next request opens a new one at once."""
+    seen: list[tuple[Any, bytes, dict[str, str]]] = []
+    runner = web.AppRunner(app_with(seen), access_log=None, keepalive_timeout=0.05)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with Client(5, 0) as client:
+            for _ in range(3):
+                assert (await client.request("POST", f"{base}/echo", data=b"x"))[1] == b"x"
+                while not seen[-1][0].is_closing():  # the server closes it: no fixed wait
+                    await asyncio.sleep(0.01)
+            assert len({id(t) for t, _, _ in seen}) == 3
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_kept_connection_closed_as_the_request_leaves_is_replaced_once() -> None:
+    """A server that answers the first request on each connection and closes it, unanswered, at the second: the
+    client, finding its kept connection dropped before any answer, sends the request again on a new one."""
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok")
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")  # the second request on this connection: dropped unanswered
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x"
+    connections = Connections()
+    try:
+        for _ in range(3):
+            answer = await connections.request("GET", url, {}, b"")
+            assert (answer.status, answer.body, answer.content_type) == (200, b"ok", "text/plain")
+        assert len(heads) == 3  # each later request on a new connection, once
+    finally:
+        connections.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_answer_without_a_length_ends_with_its_connection() -> None:
+    """A server that frames its answer by closing the connection (no Content-Length, not chunked)."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x"
+    connections = Connections()
+    try:
+        for _ in range(2):
+            answer = await connections.request("GET", url, {}, b"")
+            assert (answer.status, answer.body, answer.content_type) == (200, b"all of it", "application/octet-stream")
+    finally:
+        connections.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_request_past_its_deadline_fails_and_its_connection_is_dropped(kit: Any) -> None:
+    seen: list[tuple[Any, bytes, dict[str, str]]] = []
+    runner, base = await kit.serve_on_loopback(app_with(seen))
+    try:
+        async with Client(0.2, 1, backoff=0.01) as client:
+            with pytest.raises(HttpError) as failed:
+                await client.request("GET", f"{base}/slow")
+            assert failed.value.status is None and "2 attempts" in failed.value.detail
+            assert (await client.request("POST", f"{base}/echo", data=b"y"))[1] == b"y"
+        async with Client(5, 0) as client:  # nobody listens: a connection error, no answer
+            port = runner.addresses[0][1]
+            await runner.cleanup()
+            with pytest.raises(HttpError) as failed:
+                await client.request("GET", f"http://127.0.0.1:{port}/echo")
+            assert failed.value.status is None
+    finally:
+        await runner.cleanup()
+
+
+async def test_requests_it_will_not_write() -> None:
+    connections = Connections()
+    with pytest.raises(ValueError, match="line breaks"):
+        await connections.request("GET", "http://127.0.0.1:1/", {"X-A": "1\r\nX-B: 2"}, b"")
+    with pytest.raises(ValueError, match="http"):
+        await connections.request("GET", "ftp://127.0.0.1/", {}, b"")
+    connections.close()
+
+
+def test_slow_connects_are_logged(capsys: pytest.CaptureFixture[str]) -> None:
+    before = SlowConnects.seen
+    SlowConnects()("127.0.0.1:1", 0.01)
+    assert SlowConnects.seen == before
+    SlowConnects()("127.0.0.1:1", SlowConnects.SLOW_CONNECT_S + 1)
+    assert SlowConnects.seen == before + 1
