@@ -28,6 +28,7 @@ from compose_scale import ROOT, barrier_status, compose_cli, free_port  # bench/
 
 # `compose logs --timestamps`: "node-3  | 2026-11-26T18:00:00.123456789Z <the line>"
 LINE = re.compile(r"^(?P<service>[\w.-]+?)[-_](?P<index>\d+)\s+\| (?P<at>\S+) (?P<text>.*)$")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # compose v2 clears each line it prints (ESC [2K)
 LEVEL = re.compile(r"\[(?P<level>\w+)\s*\] (?P<event>\S+)")
 JSON_EVENT = re.compile(r'"event": ?"(?P<event>[^"]+)".*"level": ?"(?P<level>\w+)"|'
                         r'"level": ?"(?P<level2>\w+)".*"event": ?"(?P<event2>[^"]+)"')
@@ -48,7 +49,7 @@ def count(console: str, window_s: float = 10.0) -> dict:
     barrier, nodes, warnings, rounds_with_eval = 0, 0, Counter(), 0
     seen: dict[tuple[str, str], list[float]] = {}
     for raw in console.splitlines():
-        m = LINE.match(raw)
+        m = LINE.match(ANSI.sub("", raw))
         if not m or m["service"].endswith("secret"):
             continue
         if m["service"].endswith("barrier"):
@@ -75,6 +76,11 @@ def count(console: str, window_s: float = 10.0) -> dict:
             rounds_with_eval, f"most_lines_of_one_kind_by_one_node_in_{window_s:g}s": densest}
 
 
+def recount(path: Path) -> None:
+    """The figures of a console.log written before (`--recount OUT/console.log`)."""
+    print(json.dumps(count(path.read_text())))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=60)
@@ -87,7 +93,11 @@ def main() -> None:
                         help="the compose file (an earlier commit's, with that commit's image, to compare)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "console-lines")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds the run may take")
+    parser.add_argument("--recount", type=Path, help="count a console.log this script wrote, and run nothing")
     args = parser.parse_args()
+    if args.recount:
+        recount(args.recount)
+        return
     if args.nodes < 1:
         parser.error(f"--nodes {args.nodes}: must be >= 1")
     if subprocess.run(["docker", "image", "inspect", args.image], capture_output=True).returncode:
