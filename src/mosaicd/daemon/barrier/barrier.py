@@ -115,6 +115,7 @@ class Barrier:
         evaluations that the crash cut short are collected again where the nodes still keep their snapshots (nodes
         started again: at their next release)."""
         state, rebinding = self.state, self.state.phase is P.REBINDING
+        self.evaluator.prepare(self.run)
         self.registrar.resumed()
         self.metrics.members.set(len(state.live))
         if not rebinding:
@@ -147,6 +148,7 @@ class Barrier:
         self.recorder.settings["nodes"] = len(roster.addresses)
         self.metrics.members.set(len(roster.addresses))
         self.log.info("registration_closed", members=len(roster.addresses))
+        self.evaluator.prepare(run)
 
     def fail_registration(self, reason: str) -> None:
         """Registration cannot complete (`reason`): the run ends."""
