@@ -90,3 +90,24 @@ def test_a_bare_node_registers_before_its_task_imports_torch(tmp_path: Path, kit
     assert codes == [0] * (nodes + 1), (tmp_path / "barrier.log").read_text()[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["model_sha256"] == kit.reference_hashes(Settings(**RUN, nodes=nodes))
+
+
+async def test_a_node_started_without_collections_resumes_them_once_its_task_is_imported() -> None:
+    """`mosaicd node` imports with the garbage collector off (`collect_after_imports`); once the background import
+    of its task is done, what was made so far is frozen and collection is on again. A process whose collector was
+    on (every other) keeps it as it was."""
+    import gc
+
+    from mosaicd.daemon.node.warmup import collect_after_imports, prefetch_in_background
+
+    frozen = gc.get_freeze_count()
+    try:
+        await prefetch_in_background("quadratic")
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        collect_after_imports()
+        assert not gc.isenabled()
+        await prefetch_in_background("quadratic")
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+        gc.enable()
