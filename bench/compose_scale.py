@@ -9,6 +9,8 @@ that it can read them), samples every container's memory from its cgroup once a 
 from the barrier's log, and keeps the run's results. compose.yaml puts the containers on the host's network, so the
 host's neighbour (ARP) table plays no part: its thresholds are printed for the record (deploy/hostcheck.py).
 `release_to_row_s`: from the last round's release to its evaluation row (bench/release_to_row.py).
+It ends with `up -> first round` against --bound (60 s: issue #38's target for 60 nodes on this 2-core host) and the
+machine's load average before and after: start-up is CPU-bound, so the figure is only as quiet as the machine was.
 Writes OUT/scale.json, OUT/memory.csv, OUT/scale.png and OUT/results/; the last line of stdout is the JSON object.
 """
 
