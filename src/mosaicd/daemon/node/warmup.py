@@ -9,9 +9,10 @@ thread, so that no OpenMP pool thread exists at the fork (GNU libgomp's pool doe
 that uses it can hang); each forked process sets the run's thread count itself (`set_threads`).
 
 `mosaicd node` imports with the cyclic garbage collector off (`collect_after_imports`) until `prefetch` is done: the
-imports make ~200,000 objects that live as long as the process, and the collections that their allocations
-triggered scanned them again and again, a quarter of a node's CPU to its first round (bench/README.md, Speed 4
-item 4). Then they are frozen (`gc.freeze`, as the warm start does before it forks) and collection resumes.
+imports make ~200,000 objects that live as long as the process, and the ~470 collections that their allocations
+triggered scanned them again and again: 0.26-0.34 of the ~2.3 CPU-s a compose node spends before its first round
+(bench/README.md, Speed 4 item 4). Then they are frozen (`gc.freeze`, as the warm start does before it forks) and
+collection resumes.
 """
 
 from __future__ import annotations
