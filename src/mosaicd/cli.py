@@ -245,6 +245,10 @@ def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "node")
+    if _command_of(argv) == "node":  # its imports without garbage collections, until its task's are done too
+        from mosaicd.daemon.node.warmup import collect_after_imports
+
+        collect_after_imports()
     parser = build_parser(_command_of(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -4,26 +4,29 @@ only as a `hosting.HostedBarrier`; `daemon/barrier/` knows no node).
 `EmbeddedBarrier` is a `Barrier` and its `barrier_app` behind that interface; `hosting(evaluate)` builds one for a
 node that turns out to be rank 0 of a --peer-list. `Peer` (the public `mosaicd.Peer`) and `run_node` (`mosaicd
 node`) are the node role's, with that host given by default, as every user of them had it.
+
+The barrier's modules are imported only where one is hosted or served: a node that registers with a barrier
+elsewhere (every compose node) never needs them, and on few cores each module a node imports before it registers
+delays the run's start (bench/README.md, Speed 4 item 4).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aiohttp import web
 
 from mosaic_proto import Layout
-from mosaicd.daemon.barrier.barrier import Barrier as RunBarrier
-from mosaicd.daemon.barrier.ending import end_failed, unheard
-from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
-from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.hosting import BarrierHost
 from mosaicd.daemon.node import peer as node_peer
 from mosaicd.daemon.node import run as node_run
 from mosaicd.settings import DaemonOptions, RunConfig, Settings
+
+if TYPE_CHECKING:
+    from mosaicd.daemon.barrier.barrier import Barrier as RunBarrier
 
 __all__ = ["Barrier", "EmbeddedBarrier", "Peer", "hosting", "run_node"]
 
@@ -34,19 +37,27 @@ class EmbeddedBarrier:
     """A `Barrier` served by the node that hosts it (`hosting.HostedBarrier`); `barrier`: the barrier itself."""
 
     def __init__(self, run: RunConfig, options: DaemonOptions, evaluate: Evaluate | None = None) -> None:
+        from mosaicd.daemon.barrier.barrier import Barrier as RunBarrier
+
         counted = {"expect_dns": None, "expect_settle": None}  # the peer list counts the nodes
         self.barrier = RunBarrier(run, options.model_copy(update=counted), evaluate=evaluate)
 
     def app(self) -> web.Application:
+        from mosaicd.daemon.barrier.routes import barrier_app
+
         return barrier_app(self.barrier)
 
     async def wait_done(self) -> None:
         await self.barrier.done.wait()
 
     def fail(self, reason: str) -> None:
+        from mosaicd.daemon.barrier.ending import end_failed
+
         end_failed(self.barrier, reason)
 
     def unheard(self, own: int) -> list[int]:
+        from mosaicd.daemon.barrier.ending import unheard
+
         return unheard(self.barrier, own)
 
 
@@ -69,7 +80,13 @@ class Peer(node_peer.Peer):
 async def run_node(settings: Settings, task: Any = None) -> int:
     """`mosaicd.daemon.node.run.run_node`, hosting the barrier (with the run's network evaluation) where this node
     is rank 0 of a --peer-list."""
-    return await node_run.run_node(settings, task, host=hosting(NetworkEvaluation(settings.data_dir, task)))
+
+    def host(run: RunConfig, options: DaemonOptions) -> EmbeddedBarrier:
+        from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
+
+        return EmbeddedBarrier(run, options, NetworkEvaluation(settings.data_dir, task))
+
+    return await node_run.run_node(settings, task, host=host)
 
 
 class Barrier:
@@ -103,7 +120,10 @@ class Barrier:
         return read_summary(self.settings.out)
 
     async def __aenter__(self) -> Barrier:
+        from mosaicd.daemon.barrier.barrier import Barrier as RunBarrier
         from mosaicd.daemon.barrier.console import local_url
+        from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
+        from mosaicd.daemon.barrier.routes import barrier_app
         from mosaicd.daemon.barrier.run import evaluates
         from mosaicd.daemon.http.server import serve
         from mosaicd.daemon.http.tls import scheme

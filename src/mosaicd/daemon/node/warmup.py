@@ -7,11 +7,18 @@ first and the imports fill the wait. `warm_up` is the warm start's (`mosaicd clu
 forward and backward pass of a built task, in the process that then forks the nodes. It runs with one torch
 thread, so that no OpenMP pool thread exists at the fork (GNU libgomp's pool does not survive fork(); a child
 that uses it can hang); each forked process sets the run's thread count itself (`set_threads`).
+
+`mosaicd node` imports with the cyclic garbage collector off (`collect_after_imports`) until `prefetch` is done: the
+imports make ~200,000 objects that live as long as the process, and the ~470 collections that their allocations
+triggered scanned them again and again: 0.26-0.34 of the ~2.3 CPU-s a compose node spends before its first round
+(bench/README.md, Speed 4 item 4). Then they are frozen (`gc.freeze`, as the warm start does before it forks) and
+collection resumes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import threading
@@ -19,7 +26,18 @@ import time
 from importlib import import_module
 from typing import Any
 
-from mosaicd.logs import get_logger
+
+def collect_after_imports() -> None:
+    """No cyclic garbage collection in this process until its start-up imports are done (`imports_done`)."""
+    gc.disable()
+
+
+def imports_done() -> None:
+    """Where `collect_after_imports` held collection off, what the imports made is frozen (kept out of every later
+    collection: it lives as long as the process) and collection resumes; elsewhere nothing changes."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def prefetch(task: str) -> None:
@@ -50,6 +68,7 @@ def prefetch_in_background(task: str) -> asyncio.Future:
         try:
             prefetch(task)
         finally:
+            imports_done()
             try:
                 loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
             except RuntimeError:  # the loop ended meanwhile (the node stopped before it needed the imports)
@@ -96,5 +115,7 @@ def warm_up(task: Any) -> float:
         model.load_state_dict(saved)
         torch.set_num_threads(task.run.threads)  # sets the count only: threads start at the first parallel region
     seconds = time.perf_counter() - started
+    from mosaicd.logs import get_logger
+
     get_logger(role="warmup").info("warmed_up", task=task.name, seconds=round(seconds, 3))
     return seconds
