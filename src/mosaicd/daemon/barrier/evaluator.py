@@ -10,7 +10,6 @@ final release waits for the rows (`drain`), to write summary.json."""
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +22,7 @@ from mosaicd.daemon.http.auth import Keyring, signer
 from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import client_context, scheme
+from mosaicd.learning.tasks import import_task_modules
 from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, honest_nodes, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
 
@@ -153,22 +153,25 @@ def reported_average(values: list[dict[str, float]]) -> dict[str, float]:
 
 class NetworkEvaluation:
     """The barrier's `evaluate`: the average model's metric on the run's task; the node models are evaluated by the
-    nodes themselves. The task is built once, as soon as the run is known (`prepare`: when registration closes),
-    in a thread of its own at nice 19, not at the first evaluation: at 60 compose nodes on 2 cores its imports took
-    ~45 s and every row waited for them, so no round line carried an evaluation."""
+    nodes themselves. The task's modules are imported from the start (`import_modules`: while the nodes start and
+    register) and the task is built as soon as the run is known (`prepare`: when registration closes), each in a
+    thread of its own, not at the first evaluation: at 60 compose nodes on 2 cores that took ~45 s once the nodes
+    trained, and every row waited for it, so no round line carried an evaluation."""
 
     def __init__(self, data_dir: Any, task: Any = None) -> None:
         self.data_dir = data_dir
         self._task: Any = task  # a prebuilt one (warm start) is used only if it is the run's
         self._building = threading.Lock()  # an evaluation waits for the build under way instead of a second one
 
+    def import_modules(self, task: str) -> None:
+        """Import what the task `task` needs, in the background (none where a task was given)."""
+        if self._task is None:
+            threading.Thread(target=import_task_modules, args=(task,), name="mosaic-evaluation-imports",
+                             daemon=True).start()
+
     def prepare(self, run: RunConfig) -> None:
         """Build `run`'s task now, in the background (an error is left for the evaluation to raise)."""
         def build() -> None:
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # the rounds' own work goes first
-            except (OSError, AttributeError):
-                pass
             try:
                 self._task_of(run)
             except Exception:  # noqa: BLE001 (said when an evaluation needs the task)

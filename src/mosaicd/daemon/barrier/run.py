@@ -69,6 +69,8 @@ def own_secret(settings: Settings) -> Settings:
 
 async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[str]) -> int:
     evaluate = NetworkEvaluation(settings.data_dir, task) if evaluates(settings, task) else None
+    if evaluate is not None:
+        evaluate.import_modules(settings.task)  # while the nodes start: their training leaves it little CPU later
     barrier = Barrier(settings.run_config(), settings.daemon_options(), evaluate=evaluate, hold_out=True)
     check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours
     runner, port = await serve(barrier_app(barrier), settings, sock)

@@ -23,7 +23,6 @@ import os
 import sys
 import threading
 import time
-from importlib import import_module
 from typing import Any
 
 
@@ -41,18 +40,10 @@ def imports_done() -> None:
 
 
 def prefetch(task: str) -> None:
-    """Import what `task` needs (torch, its model's module; a user's task: its module) if it can; errors are the
-    build's to report."""
-    from mosaicd.learning.tasks import TASK_CLASSES, MissingExtra, require_task, task_class
+    """Import what `task` needs (`learning.tasks.import_task_modules`)."""
+    from mosaicd.learning.tasks import import_task_modules
 
-    try:
-        require_task(task)
-        if task in TASK_CLASSES:
-            import_module(TASK_CLASSES[task].split(":")[0])
-        else:
-            task_class(task)
-    except (ImportError, MissingExtra, KeyError, ValueError):
-        pass
+    import_task_modules(task)
 
 
 def prefetch_in_background(task: str) -> asyncio.Future:

@@ -113,6 +113,19 @@ def task_class(task: str) -> type[Task]:
     return found
 
 
+def import_task_modules(task: str) -> None:
+    """Import what `task` needs (torch, its model's module; a user's task: its module) if it can, ahead of its
+    build (a node while it registers, a barrier while the nodes do); errors are the build's to report."""
+    try:
+        require_task(task)
+        if task in TASK_CLASSES:
+            import_module(TASK_CLASSES[task].split(":")[0])
+        else:
+            task_class(task)
+    except (ImportError, MissingExtra, KeyError, ValueError):
+        pass
+
+
 def build_task(run: RunConfig, data_dir: Path | str | None = None) -> Task:
     """The run's workload; `data_dir` is where this host keeps data sets (not part of the run; a `Settings`
     carries its own, the default for it)."""
