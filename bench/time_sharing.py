@@ -8,9 +8,12 @@ process, on one core, as `simulate` does, and (b) in one forked process per node
 `mosaicd cluster` runs them, and (c) as (b) but taking turns: a process trains a round while it holds one of
 `cores` slots (an exclusive flock on a slot file). The CPU seconds of (b) over (a) is what time-sharing costs the
 training (cache and scheduler), measured in the same run; (c) over (a) what is left of it when no more trainers
-than cores run at once. The variants alternate, and the best of `--repeat` counts.
+than cores run at once. The variants alternate, and the best of `--repeat` counts. `--also` adds per-node
+variants of (b), each set in the child before it trains: `pinned` (node i on core i % cores), `batch`
+(SCHED_BATCH), `slice100` / `slice20` (EEVDF's custom slice of 100 / 20 ms, Linux >= 6.12, x86_64),
+`batch+slice100`, `pinned+batch`.
 
-Usage: .venv/bin/python bench/time_sharing.py [--rounds 60] [--nodes 16] [--repeat 2]
+Usage: .venv/bin/python bench/time_sharing.py [--rounds 60] [--nodes 16] [--repeat 2] [--also pinned,batch]
 Last line of stdout: a JSON object {"one_process_cpu_s": ..., "per_node_processes_cpu_s": ..., "ratio": ...,
 "taking_turns_cpu_s": ..., "ratio_taking_turns": ...}.
 """
