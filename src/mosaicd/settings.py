@@ -437,10 +437,6 @@ class DaemonOptions(BaseModel):
                                   "auto (uvloop where it is installed: its sockets and TLS are C), uvloop, or "
                                   "asyncio (Python's own); no model depends on it",
                                   **cli("network", "node", "barrier", "cluster"))
-    train_slice_ms: float = Field(0.0, ge=0, le=100, description="node: the CPU slice in ms the kernel gives its "
-                                  "training thread before switching to another runnable thread (Linux >= 6.12; 0: "
-                                  "the kernel's, ~1.5 ms); for more nodes than cores on one host; no model depends "
-                                  "on it", **cli("network", "node", "cluster"))
     # surviving faults
     barrier_grace: float = Field(120.0, gt=0, description="node: seconds to keep retrying an unreachable barrier "
                                  "(it may be restarting: it resumes the run from OUT/barrier-state.json)",

@@ -17,7 +17,6 @@ from mosaicd.daemon.hosting import BarrierHost
 from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.daemon.node import checkpoint
-from mosaicd.daemon.node.cpu_slice import sliced
 from mosaicd.daemon.node.peer import Peer
 from mosaicd.daemon.node.warmup import prefetch_in_background
 from mosaicd.logs import get_logger
@@ -129,13 +128,11 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
     spec = run.profile_spec()
     profile = spec.of(peer.rank, run.seed, run.nodes) if spec is not None else None
-    train = sliced(task.train, settings.train_slice_ms,
-                   lambda got: log.info("train_slice", asked_ms=settings.train_slice_ms, kernel_ms=got))
     while peer.round < run.rounds:
         t = peer.round
         started = time.perf_counter()
         if run.train:
-            local, loss = await asyncio.to_thread(train, data_rank, t, vector)
+            local, loss = await asyncio.to_thread(task.train, data_rank, t, vector)
         else:
             local, loss = vector, math.nan
         if profile is not None and spec is not None:  # --node-profile: train as slowly as such a node would
