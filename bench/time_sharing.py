@@ -8,9 +8,12 @@ process, on one core, as `simulate` does, and (b) in one forked process per node
 `mosaicd cluster` runs them, and (c) as (b) but taking turns: a process trains a round while it holds one of
 `cores` slots (an exclusive flock on a slot file). The CPU seconds of (b) over (a) is what time-sharing costs the
 training (cache and scheduler), measured in the same run; (c) over (a) what is left of it when no more trainers
-than cores run at once. The variants alternate, and the best of `--repeat` counts.
+than cores run at once. The variants alternate, and the best of `--repeat` counts. `--also` adds per-node
+variants of (b), each set in the child before it trains: `pinned` (node i on core i % cores), `batch`
+(SCHED_BATCH), `slice100` / `slice20` (EEVDF's custom slice of 100 / 20 ms, Linux >= 6.12, x86_64),
+`batch+slice100`, `pinned+batch`.
 
-Usage: .venv/bin/python bench/time_sharing.py [--rounds 60] [--nodes 16] [--repeat 2]
+Usage: .venv/bin/python bench/time_sharing.py [--rounds 60] [--nodes 16] [--repeat 2] [--also pinned,batch]
 Last line of stdout: a JSON object {"one_process_cpu_s": ..., "per_node_processes_cpu_s": ..., "ratio": ...,
 "taking_turns_cpu_s": ..., "ratio_taking_turns": ...}.
 """
@@ -73,7 +76,35 @@ def one_process(task: Any, nodes: int, rounds: int) -> float:
     return time.process_time() - started
 
 
-def per_node_processes(task: Any, nodes: int, rounds: int, slots: list[Path] | None = None) -> float:
+def pinned(i: int) -> None:
+    """Node i on core i % cores (of those this process may use)."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[i % len(cores)]})
+
+
+def batch(i: int) -> None:
+    """SCHED_BATCH: no wake-up preemption, longer slices."""
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
+def long_slice(i: int, ms: int = 100, policy: int = os.SCHED_OTHER) -> None:
+    """EEVDF's slice for this thread (Linux >= 6.12: sched_setattr's sched_runtime for SCHED_OTHER): ms, not ~1.5."""
+    import ctypes
+    import struct
+
+    attr = struct.pack("=IIQiIQQQII", 56, policy, 0, 0, 0, ms * 1_000_000, 0, 0, 0, 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(314, 0, ctypes.c_char_p(attr), 0) != 0:
+        raise OSError(ctypes.get_errno(), "sched_setattr")
+
+
+SETUPS = {"pinned": pinned, "batch": batch, "pinned+batch": lambda i: (pinned(i), batch(i)),
+          "slice100": long_slice, "slice20": lambda i: long_slice(i, 20),
+          "batch+slice100": lambda i: long_slice(i, 100, os.SCHED_BATCH)}
+
+
+def per_node_processes(task: Any, nodes: int, rounds: int, slots: list[Path] | None = None,
+                       setup: Any = None) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     children: list[int] = []
     try:
@@ -82,6 +113,8 @@ def per_node_processes(task: Any, nodes: int, rounds: int, slots: list[Path] | N
             if pid == 0:
                 code = 1
                 try:
+                    if setup is not None:
+                        setup(i)
                     train(task, [i], rounds, slot_turns(slots) if slots else contextlib.nullcontext)
                     code = 0
                 except KeyboardInterrupt:  # Ctrl-C reached the whole group: the parent says so, once
@@ -110,26 +143,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=2, help="runs of each variant, alternating; the best counts")
+    parser.add_argument("--also", default="", metavar="V[,V]",
+                        help=f"more per-node variants, each in turn with the others: {', '.join(SETUPS)}")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mosaic-time-sharing-") as tmp:
         settings = tutorial_settings(Path(tmp), args.rounds, args.nodes)
         task = build_task(settings.run_config(), settings.data_dir)
         task.train(0, 0, task.initial(0))  # data loaded and the kernels warm before either variant, as in a node
         slots = [Path(tmp) / f"slot-{i}" for i in range(len(os.sched_getaffinity(0)))]
+        also = [v for v in args.also.split(",") if v]
         one, many, turns = [], [], []
+        more: dict[str, list[float]] = {v: [] for v in also}
         for _ in range(args.repeat):
             one.append(one_process(task, args.nodes, args.rounds))
             many.append(per_node_processes(task, args.nodes, args.rounds))
             turns.append(per_node_processes(task, args.nodes, args.rounds, slots))
+            for v in also:
+                more[v].append(per_node_processes(task, args.nodes, args.rounds, setup=SETUPS[v]))
             print(f"one process {one[-1]:.2f} CPU-s, {args.nodes} processes at once {many[-1]:.2f} CPU-s, "
-                  f"taking turns {turns[-1]:.2f}", flush=True)
+                  f"taking turns {turns[-1]:.2f}" + "".join(f", {v} {more[v][-1]:.2f}" for v in also), flush=True)
     ratio, ratio_turns = min(many) / min(one), min(turns) / min(one)
     print(f"training of {args.nodes} nodes x {args.rounds} rounds (best of {args.repeat}): one process "
           f"{min(one):.2f} CPU-s; one process per node {min(many):.2f} CPU-s on {len(slots)} cores ({ratio:.2f}x), "
           f"taking turns {min(turns):.2f} ({ratio_turns:.2f}x)")
     print(json.dumps({"nodes": args.nodes, "rounds": args.rounds, "one_process_cpu_s": round(min(one), 2),
                       "per_node_processes_cpu_s": round(min(many), 2), "ratio": round(ratio, 3),
-                      "taking_turns_cpu_s": round(min(turns), 2), "ratio_taking_turns": round(ratio_turns, 3)}))
+                      "taking_turns_cpu_s": round(min(turns), 2), "ratio_taking_turns": round(ratio_turns, 3),
+                      **{f"{v}_cpu_s": round(min(more[v]), 2) for v in also},
+                      **{f"ratio_{v}": round(min(more[v]) / min(one), 3) for v in also}}))
 
 
 if __name__ == "__main__":

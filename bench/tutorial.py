@@ -183,7 +183,8 @@ def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str 
     return {
         "wall_s": summary.get("wall_s"), "launch_wall_s": round(launch_wall, 3), "cpu_s": round(cpu, 2),
         "user_s": round(user, 2), "sys_s": round(cpu - user, 2), "voluntary_switches": switches[0],
-        "involuntary_switches": switches[1], "launcher_cpu_s": round(own, 2),
+        "involuntary_switches": switches[1], "minor_faults": after_children.ru_minflt - before_children.ru_minflt,
+        "launcher_cpu_s": round(own, 2),
         "pss_total_mib": round(sum(peak.values()) / MIB, 1) if peak else None,
         "pss_node_median_mib": round(statistics.median(node_pss) / MIB, 1) if node_pss else None,
         "pss_node_max_mib": round(node_pss[-1] / MIB, 1) if node_pss else None,
