@@ -200,20 +200,26 @@ def plot(path: Path, rows: list, marks: dict[str, float], releases: list[float],
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def compose_run_arguments(parser: argparse.ArgumentParser, project: str, out: str, timeout: float) -> None:
+    """The flags of a script that runs compose.yaml as it is (this one, console_lines.py)."""
     parser.add_argument("--nodes", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--image", default=os.environ.get("MOSAIC_IMAGE", "mosaic:latest"))
-    parser.add_argument("--project", default="mosaicscale")
+    parser.add_argument("--project", default=project)
     parser.add_argument("--compose", choices=["auto", "v2", "v1"], default="auto",
                         help="docker compose (v2) or docker-compose (v1); auto: v2 when installed")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compose-scale")
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds the whole run may take")
-    parser.add_argument("--port", type=int, default=0, help="the barrier's port on the host (0: a free one)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / out)
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds the whole run may take")
     parser.add_argument("--file", type=Path, default=ROOT / "compose.yaml",
-                        help="the compose file (another layout to compare, e.g. compose.yaml of an earlier commit)")
+                        help="the compose file (another layout to compare, e.g. compose.yaml of an earlier commit, "
+                             "with that commit's image)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    compose_run_arguments(parser, "mosaicscale", "compose-scale", 3600)
+    parser.add_argument("--port", type=int, default=0, help="the barrier's port on the host (0: a free one)")
     parser.add_argument("--bound", type=float, default=FIRST_ROUND_BOUND_S,
                         help="seconds from `up` to the first round's release that the run should keep within "
                              "(issue #38's target for 60 nodes on this host)")

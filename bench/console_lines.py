@@ -24,7 +24,7 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from compose_scale import ROOT, barrier_status, compose_cli, free_port  # bench/compose_scale.py, beside this file
+from compose_scale import ROOT, barrier_status, compose_cli, compose_run_arguments, free_port
 
 # `compose logs --timestamps`: "node-3  | 2026-11-26T18:00:00.123456789Z <the line>"
 LINE = re.compile(r"^(?P<service>[\w.-]+?)[-_](?P<index>\d+)\s+\| (?P<at>\S+) (?P<text>.*)$")
@@ -83,16 +83,7 @@ def recount(path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=60)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--eval-every", type=int, default=5)
-    parser.add_argument("--image", default=os.environ.get("MOSAIC_IMAGE", "mosaic:latest"))
-    parser.add_argument("--project", default="mosaicconsole")
-    parser.add_argument("--compose", choices=["auto", "v2", "v1"], default="auto")
-    parser.add_argument("--file", type=Path, default=ROOT / "compose.yaml",
-                        help="the compose file (an earlier commit's, with that commit's image, to compare)")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "console-lines")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds the run may take")
+    compose_run_arguments(parser, "mosaicconsole", "console-lines", 1800)
     parser.add_argument("--recount", type=Path, help="count a console.log this script wrote, and run nothing")
     args = parser.parse_args()
     if args.recount:

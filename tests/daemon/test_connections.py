@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -13,6 +15,20 @@ from aiohttp import web
 
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.connections import Connections, SlowConnects
+
+
+@asynccontextmanager
+async def raw_server(serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+                     ) -> AsyncIterator[tuple[str, Connections]]:
+    """A server that writes its answers by hand on loopback: its URL, and the client's connections to it."""
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    connections = Connections()
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x", connections
+    finally:
+        connections.close()
+        server.close()
+        await server.wait_closed()
 
 
 def app_with(seen: list[tuple[Any, bytes, dict[str, str]]]) -> web.Application:
@@ -123,18 +139,11 @@ async def test_a_kept_connection_closed_as_the_request_leaves_is_replaced_once()
         await reader.readuntil(b"\r\n\r\n")  # the second request on this connection: dropped unanswered
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x"
-    connections = Connections()
-    try:
+    async with raw_server(serve) as (url, connections):
         for _ in range(3):
             answer = await connections.request("GET", url, {}, b"")
             assert (answer.status, answer.body, answer.content_type) == (200, b"ok", "text/plain")
         assert len(heads) == 3  # each later request on a new connection, once
-    finally:
-        connections.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_an_answer_without_a_length_ends_with_its_connection() -> None:
@@ -145,17 +154,10 @@ async def test_an_answer_without_a_length_ends_with_its_connection() -> None:
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x"
-    connections = Connections()
-    try:
+    async with raw_server(serve) as (url, connections):
         for _ in range(2):
             answer = await connections.request("GET", url, {}, b"")
             assert (answer.status, answer.body, answer.content_type) == (200, b"all of it", "application/octet-stream")
-    finally:
-        connections.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_request_past_its_deadline_fails_and_its_connection_is_dropped(kit: Any) -> None:
