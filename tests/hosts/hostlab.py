@@ -461,20 +461,22 @@ class StackRun(RunResults):
                                    f"{done.stderr[-2000:]}")
         return self
 
-    def tasks(self, service: str) -> dict[str, int]:
-        """The service's running tasks: container address... as task id -> host index."""
+    def tasks(self, service: str, ended_too: bool = False) -> dict[str, int]:
+        """The service's running tasks as task id -> host index; `ended_too`: and those that ran to their end (a
+        short run's nodes may all have finished by the time Swarm is asked where it put them)."""
         hosts = self.swarm.node_ids()
-        out = self.swarm.manager.docker("service", "ps", "-q", "--filter", "desired-state=running",
-                                        f"{self.name}_{service}").stdout.split()
+        wanted = ("running", "complete") if ended_too else ("running",)
+        out = self.swarm.manager.docker("service", "ps", "-q", *(() if ended_too else (
+            "--filter", "desired-state=running")), f"{self.name}_{service}").stdout.split()
         placed = {}
         for task in out:
             state = self.swarm.manager.docker("inspect", "-f", "{{.NodeID}} {{.Status.State}}", task).stdout.split()
-            if state[1] == "running":
+            if state[1] in wanted:
                 placed[task] = hosts.get(state[0], -1)
         return placed
 
-    def barrier_host(self) -> int:
-        placed = self.tasks("barrier")
+    def barrier_host(self, ended_too: bool = False) -> int:
+        placed = self.tasks("barrier", ended_too)
         if len(placed) != 1:
             raise HarnessError(f"expected one running barrier task, got {placed}")
         return next(iter(placed.values()))
