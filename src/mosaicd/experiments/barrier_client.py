@@ -17,7 +17,7 @@ from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.daemon.loop import run
 
 STATUS_TIMEOUT_S = 2.0  # a status poll; the run's loop polls again 0.2 s later
-LEAVE_TIMEOUT_S = 5.0  # telling the barrier that a node left: one try
+LEAVE_TIMEOUT_S = 5.0  # telling the barrier that a node left: each of two tries
 
 
 def barrier_url(settings: Any, port: int) -> str:
@@ -38,19 +38,23 @@ def status(settings: Any, port: int) -> dict | None:
         return None
 
 
-def tell_left(url: str, settings: Any, secret: bytes | None, rank: int, reason: str) -> bool:
-    """POST /v1/leave for `rank` (signed as that member when the run has a secret); whether the barrier took it."""
+def tell_left(url: str, settings: Any, secret: bytes | None, rank: int, reason: str) -> str | None:
+    """POST /v1/leave for `rank` (signed as that member when the run has a secret); None once the barrier took
+    it, else why it did not (its refusal, or the request's failure after two tries)."""
     sign = None
     if secret is not None:
         credentials = Keyring(secret).credentials(settings.run_id)
         sign = signer(lambda: credentials, lambda: str(rank))
 
     async def post() -> int:
-        async with Client(LEAVE_TIMEOUT_S, retries=0, signer=sign, ssl_context=client_context(settings)) as client:
+        async with Client(LEAVE_TIMEOUT_S, retries=1, signer=sign, ssl_context=client_context(settings)) as client:
             answer, _, _ = await client.request("POST", f"{url}/v1/leave", json_body={"rank": rank, "reason": reason})
             return answer
 
     try:
-        return run(post(), settings.event_loop) == 200
-    except (HttpError, OSError, ValueError):
-        return False
+        answer = run(post(), settings.event_loop)
+    except HttpError as exc:
+        return exc.detail
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if answer == 200 else f"it answered {answer}"

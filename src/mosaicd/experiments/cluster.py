@@ -212,8 +212,11 @@ class Cluster:
         for name in new:
             goes_on = "" if "barrier" in failed or self.fail_fast else \
                 "; the others go on without it while they can (--fail-fast to stop instead)"
-            if goes_on and self._tell_left(name, failed[name], url):
-                goes_on = "; told the barrier it left: the others go on without it, not waiting for it"
+            if goes_on:
+                unheard = self._tell_left(name, failed[name], url)
+                goes_on = "; told the barrier it left: the others go on without it, not waiting for it" \
+                    if unheard is None else f"; the barrier could not be told it left ({unheard}): the others " \
+                    "go on without it while they can (--fail-fast to stop instead)"
             why = exit_reason(self.out, name, failed[name])
             printer.message(f"{name} exited with status {failed[name]}: {why} "
                             f"(see {self.out / 'logs' / name}.log){goes_on}", always=True)
@@ -233,15 +236,20 @@ class Cluster:
                           len(status.get("live", [])), len(status.get("members", [])))
         return False
 
-    def _tell_left(self, name: str, code: int, url: str) -> bool:
+    def _tell_left(self, name: str, code: int, url: str) -> str | None:
         """A node's process ended while the run goes on (killed one by one, say: the nodes of a cluster do not
         leave on a signal, so that Ctrl-C of the whole cluster can be resumed): tell the barrier it left, as
         `mosaicd node` does when told to stop, so that its peers do not wait --round-deadline x --drop-after for
-        it."""
-        members = (self.last_status or {}).get("members") or []
-        rank = next((m.get("rank") for m in members if m.get("address") == self.addresses.get(name)), None)
+        it. None once the barrier took it, else why not."""
+        def rank_in(status: dict | None) -> int | None:
+            members = (status or {}).get("members") or []
+            return next((m.get("rank") for m in members if m.get("address") == self.addresses.get(name)), None)
+        rank = rank_in(self.last_status)
+        if rank is None:  # the status this loop saw last may be older than the roster (a fast run): ask again
+            self.last_status = self.status(self.barrier_port or 0) or self.last_status
+            rank = rank_in(self.last_status)
         if rank is None:
-            return False
+            return "its rank is not known: the barrier's status has not named it yet"
         return barrier_client.tell_left(url, self.settings, self.secret.load(), rank,
                                         f"its process ended ({exit_text(code)})")
 
