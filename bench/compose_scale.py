@@ -216,6 +216,31 @@ def compose_run_arguments(parser: argparse.ArgumentParser, project: str, out: st
                              "with that commit's image)")
 
 
+def compose_run(args: argparse.Namespace, script: str, port: int, **settings: str
+                ) -> tuple[list[str], dict[str, str], str, Path]:
+    """compose.yaml as it is, run for `args` (`compose_run_arguments`): its command, its environment (only the
+    MOSAIC_* settings given here), the compose CLI's version line and an emptied OUT/results folder."""
+    if subprocess.run(["docker", "image", "inspect", args.image], capture_output=True).returncode:
+        sys.exit(f"{script}: no image {args.image}; build it first (see bench/compose_scale.py's docstring)")
+    results = args.out.resolve() / "results"
+    shutil.rmtree(results, ignore_errors=True)
+    results.mkdir(parents=True)
+    cli, version = compose_cli(args.compose)
+    compose = [*cli, "-p", args.project, "-f", str(args.file.resolve()), "--project-directory", str(ROOT)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
+    env.update(MOSAIC_IMAGE=args.image, MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port),
+               MOSAIC_ROUNDS=str(args.rounds), MOSAIC_EVAL_EVERY=str(args.eval_every), **settings)
+    return compose, env, version, results
+
+
+def compose_up(compose: list[str], env: dict[str, str], nodes: int, script: str) -> None:
+    """`up -d --scale node=N`, or the end of `script` with compose's error."""
+    up = subprocess.run([*compose, "up", "-d", "--no-build", "--scale", f"node={nodes}"], env=env,
+                        capture_output=True, text=True)
+    if up.returncode:
+        sys.exit(f"{script}: up failed:\n{up.stderr[-3000:]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     compose_run_arguments(parser, "mosaicscale", "compose-scale", 3600)
@@ -231,18 +256,9 @@ def main() -> None:
     print(f"compose_scale: this host's neighbour table thresholds (gc_thresh1/2/3): {thresholds}", flush=True)
 
     out = args.out.resolve()
-    results = out / "results"
-    shutil.rmtree(results, ignore_errors=True)
-    results.mkdir(parents=True)
-    cli, cli_version = compose_cli(args.compose)
-    compose = [*cli, "-p", args.project, "-f", str(args.file.resolve()), "--project-directory", str(ROOT)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
     port = args.port or free_port()
-    env.update(MOSAIC_IMAGE=args.image, MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port),
-               MOSAIC_ROUNDS=str(args.rounds), MOSAIC_EVAL_EVERY=str(args.eval_every), MOSAIC_BARRIER_LINGER="30",
-               MOSAIC_LOG_JSON="true")
-    if subprocess.run(["docker", "image", "inspect", args.image], capture_output=True).returncode:
-        sys.exit(f"compose_scale: no image {args.image}; build it first (see this file's docstring)")
+    compose, env, cli_version, results = compose_run(args, "compose_scale", port, MOSAIC_BARRIER_LINGER="30",
+                                                     MOSAIC_LOG_JSON="true")
     peak_file = Path("/sys/fs/cgroup/memory/docker/memory.max_usage_in_bytes")
     try:
         peak_file.write_text("0")  # cgroup v1: reset the peak of all containers together
@@ -255,10 +271,7 @@ def main() -> None:
     sampler.start()
     try:
         print(f"compose_scale: up --scale node={args.nodes}, {args.rounds} rounds", flush=True)
-        up = subprocess.run([*compose, "up", "-d", "--no-build", "--scale", f"node={args.nodes}"], env=env,
-                            capture_output=True, text=True)
-        if up.returncode:
-            sys.exit(f"compose_scale: up failed:\n{up.stderr[-3000:]}")
+        compose_up(compose, env, args.nodes, "compose_scale")
         t_started = time.time() - t0
         url = f"http://127.0.0.1:{port}"
         status, last = None, ""

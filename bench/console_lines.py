@@ -18,13 +18,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from compose_scale import ROOT, barrier_status, compose_cli, compose_run_arguments, free_port
+from compose_scale import barrier_status, compose_run, compose_run_arguments, compose_up, free_port
 
 # `compose logs --timestamps`: "node-3  | 2026-11-26T18:00:00.123456789Z <the line>"
 LINE = re.compile(r"^(?P<service>[\w.-]+?)[-_](?P<index>\d+)\s+\| (?P<at>\S+) (?P<text>.*)$")
@@ -91,27 +90,15 @@ def main() -> None:
         return
     if args.nodes < 1:
         parser.error(f"--nodes {args.nodes}: must be >= 1")
-    if subprocess.run(["docker", "image", "inspect", args.image], capture_output=True).returncode:
-        sys.exit(f"console_lines: no image {args.image}; build it first (bench/compose_scale.py's docstring)")
     out = args.out.resolve()
-    results = out / "results"
-    subprocess.run(["rm", "-rf", str(results)], check=True)
-    results.mkdir(parents=True)
-    cli, version = compose_cli(args.compose)
-    compose = [*cli, "-p", args.project, "-f", str(args.file.resolve()), "--project-directory", str(ROOT)]
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}
-    env.update(MOSAIC_IMAGE=args.image, MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port),
-               MOSAIC_ROUNDS=str(args.rounds), MOSAIC_EVAL_EVERY=str(args.eval_every), MOSAIC_BARRIER_LINGER="10")
+    compose, env, version, _ = compose_run(args, "console_lines", port, MOSAIC_BARRIER_LINGER="10")
     load = [os.getloadavg()[0]]
     t0 = time.time()
     status: dict | None = None
     try:
         print(f"console_lines: up --scale node={args.nodes}, {args.rounds} rounds ({version})", flush=True)
-        up = subprocess.run([*compose, "up", "-d", "--no-build", "--scale", f"node={args.nodes}"], env=env,
-                            capture_output=True, text=True)
-        if up.returncode:
-            sys.exit(f"console_lines: up failed:\n{up.stderr[-3000:]}")
+        compose_up(compose, env, args.nodes, "console_lines")
         last = ""
         while time.time() - t0 < args.timeout:
             status = barrier_status(f"http://127.0.0.1:{port}") or status
@@ -129,10 +116,10 @@ def main() -> None:
         # the nodes' last words: every container ends by itself once the run is over
         deadline = time.time() + 120
         while time.time() < deadline:
-            running = subprocess.run([*compose, "ps", "-q", "--status", "running"] if cli[0] == "docker" else
-                                     [*compose, "ps", "-q"], env=env, capture_output=True, text=True).stdout.split()
-            states = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", *running],
-                                    capture_output=True, text=True).stdout.split() if running else []
+            containers = subprocess.run([*compose, "ps", "-q"], env=env, capture_output=True,
+                                        text=True).stdout.split()
+            states = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", *containers],
+                                    capture_output=True, text=True).stdout.split() if containers else []
             if "true" not in states:
                 break
             time.sleep(2)

@@ -210,9 +210,8 @@ class Cluster:
         barrier = self.processes.ended("barrier")
         failed, new = self.processes.failures()
         for name in new:
-            goes_on = "" if "barrier" in failed or self.fail_fast else \
-                "; the others go on without it while they can (--fail-fast to stop instead)"
-            if goes_on:
+            goes_on = ""
+            if "barrier" not in failed and not self.fail_fast:
                 unheard = self._tell_left(name, failed[name], url)
                 goes_on = "; told the barrier it left: the others go on without it, not waiting for it" \
                     if unheard is None else f"; the barrier could not be told it left ({unheard}): the others " \

@@ -1,14 +1,14 @@
 """Start-up work done before a node knows its rank: import the task's modules, pay torch's first-call costs.
 
-`prefetch` runs in a thread while a node registers (registration waits for every node anyway), so a node
-that is told the run is already past the imports; `prefetch_in_background` runs it at the lowest CPU priority
-(that thread only), so that where dozens of nodes start at once on few cores (compose) every node registers
+`prefetch_in_background` imports a task's modules in a thread while a node registers (registration waits for every
+node anyway), so a node that is told the run is already past the imports; that thread runs at the lowest CPU
+priority (it only), so that where dozens of nodes start at once on few cores (compose) every node registers
 first and the imports fill the wait. `warm_up` is the warm start's (`mosaicd cluster`): one
 forward and backward pass of a built task, in the process that then forks the nodes. It runs with one torch
 thread, so that no OpenMP pool thread exists at the fork (GNU libgomp's pool does not survive fork(); a child
 that uses it can hang); each forked process sets the run's thread count itself (`set_threads`).
 
-`mosaicd node` imports with the cyclic garbage collector off (`collect_after_imports`) until `prefetch` is done: the
+`mosaicd node` imports with the cyclic garbage collector off (`collect_after_imports`) until those imports are done: the
 imports make ~200,000 objects that live as long as the process, and the ~470 collections that their allocations
 triggered scanned them again and again: 0.26-0.34 of the ~2.3 CPU-s a compose node spends before its first round
 (bench/README.md, Speed 4 item 4). Then they are frozen (`gc.freeze`, as the warm start does before it forks) and
@@ -39,15 +39,9 @@ def imports_done() -> None:
         gc.enable()
 
 
-def prefetch(task: str) -> None:
-    """Import what `task` needs (`learning.tasks.import_task_modules`)."""
-    from mosaicd.learning.tasks import import_task_modules
-
-    import_task_modules(task)
-
-
 def prefetch_in_background(task: str) -> asyncio.Future:
-    """`prefetch(task)` in a thread of its own at nice 19 (Linux sets it per thread); done when it is."""
+    """The task's imports (`learning.tasks.import_task_modules`) in a thread of its own at nice 19 (Linux sets it
+    per thread); done when they are."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
@@ -56,8 +50,10 @@ def prefetch_in_background(task: str) -> asyncio.Future:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (OSError, AttributeError):  # not Linux: a thread of normal priority
             pass
+        from mosaicd.learning.tasks import import_task_modules
+
         try:
-            prefetch(task)
+            import_task_modules(task)
         finally:
             imports_done()
             try:
