@@ -414,22 +414,52 @@ def test_barrier_whose_nodes_all_died_ends_the_run(tmp_path: Path, kit: Any) -> 
 
 
 def test_a_checkpoint_is_found_whichever_point_a_crash_stopped_its_save_at(tmp_path: Path) -> None:
-    """save() renames the newest checkpoint to the previous one, then the new one into place; a SIGKILL between
-    the two (seen once in CI) leaves only the previous one, which a restarted node must still find."""
+    """save() rewrites the slot written longest ago in place; a save cut short (a SIGKILL, a full disk) leaves that
+    slot torn and the two newest checkpoints whole, and the next save goes into the torn slot, not over them."""
     from mosaicd.daemon.node import checkpoint
 
     def saved(round: int) -> checkpoint.Checkpoint:
-        return checkpoint.Checkpoint("run", 2, "127.0.0.1:9", round, np.full(4, float(round), np.float32))
+        return checkpoint.Checkpoint("run", 2, "127.0.0.1:9", round, np.full(4096, float(round), np.float32))
 
-    checkpoint.save(tmp_path, saved(3))
-    checkpoint.save(tmp_path, saved(4))
-    assert checkpoint.load(tmp_path).round == 4 and checkpoint.rounds(tmp_path) == [4, 3]
-    (tmp_path / checkpoint.FILE).replace(tmp_path / checkpoint.PREVIOUS)  # the first rename of save(5), no second
+    for round in (3, 4, 5):
+        checkpoint.save(tmp_path, saved(round))
+    assert checkpoint.load(tmp_path).round == 5 and checkpoint.rounds(tmp_path) == [5, 4, 3]
+    oldest = tmp_path / checkpoint.SLOTS[0]  # round 3's, the one save(6) rewrites
+    inode = oldest.stat().st_ino
+    whole = oldest.read_bytes()
+    checkpoint.save(tmp_path, saved(6))
+    assert oldest.stat().st_ino == inode and checkpoint.rounds(tmp_path) == [6, 5, 4]  # rewritten in place
+    cut = oldest.read_bytes()[: len(whole) // 2] + whole[len(whole) // 2:]  # save(6) killed halfway through
+    oldest.write_bytes(cut)
     found = checkpoint.load(tmp_path)
-    assert found is not None and found.round == 4 and found.vector.tolist() == [4.0] * 4
-    assert checkpoint.load(tmp_path, round=4).round == 4 and checkpoint.load(tmp_path, round=3) is None
-    (tmp_path / checkpoint.PREVIOUS).write_bytes(b"torn")
+    assert found is not None and found.round == 5 and found.vector.tolist() == [5.0] * 4096
+    assert checkpoint.rounds(tmp_path) == [5, 4] and checkpoint.load(tmp_path, round=4).round == 4
+    assert checkpoint.load(tmp_path, round=3) is None and checkpoint.load(tmp_path, round=6) is None
+    checkpoint.save(tmp_path, saved(6))  # into the torn slot: 5 and 4 stay
+    assert checkpoint.rounds(tmp_path) == [6, 5, 4]
+    checkpoint.save(tmp_path, saved(6))  # a round saved again (a resumed node): the newest of the two is read
+    assert checkpoint.rounds(tmp_path) == [6, 6, 5] and checkpoint.load(tmp_path).round == 6
+    for name in checkpoint.SLOTS:
+        (tmp_path / name).write_bytes(b"torn")
     assert checkpoint.load(tmp_path) is None
+
+
+def test_a_checkpoint_an_earlier_version_wrote_is_resumed_from(tmp_path: Path) -> None:
+    """Versions before the slots wrote checkpoint.npz (and checkpoint-previous.npz): a node upgraded in the middle
+    of a run goes on from them, and what it writes from then on is newer."""
+    import json
+
+    from mosaicd.daemon.node import checkpoint
+
+    def earlier(name: str, round: int) -> None:
+        meta = {"run_id": "run", "rank": 2, "address": "127.0.0.1:9", "round": round}
+        np.savez(tmp_path / name, vector=np.full(8, float(round), "<f4"), meta=np.array(json.dumps(meta)))
+
+    earlier("checkpoint.npz", 7)
+    earlier("checkpoint-previous.npz", 6)
+    assert checkpoint.rounds(tmp_path) == [7, 6] and checkpoint.load(tmp_path).vector.tolist() == [7.0] * 8
+    checkpoint.save(tmp_path, checkpoint.Checkpoint("run", 2, "127.0.0.1:9", 8, np.full(8, 8.0, np.float32)))
+    assert checkpoint.rounds(tmp_path) == [8, 7, 6] and checkpoint.load(tmp_path, round=6).round == 6
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "empty"])
@@ -441,11 +471,12 @@ def test_an_unreadable_checkpoint_is_not_used_and_said_so(tmp_path: Path, damage
 
     for round in (3, 4):
         checkpoint.save(tmp_path, checkpoint.Checkpoint("run", 2, "127.0.0.1:9", round, np.full(64, round, np.float32)))
-    raw = (tmp_path / checkpoint.FILE).read_bytes()
+    newest = tmp_path / checkpoint.SLOTS[1]
+    raw = newest.read_bytes()
     middle = len(raw) // 2
     damaged = {"truncated": raw[:middle], "empty": b"",
                "flipped": raw[:middle] + bytes([raw[middle] ^ 1]) + raw[middle + 1:]}
-    (tmp_path / checkpoint.FILE).write_bytes(damaged[damage])
+    newest.write_bytes(damaged[damage])
     found = checkpoint.load(tmp_path)
     assert found is not None and found.round == 3 and found.vector.tolist() == [3.0] * 64
     assert checkpoint.rounds(tmp_path) == [3]

@@ -12,13 +12,14 @@ from mosaicd.rundir.journal import JOURNAL, kept_rounds, position
 from mosaicd.rundir.read import RUN_MARKER, read_summary, rounds_done
 
 SIMULATE_CHECKPOINT = "simulate-checkpoint.npz"  # what `simulate --resume` continues from (experiments/resume.py)
+CHECKPOINTS = "checkpoint*.npz"  # a node's checkpoints in its state folder (daemon/node/checkpoint.py)
 # a run's own files: what --replace removes (and all a folder may hold besides for a new run to start there);
 # logs/, state/ (node checkpoints) and nodes/ (a cluster's nodes' folders) are folders
 RUN_FILES = (RUN_MARKER, "rounds.csv", "nodes.csv", JOURNAL, SIMULATE_CHECKPOINT, "logs", "state", "nodes")
 
 
 def _has_node_checkpoints(out: Path) -> bool:
-    return any(out.glob("state/*/checkpoint.npz")) or any(out.glob("nodes/*/state/*/checkpoint.npz"))
+    return any(out.glob(f"state/*/{CHECKPOINTS}")) or any(out.glob(f"nodes/*/state/*/{CHECKPOINTS}"))
 
 
 def run_files(out: Path | str) -> list[str]:
