@@ -11,6 +11,8 @@ host's neighbour (ARP) table plays no part: its thresholds are printed for the r
 `release_to_row_s`: from the last round's release to its evaluation row (bench/release_to_row.py).
 It ends with `up -> first round` against --bound (60 s: issue #38's target for 60 nodes on this 2-core host) and the
 machine's load average before and after: start-up is CPU-bound, so the figure is only as quiet as the machine was.
+Before the run it times a node container's imports (`NODE_IMPORTS`, CPU seconds, best of 3 containers):
+nodes x that / cores is a floor of `up -> first round` here that no orchestration goes below.
 Writes OUT/scale.json, OUT/memory.csv, OUT/scale.png and OUT/results/; the last line of stdout is the JSON object.
 """
 
@@ -241,6 +243,26 @@ def compose_up(compose: list[str], env: dict[str, str], nodes: int, script: str)
         sys.exit(f"{script}: up failed:\n{up.stderr[-3000:]}")
 
 
+# what a node container imports before its first round (the entry point, the node's daemon, the default task's
+# model: torch), in a container of the image; the process's whole CPU seconds, the interpreter's start included
+NODE_IMPORTS = ("import resource, mosaicd.cli, mosaicd.daemon.node.run, mosaicd.learning.tasks.digits; "
+                "r = resource.getrusage(resource.RUSAGE_SELF); print(r.ru_utime + r.ru_stime)")
+
+
+def import_cpu_seconds(image: str, repeats: int = 3) -> float:
+    """The fewest CPU seconds a node container of `image` spends importing what it needs before its first round
+    (`NODE_IMPORTS`), of `repeats` containers run one after the other: nodes x this / cores is a floor of `up` to
+    the first round that no orchestration can go below (every node imports its own, in its own container)."""
+    seconds = []
+    for _ in range(repeats):
+        run = subprocess.run(["docker", "run", "--rm", "--entrypoint", "python", image, "-c", NODE_IMPORTS],
+                             capture_output=True, text=True, timeout=120)
+        if run.returncode:
+            sys.exit(f"compose_scale: the node's imports failed in {image}:\n{run.stderr[-2000:]}")
+        seconds.append(float(run.stdout.split()[-1]))
+    return min(seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     compose_run_arguments(parser, "mosaicscale", "compose-scale", 3600)
@@ -265,6 +287,8 @@ def main() -> None:
     except OSError:
         peak_file = Path("/nonexistent")
 
+    imports_cpu = import_cpu_seconds(args.image)
+    print(f"compose_scale: a node container's imports take {imports_cpu:.2f} CPU-s (best of 3 containers)", flush=True)
     load_before = os.getloadavg()  # the machine's load: start-up is CPU-bound, so the figure is only as quiet as it
     sampler = MemorySampler(args.project)
     t0 = sampler.t0
@@ -345,6 +369,9 @@ def main() -> None:
         "containers_cpu_s_to_first_round": round(sum(at_first[2].values()), 1),
         "node_cpu_s_to_first_round_median": round(statistics.median(node_cpu), 2) if node_cpu else None,
         "barrier_cpu_s_to_first_round": round(barrier_cpu[0], 2) if barrier_cpu else None,
+        "node_imports_cpu_s": round(imports_cpu, 2),
+        # the nodes' imports alone, spread over every core: what up -> first round cannot go below here
+        "imports_floor_s": round(args.nodes * imports_cpu / (os.cpu_count() or 1), 1),
         "largest_gap_between_registrations_s": round(max(b - a for a, b in zip(sorted(registered),
                                                          sorted(registered)[1:], strict=False)), 1)
         if len(registered) > 1 else None,
@@ -376,6 +403,10 @@ def main() -> None:
     verdict = "within" if times[0] <= args.bound else "OVER"
     print(f"{'up -> first round':45s} {times[0]:.1f} s, {verdict} the bound of {args.bound:g} s ({args.nodes} nodes, "
           f"{os.cpu_count()} cores, load before {load_before[0]:.1f}, after {load_after[0]:.1f})")
+    print(f"{'up -> first round, imports alone':45s} {figures['imports_floor_s']:.1f} s ({args.nodes} x "
+          f"{imports_cpu:.2f} CPU-s / {os.cpu_count()} cores): a floor of up -> first round on this host; the bound "
+          f"needs each node's whole start (imports, registration, data, first round) in "
+          f"{args.bound * (os.cpu_count() or 1) / args.nodes:.2f} CPU-s, with Docker's own work besides")
     print(json.dumps(figures))
 
 

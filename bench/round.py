@@ -24,7 +24,10 @@ cluster secret (HMAC, `--secret-file` of mosaicd); `--tls` adds mutual TLS with 
 the run (a CA and one certificate for 127.0.0.1; `pip install trustme`, in the test extra); `--compare` runs
 every configuration in the three modes, plain, secret and secret+TLS, --repeats times in turn (plain, secret,
 secret+TLS, plain, ...: load that comes and goes hits every mode alike), and prints each mode's median seconds
-per round and its ratio to plain's median (the secret: --secret-file, else 32 random bytes).
+per round and its ratio to plain's median (the secret: --secret-file, else 32 random bytes), and the least
+secret+TLS / plain can come to by CPU: plain's CPU seconds, the secret's extra, and the CPU seconds of encrypting
+and decrypting the round's bytes through Python's ssl alone (`cipher_cpu_seconds`: two `SSLObject`s over memory
+BIOs with the run's certificates, as asyncio's and uvloop's TLS transports use them), over plain's.
 
 Event loops (`--event-loop uvloop,asyncio`): every run is made once per loop named, in turn with the modes and
 repeats, and a table gives each (n, K, mode)'s median seconds and CPU seconds per round on each loop and their
@@ -210,6 +213,41 @@ def make_certs(folder: Path) -> dict[str, Path]:
     return paths
 
 
+def cipher_cpu_seconds(total: int, chunk: int, certs: dict[str, Path]) -> float:
+    """CPU seconds to encrypt and decrypt `total` bytes through TLS as the cluster's HTTPS does (Python's ssl:
+    an `SSLObject` over memory BIOs on each side, as asyncio's and uvloop's transports use it, the run's
+    certificates, mutual, the cipher the two agree on), best of 3: the least TLS can add to a round, whatever HTTP
+    does above it."""
+    import ssl
+
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(certs["tls_ca"]))
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(certs["tls_ca"]))
+    for context in (server, client):
+        context.load_cert_chain(str(certs["tls_cert"]), str(certs["tls_key"]))
+    server.verify_mode = ssl.CERT_REQUIRED
+    payload, best = os.urandom(chunk), float("inf")
+    for _ in range(3):
+        bios = [ssl.MemoryBIO() for _ in range(4)]  # client -> server, server -> client
+        ends = (client.wrap_bio(bios[1], bios[0], server_hostname="127.0.0.1"),
+                server.wrap_bio(bios[0], bios[1], server_side=True))
+        for _ in range(6):  # the handshake, each side in turn until both are done
+            for end in ends:
+                try:
+                    end.do_handshake()
+                except ssl.SSLWantReadError:
+                    pass
+        started, moved = time.process_time(), 0
+        while moved < total:
+            piece = payload if total - moved >= chunk else payload[:total - moved]
+            ends[0].write(piece)  # encrypted into the client's outgoing BIO, record by record
+            got = 0
+            while got < len(piece):  # decrypted out of the server's incoming BIO, a record at a time
+                got += len(ends[1].read(len(piece) - got))
+            moved += len(piece)
+        best = min(best, time.process_time() - started)
+    return best
+
+
 def security(mode: str, secret: Path | None, certs: dict[str, Path] | None) -> dict:
     """The settings of one mode: plain, secret, tls or secret+tls."""
     extra: dict = {}
@@ -309,6 +347,7 @@ def main() -> None:
     certs = make_certs(root) if any("tls" in m for m in modes) else None
     rows = []
     sockets: dict[int, float] = {}  # total bytes -> seconds (K does not change the bytes: measured once per n)
+    ciphers: dict[int, float] = {}  # total bytes -> CPU seconds of TLS's encryption and decryption of them
     computes: dict[tuple[int, int], float] = {}  # (n, K) -> seconds of the in-memory round on one core
     try:
         for n in args.nodes:
@@ -324,6 +363,10 @@ def main() -> None:
                         sockets[total] = socket_seconds(total, args.dim * 4, args.socket_repeats)
                     row["socket_seconds"] = sockets[total]
                     row["slowdown_vs_socket"] = row["seconds_per_round"] / row["socket_seconds"]
+                    if "tls" in mode and total not in ciphers:
+                        assert certs is not None
+                        ciphers[total] = cipher_cpu_seconds(total, args.dim * 4, certs)
+                    row["tls_cipher_cpu_s"] = ciphers.get(total)
                     if (n, k) not in computes:
                         computes[n, k] = min(per_round(args.dim, k, s, n, 3, False)[0] for _ in range(2))
                     row["compute_seconds"] = computes[n, k]
@@ -398,6 +441,14 @@ def main() -> None:
                 print(f"n={n} K={k} {loop}: secret+tls / plain {ratio:.3f}x (CPU "
                       f"{cpu_median[n, k, mode, loop] / cpu_median[n, k, 'plain', loop]:.3f}x), target <= "
                       f"{TARGET_TLS}x (issue #38): {'met' if ratio <= TARGET_TLS else 'not met'}")
+                plain_cpu = cpu_median[n, k, "plain", loop]
+                secret_extra = max(0.0, cpu_median.get((n, k, "secret", loop), plain_cpu) - plain_cpu)
+                cipher = runs[n, k, mode, loop][0]["tls_cipher_cpu_s"]
+                print(f"n={n} K={k} {loop}: secret+tls / plain can be no less than "
+                      f"{(plain_cpu + secret_extra + cipher) / plain_cpu:.3f}x "
+                      f"by CPU: plain's {plain_cpu:.3f} CPU-s, the secret's "
+                      f"{secret_extra:+.3f}, TLS's encryption and decryption of the round's bytes alone {cipher:.3f} "
+                      f"(Python's ssl over memory BIOs, as the event loops' TLS transports use it)")
         print("vs plain: the mode's median seconds (CPU seconds of all cluster processes) per round over plain's "
               "(same n, K, loop); the modes ran in turn, --repeats times. On a shared machine the CPU seconds are "
               "the steadier figure: wall time also counts other jobs' load")
@@ -416,7 +467,7 @@ def main() -> None:
     keys = ("n", "d", "K", "s", "mode", "seconds_per_round", "cpu_s_per_round", "bytes_per_node_round",
             "expected_bytes", "bytes_ratio",
             "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket", "compute_seconds",
-            "bound_seconds", "vs_bound", "load1", "event_loop")
+            "bound_seconds", "vs_bound", "load1", "event_loop", "tls_cipher_cpu_s")
     keys += ("vs_plain", "cpu_vs_plain") if len(modes) > 1 else ()
     keys += ("vs_last_loop", "cpu_vs_last_loop") if len(loops) > 1 else ()
     print(json.dumps([{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in keys} for r in rows]))
