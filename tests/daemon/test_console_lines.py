@@ -3,10 +3,13 @@ JSON logs keep every line."""
 
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
 import structlog
 
-from mosaicd.logs import FoldRepeats, json_logs
+from mosaicd.logs import FoldRepeats, StderrLogger, json_logs
 
 
 def test_warnings_fold_per_kind_and_say_how_many() -> None:
@@ -54,3 +57,27 @@ def test_a_command_told_to_stop_exits_in_time_whatever_its_threads_do(tmp_path) 
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout == "left the run\n" and time.monotonic() - started < 5
+
+
+def test_a_log_line_goes_out_with_its_end_in_one_write() -> None:
+    """On an unbuffered stderr (PYTHONUNBUFFERED, as in the images) each write reaches the file at once: a line and
+    its newline written apart let a process SIGKILLed between them leave a line without its end, and the node
+    started again in its place joined its first line to it (seen in CI: two JSON objects on one line)."""
+
+    class Writes(io.RawIOBase):
+        def __init__(self) -> None:
+            self.seen: list[bytes] = []
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: bytes) -> int:  # type: ignore[override]
+            self.seen.append(bytes(data))
+            return len(data)
+
+    raw = Writes()
+    logger = StderrLogger(io.TextIOWrapper(raw, write_through=True))  # what python -u makes of stderr
+    lines = [json.dumps({"event": "round", "round": i}) for i in range(3)]
+    for line in lines:
+        logger.info(line)
+    assert raw.seen == [f"{line}\n".encode() for line in lines]
