@@ -20,12 +20,12 @@ if _rich_hidden:
     del sys.modules["rich"]  # importable again, for those who draw with it (status, progress)
 
 
-class StderrLogger(structlog.PrintLogger):
+class StderrLogger(structlog.WriteLogger):
     """Writes log lines to stderr. A line that cannot be written (a full disk under a log file) raises one OSError
     naming the file, so the process's run ends clearly; later lines are dropped instead of failing each caller.
-    A line and its newline go out in one write: `print` writes them apart, and on an unbuffered stderr (the
-    images' PYTHONUNBUFFERED) a process killed between the two left a line without its end, to which the next
-    process writing the same file (a node started again) joined its first line."""
+    structlog's WriteLogger, not its PrintLogger: a line and its newline go out in one write. `print` writes them
+    apart, and on an unbuffered stderr (the images' PYTHONUNBUFFERED) a process killed between the two left a line
+    without its end, to which the next process writing the same file (a node started again) joined its first line."""
 
     failed = False
 
@@ -33,9 +33,7 @@ class StderrLogger(structlog.PrintLogger):
         if StderrLogger.failed:
             return
         try:
-            with self._lock:
-                self._file.write(message + "\n")
-                self._file.flush()
+            super().msg(message)
         except OSError as exc:
             StderrLogger.failed = True
             raise OSError(exc.errno, exc.strerror, _stderr_path()) from None

@@ -5,7 +5,7 @@ STATE_DIR/checkpoint-{0,1,2}.npz: three slots, each rewritten in place in turn (
 that cannot be read), fsync'd. The two written last are whole whatever a crash cuts (a torn slot fails the zip's
 CRC and is passed over), so a whole cluster resumed exactly can go on from the newest round every node has
 (`mosaicd cluster --resume`), which can be the one before a node's newest. Rewriting a file in place keeps its
-blocks and cached pages: a 4 MB model costs ~2 ms of CPU where a new file renamed over the old one cost ~7.5 ms
+blocks and cached pages: a 4 MB model costs ~4.8 ms of CPU where a new file renamed over the old one cost ~7 ms
 (`bench/README.md`, Speed 4). Each slot's meta says its round and when it was written (`written`, counting up).
 With a lossy --compress it also holds what the node's error feedback carries (`carried`, `Compressor.state`), so
 that a resumed node sends what it would have sent. The single files of earlier versions (checkpoint.npz,
@@ -90,10 +90,14 @@ def rounds(directory: Path) -> list[int]:
 
 
 def _kept(directory: Path) -> list[Checkpoint]:
-    """The readable checkpoints in `directory`, the one written last first."""
-    found = [(-1 - order, c) for order, name in enumerate(EARLIER) if (c := _read(directory / name)) is not None]
-    found += [(written, c) for name in SLOTS if (read := _read_written(directory / name)) is not None
-              for c, written in [read]]
+    """The readable checkpoints in `directory`, the one written last first (earlier versions' files before any slot)."""
+    found = []
+    for order, name in enumerate(EARLIER):
+        if (read := _read(directory / name)) is not None:
+            found.append((-1 - order, read[0]))
+    for name in SLOTS:
+        if (read := _read(directory / name)) is not None:
+            found.append((read[1], read[0]))
     return [c for _, c in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
@@ -110,12 +114,8 @@ def _written(path: Path) -> int | None:
         return None
 
 
-def _read(path: Path) -> Checkpoint | None:
-    read = _read_written(path)
-    return None if read is None else read[0]
-
-
-def _read_written(path: Path) -> tuple[Checkpoint, int] | None:
+def _read(path: Path) -> tuple[Checkpoint, int] | None:
+    """The checkpoint at `path` and when it was written (`written`; -1 in an earlier version's file)."""
     if not path.exists():
         return None
     try:
