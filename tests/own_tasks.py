@@ -43,6 +43,27 @@ class Mean(Task):
     def evaluate(self, vector):
         error = vector - self.targets.mean(axis=0)
         return {"loss": float(error @ error) / 2}
+
+
+class HeavyBall(Mean):
+    """Mean with a velocity per node kept across rounds: its state goes through checkpoints (node_state)."""
+
+    def __init__(self, run, data_dir, scale=1.0, dim=6):
+        super().__init__(run, data_dir, scale, dim)
+        self.velocity = {}
+
+    def train(self, node, round, vector):
+        noise = np.random.default_rng([self.run.seed, node, round]).standard_normal(self.dim)
+        grad = (vector - self.targets[node] + 0.1 * noise).astype(np.float32)
+        velocity = self.velocity[node] = np.float32(0.9) * self.velocity.get(node, np.zeros_like(grad)) + grad
+        return (vector - np.float32(self.run.lr) * velocity).astype(np.float32), float(grad @ grad) / 2
+
+    def node_state(self, node):
+        return {"velocity": self.velocity[node].copy()} if node in self.velocity else {}
+
+    def load_node_state(self, node, state):
+        if state:
+            self.velocity[node] = state["velocity"].astype(np.float32)
 '''
 
 TORCH_TASK = '''

@@ -79,7 +79,7 @@ def flag(name: str) -> str:
 def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
     from enum import StrEnum
 
-    from mosaicd.settings import Settings
+    from mosaicd.settings import OPTION_TABLES, Settings
 
     sections = {}
     for group, names in groups().items():
@@ -94,7 +94,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
             choices = [c.value for c in field.annotation] if isinstance(field.annotation, type) and issubclass(
                 field.annotation, StrEnum) else None
             metavar = field.json_schema_extra.get("metavar")  # type: ignore[union-attr]
-            if name == "task_options":  # repeated: each a key=value (settings.task_options reads them)
+            if name in OPTION_TABLES:  # repeated: each a key=value (settings.task_options reads them)
                 section.add_argument(flag(name), dest=name, action="append", default=None, metavar=metavar,
                                      help=help_text)
             elif field.annotation in (bool, bool | None):

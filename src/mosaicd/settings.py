@@ -131,6 +131,88 @@ def task_options(value: Any) -> dict[str, TaskOption]:
     return value
 
 
+class OptimizerState(StrEnum):
+    KEEP = "keep"
+    RESET = "reset"
+
+
+# The built-in optimizers and the keyword arguments each takes besides lr (tests/learning/test_optim.py holds them
+# to the real constructors); sgd is `torch_util.SGD`, the others torch.optim's classes.
+OPTIMIZERS: dict[str, tuple[str, ...]] = {
+    "sgd": ("momentum", "dampening", "weight_decay", "nesterov"),
+    "adam": ("betas", "eps", "weight_decay", "amsgrad", "maximize"),
+    "adamw": ("betas", "eps", "weight_decay", "amsgrad", "maximize"),
+    "rmsprop": ("alpha", "eps", "weight_decay", "momentum", "centered", "maximize"),
+    "adagrad": ("lr_decay", "weight_decay", "initial_accumulator_value", "eps", "maximize"),
+}
+# The built-in schedules and their options (learning/tasks/optim.py: `Schedule`).
+LR_SCHEDULES: dict[str, tuple[str, ...]] = {
+    "constant": (),
+    "step": ("step_size", "gamma"),
+    "cosine": ("eta_min", "T_max"),
+    "linear": ("start_factor", "end_factor", "total_iters"),
+}
+
+
+def import_path(value: str, what: str, names: Any) -> str:
+    """A built-in name of `names`, or MODULE:CLASS (checked for form only: importing it is the task's business)."""
+    text = str(value).strip()
+    if text.lower() in names:
+        return text.lower()
+    module, colon, name = text.rpartition(":")
+    if not colon or not name.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
+        raise ValueError(f"expected one of {', '.join(names)} or a {what} class as MODULE:CLASS")
+    return text
+
+
+def _void_training(run: RunConfig) -> str | None:
+    """Why a training setting of `run` can change nothing (a flag without an effect is refused), or None."""
+    training = {"optimizer": run.optimizer != "sgd", "optimizer_options": bool(run.optimizer_options),
+                "momentum": run.momentum != 0, "weight_decay": run.weight_decay != 0,
+                "lr_schedule": run.lr_schedule != "constant", "lr_schedule_options": bool(run.lr_schedule_options),
+                "lr_warmup_steps": run.lr_warmup_steps != 0, "clip_grad_norm": run.clip_grad_norm is not None}
+    given = [flag_name(k) for k, v in training.items() if v]
+    if given and (not run.train or run.local_steps == 0):
+        why = "--no-train" if not run.train else "--local-steps 0"
+        return f"{', '.join(given)}: no local step is taken with {why}, so no optimizer runs"
+    if given and run.task is TaskName.QUADRATIC:
+        return (f"{', '.join(given)}: the quadratic task takes plain gradient steps (--lr, --local-steps); "
+                "the optimizer settings are for torch tasks")
+    for key in ("lr", "momentum", "weight_decay"):
+        if key in run.optimizer_options:
+            return f"--optimizer-option {key}: give it as {flag_name(key)}"
+    opts = OPTIMIZERS.get(run.optimizer)
+    if opts is not None:
+        for key in ("momentum", "weight_decay"):
+            if getattr(run, key) != 0 and key not in opts:
+                return (f"{flag_name(key)} {getattr(run, key):g}: --optimizer {run.optimizer} takes no {key} "
+                        f"(its options: {', '.join(opts)})")
+        unknown = [k for k in run.optimizer_options if k not in opts]
+        if unknown:
+            return (f"--optimizer-option {unknown[0]}: --optimizer {run.optimizer} takes no such argument (its "
+                    f"options: {', '.join(opts)}; lr is --lr)")
+    sgd_buffer = run.optimizer == "sgd" and run.momentum != 0
+    if sgd_buffer and run.optimizer_state is OptimizerState.RESET and run.local_steps == 1:
+        return (f"--momentum {run.momentum:g}: with --optimizer-state reset and --local-steps 1 every round starts "
+                "from an empty momentum buffer and takes one step, which momentum does not change (keep the state: "
+                "--optimizer-state keep, or take more local steps)")
+    if run.optimizer == "sgd" and run.optimizer_options.get("nesterov") and run.momentum == 0:
+        return "--optimizer-option nesterov=true needs --momentum above 0"
+    schedule_opts = LR_SCHEDULES.get(run.lr_schedule)
+    if schedule_opts is not None:
+        unknown = [k for k in run.lr_schedule_options if k not in schedule_opts]
+        if unknown:
+            takes = f"its options: {', '.join(schedule_opts)}" if schedule_opts else "it takes none"
+            return f"--lr-schedule-option {unknown[0]}: --lr-schedule {run.lr_schedule} takes no such option ({takes})"
+        if run.lr_schedule == "step" and "step_size" not in run.lr_schedule_options:
+            return "--lr-schedule step needs --lr-schedule-option step_size=STEPS (local steps between decays)"
+    total = run.rounds * run.local_steps
+    if run.lr_warmup_steps > total:
+        return (f"--lr-warmup-steps {run.lr_warmup_steps}: the run takes {total} local steps in all (--rounds x "
+                "--local-steps)")
+    return None
+
+
 class SettingsError(ValueError):
     """A settings problem, worded for the person who typed the flag."""
 
@@ -219,8 +301,36 @@ class RunConfig(BaseModel):
     local_steps: int = Field(1, ge=0, description="local SGD steps H per round", **cli("learning"))
     lr: float = Field(0.05, gt=0, description="learning rate eta", **cli("learning"))
     batch_size: int = Field(32, ge=1, description="mini-batch size B", **cli("learning"))
-    momentum: float = Field(0.0, ge=0, lt=1, **cli("learning"))
-    weight_decay: float = Field(0.0, ge=0, **cli("learning"))
+    optimizer: str = Field("sgd", description="the optimizer of a node's local steps: " + ", ".join(OPTIMIZERS)
+                           + " (sgd is torch.optim.SGD's arithmetic without torch.optim's import), or a "
+                           "torch.optim.Optimizer class as MODULE:CLASS (e.g. torch.optim:RAdam)",
+                           **cli("learning", metavar="{" + ",".join(OPTIMIZERS) + "}|MODULE:CLASS"))
+    optimizer_options: dict[str, TaskOption | list[TaskOption]] = Field(
+        default_factory=dict, description="--optimizer-option KEY=VALUE (repeatable): a keyword argument of the "
+        "optimizer's constructor (betas=[0.9,0.99], eps=1e-6; the value read as TOML); one it does not take is refused",
+        **cli("learning", metavar="KEY=VALUE"))
+    optimizer_state: OptimizerState = Field(OptimizerState.KEEP, description="keep: each node's optimizer state "
+                                            "(momentum buffers, Adam's moments and steps) carries over from round to "
+                                            "round while the parameters are replaced by the aggregate (saved in "
+                                            "every checkpoint); reset: a fresh optimizer every round "
+                                            "(decentralizepy's default)", **cli("learning"))
+    momentum: float = Field(0.0, ge=0, lt=1, description="the optimizer's momentum (sgd, rmsprop; 0: none)",
+                            **cli("learning"))
+    weight_decay: float = Field(0.0, ge=0, description="the optimizer's weight decay (L2; adamw: decoupled)",
+                                **cli("learning"))
+    lr_schedule: str = Field("constant", description="the learning rate over the run's local steps (round t's "
+                             "step h is step t*H+h of T*H): " + ", ".join(LR_SCHEDULES) + " (options: "
+                             "--lr-schedule-option), or a torch.optim.lr_scheduler class as MODULE:CLASS, stepped "
+                             "once per local step", **cli("learning", metavar="{" + ",".join(LR_SCHEDULES)
+                                                          + "}|MODULE:CLASS"))
+    lr_schedule_options: dict[str, TaskOption | list[TaskOption]] = Field(
+        default_factory=dict, description="--lr-schedule-option KEY=VALUE (repeatable): step: step_size (steps), "
+        "gamma; cosine: eta_min, T_max (steps); linear: start_factor, end_factor, total_iters (steps); a class's "
+        "keyword arguments", **cli("learning", metavar="KEY=VALUE"))
+    lr_warmup_steps: int = Field(0, ge=0, description="linear warm-up over the first N local steps of the run (from "
+                                 "lr/N to the schedule's lr), before --lr-schedule", **cli("learning"))
+    clip_grad_norm: float | None = Field(None, gt=0, description="clip each local step's gradient to this global "
+                                         "L2 norm (torch.nn.utils.clip_grad_norm_)", **cli("learning"))
     eval_every: int = Field(1, ge=0, description="evaluate every E rounds (0: only at the end)", **cli("learning"))
     threads: int = Field(1, ge=1, le=256, description="torch threads per process; part of the run, since the "
                          "thread count changes floating-point results", **cli("learning"))
@@ -245,6 +355,21 @@ class RunConfig(BaseModel):
     @classmethod
     def _task_options(cls, value: Any) -> Any:
         return task_options(value)
+
+    @field_validator("optimizer_options", "lr_schedule_options", mode="before")
+    @classmethod
+    def _keyword_options(cls, value: Any) -> Any:
+        return task_options(value)
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer(cls, value: str) -> str:
+        return import_path(value, "torch.optim.Optimizer", OPTIMIZERS)
+
+    @field_validator("lr_schedule")
+    @classmethod
+    def _lr_schedule(cls, value: str) -> str:
+        return import_path(value, "torch.optim.lr_scheduler", LR_SCHEDULES)
 
     @field_validator("node_profile", mode="before")
     @classmethod
@@ -303,6 +428,8 @@ class RunConfig(BaseModel):
             raise ValueError(f"--byzantine {self.byzantine} leaves no honest node among --nodes {self.nodes}")
         if self.attack_scale is not None and not math.isfinite(self.attack_scale):
             raise ValueError("--attack-scale must be a finite number")
+        if (void := _void_training(self)) is not None:
+            raise ValueError(void)
         if self.node_profile is not None:
             try:
                 self.node_profiles()
@@ -574,9 +701,13 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
         return self.run_config().model_dump(mode="json")
 
 
+OPTION_TABLES = {"task_options": "--task-option", "optimizer_options": "--optimizer-option",
+                 "lr_schedule_options": "--lr-schedule-option"}  # tables given as repeated KEY=VALUE flags
+
+
 def flag_name(name: str) -> str:
     """A setting's flag: `--local-steps`; `--task-option` (repeated) for the table `task_options`."""
-    return "--task-option" if name == "task_options" else "--" + name.replace("_", "-")
+    return OPTION_TABLES.get(name) or "--" + name.replace("_", "-")
 
 
 def format_errors(exc: ValidationError, config: Path | None = None) -> str:

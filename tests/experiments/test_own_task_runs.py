@@ -5,7 +5,6 @@ process starts or folder is written."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -13,8 +12,7 @@ from pathlib import Path
 
 import pytest
 from own_tasks import mosaicd, summary, write_tasks
-
-from mosaicd.experiments.cluster import free_ports
+from runs import run_peer_list
 
 RUN = ["--nodes", "4", "--fanout", "2", "--fragments", "2", "--rounds", "3", "--seed", "3", "--quiet"]
 
@@ -61,24 +59,8 @@ def test_the_torch_helper_task_runs_alike_in_cluster_and_simulate(tasks: Path, t
 def test_a_peer_list_runs_a_task_file(tasks: Path, tmp_path: Path, kit) -> None:
     settings = ["--task", f"{tasks / 'numtask.py'}:Mean", "--task-option", "scale=2", *RUN[:-1]]
     ok(mosaicd("simulate", *settings, "--out", str(tmp_path / "sim"), "--quiet"))
-    ports = free_ports(4)
-    peers = tmp_path / "peers.txt"
-    peers.write_text("".join(f"127.0.0.1:{port}\n" for port in ports))
-    procs = {}
-    here = [str(Path(p).resolve()) for p in sys.path if p and Path(p, "mosaicd").is_dir()]
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MOSAIC_")}, "PYTHONPATH": os.pathsep.join(here)}
-    try:
-        for port in ports:
-            with open(tmp_path / f"node-{port}.log", "wb") as log:
-                procs[port] = subprocess.Popen(
-                    [sys.executable, "-m", "mosaicd", "node", "--insecure", "--peer-list", str(peers), "--port",
-                     str(port), "--host", "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), "--log-json", *settings],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        for port, proc in procs.items():
-            assert proc.wait(timeout=120) == 0, (tmp_path / f"node-{port}.log").read_text()[-3000:]
-    finally:
-        kit.stop_all(procs)
-    assert summary(tmp_path / f"out-{min(ports)}")["model_sha256"] == summary(tmp_path / "sim")["model_sha256"]
+    rank0 = run_peer_list(kit, tmp_path, settings, 4)
+    assert summary(rank0)["model_sha256"] == summary(tmp_path / "sim")["model_sha256"]
 
 
 @pytest.mark.slow

@@ -14,17 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runs import checkpoints as checkpoints_of
+from runs import interrupt_when_checkpointed, journal_rounds, rounds_done
 
 RUN = ["--nodes", "6", "--rounds", "60", "--fragments", "4", "--fanout", "2", "--dim", "16", "--seed", "3",
        "--eval-every", "5"]
-
-
-def rounds_done(out: Path) -> int:
-    try:
-        rows = (out / "nodes.csv").read_text().splitlines()[1:]
-    except OSError:
-        return -1
-    return max((int(r.split(",")[0]) for r in rows if r), default=-1)
 
 
 def start(kit: Any, out: Path, *extra: str) -> subprocess.Popen:
@@ -39,25 +33,15 @@ def reference(kit: Any, tmp_path: Path, rounds: str = "60", *extra: str) -> dict
     return json.loads((tmp_path / "simulate" / "summary.json").read_text())["model_sha256"]
 
 
+def checkpoints(out: Path) -> list[list[int]]:
+    return checkpoints_of(out, int(RUN[RUN.index("--nodes") + 1]))
+
+
 def evaluations(out: Path) -> list[list[str]]:
     """rounds.csv's rows as written, but for the clock's column (elapsed_s)."""
     rows = [r.split(",") for r in (out / "rounds.csv").read_text().splitlines()]
     clock = rows[0].index("elapsed_s")
     return [r[:clock] + r[clock + 1:] for r in rows]
-
-
-def checkpoints(out: Path) -> list[list[int]]:
-    """The rounds of each node's checkpoints in OUT/state (newest first)."""
-    from mosaicd.daemon.node import checkpoint
-
-    return [checkpoint.rounds(out / "state" / f"node-{n}") for n in range(int(RUN[RUN.index("--nodes") + 1]))]
-
-
-def journal_rounds(out: Path) -> list[int]:
-    """The open rounds the barrier's journal keeps (newest first)."""
-    from mosaicd.daemon.barrier import journal as barrier_journal
-
-    return barrier_journal.rounds(out)
 
 
 def cut_evaluations_from(out: Path, round: int) -> None:
@@ -204,11 +188,6 @@ def test_a_compressed_run_resumes_with_each_nodes_error_feedback(tmp_path: Path,
     """--compress with error feedback: Ctrl-C, then --resume gives the uninterrupted run's models, because each
     node's checkpoint carries what its messages left out (without it, the resumed nodes would send other values)."""
     out, compress = tmp_path / "run", ["--compress", codec]
-    proc = start(kit, out, *compress)
-    kit.wait_until(lambda: rounds_done(out) >= 10, 90, "round 10 in nodes.csv")
-    kit.wait_until(lambda: all(kept[:1] == journal_rounds(out)[:1] for kept in checkpoints(out)), 60,
-                   "a round that every node checkpointed")
-    os.killpg(proc.pid, signal.SIGINT)
-    assert proc.wait(timeout=30) == 130
+    interrupt_when_checkpointed(kit, start(kit, out, *compress), out, 6, after=10)
     done, summary = resume(kit, out, *RUN, *compress)
     assert summary["status"] == "finished" and summary["model_sha256"] == reference(kit, tmp_path, "60", *compress)

@@ -2,7 +2,8 @@
 
 Every draw of a run is keyed by (seed, purpose, round, node, ...), so a simulation is a function of its settings
 and of the state between two rounds: every node's model, the `InMemoryNetwork`'s round, members and virtual
-clock, the `BarrierState`, and with a lossy --compress what each node's error feedback carries. The checkpoint
+clock, the `BarrierState`, with a lossy --compress what each node's error feedback carries, and what each node's
+training carries across rounds (`Task.node_state`: its optimizer's state). The checkpoint
 holds exactly that, the settings, the run's wall-clock start and the sizes of rounds.csv and nodes.csv when it was
 taken; a resumed run cuts the CSVs back to those sizes (the rows of the rounds it runs again go, so none is written
 twice) and goes on, and its final models equal the uninterrupted run's bit for bit.
@@ -25,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from mosaic_proto import BarrierState, InMemoryNetwork
+from mosaicd.learning.tasks import Task
 from mosaicd.outputs import NPZ_READ_ERRORS
 from mosaicd.rundir import SIMULATE_CHECKPOINT, read_summary
-from mosaicd.settings import RunConfig, Settings, SettingsError
+from mosaicd.settings import OPTION_TABLES, RunConfig, Settings, SettingsError
 
 VERSION = 1
 CSV_FILES = ("rounds.csv", "nodes.csv")
@@ -48,15 +50,19 @@ class Resumed:
     redone: int     # rounds the stopped run had done past this point, run again now
     carried: dict[int, dict[str, np.ndarray]] | None = None  # node -> its compressor's state (`Compressor.state`)
     ready: dict[str, float] | None = None  # --node-profile: the virtual clock's late nodes (`VirtualClock.to_json`)
+    trained: dict[int, dict[str, np.ndarray]] | None = None  # node -> its training's state (`Task.node_state`)
 
-    def apply(self, network: InMemoryNetwork) -> None:
-        """Put `network` (built from the settings, as at round 0) where the checkpoint left the run."""
+    def apply(self, network: InMemoryNetwork, task: Task) -> None:
+        """Put `network` (built from the settings, as at round 0) and the nodes' training where the checkpoint
+        left the run."""
         if self.vectors is None:
             return
         barrier = BarrierState.from_json(self.barrier, self.clock) if self.barrier is not None else None
         network.restore(list(self.vectors), self.round, self.clock, self.members, barrier)
         for node, state in (self.carried or {}).items():
             network.compressors[node].restore(state)
+        for node, state in (self.trained or {}).items():
+            task.load_node_state(node, state)
 
 
 def _fsync_replace(tmp: Path, path: Path) -> None:
@@ -68,7 +74,7 @@ def _fsync_replace(tmp: Path, path: Path) -> None:
         os.close(fd)
 
 
-def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float,
+def save(out: Path, network: InMemoryNetwork, task: Task, settings: Settings, started: float,
          ready: dict[str, float] | None = None) -> None:
     """Checkpoint the run between two rounds (after round `network.round - 1`'s rows were written); `ready`: the
     virtual clock's state, with --node-profile."""
@@ -80,6 +86,10 @@ def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float
     meta["carried"] = {str(node): sorted(state) for node, state in carried.items() if state}
     arrays = {f"carried_{node}_{key}": np.asarray(values, dtype="<f4")
               for node, state in carried.items() for key, values in state.items()}
+    trained = {node: task.node_state(node) for node in range(settings.nodes)} if settings.train else {}
+    meta["trained"] = {str(node): sorted(state) for node, state in trained.items() if state}
+    arrays |= {f"trained_{node}_{key}": np.asarray(values) for node, state in trained.items()
+               for key, values in state.items()}
     buffer = io.BytesIO()
     np.savez(buffer, vectors=np.stack([np.asarray(v, dtype="<f4") for v in network.vectors]),
              meta=np.array(json.dumps(meta)), **arrays)
@@ -91,7 +101,10 @@ def save(out: Path, network: InMemoryNetwork, settings: Settings, started: float
     _fsync_replace(tmp, out / SIMULATE_CHECKPOINT)
 
 
-def _load(out: Path) -> tuple[dict[str, Any], np.ndarray, dict[int, dict[str, np.ndarray]]] | None:
+States = dict[int, dict[str, np.ndarray]]
+
+
+def _load(out: Path) -> tuple[dict[str, Any], np.ndarray, States, States] | None:
     path = out / SIMULATE_CHECKPOINT
     if not path.exists():
         return None
@@ -101,16 +114,19 @@ def _load(out: Path) -> tuple[dict[str, Any], np.ndarray, dict[int, dict[str, np
             vectors = data["vectors"].astype(np.float32)
             carried = {int(node): {key: data[f"carried_{node}_{key}"].astype(np.float32) for key in keys}
                        for node, keys in meta.get("carried", {}).items()}
+            trained = {int(node): {key: data[f"trained_{node}_{key}"] for key in keys}
+                       for node, keys in meta.get("trained", {}).items()}
     except NPZ_READ_ERRORS as exc:
         raise ValueError(f"--resume: {path} cannot be read ({exc}): start afresh with --replace") from None
     if meta.get("version") != VERSION:
         raise ValueError(f"--resume: {path} was written by another version of mosaicd: start afresh with --replace")
-    return meta, vectors, carried
+    return meta, vectors, carried, trained
 
 
 def _flag(name: str, value: Any) -> str:
-    if name == "task_options" and isinstance(value, dict):  # as given: --task-option key=value, repeated
-        return " ".join(f"--task-option {k}={json.dumps(v)}" for k, v in value.items()) or "no --task-option"
+    if name in OPTION_TABLES and isinstance(value, dict):  # as given: --task-option key=value, repeated
+        given = OPTION_TABLES[name]
+        return " ".join(f"{given} {k}={json.dumps(v)}" for k, v in value.items()) or f"no {given}"
     return f"--{name.replace('_', '-')} {json.dumps(value) if not isinstance(value, str) else value}"
 
 
@@ -149,10 +165,10 @@ def resume_point(out: Path, settings: Settings) -> Resumed:
         for name in CSV_FILES:
             _cut(out / name, None)
         return Resumed(0, 0.0, list(range(settings.nodes)), None, None, time.time(), done)
-    meta, vectors, carried = loaded
+    meta, vectors, carried, trained = loaded
     for name in CSV_FILES:
         _cut(out / name, int(meta["sizes"][name]))
     return Resumed(int(meta["round"]), float(meta["clock"]), [int(m) for m in meta["members"]], meta["barrier"],
                    vectors, float(meta["started"]), max(0, done - int(meta["round"])), carried,
-                   meta.get("ready"))
+                   meta.get("ready"), trained)
 

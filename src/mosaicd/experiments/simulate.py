@@ -134,7 +134,7 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     clock = VirtualClock(profiles, spec.compute_s, settings.round_deadline) if spec and profiles else None
     planned = _planned_bytes(run, fragmentation) if clock is not None else 0
     if start is not None:
-        start.apply(network)
+        start.apply(network, task)
         if clock is not None and start.ready:
             clock.restore(start.ready)
     saver = _Saver(settings, network.round)
@@ -168,7 +168,7 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
                 row = recorder.network_round(record.round, {**network_metrics(task, live), "nodes": honest, **says,
                                                             **virtual}, taken_at)
             if saver.due(network.round):
-                checkpoint.save(settings.out, network, settings, recorder.started,
+                checkpoint.save(settings.out, network, task, settings, recorder.started,
                                 clock.to_json() if clock is not None else None)
                 saver.saved(network.round)
             losses = [x for x in record.losses if math.isfinite(x)]

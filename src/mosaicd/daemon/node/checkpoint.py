@@ -8,8 +8,9 @@ CRC and is passed over), so a whole cluster resumed exactly can go on from the n
 blocks and cached pages: a 4 MB model costs ~4.8 ms of CPU where a new file renamed over the old one cost ~7 ms
 (`bench/README.md`, Speed 4). Each slot's meta says its round and when it was written (`written`, counting up).
 With a lossy --compress it also holds what the node's error feedback carries (`carried`, `Compressor.state`), so
-that a resumed node sends what it would have sent. The single files of earlier versions (checkpoint.npz,
-checkpoint-previous.npz) are still read, as older than any slot.
+that a resumed node sends what it would have sent, and what its training carries across rounds (`trained`,
+`Task.node_state`: an optimizer's moments), so that it steps as it would have stepped. The single files of earlier
+versions (checkpoint.npz, checkpoint-previous.npz) are still read, as older than any slot.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Checkpoint:
     round: int  # the round it goes on with (its model is the one after round - 1)
     vector: np.ndarray
     carried: dict[str, np.ndarray] = field(default_factory=dict)  # its compressor's state (`Compressor.state`)
+    trained: dict[str, np.ndarray] = field(default_factory=dict)  # its training's state (`Task.node_state`)
 
 
 def state_dir(options: DaemonOptions) -> Path | None:
@@ -60,6 +62,7 @@ def save(directory: Path, checkpoint: Checkpoint) -> None:
             "round": checkpoint.round, "written": max((w for w in written.values() if w is not None), default=-1) + 1}
     arrays = {"vector": np.asarray(checkpoint.vector, dtype="<f4"),
               **{f"carried_{f}": np.asarray(v, dtype="<f4") for f, v in checkpoint.carried.items()},
+              **{f"trained_{k}": np.asarray(v) for k, v in checkpoint.trained.items()},
               "meta": np.array(json.dumps(meta))}  # last: a slot whose new meta can be read holds its new model
     path = directory / slot
     with open(path, "r+b" if path.exists() else "wb") as f:  # not truncated first: its blocks are reused
@@ -123,8 +126,9 @@ def _read(path: Path) -> tuple[Checkpoint, int] | None:
             meta = json.loads(str(data["meta"]))
             carried = {name.removeprefix("carried_"): data[name].astype(np.float32)
                        for name in data.files if name.startswith("carried_")}
+            trained = {name.removeprefix("trained_"): data[name] for name in data.files if name.startswith("trained_")}
             return (Checkpoint(str(meta["run_id"]), int(meta["rank"]), str(meta["address"]), int(meta["round"]),
-                               data["vector"].astype(np.float32), carried), int(meta.get("written", -1)))
+                               data["vector"].astype(np.float32), carried, trained), int(meta.get("written", -1)))
     except NPZ_READ_ERRORS as exc:
         get_logger(role="node").warning("checkpoint_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}",
                                         detail="not used: the previous checkpoint, if readable, or none is")

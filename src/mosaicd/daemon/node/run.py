@@ -7,6 +7,7 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -128,10 +129,12 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
             peer.evaluated(r, await evaluate_own(task, v, peer, r))
     else:
         peer.begin(vector)
+    data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
     if saved is not None and (saved.run_id, saved.rank, saved.round) == (run.run_id, peer.rank, peer.round):
         peer.restore_compression(saved.carried)  # it goes on from this checkpoint's round: exactly, as if never stopped
-    saving = Checkpoints(options, peer)
-    data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
+    if saved is not None and vector is saved.vector and run.train:  # its model from the checkpoint, and its optimizer
+        task.load_node_state(data_rank, saved.trained)
+    saving = Checkpoints(options, peer, lambda: task.node_state(data_rank) if run.train else {})
     spec = run.profile_spec()
     profile = spec.of(peer.rank, run.seed, run.nodes) if spec is not None else None
     while peer.round < run.rounds:
@@ -277,8 +280,8 @@ async def rejoin_model(peer: Peer, kept: np.ndarray | None, kept_round: int | No
 class Checkpoints:
     """Writes the model every --checkpoint-every rounds, in a thread while the next round goes on."""
 
-    def __init__(self, options: DaemonOptions, peer: Peer) -> None:
-        self.every, self.peer = options.checkpoint_every, peer
+    def __init__(self, options: DaemonOptions, peer: Peer, trained: Callable[[], dict[str, np.ndarray]]) -> None:
+        self.every, self.peer, self.trained = options.checkpoint_every, peer, trained
         self.directory = checkpoint.state_dir(options)
         self._writing: asyncio.Future | None = None
 
@@ -287,7 +290,7 @@ class Checkpoints:
             return
         await self.drain()
         saved = checkpoint.Checkpoint(self.peer.run.run_id, self.peer.rank, self.peer.address, t + 1, vector,
-                                      self.peer.compression_state())
+                                      self.peer.compression_state(), self.trained())  # before round t + 1 trains
         self._writing = asyncio.ensure_future(asyncio.to_thread(checkpoint.save, self.directory, saved))
 
     async def drain(self) -> None:

@@ -47,6 +47,19 @@ class Task(ABC):
     def evaluate(self, vector: np.ndarray) -> dict[str, float]:
         """Metrics of one model on the global test set; always holds the key `self.metric`."""
 
+    def node_state(self, node: int) -> dict[str, np.ndarray]:
+        """What `node`'s training carries from one round to the next besides its model (an optimizer's moments, a
+        step count), as named arrays: copies, taken between two rounds. Checkpoints save it (a node's and
+        `simulate`'s) and `load_node_state` puts it back, so that a resumed run ends with the uninterrupted run's
+        models. A task that keeps such state across rounds overrides both; the default: none."""
+        return {}
+
+    def load_node_state(self, node: int, state: dict[str, np.ndarray]) -> None:
+        """Put back what `node_state(node)` gave, before `node`'s next `train`."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no per-node state, but one was given to restore "
+                             f"({', '.join(sorted(state))})")
+
     def train_many(self, nodes: Sequence[int], round: int,
                    vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, float]]:
         """`train` of several nodes in one round (`--batched` simulation; a task may batch them)."""

@@ -1,8 +1,10 @@
 """Many models of one torch task at once: the n vectors as stacked parameters, run through torch.func.vmap.
 
 Training (`train_stacked`) takes every node's local steps together with the data order of
-`TorchTask.train` (the same generator per (seed, node, round), the same batches) and its SGD arithmetic
-(weight decay, momentum, lr), step by step. The results are close to the one-by-one run but not bit-equal:
+`TorchTask.train` (the same generator per (seed, node, round), the same batches) and its optimizer, step by
+step: one optimizer over the stacked parameters, with the nodes' states stacked in and sliced back out
+(`optim.Stacked`; only for optimizers that treat every coordinate alike, `optim.ELEMENTWISE`), the same
+schedule, and --clip-grad-norm per node. The results are close to the one-by-one run but not bit-equal:
 vmap turns the n convolutions into one grouped convolution and the n matrix products into batched ones,
 which sum in another order (last bits of float32), and those differences grow over rounds. That is why
 `--batched` is a separate, explicit option, and `mosaicd simulate` without it stays the bit-exact reference.
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from .optim import state_signature
 from .torch_util import TorchModelTask, float_state, train_generator
 
 __all__ = ["STACK_SAMPLES", "chunks", "has_buffers", "restack", "train_stacked", "unstack"]
@@ -66,10 +69,12 @@ def train_stacked(task: TorchModelTask, nodes: list[int], round: int,
     for node, shard in shards.items():
         if len(shard) == 0:
             raise ValueError(f"node {node} has no training samples")
-    by_batch: dict[int, list[int]] = {}  # nodes with a smaller shard than the batch take smaller batches
+    # nodes with a smaller shard than the batch take smaller batches; states stack where they are alike
+    by_batch: dict[tuple[int, tuple], list[int]] = {}
     for k, node in enumerate(nodes):
-        by_batch.setdefault(min(task.run.batch_size, len(shards[node])), []).append(k)
-    for batch, members in by_batch.items():
+        signature = state_signature(task.optimizers.state(node))
+        by_batch.setdefault((min(task.run.batch_size, len(shards[node])), signature), []).append(k)
+    for (batch, _), members in by_batch.items():
         for chunk in chunks(members, STACK_SAMPLES // batch):
             trained, losses = _train_group(task, [nodes[k] for k in chunk], round, [vectors[k] for k in chunk],
                                            batch)
@@ -91,9 +96,11 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
     gens = [train_generator(s.seed, node, round) for node in nodes]
     orders = [np.zeros(0, dtype=np.int64)] * len(nodes)
     pos = [0] * len(nodes)
-    buffers: dict[str, torch.Tensor] = {}
+    names = list(params)
+    leaves = [params[name].requires_grad_(True) for name in names]
+    optimizer = task.optimizers.stacked(nodes, leaves)
     losses = []
-    for _ in range(s.local_steps):
+    for h in range(s.local_steps):
         rows = []
         for j, node in enumerate(nodes):  # exactly TorchTask.train's draws, node by node
             if pos[j] + batch > len(orders[j]):
@@ -105,19 +112,10 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
         x = x.reshape(len(nodes), batch, *x.shape[1:])
         y = task.y(split.y_train[flat])
         y = y.reshape(len(nodes), batch, *y.shape[1:])
-        grads, loss = step(params, x, y)
+        grads, loss = step({name: p.detach() for name, p in params.items()}, x, y)
         losses.append(loss.detach())
-        with torch.no_grad():
-            for name, p in params.items():  # torch_util.SGD's arithmetic on the stacked tensors
-                grad = grads[name]
-                if s.weight_decay != 0:
-                    grad = grad.add(p, alpha=s.weight_decay)
-                if s.momentum != 0:
-                    if name not in buffers:
-                        buffers[name] = torch.clone(grad).detach()
-                    else:
-                        buffers[name].mul_(s.momentum).add_(grad, alpha=1.0)
-                    grad = buffers[name]
-                p.add_(grad, alpha=-s.lr)
+        optimizer.step([grads[name] for name in names], s.clip_grad_norm,
+                       task.schedule.factor(round * s.local_steps + h))
+    optimizer.keep()
     mean_loss = torch.stack(losses).double().cpu().numpy().mean(axis=0)
-    return restack(model, params), [float(x) for x in mean_loss]
+    return restack(model, {name: p.detach() for name, p in params.items()}), [float(x) for x in mean_loss]

@@ -21,7 +21,11 @@ Repeatability: batches come from a torch.Generator keyed by (seed, node, round);
 inputs and the same torch thread count; a different thread count changes the summation order of some
 backward reductions (conv weight gradients), hence the last bits. torch.use_deterministic_algorithms
 is not called: it would import torch._dynamo (~70 MB per process) and changes nothing on CPU. For the
-same reason SGD is `torch_util.SGD` (torch.optim.SGD's arithmetic, tested bit-equal), not torch.optim.
+same reason the default optimizer is `torch_util.SGD` (torch.optim.SGD's arithmetic, tested bit-equal).
+
+Optimizers (`optim.py`): the run's `--optimizer` (or the task's `optimizer=` factory), one per node, kept across
+rounds with `--optimizer-state keep` and checkpointed through `node_state` / `load_node_state`; the learning rate
+of each step from `--lr-schedule`; `--clip-grad-norm` before each step.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from mosaicd.settings import Partition, RunConfig
 
 from . import stacked, torch_eval
 from .base import Task
-from .torch_util import SGD, check_device, layout_of, load_vector, to_vector, train_generator
+from .optim import NodeOptimizers, OptimizerFactory, Schedule, clip_gradients, set_lr
+from .torch_util import check_device, layout_of, load_vector, to_vector, train_generator
 
 __all__ = ["TorchTask", "as_arrays"]
 
@@ -91,9 +96,17 @@ class TorchTask(Task):
     def __init__(self, run: RunConfig, data_dir: Path = Path("data"), *,
                  model: Callable[[], nn.Module] | None = None, train: Data = None, test: Data = None,
                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                 metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | float] | None = None) -> None:
+                 metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | float] | None = None,
+                 optimizer: OptimizerFactory | None = None) -> None:
+        """`optimizer`: parameters -> a torch.optim.Optimizer, instead of the run's --optimizer (its lr is the one
+        --lr-schedule multiplies)."""
         super().__init__(run, data_dir)
+        if optimizer is not None and (run.optimizer != "sgd" or run.optimizer_options or run.momentum):
+            raise ValueError(f"--optimizer {run.optimizer}: {type(self).__name__} gives its own optimizer "
+                             "(TorchTask(optimizer=...)); leave --optimizer, --optimizer-option and --momentum unset")
         self._model_factory, self._data = model, (train, test)
+        self.optimizers = NodeOptimizers.of(run, optimizer)
+        self.schedule = Schedule(run)
         self._loss_fn, self._metric_fn = loss, metric
         if run.partition not in self.partitions:
             raise PartitionError(supported_message(self.name, run.partition.value,
@@ -243,10 +256,10 @@ class TorchTask(Task):
                 with torch.no_grad():
                     loss = self.loss(model(self.x(split.x_train[idx])), self.y(split.y_train[idx]))
                 return np.asarray(vector, dtype=np.float32).copy(), float(loss)
-            opt = SGD(model.parameters(), lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
+            opt = self.optimizers.of_node(node, model.parameters())
             losses = []
             order, pos = np.zeros(0, dtype=np.int64), 0
-            for _ in range(s.local_steps):
+            for h in range(s.local_steps):
                 if pos + batch > len(order):  # a fresh pass over the shard, dropping the last partial batch
                     order, pos = torch.randperm(len(shard), generator=gen).numpy(), 0
                 idx = shard[order[pos:pos + batch]]
@@ -254,15 +267,26 @@ class TorchTask(Task):
                 opt.zero_grad()
                 loss = self.loss(model(self.x(split.x_train[idx])), self.y(split.y_train[idx]))
                 loss.backward()
+                clip_gradients(model.parameters(), s.clip_grad_norm)
+                set_lr(opt, self.schedule.factor(round * s.local_steps + h))
                 opt.step()
                 losses.append(loss.item())
             return to_vector(model), float(np.mean(losses))
 
+    def node_state(self, node: int) -> dict[str, np.ndarray]:
+        with self._lock:
+            return self.optimizers.state(node)
+
+    def load_node_state(self, node: int, state: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            self.optimizers.restore(node, state)
+
     def train_many(self, nodes: Sequence[int], round: int,
                    vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, float]]:
         """Every node's `train` at once through vmap (close to, not bit-equal with, `train`); one by one when
-        the model cannot be vmapped or no step is taken."""
-        if not self.vmappable or self.run.local_steps == 0 or stacked.has_buffers(self.model):
+        the model cannot be vmapped, no step is taken, or the optimizer is not elementwise (`optim.ELEMENTWISE`)."""
+        if not self.vmappable or self.run.local_steps == 0 or stacked.has_buffers(self.model) \
+                or not self.optimizers.elementwise:
             return super().train_many(nodes, round, vectors)
         with self._lock:
             return stacked.train_stacked(self, list(nodes), round, list(vectors))

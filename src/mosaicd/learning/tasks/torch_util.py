@@ -57,37 +57,55 @@ def train_generator(seed: int, node: int, round: int) -> torch.Generator:
 
 
 class SGD:
-    """torch.optim.SGD's arithmetic (dampening 0, no Nesterov), bit for bit, without torch.optim.
+    """torch.optim.SGD's arithmetic (momentum, dampening, Nesterov, weight decay), bit for bit, without torch.optim.
 
     Constructing any torch.optim optimizer imports torch._dynamo (about 70 MB of resident memory per
-    process); a node needs only these few lines. Momentum buffers live as long as this object.
+    process); a node needs only these few lines. It has the parts of torch.optim.Optimizer's interface that
+    Mosaic uses (`param_groups`, `state`, `state_dict`, `load_state_dict`), so a node's state is kept and
+    checkpointed the same way for both (`optim.NodeOptimizers`).
     """
 
-    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
-        self.params = [p for p in params if p.requires_grad]
-        self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
-        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+    def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
+        self.params = list(params)
+        self.param_groups = [{"params": self.params, "lr": float(lr), "momentum": float(momentum),
+                              "dampening": float(dampening), "weight_decay": float(weight_decay),
+                              "nesterov": bool(nesterov)}]
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
 
+    def state_dict(self) -> dict[str, Any]:
+        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": list(range(len(self.params)))}
+                  for g in self.param_groups]
+        return {"state": {i: dict(self.state[p]) for i, p in enumerate(self.params) if p in self.state},
+                "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.state = {self.params[int(i)]: {k: v.to(self.params[int(i)].device) for k, v in entries.items()}
+                      for i, entries in state_dict["state"].items()}
+
     @torch.no_grad()
     def step(self) -> None:
-        for i, p in enumerate(self.params):
+        group = self.param_groups[0]
+        lr, momentum, weight_decay = group["lr"], group["momentum"], group["weight_decay"]
+        for p in self.params:
             grad = p.grad
             if grad is None:
                 continue
-            if self.weight_decay != 0:
-                grad = grad.add(p, alpha=self.weight_decay)
-            if self.momentum != 0:
-                buf = self.buffers[i]
+            if weight_decay != 0:
+                grad = grad.add(p, alpha=weight_decay)
+            if momentum != 0:
+                entry = self.state.setdefault(p, {})
+                buf = entry.get("momentum_buffer")
                 if buf is None:
-                    buf = self.buffers[i] = torch.clone(grad).detach()
+                    buf = entry["momentum_buffer"] = torch.clone(grad).detach()
                 else:
-                    buf.mul_(self.momentum).add_(grad, alpha=1.0)
-                grad = buf
-            p.add_(grad, alpha=-self.lr)
+                    buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
+                grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
+            p.add_(grad, alpha=-lr)
 
 
 def deterministic_cuda() -> None:
@@ -122,6 +140,8 @@ class TorchModelTask(Protocol):
     device: torch.device
     eval_batch_size: int
     eval_channels_last: bool
+    optimizers: Any  # optim.NodeOptimizers
+    schedule: Any  # optim.Schedule
 
     @property
     def split(self) -> Any: ...
