@@ -2,14 +2,18 @@
 `mosaicd.Barrier`, `mosaicd.Settings`).
 
     python examples/own_training_loop.py                 # four peers and their barrier in this one process
-    mosaicd barrier --nodes 3 --rounds 15 --fragments 4 --fanout 2 --out run   # or: the barrier on one host
+    mosaicd barrier --own-loop --task digits-mlp --nodes 4 --rounds 15 --fragments 4 --fanout 2 --out run
+                                                  # or: the barrier on one host
                                                   # (it makes the run's secret, run.secret; copy it to the nodes),
     python examples/own_training_loop.py --barrier-url http://HOST:8000 --secret-file run.secret   # one per node
 
 Each round, every peer trains its own model on its own shard for a few steps, reports its own metrics of the
 round (`gossip(metrics=...)`: they land in rounds.csv, summary.json and `mosaicd status`), and gossips. Every
 random draw is seeded (the model's initialisation, each rank's batches per round): the same command gives the
-same models, as summary.json's model_sha256 shows. Ctrl-C ends it cleanly (the run's summary says so).
+same models, as summary.json's model_sha256 shows, in one process as across processes. The run is recorded as
+what it is (task "digits-mlp", the loop's name) and, in one process, the barrier evaluates the average model
+with the loop's own `evaluate` (`mosaicd.Barrier(evaluate=...)`). Ctrl-C ends it cleanly (the run's summary says
+so).
 """
 
 from __future__ import annotations
@@ -49,6 +53,14 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, fl
                 "test_loss": float(nn.functional.cross_entropy(logits, y))}
 
 
+def evaluate_vector(vector: np.ndarray) -> dict[str, float]:
+    """The metrics of a flat vector (the barrier's average model): the model's parameters, in their order."""
+    model = make_model()
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(vector), model.parameters())
+    _, _, x_test, y_test = load()
+    return evaluate(model, x_test, y_test)
+
+
 async def node(settings: mosaicd.Settings, data: tuple[torch.Tensor, ...]) -> float:
     x, y, x_test, y_test = data
     model = make_model()
@@ -82,7 +94,8 @@ async def main(args: argparse.Namespace) -> None:
         return
     out = args.out or tempfile.mkdtemp(prefix="mosaic-example-")
     settings = mosaicd.Settings.load(nodes=NODES, **RUN, out=out, **quiet)
-    async with mosaicd.Barrier(settings) as barrier:  # leaving the block waits for the run's end
+    # leaving the block waits for the run's end; the run shows as task "digits-mlp", with an average-model column
+    async with mosaicd.Barrier(settings, name="digits-mlp", evaluate=evaluate_vector) as barrier:
         print(f"barrier {barrier.url}, outputs in {out}", file=sys.stderr, flush=True)
         peer = settings.model_copy(update={"barrier_url": barrier.url, "port": 0})
         accuracies = await asyncio.gather(*(node(peer, data) for _ in range(NODES)))

@@ -40,18 +40,23 @@ def test_the_peer_example_runs_to_its_end_the_same_twice() -> None:
         assert [r["round"] for r in rows] == list(range(15))  # the loop's metrics of every round
         assert rows[-1]["metric"] == "accuracy" and set(rows[-1]["reported"]) == {"accuracy", "test_loss"}
         assert rows[-1]["node_average"] == rows[-1]["reported"]["accuracy"] and len(rows[-1]["per_node"]) == 4
+        assert rows[-1]["higher_is_better"] is True and 0.5 < rows[-1]["average_model"] <= 1  # evaluate=
     assert [s["status"] for s in summaries] == ["finished"] * 2
+    assert [s["settings"]["task"] for s in summaries] == ["digits-mlp"] * 2  # the loop's name, not a task's
     assert summaries[0]["final"]["reported"]["accuracy"] > 0.5
     assert summaries[0]["model_sha256"] == summaries[1]["model_sha256"]  # seeded: the same models
 
 
 @pytest.mark.slow
 def test_own_loops_against_a_stand_alone_barrier(tmp_path: Path) -> None:
-    """`mosaicd barrier --nodes 3` (no --task: it evaluates nothing itself) and three processes of the example's
-    twin (--barrier-url): the run finishes, the loops' metrics in rounds.csv."""
+    """`mosaicd barrier --own-loop --task digits-mlp --nodes 4` (it evaluates nothing itself) and four processes of
+    the example's twin (--barrier-url): the run finishes, the loops' metrics in rounds.csv, the same models as the
+    example's loops against an in-process barrier, and the run named as the loop names it."""
+    in_process = start()
     port_file, out = tmp_path / "port", tmp_path / "run"
-    barrier = subprocess.Popen([sys.executable, "-m", "mosaicd", "barrier", "--nodes", "3", "--rounds", "4",
-                                "--fragments", "4", "--fanout", "2", "--eval-every", "2", "--host", "127.0.0.1",
+    barrier = subprocess.Popen([sys.executable, "-m", "mosaicd", "barrier", "--own-loop", "--task", "digits-mlp",
+                                "--nodes", "4", "--rounds", "15", "--fragments", "4", "--fanout", "2", "--seed", "0",
+                                "--eval-every", "2", "--host", "127.0.0.1",
                                 "--port", "0", "--port-file", str(port_file), "--out", str(out), "--linger", "0",
                                 "--log-json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -62,7 +67,7 @@ def test_own_loops_against_a_stand_alone_barrier(tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{port_file.read_text().strip()}"
         secret = Path(f"{out}.secret")  # made by the barrier, which was given none (secure by default)
         assert secret.stat().st_mode & 0o777 == 0o600
-        nodes = [start("--barrier-url", url, "--secret-file", str(secret)) for _ in range(3)]
+        nodes = [start("--barrier-url", url, "--secret-file", str(secret)) for _ in range(4)]
         for proc in nodes:
             _, err = proc.communicate(timeout=300)
             assert proc.returncode == 0, err[-3000:]
@@ -70,16 +75,21 @@ def test_own_loops_against_a_stand_alone_barrier(tmp_path: Path) -> None:
         _, err = barrier.communicate(timeout=60)
         assert barrier.returncode == 0, err[-3000:]
         assert "average_model_failed" not in err  # no --task: it evaluated nothing itself
+        _, err = in_process.communicate(timeout=300)
+        assert in_process.returncode == 0, err[-3000:]
     finally:
-        for proc in [barrier, *locals().get("nodes", [])]:
+        for proc in [in_process, barrier, *locals().get("nodes", [])]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "finished" and len(summary["model_sha256"]) == 3
+    assert summary["status"] == "finished" and len(summary["model_sha256"]) == 4
+    assert summary["settings"]["task"] == "digits-mlp" and summary["settings"]["own_loop"] is True
+    one = json.loads((Path(re.search(r"outputs in (\S+)\)", err).group(1)) / "summary.json").read_text())  # type: ignore[union-attr]
+    assert one["model_sha256"] == summary["model_sha256"]  # one process or five: the same models
     rows = read_rounds(out)
-    assert [r["round"] for r in rows] == [1, 3]
-    assert all(r["metric"] == "accuracy" and r["average_model"] is None and len(r["per_node"]) == 3 for r in rows)
+    assert [r["round"] for r in rows] == [1, 3, 5, 7, 9, 11, 13, 14]
+    assert all(r["metric"] == "accuracy" and r["average_model"] is None and len(r["per_node"]) == 4 for r in rows)
     assert summary["final"]["reported"] == rows[-1]["reported"] and "test_loss" in rows[-1]["reported"]
 
 

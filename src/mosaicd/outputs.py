@@ -31,6 +31,7 @@ import csv
 import hashlib
 import json
 import math
+import re
 import time
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -60,6 +61,17 @@ SUMMARY_EVERY_S = 2.0     # between evaluations, summary.json's progress is refr
 
 def model_sha256(vector: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(vector, dtype="<f4").tobytes()).hexdigest()
+
+
+LOWER_IS_BETTER = ("loss", "error", "err", "rmse", "mse", "mae", "perplexity", "ppl", "regret", "distance")
+
+
+def higher_is_better_by_name(metric: str) -> bool:
+    """Whether a metric a loop reports is better higher, from its name: one naming a loss, an error or a distance
+    (`LOWER_IS_BETTER`, as a word of it: test_loss, top1_err, val-rmse) is lower-is-better; any other (accuracy,
+    f1, auc, reward) higher-is-better. `Peer.gossip(higher_is_better=...)` says it where the name does not."""
+    words = [w for w in re.split(r"[^a-z0-9]+", metric.lower()) if w]
+    return not any(w in LOWER_IS_BETTER for w in words)
 
 
 def higher_is_better(rounds: list[Mapping[str, Any]]) -> bool | None:

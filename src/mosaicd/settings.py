@@ -73,6 +73,7 @@ def cli(group: str, *commands: str, metavar: str | None = None) -> dict[str, Any
     return {"json_schema_extra": extra}
 
 
+OWN_LOOP = "own loop"  # the task an own training loop's run shows where its loop gives no name
 TASK_ENTRY_POINTS = "mosaic_learning.tasks"  # the entry-point group a package registers its task names in
 TaskOption = str | int | float | bool
 
@@ -172,6 +173,9 @@ def _void_training(run: RunConfig) -> str | None:
                 "lr_schedule": run.lr_schedule != "constant", "lr_schedule_options": bool(run.lr_schedule_options),
                 "lr_warmup_steps": run.lr_warmup_steps != 0, "clip_grad_norm": run.clip_grad_norm is not None}
     given = [flag_name(k) for k, v in training.items() if v]
+    if run.own_loop and (given or run.task_options):
+        return (f"{', '.join(given or ['--task-option'])}: with --own-loop your loop trains and builds its model "
+                "(mosaicd.Peer); these settings are for tasks")
     if given and (not run.train or run.local_steps == 0):
         why = "--no-train" if not run.train else "--local-steps 0"
         return f"{', '.join(given)}: no local step is taken with {why}, so no optimizer runs"
@@ -249,6 +253,9 @@ class RunConfig(BaseModel):
     # the run (identical on every node; the barrier hands its own to registering nodes)
     run_id: str = Field("mosaic", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
                         description="name of the run; messages of another run are refused", **cli("run"))
+    own_loop: bool = Field(False, description="the nodes are training loops of your own (mosaicd.Peer in your "
+                           "program): no task is built, --task is the loop's name as the run shows it (default: "
+                           "own loop); docs/own-model.md", **cli("run", "barrier"))
     task: str = Field(TaskName.QUADRATIC, description="workload: a built-in, a name a package registers, "
                       "MODULE:CLASS or path/to/file.py:CLASS, a mosaicd.Task subclass (docs/own-model.md)",
                       **cli("run", metavar="{" + ",".join(TaskName) + "}|MODULE:CLASS|FILE.py:CLASS"))
@@ -346,9 +353,21 @@ class RunConfig(BaseModel):
     curvature: Curvature = Field(Curvature.CORRELATED, description="quadratic task's A", **cli("learning"))
     heterogeneous: bool = Field(False, description="quadratic task: a different optimum per node", **cli("learning"))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _own_loop_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("own_loop") in (True, "true", "1") and data.get("task") is None:
+            return {**data, "task": OWN_LOOP}
+        return data
+
     @field_validator("task")
     @classmethod
-    def _task(cls, value: str) -> str:
+    def _task(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("own_loop"):  # a name to show, not a task to build
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 _.:/-]{0,63}", str(value)):
+                raise ValueError("with --own-loop, the loop's name as the run shows it (letters, digits, space, "
+                                 "_.:/-; at most 64)")
+            return str(value)
         return task_spec(value)  # a built-in stays a TaskName (`run.task is TaskName.QUADRATIC`)
 
     @field_validator("task_options", mode="before")

@@ -97,13 +97,25 @@ class Barrier:
         # leaving the block waits for the run's end: summary.json written (`barrier.summary`)
 
     `settings`: a `mosaicd.Settings` (the run's: nodes, rounds, K, ...; where it listens; --out). It evaluates no
-    node model (each node's loop reports its own metrics, `Peer.gossip(metrics=...)`); only with an explicit
-    `task` setting does it also evaluate the average model. An exception or Ctrl-C inside the block ends the run as
-    failed, saying why (the journal stays at the last decision: `mosaicd barrier` with the same --out resumes it).
+    node model (each node's loop reports its own metrics, `Peer.gossip(metrics=...)`). The run is an own loop's
+    (`own_loop`): its task, as summary.json, `mosaicd runs`, status and MLflow show it, is `name` (default "own
+    loop"); `evaluate` gives it the average model's metric: a function of a flat float32 vector returning metrics
+    by name (the first leads; `test_loss` too where given), or a `mosaicd.Task`. Settings with an explicit `task`
+    (a task the barrier can build) keep it and evaluate the average model with it, as `mosaicd barrier --task`.
+    An exception or Ctrl-C inside the block ends the run as failed, saying why (the journal stays at the last
+    decision: `mosaicd barrier` with the same --out resumes it).
     """
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, *, name: str | None = None, evaluate: Any = None) -> None:
+        if not settings.own_loop and "task" not in settings.model_fields_set:
+            settings = settings.model_validate({**settings.model_dump(exclude_unset=True), "own_loop": True,
+                                                **({"task": name} if name else {})})
+        elif name is not None and name != settings.task:
+            raise ValueError(f"mosaicd.Barrier(name={name!r}): the settings name the task {settings.task!r}")
+        if evaluate is not None and not settings.own_loop:
+            raise ValueError("mosaicd.Barrier(evaluate=...) is for an own loop's run: the settings' task "
+                             f"{settings.task!r} evaluates the average model")
+        self.settings, self._evaluate = settings, evaluate
         self._barrier: RunBarrier | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -122,7 +134,7 @@ class Barrier:
     async def __aenter__(self) -> Barrier:
         from mosaicd.daemon.barrier.barrier import Barrier as RunBarrier
         from mosaicd.daemon.barrier.console import local_url
-        from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
+        from mosaicd.daemon.barrier.evaluator import LoopEvaluation, NetworkEvaluation
         from mosaicd.daemon.barrier.routes import barrier_app
         from mosaicd.daemon.barrier.run import evaluates
         from mosaicd.daemon.http.server import serve
@@ -130,6 +142,8 @@ class Barrier:
 
         s = self.settings
         evaluate = NetworkEvaluation(s.data_dir) if evaluates(s) else None
+        if self._evaluate is not None:
+            evaluate = LoopEvaluation(self._evaluate)
         self._barrier = RunBarrier(s.run_config(), s.daemon_options(), evaluate=evaluate, hold_out=True)
         try:
             self._runner, port = await serve(barrier_app(self._barrier), s)

@@ -24,6 +24,7 @@ from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import client_context, scheme
 from mosaicd.learning.tasks import import_task_modules
 from mosaicd.outputs import SUMMARY_KEYS, RunRecorder, honest_nodes, is_eval_round
+from mosaicd.outputs import higher_is_better_by_name as higher_is_better
 from mosaicd.settings import DaemonOptions, RunConfig
 
 
@@ -190,3 +191,28 @@ class NetworkEvaluation:
         from mosaicd.learning.evaluation import average_evaluation
 
         return average_evaluation(self._task_of(run), vectors)
+
+
+class LoopEvaluation:
+    """An own loop's average-model evaluation (`mosaicd.Barrier(evaluate=...)`): a function of a flat float32 vector
+    giving metrics by name (the first leads, as a loop's reported metrics do; `test_loss` is the test loss), or a
+    `mosaicd.Task` (its `evaluate`, `metric` and `higher_is_better`)."""
+
+    def __init__(self, evaluate: Any) -> None:
+        self.evaluate = evaluate
+
+    def __call__(self, run: RunConfig, vectors: list[np.ndarray]) -> dict[str, Any]:
+        from mosaicd.learning.evaluation import average_evaluation, average_model
+        from mosaicd.learning.tasks import Task
+
+        if isinstance(self.evaluate, Task):
+            return average_evaluation(self.evaluate, vectors)
+        values = dict(self.evaluate(average_model(vectors)))
+        if not values:
+            raise ValueError("evaluate() gave no metric")
+        name = next(iter(values))
+        out: dict[str, Any] = {"metric": name, "higher_is_better": higher_is_better(name),
+                               "average_model": float(values[name])}
+        if "test_loss" in values:
+            out["average_model_test_loss"] = float(values["test_loss"])
+        return out

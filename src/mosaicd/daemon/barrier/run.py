@@ -101,8 +101,8 @@ async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[
 def evaluates(settings: Settings, task: Any = None) -> bool:
     """Whether the barrier evaluates the average model (the nodes evaluate their own): where it has the run's task,
     a `cluster`'s (prebuilt, or --task given) or `mosaicd barrier --task X`; without --task (own training loops),
-    it only combines what the nodes report."""
-    return task is not None or "task" in settings.model_fields_set
+    it only combines what the nodes report (--own-loop: the task is the loop's name, nothing to build)."""
+    return not settings.own_loop and (task is not None or "task" in settings.model_fields_set)
 
 
 def interrupted(barrier: Barrier, how: str) -> None:

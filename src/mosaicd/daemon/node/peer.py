@@ -40,6 +40,7 @@ from mosaicd.daemon.node.inbox import Inbox
 from mosaicd.daemon.node.outbound import Link, arrival, arrive, leave, live_model, read_release, send_all
 from mosaicd.daemon.node.routes import node_app
 from mosaicd.logs import get_logger
+from mosaicd.outputs import higher_is_better_by_name
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
 
 __all__ = ["Peer", "PeerDropped", "RunEnded"]
@@ -203,20 +204,21 @@ class Peer:
 
     # -- one round: train (the caller) -> fragment -> send -> barrier -> aggregate ------------------
     async def gossip(self, local: np.ndarray | Any, *, loss: float = math.nan, train_s: float = 0.0,
-                     metrics: Mapping[str, float] | None = None) -> np.ndarray:
+                     metrics: Mapping[str, float] | None = None, higher_is_better: bool | None = None) -> np.ndarray:
         """Send this round's fragments of `local`, wait at the barrier, and return the aggregated vector.
 
         `local` is a flat float32 vector, or a torch module: then its state is gossiped and overwritten in place.
         `metrics`: your own metrics of this round (name -> number): kept with the round's snapshot, the barrier
         collects them at evaluation rounds into rounds.csv (`metric`: the first name; all of them under `reported`).
+        `higher_is_better`: whether the first is better higher (None: as its name says, a loss or error lower).
         """
         if not isinstance(local, np.ndarray) and hasattr(local, "state_dict"):
-            return await _gossip_module(self, local, loss, train_s, metrics)
+            return await _gossip_module(self, local, loss, train_s, metrics, higher_is_better)
         state, t = self.state, self.state.round
         if not state.allows(NodeEvent.OUTGOING):
             raise RuntimeError(f"gossip() needs a registered peer with a model (set_model), not {state.phase.value}")
         if metrics is not None:
-            self.inbox.evaluated(t, reported(metrics))
+            self.inbox.evaluated(t, reported(metrics, higher_is_better))
         messages = state.outgoing(local)
         urls = [f"{scheme(self.options)}://{state.addresses[m.peer]}/v1/fragments" for m in messages]
         delivered, unsent = await send_all(self._client, t, messages, urls, self.log,
@@ -280,8 +282,9 @@ class Peer:
         self.state.finished()
 
 
-def reported(metrics: Mapping[str, float]) -> dict[str, Any]:
-    """A training loop's own metrics of a round as a snapshot keeps them (`model_codec`); the first one leads."""
+def reported(metrics: Mapping[str, float], higher_is_better: bool | None = None) -> dict[str, Any]:
+    """A training loop's own metrics of a round as a snapshot keeps them (`model_codec`); the first one leads,
+    better higher or lower as given, else as its name says (`outputs.higher_is_better_by_name`)."""
     values = {}
     for name, value in metrics.items():
         if not isinstance(name, str) or not name:
@@ -290,15 +293,18 @@ def reported(metrics: Mapping[str, float]) -> dict[str, Any]:
             values[name] = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"gossip(metrics=...): {name} is not a number: {value!r}") from None
-    return {"values": values, "metric": next(iter(values), None), "higher_is_better": None, "source": "reported"}
+    lead = next(iter(values), None)
+    better = higher_is_better if higher_is_better is not None or lead is None else higher_is_better_by_name(lead)
+    return {"values": values, "metric": lead, "higher_is_better": better, "source": "reported"}
 
 
 async def _gossip_module(peer: Peer, module: Any, loss: float, train_s: float,
-                         metrics: Mapping[str, float] | None) -> np.ndarray:
+                         metrics: Mapping[str, float] | None, higher_is_better: bool | None) -> np.ndarray:
     """`Peer.gossip` of a torch module: its state is gossiped, then overwritten in place by the aggregate."""
     from mosaicd.learning.tasks.torch_util import load_vector, to_vector
 
-    vector = await peer.gossip(to_vector(module), loss=loss, train_s=train_s, metrics=metrics)
+    vector = await peer.gossip(to_vector(module), loss=loss, train_s=train_s, metrics=metrics,
+                               higher_is_better=higher_is_better)
     load_vector(module, vector)
     return vector
 

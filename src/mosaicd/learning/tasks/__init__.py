@@ -18,7 +18,7 @@ from typing import Any
 
 from mosaicd.extras import MissingExtra, needs, require
 from mosaicd.learning.data import DataMissing
-from mosaicd.settings import TASK_ENTRY_POINTS, RunConfig, SettingsError, TaskName
+from mosaicd.settings import LR_SCHEDULES, OPTIMIZERS, TASK_ENTRY_POINTS, RunConfig, SettingsError, TaskName
 
 from .base import Task
 
@@ -130,6 +130,9 @@ def build_task(run: RunConfig, data_dir: Path | str | None = None) -> Task:
     """The run's workload; `data_dir` is where this host keeps data sets (not part of the run; a `Settings`
     carries its own, the default for it)."""
     data_dir = data_dir if data_dir is not None else getattr(run, "data_dir", Path("data"))
+    if run.own_loop:
+        raise ValueError(f"--task {run.task}: the run is an own training loop's (--own-loop): its nodes are "
+                         "mosaicd.Peer in your program, with no task to build (docs/own-model.md)")
     if not isinstance(run.task, TaskName) and run.task not in TASK_CLASSES:
         return task_class(run.task)(run, Path(data_dir), **run.task_options)
     target = TASK_CLASSES.get(run.task)
@@ -144,8 +147,13 @@ def build_task(run: RunConfig, data_dir: Path | str | None = None) -> Task:
 def check_task(run: RunConfig, data_dir: Path | str | None = None) -> Task | None:
     """A task of the user's, imported, built once and asked for its layout and node 0's initial model, so that
     one that cannot run is a SettingsError naming --task before any process starts or folder is written; the
-    task built. Built-in tasks: None, nothing done (their extras and data are checked where they always were)."""
-    if isinstance(run.task, TaskName):
+    task built. Built-in tasks: None, nothing done (their extras and data are checked where they always were).
+    An optimizer or schedule class named by import path is imported and its arguments checked, for any task."""
+    if run.optimizer not in OPTIMIZERS or run.lr_schedule not in LR_SCHEDULES:
+        from .optim import check_training
+
+        check_training(run)
+    if isinstance(run.task, TaskName) or run.own_loop:
         return None
     try:
         cls = task_class(run.task)
