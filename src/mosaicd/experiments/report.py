@@ -43,7 +43,11 @@ HELP = "figures (PNG) and a results table (report.md) from a sweep's folder or o
 LINE_KEY, SEED_KEY = "fragments", "seed"
 # the settings a single run's report lists
 RUN_KEYS = ("task", "task_options", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "partition",
-            "alpha", "local_steps", "lr", "seed", "eval_every")
+            "alpha", "local_steps", "optimizer", "optimizer_options", "optimizer_state", "lr", "momentum",
+            "lr_schedule", "lr_schedule_options", "lr_warmup_steps", "clip_grad_norm", "seed", "eval_every")
+# a single run's report leaves out what is at its default (no momentum, no schedule, ...)
+QUIET_DEFAULTS = {"optimizer_state": "keep", "momentum": 0.0, "lr_schedule": "constant", "lr_warmup_steps": 0,
+                  "clip_grad_norm": None}
 SERIES = NETWORK_METRICS
 
 
@@ -518,7 +522,8 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
         lines = [f"# Run report: {sweep.folder}", "",
                  f"- mode `{sweep.info.get('mode')}`, status {status}" + (f": {error}" if error else ""),
                  "- settings: " + ", ".join(f"{k}={s[k]}" for k in RUN_KEYS if k in s and not (
-                     k == "alpha" and s.get("partition") != "dirichlet") and s[k] != {}),
+                     k == "alpha" and s.get("partition") != "dirichlet") and s[k] != {}
+                     and (k not in QUIET_DEFAULTS or s[k] != QUIET_DEFAULTS[k])),
                  f"- task {s.get('task')}, metric {sweep.runs[0].metric}, {final_round} rounds"
                  + (f" of {s.get('rounds')}" if s.get("rounds") not in (None, final_round) else ""),
                  "",
