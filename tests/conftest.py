@@ -63,6 +63,17 @@ def measured(line: str) -> None:
     MEASURED.append(line)
 
 
+HEAVY = ("slow", "docker", "browser", "netns", "slurm")  # what the quick set leaves out
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that carries none of the HEAVY markers is `quick`: `pytest -m quick -n auto` is the set a person
+    runs before each commit (every module's fast tests, ~2 minutes on 2 cores)."""
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in HEAVY):
+            item.add_marker(pytest.mark.quick)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if MEASURED:
         terminalreporter.section("figures the tests measured")
