@@ -219,6 +219,7 @@ class BarrierState:
         self.events: list[Release] = []  # the releases with stragglers or joins (and so every drop)
         self.joining: list[int] = []  # members from the next round on
         self.left: list[int] = []  # members that said they leave (they are not waited for, nor sampled)
+        self._gone: set[int] = set()  # dropped or left: what every arrival is checked against, in O(1)
         self.awaited: set[int] = set()  # REBINDING: the members not back yet
         self.heard_failure: set[int] = set()  # FAILED: the live members answered since (`unheard`)
         self._leaving: list[int] = []  # those that left during the open round (its release says so)
@@ -322,6 +323,7 @@ class BarrierState:
             self.live.remove(rank)
             self._open.arrivals.pop(rank, None)
         self.dropped, self.left = [r for r in self.dropped if r != rank], [r for r in self.left if r != rank]
+        self._gone.discard(rank)
         self.members[rank].missed, self.members[rank].last_contact = 0, now
         if rank not in self.joining:
             self.joining.append(rank)
@@ -348,6 +350,7 @@ class BarrierState:
             self.live, self.joining = [r for r in self.live if r != rank], [r for r in self.joining if r != rank]
             self._open.arrivals.pop(rank, None)
             self.left.append(rank), self._leaving.append(rank)
+            self._gone.add(rank)
             if len(self.live) < self.min_members or set(self.live) <= set(self._open.arrivals):
                 release = self._release(now)
         return Left(rank, self.round, tuple(self.live), release)
@@ -370,8 +373,11 @@ class BarrierState:
         self._move(E.ARRIVE)
         member = self.members[rank]
         member.last_contact, member.last_round, member.missed = now, min(round, self.rounds - 1), 0
-        self._open.arrivals.setdefault(rank, (now, report))
-        return self._release(now) if set(self.live) <= set(self._open.arrivals) else None
+        arrivals = self._open.arrivals
+        arrivals.setdefault(rank, (now, report))
+        # every arrival is a live member's (`check`): the round is complete once there are as many as members
+        complete = len(arrivals) >= len(self.live) and all(r in arrivals for r in self.live)
+        return self._release(now) if complete else None
 
     def check(self, rank: int, round: int) -> None:
         """Raise the BarrierError that an arrival of `rank` at `round` would get now (changes nothing)."""
@@ -382,9 +388,9 @@ class BarrierState:
         if self.phase is BarrierPhase.REBINDING:
             raise BarrierError(BarrierReason.BAD_ROUND, f"the run waits for members {sorted(self.awaited)} to come "
                                "back (a resumed run): no round is open")
-        if rank in self.dropped:
+        if rank in self._gone and rank in self.dropped:
             raise BarrierError(BarrierReason.DROPPED, f"rank {rank} was dropped from the run")
-        if rank in self.left:
+        if rank in self._gone:
             raise BarrierError(BarrierReason.LEFT, f"rank {rank} left the run")
         if rank in self.joining and round >= self.round:
             raise BarrierError(BarrierReason.JOINING, f"rank {rank} is a member again from round {self.round + 1} on")
@@ -414,8 +420,10 @@ class BarrierState:
             if self.members[r].missed >= self.drop_after:
                 newly.append(r)
         self.dropped += newly
+        self._gone.update(newly)
         joined = tuple(sorted(self.joining))
-        self.live = sorted(r for r in [*self.live, *joined] if r not in newly)
+        out = set(newly)
+        self.live = sorted(r for r in [*self.live, *joined] if r not in out)
         self.joining = [r for r in self.joining if r not in joined]
         too_few = len(self.live) < self.min_members
         finished = t >= self.rounds or too_few
@@ -489,6 +497,7 @@ class BarrierState:
         state.round, state.live = data["round"], list(data["live"])
         state.dropped, state.joining = list(data["dropped"]), list(data["joining"])
         state.left, state._leaving = list(data.get("left", [])), list(data.get("leaving", []))
+        state._gone = set(state.dropped) | set(state.left)
         state.released = {r["round"]: Release.from_json(r) for r in data["released"]}
         state.events = [Release.from_json(e) for e in data["events"]]
         state._open = _Round(opened=now)

@@ -20,10 +20,10 @@ from .round import RoundReport
 from .sampling import PeerSampler
 from .wire import encoded_sizes
 
-# Above this many received values in a round (all nodes together), each node aggregates on its own (`aggregate`:
-# slices, blocks) instead of all at once through index arrays, which cost ~20 ns a value (measured: d=16 and K=16,
-# n=50: 2.6 ms a round at once, 9.4 one by one; d=14890, K=4, n=16, 953k values: 21.8 against 3.9).
-SCATTER_MAX_VALUES = 1 << 17
+# Fragments of this many values or more on average are averaged node by node (`aggregate`: slices, blocks); smaller
+# ones all at once through index arrays (`_scattered`), whose cost is per value where `aggregate`'s is per call.
+SCATTER_BELOW_FRAGMENT = 1024
+SCATTER_CHUNK = 1 << 20  # values (own and received) in one bincount: bounds the index arrays' memory
 
 
 def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.ndarray],
@@ -58,8 +58,7 @@ def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.
     reports = _reports(round, count, sender, receiver, message_sender, message_receiver, size, raw)
 
     rows = np.flatnonzero(delivered)
-    sizes = np.asarray(fragmentation.sizes, dtype=np.int64)
-    if int(sizes[fragment[rows]].sum()) <= SCATTER_MAX_VALUES:
+    if fragmentation.dim < SCATTER_BELOW_FRAGMENT * k:
         averaged = _scattered(models, fragmentation, sender[rows], receiver[rows], fragment[rows])
     else:
         averaged = _per_node(models, fragmentation, sender[rows], receiver[rows], fragment[rows], present)
@@ -87,19 +86,35 @@ def _reports(round: int, count: int, sender: np.ndarray, receiver: np.ndarray, m
 
 def _scattered(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarray, receiver: np.ndarray,
                fragment: np.ndarray) -> np.ndarray:
-    """Every node's mean at once: each received value added into a float64 copy of all models by `np.add.at`, in
-    the rows' order (ascending sender: each coordinate's sum is `aggregate`'s), then divided by 1 + its count."""
+    """Every node's mean at once, receivers in groups of about `SCATTER_CHUNK` values: per group, one weighted
+    `np.bincount` over the group's own models first, then every value they received, each receiver's rows in
+    ascending sender order. bincount adds in input order into float64 from 0, so each coordinate sees
+    own + r_1 + r_2 ... in `aggregate`'s order (0 + own is own): the same bits; then each is divided by its count
+    (1 + the values received)."""
     count, dim = models.shape
     sizes = np.asarray(fragmentation.sizes, dtype=np.int64)
     order = np.concatenate(fragmentation.indices)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    lengths = sizes[fragment]
-    first = np.cumsum(lengths) - lengths  # where each row's values start among all of them
-    coordinate = order[np.repeat(starts[fragment] - first, lengths) + np.arange(int(lengths.sum()))]
-    target = np.repeat(receiver, lengths) * dim + coordinate
-    acc = models.astype(np.float64).reshape(-1)
-    np.add.at(acc, target, models[np.repeat(sender, lengths), coordinate].astype(np.float64))  # 25x float32 ones
-    return (acc / (np.bincount(target, minlength=count * dim) + 1.0)).astype(np.float32).reshape(count, dim)
+    by_receiver = np.argsort(receiver, kind="stable")  # a receiver's rows stay in ascending sender order
+    sender, receiver, fragment = sender[by_receiver], receiver[by_receiver], fragment[by_receiver]
+    row_end = np.searchsorted(receiver, np.arange(count), side="right")  # rows of receivers < r + 1
+    cum = np.cumsum(np.bincount(receiver, weights=sizes[fragment], minlength=count) + dim)
+    out = np.empty_like(models)
+    lo = 0
+    while lo < count:
+        hi = min(count, max(lo + 1, int(np.searchsorted(cum, (cum[lo - 1] if lo else 0) + SCATTER_CHUNK,
+                                                        side="right"))))
+        a, b = (int(row_end[lo - 1]) if lo else 0), int(row_end[hi - 1])
+        lengths = sizes[fragment[a:b]]
+        first = np.cumsum(lengths) - lengths  # where each row's values start among the group's
+        coordinate = order[np.repeat(starts[fragment[a:b]] - first, lengths) + np.arange(int(lengths.sum()))]
+        target = np.concatenate([np.arange((hi - lo) * dim), np.repeat(receiver[a:b] - lo, lengths) * dim
+                                 + coordinate])
+        values = np.concatenate([models[lo:hi].reshape(-1), models[np.repeat(sender[a:b], lengths), coordinate]])
+        sums = np.bincount(target, weights=values, minlength=(hi - lo) * dim)
+        out[lo:hi] = (sums / np.bincount(target, minlength=(hi - lo) * dim)).astype(np.float32).reshape(hi - lo, dim)
+        lo = hi
+    return out
 
 
 def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarray, receiver: np.ndarray,

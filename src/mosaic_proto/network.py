@@ -44,6 +44,13 @@ class RoundRecord:
     release: Release | None = None
 
 
+def in_memory_address(node: int) -> str:
+    """A node's address in memory, sorting as its rank does (`membership.address_key`: hosts by name, then ports):
+    inmemory:1..65535, then inmemory-0001:1.. and on for runs of more nodes than a host has ports."""
+    host, port = divmod(node, 65535)
+    return f"inmemory:{port + 1}" if host == 0 else f"inmemory-{host:04d}:{port + 1}"
+
+
 class InMemoryNetwork:
     """Runs rounds of train -> send -> barrier -> aggregate for nodes 0..n-1, all in this process.
 
@@ -78,7 +85,7 @@ class InMemoryNetwork:
         self.barrier = barrier
         if barrier is not None:
             for i in self.members:
-                barrier.register(f"inmemory:{i + 1}", self.clock)
+                barrier.register(in_memory_address(i), self.clock)
             barrier.close(self.clock)
 
     def restore(self, vectors: Sequence[np.ndarray], round: int, clock: float, members: Sequence[int],
@@ -96,6 +103,7 @@ class InMemoryNetwork:
         virtual clock (a node profile's `VirtualClock`), else all arrive at once; the release is then at the last
         arrival, or at the round's deadline if someone is absent."""
         t, members = self.round, self.members
+        absent = absent if isinstance(absent, set | frozenset) else set(absent)
         present = [i for i in members if i not in absent]
         if self.batched:
             return self._exchanged(t, present, arrivals)

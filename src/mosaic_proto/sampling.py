@@ -110,12 +110,14 @@ class PeerSampler:
         members = sorted(members)
         nodes = list(nodes)
         if self.kind is SamplerKind.LOCAL:
-            for node in nodes:
-                self._others(node, members)
+            ranks = np.asarray(members, dtype=np.int64)
+            position = np.searchsorted(ranks, nodes)
+            absent = [n for n, p in zip(nodes, position, strict=True) if p >= len(ranks) or ranks[p] != n]
+            for node in absent[:1] + ([nodes[0]] if nodes and self.fanout > len(members) - 1 else []):
+                self._others(node, members)  # raises the error it words (checked for all nodes at once: O(n))
             picks = keyed_table([key_parts(self.seed, Purpose.SAMPLING, round, node)[:-1] for node in nodes], k,
                                 len(members) - 1, self.fanout)
-            position = np.searchsorted(members, nodes)[:, None, None]
-            return np.asarray(members, dtype=np.int64)[picks + (picks >= position)]
+            return ranks[picks + (picks >= position[:, None, None])]
         out = np.empty((len(nodes), k, self.fanout), dtype=np.int64)
         for f in range(k):
             for i, node in enumerate(nodes):

@@ -263,7 +263,7 @@ class RunConfig(BaseModel):
                                                 "(repeatable): a keyword argument of the task's constructor (the "
                                                 "value read as TOML: 8, 0.5, true, or text); part of the run",
                                                 **cli("run", metavar="KEY=VALUE"))
-    nodes: int = Field(8, ge=1, le=10_000, description="number of nodes n", **cli("run"))
+    nodes: int = Field(8, ge=1, le=1_000_000, description="number of nodes n", **cli("run"))
     rounds: int = Field(20, ge=1, description="rounds T", **cli("run"))
     fragments: int = Field(4, ge=1, description="fragments K (1 = Epidemic Learning)", **cli("run"))
     fanout: int = Field(2, ge=1, description="receivers s per fragment (degree of the graph)", **cli("run"))

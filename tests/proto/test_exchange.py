@@ -68,9 +68,20 @@ def test_batched_rounds_follow_the_barrier_when_a_node_is_gone() -> None:
 
 
 def test_a_large_model_is_averaged_node_by_node_with_the_same_bits() -> None:
-    """Past SCATTER_MAX_VALUES received values a round each node aggregates on its own (`aggregate`, in blocks)."""
+    """Fragments of SCATTER_BELOW_FRAGMENT values or more: each node aggregates on its own (`aggregate`, in blocks)."""
     absent = [(), (1,), ()]
     batched, messages = (network(m, 5, 1 << 18, 3, "local", 2) for m in (False, True))
+    assert rounds(batched, absent) == rounds(messages, absent)
+    assert np.array_equal(batched.matrix(), messages.matrix())
+
+
+def test_small_fragments_are_averaged_in_groups_of_receivers_with_the_same_bits(monkeypatch) -> None:
+    """The all-at-once path in many groups (a tiny SCATTER_CHUNK: a group is a node or a few), a node absent."""
+    from mosaic_proto import exchange
+
+    monkeypatch.setattr(exchange, "SCATTER_CHUNK", 50)
+    absent = [(), (3,), (), ()]
+    batched, messages = (network(m, 12, 24, 4, "local", 3) for m in (False, True))
     assert rounds(batched, absent) == rounds(messages, absent)
     assert np.array_equal(batched.matrix(), messages.matrix())
 
