@@ -25,6 +25,7 @@ from mosaicd.extras import require
 class TaskName(StrEnum):
     QUADRATIC = "quadratic"
     DIGITS = "digits"
+    TEACHER = "teacher"
     CIFAR10 = "cifar10"
     CIFAR100 = "cifar100"
     MOVIELENS = "movielens"
@@ -349,6 +350,8 @@ class RunConfig(BaseModel):
     alpha: float = Field(1.0, gt=0, description="Dirichlet concentration", **cli("learning"))
     shards_per_node: int = Field(2, ge=1, description="label shards per node (partition=shards)", **cli("learning"))
     min_samples: int = Field(8, ge=1, description="least samples a node gets (dirichlet)", **cli("learning"))
+    samples_per_node: int = Field(64, ge=1, description="teacher task: training samples per node (its data grows "
+                                  "with the network)", **cli("learning"))
     dim: int = Field(16, ge=1, description="model size d of the quadratic task", **cli("learning"))
     curvature: Curvature = Field(Curvature.CORRELATED, description="quadratic task's A", **cli("learning"))
     heterogeneous: bool = Field(False, description="quadratic task: a different optimum per node", **cli("learning"))
@@ -433,6 +436,9 @@ class RunConfig(BaseModel):
                              "flags); options go to a task given by import path or registered name")
         if self.fanout >= self.nodes:
             raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
+        if self.samples_per_node != 64 and self.task is not TaskName.TEACHER:
+            raise ValueError(f"--samples-per-node {self.samples_per_node}: only the teacher task makes its data; "
+                             f"--task {self.task}'s is what it loads")
         if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
             raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")
         if self.task is TaskName.QUADRATIC and self.train and self.curvature is Curvature.CORRELATED \

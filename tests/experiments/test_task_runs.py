@@ -15,6 +15,7 @@ from mosaicd.settings import Settings
 CASES = {
     "quadratic": {},
     "digits": {"partition": "dirichlet", "alpha": 0.1, "min_samples": 8},
+    "teacher": {"partition": "dirichlet", "alpha": 0.3, "samples_per_node": 40},
     "cifar10": {"partition": "shards"},
     "cifar100": {},
     "movielens": {"partition": "natural", "lr": 0.2},
@@ -25,7 +26,7 @@ CASES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("task", list(CASES))
 def test_task_trains_in_cluster_and_in_process(task: str, tmp_path: Path) -> None:
-    if task not in ("quadratic", "digits"):
+    if task not in ("quadratic", "digits", "teacher"):
         write_synthetic(task, tmp_path / "data", train=60, test=20, users=6)
     common = {"task": task, "nodes": 3, "rounds": 2, "fragments": 2, "fanout": 1, "local_steps": 2, "seed": 5,
               "data_dir": tmp_path / "data", "round_deadline": 60, **CASES[task]}

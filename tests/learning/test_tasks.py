@@ -17,7 +17,7 @@ from mosaicd.settings import Settings, TaskName
 torch.set_num_threads(1)
 
 NATURAL = {"movielens", "shakespeare"}
-TORCH_TASKS = ["digits", "cifar10", "cifar100", "movielens", "shakespeare"]
+TORCH_TASKS = ["digits", "teacher", "cifar10", "cifar100", "movielens", "shakespeare"]
 
 
 @pytest.fixture(scope="module")

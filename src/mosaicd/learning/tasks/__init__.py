@@ -25,6 +25,7 @@ from .base import Task
 TASK_CLASSES = {
     TaskName.QUADRATIC: "mosaicd.learning.tasks.quadratic:QuadraticTask",
     TaskName.DIGITS: "mosaicd.learning.tasks.digits:DigitsTask",
+    TaskName.TEACHER: "mosaicd.learning.tasks.teacher:TeacherTask",
     TaskName.CIFAR10: "mosaicd.learning.tasks.cifar:Cifar10Task",
     TaskName.CIFAR100: "mosaicd.learning.tasks.cifar:Cifar100Task",
     TaskName.MOVIELENS: "mosaicd.learning.tasks.movielens:MovieLensTask",
@@ -32,7 +33,8 @@ TASK_CLASSES = {
 }
 
 # What a task imports beyond the core install: the `learning` extra (see mosaicd.extras); torch unless listed.
-_NEEDS: dict[TaskName, tuple[str, ...]] = {TaskName.QUADRATIC: (), TaskName.DIGITS: ("torch", "sklearn")}
+_NEEDS: dict[TaskName, tuple[str, ...]] = {TaskName.QUADRATIC: (), TaskName.DIGITS: ("torch", "sklearn"),
+                                           TaskName.TEACHER: ("torch",)}
 
 
 def require_task(task: str) -> None:

@@ -30,6 +30,7 @@ from .torch_util import TorchModelTask, float_state, train_generator
 __all__ = ["STACK_SAMPLES", "chunks", "has_buffers", "restack", "train_stacked", "unstack"]
 
 STACK_SAMPLES = 2048  # samples (models x batch) in one vmapped training call: bounds the activations' memory
+SEQUENTIAL_STACK_SAMPLES = 32768  # ... in one call of batched matrix products (an MLP's activations are small)
 
 
 def has_buffers(model: nn.Module) -> bool:
@@ -75,12 +76,38 @@ def train_stacked(task: TorchModelTask, nodes: list[int], round: int,
         signature = state_signature(task.optimizers.state(node))
         by_batch.setdefault((min(task.run.batch_size, len(shards[node])), signature), []).append(k)
     for (batch, _), members in by_batch.items():
-        for chunk in chunks(members, STACK_SAMPLES // batch):
+        per_call = SEQUENTIAL_STACK_SAMPLES if stackable_sequential(task.model) else STACK_SAMPLES
+        for chunk in chunks(members, per_call // batch):
             trained, losses = _train_group(task, [nodes[k] for k in chunk], round, [vectors[k] for k in chunk],
                                            batch)
             for j, k in enumerate(chunk):
                 results[k] = (trained[j].copy(), losses[j])
     return [results[k] for k in range(len(nodes))]
+
+
+# layers a stack of models runs as batched matrix products (`sequential_forward`): an nn.Sequential of these only
+ELEMENTWISE_LAYERS = (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid, nn.SiLU, nn.Identity)
+
+
+def stackable_sequential(model: nn.Module) -> bool:
+    """An nn.Sequential of Linear and elementwise layers (and Flatten): stacked through torch.baddbmm."""
+    return isinstance(model, nn.Sequential) and all(
+        isinstance(layer, (nn.Linear, nn.Flatten, *ELEMENTWISE_LAYERS)) for layer in model)
+
+
+def sequential_forward(model: nn.Sequential, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """m models' outputs (m, B, ...) from their stacked parameters and their own inputs x (m, B, ...): each Linear
+    one batched matrix product, every other layer as it is (it acts on each value, or flattens each sample)."""
+    for i, layer in enumerate(model):
+        if isinstance(layer, nn.Linear):
+            weight, bias = params[f"{i}.weight"], params.get(f"{i}.bias")
+            x = torch.bmm(x, weight.transpose(1, 2)) if bias is None else \
+                torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+        elif isinstance(layer, nn.Flatten):
+            x = x.flatten(layer.start_dim + 1, layer.end_dim if layer.end_dim < 0 else layer.end_dim + 1)
+        else:
+            x = layer(x)
+    return x
 
 
 def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: list[np.ndarray],
@@ -92,7 +119,15 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
     def node_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return task.loss(functional_call(model, p, (x,)), y)
 
-    step = vmap(grad_and_value(node_loss))
+    if stackable_sequential(model):  # batched matrix products and autograd: no vmap, no torch.func's grad
+        def step(p: dict[str, torch.Tensor], x: torch.Tensor,
+                 y: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+            leaves = {name: t.detach().requires_grad_(True) for name, t in p.items()}
+            losses = task.loss_many(sequential_forward(model, leaves, x), y)
+            grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+            return dict(zip(leaves, grads, strict=True)), losses.detach()
+    else:
+        step = vmap(grad_and_value(node_loss))
     gens = [train_generator(s.seed, node, round) for node in nodes]
     orders = [np.zeros(0, dtype=np.int64)] * len(nodes)
     pos = [0] * len(nodes)

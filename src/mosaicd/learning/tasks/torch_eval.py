@@ -19,7 +19,7 @@ from .torch_util import TorchModelTask, load_vector
 
 __all__ = ["EVAL_STACK_SAMPLES", "evaluate_one", "evaluate_stacked", "test_rows"]
 
-EVAL_STACK_SAMPLES = {"cpu": 2048}  # samples (models x batch) per vmapped call, per device type
+EVAL_STACK_SAMPLES = {"cpu": 32768}  # samples (models x batch) per vmapped call, per device type
 EVAL_STACK_DEFAULT = 8192
 
 

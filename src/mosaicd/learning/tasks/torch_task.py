@@ -160,6 +160,13 @@ class TorchTask(Task):
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output, target) if self._loss_fn is None else self._loss_fn(output, target)
 
+    def loss_many(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The losses of m models' outputs (m, B, ...) against their own targets (m, B, ...): a tensor of m."""
+        if self._loss_fn is None and type(self).loss is TorchTask.loss and outputs.dim() == 3 and targets.dim() == 2:
+            m = outputs.shape[0]
+            return F.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="none").view(m, -1).mean(dim=1)
+        return torch.stack([self.loss(o, t) for o, t in zip(outputs, targets, strict=True)])
+
     @property
     def _own_scores(self) -> bool:
         return self._loss_fn is not None or self._metric_fn is not None
@@ -305,7 +312,13 @@ class TorchTask(Task):
         return [self.evaluate_one(v, samples) for v in vectors]
 
     def _stacked_eval(self) -> bool:
-        wanted = self.device.type != "cpu" if self.stacked_eval is None else self.stacked_eval
+        """Many models at once: off the CPU, and in a --batched simulation of a model of matrix products (one by one
+        elsewhere on the CPU: a cluster node evaluates its own model as `simulate` does, bit for bit)."""
+        if self.stacked_eval is None:
+            wanted = self.device.type != "cpu" or (getattr(self.run, "batched", False)
+                                                   and stacked.stackable_sequential(self.model))
+        else:
+            wanted = self.stacked_eval
         return wanted and self.vmappable and not stacked.has_buffers(self.model)
 
     def evaluate_one(self, vector: np.ndarray, samples: np.ndarray | None = None) -> dict[str, float]:
