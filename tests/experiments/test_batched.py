@@ -27,6 +27,14 @@ from mosaicd.outputs import read_rounds
 from mosaicd.settings import Settings
 
 ACCURACY_TOL = 2 / 359
+
+
+@pytest.fixture(autouse=True)
+def _stacked_on_the_cpu_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vmap's stacked training of convolutional models, which on the CPU `--batched` leaves aside (slower there)."""
+    from mosaicd.learning.tasks.torch_task import TorchTask
+
+    monkeypatch.setattr(TorchTask, "stacked_train", True)
 LOSS_TOL = 1e-4
 METRICS = ("node_average", "average_model", "node_average_test_loss", "average_model_test_loss", "train_loss")
 

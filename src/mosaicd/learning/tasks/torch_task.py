@@ -91,6 +91,9 @@ class TorchTask(Task):
     eval_batch_size: int = 1000
     vmappable: bool = True  # torch.func.vmap runs the model (not LSTM): batched training and evaluation
     stacked_eval: bool | None = None  # evaluate_many through vmap; None: off the CPU only (slower on CPU)
+    # train_many stacked; None: off the CPU, or an MLP (batched matrix products); on the CPU vmap's grouped
+    # convolutions train slower than one model after another (bench/scale.py: digits 0.73x)
+    stacked_train: bool | None = None
     eval_channels_last: bool = False  # one-by-one evaluation in channels-last memory (CPU convolutions: ~2x)
 
     def __init__(self, run: RunConfig, data_dir: Path = Path("data"), *,
@@ -291,8 +294,11 @@ class TorchTask(Task):
     def train_many(self, nodes: Sequence[int], round: int,
                    vectors: Sequence[np.ndarray]) -> list[tuple[np.ndarray, float]]:
         """Every node's `train` at once through vmap (close to, not bit-equal with, `train`); one by one when
-        the model cannot be vmapped, no step is taken, or the optimizer is not elementwise (`optim.ELEMENTWISE`)."""
-        if not self.vmappable or self.run.local_steps == 0 or stacked.has_buffers(self.model) \
+        stacking does not pay (`stacked_train`), the model cannot be vmapped, no step is taken, or the optimizer is
+        not elementwise (`optim.ELEMENTWISE`)."""
+        wanted = self.stacked_train if self.stacked_train is not None else (
+            self.device.type != "cpu" or stacked.stackable_sequential(self.model))
+        if not wanted or not self.vmappable or self.run.local_steps == 0 or stacked.has_buffers(self.model) \
                 or not self.optimizers.elementwise:
             return super().train_many(nodes, round, vectors)
         with self._lock:
