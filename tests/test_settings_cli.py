@@ -264,7 +264,7 @@ def test_help_is_per_subcommand_grouped_with_choices_and_defaults(capsys: pytest
         helps[command] = capsys.readouterr().out
     for command, text in helps.items():
         assert "run: the run" in text and "learning:" in text and "outputs:" in text, command
-        assert "{quadratic,digits,cifar10,cifar100,movielens,shakespeare}" in text and "[default: 20;" in text
+        assert "{quadratic,digits,teacher,cifar10,cifar100,movielens,shakespeare}" in text and "[default: 20;" in text
     assert "--barrier-url" in helps["node"] and "--barrier-url" not in helps["simulate"]
     assert "--expect-dns" in helps["barrier"] and "--expect-dns" not in helps["node"]
     assert "--port" not in helps["simulate"] and "--max-norm" in helps["simulate"]  # no listening; the guard, yes

@@ -204,8 +204,7 @@ class BarrierState:
         """`min_members`: the fewest live members the run can go on with (fanout s needs s + 1): with fewer, the
         run ends at once, failed, instead of every node failing to sample its peers."""
         self.rounds, self.round_deadline, self.drop_after, self.kept = rounds, round_deadline, drop_after, kept
-        self.min_members = min_members
-        self.expected = expected
+        self.min_members, self.expected = min_members, expected
         self.phase = BarrierPhase.REGISTERING
         self.failure: str | None = None
         self.pending: dict[str, float] = {}
@@ -362,10 +361,8 @@ class BarrierState:
         return self._open.opened + self.round_deadline if self.phase is BarrierPhase.RUNNING else None
 
     def arrive(self, rank: int, round: int, now: float, report: NodeReport | None = None) -> Release | None:
-        """`rank` is done sending `round`; the release if this arrival completes the round.
-
-        An arrival at a round already released returns that release (a retry), as long as it is kept.
-        """
+        """`rank` is done sending `round`; the release if this arrival completes the round (an arrival at a round
+        already released, a retry, gets that release, as long as it is kept)."""
         self.check(rank, round)
         if round < self.round:
             self.members[rank].last_contact = now
@@ -373,10 +370,8 @@ class BarrierState:
         self._move(E.ARRIVE)
         member = self.members[rank]
         member.last_contact, member.last_round, member.missed = now, min(round, self.rounds - 1), 0
-        arrivals = self._open.arrivals
-        arrivals.setdefault(rank, (now, report))
-        # every arrival is a live member's (`check`): the round is complete once there are as many as members
-        complete = len(arrivals) >= len(self.live) and all(r in arrivals for r in self.live)
+        (arrivals := self._open.arrivals).setdefault(rank, (now, report))  # a live member's (`check`): complete
+        complete = len(arrivals) >= len(self.live) and all(r in arrivals for r in self.live)  # once as many
         return self._release(now) if complete else None
 
     def check(self, rank: int, round: int) -> None:
@@ -422,8 +417,7 @@ class BarrierState:
         self.dropped += newly
         self._gone.update(newly)
         joined = tuple(sorted(self.joining))
-        out = set(newly)
-        self.live = sorted(r for r in [*self.live, *joined] if r not in out)
+        self.live = sorted(r for r in [*self.live, *joined] if r not in self._gone)
         self.joining = [r for r in self.joining if r not in joined]
         too_few = len(self.live) < self.min_members
         finished = t >= self.rounds or too_few
@@ -456,8 +450,7 @@ class BarrierState:
 
     # -- what the nodes hear -------------------------------------------------------------------------
     def notice(self, release: Release) -> ReleaseNotice:
-        """`release` as the nodes hear it: with the addresses of the members that join, and why the run failed if
-        this release ends it so."""
+        """`release` as the nodes hear it: with the joining members' addresses, and why the run failed if it did."""
         failed = release.finished and self.phase is BarrierPhase.FAILED
         return ReleaseNotice(release, tuple((r, self.addresses[r]) for r in release.joined),
                              self.failure if failed else None)
@@ -473,8 +466,7 @@ class BarrierState:
 
     # -- persistence ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        """What a restarted barrier needs to go on deciding as this one would (arrivals at the open round are
-        not kept: the nodes retry them)."""
+        """What a restarted barrier needs to decide as this one would (not the open round's arrivals: retried)."""
         return {"rounds": self.rounds, "round_deadline": self.round_deadline, "drop_after": self.drop_after,
                 "kept": self.kept, "expected": self.expected, "phase": self.run_phase.value, "failure": self.failure,
                 "addresses": list(self.addresses), "round": self.round, "live": self.live,

@@ -278,6 +278,9 @@ def _main(argv: list[str] | None) -> None:
     checked = None
     try:
         settings = load_settings(args)
+        if settings.own_loop and args.command != "barrier":
+            raise SettingsError("--own-loop: the nodes of an own loop's run are mosaicd.Peer in your program; "
+                                "`mosaicd barrier --own-loop` serves its barrier")
         if args.command != "node" or settings.barrier_url is None:  # a node of a barrier takes the barrier's task
             from mosaicd.learning.tasks import check_task
 

@@ -256,7 +256,8 @@ class RunConfig(BaseModel):
                         description="name of the run; messages of another run are refused", **cli("run"))
     own_loop: bool = Field(False, description="the nodes are training loops of your own (mosaicd.Peer in your "
                            "program): no task is built, --task is the loop's name as the run shows it (default: "
-                           "own loop); docs/own-model.md", **cli("run", "barrier"))
+                           "own loop); docs/own-model.md; `mosaicd barrier` serves such a run (the other commands "
+                           "run tasks)", **cli("run"))
     task: str = Field(TaskName.QUADRATIC, description="workload: a built-in, a name a package registers, "
                       "MODULE:CLASS or path/to/file.py:CLASS, a mosaicd.Task subclass (docs/own-model.md)",
                       **cli("run", metavar="{" + ",".join(TaskName) + "}|MODULE:CLASS|FILE.py:CLASS"))

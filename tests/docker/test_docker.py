@@ -80,11 +80,7 @@ def environment(**extra: str) -> dict[str, str]:
 def image() -> str:
     if shutil.which("docker") is None or sh("docker", "info", check=False, timeout=60).returncode != 0:
         lacking("DOCKER", "no Docker engine answers `docker info` (.ci/run installs and starts one)")
-    if BASE == "mosaic-base:bookworm":
-        sh("deploy/build-base-image.sh", timeout=900)  # a no-op when the image exists
-    if not list((ROOT / "wheels").glob("*.whl")):
-        sh("deploy/build-wheels.sh", timeout=900)
-    sh("docker", "build", "--build-arg", f"BASE={BASE}", "-f", "deploy/Dockerfile", "-t", IMAGE, ".", timeout=1800)
+    sh("deploy/build-test-image.sh", IMAGE, BASE, timeout=3600)  # waits for .ci/run's build under way
     return IMAGE
 
 

@@ -41,11 +41,7 @@ def host_image() -> str:
                                                          timeout=60).returncode != 0:
         lacking("DOCKER", "no Docker engine answers `docker info`, or no dockerd to start the lab's engines (.ci/run "
                 "installs and starts one)")
-    if BASE == "mosaic-base:bookworm":
-        _sh("deploy/build-base-image.sh", timeout=900)  # a no-op when the image exists
-    if not list((ROOT / "wheels").glob("*.whl")):
-        _sh("deploy/build-wheels.sh", timeout=900)
-    _sh("docker", "build", "--build-arg", f"BASE={BASE}", "-f", "deploy/Dockerfile", "-t", IMAGE, ".")
+    _sh("deploy/build-test-image.sh", IMAGE, BASE, timeout=3600)  # waits for .ci/run's build under way
     return IMAGE
 
 
