@@ -142,6 +142,7 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
     rows = read_rounds(lab.out)  # every evaluation round has its row, once, across the restart too
     assert [r["round"] for r in rows] == list(range(4, run["rounds"], 5))
     assert all(len(r["per_node"]) == 5 and r["metric"] == rows[0]["metric"] for r in rows)  # the nodes' metrics
+    assert all(r["average_model"] is not None for r in rows)  # by hand, no --task: the default task's, as cluster's
     assert all(rounds == set(range(run["rounds"])) for rounds in node_rounds(lab.out).values())
     restarted = lab.log("barrier")
     assert any(e["event"] == "resumed" and e["round"] == saved["round"] for e in restarted)

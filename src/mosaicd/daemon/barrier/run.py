@@ -99,10 +99,10 @@ async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[
 
 
 def evaluates(settings: Settings, task: Any = None) -> bool:
-    """Whether the barrier evaluates the average model (the nodes evaluate their own): where it has the run's task,
-    a `cluster`'s (prebuilt, or --task given) or `mosaicd barrier --task X`; without --task (own training loops),
-    it only combines what the nodes report (--own-loop: the task is the loop's name, nothing to build)."""
-    return not settings.own_loop and (task is not None or "task" in settings.model_fields_set)
+    """Whether the barrier evaluates the average model (the nodes evaluate their own): whenever it has the run's
+    task, given or the default one, as `cluster` and `simulate` do; an own loop's run (--own-loop) has none, and
+    only combines what its nodes report (`mosaicd.Barrier(evaluate=...)` gives it one)."""
+    return task is not None or not settings.own_loop
 
 
 def interrupted(barrier: Barrier, how: str) -> None:
