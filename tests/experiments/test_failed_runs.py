@@ -37,19 +37,21 @@ def test_a_finished_run_says_so(tmp_path: Path) -> None:
     assert summary_of(tmp_path)["status"] == "finished"
 
 
-def test_missing_data_leaves_a_failed_summary(tmp_path: Path) -> None:
+def test_missing_data_changes_nothing_as_in_cluster(tmp_path: Path) -> None:
+    """A run that cannot start leaves no folder and changes none (as `cluster`'s): the data is checked before the
+    folder is claimed, even with --replace."""
     out = tmp_path / "run"
     (out).mkdir()
     (out / "summary.json").write_text(json.dumps({"status": "finished"}))  # an earlier run's: not this one's
     settings = Settings.load(task="cifar10", nodes=4, rounds=3, data_dir=tmp_path / "nothing", out=out)
     with pytest.raises(DataMissing) as missing:
         run_simulation(settings, progress=False, replace=True)
-    summary = summary_of(out)
-    assert summary["status"] == "failed" and summary["mode"] == "simulate"
-    assert summary["error"] == str(missing.value) and "mosaicd data fetch cifar10" in summary["error"]
-    assert "\n" not in summary["error"]
-    assert "rounds" not in summary and summary["final"] is None and summary["settings"]["task"] == "cifar10"
-    assert rows(out / "rounds.csv") == [] and rows(out / "nodes.csv") == []  # the headers only
+    assert "mosaicd data fetch cifar10" in str(missing.value) and "\n" not in str(missing.value)
+    assert summary_of(out) == {"status": "finished"} and [p.name for p in out.iterdir()] == ["summary.json"]
+    fresh = Settings.load(task="cifar10", nodes=4, rounds=3, data_dir=tmp_path / "nothing", out=tmp_path / "new")
+    with pytest.raises(DataMissing):
+        run_simulation(fresh, progress=False)
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_run_failing_midway_keeps_its_rounds(tmp_path: Path) -> None:
@@ -176,16 +178,18 @@ def test_a_run_marked_failed_from_outside_keeps_what_its_writer_said(tmp_path: P
         ("failed", "the barrier exited", "cluster", 2.0)
 
 
-def test_cluster_without_its_data_says_so_once_and_makes_no_folder(kit, tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["cluster", "simulate"])
+def test_a_run_without_its_data_says_so_once_and_makes_no_folder(kit, tmp_path: Path, command: str) -> None:
     """The launcher checks the data once, before any folder is made or process starts: one line, exit 1."""
     import subprocess
     import time
 
     started = time.monotonic()
-    done = subprocess.run([*kit.mosaicd, "cluster", "--task", "cifar10", "--nodes", "4", "--rounds", "2",
+    done = subprocess.run([*kit.mosaicd, command, "--task", "cifar10", "--nodes", "4", "--rounds", "2",
                            "--data-dir", str(tmp_path / "nothing")], cwd=tmp_path, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 1 and time.monotonic() - started < 10
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mosaicd cluster: error: task cifar10: data set not found"), lines
+    assert len(lines) == 1 and lines[0].startswith(f"mosaicd {command}: error: task cifar10: data set not found"), \
+        lines
     assert list(tmp_path.iterdir()) == []  # no runs/ folder

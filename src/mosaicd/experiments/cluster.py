@@ -35,7 +35,7 @@ from mosaicd.daemon.errors import OutputError
 from mosaicd.experiments import barrier_client, cluster_resume
 from mosaicd.experiments.processes import STOP_GRACE_S, Processes, exit_reason, exit_text, last_error
 from mosaicd.experiments.run_secret import RunSecret
-from mosaicd.learning.tasks import require_task
+from mosaicd.learning.tasks import check_requirements, require_task
 from mosaicd.outputs import failure_text, mark_failed, remove_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.rundir import claim_out, read_summary, release
@@ -287,15 +287,6 @@ class _Reported:
                 callback(p)
 
 
-def check_before_spawning(settings: Settings) -> None:
-    """What every process would find wrong, found once by the launcher before any folder is made or process
-    starts: the task's extras and a built-in task's data set (one error line: MissingExtra, DataMissing)."""
-    from mosaicd.learning.data import check_data
-
-    require_task(settings.task)
-    check_data(settings.task, settings.data_dir)
-
-
 def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
                 on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True, *,
                 resume: bool = False, replace: bool = False, advise: bool = True) -> dict:
@@ -305,7 +296,7 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
     stops says on stderr how to go on with it (`cluster_resume.next_step`); a sweep, which goes on its own way, says
     it instead."""
     given = settings.out if "out" in settings.model_fields_set else None
-    check_before_spawning(settings)
+    check_requirements(settings.task, settings.data_dir)  # before any folder is made or process starts
     out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)
     try:
         if resume:  # ResumeError naming the run settings that differ (--nodes too: given here), before any change

@@ -32,7 +32,7 @@ from mosaic_proto.profiles import RoundPlan, VirtualClock
 from mosaicd.experiments import resume as checkpoint
 from mosaicd.experiments.batched import BatchedTraining
 from mosaicd.learning.evaluation import network_metrics
-from mosaicd.learning.tasks import Task, build_task
+from mosaicd.learning.tasks import Task, build_task, check_requirements
 from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary, release
@@ -45,6 +45,8 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
     `replace`: remove the run that --out holds first (see `claim_out`: nothing is written before it agrees).
     `advise`: a run that stops says on stderr how to go on with it, --quiet or not (a sweep says it instead).
     `task`: the run's task already built (`check_task`'s: a user's data is not loaded twice), else built here."""
+    if task is None:  # a run that cannot start leaves no folder, as `cluster`'s does not
+        check_requirements(settings.task, settings.data_dir)
     given = settings.out if "out" in settings.model_fields_set else None
     out = claim_out(given, "simulate", resume=resume, replace=replace, run_id=settings.run_id)
     try:

@@ -45,6 +45,16 @@ def require_task(task: str) -> None:
         require(f"--task {task.value}", *_NEEDS.get(task, ("torch",)))
 
 
+def check_requirements(task: str, data_dir: Path | str) -> None:
+    """What every process of a run would find wrong, found once before any folder is made or process starts (by
+    `cluster` and `simulate` alike): the task's extras and a built-in task's data set (one error line:
+    MissingExtra, DataMissing)."""
+    from mosaicd.learning.data import check_data
+
+    require_task(task)
+    check_data(task, data_dir)
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
@@ -179,4 +189,5 @@ def check_task(run: RunConfig, data_dir: Path | str | None = None) -> Task | Non
     return task
 
 
-__all__ = ["DataMissing", "MissingExtra", "Task", "build_task", "check_task", "require_task", "task_class"]
+__all__ = ["DataMissing", "MissingExtra", "Task", "build_task", "check_requirements", "check_task", "require_task",
+           "task_class"]
