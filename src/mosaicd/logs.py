@@ -120,10 +120,37 @@ class AtLeast:
         return event
 
 
+_JSON_LINES = [False]  # whether configure_logging made the console JSON lines (what `say` follows)
+
+
+def say(text: str, event: str, **fields: object) -> None:
+    """A line for the person who started the process (how to go on, where a secret lies): on stderr as it is, or,
+    where the console is JSON lines (--log-json), a JSON line of its own with the text as `detail`."""
+    if _JSON_LINES[0]:
+        structlog.get_logger().warning(event, detail=text, **fields)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+class LibraryRecords(logging.Handler):
+    """The standard library's log records (aiohttp's "Error handling request" with its traceback, asyncio's) as
+    lines of this process's log: through the same processors, so one JSON line each under --log-json (the traceback
+    in its `exception` field), not plain text among them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            log = structlog.get_logger().bind(logger=record.name)
+            method = getattr(log, record.levelname.lower(), log.warning)
+            method(record.getMessage(), **({"exc_info": record.exc_info} if record.exc_info else {}))
+        except Exception:  # noqa: BLE001 (logging must not raise: the standard library's own rule)
+            self.handleError(record)
+
+
 def configure_logging(level: str = "info", json: bool | None = None, files: dict[str, Path] | None = None) -> None:
     """The console at `level` (JSON lines or lines for people); `files`: log files (`ToFiles`) that take every
     line of info and up, whatever the console's level."""
     json = json_logs(json)
+    _JSON_LINES[0] = json
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     least = min(getattr(logging, level.upper()), logging.INFO) if files else getattr(logging, level.upper())
     structlog.configure(
@@ -140,6 +167,11 @@ def configure_logging(level: str = "info", json: bool | None = None, files: dict
         logger_factory=lambda *_: StderrLogger(sys.stderr),  # the stderr of the moment (pytest swaps it)
         cache_logger_on_first_use=False,
     )
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, LibraryRecords)]:
+        root.removeHandler(handler)
+    root.addHandler(LibraryRecords())
+    root.setLevel(logging.WARNING)  # the libraries' warnings and errors (aiohttp's access log stays off)
 
 
 def get_logger(**bound: object) -> structlog.typing.FilteringBoundLogger:

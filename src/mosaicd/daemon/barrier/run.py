@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from typing import Any
 
 from mosaicd.daemon.barrier.barrier import Barrier
@@ -17,7 +16,7 @@ from mosaicd.daemon.http.auth import Keyring, check_listen, load_secret, own_sec
 from mosaicd.daemon.http.server import check_port, serve
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import loop_name
-from mosaicd.logs import get_logger, json_logs
+from mosaicd.logs import get_logger, json_logs, say
 from mosaicd.rundir import BARRIER_LOCK, release
 from mosaicd.settings import Settings
 
@@ -61,9 +60,9 @@ def own_secret(settings: Settings) -> Settings:
     """No --secret-file, no --insecure: the barrier's own secret (OUT.secret, `auth.own_secret_file`), and how to
     hand it to the nodes, said once on stderr (the path only, never the secret)."""
     path, made = own_secret_file(settings.out)
-    print(f"mosaicd barrier: cluster secret {path} ({'made now' if made else 'kept from an earlier start'}, mode "
-          f"600): give every node --secret-file {path} (MOSAIC_SECRET_FILE; copy it to other hosts), or start the "
-          "barrier with --secret-file, or --insecure for none", file=sys.stderr)
+    say(f"mosaicd barrier: cluster secret {path} ({'made now' if made else 'kept from an earlier start'}, mode "
+        f"600): give every node --secret-file {path} (MOSAIC_SECRET_FILE; copy it to other hosts), or start the "
+        "barrier with --secret-file, or --insecure for none", "secret_file", path=str(path))
     return settings.model_copy(update={"secret_file": path})
 
 
@@ -117,9 +116,9 @@ def interrupted(barrier: Barrier, how: str) -> None:
     except OSError:
         pass
     if state.run_phase.value != "running":
-        print(f"mosaicd barrier: {options.out}: interrupted while nodes registered; the same command starts the run "
-              "again", file=sys.stderr)
+        say(f"mosaicd barrier: {options.out}: interrupted while nodes registered; the same command starts the run "
+            "again", "interrupted")
         return
-    print(f"mosaicd barrier: {options.out}: interrupted at round {state.round} of {barrier.run.rounds}; the same "
-          f"command (--out {options.out}) resumes the run; its nodes wait for it --barrier-grace "
-          f"{options.barrier_grace:g}s", file=sys.stderr)
+    say(f"mosaicd barrier: {options.out}: interrupted at round {state.round} of {barrier.run.rounds}; the same "
+        f"command (--out {options.out}) resumes the run; its nodes wait for it --barrier-grace "
+        f"{options.barrier_grace:g}s", "interrupted", round=state.round)
