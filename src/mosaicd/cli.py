@@ -90,6 +90,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
             field = Settings.model_fields[name]
             value = field.get_default(call_default_factory=True)
             default = value.value if hasattr(value, "value") else value
+            if name == "out" and command in ("cluster", "simulate"):  # a new folder per run (rundir.claim_out)
+                default = "a new runs/<run id>-<UTC time>"
             help_text = f"{field.description or ''} [default: {default}; env MOSAIC_{name.upper()}]".lstrip()
             choices = [c.value for c in field.annotation] if isinstance(field.annotation, type) and issubclass(
                 field.annotation, StrEnum) else None

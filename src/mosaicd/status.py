@@ -199,8 +199,8 @@ def render(view: dict[str, Any]) -> Any:
                                                                for k, v in metrics["reported"].items()))
     table = Table(box=None, header_style="bold", pad_edge=False)
     evaluated = f"{metric} @ {metrics['round']}" if isinstance(metrics.get("round"), int) else metric
-    for name in ("rank", "address", "phase", "round", "contact", "missed", "straggler", "sent", "received",
-                 "train loss", evaluated):  # each node's metric names the round it was measured at
+    for name in ("rank", "address", "phase", "round", "contact", "missed", "straggler", "sent last round",
+                 "received last round", "train loss", evaluated):  # each node's metric names its round
         table.add_column(name, justify="right" if name not in ("address", "phase") else "left")
     for r in view["nodes"]:
         table.add_row(str(r["rank"]), r["address"], r["phase"], _num(r["round"], "d"),
