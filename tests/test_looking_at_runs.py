@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from own_tasks import write_tasks
 
 MOSAICD = [sys.executable, "-m", "mosaicd"]
 QUAD = ["--task", "quadratic", "--nodes", "3", "--fanout", "1", "--fragments", "2", "--dim", "8"]
@@ -29,14 +30,15 @@ def summary_of(out: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """runs/: a finished simulation, a failed one (no data), one SIGKILLed mid-run ("running" left behind) and a
-    finished cluster run (with its logs)."""
+    """runs/: a finished simulation, a failed one (its task's training fails), one SIGKILLed mid-run ("running"
+    left behind) and a finished cluster run (with its logs)."""
     root = tmp_path_factory.mktemp("looking") / "runs"
     done = mosaicd("simulate", *QUAD, "--rounds", "12", "--eval-every", "4", "--quiet", "--out", str(root / "done"))
     assert done.returncode == 0, done.stderr
-    failed = mosaicd("simulate", "--task", "cifar10", "--nodes", "3", "--rounds", "3", "--data-dir",
-                     str(root / "no-data"), "--quiet", "--out", str(root / "failed"))
-    assert failed.returncode == 1 and "mosaicd data fetch" in failed.stderr
+    tasks = write_tasks(root.parent / "tasks")  # a task whose training fails: the run fails at round 0
+    failed = mosaicd("simulate", "--task", f"{tasks / 'bad.py'}:Small", "--task-option", "fail=train", "--nodes",
+                     "3", "--fanout", "2", "--rounds", "3", "--quiet", "--out", str(root / "failed"))
+    assert failed.returncode == 1 and "the training data went away" in failed.stderr
     killed = subprocess.Popen([*MOSAICD, "simulate", *QUAD, "--rounds", "10000000", "--eval-every", "50", "--quiet",
                                "--out", str(root / "killed")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -66,7 +68,7 @@ def test_runs_lists_finished_failed_and_running_runs(runs: Path) -> None:
     assert (done["status"], done["task"], done["fragments"], done["rounds_done"], done["rounds"]) == (
         "finished", "quadratic", 2, 12, 12)
     assert done["evaluated_round"] == 11 and isinstance(done["node_average"], float) and done["started"]
-    assert by_id["failed"]["status"] == "failed" and "mosaicd data fetch" in by_id["failed"]["error"]
+    assert by_id["failed"]["status"] == "failed" and "the training data went away" in by_id["failed"]["error"]
     killed = by_id["killed"]  # its process is gone: listed as its files say
     assert killed["status"] == "running" and killed["rounds"] == 10000000 and killed["rounds_done"] >= 50
     assert by_id["cluster"]["status"] == "finished" and by_id["cluster"]["rounds_done"] == 6
@@ -117,7 +119,7 @@ def test_status_of_a_finished_and_of_a_crashed_run(runs: Path) -> None:
     assert all(isinstance(n["metric"], float) and isinstance(n["round"], int) for n in view["nodes"])
 
     failed = mosaicd("status", str(runs / "failed"))
-    assert failed.returncode == 0 and "error: " in failed.stdout and "mosaicd data fetch" in failed.stdout
+    assert failed.returncode == 0 and "error: " in failed.stdout and "the training data went away" in failed.stdout
 
 
 def test_status_of_a_run_folder_names_the_nodes_that_left(runs: Path, tmp_path: Path) -> None:
