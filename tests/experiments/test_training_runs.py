@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 from own_tasks import write_tasks
-from runs import interrupt_when_checkpointed, run_peer_list
 
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.outputs import read_rounds
 from mosaicd.progress import RoundProgress
 from mosaicd.settings import Settings
+from runs import interrupt_when_checkpointed, run_peer_list
 
 ADAM = ["--task", "digits", "--nodes", "4", "--fanout", "2", "--fragments", "2", "--rounds", "150", "--local-steps",
         "2", "--optimizer", "adam", "--lr", "0.003", "--optimizer-option", "betas=[0.9,0.99]", "--lr-schedule",
@@ -49,6 +49,19 @@ def _interrupted_simulation(settings: Settings, at: int) -> None:
     run_simulation(settings, progress=False, resume=True, advise=False)
 
 
+def _interrupted_cluster(kit: Any, argv: list[str], out: Path, after: int) -> int:
+    """`mosaicd cluster ARGV` (4 nodes) stopped by Ctrl-C once round `after` is done and checkpointed, then the same
+    command with --resume, run to its end; the rounds the interrupted run had done."""
+    proc = subprocess.Popen([*kit.by_hand, "cluster", *argv, "--out", str(out), "--quiet"], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    interrupt_when_checkpointed(kit, proc, out, 4, after=after)
+    done = json.loads((out / "summary.json").read_text())["progress"]["rounds_done"]
+    resumed = subprocess.run([*kit.by_hand, "cluster", *argv, "--out", str(out), "--quiet", "--resume"],
+                             capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return done
+
+
 @pytest.mark.slow
 def test_adam_with_a_cosine_schedule_is_exact_in_simulate_cluster_a_peer_list_and_after_resume(
         tmp_path: Path, kit: Any) -> None:
@@ -60,15 +73,8 @@ def test_adam_with_a_cosine_schedule_is_exact_in_simulate_cluster_a_peer_list_an
     _interrupted_simulation(_settings(ADAM, out=tmp_path / "simulate-resumed", checkpoint_rounds=3), at=17)
     assert _hashes(tmp_path / "simulate-resumed") == reference
 
-    out = tmp_path / "cluster"
-    proc = subprocess.Popen([*kit.by_hand, "cluster", *ADAM, "--out", str(out), "--quiet"], start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    interrupt_when_checkpointed(kit, proc, out, 4, after=12)
-    saved = [json.loads((out / "summary.json").read_text())["progress"]["rounds_done"]]
-    resumed = subprocess.run([*kit.by_hand, "cluster", *ADAM, "--out", str(out), "--quiet", "--resume"],
-                             capture_output=True, text=True, timeout=180)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert 12 <= saved[0] < 150 and _hashes(out) == reference
+    stopped_at = _interrupted_cluster(kit, ADAM, tmp_path / "cluster", after=12)
+    assert 12 <= stopped_at < 150 and _hashes(tmp_path / "cluster") == reference
 
     rank0 = run_peer_list(kit, tmp_path, ADAM, 4)
     assert _hashes(rank0) == reference
@@ -87,14 +93,8 @@ def test_a_task_of_ones_own_keeps_its_per_node_state_through_a_resume(tmp_path: 
     _interrupted_simulation(_settings(argv, out=tmp_path / "simulate-resumed", checkpoint_rounds=3), at=25)
     assert _hashes(tmp_path / "simulate-resumed") == reference
 
-    out = tmp_path / "cluster"
-    proc = subprocess.Popen([*kit.by_hand, "cluster", *argv, "--out", str(out), "--quiet"], start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    interrupt_when_checkpointed(kit, proc, out, 4, after=20)
-    resumed = subprocess.run([*kit.by_hand, "cluster", *argv, "--out", str(out), "--quiet", "--resume"],
-                             capture_output=True, text=True, timeout=180)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert _hashes(out) == reference
+    _interrupted_cluster(kit, argv, tmp_path / "cluster", after=20)
+    assert _hashes(tmp_path / "cluster") == reference
 
 
 def test_batched_adam_stays_within_the_tolerance_of_the_exact_run(tmp_path: Path,
