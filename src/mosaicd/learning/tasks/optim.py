@@ -200,19 +200,20 @@ class NodeOptimizers:
             self._elementwise = type(self.factory([torch.zeros(1, requires_grad=True)])).__name__ in ELEMENTWISE
         return self._elementwise
 
-    def stacked(self, nodes: list[int], params: list[torch.Tensor]) -> Stacked:
-        return Stacked(self, nodes, params)
+    def stacked(self, nodes: list[int], params: list[torch.Tensor], states: list[dict[str, np.ndarray]]) -> Stacked:
+        """`nodes`' optimizer over their stacked `params`, from their `states` (as `state` gave them)."""
+        return Stacked(self, nodes, params, states)
 
 
 class Stacked:
     """One optimizer over m nodes' stacked parameters ((m, *shape) each), for `--batched` training: the nodes'
     states stacked in, stepped together (the optimizer is elementwise), and each node's slice kept after."""
 
-    def __init__(self, optimizers: NodeOptimizers, nodes: list[int], params: list[torch.Tensor]) -> None:
+    def __init__(self, optimizers: NodeOptimizers, nodes: list[int], params: list[torch.Tensor],
+                 states: list[dict[str, np.ndarray]]) -> None:
         self.optimizers, self.nodes, self.params = optimizers, nodes, params
         self.optimizer = optimizers.factory(params)
-        states = [optimizers.state(node) for node in nodes] if optimizers.keep else []
-        if states and states[0]:
+        if optimizers.keep and states and states[0]:
             stacked = {}
             for key in states[0]:
                 values = [state[key] for state in states]

@@ -72,14 +72,15 @@ def train_stacked(task: TorchModelTask, nodes: list[int], round: int,
             raise ValueError(f"node {node} has no training samples")
     # nodes with a smaller shard than the batch take smaller batches; states stack where they are alike
     by_batch: dict[tuple[int, tuple], list[int]] = {}
+    states = [task.optimizers.state(node) for node in nodes]  # read once: grouped by, then stacked in
     for k, node in enumerate(nodes):
-        signature = state_signature(task.optimizers.state(node))
+        signature = state_signature(states[k])
         by_batch.setdefault((min(task.run.batch_size, len(shards[node])), signature), []).append(k)
     for (batch, _), members in by_batch.items():
         per_call = SEQUENTIAL_STACK_SAMPLES if stackable_sequential(task.model) else STACK_SAMPLES
         for chunk in chunks(members, per_call // batch):
             trained, losses = _train_group(task, [nodes[k] for k in chunk], round, [vectors[k] for k in chunk],
-                                           batch)
+                                           batch, [states[k] for k in chunk])
             for j, k in enumerate(chunk):
                 results[k] = (trained[j].copy(), losses[j])
     return [results[k] for k in range(len(nodes))]
@@ -111,7 +112,7 @@ def sequential_forward(model: nn.Sequential, params: dict[str, torch.Tensor], x:
 
 
 def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: list[np.ndarray],
-                 batch: int) -> tuple[np.ndarray, list[float]]:
+                 batch: int, states: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[float]]:
     s, split, model = task.run, task.split, task.model
     model.train()
     params = unstack(model, vectors, task.device)
@@ -133,7 +134,7 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
     pos = [0] * len(nodes)
     names = list(params)
     leaves = [params[name].requires_grad_(True) for name in names]
-    optimizer = task.optimizers.stacked(nodes, leaves)
+    optimizer = task.optimizers.stacked(nodes, leaves, states)
     losses = []
     for h in range(s.local_steps):
         rows = []
