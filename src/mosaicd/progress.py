@@ -144,6 +144,7 @@ class _Sweep:
     runs: int             # runs in the sweep
     rounds_to_run: int    # rounds of the runs still to run
     runs_to_run: int
+    parallel: int = 1     # runs going at once (`sweep --jobs`)
     started: float = field(default_factory=time.monotonic)
     done: int = 0         # runs finished, failed or skipped
     started_runs: int = 0
@@ -159,7 +160,8 @@ class ProgressPrinter:
 
     A run: `start_run(label, rounds)`, then `on_round(p)` per round (pass `printer.on_round` as a run's
     `on_round`), then `end_run()`. A sweep: `start_sweep(...)` first, `message(...)` for its news lines,
-    `skip_run()` for a run already done, and the same three calls per run it runs.
+    `skip_run()` for a run already done, and the same three calls per run it runs. Runs of a sweep may go on
+    at once (`sweep --jobs`): then each call names its run's label (`on_round(p, label)`, `end_run(label)`).
     """
 
     def __init__(self, enabled: bool = True, console: Console | None = None, plain_every: float = 0.0,
@@ -169,7 +171,7 @@ class ProgressPrinter:
         self.live = False
         self._progress: Progress | None = None
         self._detail: Column | None = None
-        self._run: _Run | None = None
+        self._runs: dict[str, _Run] = {}
         self._sweep: _Sweep | None = None
         self._last_plain = -math.inf
         if not enabled:
@@ -213,19 +215,24 @@ class ProgressPrinter:
 
     # ------------------------------------------------------------------------------------------ a run
 
+    @property
+    def _run(self) -> _Run | None:
+        """The run going on (the latest started, where several are)."""
+        return next(reversed(self._runs.values()), None)
+
     def start_run(self, label: str, rounds: int) -> None:
-        self._run = _Run(label, rounds, self.window)
+        run = self._runs[label] = _Run(label, rounds, self.window)
         if self._sweep is not None:
             self._sweep.started_runs += 1
         if self._progress is not None:
             if self._sweep is None:  # a sweep's runs are shown on its one bar (its detail: the run and its round)
-                self._run.task = self._progress.add_task(label or "run", total=rounds, **self._fields(self._run))
+                run.task = self._progress.add_task(label or "run", total=rounds, **self._fields(run))
             self._redraw_sweep()
 
-    def on_round(self, p: RoundProgress) -> None:
-        run = self._run
+    def on_round(self, p: RoundProgress, label: str | None = None) -> None:
+        run = self._run if label is None else self._runs.get(label)
         if run is None:
-            self.start_run("", p.rounds)
+            self.start_run(label or "", p.rounds)
             run = self._run
         assert run is not None
         now = time.monotonic()
@@ -248,10 +255,11 @@ class ProgressPrinter:
         elif now - self._last_plain >= self.plain_every:
             self._plain(self._sweep_line(sweep))
 
-    def end_run(self) -> None:
-        run, self._run = self._run, None
+    def end_run(self, label: str | None = None) -> None:
+        run = self._run if label is None else self._runs.get(label)
         if run is None:
             return
+        del self._runs[run.label]
         if self._sweep is not None:
             self._sweep.done += 1
             self._sweep.rounds_done += run.rounds
@@ -262,8 +270,8 @@ class ProgressPrinter:
 
     # ------------------------------------------------------------------------------------------ a sweep
 
-    def start_sweep(self, runs: int, runs_to_run: int, rounds_to_run: int) -> None:
-        self._sweep = _Sweep(runs, rounds_to_run, runs_to_run)
+    def start_sweep(self, runs: int, runs_to_run: int, rounds_to_run: int, parallel: int = 1) -> None:
+        self._sweep = _Sweep(runs, rounds_to_run, runs_to_run, max(1, parallel))
         if self._progress is not None:
             self._sweep.task = self._progress.add_task("sweep", total=max(1, rounds_to_run),
                                                        **self._sweep_fields(self._sweep))
@@ -275,14 +283,16 @@ class ProgressPrinter:
 
     def sweep_eta(self) -> float | None:
         """Seconds left in the sweep: its rounds left at the recent rate, plus the mean start-up of a run for each
-        run not started yet. None until a rate is known."""
+        run not started yet, shared among the runs that go at once. None until a rate is known."""
         sweep = self._sweep
         if sweep is None or sweep.rate is None:
             return None
-        current = self._run.done if self._run is not None else 0
-        rounds_left = max(0, sweep.rounds_to_run - sweep.rounds_done - current)
+        rounds_left = max(0, sweep.rounds_to_run - sweep.rounds_done - self._rounds_going())
         start_up = sum(sweep.start_ups) / len(sweep.start_ups) if sweep.start_ups else 0.0
-        return rounds_left * sweep.rate + max(0, sweep.runs_to_run - sweep.started_runs) * start_up
+        return (rounds_left * sweep.rate + max(0, sweep.runs_to_run - sweep.started_runs) * start_up) / sweep.parallel
+
+    def _rounds_going(self) -> int:
+        return sum(run.done for run in self._runs.values())
 
     def message(self, text: str, always: bool = False) -> None:
         """A line of news (above the live display on a terminal); `always`: even when progress is off."""
@@ -302,10 +312,15 @@ class ProgressPrinter:
     def _fields(self, run: _Run) -> dict[str, str]:
         return {"count": f"{run.done}/{run.rounds} rounds", "left": self._left(run.eta()), "detail": run.detail()}
 
+    def _going(self) -> list[str]:
+        """What the runs going on are at: one run's round and metrics, or each run's round where several go."""
+        runs = list(self._runs.values())
+        if len(runs) == 1:
+            return [f"{runs[0].label}: {round_text(runs[0].done, runs[0].rounds)}", runs[0].detail()]
+        return [f"{len(runs)} running: " + ", ".join(f"{r.label} {r.done}/{r.rounds}" for r in runs)] if runs else []
+
     def _sweep_fields(self, sweep: _Sweep) -> dict[str, str]:
-        run = self._run
-        now = [] if run is None else [f"{run.label}: {round_text(run.done, run.rounds)}", run.detail()]
-        detail = " | ".join(p for p in (*now, sweep.last) if p)
+        detail = " | ".join(p for p in (*self._going(), sweep.last) if p)
         return {"count": f"runs {sweep.done}/{sweep.runs}", "left": self._left(self.sweep_eta()), "detail": detail}
 
     def sweep_news(self, text: str, always: bool = False) -> None:
@@ -334,8 +349,8 @@ class ProgressPrinter:
         sweep = self._sweep
         if self._progress is None or sweep is None or sweep.task is None:
             return
-        current = self._run.done if self._run is not None else 0
-        self._progress.update(sweep.task, completed=min(sweep.rounds_done + current, max(1, sweep.rounds_to_run)),
+        self._progress.update(sweep.task, completed=min(sweep.rounds_done + self._rounds_going(),
+                                                        max(1, sweep.rounds_to_run)),
                               **self._sweep_fields(sweep))
 
     def _run_line(self, run: _Run) -> str:
@@ -347,11 +362,8 @@ class ProgressPrinter:
     def _sweep_line(self, sweep: _Sweep) -> str:
         line = (f"runs {sweep.done}/{sweep.runs} | {clock(time.monotonic() - sweep.started)} elapsed, "
                 f"{self._left(self.sweep_eta())}")
-        run = self._run
-        if run is not None:
-            detail = run.detail()
-            line += f" | {run.label}: {round_text(run.done, run.rounds)}" + (f" | {detail}" if detail else "")
-        return line
+        going = [p for p in self._going() if p]
+        return line + (" | " + " | ".join(going) if going else "")
 
     def _plain(self, text: str, status: bool = True) -> None:
         stream = self.console.file if self.console is not None else sys.stderr  # None: progress off, `always`

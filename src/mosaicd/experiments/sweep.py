@@ -376,7 +376,7 @@ def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: f
 
         def round_done(p: RoundProgress) -> None:
             _log_round(log, p)
-            printer.on_round(p)
+            printer.on_round(p, run.name)
             if on_round is not None:
                 on_round(run, p)
 
@@ -406,12 +406,13 @@ def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: f
 
 def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeout: float | None = None,
               console: Console | None = None,
-              on_round: Callable[[Run, RoundProgress], None] | None = None) -> dict[str, Any]:
+              on_round: Callable[[Run, RoundProgress], None] | None = None, jobs: int = 1) -> dict[str, Any]:
     """Run every grid point not already done; returns counts and the grid.csv path. Ctrl-C propagates.
 
     Progress and news go to one `ProgressPrinter` (on `console`, default stderr), with a line for the sweep and
     one for the current run; `progress=False` leaves only failures. `on_round(run, p)` is called after every
     round of every run (an exception there ends the run as a failure would; KeyboardInterrupt, the sweep).
+    `jobs` > 1: that many runs at once, each in a process of its own (`sweep_jobs`), with the same results.
     A second sweep of the same `out` while this one goes on is refused (`rundir.hold`), not run beside it.
     """
     from mosaicd.rundir import hold, release
@@ -419,72 +420,115 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
     spec.out.mkdir(parents=True, exist_ok=True)
     hold(spec.out, f"{spec.path}: out =")
     try:
-        return _sweep(spec, progress, keep_going, timeout, console, on_round)
+        return _sweep(spec, progress, keep_going, timeout, console, on_round, jobs)
     finally:
         release(spec.out)
 
 
-def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, console: Console | None,
-           on_round: Callable[[Run, RoundProgress], None] | None) -> dict[str, Any]:
-    (spec.out / "sweep.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
-    states = {run.name: run_state(run, spec.out, spec.mode) for run in spec.runs}
-    to_run = [r for r in spec.runs if states[r.name][0] != "done"]
-    rows: dict[str, dict[str, Any]] = {}
-    counts = {"total": len(spec.runs), "skipped": 0, "ran": 0, "redone": 0, "resumed": 0, "failed": 0}
-    failed: list[str] = []
-    with ProgressPrinter(enabled=progress, console=console, plain_every=30.0) as printer:
-        printer.start_sweep(len(spec.runs), len(to_run), sum(r.settings.rounds for r in to_run))
+class SweepBook:
+    """What a sweep has done so far (counts, grid.csv rows, failures) and what it says of each run, whether its
+    runs go one after another here or at once in other processes."""
 
-        def end_run(text: str, always: bool = False) -> None:
-            printer.end_run()
-            eta = printer.sweep_eta()
-            done = counts["skipped"] + counts["ran"] + counts["failed"]
-            printer.sweep_news(f"sweep: [{done}/{len(spec.runs)}] {text}"
-                               + (f"; ~{clock(eta)} left" if eta and done < len(spec.runs) else ""), always=always)
+    def __init__(self, spec: Spec, printer: ProgressPrinter) -> None:
+        self.spec, self.printer = spec, printer
+        self.states = {run.name: run_state(run, spec.out, spec.mode) for run in spec.runs}
+        self.to_run = [r for r in spec.runs if self.states[r.name][0] != "done"]
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.counts = {"total": len(spec.runs), "skipped": 0, "ran": 0, "redone": 0, "resumed": 0, "failed": 0}
+        self.failed: list[str] = []
+        self.started = 0  # runs started by this sweep
 
-        for run in spec.runs:
-            state, summary = states[run.name]
+    def skip_done(self) -> None:
+        for run in self.spec.runs:
+            state, summary = self.states[run.name]
             if state == "done" and summary is not None:
-                rows[run.name] = grid_row(run, summary, read_rounds(run.folder(spec.out)))
-                counts["skipped"] += 1
-                printer.skip_run()
-                printer.message(f"sweep: skip {run.name} (summary.json matches its settings)")
-        write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
-        for run in to_run:
-            state, last = states[run.name]
-            if state == "resume":
-                printer.message(f"sweep: resuming {run.name} ({(last or {}).get('status')}: "
-                                f"{(last or {}).get('error') or 'stopped'})")
-                counts["resumed"] += 1
-            if state in ("broken", "changed", "failed"):
-                why = {"broken": "no summary.json", "changed": "its settings differ from the spec",
-                       "failed": f"it failed: {(last or {}).get('error')}"}[state]
-                printer.message(f"sweep: redoing {run.name} from scratch ({why})")
-                counts["redone"] += 1
-            done = counts["skipped"] + counts["ran"] + counts["failed"]
-            printer.sweep_news(f"sweep: [{done + 1}/{len(spec.runs)}] {run.name} ...")
-            printer.start_run(run.name, run.settings.rounds)
+                self.rows[run.name] = grid_row(run, summary, read_rounds(run.folder(self.spec.out)))
+                self.counts["skipped"] += 1
+                self.printer.skip_run()
+                self.printer.message(f"sweep: skip {run.name} (summary.json matches its settings)")
+        self.write_grid()
+
+    def write_grid(self) -> None:
+        write_grid_csv(self.spec, [self.rows[r.name] for r in self.spec.runs if r.name in self.rows])
+
+    def ended(self) -> int:
+        return self.counts["skipped"] + self.counts["ran"] + self.counts["failed"]
+
+    def start(self, run: Run) -> bool:
+        """Say how the run starts (resumed, redone, new); whether it continues an unfinished simulation."""
+        state, last = self.states[run.name]
+        if state == "resume":
+            self.printer.message(f"sweep: resuming {run.name} ({(last or {}).get('status')}: "
+                                 f"{(last or {}).get('error') or 'stopped'})")
+            self.counts["resumed"] += 1
+        if state in ("broken", "changed", "failed"):
+            why = {"broken": "no summary.json", "changed": "its settings differ from the spec",
+                   "failed": f"it failed: {(last or {}).get('error')}"}[state]
+            self.printer.message(f"sweep: redoing {run.name} from scratch ({why})")
+            self.counts["redone"] += 1
+        self.started += 1
+        self.printer.sweep_news(f"sweep: [{self.counts['skipped'] + self.started}/{len(self.spec.runs)}] "
+                                f"{run.name} ...")
+        self.printer.start_run(run.name, run.settings.rounds)
+        return state == "resume"
+
+    def _end_run(self, run: Run, text: str, always: bool = False) -> None:
+        self.printer.end_run(run.name)
+        eta = self.printer.sweep_eta()
+        done = self.ended()
+        self.printer.sweep_news(f"sweep: [{done}/{len(self.spec.runs)}] {text}"
+                                + (f"; ~{clock(eta)} left" if eta and done < len(self.spec.runs) else ""),
+                                always=always)
+
+    def done(self, run: Run, summary: dict[str, Any]) -> None:
+        self.counts["ran"] += 1
+        self.rows[run.name] = grid_row(run, summary, read_rounds(run.folder(self.spec.out)))
+        self.write_grid()
+        self._end_run(run, f"{run.name} done in {summary.get('wall_s')}s")
+
+    def fail(self, run: Run, error: str) -> None:
+        self.failed.append(run.name)
+        self.counts["failed"] += 1
+        self._end_run(run, f"{run.name} failed: {error} (see {run.folder(self.spec.out) / 'run.log'})", always=True)
+
+    def stop_at_failure(self, not_started: int) -> None:
+        self.printer.message(f"sweep: stopped at the failed run; {not_started} run{'s' * (not_started != 1)} not "
+                             "started (--keep-going goes on past a failed run; the same command again redoes it and "
+                             "goes on)", always=True)
+
+    def result(self) -> dict[str, Any]:
+        return {**self.counts, "done": len(self.rows), "failed_runs": self.failed,
+                "grid_csv": str(self.spec.out / "grid.csv"), "out": str(self.spec.out)}
+
+
+def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, console: Console | None,
+           on_round: Callable[[Run, RoundProgress], None] | None, jobs: int) -> dict[str, Any]:
+    (spec.out / "sweep.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    with ProgressPrinter(enabled=progress, console=console, plain_every=30.0) as printer:
+        book = SweepBook(spec, printer)
+        at_once = max(1, min(jobs, len(book.to_run)))
+        printer.start_sweep(len(spec.runs), len(book.to_run), sum(r.settings.rounds for r in book.to_run),
+                            parallel=at_once)
+        book.skip_done()
+        if at_once > 1:
+            from mosaicd.experiments.sweep_jobs import run_at_once
+
+            run_at_once(book, at_once, keep_going, timeout, on_round)
+            return book.result()
+        for run in book.to_run:
+            resume = book.start(run)
             try:
-                summary = execute(run, spec.out, spec.mode, printer, timeout, on_round, resume=state == "resume")
+                summary = execute(run, spec.out, spec.mode, printer, timeout, on_round, resume=resume)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
-                failed.append(run.name)
-                counts["failed"] += 1
-                end_run(f"{run.name} failed: {exc} (see {run.folder(spec.out) / 'run.log'})", always=True)
+                book.fail(run, str(exc))
                 if not keep_going:
-                    left = len(spec.runs) - spec.runs.index(run) - 1
-                    printer.message(f"sweep: stopped at the failed run; {left} run{'s' * (left != 1)} not started "
-                                    "(--keep-going goes on past a failed run; the same command again redoes it and "
-                                    "goes on)", always=True)
+                    book.stop_at_failure(len(spec.runs) - spec.runs.index(run) - 1)
                     break
                 continue
-            counts["ran"] += 1
-            rows[run.name] = grid_row(run, summary, read_rounds(run.folder(spec.out)))
-            write_grid_csv(spec, [rows[r.name] for r in spec.runs if r.name in rows])
-            end_run(f"{run.name} done in {summary.get('wall_s')}s")
-    return {**counts, "done": len(rows), "failed_runs": failed, "grid_csv": str(spec.out / "grid.csv"),
-            "out": str(spec.out)}
+            book.done(run, summary)
+    return book.result()
 
 
 # ---------------------------------------------------------------------------------------------- the command
@@ -500,6 +544,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-going", action="store_true", help="go on with the next run after a failed one")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per run (cluster mode)")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="runs at once, each in a process of its own [default: what the cores allow: cores over "
+                        "--threads for a simulation, over the nodes for a cluster]")
+
+
+def default_jobs(spec: Spec) -> int:
+    """Runs at once that this machine's cores allow for the spec's mode, threads and nodes."""
+    from mosaicd.experiments.sweep_jobs import default_jobs as allowed
+
+    if not spec.runs:
+        return 1
+    return allowed(spec.mode, max(r.settings.threads for r in spec.runs), max(r.settings.nodes for r in spec.runs))
 
 
 def cpu_seconds() -> float:
@@ -521,9 +577,14 @@ def main(args: argparse.Namespace) -> int:
             print(f"{run_state(run, spec.out, spec.mode)[0]:8s} {run.folder(spec.out)}")
         print(f"{len(spec.runs)} runs, mode {spec.mode}, out {spec.out}")
         return 0
+    if args.jobs is not None and args.jobs < 1:
+        print(f"mosaicd sweep: error: --jobs {args.jobs}: must be 1 or more", file=sys.stderr)
+        return 2
+    jobs = args.jobs or default_jobs(spec)
     started = time.monotonic()
     try:
-        result = run_sweep(spec, progress=not args.quiet, keep_going=args.keep_going, timeout=args.timeout)
+        result = run_sweep(spec, progress=not args.quiet, keep_going=args.keep_going, timeout=args.timeout,
+                           jobs=jobs)
     except KeyboardInterrupt:
         done = sum(1 for r in spec.runs if run_state(r, spec.out, spec.mode)[0] == "done")
         again = ("goes on from its last checkpoint" if spec.mode == "simulate" else "is redone from scratch")
