@@ -31,7 +31,9 @@ import csv
 import hashlib
 import json
 import math
+import os
 import re
+import socket
 import time
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -132,6 +134,17 @@ def write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) ->
 def remove_summary(out: Path) -> None:
     """Remove OUT/summary.json: an earlier run's must not pass for the one starting there."""
     (out / "summary.json").unlink(missing_ok=True)
+
+
+def placement(settings: Mapping[str, Any]) -> dict[str, str]:
+    """Where the run's summary was written: the host, the torch device (`cpu` says a run trained on the CPU), the
+    GPUs it was given (CUDA_VISIBLE_DEVICES) and its Slurm job (`JOB_TASK` for an array task), where known."""
+    env = os.environ
+    job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}" \
+        if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID") else env.get("SLURM_JOB_ID")
+    where = {"host": socket.gethostname(), "device": str(settings.get("device") or "cpu"),
+             "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"), "slurm_job": job}
+    return {k: v for k, v in where.items() if v is not None}
 
 
 def _started_text(started: float) -> str:
@@ -238,6 +251,7 @@ class RunRecorder:
         a run that this recorder goes on with (a restarted barrier): its rows are kept and appended to."""
         self.out, self.mode = Path(out), mode
         self.settings = settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings)
+        self.placement = placement(self.settings)
         self.out.mkdir(parents=True, exist_ok=True)
         self.started = time.time() if resume_from is None else resume_from
         # the clock of wall_s and elapsed_s: the time the run ran, not the time it stood stopped before --resume
@@ -312,7 +326,7 @@ class RunRecorder:
     def _base(self, status: str) -> dict[str, Any]:
         return {"mode": self.mode, "status": status, "settings": self.settings,
                 "progress": {"rounds_done": self.rounds_done, "rounds": self.settings.get("rounds")},
-                "started": _started_text(self.started), "final": self.latest}
+                "started": _started_text(self.started), "final": self.latest, "placement": self.placement}
 
     def _running(self) -> None:
         if self.ended is not None:  # an evaluation that completes after the run failed adds its row only

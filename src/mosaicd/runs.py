@@ -41,7 +41,8 @@ def render(runs: list[dict[str, Any]]) -> Any:
         table.add_column(name, justify="right" if name in ("K", "rounds") else "left", no_wrap=True)
     for run in runs:
         done, total = run.get("rounds_done"), run.get("rounds")
-        table.add_row(str(run["id"]), str(run.get("status") or "-"), str(run.get("task") or "-"),
+        status = str(run.get("status") or "-") + (f" (slurm {run['slurm_job']})" if run.get("slurm_job") else "")
+        table.add_row(str(run["id"]), status, str(run.get("task") or "-"),
                       str(run.get("fragments") or "-"), f"{'-' if done is None else done}/{total or '-'}",
                       metric_text(run), (run.get("started") or "-").replace("T", " ")[:19], run["folder"])
     return table

@@ -149,3 +149,117 @@ def test_scancel_ends_the_run_with_a_failed_summary(slurm: SlurmLab, tmp_path: P
     while open_ports() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not open_ports(), job_log(out)
+
+
+# ---------------------------------------------------------------------------------------------- sweeps
+
+SWEEP = """
+mode = "{mode}"
+out = "{out}"
+[run]
+task = "quadratic"
+nodes = {nodes}
+dim = 16
+rounds = {rounds}
+eval_every = 50
+threads = 1
+checkpoint_rounds = 20
+[grid]
+fragments = [1, 2]
+seed = {seeds}
+"""
+
+
+def mosaicd(slurm: SlurmLab, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = slurm.env(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", MOSAIC_HOST="127.0.0.1",
+                    MOSAIC_PORT_BASE=str(free_port_range(8)))
+    return subprocess.run([sys.executable, "-m", "mosaicd", *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def sweep_hashes(out: Path) -> dict[str, dict[str, str]]:
+    return {p.parent.name: json.loads(p.read_text())["model_sha256"] for p in sorted(out.glob("runs/*/summary.json"))}
+
+
+def submissions(out: Path) -> list[dict]:
+    return json.loads((out / "slurm" / "submissions.json").read_text())
+
+
+def without_wall_times(report: str) -> list[list[str]]:
+    """report.md's table rows, less the columns of time measured (which differ from one run to the next)."""
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in report.splitlines() if line.startswith("|")]
+    header = next(r for r in rows if any("wall" in c for c in r))
+    keep = [i for i, c in enumerate(header) if "wall" not in c and "(s)" not in c]
+    return [[r[i] for i in keep if i < len(r)] for r in rows]
+
+
+def test_a_sweep_as_a_job_array_equals_the_local_sweep_and_reruns_only_a_cancelled_task(
+        kit, slurm: SlurmLab, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SWEEP.format(mode="simulate", out="array", nodes=5, rounds=3000, seeds="[0, 1]"))
+    out = tmp_path / "array"
+    submitted = mosaicd(slurm, tmp_path, "sweep", str(spec), "--slurm", "--no-wait")
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    assert "sweep: submitted 4 runs as slurm job " in submitted.stderr, submitted.stderr
+    [array] = submissions(out)
+    job = array["job"]
+    assert sorted(array["runs"].values()) == [f"{job}_{i}" for i in range(4)]  # one array, a run per task
+    victim = "fragments=2,seed=0"
+    kit.wait_until(lambda: (out / "runs" / victim / "simulate-checkpoint.npz").exists(), 120,
+                   f"{victim}'s first checkpoint in its Slurm task")
+    listed = mosaicd(slurm, tmp_path, "sweep", str(spec), "--dry-run")
+    assert f"(slurm job {array['runs'][victim]})" in listed.stdout, listed.stdout
+    slurm.run("scancel", array["runs"][victim])
+
+    gathered = mosaicd(slurm, tmp_path, "sweep", str(spec))  # waits for the array, gathers, submits nothing
+    assert gathered.returncode == 1, gathered.stderr[-3000:]
+    result = json.loads(gathered.stdout.splitlines()[-1])
+    assert result["failed_runs"] == [victim] and result["done"] == 3, result
+    assert "cancelled: the Slurm task got SIGTERM" in gathered.stderr, gathered.stderr[-3000:]
+    assert "--slurm` submits it again and it continues from its checkpoint" in gathered.stderr
+    assert len(submissions(out)) == 1
+    listed = mosaicd(slurm, tmp_path, "sweep", str(spec), "--dry-run")
+    assert f"resume   array/runs/{victim}\n" in listed.stdout, listed.stdout
+    summary = json.loads((out / "runs" / victim / "summary.json").read_text())
+    assert summary["placement"]["slurm_job"] == array["runs"][victim] and summary["placement"]["device"] == "cpu"
+
+    again = mosaicd(slurm, tmp_path, "sweep", str(spec), "--slurm")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.splitlines()[-1])["skipped"] == 3
+    assert [list(s["runs"]) for s in submissions(out)] == [list(array["runs"]), [victim]]  # only that run again
+    with open(out / "slurm" / "events.csv") as f:
+        events = [(r["run"], r["state"]) for r in csv.DictReader(f)]
+    assert (victim, "UNFINISHED") in events and events.count((victim, "FINISHED")) == 1
+
+    local = mosaicd(slurm, tmp_path, "sweep", str(spec), "--out", "local", "--jobs", "2", "--quiet")
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert sweep_hashes(out) == sweep_hashes(tmp_path / "local") and len(sweep_hashes(out)) == 4
+    runs = json.loads(mosaicd(slurm, tmp_path, "runs", str(out), "--json").stdout)
+    # submitit submits a grid of one run as a plain job, not an array of one
+    assert {r["slurm_job"] for r in runs} == {*(j for n, j in array["runs"].items() if n != victim),
+                                              submissions(out)[1]["runs"][victim]}
+    tables = []
+    for folder in (out, tmp_path / "local"):
+        made = mosaicd(slurm, tmp_path, "report", str(folder))
+        assert made.returncode == 0, made.stderr[-2000:]
+        tables.append(without_wall_times((folder / "report" / "report.md").read_text()))
+    assert tables[0] == tables[1] and len(tables[0]) >= 4
+
+
+def test_a_cluster_sweep_runs_a_multi_task_job_per_run(slurm: SlurmLab, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SWEEP.format(mode="cluster", out="jobs", nodes=3, rounds=6, seeds="[3]"))
+    done = mosaicd(slurm, tmp_path, "sweep", str(spec), "--slurm", "--slurm-option", "cpus_per_task=1")
+    assert done.returncode == 0, done.stderr[-3000:] + job_log(tmp_path / "jobs")
+    made = submissions(tmp_path / "jobs")
+    assert len(made) == 2 and all(len(s["runs"]) == 1 for s in made)  # a job of 3 tasks per run
+    out = tmp_path / "jobs"
+    for name in ("fragments=1,seed=3", "fragments=2,seed=3"):
+        assert sorted(p.name for p in (out / "runs" / name / "logs").glob("task-*.log")) == \
+            [f"task-{i}.log" for i in range(3)]
+        summary = json.loads((out / "runs" / name / "summary.json").read_text())
+        assert summary["placement"]["slurm_job"] == made[0]["runs"].get(name, \
+            made[1]["runs"].get(name))
+    local = mosaicd(slurm, tmp_path, "sweep", str(spec), "--out", "local", "--jobs", "1", "--quiet")
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert sweep_hashes(out) == sweep_hashes(tmp_path / "local") and len(sweep_hashes(out)) == 2

@@ -406,13 +406,16 @@ def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: f
 
 def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeout: float | None = None,
               console: Console | None = None,
-              on_round: Callable[[Run, RoundProgress], None] | None = None, jobs: int = 1) -> dict[str, Any]:
+              on_round: Callable[[Run, RoundProgress], None] | None = None, jobs: int = 1,
+              slurm: dict[str, Any] | None = None, wait: bool = True) -> dict[str, Any]:
     """Run every grid point not already done; returns counts and the grid.csv path. Ctrl-C propagates.
 
     Progress and news go to one `ProgressPrinter` (on `console`, default stderr), with a line for the sweep and
     one for the current run; `progress=False` leaves only failures. `on_round(run, p)` is called after every
     round of every run (an exception there ends the run as a failure would; KeyboardInterrupt, the sweep).
     `jobs` > 1: that many runs at once, each in a process of its own (`sweep_jobs`), with the same results.
+    `slurm` (its --slurm-option values): the runs go to Slurm (`sweep_slurm`); a sweep once submitted there is
+    followed there (its live jobs waited for, unless not `wait`), never run here behind Slurm's back.
     A second sweep of the same `out` while this one goes on is refused (`rundir.hold`), not run beside it.
     """
     from mosaicd.rundir import hold, release
@@ -420,7 +423,7 @@ def run_sweep(spec: Spec, progress: bool = True, keep_going: bool = False, timeo
     spec.out.mkdir(parents=True, exist_ok=True)
     hold(spec.out, f"{spec.path}: out =")
     try:
-        return _sweep(spec, progress, keep_going, timeout, console, on_round, jobs)
+        return _sweep(spec, progress, keep_going, timeout, console, on_round, jobs, slurm, wait)
     finally:
         release(spec.out)
 
@@ -454,9 +457,12 @@ class SweepBook:
     def ended(self) -> int:
         return self.counts["skipped"] + self.counts["ran"] + self.counts["failed"]
 
-    def start(self, run: Run) -> bool:
-        """Say how the run starts (resumed, redone, new); whether it continues an unfinished simulation."""
+    def start(self, run: Run, elsewhere: bool = False) -> bool:
+        """Say how the run starts (resumed, redone, new; `elsewhere`: a run Slurm started, said as such);
+        whether it continues an unfinished simulation."""
         state, last = self.states[run.name]
+        if elsewhere:
+            state = "elsewhere"
         if state == "resume":
             self.printer.message(f"sweep: resuming {run.name} ({(last or {}).get('status')}: "
                                  f"{(last or {}).get('error') or 'stopped'})")
@@ -502,7 +508,10 @@ class SweepBook:
 
 
 def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, console: Console | None,
-           on_round: Callable[[Run, RoundProgress], None] | None, jobs: int) -> dict[str, Any]:
+           on_round: Callable[[Run, RoundProgress], None] | None, jobs: int, slurm: dict[str, Any] | None,
+           wait: bool) -> dict[str, Any]:
+    from mosaicd.experiments.sweep_slurm import SLURM_DIR, run_on_slurm
+
     (spec.out / "sweep.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
     with ProgressPrinter(enabled=progress, console=console, plain_every=30.0) as printer:
         book = SweepBook(spec, printer)
@@ -510,6 +519,9 @@ def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, 
         printer.start_sweep(len(spec.runs), len(book.to_run), sum(r.settings.rounds for r in book.to_run),
                             parallel=at_once)
         book.skip_done()
+        if slurm is not None or (spec.out / SLURM_DIR / "submissions.json").exists():
+            run_on_slurm(book, slurm or {}, timeout, wait, submit=slurm is not None)
+            return book.result()
         if at_once > 1:
             from mosaicd.experiments.sweep_jobs import run_at_once
 
@@ -544,9 +556,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-going", action="store_true", help="go on with the next run after a failed one")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per run (cluster mode)")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--slurm", action="store_true",
+                        help="submit the runs not done to Slurm (submitit): a simulate sweep as one job array, a "
+                        "cluster sweep as a multi-task job per run; then wait for them (see --no-wait)")
+    parser.add_argument("--slurm-option", dest="slurm_options", action="append", default=[], metavar="KEY=VALUE",
+                        help="an sbatch option for --slurm (repeatable): partition=gpu, time=120 (minutes), "
+                        "cpus_per_task=4, gpus_per_node=1, mem=8GB, account=..., array_parallelism=8, or any "
+                        "other sbatch long option")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="a sweep in Slurm: submit (or look) and return; the same command again shows the "
+                        "state and gathers the finished runs into grid.csv")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="runs at once, each in a process of its own [default: what the cores allow: cores over "
                         "--threads for a simulation, over the nodes for a cluster]")
+
+
+def parse_slurm_options(items: list[str], slurm: bool) -> dict[str, Any] | None:
+    if items and not slurm:
+        raise SettingsError(f"--slurm-option {items[0]}: only with --slurm")
+    if not slurm:
+        return None
+    from mosaicd.experiments.sweep_slurm import parse_options
+
+    return parse_options(items)
+
+
+def live_in_slurm(spec: Spec) -> dict[str, Any]:
+    """The sweep's runs queued or running in Slurm now ({} for a sweep never submitted there)."""
+    from mosaicd.experiments.sweep_slurm import SLURM_DIR, SlurmSweep
+
+    if not (spec.out / SLURM_DIR / "submissions.json").exists():
+        return {}
+    return SlurmSweep(spec).live()  # only to look: no book
 
 
 def default_jobs(spec: Spec) -> int:
@@ -572,9 +613,18 @@ def main(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"mosaicd sweep: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        options = parse_slurm_options(args.slurm_options, args.slurm)
+    except SettingsError as exc:
+        print(f"mosaicd sweep: error: {exc}", file=sys.stderr)
+        return 2
     if args.dry_run:
+        live = live_in_slurm(spec)
         for run in spec.runs:
-            print(f"{run_state(run, spec.out, spec.mode)[0]:8s} {run.folder(spec.out)}")
+            state = run_state(run, spec.out, spec.mode)[0]
+            if run.name in live:
+                state = f"{live[run.name].state.lower()} (slurm job {live[run.name].job})"
+            print(f"{state:8s} {run.folder(spec.out)}")
         print(f"{len(spec.runs)} runs, mode {spec.mode}, out {spec.out}")
         return 0
     if args.jobs is not None and args.jobs < 1:
@@ -584,8 +634,16 @@ def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         result = run_sweep(spec, progress=not args.quiet, keep_going=args.keep_going, timeout=args.timeout,
-                           jobs=jobs)
+                           jobs=jobs, slurm=options, wait=not args.no_wait)
+    except SettingsError as exc:
+        print(f"mosaicd sweep: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
+        if live_in_slurm(spec):
+            print(f"mosaicd sweep: stopped waiting; the runs in Slurm go on (scancel their jobs to stop them; "
+                  f"{spec.out / 'slurm' / 'submissions.json'} lists them). The same command shows them and gathers "
+                  "the finished.", file=sys.stderr)
+            return 130
         done = sum(1 for r in spec.runs if run_state(r, spec.out, spec.mode)[0] == "done")
         again = ("goes on from its last checkpoint" if spec.mode == "simulate" else "is redone from scratch")
         print(f"mosaicd sweep: interrupted; {done}/{len(spec.runs)} runs done in {spec.out / 'runs'}. Run the same "

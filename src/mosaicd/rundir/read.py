@@ -195,6 +195,7 @@ def run_entry(folder: Path, root: Path | None = None) -> dict[str, Any] | None:
         "metric": final.get("metric"), "node_average": final.get("node_average"),
         "average_model": final.get("average_model"), "evaluated_round": final.get("round"),
         "started": started_at(summary, folder), "wall_s": summary.get("wall_s"), "folder": str(folder),
+        "slurm_job": (summary.get("placement") or {}).get("slurm_job"),
     }
 
 
