@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mosaicd.cli import main
-from mosaicd.experiments import sweep
+from mosaicd.experiments import sweep_runs as sweep
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.experiments.sweep import SpecError, load_spec, parse_overrides, run_sweep
 from mosaicd.outputs import read_rounds

@@ -117,3 +117,30 @@ def test_jobs_below_one_is_refused_naming_the_flag(tmp_path: Path) -> None:
     done = sweep(spec, "--jobs", "0")
     assert done.returncode == 2 and "--jobs 0: must be 1 or more" in done.stderr, done.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_what_a_slurm_job_asks_for(tmp_path: Path) -> None:
+    """Without a GPU or a Slurm here: the parameters each job gets, and the sbatch lines submitit makes of them."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from mosaicd.experiments.sweep_slurm import first_ports, parse_options, slurm_parameters
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.format(out="o", task="quadratic", rounds=3).replace("threads = 1", "threads = 2"))
+    runs = load_spec(spec).runs
+    asked = slurm_parameters("s", "simulate", runs, parse_options(["partition=gpu", "time=90", "constraint=a100"]))
+    assert asked == {"job_name": "s", "time": 90, "cpus_per_task": 2, "partition": "gpu", "constraint": "a100"}
+    cuda = [r.__class__(r.name, r.point, r.settings.model_copy(update={"device": "cuda"})) for r in runs]
+    assert slurm_parameters("s", "simulate", cuda, {})["gpus_per_task"] == 1  # Slurm sets CUDA_VISIBLE_DEVICES
+    one = slurm_parameters("s", "cluster", runs[:1], {"nodes": 2})
+    assert one["nodes"] == 2 and one["ntasks_per_node"] == 2  # the run's 4 nodes on 2 hosts
+    with pytest.raises(Exception, match="nodes=3: a cluster run of 4 nodes"):
+        slurm_parameters("s", "cluster", runs[:1], {"nodes": 3})
+    text = _make_sbatch_string(command="python -m x", folder=str(tmp_path / "%j"),
+                               **{k: v for k, v in asked.items() if k != "constraint"},
+                               additional_parameters={"constraint": "a100"})
+    assert "#SBATCH --time=90" in text and "#SBATCH --cpus-per-task=2" in text and "--constraint=a100" in text
+    assert "--time=5" not in _make_sbatch_string(command="x", folder="f", time=None)  # no limit but the partition's
+    assert first_ports([3, 4, 2], {"MOSAIC_PORT_BASE": "20000"}) == [20000, 20003, 20007]
+    with pytest.raises(Exception, match="past 65535"):
+        first_ports([100], {"MOSAIC_PORT_BASE": "65500"})

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from mosaicd.experiments.sweep import Run, SweepBook
+from mosaicd.experiments.sweep_runs import Run, SweepBook
 from mosaicd.experiments.sweep_worker import round_progress, write_ticket
 from mosaicd.progress import RoundProgress
 

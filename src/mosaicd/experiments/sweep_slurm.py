@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mosaicd.experiments.sweep import Run, Spec, SweepBook, run_state
+from mosaicd.experiments.sweep_runs import Run, Spec, SweepBook, run_state
 from mosaicd.experiments.sweep_worker import read_ticket, run_ticket, write_ticket
 from mosaicd.progress import RoundProgress
 from mosaicd.settings import SettingsError
@@ -120,6 +121,8 @@ def cluster_task(ticket: str, base: int) -> str:
         raise
     finally:
         peer_file.unlink(missing_ok=True)
+        if job.global_rank == 0:  # the barrier's node ends last: every node has read the secret long before
+            Path(ticket).with_suffix(".secret").unlink(missing_ok=True)
     if code != 0:
         raise RuntimeError(f"mosaicd node ({me}) exited {code}: see {folder / 'logs' / f'task-{job.global_rank}.log'}")
     return "finished"
@@ -198,50 +201,36 @@ class SlurmSweep:
 
         if not runs:
             return []
-        executor = submitit.SlurmExecutor(folder=self.dir / "%j", max_num_timeout=0, python=sys.executable)
-        wanted = {"time": None, "job_name": f"mosaic-sweep-{self.spec.out.name}", **options}
-        known = executor._valid_parameters()
-        extra = {k: v for k, v in wanted.items() if k not in known}
-        try:
-            executor.update_parameters(**{k: v for k, v in wanted.items() if k in known},
-                                       **({"additional_parameters": extra} if extra else {}))
-        except ValueError as exc:
-            raise SettingsError(f"--slurm-option: {exc}") from None
+        for tool in ("sbatch", "squeue"):
+            if shutil.which(tool) is None:
+                raise SettingsError(f"--slurm: {tool} is not on PATH: run the sweep where Slurm's commands are (a "
+                                    "login node of the cluster)")
+        name = f"mosaic-sweep-{self.spec.out.name}"
         tickets = {run.name: str(write_ticket(self.spec.out, run, self.spec.mode, timeout).resolve())
                    for run in runs}
-        task = SweepTask()
         submitted: dict[str, str] = {}
         if self.spec.mode == "simulate":
-            threads = max(r.settings.threads for r in runs)
-            gpus = {"gpus_per_node": 1} if any(r.settings.device == "cuda" for r in runs) else {}
-            executor.update_parameters(**{"cpus_per_task": threads, **gpus, **_given(options)})
-            jobs = executor.map_array(task, [tickets[r.name] for r in runs])
+            executor = _executor(submitit, self.dir, slurm_parameters(name, "simulate", runs, options))
+            jobs = executor.map_array(SweepTask(), [tickets[r.name] for r in runs])
             submitted = {run.name: job.job_id for run, job in zip(runs, jobs, strict=True)}
         else:
-            hosts = int(options.get("nodes", 1))
-            for run in runs:
-                if hosts < 1 or run.settings.nodes % hosts:
-                    raise SettingsError(f"--slurm-option nodes={hosts}: a cluster run of {run.settings.nodes} "
-                                        f"nodes ({run.name}) needs a number of hosts that divides it")
-            ports = first_ports([run.settings.nodes // hosts for run in runs])
-            for run, first_port in zip(runs, ports, strict=True):
+            parameters = [slurm_parameters(name, "cluster", [run], options) for run in runs]  # all checked first
+            ports = first_ports([p["ntasks_per_node"] for p in parameters])
+            for run, first_port, asked in zip(runs, ports, parameters, strict=True):
+                executor = _executor(submitit, self.dir, asked)
                 self._prepare_cluster_run(run, tickets[run.name])
-                executor.update_parameters(**{"ntasks_per_node": run.settings.nodes // hosts, "nodes": hosts,
-                                              "cpus_per_task": run.settings.threads,
-                                              **{k: v for k, v in _given(options).items() if k == "cpus_per_task"}})
-                submitted[run.name] = executor.submit(task, tickets[run.name], first_port).job_id
+                submitted[run.name] = executor.submit(SweepTask(), tickets[run.name], first_port).job_id
         for array in sorted({job.split("_")[0] for job in submitted.values()}):
             self._record({"job": array, "runs": {n: j for n, j in submitted.items() if j.split("_")[0] == array},
                           "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": self.spec.mode,
                           "options": options})
-        for name, job in submitted.items():
-            self.event(job, name, "SUBMITTED")
+        for run_name, job in submitted.items():
+            self.event(job, run_name, "SUBMITTED")
         return sorted({job.split("_")[0] for job in submitted.values()})
 
     def _prepare_cluster_run(self, run: Run, ticket: str) -> None:
         """A cluster run starts from an empty folder with its settings and a secret for its nodes (mode 600)."""
         import secrets
-        import shutil
 
         folder = run.folder(self.spec.out)
         if folder.exists():
@@ -323,9 +312,36 @@ class SlurmSweep:
                                                       else ""))
 
 
-def _given(options: dict[str, Any]) -> dict[str, Any]:
-    """The user's options win over the sweep's defaults (cpus_per_task, gpus_per_node, ntasks_per_node)."""
-    return {k: v for k, v in options.items() if k in ("cpus_per_task", "gpus_per_node", "ntasks_per_node", "nodes")}
+def slurm_parameters(name: str, mode: str, runs: list[Run], options: dict[str, Any]) -> dict[str, Any]:
+    """What the job (a simulate sweep's array, or one cluster run) asks Slurm for: the runs' --threads as CPUs per
+    task, a GPU per task for `--device cuda` runs (Slurm sets CUDA_VISIBLE_DEVICES), no time limit but the
+    partition's; a cluster run a task per node, on `nodes` hosts. The user's --slurm-option values win."""
+    cuda = any(r.settings.device.startswith("cuda") for r in runs)
+    wanted: dict[str, Any] = {"job_name": name, "time": None, "cpus_per_task": max(r.settings.threads for r in runs)}
+    if mode == "cluster":
+        [run] = runs
+        hosts = int(options.get("nodes", 1))
+        if hosts < 1 or run.settings.nodes % hosts:
+            raise SettingsError(f"--slurm-option nodes={options.get('nodes')}: a cluster run of {run.settings.nodes} "
+                                f"nodes ({run.name}) needs a number of hosts that divides it")
+        wanted.update(nodes=hosts, ntasks_per_node=run.settings.nodes // hosts)
+    if cuda:
+        wanted["gpus_per_task"] = 1
+    return {**wanted, **options}
+
+
+def _executor(submitit: Any, folder: Path, parameters: dict[str, Any]) -> Any:
+    """A SlurmExecutor with `parameters`: submitit's own where it knows them, the rest as sbatch options. No
+    requeue on a time-out (max_num_timeout 0); the tasks run this Python (the same environment)."""
+    executor = submitit.SlurmExecutor(folder=folder / "%j", max_num_timeout=0, python=sys.executable)
+    known = executor._valid_parameters()
+    extra = {k: v for k, v in parameters.items() if k not in known}
+    try:
+        executor.update_parameters(**{k: v for k, v in parameters.items() if k in known},
+                                   **({"additional_parameters": extra} if extra else {}))
+    except ValueError as exc:
+        raise SettingsError(f"--slurm-option: {exc}") from None
+    return executor
 
 
 def _follow(printer: Any, run: Run, out: Path) -> None:

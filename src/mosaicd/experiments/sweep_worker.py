@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from mosaicd.experiments.sweep import Run, execute, run_state
+from mosaicd.experiments.sweep_runs import Run, execute, run_state
 from mosaicd.progress import ProgressPrinter, RoundProgress
 from mosaicd.settings import Settings
 
