@@ -147,6 +147,7 @@ class _Sweep:
     parallel: int = 1     # runs going at once (`sweep --jobs`)
     started: float = field(default_factory=time.monotonic)
     done: int = 0         # runs finished, failed or skipped
+    failed: int = 0       # of those, failed
     started_runs: int = 0
     rounds_done: int = 0  # rounds of the finished runs (those left short by a failure count as done)
     start_ups: list[float] = field(default_factory=list)
@@ -255,13 +256,14 @@ class ProgressPrinter:
         elif now - self._last_plain >= self.plain_every:
             self._plain(self._sweep_line(sweep))
 
-    def end_run(self, label: str | None = None) -> None:
+    def end_run(self, label: str | None = None, failed: bool = False) -> None:
         run = self._run if label is None else self._runs.get(label)
         if run is None:
             return
         del self._runs[run.label]
         if self._sweep is not None:
             self._sweep.done += 1
+            self._sweep.failed += failed
             self._sweep.rounds_done += run.rounds
         if self._progress is not None and run.task is not None:
             if self._sweep is not None:
@@ -319,9 +321,13 @@ class ProgressPrinter:
             return [f"{runs[0].label}: {round_text(runs[0].done, runs[0].rounds)}", runs[0].detail()]
         return [f"{len(runs)} running: " + ", ".join(f"{r.label} {r.done}/{r.rounds}" for r in runs)] if runs else []
 
+    @staticmethod
+    def _count(sweep: _Sweep) -> str:
+        return f"runs {sweep.done}/{sweep.runs}" + (f" ({sweep.failed} failed)" if sweep.failed else "")
+
     def _sweep_fields(self, sweep: _Sweep) -> dict[str, str]:
         detail = " | ".join(p for p in (*self._going(), sweep.last) if p)
-        return {"count": f"runs {sweep.done}/{sweep.runs}", "left": self._left(self.sweep_eta()), "detail": detail}
+        return {"count": self._count(sweep), "left": self._left(self.sweep_eta()), "detail": detail}
 
     def sweep_news(self, text: str, always: bool = False) -> None:
         """A sweep's line about one of its runs (started, finished): a line off a terminal (a log); on one, the
@@ -360,7 +366,7 @@ class ProgressPrinter:
                 f"{self._left(run.eta())}")
 
     def _sweep_line(self, sweep: _Sweep) -> str:
-        line = (f"runs {sweep.done}/{sweep.runs} | {clock(time.monotonic() - sweep.started)} elapsed, "
+        line = (f"{self._count(sweep)} | {clock(time.monotonic() - sweep.started)} elapsed, "
                 f"{self._left(self.sweep_eta())}")
         going = [p for p in self._going() if p]
         return line + (" | " + " | ".join(going) if going else "")

@@ -117,6 +117,22 @@ def test_a_sweep_on_a_terminal_is_one_bar() -> None:
     assert "sweep: second failed\n" in ANSI.sub("", text) and "sweep: first ...\n" not in ANSI.sub("", text)
 
 
+def test_runs_going_at_once_are_each_named_and_a_failure_counted() -> None:
+    """`sweep --jobs 2`: the sweep's line names every run going on, with its round, and counts the failed."""
+    buf = io.StringIO()
+    with ProgressPrinter(console=Console(file=buf), plain_every=0.0) as printer:
+        printer.start_sweep(runs=3, runs_to_run=3, rounds_to_run=6, parallel=2)
+        printer.start_run("a", 2)
+        printer.start_run("b", 2)
+        printer.on_round(RoundProgress(0, 2, 1.0, None), "a")
+        printer.on_round(RoundProgress(1, 2, 1.0, None), "b")
+        assert "2 running: a 1/2, b 2/2" in buf.getvalue().splitlines()[-1]
+        printer.end_run("b", failed=True)
+        printer.on_round(RoundProgress(1, 2, 1.0, None), "a")
+    last = buf.getvalue().splitlines()[-1]
+    assert last.startswith("runs 1/3 (1 failed) |") and "| a: round 1 (2/2 done)" in last, last
+
+
 def test_time_left_comes_from_the_recent_rounds() -> None:
     """A slow start-up (loading data, spawning processes) and fast rounds: the time left is that of the rounds
     left at the recent pace, not (time since the start) / (rounds done) x (rounds left)."""

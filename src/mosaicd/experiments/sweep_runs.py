@@ -234,13 +234,14 @@ class SweepBook:
         self.printer.start_run(run.name, run.settings.rounds)
         return state == "resume"
 
-    def _end_run(self, run: Run, text: str, always: bool = False) -> None:
-        self.printer.end_run(run.name)
+    def _end_run(self, run: Run, text: str, failed: bool = False) -> None:
+        """A failure is a line even where progress is off."""
+        self.printer.end_run(run.name, failed=failed)
         eta = self.printer.sweep_eta()
         done = self.ended()
         self.printer.sweep_news(f"sweep: [{done}/{len(self.spec.runs)}] {text}"
                                 + (f"; ~{clock(eta)} left" if eta and done < len(self.spec.runs) else ""),
-                                always=always)
+                                always=failed)
 
     def done(self, run: Run, summary: dict[str, Any]) -> None:
         self.counts["ran"] += 1
@@ -251,7 +252,7 @@ class SweepBook:
     def fail(self, run: Run, error: str) -> None:
         self.failed.append(run.name)
         self.counts["failed"] += 1
-        self._end_run(run, f"{run.name} failed: {error} (see {run.folder(self.spec.out) / 'run.log'})", always=True)
+        self._end_run(run, f"{run.name} failed: {error} (see {run.folder(self.spec.out) / 'run.log'})", failed=True)
 
     def stop_at_failure(self, not_started: int) -> None:
         self.printer.message(f"sweep: stopped at the failed run; {not_started} run{'s' * (not_started != 1)} not "
