@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -285,3 +288,23 @@ def test_a_class_owns_its_fields() -> None:
            if not any(f" writes {allowed}," in w for allowed in THIRD_PARTY_WRITES.get(module_name(p), ()))]
     assert not bad, "\n".join(bad)
 
+
+
+
+FIGURE = re.compile(r"\b20\d\d-\d\d-\d\d\b|~?\b\d+(\.\d+)? ?(us|µs|ms)\b|\b\d+(\.\d+)? -> \d")
+
+
+def prose(source: str) -> list[tuple[int, str]]:
+    """A module's comments and docstrings, with their first line numbers."""
+    texts = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+             if t.type == tokenize.COMMENT]
+    return texts + [(n.lineno, n.value.value) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Expr)
+                    and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
+
+
+def test_docstrings_and_comments_say_why_not_what_was_measured() -> None:
+    """A figure measured on a given day (a date, a time in us or ms, a before -> after) goes to bench/README.md,
+    beside the script that measures it; the code says why, and names the script."""
+    found = [f"{path.relative_to(SRC)}:{line}: {FIGURE.search(text).group(0)!r} in {text.strip()[:80]!r}"
+             for path in FILES for line, text in prose(path.read_text()) if FIGURE.search(text)]
+    assert not found, "figures in the code (move them to bench/README.md):\n" + "\n".join(found)

@@ -21,9 +21,8 @@ from .sampling import PeerSampler
 from .wire import encoded_sizes
 
 # Fragments of this many values or more on average are averaged node by node (`aggregate`: slices, blocks); smaller
-# ones all at once through index arrays (`_scattered`), whose cost is per value where `aggregate`'s is per call
-# (1,000 nodes, s=4, K=4, a round: d=16 13 ms at once; d=256 26 ms at once, 31 node by node; d=400 42 against 33;
-# d=2,762 227 against 123).
+# ones all at once through index arrays (`_scattered`), whose cost is per value where `aggregate`'s is per call;
+# the threshold is where the two cross (bench/scale.py; bench/README.md, "Figures behind design choices").
 SCATTER_BELOW_FRAGMENT = 96
 SCATTER_CHUNK = 1 << 20  # values (own and received) in one bincount: bounds the index arrays' memory
 

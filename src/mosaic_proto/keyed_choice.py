@@ -1,11 +1,11 @@
 """What `keyed_rng(seed, purpose, round, node, f).choice(population, size, replace=False)` picks, for many f at once
 (`keyed_choices`), and for every (node, f) of a round at once (`keyed_table`).
 
-A plan draws one generator per fragment, and numpy spends ~35 us building one (SeedSequence, PCG64, Generator)
-to draw two numbers: at K=16 that was most of a node's round. Here the same algorithms (SeedSequence's hash
-mixing, PCG64's 128-bit LCG with XSL-RR output, Lemire's bounded integers, Floyd's sampling) run on plain
-integers, and the mixing of the key's common prefix is shared by all fragments: ~5 us per fragment, the same
-picks. `matches_numpy` checks that against numpy once per process; were numpy ever to draw differently, the
+A plan draws one generator per fragment, and numpy's cost of building one (SeedSequence, PCG64, Generator) to
+draw two numbers was, at K=16, most of a node's round. Here the same algorithms (SeedSequence's hash mixing,
+PCG64's 128-bit LCG with XSL-RR output, Lemire's bounded integers, Floyd's sampling) run on plain integers, and the
+mixing of the key's common prefix is shared by all fragments: several times cheaper per fragment, the same picks
+(bench/high_k.py; bench/README.md, "Figures behind design choices"). `matches_numpy` checks that against numpy once per process; were numpy ever to draw differently, the
 callers use numpy's own generators, so the picks never depend on which path ran.
 """
 
@@ -119,8 +119,8 @@ def _numpy_choices(key: list[int], fragments: Iterable[int], population: int, si
 
 def _one_word_seeder(pool: list[int], h: int) -> Callable[[int], tuple[int, int]]:
     """`word -> _pcg64(_mix_tail(pool, h, [word])[0])`, unrolled: the hash constants and the pool's share of the
-    mixing do not depend on the word, so a plan's K fragments compute them once (the seeding ~1.6x faster; a
-    fragment's whole pick 9.1 -> 6.3 us). Unrolled on purpose: a loop over the four pool words gives that back."""
+    mixing do not depend on the word, so a plan's K fragments compute them once. Unrolled on purpose: a loop over
+    the four pool words gives the gain back (bench/README.md, "Figures behind design choices")."""
     a0, a1, a2, a3 = _hash_constants(h, _MULT_A, 4)
     b0, b1, b2, b3 = a1, a2, a3, a3 * _MULT_A & _M32
     c0, c1, c2, c3 = (_MIX_L * p for p in pool)
@@ -188,7 +188,7 @@ def matches_numpy() -> bool:
 
 
 # The picks for every (node, fragment) of a round at once (`keyed_table`), in numpy: the same numbers, in arrays.
-# A round of `InMemoryNetwork` needs n x K picks, ~6 us each above: at K=16 more than a whole K=1 round. Here
+# A round of `InMemoryNetwork` needs n x K picks, which one by one above cost more at K=16 than a K=1 round. Here
 # SeedSequence's mixing, PCG64's 128-bit LCG (two uint64 halves) with its XSL-RR output, Lemire's bounded integers
 # and Floyd's sampling run on one lane per (node, fragment): a few hundred numpy calls per round whatever n and K.
 # `matches_scalar` checks the lanes against the functions above once per process; were they ever to differ,

@@ -12,8 +12,8 @@ Three rules, chosen by the run's `aggregator` setting (identical on every node, 
   1 / (1 + m): x = own + sum_j clip(x_j - own, tau) / (1 + m), where clip(z, tau) = z * min(1, tau / ||z||).
   The radius is relative to the node's own fragment: tau_k = `clip_radius` * ||own_k|| (L2 in float64, summed by
   numpy, not BLAS). It depends on nothing another sender sent, so a lone liar cannot raise it, and a sender moves a
-  fragment by at most tau_k / (1 + m) per round. Honest digits fragments differ by 1-6% of their norm (measured;
-  docs/security.md): the default 0.1 leaves them alone.
+  fragment by at most tau_k / (1 + m) per round. The default 0.1 is above what honest fragments differ by, so it
+  leaves them alone (docs/security.md gives the measurement).
 
 Every rule is deterministic: sums run in float64 in ascending sender order (clipped) or in ascending value order
 per coordinate (trimmed-mean), so the result does not depend on arrival order. Each also counts what its rule cut

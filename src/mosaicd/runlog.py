@@ -60,7 +60,7 @@ def pick_log(folder: Path, node: int | None) -> Path:
 
 
 def format_line(line: str, raw: bool = False) -> str:
-    """A structlog JSON line as `2026-11-24 00:43:36.123 info released round=4 ...`; other lines as they are."""
+    """A structlog JSON line as `YYYY-MM-DD HH:MM:SS.mmm info released round=4 ...`; other lines as they are."""
     if raw or not line.startswith("{"):
         return line
     try:

@@ -59,7 +59,8 @@ def _flush() -> None:
 def end_process(code: int) -> NoReturn:
     """A role's process (`mosaicd node`, `barrier`) whose run is over ends here, its output flushed: not waiting for
     a worker thread still in a round's training (a node told to stop) nor for the interpreter's teardown of torch
-    and its threads, which took 1.1-1.7 s on a host at load 8-12 and put a container told to stop past 2 s. Its
+    and its threads, which on a loaded host put a container told to stop past Docker's patience (bench/stop_exit.py
+    measures it). Its
     files are written and closed by then (log lines open their file each time, checkpoints are replaced whole)."""
     _flush()
     os._exit(code)

@@ -156,8 +156,8 @@ class NetworkEvaluation:
     """The barrier's `evaluate`: the average model's metric on the run's task; the node models are evaluated by the
     nodes themselves. The task's modules are imported from the start (`import_modules`: while the nodes start and
     register) and the task is built as soon as the run is known (`prepare`: when registration closes), each in a
-    thread of its own, not at the first evaluation: at 60 compose nodes on 2 cores that took ~45 s once the nodes
-    trained, and every row waited for it, so no round line carried an evaluation."""
+    thread of its own, not at the first evaluation: built then, beside nodes that train, it took long enough on a
+    loaded host that every row waited for it and no round line carried an evaluation."""
 
     def __init__(self, data_dir: Any, task: Any = None) -> None:
         self.data_dir = data_dir

@@ -16,9 +16,9 @@ from aiohttp import web
 
 from mosaic_proto.auth import body_digest, body_hasher
 
-# A buffer at least this large is hashed in a worker thread (~2 ms of BLAKE3 here); smaller ones on the loop.
-# Measured: handing a 1 MiB piece to a thread and back costs more (a queue put, a wake-up and GIL hand-offs,
-# ~0.5 ms) than hashing it (~0.25 ms), and a body arrives in pieces of at most 256 KiB (asyncio's read size).
+# A buffer at least this large is hashed in a worker thread; smaller ones on the loop, since handing a piece to a
+# thread and back (a queue put, a wake-up and GIL hand-offs) costs more than hashing it, and a body arrives in pieces
+# of at most 256 KiB, asyncio's read size (bench/bodies.py; bench/README.md, "Figures behind design choices").
 OFF_LOOP_BYTES = 8 << 20
 _BODY_DIGEST = web.RequestKey("mosaic_body_digest", str)
 
@@ -67,7 +67,7 @@ async def read_body(request: web.Request, *, digest: bool = False) -> bytes:
         body = chunks[0]
     elif size < OFF_LOOP_BYTES:
         body = b"".join(chunks)
-    else:  # bytes.join releases the GIL while it copies: ~0.2 s of a 190 MiB body are not the loop's
+    else:  # bytes.join releases the GIL while it copies: a large body's copy is not the loop's time
         body = await asyncio.to_thread(b"".join, chunks)
     if digest:  # read ahead of the handler (the secret's check): request.read() returns it from now on
         request._read_bytes = body  # aiohttp's own cache; `release_body` drops it once the handler is done

@@ -3,8 +3,8 @@ httptools (llhttp, in C). The one transport under `client.Client`.
 
 Why not aiohttp's ClientSession: a node posts ~9 small-to-large messages per round, and the session's machinery
 (request and response objects, URL objects, header multidicts, trace hooks, timers, the payload writer, a stream
-reader per answer) cost ~0.2 ms of the client's CPU per request, against ~0.07 ms here, and ~0.07 ms for moving a
-59 kB body both ways on a framed stream (bench/transport.py; bench/README.md "Speed 4, item 2"). Here a request
+reader per answer) cost several times this client's CPU per request, more than moving a fragment's body both ways
+(bench/transport.py measures all three; bench/README.md "Speed 4, item 2"). Here a request
 is one `bytes` head written before its body (no copy of a large body), an answer is a status, its content type
 and its body's pieces joined once. The wire stays standard HTTP/1.1, so any server answers, and the daemons'
 servers stay aiohttp's.

@@ -5,8 +5,8 @@ STATE_DIR/checkpoint-{0,1,2}.npz: three slots, each rewritten in place in turn (
 that cannot be read), fsync'd. The two written last are whole whatever a crash cuts (a torn slot fails the zip's
 CRC and is passed over), so a whole cluster resumed exactly can go on from the newest round every node has
 (`mosaicd cluster --resume`), which can be the one before a node's newest. Rewriting a file in place keeps its
-blocks and cached pages: a 4 MB model costs ~4.8 ms of CPU where a new file renamed over the old one cost ~7 ms
-(`bench/README.md`, Speed 4). Each slot's meta says its round and when it was written (`written`, counting up).
+blocks and cached pages, which a new file renamed over the old one gives up (bench/README.md, Speed 4, measures
+both). Each slot's meta says its round and when it was written (`written`, counting up).
 With a lossy --compress it also holds what the node's error feedback carries (`carried`, `Compressor.state`), so
 that a resumed node sends what it would have sent, and what its training carries across rounds (`trained`,
 `Task.node_state`: an optimizer's moments), so that it steps as it would have stepped. The single files of earlier

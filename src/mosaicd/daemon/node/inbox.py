@@ -5,8 +5,8 @@ status; `Peer` drives the same state from the other side (registration, rounds, 
 A message of `OFF_LOOP_BYTES` or more is decoded and validated in a worker thread (`mosaic_proto.round.decoded`:
 numpy and memcpy, which release the GIL), at most `DECODES_AT_ONCE` at a time and together at most
 --max-body-bytes (one of any size when no other is decoding); its fragments then go to the round open on the
-loop (`NodeState.take`). A smaller one is decoded on the loop: a thread hop costs more than decoding it (measured:
-0.3 ms for a 4 MiB message, 3 ms for an 8 MiB one through cbor2), and `wire.check_structure` refuses from its
+loop (`NodeState.take`). A smaller one is decoded on the loop, where a thread hop costs more than decoding it
+(bench/codec.py; bench/README.md, "Figures behind design choices"), and `wire.check_structure` refuses from its
 heads what could not be a message of the run, so no body makes cbor2 build more than O(K) objects. A body that
 declares more bytes than any message of the run is answered 413 before it is read (`oversized`)."""
 

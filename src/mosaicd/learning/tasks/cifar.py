@@ -37,7 +37,7 @@ class Cifar10Task(TorchTask):
     name = "cifar10"
     classes = 10
     eval_batch_size = 100  # activations of 1000 images would take half a GB
-    eval_channels_last = True  # about twice as fast on the CPU (measured with bench/evaluate.py)
+    eval_channels_last = True  # faster on the CPU (bench/evaluate.py; bench/README.md)
 
     def load(self) -> Split:
         return load_cifar(self.data_dir, self.classes)
