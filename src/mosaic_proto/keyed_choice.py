@@ -5,8 +5,9 @@ A plan draws one generator per fragment, and numpy's cost of building one (SeedS
 draw two numbers was, at K=16, most of a node's round. Here the same algorithms (SeedSequence's hash mixing,
 PCG64's 128-bit LCG with XSL-RR output, Lemire's bounded integers, Floyd's sampling) run on plain integers, and the
 mixing of the key's common prefix is shared by all fragments: several times cheaper per fragment, the same picks
-(bench/high_k.py; bench/README.md, "Figures behind design choices"). `matches_numpy` checks that against numpy once per process; were numpy ever to draw differently, the
-callers use numpy's own generators, so the picks never depend on which path ran.
+(bench/high_k.py; bench/README.md, "Figures behind design choices"). `matches_numpy` checks that against numpy
+once per process; were numpy ever to draw differently, the callers use numpy's own generators, so the picks never
+depend on which path ran.
 """
 
 from __future__ import annotations

@@ -85,9 +85,10 @@ class FoldRepeats:
 
 class ToFiles:
     """A structlog processor that appends every event, as a JSON line, to a log file: `files["barrier"]` the
-    barrier's (role=barrier), `files["node"]` the others', `files["*"]` all. Each line opens the file anew (a few
-    lines a second): a folder moved aside (an earlier run's, `rundir.keep_earlier_run`) does not take later lines
-    with it. A file that cannot be written is left alone (the console still says what happens)."""
+    barrier's (role=barrier), `files["node"]` the others', `files["*"]` (any key starting with "*") all. Each line
+    opens the file anew (a few lines a second): a folder moved aside (an earlier run's, `rundir.keep_earlier_run`)
+    does not take later lines with it. A file that cannot be written is left alone (the console still says what
+    happens)."""
 
     def __init__(self, files: dict[str, Path]) -> None:
         self.files = files
@@ -95,7 +96,7 @@ class ToFiles:
 
     def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
         role = "barrier" if event.get("role") == "barrier" else "node"
-        paths = {path for key, path in self.files.items() if key in (role, "*")}
+        paths = {path for key, path in self.files.items() if key == role or key.startswith("*")}
         if paths:
             line = self.render(logger, method, dict(event)) + "\n"
             for path in paths:
@@ -151,6 +152,7 @@ def configure_logging(level: str = "info", json: bool | None = None, files: dict
     line of info and up, whatever the console's level."""
     json = json_logs(json)
     _JSON_LINES[0] = json
+    _TO_FILES[0] = to_files = ToFiles(dict(files or {}))
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     least = min(getattr(logging, level.upper()), logging.INFO) if files else getattr(logging, level.upper())
     structlog.configure(
@@ -159,7 +161,7 @@ def configure_logging(level: str = "info", json: bool | None = None, files: dict
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            *([ToFiles(files), AtLeast(level)] if files else []),
+            to_files, AtLeast(level),  # with no files, neither does anything (`also_log_to` may add one)
             *([] if json else [FoldRepeats()]),
             renderer,
         ],
@@ -172,6 +174,22 @@ def configure_logging(level: str = "info", json: bool | None = None, files: dict
         root.removeHandler(handler)
     root.addHandler(LibraryRecords())
     root.setLevel(logging.WARNING)  # the libraries' warnings and errors (aiohttp's access log stays off)
+
+
+_TO_FILES: list[ToFiles | None] = [None]  # configure_logging's, which `also_log_to` adds a file to
+
+
+def also_log_to(path: Path) -> None:
+    """From now on every line (info and up) also goes to `path`, as the files `configure_logging` was given: a
+    by-hand barrier's OUT/logs/barrier.log, opened once it holds OUT. Not where this process's output already goes
+    there (a cluster's barrier, whose output the cluster writes to that file)."""
+    try:
+        if os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(path)):
+            return
+    except (OSError, ValueError):
+        pass
+    if _TO_FILES[0] is not None:  # the loggers already bound hold this processor: they write there too
+        _TO_FILES[0].files[f"*{path}"] = path
 
 
 def get_logger(**bound: object) -> structlog.typing.FilteringBoundLogger:

@@ -252,6 +252,7 @@ class RunRecorder:
         self.out, self.mode = Path(out), mode
         self.settings = settings.model_dump(mode="json") if isinstance(settings, BaseModel) else dict(settings)
         self.placement = placement(self.settings)
+        self.notes: dict[str, Any] = {}  # what the run's owner adds to every summary (`note`)
         self.out.mkdir(parents=True, exist_ok=True)
         self.started = time.time() if resume_from is None else resume_from
         # the clock of wall_s and elapsed_s: the time the run ran, not the time it stood stopped before --resume
@@ -326,7 +327,12 @@ class RunRecorder:
     def _base(self, status: str) -> dict[str, Any]:
         return {"mode": self.mode, "status": status, "settings": self.settings,
                 "progress": {"rounds_done": self.rounds_done, "rounds": self.settings.get("rounds")},
-                "started": _started_text(self.started), "final": self.latest, "placement": self.placement}
+                "started": _started_text(self.started), "final": self.latest, "placement": self.placement,
+                **self.notes}
+
+    def note(self, key: str, value: Any) -> None:
+        """A top-level key of summary.json from now on (the barrier's `refused`), written with the next summary."""
+        self.notes[key] = value
 
     def _running(self) -> None:
         if self.ended is not None:  # an evaluation that completes after the run failed adds its row only

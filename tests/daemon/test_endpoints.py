@@ -153,6 +153,7 @@ def snapshot(kit: Any, net: Net) -> dict[str, Any]:
                     if not k.startswith(("mosaic_refused_messages", "mosaic_limited_requests", "process_",
                                          "mosaic_asyncio_tasks"))}  # counts of refusals; the process's own moves
     barrier = kit.http("GET", f"{net.barrier}/v1/status").json()
+    barrier.pop("refused")  # counts of refusals, as the node's above
     for member in barrier["members"]:
         member.pop("last_contact_s")  # any request from a member's rank counts as contact
     return {"node": node, "node_metrics": node_metrics, "barrier": barrier,

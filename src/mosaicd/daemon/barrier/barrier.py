@@ -35,6 +35,7 @@ from mosaicd.daemon.barrier.ending import RunEnd
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
 from mosaicd.daemon.barrier.layouts import LayoutClaims
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
+from mosaicd.daemon.barrier.refusals import WHY, Refusals
 from mosaicd.daemon.barrier.registration import Registrar
 from mosaicd.daemon.barrier.release_log import ReleaseLog
 from mosaicd.daemon.deadlines import release_wait
@@ -74,6 +75,7 @@ class Barrier:
         self.metrics = BarrierMetrics(run)
         self.keyring = Keyring(secret) if secret else None
         self.registrar = Registrar(self)  # the registration's long polls (registration.py)
+        self.refusals = Refusals()  # requests refused, by reason and source (refusals.py)
         self.layouts = LayoutClaims()  # the model every member must build (layouts.py)
         self.notices = Notices({t: self.state.notice(r).to_json() for t, r in self.state.released.items()})
         self.ending = RunEnd(self.recorder, self.log, self.state.round if self.resumed else None)
@@ -150,8 +152,17 @@ class Barrier:
         self.log.info("registration_closed", members=len(roster.addresses))
         self.evaluator.prepare(run)
 
+    def refused(self, reason: str, source: str, path: str) -> None:
+        """A request refused (a bad signature, another run's, a closed roster): counted, the first of its kind
+        from its source said in a line, and kept in summary.json (what the node was told, never the secret)."""
+        if self.refusals.note(reason, source, path):
+            self.log.warning("refused", reason=reason, source=source, path=path, detail=WHY.get(reason, ""))
+        self.recorder.note("refused", self.refusals.as_json())
+
     def fail_registration(self, reason: str) -> None:
-        """Registration cannot complete (`reason`): the run ends."""
+        """Registration cannot complete (`reason`, with what was refused meanwhile): the run ends."""
+        if self.refusals.total:
+            reason = f"{reason}; {self.refusals.text()}"
         self.state.fail(reason)
         self.ending.registration_failed(reason)
         self.done.set()

@@ -42,8 +42,9 @@ def waiting_line(barrier: Barrier) -> str:
     state = barrier.state
     of = f" of {state.expected}" if state.expected else ""
     missing = unregistered(barrier.options, state.pending)
+    refused = barrier.refusals.text()
     return f"waiting for nodes: {len(state.pending)}{of} registered" + (
-        f"; not yet: {', '.join(missing)}" if missing else "")
+        f"; not yet: {', '.join(missing)}" if missing else "") + (f"; {refused}" if refused else "")
 
 
 def resumed_line(barrier: Barrier) -> str | None:
@@ -75,14 +76,16 @@ class BarrierConsole:
         self.barrier, self.url = barrier, url
         self.printer = ProgressPrinter()
         self.resumed_at = barrier.state.round if barrier.resumed else None
-        self.registered, self.said_waiting = -1, -WAITING_EVERY_S
+        self.registered: tuple[int, int] = (-1, -1)  # registered, refused: as last said
+        self.said_waiting = -WAITING_EVERY_S
         self.rounds_done, self.said_round, self.row_round = self.resumed_at or 0, -ROUND_EVERY_S, -1
 
     def look(self, final: bool = False) -> None:
         barrier, state, now = self.barrier, self.barrier.state, time.monotonic()
         if state.phase is BarrierPhase.REGISTERING:
-            if len(state.pending) != self.registered and now - self.said_waiting >= WAITING_EVERY_S:
-                self.registered, self.said_waiting = len(state.pending), now
+            seen = (len(state.pending), barrier.refusals.total)
+            if seen != self.registered and now - self.said_waiting >= WAITING_EVERY_S:
+                self.registered, self.said_waiting = seen, now
                 self.printer.message(waiting_line(barrier))
             return
         if self.said_round < 0 and state.addresses:

@@ -52,6 +52,16 @@ STATUS_OF_REASON = {BarrierReason.BAD_ADDRESS: 400, BarrierReason.BAD_ROUND: 400
                     BarrierReason.RUN_FAILED: 410}
 
 
+# a registration refused for what the node is or brings (not one told to wait or retry): the barrier says so
+REFUSED_REGISTRATIONS = {BarrierReason.BAD_ADDRESS, BarrierReason.REGISTRATION_CLOSED, BarrierReason.RUN_NOT_JOINABLE,
+                         "registration_failed"}
+
+
+def source_of(request: web.Request) -> str:
+    """Where a request came from, as the barrier names it: the peer's address (its claimed one is not proven)."""
+    return request.remote or "?"
+
+
 def reason_of(body: dict[str, Any]) -> str:
     """Why a node leaves or withdraws, as it says (400 if not a string of at most 2000 characters)."""
     reason = body.get("reason", "")
@@ -94,6 +104,8 @@ class BarrierRoutes:
         except BarrierError as exc:
             status = (self.barrier.registrar.status if exc.reason == "registration_failed"
                       else STATUS_OF_REASON[exc.reason])
+            if exc.reason in REFUSED_REGISTRATIONS:
+                self.barrier.refused(exc.reason, source_of(request), request.path)
             raise bad_request(exc.reason, exc.detail, status) from None
 
     async def arrive(self, request: web.Request) -> web.Response:
@@ -174,7 +186,8 @@ def barrier_app(barrier: Barrier) -> web.Application:
         web.get("/", routes.dashboard),
         web.get("/dashboard/{name}", routes.dashboard_asset),
     ], options=barrier.options, keyring=barrier.keyring, run_of=routes.run_of, registry=barrier.metrics.registry,
-        limits=limits, max_body=1024 * 1024, openapi=Path(__file__).parent / "openapi.json")
+        limits=limits, max_body=1024 * 1024, openapi=Path(__file__).parent / "openapi.json",
+        on_refused=lambda reason, request: barrier.refused(reason, source_of(request), request.path))
     app.on_startup.append(routes.on_startup)
     app.on_cleanup.append(routes.on_cleanup)
     return app
@@ -192,6 +205,7 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
                      "last_contact_s": round(now - m.last_contact, 3)} for r, m in state.members.items()],
         "metrics": clean_json(barrier.evaluator.last_metrics), "latest": latest_per_node(barrier.recorder.rounds),
         "settings": barrier.run.model_dump(mode="json"), "event_loop": loop_name(),
+        "refused": barrier.refusals.as_json(),
     }
 
 

@@ -16,7 +16,7 @@ from mosaicd.daemon.http.auth import Keyring, check_listen, load_secret, own_sec
 from mosaicd.daemon.http.server import check_port, serve
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import loop_name
-from mosaicd.logs import get_logger, json_logs, say
+from mosaicd.logs import also_log_to, get_logger, json_logs, say
 from mosaicd.rundir import BARRIER_LOCK, release
 from mosaicd.settings import Settings
 
@@ -71,6 +71,8 @@ async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[
     if evaluate is not None:
         evaluate.import_modules(settings.task)  # while the nodes start: their training leaves it little CPU later
     barrier = Barrier(settings.run_config(), settings.daemon_options(), evaluate=evaluate, hold_out=True)
+    if settings.log_file is None:  # by hand too, its log where `cluster` leaves it, once OUT is its own
+        also_log_to(settings.out / "logs" / "barrier.log")
     check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours
     runner, port = await serve(barrier_app(barrier), settings, sock)
     get_logger(role="barrier").info("listening", host=settings.host, port=port, expected=barrier.state.expected,

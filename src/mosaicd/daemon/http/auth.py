@@ -154,9 +154,9 @@ def check_listen(options: Any, keyring: Keyring | None, barrier: bool = False) -
 
 
 def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[str | None]], window: float,
-                    registry: CollectorRegistry) -> Any:
+                    registry: CollectorRegistry, on_refused: Callable[[str, web.Request], None] | None = None) -> Any:
     """Check every request but the read-only views; `run_of(request)` says which run's key applies (None: the
-    app is not ready to tell, 503)."""
+    app is not ready to tell, 503); `on_refused(reason, request)` hears of each request refused."""
     guard = ReplayGuard(window)
     refused = Counter("mosaic_auth_refused", "requests refused for want of a valid tag", ["reason"],
                       registry=registry)
@@ -177,6 +177,8 @@ def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[
                 check_digest(signed, body_digest_of(request))
         except AuthError as exc:
             refused.labels(exc.reason).inc()
+            if on_refused is not None:
+                on_refused(exc.reason, request)
             return json_error(401, exc.reason, exc.detail)
         request[SENDER] = signed.sender
         try:

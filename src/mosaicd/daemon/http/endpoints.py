@@ -57,11 +57,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 def member_app(routes: list[web.RouteDef], *, options: DaemonOptions, keyring: Keyring | None,
                run_of: Callable[[web.Request], Awaitable[str | None]], registry: CollectorRegistry, limits: Limits,
-               max_body: int, openapi: Path) -> web.Application:
+               max_body: int, openapi: Path,
+               on_refused: Callable[[str, web.Request], None] | None = None) -> web.Application:
     """A member's application: its `routes` and the endpoints every member serves, behind the middlewares in
     their order: errors as JSON, then the limits (bodies, before the guard reads them), then the cluster secret's
     guard (with a `keyring`: http/auth.py)."""
-    guard = [auth_middleware(keyring, run_of, auth_window(options), registry)] if keyring else []
+    guard = [auth_middleware(keyring, run_of, auth_window(options), registry, on_refused)] if keyring else []
     app = web.Application(middlewares=[json_errors, *limits.middlewares, *guard], client_max_size=max_body)
     app[LIMITS] = limits
     app.add_routes([*routes, web.get("/metrics", metrics_handler(registry)), web.get("/healthz", healthz),

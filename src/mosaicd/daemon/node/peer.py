@@ -20,6 +20,7 @@ as a `HostedBarrier`; `mosaicd.Peer` (`daemon/embedded.py`) hosts the real one.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -129,6 +130,21 @@ class Peer:
         inbox.listening(own_address(options, port))
         self.log = self.log.bind(address=inbox.address)
 
+    async def _registration_seen(self) -> str:
+        """What the barrier's open /v1/status says of the registration this node gave up on (for its error)."""
+        try:
+            _, body, _ = await self._client.request("GET", f"{self.inbox.barrier_url}/v1/status", timeout=3,
+                                                    retries=0)
+            status = json.loads(body)
+        except (HttpError, OSError, ValueError, TimeoutError):
+            return " (the barrier did not answer /v1/status either: is --barrier-url right, is it up?)"
+        if status.get("phase") != "registering":
+            return f" (the barrier answers: its run is {status.get('phase')})"
+        expected = status.get("expected") or "?"
+        return (f" (the barrier answers: {status.get('registered')} of {expected} nodes registered; it holds each "
+                "registration until all have come, then the run starts: start the others, or give a longer "
+                "--register-deadline)")
+
     async def _register(self) -> None:
         body = {"address": self.address, **({"rank": self._resume_rank} if self._resume_rank is not None else {})}
         try:
@@ -137,6 +153,8 @@ class Peer:
         except asyncio.CancelledError:  # told to stop while waiting for the roster: not counted in it
             await self.withdraw("it was told to stop while it waited for the other nodes to register")
             raise
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}{await self._registration_seen()}") from None
         run = RunConfig.model_validate(reply["run"])
         differ = settings_differ(self._hosted_run, run)
         self.state.registered(int(reply["rank"]), list(reply["members"]), reply.get("live", range(len(
