@@ -323,3 +323,36 @@ def test_a_node_told_to_stop_while_it_waits_for_the_roster_withdraws(tmp_path: P
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and len(summary["model_sha256"]) == 3
     assert summary["events"] == [] and summary["dropped"] == []  # no member missed a round
+
+
+@pytest.mark.slow
+def test_a_node_stopped_past_the_end_learns_it_and_exits_within_seconds(tmp_path: Path, kit: Any) -> None:
+    """SIGSTOP a node near the end; the others finish, the barrier and the nodes exit; SIGCONT: the node finds the
+    barrier and every peer gone (connections refused, not cut off) and ends, saying so, well within 15 s of
+    resuming, instead of retrying the barrier for --barrier-grace (120 s)."""
+    run = dict(nodes=4, rounds=12, fragments=2, fanout=2, round_deadline=2, drop_after=1, eval_every=6,
+               request_timeout=5, retries=1)
+    barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
+    try:
+        spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"), "--linger", "0")
+        for i, port in enumerate(node_ports):
+            spawn(f"node-{i}", port, "node", "--barrier-url", f"http://127.0.0.1:{barrier_port}",
+                  "--out", str(tmp_path / f"node-{i}"))
+        view = kit.wait_until(lambda: (s := status(kit, barrier_port)) and s["round"] >= run["rounds"] - 4 and s,
+                              90, f"round {run['rounds'] - 4}")
+        victim_port = int(next(m["address"] for m in view["members"] if m["rank"] == 1).rsplit(":", 1)[1])
+        procs[victim_port].send_signal(signal.SIGSTOP)
+        for port, proc in procs.items():  # the run ends without it; everyone else exits
+            if port != victim_port:
+                proc.wait(timeout=90)
+        assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
+        resumed = time.monotonic()
+        procs[victim_port].send_signal(signal.SIGCONT)
+        code = procs[victim_port].wait(timeout=60)
+        took = time.monotonic() - resumed
+    finally:
+        kit.stop_all(procs)
+    said = (tmp_path / f"node-{node_ports.index(victim_port)}.log").read_text()
+    print(f"figures: the stopped node exited {took:.1f}s after SIGCONT (exit {code})")
+    assert took < 15, said[-3000:]
+    assert code != 0 and "neither the barrier nor any of the 3 other members listens any more" in said, said[-3000:]

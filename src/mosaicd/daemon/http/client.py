@@ -15,6 +15,8 @@ from mosaicd.daemon.http.body import hash_bytes
 from mosaicd.daemon.http.connections import Connections, SlowConnects
 from mosaicd.logs import get_logger
 
+HOPELESS_AFTER_S = 2.0  # failures this long before a retried request asks whether there is any point
+
 
 class HttpError(Exception):
     """A peer answered 4xx (not retried) or every attempt failed (`status` None)."""
@@ -32,6 +34,14 @@ class Refused(HttpError):
     def __init__(self, status: int, reason: str, detail: str) -> None:
         super().__init__(status, f"{reason}: {detail}")
         self.reason = reason
+
+
+class Abandoned(HttpError):
+    """A retried request given up before its grace ran out, because the caller learned it cannot succeed (the
+    barrier and every peer gone: the run is over); `detail` says how it knows."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(None, detail)
 
 
 def refusal(status: int, body: bytes) -> HttpError:
@@ -129,9 +139,11 @@ class Client:
         raise AssertionError("unreachable")
 
     async def post_json_within(self, url: str, payload: dict, *, timeout: float, grace: float, flag: str, log: Any,
-                               round: int = 0) -> dict:
+                               round: int = 0, hopeless: Callable[[], Any] | None = None) -> dict:
         """POST (a long poll of up to `timeout` s); while the peer is unreachable or answers 5xx, retry with
-        backoff for `grace` seconds from the first failure, logging every retry. 4xx is raised at once."""
+        backoff for `grace` seconds from the first failure, logging every retry. 4xx is raised at once.
+        `hopeless()`: awaited before each retry from `HOPELESS_AFTER_S` of failures on; a reason (a string) ends
+        the retries at once (`Abandoned`), None goes on."""
         loop = asyncio.get_running_loop()
         failing_since: float | None = None
         for attempt in itertools.count():
@@ -145,6 +157,9 @@ class Client:
                 left = grace - (now - failing_since)
                 if left <= 0:
                     raise HttpError(None, f"{url} did not answer for {flag} {grace:g}s: {exc.detail}") from None
+                if hopeless is not None and now - failing_since >= HOPELESS_AFTER_S and \
+                        (why := await hopeless()) is not None:
+                    raise Abandoned(f"{url} did not answer ({exc.detail}), and {why}") from None
                 delay = min(0.25 * 2 ** attempt, 5.0, left)
                 log.warning("barrier_unreachable", url=url, attempt=attempt + 1, retry_in_s=delay,
                             left_s=float(f"{left:.1f}"), error=exc.detail)

@@ -7,6 +7,7 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from mosaic_proto.profiles import NodeProfile, TokenBucket
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.http.body import hash_bytes
-from mosaicd.daemon.http.client import Client, HttpError, Refused
+from mosaicd.daemon.http.client import Abandoned, Client, HttpError, Refused
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import sleep_at_least
@@ -98,14 +99,20 @@ def arrival(state: NodeState, report: NodeReport | None) -> dict[str, Any]:
 
 
 async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: bool, round_deadline: float,
-                 options: DaemonOptions, log: Any) -> dict[str, Any]:
+                 options: DaemonOptions, log: Any, peers: list[str] | None = None) -> dict[str, Any]:
     """Long poll at the barrier until the round is released; while the barrier is unreachable (restarting), retry
-    for --barrier-grace seconds. PeerDropped if the barrier dropped this node or it fell too far behind."""
+    for --barrier-grace seconds, unless the barrier and every one of `peers` (host:port) refuse connections: then
+    the run is over without this node (one stopped past its end), RunEnded. PeerDropped if the barrier dropped this
+    node or it fell too far behind."""
     rank, t = body["rank"], body["round"]
     try:
         return await client.post_json_within(f"{barrier_url}/v1/arrive", body,
                                               timeout=arrival_timeout(round_deadline, options.request_timeout, final),
-                                              grace=options.barrier_grace, flag="--barrier-grace", log=log, round=t)
+                                              grace=options.barrier_grace, flag="--barrier-grace", log=log, round=t,
+                                              hopeless=None if peers is None else lambda: everyone_gone(
+                                                  [address_of(barrier_url), *peers]))
+    except Abandoned as exc:
+        raise RunEnded(f"the run ended without this node: {exc.detail}") from None
     except Refused as exc:
         if exc.reason == BarrierReason.DROPPED:
             raise PeerDropped(f"node {rank} was dropped from the run: {exc.detail}") from None
@@ -114,6 +121,32 @@ async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: 
         if exc.reason in (BarrierReason.RUN_FAILED, BarrierReason.LEFT):
             raise RunEnded(exc.detail) from None
         raise
+
+
+def address_of(url: str) -> str:
+    """`host:port` of an http(s) URL (the port its scheme implies where none is given)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+async def everyone_gone(addresses: list[str], timeout: float = 1.0) -> str | None:
+    """Why the run must be over, if nothing listens at any of `addresses` any more (every connection refused:
+    the processes are gone, not cut off, which would time out); None if any listens or cannot be told."""
+    async def refused(address: str) -> bool:
+        host, _, port = address.rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+        except ConnectionRefusedError:
+            return True
+        except (OSError, TimeoutError, ValueError):
+            return False
+        writer.close()
+        return False
+
+    gone = await asyncio.gather(*(refused(a) for a in addresses))
+    if all(gone):
+        return f"neither the barrier nor any of the {len(addresses) - 1} other members listens any more"
+    return None
 
 
 def read_release(body: dict[str, Any]) -> tuple[Release, dict[int, str], str | None]:
