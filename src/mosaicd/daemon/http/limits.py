@@ -124,7 +124,10 @@ class TokenBuckets:
 
 
 class BodySlots:
-    """Bodies being received: a count, a count per address and a sum of declared sizes, each capped."""
+    """Bodies being received: a count, a count per address and a sum of declared sizes, each capped. A body
+    leaves the counts once it has arrived (`arrived`), its bytes once its handler is done with them (`done`):
+    the handler holds them (a large message waits for a decoding slot), so they count against the budget until
+    then, and no body beyond the budget is let in while another's bytes are held."""
 
     def __init__(self, count: int, per_peer: int, budget: int) -> None:
         self.max_count, self.per_peer, self.budget = count, per_peer, budget
@@ -135,7 +138,7 @@ class BodySlots:
     def fits(self, peer: str, size: int) -> bool:
         if self.count >= self.max_count or self.per[peer] >= self.per_peer:
             return False
-        return self.count == 0 or self.bytes + size <= self.budget
+        return self.bytes == 0 or self.bytes + size <= self.budget
 
     async def admit(self, peer: str, size: int, wait: float) -> bool:
         loop = asyncio.get_running_loop()
@@ -157,11 +160,24 @@ class BodySlots:
         return True
 
     def release(self, peer: str, size: int) -> None:
+        """Both at once: an admission that ends whole (a decoding)."""
+        self.arrived(peer)
+        self.done(size)
+
+    def arrived(self, peer: str) -> None:
+        """A body is in: it no longer counts as one being received."""
         self.count -= 1
-        self.bytes -= size
         self.per[peer] -= 1
         if self.per[peer] <= 0:
             del self.per[peer]
+        self._wake()
+
+    def done(self, size: int) -> None:
+        """A body's handler is done: its bytes are free."""
+        self.bytes -= size
+        self._wake()
+
+    def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:  # each looks again whether it fits now
             if not waiter.done():
@@ -221,23 +237,24 @@ class Limits:
                            f" from {peer}); try again", retry_after=1, close=True)
         loop = asyncio.get_running_loop()
         timer = loop.call_later(self.body_timeout, self._cut, request, declared)
-        released = False
+        arrived = False
 
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
+        def arrive() -> None:
+            nonlocal arrived
+            if not arrived:
+                arrived = True
                 timer.cancel()
-                self.slots.release(peer, declared)
+                self.slots.arrived(peer)
 
-        request.content.on_eof(release)  # the slot is free once the body is in, not when the handler ends
+        request.content.on_eof(arrive)  # another body may come in once this one is in, within the bytes' budget
         try:
             return await handler(request)
         except SlowBody as exc:
             self.note("slow_body", peer=peer)
             return refusal(408, "slow_body", str(exc), close=True)
         finally:
-            release()
+            arrive()
+            self.slots.done(declared)  # its bytes: held by the handler until now
 
     def _cut(self, request: web.Request, declared: int) -> None:
         content = request.content
