@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import sys
 import tempfile
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,11 +62,12 @@ def evaluate_vector(vector: np.ndarray) -> dict[str, float]:
     return evaluate(model, x_test, y_test)
 
 
-async def node(settings: mosaicd.Settings, data: tuple[torch.Tensor, ...]) -> float:
+async def node(settings: mosaicd.Settings, data: tuple[torch.Tensor, ...], secret: Any = None) -> float:
+    """`secret`: the run's, from the Barrier of this program (else --secret-file's)."""
     x, y, x_test, y_test = data
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    async with mosaicd.Peer(settings, model) as peer:
+    async with mosaicd.Peer(settings, model, secret=secret) as peer:
         shard = np.arange(len(x))[peer.rank::peer.run.nodes]  # your own data split
         for t in range(peer.round, peer.run.rounds):  # the run's settings, as the barrier handed them out
             rng = np.random.default_rng([SEED, peer.rank, t])  # seeded: the same batches every time
@@ -98,7 +100,7 @@ async def main(args: argparse.Namespace) -> None:
     async with mosaicd.Barrier(settings, name="digits-mlp", evaluate=evaluate_vector) as barrier:
         print(f"barrier {barrier.url}, outputs in {out}", file=sys.stderr, flush=True)
         peer = settings.model_copy(update={"barrier_url": barrier.url, "port": 0})
-        accuracies = await asyncio.gather(*(node(peer, data) for _ in range(NODES)))
+        accuracies = await asyncio.gather(*(node(peer, data, barrier.secret) for _ in range(NODES)))
     print("test accuracy per node:", [f"{a:.3f}" for a in accuracies], f"(outputs in {out})", file=sys.stderr)
 
 

@@ -168,9 +168,13 @@ async def served_barrier(run: dict[str, Any], out: Path, **barrier_kwargs: Any) 
     from mosaicd import Settings
     from mosaicd.daemon.barrier.barrier import Barrier
     from mosaicd.daemon.barrier.routes import barrier_app
+    from mosaicd.daemon.http.auth import Secret, write_new_secret
 
+    if not run.get("insecure") and "secret_file" not in run:  # the run's secret, as `mosaicd barrier` makes one
+        out.parent.mkdir(parents=True, exist_ok=True)
+        run = {**run, "secret_file": write_new_secret(out.parent / f"{out.name}.secret")}
     settings = Settings(**run, out=out)
-    barrier = Barrier(settings.run_config(), settings.daemon_options(), **barrier_kwargs)
+    barrier = Barrier(settings.run_config(), settings.daemon_options(), secret=Secret.of(settings), **barrier_kwargs)
     runner, barrier_url = await serve_on_loopback(barrier_app(barrier))
     return barrier, runner, Settings(**run, barrier_url=barrier_url)
 

@@ -308,3 +308,35 @@ def test_docstrings_and_comments_say_why_not_what_was_measured() -> None:
     found = [f"{path.relative_to(SRC)}:{line}: {FIGURE.search(text).group(0)!r} in {text.strip()[:80]!r}"
              for path in FILES for line, text in prose(path.read_text()) if FIGURE.search(text)]
     assert not found, "figures in the code (move them to bench/README.md):\n" + "\n".join(found)
+
+
+SECRET_READERS = {"mosaicd.daemon.http.auth"}  # `load_secret`, the one reader of a secret file
+SECRET_RESOLVERS = {  # where a role starts: the secret is resolved here once (`Secret.of`/`Secret.new`), then handed down
+    "mosaicd.daemon.barrier.run", "mosaicd.daemon.node.peer", "mosaicd.daemon.embedded",
+    "mosaicd.experiments.run_secret"}
+
+
+def test_a_secret_file_has_one_reader_and_each_entry_point_resolves_it_once() -> None:
+    """Only auth.py reads a secret file (`load_secret`); the entry points resolve the run's secret into one value
+    (`Secret.of`, `Secret.new`) that the rest is handed; no module keeps secrets in a registry of its own."""
+    readers, resolvers, registries = [], [], []
+    for name, tree in TREES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) \
+                    else ""
+                if called == "load_secret" and name not in SECRET_READERS:
+                    readers.append(name)
+                if called in ("of", "new") and isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+                        and func.value.id == "Secret" and name not in SECRET_RESOLVERS:
+                    resolvers.append(name)
+                if called in ("read_bytes", "read_text", "open") and "secret" in ast.unparse(node).lower() \
+                        and name not in SECRET_READERS:
+                    readers.append(f"{name}: {ast.unparse(node)[:80]}")
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.List | ast.Dict | ast.Set) and any(
+                    isinstance(t, ast.Name) and "SECRET" in t.id.upper() for t in node.targets):
+                registries.append(f"{name}: {ast.unparse(node)[:80]}")
+    assert not readers, f"a secret file read outside auth.load_secret: {readers}"
+    assert not resolvers, f"a secret resolved outside the entry points: {resolvers}"
+    assert not registries, f"a module-level store of secrets: {registries}"

@@ -29,6 +29,7 @@ from mosaic_proto import Fragmentation, FragmentBatch, Layout, PeerSampler, Reas
 from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.http.auth import Secret
 from mosaicd.daemon.http.errors import json_errors
 from mosaicd.daemon.http.limits import LIMITS, Limits, TokenBuckets, connection_caps
 from mosaicd.daemon.http.server import serve
@@ -298,7 +299,7 @@ def test_a_connection_flood_beyond_the_open_file_limit_neither_fails_accepts_nor
 async def test_a_registration_burst_gets_429_per_address(tmp_path: Path) -> None:
     settings = Settings(nodes=5, rounds=1, fanout=1, out=tmp_path, host="127.0.0.1", port=0, register_rate=0.5,
                         register_deadline=30, insecure=True)  # unsigned registrations reach the rate limit
-    barrier = Barrier(settings.run_config(), settings.daemon_options())
+    barrier = Barrier(settings.run_config(), settings.daemon_options(), secret=Secret.of(settings))
     runner, port = await serve(barrier_app(barrier), settings.daemon_options())
     try:
         async def register(source: str) -> tuple[int, dict[str, str], Any]:

@@ -201,6 +201,7 @@ async def test_the_public_peer_hosts_a_peer_lists_barrier_and_the_node_role_alon
     """`mosaicd.Peer` hosts the barrier as rank 0 of a --peer-list, as it always did (daemon/embedded.py); the node
     role's own `Peer` reaches it only through the `host` it is given, and says so without one."""
     from mosaicd.daemon.embedded import EmbeddedBarrier, hosting
+    from mosaicd.daemon.http.auth import Secret
     from mosaicd.daemon.node import peer as node_peer
 
     peers = tmp_path / "peers.txt"
@@ -208,10 +209,12 @@ async def test_the_public_peer_hosts_a_peer_lists_barrier_and_the_node_role_alon
     settings = Settings(**RUN, peer_list=peers, host="127.0.0.1", port=5001, out=tmp_path / "run")
     options, run = settings.daemon_options(), settings.run_config()
     assert issubclass(Peer, node_peer.Peer) and Peer(options, run=run)._host is not None
-    hosted = node_peer.hosted_barrier(options, run, hosting())
+    secret = Secret.new()
+    hosted = node_peer.hosted_barrier(options, run, hosting(), secret)
     assert isinstance(hosted, EmbeddedBarrier) and hosted.barrier.run.nodes == 3
+    assert hosted.barrier.keyring.secret == secret.value  # the node's own value, not the file read again
     assert hosted.unheard(0) == [] and hosted.app() is not None
     with pytest.raises(ValueError, match="needs a host"):
-        node_peer.hosted_barrier(options, run, None)
+        node_peer.hosted_barrier(options, run, None, secret)
     rank_1 = settings.daemon_options().model_copy(update={"port": 5002})
-    assert node_peer.hosted_barrier(rank_1, run, None) is None  # not rank 0: nothing to host
+    assert node_peer.hosted_barrier(rank_1, run, None, secret) is None  # not rank 0: nothing to host

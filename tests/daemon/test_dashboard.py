@@ -25,6 +25,7 @@ from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
 from mosaicd.daemon.barrier.routes import DASHBOARD, barrier_app
+from mosaicd.daemon.http.auth import Secret
 from mosaicd.experiments.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,7 +152,7 @@ def test_dashboard_fills_in_during_a_run(browser: Any, cluster: Cluster, kit: An
 async def test_history_and_dashboard_routes(tmp_path: Path, aiohttp_client: Any) -> None:
     """Plain HTTP, in process: /v1/history's `since` and bound, NaN as null; the page and its allow-listed files."""
     settings = Settings(nodes=4, rounds=3000, register_deadline=60, out=tmp_path / "barrier", insecure=True)
-    barrier = Barrier(settings.run_config(), settings.daemon_options())
+    barrier = Barrier(settings.run_config(), settings.daemon_options(), secret=Secret.of(settings))
     client = await aiohttp_client(barrier_app(barrier))
 
     async def get(path: str) -> tuple[int, str, bytes]:
@@ -195,7 +196,8 @@ async def test_dashboard_works_under_a_prefix(tmp_path: Path, aiohttp_client: An
     relative URLs, so that they resolve there too."""
     settings = Settings(nodes=4, register_deadline=60, out=tmp_path / "barrier", insecure=True)
     outer = web.Application()
-    outer.add_subapp("/barrier", barrier_app(Barrier(settings.run_config(), settings.daemon_options())))
+    outer.add_subapp("/barrier", barrier_app(Barrier(settings.run_config(), settings.daemon_options(),
+                                                     secret=Secret.of(settings))))
     client = await aiohttp_client(outer)
     async with client.get("/barrier/") as resp:
         assert resp.status == 200

@@ -23,6 +23,7 @@ from mosaicd import Peer, Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.http.auth import Secret
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "mosaic-dashboard.json"
 NAME = re.compile(r"\b(?:mosaic|process)_[A-Za-z0-9_:]*")
@@ -63,7 +64,7 @@ async def scrapes(tmp_path: Path, kit: Any) -> dict[str, str]:
                host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10,
                insecure=True)  # the families of an unsigned run (a signed one adds mosaic_auth_refused)
     barrier_settings = Settings(**run, out=tmp_path / "barrier")
-    barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options(),
+    barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options(), secret=Secret(None),
                       evaluate=NetworkEvaluation(tmp_path / "data"))
     runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
     settings = Settings(**run, barrier_url=barrier_url)

@@ -22,6 +22,7 @@ from mosaic_proto import Layout
 from mosaicd import Peer, Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.http.auth import Secret
 from mosaicd.daemon.node.routes import node_app
 
 DAEMON = Path(mosaicd.daemon.__file__).parent
@@ -47,7 +48,7 @@ def served(app: web.Application) -> set[tuple[str, str]]:
 def apps(tmp_path: Path) -> dict[str, web.Application]:
     settings = Settings(nodes=2, rounds=1, fanout=1, out=tmp_path / "barrier", barrier_url="http://127.0.0.1:9",
                         insecure=True)
-    barrier = Barrier(settings.run_config(), settings.daemon_options())
+    barrier = Barrier(settings.run_config(), settings.daemon_options(), secret=Secret(None))
     return {"node": node_app(Peer(settings.daemon_options(), Layout.flat(4)).inbox), "barrier": barrier_app(barrier)}
 
 
@@ -84,7 +85,8 @@ class Live:
 
     def __init__(self, tmp: Path, **run: Any) -> None:
         self.settings = Settings(**{**RUN, **run}, out=tmp)
-        self.barrier = Barrier(self.settings.run_config(), self.settings.daemon_options())
+        self.secret = Secret.of(self.settings) if self.settings.secret_file or self.settings.insecure else Secret.new()
+        self.barrier = Barrier(self.settings.run_config(), self.settings.daemon_options(), secret=self.secret)
         self.peers: list[Peer] = []
         self.tasks: list[asyncio.Task] = []
 
@@ -95,7 +97,7 @@ class Live:
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.barrier_url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
         settings = self.settings.model_copy(update={"barrier_url": self.barrier_url})
-        self.peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
+        self.peers = [Peer(settings, Layout.flat(settings.dim), secret=self.secret) for _ in range(settings.nodes)]
         await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in self.peers)), 30)
         self.vectors = {p.rank: np.full(settings.dim, p.rank, np.float32) for p in self.peers}
         return self

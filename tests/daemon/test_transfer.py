@@ -17,6 +17,7 @@ from mosaic_proto import CONTENT_TYPE, Fragmentation, InMemoryNetwork, Layout, P
 from mosaicd import Peer, Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.routes import barrier_app
+from mosaicd.daemon.http.auth import Secret
 from mosaicd.daemon.http.body import OFF_LOOP_BYTES
 from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.server import keep_freed_memory
@@ -38,10 +39,12 @@ async def test_large_messages_give_the_in_memory_models(tmp_path: Path, kit: Any
     settings = {**dict(nodes=4, rounds=3, fanout=2, dim=300_000, seed=7, train=False, eval_every=0, host="127.0.0.1",
                        port=0, round_deadline=60, register_deadline=30, request_timeout=30), **run, **extra}
     barrier_settings = Settings(**settings, out=tmp_path / "barrier")
-    barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options())
+    shared = Secret.of(barrier_settings) if secret else Secret.new()  # "plain": the program's own, in memory
+    barrier = Barrier(barrier_settings.run_config(), barrier_settings.daemon_options(), secret=shared)
     runner, barrier_url = await kit.serve_on_loopback(barrier_app(barrier))
     peer_settings = Settings(**settings, barrier_url=barrier_url)
-    peers = [Peer(peer_settings, Layout.flat(peer_settings.dim)) for _ in range(peer_settings.nodes)]
+    peers = [Peer(peer_settings, Layout.flat(peer_settings.dim), secret=None if secret else shared)
+             for _ in range(peer_settings.nodes)]
     try:
         await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 60)
         s = peer_settings

@@ -195,26 +195,21 @@ def test_a_barrier_started_by_hand_without_a_secret_makes_one_and_refuses_unsign
         assert not path.is_file() or secret.strip() not in path.read_bytes(), path
 
 
-async def test_a_peer_without_a_secret_shares_its_process_barrier_s_or_is_refused(tmp_path: Path) -> None:
-    """`mosaicd.Peer` with no secret: signed with the secret of the barrier in its own process (an own training
-    loop's); with no barrier of its own process to share one, refused (unless --insecure)."""
-    from mosaicd import Peer
+async def test_a_peer_signs_with_the_secret_it_is_handed_or_is_refused(tmp_path: Path) -> None:
+    """`mosaicd.Peer` with no --secret-file: refused (unless --insecure), even beside a `mosaicd.Barrier` of the same
+    program; with that barrier's `secret` handed to it, it signs with it. No registry passes secrets around."""
+    from mosaicd import Barrier, Peer
     from mosaicd.daemon.http import auth
 
-    held = list(auth._PROCESS_SECRETS)  # barriers other tests left alive in this process
-    auth._PROCESS_SECRETS.clear()
-    try:
-        options = Settings(barrier_url="http://127.0.0.1:9", port=0).daemon_options()
-        with pytest.raises(auth.SecretError, match="needs --secret-file.*--insecure"):
-            async with Peer(options, Layout.flat(4)):
-                pass
-        shared = auth.process_secret()
-        assert auth.peer_secret(options) == shared
-        assert auth.peer_secret(options.model_copy(update={"insecure": True})) is None
-        auth.forget_process_secret(shared)  # its barrier stopped: a Peer made later does not sign with it
-        assert auth.peer_secret(options) is None
-    finally:
-        auth._PROCESS_SECRETS[:] = held
+    options = Settings(barrier_url="http://127.0.0.1:9", port=0).daemon_options()
+    with pytest.raises(auth.SecretError, match="needs --secret-file.*secret=barrier.secret.*--insecure"):
+        async with Peer(options, Layout.flat(4)):
+            pass
+    barrier = Barrier(Settings(nodes=2, rounds=1, fanout=1, out=tmp_path / "run"))
+    assert barrier.secret.value and len(barrier.secret.value) >= 32 and "..." in repr(barrier.secret)
+    assert Peer(options, Layout.flat(4), secret=barrier.secret).inbox.keyring.secret == barrier.secret.value
+    assert Peer(options.model_copy(update={"insecure": True}), Layout.flat(4)).inbox.keyring is None
+    assert not hasattr(auth, "_PROCESS_SECRETS")
 
 
 async def test_an_unsigned_request_to_a_node_that_does_not_know_its_run_yet_is_refused_at_once() -> None:

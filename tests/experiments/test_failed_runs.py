@@ -13,6 +13,7 @@ import pytest
 
 from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.http.auth import Secret
 from mosaicd.experiments.cluster import Cluster, ClusterFailed
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.data import DataMissing
@@ -105,7 +106,7 @@ def test_an_interrupted_cluster_keeps_the_rounds_evaluated(tmp_path: Path) -> No
 
 async def test_a_failed_registration_leaves_a_failed_summary(tmp_path: Path) -> None:
     settings = Settings(nodes=3, rounds=5, register_deadline=0.3, out=tmp_path)
-    barrier = Barrier(settings.run_config(), settings.daemon_options())
+    barrier = Barrier(settings.run_config(), settings.daemon_options(), secret=Secret.new())
     await barrier.start()
     try:
         await asyncio.wait_for(barrier.done.wait(), 10)

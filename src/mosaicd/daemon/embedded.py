@@ -21,6 +21,7 @@ from aiohttp import web
 
 from mosaic_proto import Layout
 from mosaicd.daemon.hosting import BarrierHost
+from mosaicd.daemon.http.auth import Secret
 from mosaicd.daemon.node import peer as node_peer
 from mosaicd.daemon.node import run as node_run
 from mosaicd.settings import DaemonOptions, RunConfig, Settings
@@ -36,11 +37,12 @@ Evaluate = Callable[[RunConfig, list[np.ndarray]], dict]
 class EmbeddedBarrier:
     """A `Barrier` served by the node that hosts it (`hosting.HostedBarrier`); `barrier`: the barrier itself."""
 
-    def __init__(self, run: RunConfig, options: DaemonOptions, evaluate: Evaluate | None = None) -> None:
+    def __init__(self, run: RunConfig, options: DaemonOptions, secret: Secret, evaluate: Evaluate | None = None,
+                 ) -> None:
         from mosaicd.daemon.barrier.barrier import Barrier as RunBarrier
 
         counted = {"expect_dns": None, "expect_settle": None}  # the peer list counts the nodes
-        self.barrier = RunBarrier(run, options.model_copy(update=counted), evaluate=evaluate)
+        self.barrier = RunBarrier(run, options.model_copy(update=counted), secret=secret, evaluate=evaluate)
 
     def app(self) -> web.Application:
         from mosaicd.daemon.barrier.routes import barrier_app
@@ -63,7 +65,7 @@ class EmbeddedBarrier:
 
 def hosting(evaluate: Evaluate | None = None) -> BarrierHost:
     """A host of `EmbeddedBarrier`s whose network evaluation is `evaluate` (None: final models only)."""
-    return lambda run, options: EmbeddedBarrier(run, options, evaluate)
+    return lambda run, options, secret: EmbeddedBarrier(run, options, secret, evaluate)
 
 
 class Peer(node_peer.Peer):
@@ -71,20 +73,22 @@ class Peer(node_peer.Peer):
     hosting the run's barrier where it is rank 0 of a --peer-list."""
 
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
-                 evaluate: Evaluate | None = None, rejoining: bool = False, resume_rank: int | None = None) -> None:
-        """As `mosaicd.daemon.node.peer.Peer`'s; `evaluate`: the network evaluation of the barrier it hosts."""
+                 evaluate: Evaluate | None = None, rejoining: bool = False, resume_rank: int | None = None,
+                 secret: Secret | None = None) -> None:
+        """As `mosaicd.daemon.node.peer.Peer`'s; `evaluate`: the network evaluation of the barrier it hosts;
+        `secret`: the run's (`barrier.secret` of a `mosaicd.Barrier` in the same program), else --secret-file's."""
         super().__init__(options, model, run=run, host=hosting(evaluate), rejoining=rejoining,
-                         resume_rank=resume_rank)
+                         resume_rank=resume_rank, secret=secret)
 
 
 async def run_node(settings: Settings, task: Any = None) -> int:
     """`mosaicd.daemon.node.run.run_node`, hosting the barrier (with the run's network evaluation) where this node
     is rank 0 of a --peer-list."""
 
-    def host(run: RunConfig, options: DaemonOptions) -> EmbeddedBarrier:
+    def host(run: RunConfig, options: DaemonOptions, secret: Secret) -> EmbeddedBarrier:
         from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 
-        return EmbeddedBarrier(run, options, NetworkEvaluation(settings.data_dir, task))
+        return EmbeddedBarrier(run, options, secret, NetworkEvaluation(settings.data_dir, task))
 
     return await node_run.run_node(settings, task, host=host)
 
@@ -93,7 +97,7 @@ class Barrier:
     """The public `mosaicd.Barrier`: a run's barrier served from your own program, for your own training loops.
 
         async with mosaicd.Barrier(settings) as barrier:     # serves it; `barrier.url` is what Peers register with
-            ...                                               # run the Peers (here, or on other hosts)
+            ...                                               # run the Peers: here with secret=barrier.secret
         # leaving the block waits for the run's end: summary.json written (`barrier.summary`)
 
     `settings`: a `mosaicd.Settings` (the run's: nodes, rounds, K, ...; where it listens; --out). It evaluates no
@@ -116,6 +120,9 @@ class Barrier:
             raise ValueError("mosaicd.Barrier(evaluate=...) is for an own loop's run: the settings' task "
                              f"{settings.task!r} evaluates the average model")
         self.settings, self._evaluate = settings, evaluate
+        # the run's secret: --secret-file's, none with --insecure, else a new one in memory that this program
+        # hands its Peers (`mosaicd.Peer(settings, model, secret=barrier.secret)`)
+        self.secret = Secret.of(settings) if settings.secret_file or settings.insecure else Secret.new()
         self._barrier: RunBarrier | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -144,7 +151,8 @@ class Barrier:
         evaluate = NetworkEvaluation(s.data_dir) if evaluates(s) else None
         if self._evaluate is not None:
             evaluate = LoopEvaluation(self._evaluate)
-        self._barrier = RunBarrier(s.run_config(), s.daemon_options(), evaluate=evaluate, hold_out=True)
+        self._barrier = RunBarrier(s.run_config(), s.daemon_options(), secret=self.secret, evaluate=evaluate,
+                                   hold_out=True)
         try:
             self._runner, port = await serve(barrier_app(self._barrier), s)
         except BaseException:

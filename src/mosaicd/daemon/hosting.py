@@ -12,6 +12,7 @@ from typing import Protocol
 
 from aiohttp import web
 
+from mosaicd.daemon.http.auth import Secret
 from mosaicd.settings import DaemonOptions, RunConfig
 
 __all__ = ["BarrierHost", "HostedBarrier"]
@@ -39,5 +40,6 @@ class HostedBarrier(Protocol):
         ...
 
 
-BarrierHost = Callable[[RunConfig, DaemonOptions], HostedBarrier]
-"""Builds the barrier a node hosts, from the run's settings (the peer list's node count in) and the node's options."""
+BarrierHost = Callable[[RunConfig, DaemonOptions, Secret], HostedBarrier]
+"""Builds the barrier a node hosts, from the run's settings (the peer list's node count in), the node's options
+and its secret (the one value the node resolved)."""

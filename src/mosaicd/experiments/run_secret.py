@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mosaicd.daemon.http.auth import load_secret, write_new_secret
+from mosaicd.daemon.http.auth import Secret, write_new_secret
 
 
 class RunSecret:
@@ -19,21 +19,24 @@ class RunSecret:
     def __init__(self, settings: Any) -> None:
         self.settings = settings
         self.path: Path | None = None
+        self.secret = Secret(None)  # what this process signs with (`make`): the one value, not the file again
 
     def make(self) -> dict[str, Any]:
         """The settings override that gives every process the run's secret: the user's --secret-file, none with
         --insecure, else a fresh random one (`path`)."""
         s = self.settings
         if s.secret_file is not None or s.insecure:
+            self.secret = Secret.of(s)
             return {}
         folder = Path(tempfile.mkdtemp(prefix="mosaic-secret-"))  # 0700, outside the output folder
-        path = self.path = write_new_secret(folder / "secret")
-        return {"secret_file": str(path)}
+        self.secret = Secret.new()
+        assert self.secret.value is not None
+        self.path = write_new_secret(folder / "secret", self.secret.value)
+        return {"secret_file": str(self.path)}
 
     def load(self) -> bytes | None:
         """The secret's bytes the run's requests are signed with (the user's or the launcher's), None without one."""
-        s = self.settings
-        return load_secret(Path(s.secret_file) if s.secret_file else self.path)
+        return self.secret.value
 
     def remove(self) -> None:
         """Delete the launcher's own secret and its folder (the user's --secret-file stays)."""

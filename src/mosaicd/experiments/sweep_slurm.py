@@ -230,7 +230,7 @@ class SlurmSweep:
 
     def _prepare_cluster_run(self, run: Run, ticket: str) -> None:
         """A cluster run starts from an empty folder with its settings and a secret for its nodes (mode 600)."""
-        import secrets
+        from mosaicd.daemon.http.auth import write_new_secret
 
         folder = run.folder(self.spec.out)
         if folder.exists():
@@ -239,9 +239,7 @@ class SlurmSweep:
         (folder / "settings.json").write_text(json.dumps(run.settings.model_dump(mode="json"), indent=2) + "\n")
         secret = Path(ticket).with_suffix(".secret")
         secret.unlink(missing_ok=True)
-        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32) + "\n")
+        write_new_secret(secret)
 
     def event(self, job: str, name: str, state: str) -> None:
         path = self.dir / "events.csv"

@@ -40,7 +40,7 @@ from mosaicd.daemon.barrier.registration import Registrar
 from mosaicd.daemon.barrier.release_log import ReleaseLog
 from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.errors import OutputError
-from mosaicd.daemon.http.auth import Keyring, forget_process_secret, load_secret, process_secret
+from mosaicd.daemon.http.auth import Secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
 from mosaicd.rundir import hold_barrier, keep_earlier_run
@@ -50,14 +50,11 @@ P = BarrierPhase
 
 
 class Barrier:
-    def __init__(self, run: RunConfig, options: DaemonOptions, *,
+    def __init__(self, run: RunConfig, options: DaemonOptions, *, secret: Secret,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None, hold_out: bool = False) -> None:
-        """`evaluate(run, vectors)`: the models' network metrics (None: final models only); `hold_out`: take --out
-        (`open_outputs`). ResumeError: OUT holds another run in progress (or not the round asked for)."""
-        secret = load_secret(options.secret_file)  # a run started with one is not resumed without it
-        self._process_secret: bytes | None = None
-        if secret is None and not options.insecure:  # in-process: shared with this process's Peers (auth.py)
-            secret = self._process_secret = process_secret()
+        """`secret`: the run's, as its entry point resolved it (none: --insecure); `evaluate(run, vectors)`: the
+        models' network metrics (None: final models only); `hold_out`: take --out (`open_outputs`). ResumeError:
+        OUT holds another run in progress (or not the round asked for)."""
         self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
         if self.resumed:  # --resume-round: every member comes back at a new address and takes its rank back
             run = self.resumed["run"]
@@ -73,7 +70,7 @@ class Barrier:
         self.recorder = open_outputs(options, run, self.resumed, self.state.round if rebinding else None, self.log,
                                      hold_out)
         self.metrics = BarrierMetrics(run)
-        self.keyring = Keyring(secret) if secret else None
+        self.keyring = secret.keyring()
         self.registrar = Registrar(self)  # the registration's long polls (registration.py)
         self.refusals = Refusals()  # requests refused, by reason and source (refusals.py)
         self.layouts = LayoutClaims()  # the model every member must build (layouts.py)
@@ -325,8 +322,6 @@ class Barrier:
         """Decide nothing more; every waiting arrival is answered 503 barrier_stopping now. On Ctrl-C the journal so
         stays where the console says (as after a SIGKILL): the nodes retry against the barrier started again."""
         self.stopping = True
-        if self._process_secret is not None:
-            forget_process_secret(self._process_secret)
         if self._timer:
             self._timer.cancel()
         for task in list(self._tasks):

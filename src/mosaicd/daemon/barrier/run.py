@@ -12,7 +12,7 @@ from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.entry import exit_within
 from mosaicd.daemon.errors import RunEnded
-from mosaicd.daemon.http.auth import Keyring, check_listen, load_secret, own_secret_file
+from mosaicd.daemon.http.auth import Secret, check_listen, own_secret_file
 from mosaicd.daemon.http.server import check_port, serve
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import loop_name
@@ -30,8 +30,9 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
         require_task(settings.task)
     if settings.secret_file is None and not settings.insecure:  # secure by default, loopback too
         settings = own_secret(settings)
+    secret = Secret.of(settings)  # resolved once, here: the Barrier and its checks get this value
     # where it cannot listen, say so before the Barrier opens its outputs (keeping an earlier run aside...)
-    check_listen(settings, Keyring(secret) if (secret := load_secret(settings.secret_file)) else None)
+    check_listen(settings, secret.keyring())
     if sock is None:
         check_port(settings.daemon_options())
     stopped: list[str] = []  # SIGTERM (`docker stop`, `kill`) ends the barrier as Ctrl-C does: resumable, said so
@@ -47,7 +48,7 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
     except (RuntimeError, ValueError):  # an event loop outside the main thread (a program's own): no signals
         pass
     try:
-        return await serve_barrier(settings, task, sock, stopped)
+        return await serve_barrier(settings, secret, task, sock, stopped)
     except asyncio.CancelledError:
         if stopped:
             raise KeyboardInterrupt("SIGTERM") from None
@@ -66,11 +67,12 @@ def own_secret(settings: Settings) -> Settings:
     return settings.model_copy(update={"secret_file": path})
 
 
-async def serve_barrier(settings: Settings, task: Any, sock: Any, stopped: list[str]) -> int:
+async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any, stopped: list[str]) -> int:
     evaluate = NetworkEvaluation(settings.data_dir, task) if evaluates(settings, task) else None
     if evaluate is not None:
         evaluate.import_modules(settings.task)  # while the nodes start: their training leaves it little CPU later
-    barrier = Barrier(settings.run_config(), settings.daemon_options(), evaluate=evaluate, hold_out=True)
+    barrier = Barrier(settings.run_config(), settings.daemon_options(), secret=secret, evaluate=evaluate,
+                      hold_out=True)
     if settings.log_file is None:  # by hand too, its log where `cluster` leaves it, once OUT is its own
         also_log_to(settings.out / "logs" / "barrier.log")
     check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours

@@ -36,7 +36,8 @@ class SecretError(ValueError):
 
 
 def load_secret(path: Path | None) -> bytes | None:
-    """The secret's bytes (surrounding whitespace dropped), or None without --secret-file."""
+    """The secret's bytes (surrounding whitespace dropped), or None without --secret-file: the one reader of a
+    secret file (`Secret.of`, and `mosaicd cluster`'s for the user's file)."""
     if path is None:
         return None
     try:
@@ -49,40 +50,44 @@ def load_secret(path: Path | None) -> bytes | None:
     return secret
 
 
-_PROCESS_SECRETS: list[bytes] = []  # those of the Barriers alive in this process that were given no secret
+class Secret:
+    """The run's secret as one value: resolved once where a role starts (`mosaicd node`, `barrier`, `cluster`, a
+    `mosaicd.Peer` or `mosaicd.Barrier` of a program) and handed down to all that signs or checks requests; none
+    (`value` None) under --insecure. Its repr never shows the bytes."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | None) -> None:
+        self.value = value
+
+    @classmethod
+    def of(cls, options: Any) -> Secret:
+        """--secret-file's secret (read here, once), or none."""
+        return cls(load_secret(options.secret_file))
+
+    @classmethod
+    def new(cls) -> Secret:
+        """A fresh random secret, in memory only: a `mosaicd.Barrier` given no --secret-file (nor --insecure), whose
+        program hands it to its `mosaicd.Peer`s (`secret=barrier.secret`)."""
+        return cls(secrets.token_urlsafe(32).encode())
+
+    def keyring(self) -> Keyring | None:
+        return Keyring(self.value) if self.value else None
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __repr__(self) -> str:
+        return "Secret(...)" if self.value else "Secret(None)"
 
 
-def process_secret() -> bytes:
-    """A new in-process secret: a `Barrier` made without --secret-file (and without --insecure) signs with it, and
-    every `mosaicd.Peer` of the same process without a secret of its own shares it while that Barrier lives (an own
-    training loop's barrier hands its secret to its peers itself; `forget_process_secret` once it stops, so that no
-    later Peer signs with a dead barrier's). Random, in memory only, never logged."""
-    secret = secrets.token_urlsafe(32).encode()
-    _PROCESS_SECRETS.append(secret)
-    return secret
-
-
-def forget_process_secret(secret: bytes) -> None:
-    """The Barrier that made `secret` stopped: no Peer made from now on takes it."""
-    if secret in _PROCESS_SECRETS:
-        _PROCESS_SECRETS.remove(secret)
-
-
-def peer_secret(options: Any) -> bytes | None:
-    """A peer's secret: its --secret-file's; else, unless --insecure or --peer-list (whose members are processes of
-    their own: they all read one --secret-file), the secret of a barrier in this process; else None."""
-    secret = load_secret(options.secret_file)
-    if secret is None and not options.insecure and getattr(options, "peer_list", None) is None and _PROCESS_SECRETS:
-        secret = _PROCESS_SECRETS[-1]  # the newest barrier of this process that is still alive
-    return secret
-
-
-def write_new_secret(path: Path) -> Path:
-    """A fresh random secret in a new file only its owner can read (mode 600; an existing file is an error, never
-    overwritten). The one way a secret file is made: the barrier's own (`own_secret_file`), a cluster's per run."""
+def write_new_secret(path: Path, secret: bytes | None = None) -> Path:
+    """`secret` (default a fresh random one) in a new file only its owner can read (mode 600; an existing file is an
+    error, never overwritten). The one way a secret file is made: the barrier's own (`own_secret_file`), a
+    cluster's per run, a Slurm sweep's per cluster run."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
+    with os.fdopen(fd, "wb") as f:
+        f.write((secret or secrets.token_urlsafe(32).encode()) + b"\n")
     return path
 
 
@@ -145,8 +150,9 @@ def check_listen(options: Any, keyring: Keyring | None, barrier: bool = False) -
                           "that only members can join and send models; --insecure listens without one")
     if keyring is None and not options.insecure and not barrier:  # loopback is not private on a shared machine
         raise SecretError(f"--host {host}: a node needs --secret-file (MOSAIC_SECRET_FILE; the barrier's, e.g. the "
-                          "OUT.secret that `mosaicd barrier` made and printed) even on loopback, where any local user "
-                          "could join and send models; --insecure runs without one")
+                          "OUT.secret that `mosaicd barrier` made and printed; in a program, "
+                          "mosaicd.Peer(..., secret=barrier.secret) of its mosaicd.Barrier) even on loopback, where "
+                          "any local user could join and send models; --insecure runs without one")
     if keyring is None and (barrier or getattr(options, "peer_list", None) is not None):
         get_logger(role="barrier" if barrier else "node").warning(
             "no_secret", host=host, detail="no cluster secret: any process on this host can register, arrive and "

@@ -31,7 +31,7 @@ from aiohttp import web
 from mosaic_proto import Fragmentation, Layout, NodeEvent, NodeState, PeerSampler
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost, HostedBarrier
-from mosaicd.daemon.http.auth import REGISTER_RUN, Keyring, check_listen, peer_secret, signer
+from mosaicd.daemon.http.auth import REGISTER_RUN, Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError
 from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.http.server import serve
@@ -49,21 +49,23 @@ __all__ = ["Peer", "PeerDropped", "RunEnded"]
 
 class Peer:
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
-                 host: BarrierHost | None = None, rejoining: bool = False, resume_rank: int | None = None) -> None:
+                 host: BarrierHost | None = None, rejoining: bool = False, resume_rank: int | None = None,
+                 secret: Secret | None = None) -> None:
         """`model`: the model's Layout, or a torch module whose float state is the gossiped vector; None to
         give it after registration (`set_model`). `run` and `host` are needed only where this peer hosts the
         barrier (rank 0 of a --peer-list): `host` builds it (`mosaicd.Peer` gives `mosaicd.daemon.embedded`'s,
         with the network evaluation it was given). `rejoining`: this process
         takes over from an earlier one (it has its checkpoint): fragments of the round it lost are refused
         at once instead of held until it is ready. `resume_rank`: the rank this process takes back in a resumed
-        run (`--resume-round`), wherever it listens now."""
+        run (`--resume-round`), wherever it listens now. `secret`: the run's (a `mosaicd.Barrier`'s of the same
+        program: `barrier.secret`); none given: --secret-file's, read here."""
         self.options, self._model, self._host, self._hosted_run = options, model, host, run
         self._resume_rank = resume_rank
         self._paced: tuple[int, Link] | None = None  # (rank, its link) under --node-profile
         self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining,
                                on_refused=lambda why, n: self.metrics.counted(why, n))
-        secret = peer_secret(options)  # --secret-file's, or an in-process barrier's
-        self.inbox = Inbox(self.state, options, Keyring(secret) if secret else None)
+        self.secret = secret if secret is not None else Secret.of(options)  # resolved once, handed down
+        self.inbox = Inbox(self.state, options, self.secret.keyring())
         self.log = get_logger(role="node")
         self.barrier: HostedBarrier | None = None  # the one this peer hosts (rank 0 of a --peer-list)
         self._runner: web.AppRunner | None = None
@@ -121,7 +123,7 @@ class Peer:
         check_listen(options, inbox.keyring)
         if options.peer_list is not None:
             inbox.registers_with(inbox.barrier_url or embedded_barrier_url(options))
-            self.barrier = hosted_barrier(options, self._hosted_run, self._host)
+            self.barrier = hosted_barrier(options, self._hosted_run, self._host, self.secret)
             if self.barrier is not None:
                 app.add_subapp("/barrier", self.barrier.app())
         if not inbox.barrier_url:
@@ -337,7 +339,8 @@ def settings_differ(ours: RunConfig | None, run: RunConfig) -> str:
                      if k != "nodes" and mine.get(k) != v)
 
 
-def hosted_barrier(options: DaemonOptions, run: RunConfig | None, host: BarrierHost | None) -> HostedBarrier | None:
+def hosted_barrier(options: DaemonOptions, run: RunConfig | None, host: BarrierHost | None,
+                   secret: Secret) -> HostedBarrier | None:
     """With --peer-list, rank 0 (the first address in sorted order) also serves the barrier, for as many nodes as
     the list names."""
     addresses = listed_addresses(options)
@@ -347,4 +350,4 @@ def hosted_barrier(options: DaemonOptions, run: RunConfig | None, host: BarrierH
         raise ValueError("rank 0 of a --peer-list hosts the barrier: it needs the run's settings")
     if host is None:
         raise ValueError("rank 0 of a --peer-list hosts the barrier: it needs a host (mosaicd.Peer has one)")
-    return host(run.with_nodes(len(addresses)), options)
+    return host(run.with_nodes(len(addresses)), options, secret)
