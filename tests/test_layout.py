@@ -311,7 +311,8 @@ def test_docstrings_and_comments_say_why_not_what_was_measured() -> None:
 
 
 SECRET_READERS = {"mosaicd.daemon.http.auth"}  # `load_secret`, the one reader of a secret file
-SECRET_RESOLVERS = {  # where a role starts: the secret is resolved here once (`Secret.of`/`Secret.new`), then handed down
+# where a role starts: the secret is resolved here once (`Secret.of`, `Secret.new`), then handed down
+SECRET_RESOLVERS = {
     "mosaicd.daemon.barrier.run", "mosaicd.daemon.node.peer", "mosaicd.daemon.embedded",
     "mosaicd.experiments.run_secret"}
 
