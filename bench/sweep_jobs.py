@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mosaicd.experiments.sweep_runs import model_hashes
+
 
 def sweep(spec: Path, out: Path, jobs: int, sets: list[str]) -> dict:
     started = time.monotonic()
@@ -27,9 +29,8 @@ def sweep(spec: Path, out: Path, jobs: int, sets: list[str]) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"sweep --jobs {jobs} exited {done.returncode}: {done.stderr[-2000:]}")
     result = json.loads(done.stdout.splitlines()[-1])
-    hashes = {p.parent.name: json.loads(p.read_text())["model_sha256"] for p in out.glob("runs/*/summary.json")}
     return {"jobs": jobs, "wall_s": round(wall, 1), "cpu_s": result["cpu_s"], "runs": result["ran"],
-            "hashes": hashes}
+            "hashes": model_hashes(out)}
 
 
 def main() -> None:

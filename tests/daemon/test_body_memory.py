@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,9 @@ from typing import Any
 
 import pytest
 
+from mosaicd.experiments.cluster import free_ports
+
 LIMIT, BODY, PIECE = 256 << 20, 190 << 20, 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post_chunked(port: int) -> int:
@@ -49,9 +44,9 @@ def peak_rss_mb(pid: int) -> float:
 @pytest.mark.slow
 def test_four_large_bodies_at_once_keep_the_insecure_nodes_memory_under_twice_the_limit(tmp_path: Path,
                                                                                           kit: Any) -> None:
-    port = free_port()
+    port = free_ports(1)[0]
     node = subprocess.Popen([sys.executable, "-m", "mosaicd", "node", "--insecure", "--host", "127.0.0.1", "--port",
-                             str(port), "--barrier-url", f"http://127.0.0.1:{free_port()}", "--register-deadline",
+                             str(port), "--barrier-url", f"http://127.0.0.1:{free_ports(1)[0]}", "--register-deadline",
                              "300", "--max-body-bytes", str(LIMIT), "--request-timeout", "5", "--out",
                              str(tmp_path / "node")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from mosaicd.daemon.barrier.refusals import Refusals
+from mosaicd.experiments.cluster import free_ports
 
 
 def test_refusals_count_all_and_name_the_first_of_each_kind() -> None:
@@ -30,7 +30,7 @@ def test_refusals_count_all_and_name_the_first_of_each_kind() -> None:
 @pytest.mark.slow
 def test_a_node_with_the_wrong_secret_shows_on_the_barriers_console_status_and_summary(tmp_path: Path,
                                                                                        kit: Any) -> None:
-    out, port = tmp_path / "run", free_port()
+    out, port = tmp_path / "run", free_ports(1)[0]
     barrier = subprocess.Popen([sys.executable, "-m", "mosaicd", "barrier", "--task", "quadratic", "--nodes", "2",
                                 "--rounds", "3", "--fanout", "1", "--host", "127.0.0.1", "--port", str(port), "--out",
                                 str(out)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -61,15 +61,9 @@ def test_a_node_with_the_wrong_secret_shows_on_the_barriers_console_status_and_s
         assert secret.read_text().strip() not in text and "not-the-barriers-secret" not in text
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_a_node_that_gives_up_registering_says_what_the_barrier_waits_for(tmp_path: Path, kit: Any) -> None:
-    port = free_port()
+    port = free_ports(1)[0]
     barrier = subprocess.Popen([sys.executable, "-m", "mosaicd", "barrier", "--task", "quadratic", "--nodes", "3",
                                 "--rounds", "3", "--fanout", "1", "--host", "127.0.0.1", "--port", str(port), "--out",
                                 str(tmp_path / "run"), "--insecure"], cwd=tmp_path, stdout=subprocess.DEVNULL,

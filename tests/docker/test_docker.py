@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from pathlib import Path
 
 import pytest
 from needs import lacking
+
+from mosaicd.experiments.cluster import free_ports
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -63,12 +64,6 @@ def compose(request: pytest.FixtureRequest) -> list[str]:
     if shutil.which(cli[0]) is None or sh(*cli, "version", check=False, timeout=60).returncode != 0:
         lacking("DOCKER", f"`{' '.join(cli)}` is not installed (.ci/run installs both)")
     return cli
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def environment(**extra: str) -> dict[str, str]:
@@ -279,7 +274,7 @@ def assert_console_for_people(logs: str, port: int, nodes: int, rounds: int) -> 
 @pytest.mark.parametrize("compose", ["v2"], indirect=True)  # v1: test_compose_an_operators_day (16 nodes)
 def test_compose_scales_nodes_serves_rest_and_leaves_results(kit, image: str, compose: list[str], results: Path,
                                                              tmp_path: Path, projects: list[Project]) -> None:
-    nodes, rounds, port = 8, 6, free_port()
+    nodes, rounds, port = 8, 6, free_ports(1)[0]
     # a task of the user's: a file outside the package (examples/digits_task.py), mounted at /tasks (MOSAIC_TASKS)
     project = Project(compose, f"mosaictest{os.getpid()}", "compose.yaml", environment(
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS=str(rounds),
@@ -378,7 +373,7 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     """16 nodes; one node `docker restart`ed mid-run (SIGTERM: it leaves and exits within 2 s, far from Docker's
     10 s; it rejoins, and the test reports how soon), the barrier SIGKILLed and started again (it resumes from its
     journal and says so, no start banner again). Every container ends 0; the console folds the nodes' warnings."""
-    nodes, rounds, port = 16, 30, free_port()
+    nodes, rounds, port = 16, 30, free_ports(1)[0]
     project = Project(compose, f"mosaictestday{os.getpid()}", "compose.yaml", environment(
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS=str(rounds),
         MOSAIC_EVAL_EVERY="10", MOSAIC_EXPECT_SETTLE="10", MOSAIC_BARRIER_LINGER="3", MOSAIC_ROUND_DEADLINE="60",
@@ -472,7 +467,7 @@ def test_compose_at_scale_on_the_default_neighbour_table_keeps_the_pace(
     (3,782 at 60 nodes)."""
     nodes, rounds = SCALE_NODES, 10
     neighbour_thresholds(DEFAULT_THRESHOLDS)
-    results, port = tmp_path / "results", free_port()
+    results, port = tmp_path / "results", free_ports(1)[0]
     results.mkdir()
     project = Project(compose, f"mosaictestsscale{os.getpid()}", "compose.yaml", environment(
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_TASK="quadratic",
@@ -508,7 +503,7 @@ def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(
         os.chown(path, owner, owner)
     results = checkout / "results"  # Docker makes it (as root) for the bind mount
     project = Project(compose, f"mosaictestf{os.getpid()}", str(checkout / "compose.yaml"), environment(
-        MOSAIC_BARRIER_PORT=str(free_port()), MOSAIC_FANOUT="4", MOSAIC_BARRIER_LINGER="1"))
+        MOSAIC_BARRIER_PORT=str(free_ports(1)[0]), MOSAIC_FANOUT="4", MOSAIC_BARRIER_LINGER="1"))
     projects.append(project)
     project("up", "-d", "--no-build", "--scale", "node=3")
     containers = project("ps", "-q", "barrier", "node").split()  # not the one-shot `secret`
@@ -539,7 +534,7 @@ def test_multihost_files_join_nodes_of_several_projects_by_barrier_address(
     sh("sh", "-c", SECRET_FILE_ONE_LINER, env={**os.environ, "HOME": str(home)})
     secret_file = home / ".mosaic" / "secret"
     secret = secret_file.read_text().strip()
-    rounds, port = 4, free_port()
+    rounds, port = 4, free_ports(1)[0]
     env = environment(MOSAIC_RESULTS=str(results), MOSAIC_NODES="5", MOSAIC_ROUNDS=str(rounds),
                       MOSAIC_BARRIER_PORT=str(port), MOSAIC_BARRIER_URL=f"http://127.0.0.1:{port}",
                       MOSAIC_SECRET_PATH=str(secret_file))
@@ -583,7 +578,7 @@ def swarm_logs(stack: str) -> str:
 
 
 def test_swarm_stack_discovers_nodes_through_tasks_dns(kit, swarm: None, results: Path) -> None:
-    nodes, rounds, port = 5, 4, free_port()
+    nodes, rounds, port = 5, 4, free_ports(1)[0]
     stack = f"mosaictest{os.getpid()}"
     secret_name = f"{stack}_secret"  # the documented one-liner, under a name of this test's own
     sh("sh", "-c", SWARM_SECRET_ONE_LINER.replace("mosaic_secret", secret_name))

@@ -15,6 +15,7 @@ import pytest
 
 from mosaicd.experiments.sweep import load_spec, run_state
 from mosaicd.experiments.sweep_jobs import default_jobs, gpu_for, visible_gpus
+from mosaicd.experiments.sweep_runs import model_hashes
 
 SPEC = """
 mode = "simulate"
@@ -37,10 +38,6 @@ def sweep(spec: Path, *args: str, timeout: float = 300) -> subprocess.CompletedP
                           text=True, timeout=timeout, cwd=spec.parent)
 
 
-def hashes(out: Path) -> dict[str, dict[str, str]]:
-    return {p.parent.name: json.loads(p.read_text())["model_sha256"] for p in sorted(out.glob("runs/*/summary.json"))}
-
-
 def test_two_at_once_give_the_models_of_one_at_a_time(tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
     spec.write_text(SPEC.format(out="one", task="digits", rounds=3))
@@ -51,7 +48,7 @@ def test_two_at_once_give_the_models_of_one_at_a_time(tmp_path: Path) -> None:
     result = json.loads(two.stdout.splitlines()[-1])
     assert result["ran"] == 4 and result["failed"] == 0, result
     assert "2 running: " in two.stderr, two.stderr  # the one progress view names both runs going on
-    first, second = hashes(tmp_path / "one"), hashes(tmp_path / "two")
+    first, second = model_hashes(tmp_path / "one"), model_hashes(tmp_path / "two")
     assert len(first) == 4 and all(len(h) == 4 for h in first.values())
     assert first == second
     with open(tmp_path / "two" / "grid.csv") as f:
@@ -90,7 +87,7 @@ def test_ctrl_c_stops_every_run_and_the_same_command_finishes_them(tmp_path: Pat
     assert json.loads(again.stdout.splitlines()[-1])["resumed"] == 2
     whole = sweep(spec, "--jobs", "2", "--out", "whole", "--quiet")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    assert hashes(out) == hashes(tmp_path / "whole") and len(hashes(out)) == 2
+    assert model_hashes(out) == model_hashes(tmp_path / "whole") and len(model_hashes(out)) == 2
 
 
 def test_the_default_is_what_the_cores_allow() -> None:

@@ -24,6 +24,8 @@ import pytest
 from pageblocks import SLURM_PAGE, block
 from slurmlab import SlurmLab, free_port_range, require_slurm
 
+from mosaicd.experiments.sweep_runs import model_hashes
+
 pytestmark = [pytest.mark.slurm]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,10 +179,6 @@ def mosaicd(slurm: SlurmLab, cwd: Path, *args: str, timeout: float = 300) -> sub
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def sweep_hashes(out: Path) -> dict[str, dict[str, str]]:
-    return {p.parent.name: json.loads(p.read_text())["model_sha256"] for p in sorted(out.glob("runs/*/summary.json"))}
-
-
 def submissions(out: Path) -> list[dict]:
     return json.loads((out / "slurm" / "submissions.json").read_text())
 
@@ -233,7 +231,7 @@ def test_a_sweep_as_a_job_array_equals_the_local_sweep_and_reruns_only_a_cancell
 
     local = mosaicd(slurm, tmp_path, "sweep", str(spec), "--out", "local", "--jobs", "2", "--quiet")
     assert local.returncode == 0, local.stderr[-3000:]
-    assert sweep_hashes(out) == sweep_hashes(tmp_path / "local") and len(sweep_hashes(out)) == 4
+    assert model_hashes(out) == model_hashes(tmp_path / "local") and len(model_hashes(out)) == 4
     runs = json.loads(mosaicd(slurm, tmp_path, "runs", str(out), "--json").stdout)
     # submitit submits a grid of one run as a plain job, not an array of one
     assert {r["slurm_job"] for r in runs} == {*(j for n, j in array["runs"].items() if n != victim),
@@ -262,4 +260,4 @@ def test_a_cluster_sweep_runs_a_multi_task_job_per_run(slurm: SlurmLab, tmp_path
             made[1]["runs"].get(name))
     local = mosaicd(slurm, tmp_path, "sweep", str(spec), "--out", "local", "--jobs", "1", "--quiet")
     assert local.returncode == 0, local.stderr[-3000:]
-    assert sweep_hashes(out) == sweep_hashes(tmp_path / "local") and len(sweep_hashes(out)) == 2
+    assert model_hashes(out) == model_hashes(tmp_path / "local") and len(model_hashes(out)) == 2

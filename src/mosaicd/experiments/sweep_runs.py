@@ -137,6 +137,17 @@ def _log_round(log: TextIO, p: RoundProgress) -> None:
 # ---------------------------------------------------------------------------------------------- the sweep
 
 
+def write_settings(run: Run, folder: Path) -> None:
+    """The run's settings.json in its folder, as the sweep resolved them."""
+    (folder / "settings.json").write_text(
+        json.dumps(run.settings.model_dump(mode="json"), indent=2) + "\n")
+
+
+def model_hashes(out: Path) -> dict[str, dict[str, str]]:
+    """Each run's `model_sha256` (run name -> rank -> hash) of the sweep in `out`, from the runs' summaries."""
+    return {p.parent.name: json.loads(p.read_text())["model_sha256"] for p in sorted(out.glob("runs/*/summary.json"))}
+
+
 def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: float | None = None,
             on_round: Callable[[Run, RoundProgress], None] | None = None, resume: bool = False) -> dict[str, Any]:
     """One run from scratch in its own folder (`resume`: the unfinished simulation there, continued); returns its
@@ -149,7 +160,7 @@ def execute(run: Run, out: Path, mode: str, printer: ProgressPrinter, timeout: f
     if folder.exists() and not resume:
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=resume)
-    (folder / "settings.json").write_text(json.dumps(run.settings.model_dump(mode="json"), indent=2) + "\n")
+    write_settings(run, folder)
     with open(folder / "run.log", "a") as log:
         log.write(f"{_now()} {'resume' if resume else 'start'} {run.name} mode={mode}\n")
         log.flush()

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mosaicd.experiments.sweep_runs import Run, Spec, SweepBook, run_state
-from mosaicd.experiments.sweep_worker import read_ticket, run_ticket, write_ticket
+from mosaicd.experiments.sweep_runs import Run, Spec, SweepBook, run_state, write_settings
+from mosaicd.experiments.sweep_worker import Ticket, read_ticket, run_read, write_ticket
 from mosaicd.progress import RoundProgress
 from mosaicd.settings import SettingsError
 
@@ -54,12 +54,11 @@ class SweepTask:
     """What a Slurm task runs (submitit pickles it by reference): one run of the sweep from its ticket."""
 
     def __call__(self, ticket: str, first_port: int = 0) -> str:
-        run, out, mode, _ = read_ticket(ticket)
+        read = read_ticket(ticket)
         signal.signal(signal.SIGTERM, _cancelled)  # after submitit's own handlers, which only log SIGTERM
-        if mode == "cluster":
-            return cluster_task(ticket, first_port)
-        summary = run_ticket(ticket)
-        return str(summary.get("status"))
+        if read.mode == "cluster":
+            return cluster_task(ticket, read, first_port)
+        return str(run_read(read).get("status"))
 
     def checkpoint(self, ticket: str, first_port: int = 0) -> None:
         """submitit asks before it requeues a preempted task: None, so it does not (a person decides)."""
@@ -92,22 +91,22 @@ def first_ports(per_run: list[int], environ: dict[str, str] | None = None) -> li
     return starts
 
 
-def cluster_task(ticket: str, base: int) -> str:
+def cluster_task(ticket: str, read: Ticket, base: int) -> str:
     """One node of a cluster run: `mosaicd node --peer-list` with the run's settings, as mosaic.sbatch runs it."""
     import submitit
 
     from mosaicd.experiments.cluster import settings_env
 
-    run, out, _, _ = read_ticket(ticket)
+    run, out = read.run, read.out
     job = submitit.JobEnvironment()
     per_node = job.num_tasks // job.num_nodes
-    peers = peer_lines(list(job.hostnames), per_node, base)
+    peers = "\n".join(peer_lines(list(job.hostnames), per_node, base)) + "\n"
     me = f"{job.hostnames[job.node]}:{base + job.local_rank}"
     folder = run.folder(out)
     peer_file = Path(ticket).with_suffix(f".peers-{job.global_rank}")
-    peer_file.write_text("\n".join(peers) + "\n")
+    peer_file.write_text(peers)
     if job.global_rank == 0:
-        (folder / "peers.txt").write_text("\n".join(peers) + "\n")
+        (folder / "peers.txt").write_text(peers)
     env = settings_env(run.settings, out=str(folder), peer_list=str(peer_file), port=base + job.local_rank,
                        advertise=me, host=os.environ.get("MOSAIC_HOST", "0.0.0.0"), log_json=True,
                        secret_file=str(Path(ticket).with_suffix(".secret")))
@@ -220,13 +219,14 @@ class SlurmSweep:
                 executor = _executor(submitit, self.dir, asked)
                 self._prepare_cluster_run(run, tickets[run.name])
                 submitted[run.name] = executor.submit(SweepTask(), tickets[run.name], first_port).job_id
-        for array in sorted({job.split("_")[0] for job in submitted.values()}):
+        arrays = sorted({job.split("_")[0] for job in submitted.values()})
+        for array in arrays:
             self._record({"job": array, "runs": {n: j for n, j in submitted.items() if j.split("_")[0] == array},
                           "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": self.spec.mode,
                           "options": options})
         for run_name, job in submitted.items():
             self.event(job, run_name, "SUBMITTED")
-        return sorted({job.split("_")[0] for job in submitted.values()})
+        return arrays
 
     def _prepare_cluster_run(self, run: Run, ticket: str) -> None:
         """A cluster run starts from an empty folder with its settings and a secret for its nodes (mode 600)."""
@@ -236,7 +236,7 @@ class SlurmSweep:
         if folder.exists():
             shutil.rmtree(folder)
         (folder / "logs").mkdir(parents=True)
-        (folder / "settings.json").write_text(json.dumps(run.settings.model_dump(mode="json"), indent=2) + "\n")
+        write_settings(run, folder)
         secret = Path(ticket).with_suffix(".secret")
         secret.unlink(missing_ok=True)
         write_new_secret(secret)
@@ -285,25 +285,26 @@ class SlurmSweep:
 
     def _gather(self, run: Run, last: str, started: bool) -> None:
         state, summary = run_state(run, self.spec.out, self.spec.mode)
+        job = self._job_of(run)
         if not started:
             self.book.start(run, elsewhere=True)
         if state == "done" and summary is not None:
-            self.event(self._job_of(run) or "?", run.name, "FINISHED")
+            self.event(job or "?", run.name, "FINISHED")
             self.book.done(run, summary)
             return
-        self.event(self._job_of(run) or "?", run.name, "UNFINISHED")
-        self._fail(run, state, summary, f"its job ended ({last.lower()} when last seen) without a summary")
+        self.event(job or "?", run.name, "UNFINISHED")
+        self._fail(run, job, state, summary, f"its job ended ({last.lower()} when last seen) without a summary")
 
     def unfinished(self, run: Run) -> None:
         """A run of this sweep neither done nor in Slurm: a failure, saying why and how to go on."""
         state, summary = run_state(run, self.spec.out, self.spec.mode)
-        self.book.start(run, elsewhere=True)
-        if self._job_of(run) is not None:
-            self.event(self._job_of(run) or "?", run.name, "UNFINISHED")
-        self._fail(run, state, summary, "never submitted" if self._job_of(run) is None else "no summary")
-
-    def _fail(self, run: Run, state: str, summary: dict[str, Any] | None, otherwise: str) -> None:
         job = self._job_of(run)
+        self.book.start(run, elsewhere=True)
+        if job is not None:
+            self.event(job, run.name, "UNFINISHED")
+        self._fail(run, job, state, summary, "never submitted" if job is None else "no summary")
+
+    def _fail(self, run: Run, job: str | None, state: str, summary: dict[str, Any] | None, otherwise: str) -> None:
         error = (summary or {}).get("error") or otherwise
         self.book.fail(run, (f"slurm job {job}: " if job else "") + f"{error}; `mosaicd sweep {self.spec.path} "
                        "--slurm` submits it again" + (" and it continues from its checkpoint" if state == "resume"

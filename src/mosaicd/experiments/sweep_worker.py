@@ -13,10 +13,11 @@ or {"end": "failed", "error": ...}; exit status 0 (done or already done), 1 (fai
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from mosaicd.experiments.sweep_runs import Run, execute, run_state
 from mosaicd.progress import ProgressPrinter, RoundProgress
@@ -40,28 +41,37 @@ def write_ticket(out: Path, run: Run, mode: str, timeout: float | None = None) -
     return path
 
 
-def read_ticket(path: Path | str) -> tuple[Run, Path, str, float | None]:
-    """The run, the sweep's folder, the mode and the timeout of a ticket."""
+class Ticket(NamedTuple):
+    run: Run
+    out: Path              # the sweep's folder
+    mode: str
+    timeout: float | None
+
+
+def read_ticket(path: Path | str) -> Ticket:
     path = Path(path).resolve()
     body = json.loads(path.read_text())
     out = path.parent.parent
     settings = Settings.model_validate({**body["settings"], "out": str(out / "runs" / body["name"])})
-    return Run(body["name"], body["point"], settings), out, body["mode"], body.get("timeout")
+    return Ticket(Run(body["name"], body["point"], settings), out, body["mode"], body.get("timeout"))
 
 
 def progress_line(p: RoundProgress) -> dict[str, Any]:
-    return {"round": p.round, "rounds": p.rounds, "loss": p.loss, "row": p.row, "live": p.live,
-            "members": p.members, "notes": p.notes}
+    return dataclasses.asdict(p)
 
 
 def round_progress(line: dict[str, Any]) -> RoundProgress:
-    return RoundProgress(line["round"], line["rounds"], line.get("loss"), line.get("row"), line.get("live"),
-                         line.get("members"), line.get("notes") or "")
+    return RoundProgress(**{f.name: line[f.name] for f in dataclasses.fields(RoundProgress) if f.name in line})
 
 
 def run_ticket(path: Path | str, lines: TextIO | None = None) -> dict[str, Any]:
     """The ticket's run, done here; its summary. `lines`: where each round's JSON line goes (none: nowhere)."""
-    run, out, mode, timeout = read_ticket(path)
+    return run_read(read_ticket(path), lines)
+
+
+def run_read(ticket: Ticket, lines: TextIO | None = None) -> dict[str, Any]:
+    """`run_ticket` of a ticket read already."""
+    run, out, mode, timeout = ticket
     state, summary = run_state(run, out, mode)
     if state == "done" and summary is not None:
         return summary

@@ -11,7 +11,17 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from mosaic_proto import CONTENT_TYPE, BarrierReason, Layout, NodeReport, NodeState, OutgoingMessage, Reason, Release
+from mosaic_proto import (
+    CONTENT_TYPE,
+    BarrierReason,
+    Layout,
+    NodeReport,
+    NodeState,
+    OutgoingMessage,
+    Reason,
+    Release,
+    parse_address,
+)
 from mosaic_proto.profiles import NodeProfile, TokenBucket
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
@@ -133,9 +143,8 @@ async def everyone_gone(addresses: list[str], timeout: float = 1.0) -> str | Non
     """Why the run must be over, if nothing listens at any of `addresses` any more (every connection refused:
     the processes are gone, not cut off, which would time out); None if any listens or cannot be told."""
     async def refused(address: str) -> bool:
-        host, _, port = address.rpartition(":")
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+            _, writer = await asyncio.wait_for(asyncio.open_connection(*parse_address(address)), timeout)
         except ConnectionRefusedError:
             return True
         except (OSError, TimeoutError, ValueError):
