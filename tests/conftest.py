@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import needs  # noqa: F401  (it reads MOSAIC_REQUIRE_* now, before the fixture below clears MOSAIC_*)
 import numpy as np
 import pytest
 import structlog
+from needs import lacking  # (needs reads MOSAIC_REQUIRE_* now, before the fixture below clears MOSAIC_*)
 
 from mosaic_proto import Fragmentation, InMemoryNetwork, Layout, PeerSampler, Quadratic
 
@@ -251,3 +252,32 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium through selenium (Debian's chromium and chromium-driver); its JS errors are in its logs."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if shutil.which(path) is None]
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        missing.append("the selenium package (pip install -e '.[test]')")
+    if missing:
+        lacking("BROWSER", f"no headless browser: missing {', '.join(missing)} (apt-get install chromium "
+                "chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "SEVERE"})  # JS errors, read at the end
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,1000", "--hide-scrollbars"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_script_timeout(10)
+    try:
+        yield driver
+    finally:
+        driver.quit()

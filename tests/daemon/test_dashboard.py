@@ -12,14 +12,12 @@ import json
 import math
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from needs import lacking
 
 from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
@@ -29,7 +27,6 @@ from mosaicd.daemon.http.auth import Secret
 from mosaicd.experiments.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 # read at import: the autouse fixture `_no_mosaic_env` clears MOSAIC_* variables before each test
 SCREENSHOT = os.environ.get("MOSAIC_SCREENSHOT") == "1"
 # ~0.1 s a round on loopback once the processes are up (a small d: the barrier builds the d x d curvature before
@@ -41,31 +38,6 @@ QUADRATIC = dict(nodes=4, rounds=150, fragments=4, fanout=2, dim=256, eval_every
 DIGITS = dict(task="digits", nodes=6, rounds=200, fragments=4, fanout=2, eval_every=4, partition="dirichlet",
               alpha=0.5, seed=1)
 RUN: dict[str, Any] = DIGITS if SCREENSHOT else QUADRATIC
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if shutil.which(path) is None]
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        missing.append("the selenium package (pip install -e '.[test]')")
-    if missing:
-        lacking("BROWSER", f"no headless browser: missing {', '.join(missing)} (apt-get install chromium "
-                "chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "SEVERE"})  # JS errors, read at the end
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,1000", "--hide-scrollbars"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_script_timeout(10)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture

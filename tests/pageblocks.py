@@ -1,16 +1,18 @@
-"""The runnable shell blocks of a page (docs/deploy.md, deploy/slurm/README.md): a ```sh block right after a line
-`<!-- run: NAME -->` is one the hosts lab runs as written; other blocks explain (ssh, the internet, sizes the lab
-has not). `block(page, name, **names)` gives one block's text, with the page's placeholders (host names, paths)
-replaced by the lab's: only those, so the page cannot drift from what works."""
+"""The runnable shell blocks of a page: a ```sh block right after a line `<!-- run: NAME -->` is run as written,
+by the hosts lab (docs/deploy.md, deploy/slurm/README.md) or by tests/test_docs.py (every other page of the site);
+other blocks explain (ssh, the internet, sizes the lab has not). `block(page, name, **names)` gives one block's
+text, with the page's placeholders (host names, paths) replaced by the lab's: only those, so the page cannot drift
+from what works."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEPLOY_PAGE = ROOT / "docs" / "deploy.md"
 SLURM_PAGE = ROOT / "deploy" / "slurm" / "README.md"
+LAB_PAGES = (DEPLOY_PAGE, SLURM_PAGE)
 MARKED = re.compile(r"^<!-- run: ([\w-]+) -->\n```sh\n(.*?)^```$", re.M | re.S)
 
 
