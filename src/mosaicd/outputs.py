@@ -2,7 +2,10 @@
 
     OUT/summary.json   status ("running", "finished" or "failed" with its "error"), settings, progress (rounds
                        done of the run's), "final": the newest evaluation row (the last one once the run ended),
-                       and at the end model_sha256 per node; small, the same size at round 10 as at round 10,000
+                       and at the end model_sha256 per node; small, the same size at round 10 as at round 10,000;
+                       past LISTED_NODES nodes, counts instead of per-node lists (see `RunRecorder`)
+    OUT/model_sha256.csv  at the end: each node's final model hash (`rank,sha256`), at any size; summary.json's
+                       models_sha256 is this file's own SHA-256 (`sha256sum OUT/model_sha256.csv`)
     OUT/rounds.csv     one row per evaluated round, appended: the spec's four metrics, the mean training loss,
                        the per-node metric (`per_node`, space-separated, in the order of `nodes`), and where the
                        nodes' own training loops reported metrics (`Peer.gossip(metrics=...)`), their node
@@ -44,7 +47,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from mosaic_proto import NODE_COLUMNS, NodeReport
-from mosaicd.rundir import node_losses_after, read_rounds, read_summary  # read_rounds: the rows, for all
+from mosaicd.rundir import LIST_COLUMNS, MODEL_HASHES, node_losses_after, read_rounds, read_summary  # read_rounds: all
 from mosaicd.settings import RunConfig
 from mosaicd.trackers import RoundTrackers
 
@@ -59,6 +62,8 @@ ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s",
 NPZ_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 ROWS_KEPT = 2000          # evaluation rows a recorder keeps in memory (for /v1/history and the dashboard)
 SUMMARY_EVERY_S = 2.0     # between evaluations, summary.json's progress is refreshed at most this often
+LISTED_NODES = 1_000      # summary.json lists each node (its model hash, the newest row's metric, the roster) up to
+                          # this many; a larger run's says how many, and the lists are in model_sha256.csv, rounds.csv
 
 
 def model_sha256(vector: np.ndarray) -> str:
@@ -242,7 +247,10 @@ class RunRecorder:
     the end). Every call costs the same whatever the round: nothing is rewritten but summary.json's few keys.
 
     A summary.json left in `out` by an earlier run is removed at the start; this run's is written from its first
-    round on ("status": "running", then "finished" or "failed").
+    round on ("status": "running", then "finished" or "failed"). Its size does not grow with the nodes past
+    LISTED_NODES either: a larger run's summary holds `members_count` for the roster's lists (`members`,
+    `addresses`), each event's members and stragglers as counts (its drops, joins and leaves as lists: each happens
+    once a node), `final` without the per-node columns (rounds.csv has them) and only `models_sha256` of the hashes.
     """
 
     def __init__(self, out: Path, settings: BaseModel | Mapping[str, Any], mode: str,
@@ -325,10 +333,30 @@ class RunRecorder:
         return row
 
     def _base(self, status: str) -> dict[str, Any]:
+        final = self.latest if self.latest is None or self.listed else \
+            {k: v for k, v in self.latest.items() if k not in LIST_COLUMNS}
         return {"mode": self.mode, "status": status, "settings": self.settings,
                 "progress": {"rounds_done": self.rounds_done, "rounds": self.settings.get("rounds")},
-                "started": _started_text(self.started), "final": self.latest, "placement": self.placement,
+                "started": _started_text(self.started), "final": final, "placement": self.placement,
                 **self.notes}
+
+    @property
+    def listed(self) -> bool:
+        """Whether summary.json lists each node (LISTED_NODES)."""
+        return int(self.settings.get("nodes") or 0) <= LISTED_NODES
+
+    def _roster(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """`extra` as summary.json holds it: a larger run's per-node lists of the roster as a count."""
+        if self.listed:
+            return dict(extra)
+        shaped = {k: v for k, v in extra.items() if k not in ("members", "addresses")}
+        if isinstance(extra.get("members"), list | tuple):
+            shaped["members_count"] = len(extra["members"])
+        if isinstance(extra.get("events"), list):  # a round's members and stragglers as counts; each drop is once
+            shaped["events"] = [{**{k: v for k, v in e.items() if k not in ("members", "stragglers")},
+                                 "members_count": len(e.get("members") or ()),
+                                 "stragglers_count": len(e.get("stragglers") or ())} for e in extra["events"]]
+        return shaped
 
     def note(self, key: str, value: Any) -> None:
         """A top-level key of summary.json from now on (the barrier's `refused`), written with the next summary."""
@@ -344,11 +372,15 @@ class RunRecorder:
         """The run finished: summary.json with "status": "finished", the final models' hashes and `extra`."""
         self.ended = "finished"
         self.trackers.end("finished")
+        hashes = {str(k): model_sha256(v) for k, v in sorted(vectors.items())}
+        table = "rank,sha256\n" + "".join(f"{rank},{h}\n" for rank, h in hashes.items())
+        (self.out / MODEL_HASHES).write_text(table)
         return write_summary(self.out, {
             **self._base("finished"),
-            "model_sha256": {str(k): model_sha256(v) for k, v in sorted(vectors.items())},
+            "model_sha256": hashes if self.listed else {},
+            "models_sha256": hashlib.sha256(table.encode()).hexdigest(),
             "wall_s": round_(time.time() - self.origin),
-            **extra,
+            **self._roster(extra),
         })
 
     def fail(self, reason: str, **extra: Any) -> dict[str, Any]:
@@ -361,7 +393,7 @@ class RunRecorder:
             "error": " ".join(str(reason).split()),
             "model_sha256": {},
             "wall_s": round_(time.time() - self.origin),
-            **extra,
+            **self._roster(extra),
         })
 
 

@@ -97,7 +97,7 @@ def cluster_view(url: str, timeout: float = REQUEST_TIMEOUT_S, context: ssl.SSLC
 def folder_view(folder: Path) -> dict[str, Any]:
     """The view of `cluster_view` from a run's files: its summary (status, settings, progress, the newest
     evaluation), each node's newest row of nodes.csv and its metric in the newest evaluation."""
-    from mosaicd.rundir import last_node_rows, read_summary
+    from mosaicd.rundir import last_node_rows, read_rounds, read_summary
 
     summary = read_summary(folder)
     if summary is None:
@@ -114,6 +114,8 @@ def folder_view(folder: Path) -> dict[str, Any]:
     left = list(summary.get("left") or [])
     # live: the members still in the run (a summary's members may name one that left or was dropped since)
     members = [r for r in (summary.get("members") or range(nodes)) if r not in dropped and r not in left]
+    if final and "per_node" not in final:  # a large run's summary leaves each node's metric to rounds.csv
+        final = {**final, **next(reversed(read_rounds(folder)), {})}
     latest = {str(r): v for r, v in zip(final.get("nodes") or [], final.get("per_node") or [], strict=False)}
     last = last_node_rows(folder, nodes)
     status = str(summary.get("status"))

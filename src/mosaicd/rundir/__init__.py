@@ -23,7 +23,7 @@ from mosaicd.rundir.claim import (
     remove_run,
     writable,
 )
-from mosaicd.rundir.classify import RUN_FILES, SIMULATE_CHECKPOINT, Occupant, occupant, run_files
+from mosaicd.rundir.classify import MODEL_HASHES, RUN_FILES, SIMULATE_CHECKPOINT, Occupant, occupant, run_files
 from mosaicd.rundir.journal import JOURNAL
 from mosaicd.rundir.lock import BARRIER_LOCK, barrier_running, hold, hold_barrier, release
 from mosaicd.rundir.read import (
@@ -46,7 +46,7 @@ from mosaicd.rundir.read import (
 )
 
 __all__ = [
-    "BARRIER_LOCK", "DEFAULT_ROOT", "EARLIER", "JOURNAL", "LIST_COLUMNS", "RUN_FILES", "RUN_MARKER",
+    "BARRIER_LOCK", "DEFAULT_ROOT", "EARLIER", "JOURNAL", "LIST_COLUMNS", "MODEL_HASHES", "RUN_FILES", "RUN_MARKER",
     "SIMULATE_CHECKPOINT", "Occupant", "barrier_running", "claim_out", "find_runs", "fresh_folder", "hold",
     "hold_barrier", "keep_earlier_run", "last_node_rows", "list_runs", "log_files", "new_folder",
     "node_losses_after", "occupant", "parse_cell", "parse_row", "read_rounds", "read_summary", "release",

@@ -15,7 +15,9 @@ SIMULATE_CHECKPOINT = "simulate-checkpoint.npz"  # what `simulate --resume` cont
 CHECKPOINTS = "checkpoint*.npz"  # a node's checkpoints in its state folder (daemon/node/checkpoint.py)
 # a run's own files: what --replace removes (and all a folder may hold besides for a new run to start there);
 # logs/, state/ (node checkpoints) and nodes/ (a cluster's nodes' folders) are folders
-RUN_FILES = (RUN_MARKER, "rounds.csv", "nodes.csv", JOURNAL, SIMULATE_CHECKPOINT, "logs", "state", "nodes")
+MODEL_HASHES = "model_sha256.csv"  # a finished run's node models, a SHA-256 per rank (outputs.RunRecorder.finish)
+RUN_FILES = (RUN_MARKER, "rounds.csv", "nodes.csv", MODEL_HASHES, JOURNAL, SIMULATE_CHECKPOINT, "logs", "state",
+             "nodes")
 
 
 def _has_node_checkpoints(out: Path) -> bool:
