@@ -239,6 +239,39 @@ def test_a_peer_list_that_cannot_resume_exactly_says_why_on_every_member(tmp_pat
     assert (out / "barrier-state.json").read_text() == journal  # nothing changed: it can be fixed and resumed
 
 
+@pytest.mark.slow
+def test_rank_0_killed_and_started_again_resumes_exactly_once_the_others_are_started_again(tmp_path: Path,
+                                                                                          kit: Any) -> None:
+    """Rank 0 SIGKILLed: its barrier could tell no one, and the others wait for it. Started again, it waits for every
+    member to come back with its checkpoints: a member still running from before is refused at its next arrival,
+    saying to start it again, and exits 1; started again, the run goes on exactly, to `simulate`'s models."""
+    from mosaicd.settings import Settings
+
+    run = {**RUN, "rounds": 40}
+    procs, ports = peer_list(kit, tmp_path, run)
+    again: dict[int, subprocess.Popen] = {}
+    others: dict[int, subprocess.Popen] = {}
+    try:
+        kit.wait_until(lambda: (barrier_status(kit, ports[0]) or {}).get("round", 0) >= 10, 60, "round 10")
+        procs[ports[0]].send_signal(signal.SIGKILL)
+        assert exited(tmp_path, procs, ports[0], 10) == -signal.SIGKILL
+        again, _ = peer_list(kit, tmp_path, run, ports[:1], logs="again")
+        codes = [exited(tmp_path, procs, port, 60) for port in ports[1:]]
+        assert set(codes) == {1}, codes
+        for port in ports[1:]:
+            said = (tmp_path / f"node-{port}.log").read_text()
+            assert "mosaicd node: error:" in said and "restart it" in said, said[-2000:]
+        others, _ = peer_list(kit, tmp_path, run, ports[1:], logs="again")
+        codes = [exited(tmp_path, {**again, **others}, port, 120, logs="again") for port in ports]
+    finally:
+        for group in (procs, again, others):  # the same ports: each its own processes
+            kit.stop_all(group)
+    assert set(codes) == {0}, codes
+    summary = json.loads((tmp_path / f"out-{ports[0]}" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+    assert len(summary["resumed"]) == 1 and summary["resumed"][0]["stopped"] is None  # a crash says no why
+
+
 async def test_members_back_with_their_checkpoints_go_on_at_the_newest_round_all_of_them_hold(tmp_path: Path,
                                                                                              kit: Any) -> None:
     """Rank 0's barrier started again (`members_return`): it answers no member before all are back, then goes on
