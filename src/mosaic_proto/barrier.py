@@ -41,7 +41,7 @@ __all__ = ["BARRIER_TRANSITIONS", "BarrierError", "BarrierEvent", "BarrierPhase"
 
 class BarrierPhase(StrEnum):
     REGISTERING = "registering"
-    REBINDING = "rebinding"  # a resumed run (--resume-round) waits for its members to come back at new addresses
+    REBINDING = "rebinding"  # a resumed run (--resume-round, a peer list's) waits for its members to come back
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
@@ -381,8 +381,8 @@ class BarrierState:
         if self.phase is BarrierPhase.FAILED:
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
         if self.phase is BarrierPhase.REBINDING:
-            raise BarrierError(BarrierReason.BAD_ROUND, f"the run waits for members {sorted(self.awaited)} to come "
-                               "back (a resumed run): no round is open")
+            raise BarrierError(BarrierReason.BAD_ROUND, f"the resumed run waits for members {sorted(self.awaited)} "
+                               "to come back, started again: no round is open (one running from before: restart it)")
         if rank in self._gone and rank in self.dropped:
             raise BarrierError(BarrierReason.DROPPED, f"rank {rank} was dropped from the run")
         if rank in self._gone:

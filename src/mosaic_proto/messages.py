@@ -1,6 +1,7 @@
 """What the barrier tells nodes, as typed values with the JSON they cross HTTP as (`to_json` / `from_json`).
 
-    Registration   the answer to POST /v1/register: {"rank", "members", "run", "round", "live"}
+    Registration   the answer to POST /v1/register: {"rank", "members", "run", "round", "live"} (and "resumed": true
+                   where a resumed run goes on at "round" from every member's checkpoint of it)
     Release        a round is over: {"round", "members", "stragglers", "dropped", "finished", "joined", "left"}
     ReleaseNotice  a release as the nodes hear it (the answer to POST /v1/arrive): the release's keys, "addresses"
                    (rank -> address of the members that join) and, where the release ends the run failed, "failure"
@@ -62,19 +63,21 @@ class ReleaseNotice:
 @dataclass(frozen=True)
 class Registration:
     """The barrier's answer to a registration: this node's rank, every member's address (by rank), the run's
-    settings, the round it takes part from (> 0 for a node that joins late or comes back) and the live members."""
+    settings, the round it takes part from (> 0 for a node that joins late or comes back) and the live members.
+    `resumed`: the run was resumed exactly at `round`: this node goes on from its own checkpoint of that round."""
 
     rank: int
     members: tuple[str, ...]
     run: dict[str, Any] = field(hash=False)
     round: int = 0
     live: tuple[int, ...] = ()
+    resumed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "members": list(self.members), "run": self.run, "round": self.round,
-                "live": list(self.live)}
+                "live": list(self.live), **({"resumed": True} if self.resumed else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Registration:
         return cls(int(data["rank"]), tuple(data["members"]), dict(data["run"]), int(data.get("round", 0)),
-                   tuple(data.get("live", ())))
+                   tuple(data.get("live", ())), bool(data.get("resumed", False)))

@@ -266,13 +266,12 @@ class RunRecorder:
         # the clock of wall_s and elapsed_s: the time the run ran, not the time it stood stopped before --resume
         ran = (read_summary(self.out) or {}).get("wall_s") if resume_from is not None else None
         self.origin = time.time() - ran if isinstance(ran, int | float) and ran >= 0 else self.started
-        self.rounds: list[dict[str, Any]] = read_rounds(self.out)[-ROWS_KEPT:] if resume_from is not None else []
-        self.latest: dict[str, Any] | None = self.rounds[-1] if self.rounds else None
-        self.rounds_done = self.latest["round"] + 1 if self.latest and isinstance(self.latest.get("round"), int) \
-            else 0
-        # the nodes' losses of the rounds not evaluated yet (a resumed run's: from nodes.csv), for train_loss
-        self.losses: dict[int, dict[int, float]] = \
-            node_losses_after(self.out, self.rounds_done - 1) if resume_from is not None else {}
+        self.rounds: list[dict[str, Any]] = []
+        self.latest: dict[str, Any] | None = None
+        self.rounds_done = 0
+        self.losses: dict[int, dict[int, float]] = {}  # the nodes' losses of the rounds not evaluated yet
+        if resume_from is not None:
+            self._read_rows()
         self._summary_at = -math.inf  # the first round writes summary.json: from then on `mosaicd runs` lists it
         self.ended: str | None = None  # "finished" or "failed" once summary.json says so: never "running" again
         remove_summary(self.out)
@@ -286,6 +285,21 @@ class RunRecorder:
                 continue
             with open(self.out / name, "w", newline="") as f:
                 csv.writer(f).writerow(columns)
+
+    def _read_rows(self) -> None:
+        """What a resumed run goes on with from its rows: the newest evaluations (rounds.csv) and the nodes' losses
+        of the rounds not evaluated yet (nodes.csv), for train_loss."""
+        self.rounds = read_rounds(self.out)[-ROWS_KEPT:]
+        self.latest = self.rounds[-1] if self.rounds else None
+        self.rounds_done = self.latest["round"] + 1 if self.latest and isinstance(self.latest.get("round"), int) \
+            else 0
+        self.losses = node_losses_after(self.out, self.rounds_done - 1)
+
+    def cut_back(self, round: int) -> None:
+        """A resumed run goes on at `round`, chosen only now (its members came back with their checkpoints): the
+        rows it writes again are dropped (`drop_rows_from`) and what this recorder read of them is read again."""
+        drop_rows_from(self.out, nodes=round, rounds=round - 1)
+        self._read_rows()
 
     def counted(self, nodes: int) -> None:
         """The run's node count as its barrier counted the members at registration: what summary.json records."""

@@ -5,8 +5,10 @@ launcher's console. Real processes on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -161,35 +163,163 @@ def test_rank_0_told_to_stop_fails_the_run_and_exits_once_the_others_heard(tmp_p
             assert "did not answer for --barrier-grace 15s" in said, said[-2000:]
 
 
-@pytest.mark.slow
-def test_the_same_commands_again_resume_the_run_and_every_member_says_so(tmp_path: Path, kit: Any) -> None:
-    """What rank 0 told to stop says to do: start the same commands again. The run goes on from the members'
-    checkpoints to its end, and every member's console says at which round it goes on and from what. (A member
-    that rank 0's last 2 s missed ends after a short --barrier-grace, as in the test above.)"""
-    run = {**RUN, "rounds": 40, "barrier_grace": 15}
+def stopped_by_rank_0(kit: Any, tmp_path: Path, run: dict[str, Any]) -> list[int]:
+    """A peer list whose rank 0 is told to stop at round 10 or later; every member has exited 1: the ports."""
     procs, ports = peer_list(kit, tmp_path, run)
-    rank0 = ports[0]
     try:
-        kit.wait_until(lambda: (barrier_status(kit, rank0) or {}).get("round", 0) >= 10, 60, "round 10")
-        procs[rank0].send_signal(signal.SIGTERM)
+        kit.wait_until(lambda: (barrier_status(kit, ports[0]) or {}).get("round", 0) >= 10, 60, "round 10")
+        procs[ports[0]].send_signal(signal.SIGTERM)
         codes = [exited(tmp_path, procs, port, 40) for port in ports]
     finally:
         kit.stop_all(procs)
     assert set(codes) == {1}, codes
+    return ports
+
+
+def started_again(kit: Any, tmp_path: Path, run: dict[str, Any], ports: list[int]) -> tuple[list[int], dict[int, str]]:
+    """The same commands again, run to their end: each member's exit code and what it said."""
     procs, _ = peer_list(kit, tmp_path, run, ports, logs="again")
     try:
         codes = [exited(tmp_path, procs, port, 120, logs="again") for port in ports]
     finally:
         kit.stop_all(procs)
-    said = {port: (tmp_path / f"again-{port}.log").read_text() for port in ports}
+    return codes, {port: (tmp_path / f"again-{port}.log").read_text() for port in ports}
+
+
+@pytest.mark.slow
+def test_the_same_commands_again_resume_the_run_exactly_and_every_member_says_so(tmp_path: Path, kit: Any) -> None:
+    """What rank 0 told to stop says to do: start the same commands again. Every member says which rounds its
+    checkpoints hold; once all are back, rank 0's barrier goes on at the newest round its journal keeps of which
+    every member has a checkpoint (as `cluster --resume`), every member from its checkpoint of it: the run ends
+    with `simulate`'s models, bit for bit, nodes.csv has every round's rows once, and summary.json keeps the stop
+    and the resume. (A member that rank 0's last 2 s missed ends after a short --barrier-grace, as above.)"""
+    from mosaicd.settings import Settings
+
+    run = {**RUN, "rounds": 40, "barrier_grace": 15}
+    ports = stopped_by_rank_0(kit, tmp_path, run)
+    out = tmp_path / f"out-{ports[0]}"
+    stopped_at = json.loads((out / "barrier-state.json").read_text())["state"]["round"]
+    codes, said = started_again(kit, tmp_path, run, ports)
     assert set(codes) == {0}, {p: s[-1500:] for p, s in said.items()}
-    summary = json.loads((tmp_path / f"out-{rank0}" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished", summary
     resumed = [re.search(r"^mosaicd node: run \S+ goes on at round (\d+) of 40: this node resumes from its "
-                         r"checkpoint of round \d+$", s, re.MULTILINE) for s in said.values()]
+                         r"checkpoint of round (\d+)$", s, re.MULTILINE) for s in said.values()]
     assert all(resumed), {p: s[-1500:] for (p, s), m in zip(said.items(), resumed, strict=True) if m is None}
-    rounds = {int(m[1]) for m in resumed if m}
-    assert len(rounds) == 1 and rounds.pop() >= 10, [m[0] for m in resumed if m]
+    rounds = {(int(m[1]), int(m[2])) for m in resumed if m}
+    assert len(rounds) == 1, [m[0] for m in resumed if m]
+    (at, of), = rounds
+    assert at == of and stopped_at - 1 <= at <= stopped_at and at >= 10, (at, of, stopped_at)  # every one: exactly
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run)), summary["model_sha256"]
+    with open(out / "nodes.csv", newline="") as f:
+        rows = [(int(r["round"]), int(r["node"])) for r in csv.DictReader(f)]
+    assert sorted(rows) == [(t, n) for t in range(40) for n in range(4)], "a round's rows missing or twice"
+    (entry,) = summary["resumed"]
+    assert entry["round"] == at and entry["stopped_at_round"] == stopped_at and entry["at"], entry
+    assert "which hosts the barrier, stopped" in entry["stopped"] and "SIGTERM" in entry["stopped"], entry
+    assert summary["resumed_at"] == at
+
+
+@pytest.mark.slow
+def test_a_peer_list_that_cannot_resume_exactly_says_why_on_every_member(tmp_path: Path, kit: Any) -> None:
+    """A member started again without its checkpoints (its state directory gone): the run cannot go on exactly, and
+    does not go on otherwise: every member exits 1 saying why, summary.json says so, and the journal is kept."""
+    run = {**RUN, "rounds": 40, "barrier_grace": 15}
+    ports = stopped_by_rank_0(kit, tmp_path, run)
+    out = tmp_path / f"out-{ports[0]}"
+    journal = (out / "barrier-state.json").read_text()
+    shutil.rmtree(tmp_path / f"out-{ports[2]}" / "state")
+    codes, said = started_again(kit, tmp_path, run, ports)
+    assert set(codes) == {1}, {p: s[-1500:] for p, s in said.items()}
+    for port, text in said.items():
+        assert "mosaicd node: error:" in text and "cannot be resumed exactly" in text, (port, text[-2000:])
+        assert f"rank 2 (127.0.0.1:{ports[2]}) has checkpoints of rounds none" in text, (port, text[-2000:])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "cannot be resumed exactly" in summary["error"], summary
+    assert (out / "barrier-state.json").read_text() == journal  # nothing changed: it can be fixed and resumed
+
+
+@pytest.mark.slow
+def test_rank_0_killed_and_started_again_resumes_exactly_once_the_others_are_started_again(tmp_path: Path,
+                                                                                          kit: Any) -> None:
+    """Rank 0 SIGKILLed: its barrier could tell no one, and the others wait for it. Started again, it waits for every
+    member to come back with its checkpoints: a member still running from before is refused at its next arrival,
+    saying to start it again, and exits 1; started again, the run goes on exactly, to `simulate`'s models."""
+    from mosaicd.settings import Settings
+
+    run = {**RUN, "rounds": 40}
+    procs, ports = peer_list(kit, tmp_path, run)
+    again: dict[int, subprocess.Popen] = {}
+    others: dict[int, subprocess.Popen] = {}
+    try:
+        kit.wait_until(lambda: (barrier_status(kit, ports[0]) or {}).get("round", 0) >= 10, 60, "round 10")
+        procs[ports[0]].send_signal(signal.SIGKILL)
+        assert exited(tmp_path, procs, ports[0], 10) == -signal.SIGKILL
+        again, _ = peer_list(kit, tmp_path, run, ports[:1], logs="again")
+        codes = [exited(tmp_path, procs, port, 60) for port in ports[1:]]
+        assert set(codes) == {1}, codes
+        for port in ports[1:]:
+            said = (tmp_path / f"node-{port}.log").read_text()
+            assert "mosaicd node: error:" in said and "restart it" in said, said[-2000:]
+        others, _ = peer_list(kit, tmp_path, run, ports[1:], logs="again")
+        codes = [exited(tmp_path, {**again, **others}, port, 120, logs="again") for port in ports]
+    finally:
+        for group in (procs, again, others):  # the same ports: each its own processes
+            kit.stop_all(group)
+    assert set(codes) == {0}, codes
+    summary = json.loads((tmp_path / f"out-{ports[0]}" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+    assert len(summary["resumed"]) == 1 and summary["resumed"][0]["stopped"] is None  # a crash says no why
+
+
+async def test_members_back_with_their_checkpoints_go_on_at_the_newest_round_all_of_them_hold(tmp_path: Path,
+                                                                                             kit: Any) -> None:
+    """Rank 0's barrier started again (`members_return`): it answers no member before all are back, then goes on
+    at the newest round its journal keeps of which each holds a checkpoint (here the one before the open round:
+    rank 1 lacks the open round's), every answer `resumed` at that round; the rows of the rounds done again are
+    dropped, and summary.json will say where it went on. An address that is not a member is refused."""
+    import aiohttp
+
+    run = dict(nodes=3, rounds=20, fragments=2, fanout=1, dim=8, seed=3, train=False, eval_every=0,
+               host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10, insecure=True)
+    out = tmp_path / "barrier"
+    _, runner, settings = await kit.served_barrier(run, out)
+    peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
+        peers.sort(key=lambda p: p.rank)
+        for _ in range(4):
+            await asyncio.wait_for(asyncio.gather(*(p.gossip(np.ones(settings.dim, np.float32)) for p in peers)), 30)
+        addresses = [p.address for p in peers]
+    finally:
+        await asyncio.gather(*(p.close() for p in peers))
+        await runner.cleanup()
+    assert json.loads((out / "barrier-state.json").read_text())["state"]["round"] == 4
+    again, runner, settings = await kit.served_barrier(run, out, members_return=True)
+    held = {0: [4, 3, 2], 1: [3, 2, 1], 2: [4, 3, 2]}
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def register(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+                async with session.post(f"{settings.barrier_url}/v1/register", json=body) as answer:
+                    return answer.status, await answer.json()
+
+            assert (await register({"address": addresses[0], "checkpoints": "4"}))[0] == 400
+            stranger = await register({"address": "127.0.0.1:9", "checkpoints": [4]})
+            assert stranger[0] == 409 and "has no member 127.0.0.1:9" in stranger[1]["detail"], stranger
+            first = asyncio.ensure_future(register({"address": addresses[0], "checkpoints": held[0]}))
+            await asyncio.sleep(0.3)
+            assert not first.done() and again.state.phase.value == "rebinding"  # not before every member is back
+            others = [register({"address": addresses[r], "checkpoints": held[r]}) for r in (1, 2)]
+            answers = await asyncio.wait_for(asyncio.gather(first, *others), 30)
+    finally:
+        await runner.cleanup()
+    assert [a[0] for a in answers] == [200] * 3, answers
+    assert [(a[1]["rank"], a[1]["round"], a[1].get("resumed")) for a in answers] == [(r, 3, True) for r in range(3)]
+    assert again.state.phase.value == "running" and again.state.round == 3 and again.ending.resumed_at == 3
+    assert again.recorder.notes["resumed"][-1]["round"] == 3 and again.recorder.notes["resumed"][-1][
+        "stopped_at_round"] == 4
+    with open(out / "nodes.csv", newline="") as f:
+        assert {int(r["round"]) for r in csv.DictReader(f)} == {0, 1, 2}  # round 3 is done again
 
 
 async def test_a_failed_run_still_evaluating_when_its_barrier_stops_is_recorded_failed(tmp_path: Path,

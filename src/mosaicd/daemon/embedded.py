@@ -13,7 +13,7 @@ delays the run's start (bench/README.md, Speed 4 item 4).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,7 +42,8 @@ class EmbeddedBarrier:
         from mosaicd.daemon.barrier.barrier import Barrier as RunBarrier
 
         counted = {"expect_dns": None, "expect_settle": None}  # the peer list counts the nodes
-        self.barrier = RunBarrier(run, options.model_copy(update=counted), secret=secret, evaluate=evaluate)
+        self.barrier = RunBarrier(run, options.model_copy(update=counted), secret=secret, evaluate=evaluate,
+                                  members_return=True)  # stopped, rank 0 is started again with the others
 
     def app(self) -> web.Application:
         from mosaicd.daemon.barrier.routes import barrier_app
@@ -74,11 +75,13 @@ class Peer(node_peer.Peer):
 
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
                  evaluate: Evaluate | None = None, rejoining: bool = False, resume_rank: int | None = None,
-                 secret: Secret | None = None) -> None:
+                 secret: Secret | None = None, checkpoints: Sequence[int] | None = None) -> None:
         """As `mosaicd.daemon.node.peer.Peer`'s; `evaluate`: the network evaluation of the barrier it hosts;
-        `secret`: the run's (`barrier.secret` of a `mosaicd.Barrier` in the same program), else --secret-file's."""
+        `secret`: the run's (`barrier.secret` of a `mosaicd.Barrier` in the same program), else --secret-file's;
+        `checkpoints`: the rounds of this member's own checkpoints, where a peer list's run is resumed (the loop
+        goes on from its checkpoint of `peer.resumed_at`)."""
         super().__init__(options, model, run=run, host=hosting(evaluate), rejoining=rejoining,
-                         resume_rank=resume_rank, secret=secret)
+                         resume_rank=resume_rank, secret=secret, checkpoints=checkpoints)
 
 
 async def run_node(settings: Settings, task: Any = None) -> int:

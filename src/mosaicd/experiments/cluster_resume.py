@@ -41,17 +41,22 @@ def start(out: Path, settings: Settings) -> tuple[int, list[str]]:
 
 
 def resume_point(out: Path, settings: Settings, kept: list[int]) -> tuple[int, list[str]] | None:
-    """The round an interrupted cluster in `out` goes on from (the newest of the open rounds its journal keeps,
-    `kept`, of which every live member has a checkpoint) and the nodes to start again (node-<i>, whose checkpoint
-    holds its rank); None where there is none (the journal raises ResumeError for a run of other settings)."""
-    for round in kept:
-        state = barrier_journal.load(out, settings.run_config(), round)["state"]
-        live = set(state["live"]) | set(state["joining"])
-        ranks = {f"node-{i}": c.rank for i in range(settings.nodes)
-                 if (c := checkpoint.load(out / "state" / f"node-{i}", round)) is not None}
-        if live <= set(ranks.values()):
-            return round, sorted((n for n, r in ranks.items() if r in live), key=lambda n: ranks[n])
-    return None
+    """The round an interrupted cluster in `out` goes on from (`barrier_journal.resume_point`: the newest of the
+    open rounds its journal keeps, `kept`, of which every live member has a checkpoint) and the nodes to start again
+    (node-<i>, whose checkpoint holds its rank); None where there is none (the journal raises ResumeError for a run
+    of other settings)."""
+    found = {f"node-{i}": {round: c.rank for round in kept
+                           if (c := checkpoint.load(out / "state" / f"node-{i}", round)) is not None}
+             for i in range(settings.nodes)}
+    held: dict[int, set[int]] = {}
+    for ranks in found.values():
+        for round, rank in ranks.items():
+            held.setdefault(rank, set()).add(round)
+    point = barrier_journal.resume_point(out, settings.run_config(), held)
+    if point is None:
+        return None
+    round, live = point
+    return round, sorted((n for n, ranks in found.items() if ranks.get(round) in live), key=lambda n: found[n][round])
 
 
 def rounds_released(out: Path) -> int | None:

@@ -31,6 +31,7 @@ from mosaic_proto import (
     Release,
 )
 from mosaicd.daemon.barrier import journal as barrier_journal
+from mosaicd.daemon.barrier.comeback import Comeback
 from mosaicd.daemon.barrier.ending import RunEnd
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
 from mosaicd.daemon.barrier.layouts import LayoutClaims
@@ -43,7 +44,7 @@ from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.auth import Secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
-from mosaicd.rundir import hold_barrier, keep_earlier_run
+from mosaicd.rundir import hold_barrier, keep_earlier_run, read_summary
 from mosaicd.settings import DaemonOptions, RunConfig
 
 P = BarrierPhase
@@ -51,14 +52,19 @@ P = BarrierPhase
 
 class Barrier:
     def __init__(self, run: RunConfig, options: DaemonOptions, *, secret: Secret,
-                 evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None, hold_out: bool = False) -> None:
+                 evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None, hold_out: bool = False,
+                 members_return: bool = False) -> None:
         """`secret`: the run's, as its entry point resolved it (none: --insecure); `evaluate(run, vectors)`: the
-        models' network metrics (None: final models only); `hold_out`: take --out (`open_outputs`). ResumeError:
-        OUT holds another run in progress (or not the round asked for)."""
+        models' network metrics (None: final models only); `hold_out`: take --out (`open_outputs`);
+        `members_return`: its members start again with it (rank 0 of a peer list: comeback.py). ResumeError: OUT
+        holds another run in progress (or not the round asked for)."""
         self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
+        stopped = read_summary(options.out) if self.resumed else None  # how the run ended before: kept in `resumed`
+        choose = members_return and options.resume_round is None
         if self.resumed:  # --resume-round: every member comes back at a new address and takes its rank back
             run = self.resumed["run"]
-            self.state = BarrierState.from_json(self.resumed["state"], _now(), rebind=options.resume_round is not None)
+            self.state = BarrierState.from_json(self.resumed["state"], _now(),
+                                                rebind=options.resume_round is not None or choose)
         else:
             counted = options.expect_dns or options.expect_settle  # the count is known once nodes register
             self.state = BarrierState(rounds=run.rounds, round_deadline=run.round_deadline,
@@ -75,7 +81,9 @@ class Barrier:
         self.refusals = Refusals()  # requests refused, by reason and source (refusals.py)
         self.layouts = LayoutClaims()  # the model every member must build (layouts.py)
         self.notices = Notices({t: self.state.notice(r).to_json() for t, r in self.state.released.items()})
-        self.ending = RunEnd(self.recorder, self.log, self.state.round if self.resumed else None)
+        self.comeback = Comeback(options, run, bool(secret)) if choose and rebinding else None
+        self.ending = RunEnd(self.recorder, self.log, self.state.round if self.resumed and not self.comeback else None,
+                             stopped, self.state.round)
         self.done = self.ending.done
         self.evaluator = NetworkEvaluator(options, self.keyring, evaluate, self.recorder, self.metrics, self.log,
                                           on_output_error=self.fail_output)
@@ -104,6 +112,8 @@ class Barrier:
 
     async def start(self) -> None:
         self.metrics.expected.set(self.state.expected)
+        if self.comeback is not None:  # the round it goes on at is chosen once every member is back (resume_at)
+            return self.registrar.resumed()
         if self.resumed:
             return self._resume()
         for task in self.registrar.tasks():
@@ -129,10 +139,22 @@ class Barrier:
         self.log.warning("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
                          evaluations_recollected=missing, **({"evaluations_lost": lost} if lost else {}))
 
+    def resume_at(self, round: int) -> None:
+        """Its members back, the run goes on at `round` (comeback.py): the journal's state of that round."""
+        if round != self.state.round:
+            saved = barrier_journal.load(self.options.out, self.run, round, self.options.nodes_counted,
+                                         bool(self.keyring))
+            self.state = BarrierState.from_json(saved["state"], self.now(), rebind=True)
+            self.notices.heard = {t: self.state.notice(r).to_json() for t, r in self.state.released.items()}
+            self.recorder.cut_back(round)
+        self.ending.resumed(round)
+        self._resume()
+
     # -- registration (registration.py: its long polls) -----------------------------------------------------
-    async def register(self, address: str, rank: int | None = None) -> dict[str, Any]:
+    async def register(self, address: str, rank: int | None = None, held: list[int] | None = None
+                       ) -> dict[str, Any]:
         """Long poll until the roster is made (`Registrar.register`)."""
-        return await self.registrar.register(address, rank)
+        return await self.registrar.register(address, rank, held)
 
     async def withdraw(self, address: str, reason: str) -> dict[str, Any]:
         """`address` withdraws its registration, or leaves if it is a member (`Registrar.withdraw`)."""

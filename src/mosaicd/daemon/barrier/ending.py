@@ -8,6 +8,7 @@ is journaled after a failure, so the run can be resumed from its last saved deci
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,12 +21,28 @@ from mosaicd.settings import RunConfig
 class RunEnd:
     """The run's outcome in summary.json (finished, or failed and why, and who left first), then `done`."""
 
-    def __init__(self, recorder: RunRecorder, log: Any, resumed_at: int | None = None) -> None:
-        """`resumed_at`: the open round a barrier resumed the run at (its journal); summary.json says so."""
-        self.recorder, self.log, self.resumed_at = recorder, log, resumed_at
+    def __init__(self, recorder: RunRecorder, log: Any, resumed_at: int | None = None,
+                 stopped: dict[str, Any] | None = None, stopped_at: int | None = None) -> None:
+        """`resumed_at`: the open round a barrier resumed the run at (its journal; where it is chosen later,
+        `resumed`); summary.json says so. `stopped`: the summary the run left when it stopped (its resumes before
+        this one, and why it stopped), at the open round `stopped_at`."""
+        self.recorder, self.log, self.resumed_at = recorder, log, None
+        self.stopped, self.stopped_at = stopped or {}, stopped_at
         self.done = asyncio.Event()
         self.output_error: str | None = None  # why the run was ended early (`ended_early`): nothing more is saved
         self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
+        if resumed_at is not None:
+            self.resumed(resumed_at)
+
+    def resumed(self, round: int) -> None:
+        """The run goes on at `round`: summary.json says so from now on (`resumed_at`), and keeps every resume of
+        the run (`resumed`: the round it went on at, the round it had stopped at, when, and why it had stopped
+        where its summary said so)."""
+        self.resumed_at = round
+        earlier = self.stopped.get("resumed")
+        why = self.stopped.get("error") if self.stopped.get("status") == "failed" else None
+        self.recorder.note("resumed", [*(earlier if isinstance(earlier, list) else []), {
+            "round": round, "stopped_at_round": self.stopped_at, "at": utc_now(), "stopped": why}])
 
     def left(self, rank: int, reason: str) -> None:
         self.leave_reasons.setdefault(rank, reason)
@@ -67,6 +84,10 @@ class RunEnd:
         """Registration could not complete: the run ends (summary.json says why). OSError: it could not be written."""
         self.log.error("registration_failed", detail=reason)
         self.recorder.fail(f"registration failed: {reason}")
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class Hosted(Protocol):

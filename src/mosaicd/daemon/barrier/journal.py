@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +130,18 @@ def _flag(name: str, value: Any) -> str:
 def rounds(out: Path) -> list[int]:
     """The open rounds whose state the journal in OUT keeps that `cluster --resume` can go on from (newest first)."""
     return journal_file.kept_rounds(out)
+
+
+def resume_point(out: Path, run: RunConfig, held: Mapping[int, Collection[int]], counted: bool = False,
+                 secured: bool = True) -> tuple[int, set[int]] | None:
+    """The one rule of an exact resume: the newest open round the journal in OUT keeps (`rounds`) of which every
+    live member of that round (joining ones too) holds a checkpoint (`held`: rank -> the rounds of its checkpoints),
+    and those members; None where there is none. `cluster --resume` asks it with the checkpoints in OUT/state, the
+    barrier of a peer list with those its members say they hold as they register again (`load`'s ResumeError for a
+    run of other settings)."""
+    for round in rounds(out):
+        state = load(out, run, round, counted, secured)["state"]
+        members = set(state["live"]) | set(state["joining"])
+        if all(round in held.get(rank, ()) for rank in members):
+            return round, members
+    return None

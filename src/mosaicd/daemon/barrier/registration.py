@@ -1,5 +1,6 @@
 """Registration at the barrier: the long polls of the nodes that register (until the roster is made), come back
-(join), come back at new addresses (a resumed run: rebind) or withdraw; how the node count is learned where it is
+(join), come back at new addresses (a resumed run: rebind), come back with their checkpoints to a run resumed where
+they all start again (rank 0 of a peer list: comeback.py) or withdraw; how the node count is learned where it is
 not given (the addresses a DNS name resolves to once they hold still, or the nodes registered once no new one came
 for a while); and the run failing at --register-deadline. `BarrierState` decides (`register`, `close`, `join`,
 `rebind`, `withdraw`); the barrier (`Host`) runs what each decision calls for."""
@@ -11,6 +12,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, BarrierState, Registration, Release
+from mosaicd.daemon.barrier.comeback import Comeback, NotExact
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.daemon.deadlines import join_wait
 from mosaicd.daemon.http.membership import listed_addresses, resolve_all
@@ -25,6 +27,7 @@ class Host(Protocol):
     options: DaemonOptions
     metrics: BarrierMetrics
     log: Any
+    comeback: Comeback | None
 
     def now(self) -> float: ...
 
@@ -33,6 +36,8 @@ class Host(Protocol):
     def arm_deadline(self) -> None: ...
 
     def close_roster(self, run: RunConfig) -> None: ...
+
+    def resume_at(self, round: int) -> None: ...
 
     def fail_registration(self, reason: str) -> None: ...
 
@@ -62,11 +67,15 @@ class Registrar:
         """The roster was made by the barrier this one resumes the run of."""
         self.registered.set()
 
-    async def register(self, address: str, rank: int | None = None) -> dict[str, Any]:
+    async def register(self, address: str, rank: int | None = None, held: list[int] | None = None
+                       ) -> dict[str, Any]:
         """Long poll until the roster is made: the `Registration` as JSON. A node that comes back (or, with
         --allow-join, a new one) waits for the open round's release and joins the next round; a member of a resumed
-        run (`rank`) waits for every member to be back. BarrierError if refused."""
+        run (`rank`; or, where every member starts again, its address and the rounds of its checkpoints, `held`)
+        waits for every member to be back. BarrierError if refused."""
         host, state = self.host, self.host.state
+        if host.comeback is not None and host.comeback.waits(state, address):
+            return await self._come_back(host.comeback, address, held or [])
         if rank is not None:
             return await self._rebind(address, rank)
         if state.run_phase is BarrierPhase.RUNNING and (state.round > 0 or address not in state.addresses
@@ -85,9 +94,10 @@ class Registrar:
                 raise BarrierError(BarrierReason.REGISTRATION_FAILED, state.failure or "registration did not complete")
         return self._reply(given, 0, state.live)
 
-    def _reply(self, rank: int, round: int, live: list[int]) -> dict[str, Any]:
+    def _reply(self, rank: int, round: int, live: list[int], resumed: bool = False) -> dict[str, Any]:
         host = self.host
-        return Registration(rank, host.state.addresses, host.run.model_dump(mode="json"), round, tuple(live)).to_json()
+        return Registration(rank, host.state.addresses, host.run.model_dump(mode="json"), round, tuple(live),
+                            resumed).to_json()
 
     async def _join(self, address: str) -> dict[str, Any]:
         """A member that comes back (or a newcomer, with --allow-join): it joins from the next round."""
@@ -112,17 +122,69 @@ class Registrar:
             host.arm_deadline()
             host.log.warning("resumed_all", round=rebound.round, live=len(state.live))
             self.rebound.set()
+        await self._all_back(lambda: sorted(state.awaited))
+        return self._reply(rank, state.round, state.live)
+
+    async def _all_back(self, missing: Callable[[], list[int]], ends_run: bool = False) -> None:
+        """Until every member of a resumed run is back (or it failed); BarrierError at --register-deadline, naming
+        the `missing` ones (`ends_run`: the run ends then, and every member waiting hears it at once)."""
+        host = self.host
         try:
             await asyncio.wait_for(self.rebound.wait(), timeout=host.options.register_deadline)
         except TimeoutError:
-            raise BarrierError(BarrierReason.REGISTRATION_FAILED, f"members {sorted(state.awaited)} did not come "
-                               f"back within --register-deadline {host.options.register_deadline:g}s") from None
-        return self._reply(rank, state.round, state.live)
+            deadline = host.options.register_deadline
+            why = f"members {missing()} did not come back within --register-deadline {deadline:g}s"
+            if ends_run and host.state.phase is BarrierPhase.REBINDING:
+                self._fail(why, 503)
+                self.rebound.set()
+            raise BarrierError(BarrierReason.REGISTRATION_FAILED, why) from None
+
+    async def _come_back(self, comeback: Comeback, address: str, held: list[int]) -> dict[str, Any]:
+        """A member of a run resumed where every member starts again, with the rounds of its checkpoints (`held`).
+        Once every live member is back, the run goes on at the round `comeback` chooses, every member from its
+        checkpoint of it (the answer says `resumed`); where there is none, every member hears why (422) and the
+        run ends, failed, its journal as it was."""
+        host = self.host
+        if host.state.phase is BarrierPhase.REBINDING:
+            rank = comeback.back(host.state, address, held)
+            host.log.info("back", rank=rank, address=address, checkpoints=sorted(held, reverse=True),
+                          waiting_for=comeback.missing(host.state))
+            if not comeback.missing(host.state):
+                self._resume_chosen(comeback)
+        await self._all_back(lambda: comeback.missing(host.state), ends_run=True)
+        state = host.state
+        if state.phase is BarrierPhase.FAILED:
+            raise BarrierError(BarrierReason.REGISTRATION_FAILED, state.failure or "the run failed")
+        rank = state.addresses.index(address)
+        return self._reply(rank, state.round, state.live, resumed=True)
+
+    def _resume_chosen(self, comeback: Comeback) -> None:
+        """Every member is back: the run goes on at the round chosen, with each at the address it came back at."""
+        host = self.host
+        try:
+            round = comeback.choose()
+        except NotExact as exc:
+            self._fail(str(exc), 422)
+            self.rebound.set()
+            return
+        host.resume_at(round)
+        for rank in sorted(host.state.awaited):
+            host.state.rebind(rank, comeback.addresses[rank], host.now())
+        try:
+            host.save_journal()
+        finally:
+            self.rebound.set()
+        host.arm_deadline()
+        host.log.warning("resumed_all", round=round, live=len(host.state.live),
+                         checkpoints={r: sorted(h, reverse=True) for r, h in sorted(comeback.held.items())})
 
     async def withdraw(self, address: str, reason: str) -> dict[str, Any]:
         """`address` registered and was told to stop before the roster was made: the roster is made without it (a
         node that does not come cannot be waited for a round). Once the roster is made, it leaves as a member."""
         host, state = self.host, self.host.state
+        if host.comeback is not None and state.phase is BarrierPhase.REBINDING and host.comeback.forget(address):
+            host.log.warning("withdrew", address=address, reason=reason, back=len(host.comeback.addresses))
+            return {"withdrawn": address, "registered": len(host.comeback.addresses)}
         withdrawal = state.withdraw(address)
         if withdrawal is not None:
             host.metrics.registered.set(withdrawal.registered)

@@ -1,7 +1,9 @@
 """The barrier's HTTP API (JSON): input checks and status codes; the decisions live in `Barrier`.
 
     POST /v1/register {"address"}               -> long poll until every expected node registered:
-                                                   {"rank", "members": [addresses], "run": {...}}
+                                                   {"rank", "members": [addresses], "run": {...}}; a member
+                                                   started again says "checkpoints": [rounds] (a peer list's
+                                                   run resumed: "resumed": true, at "round")
     POST /v1/arrive {"rank", "round", "report"} -> long poll until the round is released:
                                                    {"round", "members", "stragglers", "dropped", "finished"}
     POST /v1/leave {"rank", "reason"}           -> this member leaves: not waited for, not sampled from the next
@@ -52,6 +54,8 @@ STATUS_OF_REASON = {BarrierReason.BAD_ADDRESS: 400, BarrierReason.BAD_ROUND: 400
                     BarrierReason.RUN_FAILED: 410}
 
 
+CHECKPOINTS_SAID = 16  # the most checkpoint rounds a registration may name (a node keeps three)
+
 # a registration refused for what the node is or brings (not one told to wait or retry): the barrier says so
 REFUSED_REGISTRATIONS = {BarrierReason.BAD_ADDRESS, BarrierReason.REGISTRATION_CLOSED, BarrierReason.RUN_NOT_JOINABLE,
                          "registration_failed"}
@@ -68,6 +72,19 @@ def reason_of(body: dict[str, Any]) -> str:
     if not isinstance(reason, str) or len(reason) > 2000:
         raise bad_request("bad_field", "field 'reason' must be a string of at most 2000 characters")
     return reason
+
+
+def checkpoints_of(body: dict[str, Any]) -> list[int] | None:
+    """The rounds of the checkpoints a registering member holds (a peer list's member started again), if it says;
+    400 unless a list of at most `CHECKPOINTS_SAID` non-negative integers."""
+    held = body.get("checkpoints")
+    if held is None:
+        return None
+    if not isinstance(held, list) or len(held) > CHECKPOINTS_SAID or \
+            not all(type(r) is int and r >= 0 for r in held):
+        raise bad_request("bad_field", f"field 'checkpoints' must be a list of at most {CHECKPOINTS_SAID} "
+                          "non-negative integers")
+    return held
 
 
 def checked_report(report: Any, round: int) -> NodeReport | None:
@@ -100,7 +117,7 @@ class BarrierRoutes:
             rank = body.get("rank")  # a member of a resumed run, back at a new address
             if rank is not None and (type(rank) is not int or rank < 0):
                 raise bad_request("bad_field", "field 'rank' must be a non-negative integer")
-            return web.json_response(await self.barrier.register(body["address"], rank))
+            return web.json_response(await self.barrier.register(body["address"], rank, checkpoints_of(body)))
         except BarrierError as exc:
             status = (self.barrier.registrar.status if exc.reason == "registration_failed"
                       else STATUS_OF_REASON[exc.reason])

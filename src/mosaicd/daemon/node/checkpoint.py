@@ -87,9 +87,9 @@ def load(directory: Path | None, round: int | None = None) -> Checkpoint | None:
     return None
 
 
-def rounds(directory: Path) -> list[int]:
-    """The rounds of the checkpoints kept in `directory`, newest first."""
-    return [c.round for c in _kept(directory)]
+def rounds(directory: Path, run_id: str | None = None) -> list[int]:
+    """The rounds of the checkpoints kept in `directory` (`run_id`: of that run), newest first."""
+    return [c.round for c in _kept(directory) if run_id is None or c.run_id == run_id]
 
 
 def _kept(directory: Path) -> list[Checkpoint]:

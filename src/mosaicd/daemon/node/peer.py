@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,7 +50,7 @@ __all__ = ["Peer", "PeerDropped", "RunEnded"]
 class Peer:
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
                  host: BarrierHost | None = None, rejoining: bool = False, resume_rank: int | None = None,
-                 secret: Secret | None = None) -> None:
+                 secret: Secret | None = None, checkpoints: Sequence[int] | None = None) -> None:
         """`model`: the model's Layout, or a torch module whose float state is the gossiped vector; None to
         give it after registration (`set_model`). `run` and `host` are needed only where this peer hosts the
         barrier (rank 0 of a --peer-list): `host` builds it (`mosaicd.Peer` gives `mosaicd.daemon.embedded`'s,
@@ -58,9 +58,12 @@ class Peer:
         takes over from an earlier one (it has its checkpoint): fragments of the round it lost are refused
         at once instead of held until it is ready. `resume_rank`: the rank this process takes back in a resumed
         run (`--resume-round`), wherever it listens now. `secret`: the run's (a `mosaicd.Barrier`'s of the same
-        program: `barrier.secret`); none given: --secret-file's, read here."""
+        program: `barrier.secret`); none given: --secret-file's, read here. `checkpoints`: the rounds of this
+        member's checkpoints of the run (a peer list's member started again): where rank 0 resumes the run, it goes
+        on at one of them, said by `resumed_at`."""
         self.options, self._model, self._host, self._hosted_run = options, model, host, run
-        self._resume_rank = resume_rank
+        self._resume_rank, self._checkpoints = resume_rank, checkpoints
+        self.resumed_at: int | None = None  # the round a resumed run goes on at, from this member's checkpoint of it
         self._paced: tuple[int, Link] | None = None  # (rank, its link) under --node-profile
         self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining,
                                on_refused=lambda why, n: self.metrics.counted(why, n))
@@ -148,7 +151,8 @@ class Peer:
                 "--register-deadline)")
 
     async def _register(self) -> None:
-        body = {"address": self.address, **({"rank": self._resume_rank} if self._resume_rank is not None else {})}
+        body = {"address": self.address, **({"rank": self._resume_rank} if self._resume_rank is not None else {}),
+                **({"checkpoints": list(self._checkpoints)} if self._checkpoints is not None else {})}
         try:
             reply = await self._client.post_json_until(f"{self.inbox.barrier_url}/v1/register", body,
                                                        self.options.register_deadline, "--register-deadline", self.log)
@@ -159,6 +163,8 @@ class Peer:
             raise TimeoutError(f"{exc}{await self._registration_seen()}") from None
         run = RunConfig.model_validate(reply["run"])
         differ = settings_differ(self._hosted_run, run)
+        self._checkpoints = None  # a registration after a drop (`rejoin`) is not a resume
+        self.resumed_at = int(reply.get("round", 0)) if reply.get("resumed") else None
         self.state.registered(int(reply["rank"]), list(reply["members"]), reply.get("live", range(len(
             reply["members"]))), int(reply.get("round", 0)), run.run_id)
         self.log = self.log.bind(node=self.rank, run=run.run_id)

@@ -40,7 +40,11 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     options = settings.daemon_options()
     saved = found_checkpoint(options)
     resume_rank = saved.rank if saved is not None and options.resume_round is not None else None
-    peer = Peer(options, run=run, host=host, rejoining=saved is not None, resume_rank=resume_rank)
+    held = None  # a peer list's member says which rounds it can go on from, where rank 0 resumes the run
+    if run is not None and options.resume_round is None:
+        directory = checkpoint.state_dir(options)
+        held = checkpoint.rounds(directory, run.run_id) if directory is not None else []
+    peer = Peer(options, run=run, host=host, rejoining=saved is not None, resume_rank=resume_rank, checkpoints=held)
     registering = asyncio.ensure_future(peer.__aenter__())
     told = on_signals(registering) if options.leave_on_signal else None
     try:
@@ -114,12 +118,15 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
         task = await asyncio.to_thread(build_task, run, settings.data_dir)
     peer.set_model(task.layout)
     log = get_logger(role="node", run=run.run_id, node=peer.rank)
+    resume_round = options.resume_round if options.resume_round is not None else peer.resumed_at
+    if peer.resumed_at and options.resume_round is None:  # rank 0 resumed the peer list's run at this round
+        saved = resumed_checkpoint(peer, options, peer.resumed_at)
     vector = await starting_model(peer, task, saved, options)
     if peer.round > 0 and saved is not None and saved.run_id == run.run_id and settings.peer_list is not None:
         print(f"mosaicd node: run {run.run_id} goes on at round {peer.round} of {run.rounds}: this node resumes from "
               f"its checkpoint of round {saved.round}", file=sys.stderr, flush=True)
-    if options.resume_round is not None:  # its models after the two rounds before, for the barrier's evaluations
-        before = model_before(peer, options)
+    if resume_round:  # its models after the two rounds before, for the barrier's evaluations
+        before = model_before(peer, options, resume_round)
         peer.begin(vector, kept_as=peer.round - 1, before=before)
         kept = [(r, v) for r, v in ((peer.round - 1, vector), (peer.round - 2, before))
                 if v is not None and r >= 0 and is_eval_round(r, run)]
@@ -245,12 +252,22 @@ async def starting_model(peer: Peer, task: Any, saved: checkpoint.Checkpoint | N
                               "checkpoint", options, checkpoint_round=saved.round if saved else None)
 
 
-def model_before(peer: Peer, options: DaemonOptions) -> np.ndarray | None:
-    """A resumed node's model after the round before the one its checkpoint goes on from (its earlier checkpoint,
-    read before this node writes any): the interruption may have cut that round's evaluation short, and the barrier
-    collects it again from the restarted nodes. None where that checkpoint is not kept."""
-    assert options.resume_round is not None
-    earlier = checkpoint.load(checkpoint.state_dir(options), options.resume_round - 1)
+def resumed_checkpoint(peer: Peer, options: DaemonOptions, round: int) -> checkpoint.Checkpoint:
+    """This member's checkpoint of `round`, where rank 0 resumed the peer list's run at it (this member said it
+    holds it): FileNotFoundError, plainly, where it is not there (or not this run's and rank's) any more."""
+    saved = checkpoint.load(checkpoint.state_dir(options), round)
+    if saved is None or (saved.run_id, saved.rank) != (peer.run.run_id, peer.rank):
+        raise FileNotFoundError(f"the run {peer.run.run_id} was resumed at round {round}, but "
+                                f"{checkpoint.state_dir(options)} (--state-dir) holds no checkpoint of this member "
+                                f"(rank {peer.rank}) of that round now: it cannot go on exactly")
+    return saved
+
+
+def model_before(peer: Peer, options: DaemonOptions, round: int) -> np.ndarray | None:
+    """A resumed node's model after the round before `round`, the one its checkpoint goes on from (its earlier
+    checkpoint, read before this node writes any): the interruption may have cut that round's evaluation short, and
+    the barrier collects it again from the restarted nodes. None where that checkpoint is not kept."""
+    earlier = checkpoint.load(checkpoint.state_dir(options), round - 1)
     if earlier is None or (earlier.run_id, earlier.rank) != (peer.run.run_id, peer.rank):
         return None
     return earlier.vector
