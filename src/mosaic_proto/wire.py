@@ -238,6 +238,7 @@ class _Limits(NamedTuple):
     CBOR's own bounds (what its bytes can hold); a large one also to what a message of the run holds
     (`_run_limits`), so that whatever its heads claim, reading it builds O(K) objects."""
 
+    size: int = 1 << 64  # bytes of the body
     items: int = 1 << 64  # CBOR items in all (a chunk of a string counts); by default more than any head can claim
     header_string: int = 1 << 64  # bytes of a string directly in the top map
     string: int = 1 << 64  # bytes of any other string (or chunk)
@@ -251,6 +252,8 @@ _ANY = _Limits()
 # array, the head of the values' tag, the tag's number and the item's length
 _FRAGMENT_HEADS = {codec: (0x80 | _CODEC_ITEMS[codec], _head(6, number), number, _CODEC_ITEMS[codec])
                    for codec, number in _CODEC_TAG.items()}
+_Tag = cbor2.CBORTag  # a tag and its item (the RFC 8746 typed arrays), as cbor2 gives them
+_HEADER_ITEMS = 2 * len(_KEYS)  # a message's map, its keys and the values before frags
 _SIMPLE = {20: False, 21: True, 22: None, 23: cbor2.undefined}
 _FLOAT = {3: ">e", 5: ">f", 9: ">d"}  # a float's struct format by the size of its head
 
@@ -263,6 +266,10 @@ class _Reader:
     of a message is a date, a set or a shared reference. Only text and byte strings are map keys (integers
     would collide in a dict) and a key appears once; nesting stops at `_MAX_DEPTH` containers and tags, so
     no body makes it recurse further. Raises only `WireError`.
+
+    Where it knows what to expect, it compares bytes instead of reading heads one by one: a run's own framing
+    (`framed`) and a fragment's item as `encode` writes it (`fragment`). Anything else, it reads head by head,
+    to the same values and faults.
     """
 
     __slots__ = ("data", "view", "end", "limits", "left", "expect")
@@ -270,6 +277,8 @@ class _Reader:
     def __init__(self, data: bytes | memoryview, limits: _Limits, codec: str = "none") -> None:
         self.data, self.view, self.end, self.limits, self.left = data, memoryview(data), len(data), limits, \
             limits.items
+        if self.end > limits.size:
+            raise WireError(Reason.TOO_LARGE, f"{self.end} bytes: no message of this run is over {limits.size} bytes")
         self.expect = _FRAGMENT_HEADS[codec]
 
     def message(self) -> object:
@@ -286,7 +295,7 @@ class _Reader:
     def framed(self, framing: tuple[bytes, bytes, bytes]) -> tuple[int, int, object] | None:
         """(round, sender, frags) of a body that opens with its run's own framing (`_framing`: the header as
         `encode` writes it, compared in one go instead of head by head); None for any other, read by `message`.
-        What it returns or raises is what `message` and the header's checks would give."""
+        What it returns or raises is what `message` and the header's checks would give (for a valid run id)."""
         data, (before_round, sender_key, after_sender) = self.data, framing
         if not data.startswith(before_round):
             return None
@@ -299,10 +308,10 @@ class _Reader:
         pos += len(after_sender)
         major, count, after = self.head(pos)
         if major == 4 and count >= 0:  # read as `item` reads it, with one step less
-            self.left -= 2 * len(_KEYS) + 1  # the map, its keys, the values before frags and frags' array
+            self.left -= _HEADER_ITEMS + 1
             frags, pos = self.array(count, after, 1)
         else:
-            self.left -= 2 * len(_KEYS)
+            self.left -= _HEADER_ITEMS
             frags, pos = self.item(pos, 1)
         if pos != self.end:
             raise _malformed(f"{self.end - pos} trailing bytes after the message")
@@ -353,7 +362,7 @@ class _Reader:
                 raise _malformed("a bignum must be a byte string")
             number = int.from_bytes(value, "big")
             return (number if arg == 2 else -1 - number), pos
-        return cbor2.CBORTag(arg, value), pos
+        return _Tag(arg, value), pos
 
     def fragment(self, pos: int, depth: int) -> tuple[object, int]:
         """An item of an array directly in the top map. One that opens as `encode` writes a fragment of the run's
@@ -361,12 +370,16 @@ class _Reader:
         those expected heads, anything else by `item`, which also names any fault: the same value either way."""
         data, (opening, tag, number, items) = self.data, self.expect
         if pos + 4 < self.end and data[pos] == opening and self.left >= 4:
-            major, index, after = (0, data[pos + 1], pos + 2) if data[pos + 1] < 24 else self.head(pos + 1)
-            if major == 0 and data.startswith(tag, after):
+            index, after = data[pos + 1], pos + 2
+            if index >= 24:
+                major, index, after = self.head(pos + 1)
+                if major != 0:
+                    return self.item(pos, depth)
+            if data.startswith(tag, after):
                 major, size, after = self.head(after + len(tag))
                 if major == 2 and 0 <= size <= self.limits.string and after + size <= self.end:
                     self.left -= 4  # the item's array, its index, the tag and its byte string
-                    values = cbor2.CBORTag(number, self.view[after:after + size])
+                    values = _Tag(number, self.view[after:after + size])
                     if items == 2:
                         return [index, values], after + size
                     last, after = self.item(after + size, depth + 1)  # int8's scale, topk's indices
@@ -470,24 +483,22 @@ def max_message_bytes(fragmentation: Fragmentation, compression: Compression = _
     return payload + _ITEMS_PER_FRAGMENT * 8 * fragmentation.k + _FRAMING_SLACK
 
 
-def _run_limits(data: bytes | memoryview, fragmentation: Fragmentation, compression: Compression) -> _Limits:
+@functools.lru_cache(maxsize=4)  # every large message of a run is read against the same limits
+def _run_limits(fragmentation: Fragmentation, compression: Compression) -> _Limits:
     """What a message of this run holds: no more bytes than `max_message_bytes`, a map of 8 entries at the top and
     no map below it, `frags` of at most K items and arrays of at most `_FRAGMENT_ITEMS` below that,
     `_ITEMS_PER_FRAGMENT` items per fragment, header strings of at most `_MAX_HEADER_STRING` bytes and others
     no longer than the longest fragment. (A message of the run encoded in a way no sender here writes, such as
     byte strings in thousands of chunks, is refused too.)"""
-    limit = max_message_bytes(fragmentation, compression)
-    if len(data) > limit:
-        raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes: no message of this run is over {limit} bytes")
     longest = max(_MAX_HEADER_STRING, 4 * max(map(len, fragmentation.indices)))
-    return _Limits(64 + _ITEMS_PER_FRAGMENT * fragmentation.k, _MAX_HEADER_STRING, longest, fragmentation.k,
-                   _FRAGMENT_ITEMS, True)
+    return _Limits(max_message_bytes(fragmentation, compression), 64 + _ITEMS_PER_FRAGMENT * fragmentation.k,
+                   _MAX_HEADER_STRING, longest, fragmentation.k, _FRAGMENT_ITEMS, True)
 
 
 def check_structure(data: bytes | memoryview, fragmentation: Fragmentation, compression: Compression = _NONE) -> None:
     """Refuse a body that cannot be a message of this run, as `decode` refuses a large one: before anything of it
     is built beyond O(K) objects, whatever its heads claim. None if it may be one."""
-    _Reader(data, _run_limits(data, fragmentation, compression), compression.codec).message()
+    _Reader(data, _run_limits(fragmentation, compression), compression.codec).message()
 
 
 def _header(obj: object, fragmentation: Fragmentation, run_id: str | None,
@@ -534,9 +545,10 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
         if view.nbytes > max_bytes:
             raise WireError(Reason.TOO_LARGE, f"{view.nbytes} bytes is over the {max_bytes}-byte limit")
         data = view.tobytes()
-    if len(data) > max_bytes:
-        raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes is over the {max_bytes}-byte limit")
-    limits = _run_limits(data, fragmentation, compression) if len(data) >= _CHECK_MIN_BYTES else _ANY
+    size = len(data)
+    if size > max_bytes:
+        raise WireError(Reason.TOO_LARGE, f"{size} bytes is over the {max_bytes}-byte limit")
+    limits = _run_limits(fragmentation, compression) if size >= _CHECK_MIN_BYTES else _ANY
     reader = _Reader(data, limits, compression.codec)
     framed = None if run_id is None else reader.framed(_framing(run_id, fragmentation.k, fragmentation.fingerprint,
                                                                 CODEC_DTYPE[compression.codec]))
@@ -551,15 +563,15 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
 
 
 def _fragments(frags: object, fragmentation: Fragmentation, compression: Compression) -> dict:
-    """The fragments of a message, each item checked against the run's codec and the fragment's size (topk:
-    exactly the coordinates it keeps, ascending and in range), as float32 values or, for topk, a `Compressed`."""
-    codec, k, sizes = compression.codec, fragmentation.k, fragmentation.indices
+    """The fragments of a message, each item checked against the run's codec and the fragment's size, as float32
+    values (views of the message's bytes for `none`) or, for topk, a `Compressed`."""
+    codec, k, coordinates = compression.codec, fragmentation.k, fragmentation.indices
     if type(frags) is not list or not 0 < len(frags) <= k:
         raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
     items, tag_of_values, dtype = _CODEC_ITEMS[codec], _CODEC_TAG[codec], _CODEC_NUMPY[codec]
     fragments: dict[int, np.ndarray | Compressed] = {}
     for item in frags:
-        if type(item) is not list or len(item) != items or type(item[1]) is not cbor2.CBORTag:
+        if type(item) is not list or len(item) != items or type(item[1]) is not _Tag:
             raise WireError(Reason.BAD_FRAGMENT, f"each fragment of a {codec} message must be a list of {items} "
                             "items: [index, typed array" + (", scale]" if codec == "int8" else
                                                             ", indices]" if codec == "topk" else "]"))
@@ -568,30 +580,37 @@ def _fragments(frags: object, fragmentation: Fragmentation, compression: Compres
             raise WireError(Reason.BAD_FRAGMENT, f"fragment index must be in [0, {k}), got {_show(index)}")
         if index in fragments:
             raise WireError(Reason.DUPLICATE_FRAGMENT, f"fragment {index} appears twice")
-        size = len(sizes[index])
-        count = size if codec != "topk" else compression.kept(size)
-        values = _typed(item[1], tag_of_values, dtype, count, index, "values")
-        if codec == "none" or codec == "topk":
-            if not _finite(values):
-                raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
-            if codec == "none":
-                fragments[index] = values
-                continue
-            indices = _typed(item[2], TAG_UINT32_LE, _UINT32, count, index, "indices")
-            if count and (int(indices[-1]) >= size or (count > 1 and not bool(np.all(indices[1:] > indices[:-1])))):
-                raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s indices must ascend within [0, {size})")
-            fragments[index] = Compressed("topk", size, values, indices)
-            continue
-        scale = 1.0
-        if codec == "int8":
-            scale = item[2]
-            if type(scale) is not float or not (math.isfinite(scale) and scale > 0):
-                raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s scale must be a positive finite float")
-        dense = decompress(Compressed(codec, size, values, scale=scale))[1]
-        if not _finite(dense):
+        size = len(coordinates[index])
+        values = _typed(item[1], tag_of_values, dtype, size if codec != "topk" else compression.kept(size), index,
+                        "values")
+        if codec != "none":
+            fragments[index] = _compressed(item, index, size, values, codec)
+        elif _finite(values):
+            fragments[index] = values
+        else:
             raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
-        fragments[index] = dense
     return fragments
+
+
+def _compressed(item: list, index: int, size: int, values: np.ndarray, codec: str) -> np.ndarray | Compressed:
+    """A compressed fragment (its item's values already checked): topk's indices exactly the coordinates it keeps,
+    ascending and in range, int8's scale a positive float; the dense codecs' values as float32."""
+    if codec == "topk":
+        if not _finite(values):
+            raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
+        indices = _typed(item[2], TAG_UINT32_LE, _UINT32, len(values), index, "indices")
+        if len(indices) and (int(indices[-1]) >= size or not bool(np.all(indices[1:] > indices[:-1]))):
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s indices must ascend within [0, {size})")
+        return Compressed("topk", size, values, indices)
+    scale = 1.0
+    if codec == "int8":
+        scale = item[2]
+        if type(scale) is not float or not (math.isfinite(scale) and scale > 0):
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s scale must be a positive finite float")
+    dense = decompress(Compressed(codec, size, values, scale=scale))[1]
+    if not _finite(dense):
+        raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
+    return dense
 
 
 _UINT32 = np.dtype("<u4")
@@ -599,7 +618,7 @@ _UINT32 = np.dtype("<u4")
 
 def _typed(tag: object, number: int, dtype: np.dtype, count: int, index: int, what: str) -> np.ndarray:
     """The `count` values of an RFC 8746 typed array of tag `number` (a view of the message's bytes)."""
-    if type(tag) is not cbor2.CBORTag or tag.tag != number or type(tag.value) is not memoryview:
+    if type(tag) is not _Tag or tag.tag != number or type(tag.value) is not memoryview:
         raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s {what} must be a tag-{number} typed array")
     if len(tag.value) != count * dtype.itemsize:
         raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s {what} take {len(tag.value)} bytes, expected "

@@ -640,12 +640,7 @@ def test_fuzz_reader_agrees_with_cbor2() -> None:
             assert got[0] == expected[0] and (got[0] == "refused" or same_value(got[1], expected[1])), (data, got)
             assert got[0] == "ok" or got[1] is Reason.MALFORMED
         read_ok += got[0] == "ok"
-        try:
-            limits = wire._run_limits(data, FR, NONE)
-        except WireError as exc:
-            assert exc.reason is Reason.TOO_LARGE
-            continue
-        within = read(data, limits)
+        within = read(data, wire._run_limits(FR, NONE))
         if within[0] == "ok":
             limited += 1
             assert same_value(within[1], expected[1])
