@@ -45,12 +45,14 @@ _MAX_ID = 2**31 - 1
 _MAX_RUN_ID = 128
 _KEYSET = frozenset(_KEYS)
 # What a message of a run holds (`_run_limits`), checked for bodies of `_CHECK_MIN_BYTES` and more (a smaller one
-# cannot claim much): header strings (the run id in UTF-8 at most), CBOR items (heads) per fragment, and bytes of
-# framing beyond the fragments' floats (non-canonical heads). Any body nests at most `_MAX_DEPTH` containers and
-# tags (a message needs four: the map, frags, a fragment, its tag).
+# cannot claim much): header strings (the run id in UTF-8 at most) and bytes of framing beyond the fragments' floats
+# (non-canonical heads). Any body holds at most as many CBOR items (heads, chunks too) as a message of the run
+# (`_items`), and nests at most `_MAX_DEPTH` containers and tags (a message needs four: the map, frags, a fragment,
+# its tag), so that reading no body costs more steps than a message of the run.
 _CHECK_MIN_BYTES = 1 << 16
 _MAX_HEADER_STRING = 4 * _MAX_RUN_ID
 _MAX_DEPTH = 6
+_HEADER_ITEMS = 64
 _ITEMS_PER_FRAGMENT = 8
 _FRAMING_SLACK = 1024
 _FRAGMENT_ITEMS = 3  # the most items of one fragment's array: [index, values, scale or indices]
@@ -236,10 +238,9 @@ def _malformed(detail: str) -> WireError:
 class _Limits(NamedTuple):
     """What one body may hold, checked at each head before anything of it is built. A small body is held only to
     CBOR's own bounds (what its bytes can hold); a large one also to what a message of the run holds
-    (`_run_limits`), so that whatever its heads claim, reading it builds O(K) objects."""
+    (`_run_limits`), so that whatever its heads claim, reading it builds no more than a message of the run."""
 
-    size: int = 1 << 64  # bytes of the body
-    items: int = 1 << 64  # CBOR items in all (a chunk of a string counts); by default more than any head can claim
+    size: int = 1 << 64  # bytes of the body; by default more than any head can claim
     header_string: int = 1 << 64  # bytes of a string directly in the top map
     string: int = 1 << 64  # bytes of any other string (or chunk)
     frags: int = 1 << 64  # items of an array directly in the top map (the fragments)
@@ -248,12 +249,12 @@ class _Limits(NamedTuple):
 
 
 _ANY = _Limits()
+_TOO_MANY_ITEMS = WireError(Reason.MALFORMED, "more CBOR items than a message of the run holds")
 # How `encode` opens a fragment's item, per codec, as `_Reader.fragment` expects it: the initial byte of the item's
 # array, the head of the values' tag, the tag's number and the item's length
 _FRAGMENT_HEADS = {codec: (0x80 | _CODEC_ITEMS[codec], _head(6, number), number, _CODEC_ITEMS[codec])
                    for codec, number in _CODEC_TAG.items()}
 _Tag = cbor2.CBORTag  # a tag and its item (the RFC 8746 typed arrays), as cbor2 gives them
-_HEADER_ITEMS = 2 * len(_KEYS)  # a message's map, its keys and the values before frags
 _SIMPLE = {20: False, 21: True, 22: None, 23: cbor2.undefined}
 _FLOAT = {3: ">e", 5: ">f", 9: ">d"}  # a float's struct format by the size of its head
 
@@ -274,9 +275,9 @@ class _Reader:
 
     __slots__ = ("data", "view", "end", "limits", "left", "expect")
 
-    def __init__(self, data: bytes | memoryview, limits: _Limits, codec: str = "none") -> None:
-        self.data, self.view, self.end, self.limits, self.left = data, memoryview(data), len(data), limits, \
-            limits.items
+    def __init__(self, data: bytes | memoryview, limits: _Limits, codec: str = "none", items: int = 1 << 64) -> None:
+        """`items`: the most CBOR items (a string's chunks count) the body may hold, as a message of the run."""
+        self.data, self.view, self.end, self.limits, self.left = data, memoryview(data), len(data), limits, items
         if self.end > limits.size:
             raise WireError(Reason.TOO_LARGE, f"{self.end} bytes: no message of this run is over {limits.size} bytes")
         self.expect = _FRAGMENT_HEADS[codec]
@@ -308,10 +309,10 @@ class _Reader:
         pos += len(after_sender)
         major, count, after = self.head(pos)
         if major == 4 and count >= 0:  # read as `item` reads it, with one step less
-            self.left -= _HEADER_ITEMS + 1
+            self.left -= 2 * len(_KEYS) + 1  # the map, its keys, the values before frags and frags' array
             frags, pos = self.array(count, after, 1)
         else:
-            self.left -= _HEADER_ITEMS
+            self.left -= 2 * len(_KEYS)
             frags, pos = self.item(pos, 1)
         if pos != self.end:
             raise _malformed(f"{self.end - pos} trailing bytes after the message")
@@ -339,7 +340,7 @@ class _Reader:
         """The value of the item at `pos`, `depth` containers and tags down, and the position after it."""
         self.left -= 1
         if self.left < 0:
-            raise _malformed(f"more than {self.limits.items} CBOR items: no message of the run has as many")
+            raise _TOO_MANY_ITEMS
         if depth > _MAX_DEPTH:
             raise _malformed(f"nested more than {_MAX_DEPTH} deep")
         start = pos
@@ -407,7 +408,7 @@ class _Reader:
         while pos < self.end and self.data[pos] != 0xFF:
             self.left -= 1
             if self.left < 0:
-                raise _malformed(f"more than {self.limits.items} CBOR items: no message of the run has as many")
+                raise _TOO_MANY_ITEMS
             kind, size, pos = self.head(pos)
             if kind != major or size < 0:
                 raise _malformed(f"a chunk of major type {kind} in an indefinite string of major type {major}")
@@ -486,19 +487,23 @@ def max_message_bytes(fragmentation: Fragmentation, compression: Compression = _
 @functools.lru_cache(maxsize=4)  # every large message of a run is read against the same limits
 def _run_limits(fragmentation: Fragmentation, compression: Compression) -> _Limits:
     """What a message of this run holds: no more bytes than `max_message_bytes`, a map of 8 entries at the top and
-    no map below it, `frags` of at most K items and arrays of at most `_FRAGMENT_ITEMS` below that,
-    `_ITEMS_PER_FRAGMENT` items per fragment, header strings of at most `_MAX_HEADER_STRING` bytes and others
-    no longer than the longest fragment. (A message of the run encoded in a way no sender here writes, such as
-    byte strings in thousands of chunks, is refused too.)"""
+    no map below it, `frags` of at most K items and arrays of at most `_FRAGMENT_ITEMS` below that, header strings
+    of at most `_MAX_HEADER_STRING` bytes and others no longer than the longest fragment."""
     longest = max(_MAX_HEADER_STRING, 4 * max(map(len, fragmentation.indices)))
-    return _Limits(max_message_bytes(fragmentation, compression), 64 + _ITEMS_PER_FRAGMENT * fragmentation.k,
-                   _MAX_HEADER_STRING, longest, fragmentation.k, _FRAGMENT_ITEMS, True)
+    return _Limits(max_message_bytes(fragmentation, compression), _MAX_HEADER_STRING, longest, fragmentation.k,
+                   _FRAGMENT_ITEMS, True)
+
+
+def _items(fragmentation: Fragmentation) -> int:
+    """The most CBOR items a message of this run holds (a message encoded in a way no sender here writes, such as
+    byte strings in thousands of chunks, is refused too)."""
+    return _HEADER_ITEMS + _ITEMS_PER_FRAGMENT * fragmentation.k
 
 
 def check_structure(data: bytes | memoryview, fragmentation: Fragmentation, compression: Compression = _NONE) -> None:
     """Refuse a body that cannot be a message of this run, as `decode` refuses a large one: before anything of it
-    is built beyond O(K) objects, whatever its heads claim. None if it may be one."""
-    _Reader(data, _run_limits(fragmentation, compression), compression.codec).message()
+    is built beyond what a message of the run holds, whatever its heads claim. None if it may be one."""
+    _Reader(data, _run_limits(fragmentation, compression), compression.codec, _items(fragmentation)).message()
 
 
 def _header(obj: object, fragmentation: Fragmentation, run_id: str | None,
@@ -535,7 +540,8 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
     The returned fragments are read-only float32 arrays (topk: `Compressed`); for `bytes` input of an uncompressed
     run they are views into `data` (no copy), any other buffer is copied once first so that they never alias memory
     the caller may reuse. A body of `_CHECK_MIN_BYTES` or more is read against what a message of the run holds
-    (`_run_limits`); a smaller one cannot claim much, and is held to CBOR's own bounds.
+    (`_run_limits`); a smaller one cannot claim much, and is held to CBOR's own bounds and a message's count of
+    items (`_items`).
     """
     if not isinstance(data, bytes):
         try:
@@ -549,7 +555,7 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
     if size > max_bytes:
         raise WireError(Reason.TOO_LARGE, f"{size} bytes is over the {max_bytes}-byte limit")
     limits = _run_limits(fragmentation, compression) if size >= _CHECK_MIN_BYTES else _ANY
-    reader = _Reader(data, limits, compression.codec)
+    reader = _Reader(data, limits, compression.codec, _items(fragmentation))
     framed = None if run_id is None else reader.framed(_framing(run_id, fragmentation.k, fragmentation.fingerprint,
                                                                 CODEC_DTYPE[compression.codec]))
     if framed is not None:

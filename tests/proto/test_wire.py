@@ -358,6 +358,27 @@ def test_colliding_integer_keys_are_refused_quickly() -> None:
     assert time.perf_counter() - started < 0.5
 
 
+SMALL = wire._CHECK_MIN_BYTES - 16  # bytes: a body under the run's structural limits
+MANY_ITEMS = [
+    b"\x9a" + SMALL.to_bytes(4, "big") + bytes(SMALL),  # an array of zeros
+    b"\x9a" + (SMALL // 2).to_bytes(4, "big") + b"\x81\x00" * (SMALL // 2),  # of arrays
+    b"\x5f" + b"\x40" * SMALL + b"\xff",  # a byte string in empty chunks
+    message(frags=[])[:-1] + b"\x9a" + (SMALL - 128).to_bytes(4, "big") + b"\x80" * (SMALL - 128),
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("data", MANY_ITEMS, ids=["zeros", "arrays", "chunks", "fragments"])
+def test_a_small_body_of_more_items_than_a_message_is_refused_quickly(path: str, data: bytes) -> None:
+    """However small a body, reading it takes no more steps than a message of the run (`wire._items`)."""
+    assert len(data) < wire._CHECK_MIN_BYTES
+    started = time.perf_counter()
+    with pytest.raises(WireError) as info:
+        decode_via(path, data, run_id=RUN)
+    assert info.value.reason in (Reason.MALFORMED, Reason.BAD_FRAGMENT)
+    assert time.perf_counter() - started < 0.01
+
+
 def test_not_bytes_like() -> None:
     with pytest.raises(WireError) as info:
         decode("a text", FR)  # type: ignore[arg-type]
