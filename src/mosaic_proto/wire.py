@@ -10,13 +10,13 @@ run's codec; dense codecs decode to float32 fragments, topk to a `Compressed` (t
 
 Encoding writes the CBOR framing by hand around the fragments' own buffers (one copy into the
 message); decoding trusts nothing and raises only `WireError`. One reader (`_Reader`) reads a message's CBOR:
-it checks each head before it builds anything, yields the values (the fragments as read-only views into the
-message, never copied), and its values go through one validation. A message that opens with its run's own
-framing bytes (`_framing`, as `encode` writes them) is read from there on (`_Reader.framed`), its header compared
-in one go instead of head by head. A body of `_CHECK_MIN_BYTES` or more is held to what a message of this run
-can hold (`_run_limits`: an array of 200 million items or a string of a gigabyte is refused from its head), so
-no body makes the reader build more than O(K) objects, whatever it claims; `check_structure` applies the same
-limits to any body.
+it checks each head before it builds anything and yields the values (the fragments as read-only views into the
+message, never copied), which one validation checks. Where it knows what to expect it compares bytes instead of
+reading heads: the run's own framing as `encode` writes it (`_framing`, `_Reader.framed`) and a fragment's item
+(`_Reader.fragment`). No body holds more CBOR items than a message of the run (`_items`), and a body of
+`_CHECK_MIN_BYTES` or more is held to what a message of the run holds (`_run_limits`: an array of 200 million
+items or a string of a gigabyte is refused from its head), so whatever a body claims, reading it builds no more
+than a message of the run; `check_structure` applies the run's limits to any body.
 """
 
 from __future__ import annotations
