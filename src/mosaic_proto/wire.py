@@ -9,20 +9,20 @@ A run with `--compress` names its codec in "dtype" and sends each fragment as th
 run's codec; dense codecs decode to float32 fragments, topk to a `Compressed` (the coordinates it carries).
 
 Encoding writes the CBOR framing by hand around the fragments' own buffers (one copy into the
-message); decoding trusts nothing and raises only `WireError`. Messages of `_ZERO_COPY_MIN_BYTES` and more
-that are laid out exactly as `encode` writes them are parsed without copying the fragments (the arrays are
-read-only views into the message); anything else goes through cbor2. Both feed the same validation.
-Before a message of `_CHECK_MIN_BYTES` or more goes to cbor2, `check_structure` reads its CBOR heads only and
-refuses what cannot be a message of this run (an array of 200 million items, a string of a gigabyte), so cbor2
-never allocates in proportion to what a body claims.
+message); decoding trusts nothing and raises only `WireError`. One reader (`_Reader`) reads a message's CBOR:
+it checks each head before it builds anything and yields the values (the fragments as read-only views into the
+message, never copied), which one validation checks. Where it knows what to expect it compares bytes instead of
+reading heads: the run's own framing as `encode` writes it (`_framing`, `_Reader.framed`) and a fragment's item
+(`_Reader.fragment`). No body holds more CBOR items than a message of the run (`_items`), and a body of
+`_CHECK_MIN_BYTES` or more is held to what a message of the run holds (`_run_limits`: an array of 200 million
+items or a string of a gigabyte is refused from its head), so whatever a body claims, reading it builds no more
+than a message of the run; `check_structure` applies the run's limits to any body.
 """
 
 from __future__ import annotations
 
 import functools
-import io
 import math
-import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,20 +44,23 @@ _KEYS = ("v", "run", "round", "sender", "k", "fp", "dtype", "frags")
 _MAX_ID = 2**31 - 1
 _MAX_RUN_ID = 128
 _KEYSET = frozenset(_KEYS)
-# Messages at least this big are parsed by `_fast_parse` (no copy of the fragments); cbor2 is quicker below.
-_ZERO_COPY_MIN_BYTES = 1 << 16
-# What `check_structure` lets a message hold: header strings (the run id in UTF-8 at most), nesting (a tag counts),
-# CBOR items (heads) per fragment, and bytes of framing beyond the fragments' floats (non-canonical heads).
-_CHECK_MIN_BYTES = 1 << 16  # smaller bodies go to cbor2 as they are: they cannot claim much
+# What a message of a run holds (`_run_limits`), checked for bodies of `_CHECK_MIN_BYTES` and more (a smaller one
+# cannot claim much): header strings (the run id in UTF-8 at most) and bytes of framing beyond the fragments' floats
+# (non-canonical heads). Any body holds at most as many CBOR items (heads, chunks too) as a message of the run
+# (`_items`), and nests at most `_MAX_DEPTH` containers and tags (a message needs four: the map, frags, a fragment,
+# its tag), so that reading no body costs more steps than a message of the run.
+_CHECK_MIN_BYTES = 1 << 16
 _MAX_HEADER_STRING = 4 * _MAX_RUN_ID
 _MAX_DEPTH = 6
+_HEADER_ITEMS = 64
 _ITEMS_PER_FRAGMENT = 8
 _FRAMING_SLACK = 1024
 _FRAGMENT_ITEMS = 3  # the most items of one fragment's array: [index, values, scale or indices]
 # "dtype" of each codec's messages, and the RFC 8746 tag of its values (topk's indices: TAG_UINT32_LE)
 CODEC_DTYPE = {"none": DTYPE, "fp16": "fp16", "bf16": "bf16", "int8": "int8", "topk": "topk"}
 _CODEC_TAG = {"none": TAG_FLOAT32_LE, "fp16": 84, "bf16": 69, "int8": 72, "topk": TAG_FLOAT32_LE}
-_CODEC_NUMPY = {"none": "<f4", "fp16": "<f2", "bf16": "<u2", "int8": "i1", "topk": "<f4"}
+_CODEC_NUMPY = {codec: np.dtype(dtype) for codec, dtype in
+                {"none": "<f4", "fp16": "<f2", "bf16": "<u2", "int8": "i1", "topk": "<f4"}.items()}
 _CODEC_ITEMS = {"none": 2, "fp16": 2, "bf16": 2, "int8": 3, "topk": 3}  # [index, values] (+ scale or indices)
 TAG_UINT32_LE = 70
 _NONE = Compression()
@@ -207,6 +210,8 @@ def _show(value: object, limit: int = 40) -> str:
     """
     if type(value) is int:
         return repr(value) if value.bit_length() <= 64 else f"<int of {value.bit_length()} bits>"
+    if type(value) is memoryview:
+        value = bytes(value[:limit + 1])
     if type(value) in (str, bytes):
         text = repr(value[:limit])
         return text if len(value) <= limit else text + "..."
@@ -226,126 +231,249 @@ def _int(value: object, name: str, hi: int = _MAX_ID) -> int:
     return value
 
 
-class _Span(NamedTuple):
-    """Where the fast path found a tag-85 byte string inside the message (so its bytes are not copied)."""
-
-    offset: int
-    length: int
+def _malformed(detail: str) -> WireError:
+    return WireError(Reason.MALFORMED, detail)
 
 
-# Definite-length CBOR heads (an initial byte, then 0, 1, 2, 4 or 8 bytes of argument), as `_head_at` reads them:
-# unsigned integers, byte strings, arrays. A run's messages and their fragment items are matched by one regular
-# expression each instead of head by head, which is cheaper per message (bench/codec.py).
-_UINT = rb"([\x00-\x17]|\x18.|\x19..|\x1a.{4}|\x1b.{8})"
-_BYTES_HEAD = rb"([\x40-\x57]|\x58.|\x59..|\x5a.{4}|\x5b.{8})"
-_ARRAY_HEAD = rb"([\x80-\x97]|\x98.|\x99..|\x9a.{4}|\x9b.{8})"
-_FRAGMENT_ITEM = re.compile(rb"\x82" + _UINT + rb"\xd8\x55" + _BYTES_HEAD, re.S)  # [index, tag 85 (bytes)]
+class _Limits(NamedTuple):
+    """What one body may hold, checked at each head before anything of it is built. A small body is held only to
+    CBOR's own bounds (what its bytes can hold); a large one also to what a message of the run holds
+    (`_run_limits`), so that whatever its heads claim, reading it builds no more than a message of the run."""
+
+    size: int = 1 << 64  # bytes of the body; by default more than any head can claim
+    header_string: int = 1 << 64  # bytes of a string directly in the top map
+    string: int = 1 << 64  # bytes of any other string (or chunk)
+    frags: int = 1 << 64  # items of an array directly in the top map (the fragments)
+    array: int = 1 << 64  # items of an array below that (a fragment's)
+    one_map: bool = False  # a map of the message's entries at the top, and no map below it
 
 
-def _arg(head: bytes) -> int:
-    """The argument of a head matched by `_UINT`, `_BYTES_HEAD` or `_ARRAY_HEAD`."""
-    return head[0] & 31 if len(head) == 1 else int.from_bytes(head[1:], "big")
+_ANY = _Limits()
+_TOO_MANY_ITEMS = WireError(Reason.MALFORMED, "more CBOR items than a message of the run holds")
+# How `encode` opens a fragment's item, per codec, as `_Reader.fragment` expects it: the initial byte of the item's
+# array, the head of the values' tag, the tag's number and the item's length
+_FRAGMENT_HEADS = {codec: (0x80 | _CODEC_ITEMS[codec], _head(6, number), number, _CODEC_ITEMS[codec])
+                   for codec, number in _CODEC_TAG.items()}
+_Tag = cbor2.CBORTag  # a tag and its item (the RFC 8746 typed arrays), as cbor2 gives them
+_SIMPLE = {20: False, 21: True, 22: None, 23: cbor2.undefined}
+_FLOAT = {3: ">e", 5: ">f", 9: ">d"}  # a float's struct format by the size of its head
 
 
-def _head_at(data: bytes, pos: int) -> tuple[int, int, int] | None:
-    """(major type, argument, position after the head) of a definite-length CBOR head, or None."""
-    if pos >= len(data):
-        return None
-    initial = data[pos]
-    info = initial & 31
-    if info < 24:
-        return initial >> 5, info, pos + 1
-    if info > 27:
-        return None
-    end = pos + 1 + (1 << (info - 24))
-    if end > len(data):
-        return None
-    return initial >> 5, int.from_bytes(data[pos + 1:end], "big"), end
+class _Reader:
+    """The one reader of a message's CBOR: it checks each head against `limits` and yields the values as cbor2
+    would decode them (`cbor2.loads(..., allow_duplicate_keys=False, strict_hashable_types=True,
+    max_depth=_MAX_DEPTH)`), with two differences: byte strings are read-only views into the body (the fragments
+    are never copied), and a tag is kept as a `cbor2.CBORTag` (bignums excepted, which are ints), since no value
+    of a message is a date, a set or a shared reference. Only text and byte strings are map keys (integers
+    would collide in a dict) and a key appears once; nesting stops at `_MAX_DEPTH` containers and tags, so
+    no body makes it recurse further. Raises only `WireError`.
 
-
-def _fast_parse(data: bytes, max_frags: int = _MAX_ID) -> dict | None:
-    """The message as decoded objects, for exactly the canonical layout `encode` writes; None for anything else.
-
-    It only recognises well-formed CBOR (it gives up on anything it does not expect), so every message it
-    parses is one cbor2 would decode to the same objects; the validation that follows is shared. The
-    fragments' byte strings are not copied: they are returned as `_Span`s into `data`.
+    Where it knows what to expect, it compares bytes instead of reading heads one by one, which is cheaper per
+    message (bench/codec.py): a run's own framing (`framed`) and a fragment's item as `encode` writes it
+    (`fragment`). Anything else, it reads head by head, to the same values and faults.
     """
-    if not data or data[0] != 0xA0 | len(_KEYS):
-        return None
-    pos, obj = 1, {}
-    for key, raw_key in _KEY_CBOR:
-        if not data.startswith(raw_key, pos):
+
+    __slots__ = ("data", "view", "end", "limits", "left", "expect")
+
+    def __init__(self, data: bytes | memoryview, limits: _Limits, codec: str = "none", items: int = 1 << 64) -> None:
+        """`items`: the most CBOR items (a string's chunks count) the body may hold, as a message of the run."""
+        self.data, self.view, self.end, self.limits, self.left = data, memoryview(data), len(data), limits, items
+        if self.end > limits.size:
+            raise WireError(Reason.TOO_LARGE, f"{self.end} bytes: no message of this run is over {limits.size} bytes")
+        self.expect = _FRAGMENT_HEADS[codec]
+
+    def message(self) -> object:
+        """The body's one item; a large body's must open as a map of the message's entries."""
+        if self.limits.one_map:
+            major, arg, _ = self.head(0)
+            if major != 5 or arg not in (-1, len(_KEYS)):
+                raise WireError(Reason.BAD_HEADER, f"expected a map of {len(_KEYS)} entries at the top")
+        value, pos = self.item(0, 0)
+        if pos != self.end:
+            raise _malformed(f"{self.end - pos} trailing bytes after the message")
+        return value
+
+    def framed(self, framing: tuple[bytes, bytes, bytes]) -> tuple[int, int, object] | None:
+        """(round, sender, frags) of a body that opens with its run's own framing (`_framing`: the header as
+        `encode` writes it, compared in one go instead of head by head); None for any other, read by `message`.
+        What it returns or raises is what `message` and the header's checks would give (for a valid run id)."""
+        data, (before_round, sender_key, after_sender) = self.data, framing
+        if not data.startswith(before_round):
             return None
-        head = _head_at(data, pos + len(raw_key))
-        if head is None:
+        major, round_, pos = self.head(len(before_round))
+        if major != 0 or not data.startswith(sender_key, pos):
             return None
-        major, arg, pos = head
-        if key == "frags":
-            break
-        if major == 0:
-            obj[key] = arg
-        elif major in (2, 3):
-            if arg > _MAX_HEADER_STRING or pos + arg > len(data):
-                return None
-            raw = data[pos:pos + arg]
-            pos += arg
-            if major == 2:
-                obj[key] = raw
-            else:
-                try:
-                    obj[key] = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    return None
+        major, sender, pos = self.head(pos + len(sender_key))
+        if major != 0 or not data.startswith(after_sender, pos):
+            return None
+        pos += len(after_sender)
+        major, count, after = self.head(pos)
+        if major == 4 and count >= 0:  # read as `item` reads it, with one step less
+            self.left -= 2 * len(_KEYS) + 1  # the map, its keys, the values before frags and frags' array
+            frags, pos = self.array(count, after, 1)
         else:
-            return None
-    frags = _fragment_spans(data, major, arg, pos, max_frags)
-    if frags is None:
-        return None
-    obj["frags"] = frags
-    return obj
+            self.left -= 2 * len(_KEYS)
+            frags, pos = self.item(pos, 1)
+        if pos != self.end:
+            raise _malformed(f"{self.end - pos} trailing bytes after the message")
+        return round_, sender, frags
 
+    def head(self, pos: int) -> tuple[int, int, int]:
+        """(major type, argument or -1 for an indefinite length, position after the head)."""
+        if pos >= self.end:
+            raise _malformed("the CBOR item ends before its declared contents")
+        initial = self.data[pos]
+        info = initial & 31
+        if info < 24:
+            return initial >> 5, info, pos + 1
+        if info < 28:
+            after = pos + 1 + (1 << (info - 24))
+            if after > self.end:
+                raise _malformed("the CBOR item ends before its declared contents")
+            return initial >> 5, int.from_bytes(self.data[pos + 1:after], "big"), after
+        if info == 31 and 2 <= initial >> 5 <= 5:
+            return initial >> 5, -1, pos + 1
+        raise _malformed(f"not a CBOR head at byte {pos}" if info < 31 else
+                         "unexpected break" if initial == 0xFF else f"indefinite length at byte {pos}")
 
-def _fragment_spans(data: bytes, major: int, count: int, pos: int, max_frags: int) -> list | None:
-    """The `frags` array whose head (`major`, `count`) ends at `pos`, as [index, _Span] pairs, if it is laid out as
-    `encode` writes it and ends the message; None otherwise."""
-    if major != 4 or count > max_frags or count * 4 > len(data) - pos:  # every fragment item takes >= 4 bytes
-        return None
-    frags = []
-    item = _FRAGMENT_ITEM.match
-    for _ in range(count):
-        found = item(data, pos)
-        if found is None:
-            return None
-        index, head = found.groups()
-        start, length = found.end(), _arg(head)
-        pos = start + length
-        if pos > len(data):
-            return None
-        frags.append([_arg(index), _Span(start, length)])
-    return frags if pos == len(data) else None
+    def item(self, pos: int, depth: int) -> tuple[object, int]:
+        """The value of the item at `pos`, `depth` containers and tags down, and the position after it."""
+        self.left -= 1
+        if self.left < 0:
+            raise _TOO_MANY_ITEMS
+        if depth > _MAX_DEPTH:
+            raise _malformed(f"nested more than {_MAX_DEPTH} deep")
+        start = pos
+        major, arg, pos = self.head(pos)
+        if major == 0:
+            return arg, pos
+        if major == 2 or major == 3:
+            return self.string(major, arg, pos, depth) if arg >= 0 else self.chunked(major, pos, depth)
+        if major == 1:
+            return -1 - arg, pos
+        if major == 7:
+            return self.simple(arg, start, pos)
+        if major == 4:
+            return self.array(arg, pos, depth)
+        if major == 5:
+            return self.map(arg, pos, depth)
+        value, pos = self.item(pos, depth + 1)
+        if arg == 2 or arg == 3:  # a bignum
+            if type(value) is not memoryview:
+                raise _malformed("a bignum must be a byte string")
+            number = int.from_bytes(value, "big")
+            return (number if arg == 2 else -1 - number), pos
+        return _Tag(arg, value), pos
 
+    def fragment(self, pos: int, depth: int) -> tuple[object, int]:
+        """An item of an array directly in the top map. One that opens as `encode` writes a fragment of the run's
+        codec (the item's array head, an index, the values' tag and a byte string within the limits) is read from
+        those expected heads, anything else by `item`, which also names any fault: the same value either way."""
+        data, (opening, tag, number, items) = self.data, self.expect
+        if pos + 4 < self.end and data[pos] == opening and self.left >= 4:
+            index, after = data[pos + 1], pos + 2
+            if index >= 24:
+                major, index, after = self.head(pos + 1)
+                if major != 0:
+                    return self.item(pos, depth)
+            if data.startswith(tag, after):
+                major, size, after = self.head(after + len(tag))
+                if major == 2 and 0 <= size <= self.limits.string and after + size <= self.end:
+                    self.left -= 4  # the item's array, its index, the tag and its byte string
+                    values = _Tag(number, self.view[after:after + size])
+                    if items == 2:
+                        return [index, values], after + size
+                    last, after = self.item(after + size, depth + 1)  # int8's scale, topk's indices
+                    return [index, values, last], after
+        return self.item(pos, depth)
 
-def _run_parse(data: bytes, run_id: str, fragmentation: Fragmentation) -> tuple[int, int, list] | None:
-    """(round, sender, fragment spans) of a message laid out exactly as `encode` writes this run's messages: the
-    framing around round and sender is the run's own bytes (version, run id, K, fingerprint and dtype compared
-    in one go), so most messages skip cbor2 and the header's checks. None for anything else."""
-    found = _run_layout(run_id, fragmentation.k, fragmentation.fingerprint).match(data)
-    if found is None:
-        return None
-    round_, sender, count = found.groups()
-    spans = _fragment_spans(data, 4, _arg(count), found.end(), fragmentation.k)
-    return None if spans is None else (_arg(round_), _arg(sender), spans)
+    def string(self, major: int, size: int, pos: int, depth: int) -> tuple[object, int]:
+        if size > self.end - pos:
+            raise _malformed(f"a string of {size} bytes with {self.end - pos} bytes left")
+        cap = self.limits.header_string if depth == 1 else self.limits.string
+        if size > cap:
+            raise WireError(Reason.BAD_HEADER if depth == 1 else Reason.BAD_FRAGMENT,
+                            f"a string of {size} bytes where this run has at most {cap}")
+        end = pos + size
+        if major == 2:
+            return self.view[pos:end], end
+        try:
+            return str(self.data[pos:end], "utf-8"), end
+        except UnicodeDecodeError:
+            raise _malformed(f"invalid UTF-8 in the text at byte {pos}") from None
 
+    def chunked(self, major: int, pos: int, depth: int) -> tuple[object, int]:
+        """An indefinite-length string: definite chunks of its own major type up to a break, joined."""
+        chunks = []
+        while pos < self.end and self.data[pos] != 0xFF:
+            self.left -= 1
+            if self.left < 0:
+                raise _TOO_MANY_ITEMS
+            kind, size, pos = self.head(pos)
+            if kind != major or size < 0:
+                raise _malformed(f"a chunk of major type {kind} in an indefinite string of major type {major}")
+            chunk, pos = self.string(major, size, pos, depth)
+            chunks.append(chunk)
+        if pos >= self.end:
+            raise _malformed("the CBOR item ends before its declared contents")
+        return (memoryview(b"".join(chunks)) if major == 2 else "".join(chunks)), pos + 1
 
-@functools.lru_cache(maxsize=256)
-def _run_layout(run_id: str, k: int, fingerprint: bytes) -> re.Pattern[bytes]:
-    """A run's message up to its fragments: the run's framing, round, sender and the head of `frags`."""
-    before_round, sender_key, after_sender = _framing(run_id, k, fingerprint)
-    return re.compile(re.escape(before_round) + _UINT + re.escape(sender_key) + _UINT + re.escape(after_sender)
-                      + _ARRAY_HEAD, re.S)
+    def simple(self, arg: int, start: int, pos: int) -> tuple[object, int]:
+        """A simple value or a float (major type 7), by the size of its head."""
+        size = pos - start
+        if size == 1:
+            return (_SIMPLE[arg] if arg in _SIMPLE else cbor2.CBORSimpleValue(arg)), pos
+        if size == 2:
+            if arg < 32:
+                raise _malformed(f"simple value {arg} in two bytes at byte {start}")
+            return cbor2.CBORSimpleValue(arg), pos
+        return struct.unpack(_FLOAT[size], self.data[start + 1:pos])[0], pos
 
+    def array(self, count: int, pos: int, depth: int) -> tuple[list, int]:
+        cap = self.limits.frags if depth == 1 else self.limits.array
+        if count > cap:
+            raise WireError(Reason.BAD_FRAGMENT, f"an array of {count} items where this run has at most {cap}")
+        if count > self.end - pos:
+            raise _malformed(f"an array of {count} items with {self.end - pos} bytes left")
+        items = []
+        read = self.fragment if depth == 1 else self.item
+        if count >= 0:
+            for _ in range(count):
+                value, pos = read(pos, depth + 1)
+                items.append(value)
+            return items, pos
+        while not self.at_break(pos):
+            if len(items) == cap:
+                raise WireError(Reason.BAD_FRAGMENT, f"an indefinite array of more than {cap} items")
+            value, pos = read(pos, depth + 1)
+            items.append(value)
+        return items, pos + 1
 
-_FRAGMENT_VALUE = (cbor2.CBORTag, _Span)  # what a fragment's values decode to: cbor2's tag, or the fast path's span
+    def map(self, count: int, pos: int, depth: int) -> tuple[dict, int]:
+        if depth and self.limits.one_map:
+            raise WireError(Reason.BAD_HEADER, "a map inside the message")
+        if count > (self.end - pos) // 2:
+            raise _malformed(f"a map of {count} entries with {self.end - pos} bytes left")
+        out: dict = {}
+        entries = 0
+        while entries < count if count >= 0 else not self.at_break(pos):
+            if count < 0 and self.limits.one_map and entries == len(_KEYS):
+                raise WireError(Reason.BAD_HEADER, f"a map of more than {len(_KEYS)} entries at the top")
+            entries += 1
+            key, pos = self.item(pos, depth + 1)
+            if type(key) is not str and type(key) is not memoryview:
+                raise _malformed(f"a map key must be a text or byte string, not {_show(key)}")
+            value, pos = self.item(pos, depth + 1)
+            if key in out:
+                raise _malformed(f"the key {_show(key)} appears twice")
+            out[key] = value
+        return out, pos + (count < 0)
+
+    def at_break(self, pos: int) -> bool:
+        """Whether an indefinite-length item ends at `pos` (which must be within the body)."""
+        if pos >= self.end:
+            raise _malformed("the CBOR item ends before its declared contents")
+        return self.data[pos] == 0xFF
 
 
 def max_message_bytes(fragmentation: Fragmentation, compression: Compression = _NONE) -> int:
@@ -356,130 +484,31 @@ def max_message_bytes(fragmentation: Fragmentation, compression: Compression = _
     return payload + _ITEMS_PER_FRAGMENT * 8 * fragmentation.k + _FRAMING_SLACK
 
 
+@functools.lru_cache(maxsize=4)  # every large message of a run is read against the same limits
+def _run_limits(fragmentation: Fragmentation, compression: Compression) -> _Limits:
+    """What a message of this run holds: no more bytes than `max_message_bytes`, a map of 8 entries at the top and
+    no map below it, `frags` of at most K items and arrays of at most `_FRAGMENT_ITEMS` below that, header strings
+    of at most `_MAX_HEADER_STRING` bytes and others no longer than the longest fragment."""
+    longest = max(_MAX_HEADER_STRING, 4 * max(map(len, fragmentation.indices)))
+    return _Limits(max_message_bytes(fragmentation, compression), _MAX_HEADER_STRING, longest, fragmentation.k,
+                   _FRAGMENT_ITEMS, True)
+
+
+def _items(fragmentation: Fragmentation) -> int:
+    """The most CBOR items a message of this run holds (a message encoded in a way no sender here writes, such as
+    byte strings in thousands of chunks, is refused too)."""
+    return _HEADER_ITEMS + _ITEMS_PER_FRAGMENT * fragmentation.k
+
+
 def check_structure(data: bytes | memoryview, fragmentation: Fragmentation, compression: Compression = _NONE) -> None:
-    """Refuse, from its CBOR heads alone, a body that cannot be a message of this run; None if it may be one.
-
-    Only heads are read and strings skipped, and it stops at the first head beyond what a message of this run
-    holds: a map of 8 entries at the top and no map below it, `frags` of at most K items, pairs below that,
-    nesting of at most `_MAX_DEPTH`, `_ITEMS_PER_FRAGMENT` items per fragment, header strings of at most
-    `_MAX_HEADER_STRING` bytes and others no longer than the longest fragment. So a body's claims cost nothing
-    before it is refused, and what passes decodes (cbor2) into O(K) objects whatever its size. (A message of the
-    run encoded in a way no sender here writes, such as byte strings in thousands of chunks, is refused too.)
-    """
-    limit = max_message_bytes(fragmentation, compression)
-    if len(data) > limit:
-        raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes: no message of this run is over {limit} bytes")
-    k = fragmentation.k
-    budget = 64 + _ITEMS_PER_FRAGMENT * k
-    longest = max(_MAX_HEADER_STRING, 4 * max(len(ix) for ix in fragmentation.indices))
-    stack: list[list[int]] = []  # open containers, tags and chunked strings: [items left or -1, major, items so far]
-    pos, items, end = 0, 0, len(data)
-    while True:
-        if pos >= end:
-            raise WireError(Reason.MALFORMED, "the CBOR item ends before its declared contents")
-        if data[pos] == 0xFF:  # the end of an indefinite-length item
-            if not stack or stack[-1][0] != -1:
-                raise WireError(Reason.MALFORMED, f"unexpected break at byte {pos}")
-            stack.pop()
-            pos += 1
-        else:
-            items += 1
-            if items > budget:
-                raise WireError(Reason.MALFORMED, f"more than {budget} CBOR items: no message of K={k} has as many")
-            major, arg, pos = _structure_head(data, pos)
-            if _opens(stack, major, arg, pos, end, k, longest):
-                continue
-            if major in (2, 3) and arg >= 0:
-                pos += arg
-        if _close(stack, k):
-            break
-    if pos != end:
-        raise WireError(Reason.MALFORMED, f"{end - pos} trailing bytes after the message")
+    """Refuse a body that cannot be a message of this run, as `decode` refuses a large one: before anything of it
+    is built beyond what a message of the run holds, whatever its heads claim. None if it may be one."""
+    _Reader(data, _run_limits(fragmentation, compression), compression.codec, _items(fragmentation)).message()
 
 
-def _structure_head(data: bytes | memoryview, pos: int) -> tuple[int, int, int]:
-    """(major, argument or -1 for an indefinite length, position after the head) for `check_structure`."""
-    initial = data[pos]
-    if initial & 31 == 31:
-        if initial >> 5 not in (2, 3, 4, 5):
-            raise WireError(Reason.MALFORMED, f"indefinite length on major type {initial >> 5} at byte {pos}")
-        return initial >> 5, -1, pos + 1
-    head = _head_at(bytes(data[pos:pos + 9]), 0)
-    if head is None:
-        raise WireError(Reason.MALFORMED, f"not a CBOR head at byte {pos}")
-    return head[0], head[1], pos + head[2]
-
-
-def _opens(stack: list[list[int]], major: int, arg: int, pos: int, end: int, k: int, longest: int) -> bool:
-    """Check one head against where it stands; True if it opened something whose items follow."""
-    depth = len(stack)
-    if depth >= _MAX_DEPTH:
-        raise WireError(Reason.MALFORMED, f"nested more than {_MAX_DEPTH} deep")
-    if depth == 0 and (major != 5 or arg not in (-1, len(_KEYS))):
-        raise WireError(Reason.BAD_HEADER, f"expected a map of {len(_KEYS)} entries at the top")
-    if major in (2, 3):
-        cap = _MAX_HEADER_STRING if depth == 1 else longest
-        if arg > end - pos:
-            raise WireError(Reason.MALFORMED, f"a string of {arg} bytes with {end - pos} bytes left")
-        if arg > cap:
-            raise WireError(Reason.BAD_FRAGMENT if depth > 1 else Reason.BAD_HEADER,
-                            f"a string of {arg} bytes where this run has at most {cap}")
-        if arg < 0:
-            stack.append([-1, major, 0])
-        return arg < 0
-    if major == 5 and depth > 0:
-        raise WireError(Reason.BAD_HEADER, "a map inside the message")
-    if major == 4:
-        cap = k if depth == 1 else _FRAGMENT_ITEMS
-        if arg > cap:
-            raise WireError(Reason.BAD_FRAGMENT, f"an array of {arg} items where this run has at most {cap}")
-    if major == 6 or (major in (4, 5) and arg != 0):  # a tag wraps one item
-        stack.append([-1 if arg < 0 else (1 if major == 6 else arg * (2 if major == 5 else 1)), major, 0])
-        return True
-    return False
-
-
-def _close(stack: list[list[int]], k: int) -> bool:
-    """One item is complete: count it in the containers it ends; True when the top-level item is complete."""
-    while stack:
-        top = stack[-1]
-        if top[0] == -1:  # indefinite: bounded by count
-            top[2] += 1
-            cap = (2 * len(_KEYS) if len(stack) == 1 else k if len(stack) == 2 else _FRAGMENT_ITEMS) \
-                if top[1] in (4, 5) else None
-            if cap is not None and top[2] > cap:
-                raise WireError(Reason.BAD_FRAGMENT, f"an indefinite container of more than {cap} items")
-            return False
-        top[0] -= 1
-        if top[0] > 0:
-            return False
-        stack.pop()
-    return True
-
-
-def _slow_parse(data: bytes) -> dict:
-    """Any CBOR through cbor2 (which copies byte strings); WireError unless it is one item with no trailing bytes."""
-    stream = io.BytesIO(data)
-    try:
-        # strict_hashable_types: only text/byte-string map keys, so no hash-collision flood (ints collide freely);
-        # allow_duplicate_keys=False: a message has exactly one value per key.
-        obj = cbor2.CBORDecoder(stream, allow_duplicate_keys=False, strict_hashable_types=True).decode()
-    except Exception as exc:  # cbor2 raises several types (and RecursionError on deep nesting)
-        raise WireError(Reason.MALFORMED, f"not a CBOR item: {type(exc).__name__}") from None
-    if stream.tell() != len(data):
-        raise WireError(Reason.MALFORMED, f"{len(data) - stream.tell()} trailing bytes after the message")
-    return obj
-
-
-def _header(data: bytes, fragmentation: Fragmentation, run_id: str | None,
-            compression: Compression) -> tuple[str, int, int, int, bytes, list]:
-    """Any message that is not laid out as this run's `encode` writes it: parsed (zero-copy when large and
-    canonical, else cbor2 after `check_structure`) and its header checked, each fault named."""
-    obj = _fast_parse(data, fragmentation.k) if len(data) >= _ZERO_COPY_MIN_BYTES else None
-    if obj is None:
-        if len(data) >= _CHECK_MIN_BYTES:
-            check_structure(data, fragmentation, compression)
-        obj = _slow_parse(data)
+def _header(obj: object, fragmentation: Fragmentation, run_id: str | None,
+            compression: Compression) -> tuple[str, int, int, object]:
+    """(run, round, sender, frags) of a message read head by head, its header checked, each fault named."""
     if not isinstance(obj, dict) or obj.keys() != _KEYSET:
         keys = sorted(_show(key) for key in obj)[:20] if isinstance(obj, dict) else _show(obj)
         raise WireError(Reason.BAD_HEADER, f"expected a map with keys {list(_KEYS)}, got {keys}")
@@ -495,16 +524,13 @@ def _header(data: bytes, fragmentation: Fragmentation, run_id: str | None,
     if k != fragmentation.k:
         raise WireError(Reason.WRONG_K, f"message has K={k}, this run has K={fragmentation.k}")
     fp = obj["fp"]
-    if type(fp) is not bytes or fp != fragmentation.fingerprint:
+    if type(fp) is not memoryview or fp != fragmentation.fingerprint:
         raise WireError(Reason.FOREIGN_FINGERPRINT, "the sender fragments the model differently (fingerprint mismatch)")
     dtype = CODEC_DTYPE[compression.codec]
     if type(obj["dtype"]) is not str or obj["dtype"] != dtype:
         raise WireError(Reason.BAD_DTYPE, f"dtype must be {dtype!r} (this run's --compress {compression}), got "
                         f"{_show(obj['dtype'])}")
-    frags = obj["frags"]
-    if not isinstance(frags, list):
-        raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
-    return run, round_, sender, k, fp, frags
+    return run, round_, sender, obj["frags"]
 
 
 def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *, run_id: str | None = None,
@@ -513,7 +539,9 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
 
     The returned fragments are read-only float32 arrays (topk: `Compressed`); for `bytes` input of an uncompressed
     run they are views into `data` (no copy), any other buffer is copied once first so that they never alias memory
-    the caller may reuse.
+    the caller may reuse. A body of `_CHECK_MIN_BYTES` or more is read against what a message of the run holds
+    (`_run_limits`); a smaller one cannot claim much, and is held to CBOR's own bounds and a message's count of
+    items (`_items`).
     """
     if not isinstance(data, bytes):
         try:
@@ -523,89 +551,82 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
         if view.nbytes > max_bytes:
             raise WireError(Reason.TOO_LARGE, f"{view.nbytes} bytes is over the {max_bytes}-byte limit")
         data = view.tobytes()
-    if len(data) > max_bytes:
-        raise WireError(Reason.TOO_LARGE, f"{len(data)} bytes is over the {max_bytes}-byte limit")
-    parsed = _run_parse(data, run_id, fragmentation) if run_id is not None and compression.codec == "none" else None
-    if parsed is not None:
-        run, (round_, sender, frags), k, fp = run_id, parsed, fragmentation.k, fragmentation.fingerprint
-        round_, sender = _int(round_, "round"), _int(sender, "sender")
+    size = len(data)
+    if size > max_bytes:
+        raise WireError(Reason.TOO_LARGE, f"{size} bytes is over the {max_bytes}-byte limit")
+    limits = _run_limits(fragmentation, compression) if size >= _CHECK_MIN_BYTES else _ANY
+    reader = _Reader(data, limits, compression.codec, _items(fragmentation))
+    framed = None if run_id is None else reader.framed(_framing(run_id, fragmentation.k, fragmentation.fingerprint,
+                                                                CODEC_DTYPE[compression.codec]))
+    if framed is not None:
+        run, (round_, sender, frags) = run_id, framed
+        if round_ > _MAX_ID or sender > _MAX_ID:  # unsigned: only the upper bound is left to check
+            round_, sender = _int(round_, "round"), _int(sender, "sender")
     else:
-        run, round_, sender, k, fp, frags = _header(data, fragmentation, run_id, compression)
-    if not 0 < len(frags) <= k:
+        run, round_, sender, frags = _header(reader.message(), fragmentation, run_id, compression)
+    return FragmentBatch(run, round_, sender, fragmentation.k, fragmentation.fingerprint,
+                         _fragments(frags, fragmentation, compression), compression.codec)
+
+
+def _fragments(frags: object, fragmentation: Fragmentation, compression: Compression) -> dict:
+    """The fragments of a message, each item checked against the run's codec and the fragment's size, as float32
+    values (views of the message's bytes for `none`) or, for topk, a `Compressed`."""
+    codec, k, coordinates = compression.codec, fragmentation.k, fragmentation.indices
+    if type(frags) is not list or not 0 < len(frags) <= k:
         raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
-    if compression.codec != "none":
-        return FragmentBatch(run, round_, sender, k, fp, _compressed(frags, fragmentation, compression),
-                             compression.codec)
-    fragments: dict[int, np.ndarray] = {}
-    for item in frags:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], _FRAGMENT_VALUE)):
-            raise WireError(Reason.BAD_FRAGMENT, "each fragment must be [index, typed array]")
-        index, tag = item
-        if type(index) is not int or not 0 <= index < k:
-            raise WireError(Reason.BAD_FRAGMENT, f"fragment index must be in [0, {k}), got {_show(index)}")
-        if index in fragments:
-            raise WireError(Reason.DUPLICATE_FRAGMENT, f"fragment {index} appears twice")
-        if isinstance(tag, _Span):
-            buffer, offset, nbytes = data, tag.offset, tag.length
-        elif tag.tag == TAG_FLOAT32_LE and isinstance(tag.value, bytes):
-            buffer, offset, nbytes = tag.value, 0, len(tag.value)
-        else:
-            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} is not a tag-85 float32 typed array")
-        expected = len(fragmentation.indices[index]) * 4
-        if nbytes != expected:
-            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} has {nbytes} bytes, expected {expected}")
-        values = np.frombuffer(buffer, dtype=DTYPE, count=nbytes // 4, offset=offset)
-        if not _finite(values):
-            raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
-        fragments[index] = values
-    return FragmentBatch(run, round_, sender, k, fp, fragments)
-
-
-def _compressed(frags: list, fragmentation: Fragmentation, compression: Compression) -> dict:
-    """A compressed message's fragments (cbor2 decoded them): each item checked against the run's codec and the
-    fragment's size (topk: exactly the coordinates it keeps, ascending and in range), as float32 values or, for
-    topk, a `Compressed`."""
-    codec, k = compression.codec, fragmentation.k
     items, tag_of_values, dtype = _CODEC_ITEMS[codec], _CODEC_TAG[codec], _CODEC_NUMPY[codec]
     fragments: dict[int, np.ndarray | Compressed] = {}
     for item in frags:
-        if not (isinstance(item, list) and len(item) == items and isinstance(item[1], cbor2.CBORTag)):
+        if type(item) is not list or len(item) != items or type(item[1]) is not _Tag:
             raise WireError(Reason.BAD_FRAGMENT, f"each fragment of a {codec} message must be a list of {items} "
                             "items: [index, typed array" + (", scale]" if codec == "int8" else
                                                             ", indices]" if codec == "topk" else "]"))
-        index, tag = item[0], item[1]
+        index = item[0]
         if type(index) is not int or not 0 <= index < k:
             raise WireError(Reason.BAD_FRAGMENT, f"fragment index must be in [0, {k}), got {_show(index)}")
         if index in fragments:
             raise WireError(Reason.DUPLICATE_FRAGMENT, f"fragment {index} appears twice")
-        size = len(fragmentation.indices[index])
-        count = compression.kept(size)
-        values = _typed(tag, tag_of_values, dtype, count, f"fragment {index}'s values")
-        if codec == "topk":
-            indices = _typed(item[2], TAG_UINT32_LE, "<u4", count, f"fragment {index}'s indices")
-            if count and (int(indices[-1]) >= size or (count > 1 and not bool(np.all(indices[1:] > indices[:-1])))):
-                raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s indices must ascend within [0, {size})")
-            if not _finite(values):
-                raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
-            fragments[index] = Compressed("topk", size, values, indices)
-            continue
-        scale = 1.0
-        if codec == "int8":
-            scale = item[2]
-            if type(scale) is not float or not (math.isfinite(scale) and scale > 0):
-                raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s scale must be a positive finite float")
-        dense = decompress(Compressed(codec, size, values, scale=scale))[1]
-        if not _finite(dense):
+        size = len(coordinates[index])
+        values = _typed(item[1], tag_of_values, dtype, size if codec != "topk" else compression.kept(size), index,
+                        "values")
+        if codec != "none":
+            fragments[index] = _compressed(item, index, size, values, codec)
+        elif _finite(values):
+            fragments[index] = values
+        else:
             raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
-        fragments[index] = dense
     return fragments
 
 
-def _typed(tag: object, number: int, dtype: str, count: int, what: str) -> np.ndarray:
-    """The `count` values of an RFC 8746 typed array of tag `number`."""
-    width = np.dtype(dtype).itemsize
-    if not (isinstance(tag, cbor2.CBORTag) and tag.tag == number and type(tag.value) is bytes):
-        raise WireError(Reason.BAD_FRAGMENT, f"{what} must be a tag-{number} typed array")
-    if len(tag.value) != count * width:
-        raise WireError(Reason.BAD_FRAGMENT, f"{what} take {len(tag.value)} bytes, expected {count * width}")
-    return np.frombuffer(tag.value, dtype=dtype)
+def _compressed(item: list, index: int, size: int, values: np.ndarray, codec: str) -> np.ndarray | Compressed:
+    """A compressed fragment (its item's values already checked): topk's indices exactly the coordinates it keeps,
+    ascending and in range, int8's scale a positive float; the dense codecs' values as float32."""
+    if codec == "topk":
+        if not _finite(values):
+            raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
+        indices = _typed(item[2], TAG_UINT32_LE, _UINT32, len(values), index, "indices")
+        if len(indices) and (int(indices[-1]) >= size or not bool(np.all(indices[1:] > indices[:-1]))):
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s indices must ascend within [0, {size})")
+        return Compressed("topk", size, values, indices)
+    scale = 1.0
+    if codec == "int8":
+        scale = item[2]
+        if type(scale) is not float or not (math.isfinite(scale) and scale > 0):
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s scale must be a positive finite float")
+    dense = decompress(Compressed(codec, size, values, scale=scale))[1]
+    if not _finite(dense):
+        raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
+    return dense
+
+
+_UINT32 = np.dtype("<u4")
+
+
+def _typed(tag: object, number: int, dtype: np.dtype, count: int, index: int, what: str) -> np.ndarray:
+    """The `count` values of an RFC 8746 typed array of tag `number` (a view of the message's bytes)."""
+    if type(tag) is not _Tag or tag.tag != number or type(tag.value) is not memoryview:
+        raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s {what} must be a tag-{number} typed array")
+    if len(tag.value) != count * dtype.itemsize:
+        raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s {what} take {len(tag.value)} bytes, expected "
+                        f"{count * dtype.itemsize}")
+    return np.frombuffer(tag.value, dtype)

@@ -6,9 +6,10 @@ A message of `OFF_LOOP_BYTES` or more is decoded and validated in a worker threa
 numpy and memcpy, which release the GIL), at most `DECODES_AT_ONCE` at a time and together at most
 --max-body-bytes (one of any size when no other is decoding); its fragments then go to the round open on the
 loop (`NodeState.take`). A smaller one is decoded on the loop, where a thread hop costs more than decoding it
-(bench/codec.py; bench/README.md, "Figures behind design choices"), and `wire.check_structure` refuses from its
-heads what could not be a message of the run, so no body makes cbor2 build more than O(K) objects. A body that
-declares more bytes than any message of the run is answered 413 before it is read (`oversized`)."""
+(bench/codec.py; bench/README.md, "Figures behind design choices"). `wire.decode` checks a large body's CBOR
+heads against what a message of the run holds before it builds anything (`wire.check_structure` applies the same
+limits), so no body makes it build more than O(K) objects. A body that declares more bytes than any message of the
+run is answered 413 before it is read (`oversized`)."""
 
 from __future__ import annotations
 
