@@ -341,3 +341,15 @@ def test_a_secret_file_has_one_reader_and_each_entry_point_resolves_it_once() ->
     assert not readers, f"a secret file read outside auth.load_secret: {readers}"
     assert not resolvers, f"a secret resolved outside the entry points: {resolvers}"
     assert not registries, f"a module-level store of secrets: {registries}"
+
+
+def test_a_fragment_message_has_one_cbor_reader() -> None:
+    """wire.py reads a message with its one reader (`_Reader`): no second parser beside it (cbor2's decoder, regular
+    expressions over the bytes), so that a change to the format is made in one place."""
+    source = (SRC / "mosaic_proto" / "wire.py").read_text()
+    tree = ast.parse(source)
+    readers = [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name.endswith("Reader")]
+    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert readers == ["_Reader"], readers
+    assert not {"cbor2.loads", "cbor2.load", "cbor2.CBORDecoder"} & calls and "re" not in imported
