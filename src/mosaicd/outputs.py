@@ -66,6 +66,16 @@ LISTED_NODES = 1_000      # summary.json lists each node (its model hash, the ne
                           # this many; a larger run's says how many, and the lists are in model_sha256.csv, rounds.csv
 
 
+def listed(settings: Mapping[str, Any]) -> bool:
+    """Whether a run's summary.json lists each node (LISTED_NODES)."""
+    return int(settings.get("nodes") or 0) <= LISTED_NODES
+
+
+def summary_row(row: dict[str, Any] | None, settings: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An evaluation row as summary.json's "final" holds it: past LISTED_NODES without the per-node columns."""
+    return row if row is None or listed(settings) else {k: v for k, v in row.items() if k not in LIST_COLUMNS}
+
+
 def model_sha256(vector: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(vector, dtype="<f4").tobytes()).hexdigest()
 
@@ -170,7 +180,7 @@ def failed_summary(out: Path | str, settings: BaseModel | Mapping[str, Any], mod
     done = latest["round"] + 1 if latest and isinstance(latest.get("round"), int) else 0
     return write_summary(out, {
         "mode": mode, "status": "failed", "error": " ".join(error.split()), "settings": settings,
-        "progress": {"rounds_done": done, "rounds": settings.get("rounds")}, "final": latest,
+        "progress": {"rounds_done": done, "rounds": settings.get("rounds")}, "final": summary_row(latest, settings),
         "model_sha256": {}, "wall_s": None if wall_s is None else round_(wall_s), **extra})
 
 
@@ -196,7 +206,7 @@ def mark_failed(out: Path, settings: BaseModel | Mapping[str, Any], mode: str, e
         summary["progress"]["rounds_done"] = rounds_done  # the rounds released: the resumed run goes on from there
     rounds = read_rounds(out)
     if rounds:
-        summary["final"] = rounds[-1]
+        summary["final"] = summary_row(rounds[-1], summary.get("settings") or {})
     write_summary(out, summary)
 
 
@@ -347,21 +357,15 @@ class RunRecorder:
         return row
 
     def _base(self, status: str) -> dict[str, Any]:
-        final = self.latest if self.latest is None or self.listed else \
-            {k: v for k, v in self.latest.items() if k not in LIST_COLUMNS}
         return {"mode": self.mode, "status": status, "settings": self.settings,
                 "progress": {"rounds_done": self.rounds_done, "rounds": self.settings.get("rounds")},
-                "started": _started_text(self.started), "final": final, "placement": self.placement,
+                "started": _started_text(self.started), "final": summary_row(self.latest, self.settings),
+                "placement": self.placement,
                 **self.notes}
-
-    @property
-    def listed(self) -> bool:
-        """Whether summary.json lists each node (LISTED_NODES)."""
-        return int(self.settings.get("nodes") or 0) <= LISTED_NODES
 
     def _roster(self, extra: Mapping[str, Any]) -> dict[str, Any]:
         """`extra` as summary.json holds it: a larger run's per-node lists of the roster as a count."""
-        if self.listed:
+        if listed(self.settings):
             return dict(extra)
         shaped = {k: v for k, v in extra.items() if k not in ("members", "addresses")}
         if isinstance(extra.get("members"), list | tuple):
@@ -391,7 +395,7 @@ class RunRecorder:
         (self.out / MODEL_HASHES).write_text(table)
         return write_summary(self.out, {
             **self._base("finished"),
-            "model_sha256": hashes if self.listed else {},
+            "model_sha256": hashes if listed(self.settings) else {},
             "models_sha256": hashlib.sha256(table.encode()).hexdigest(),
             "wall_s": round_(time.time() - self.origin),
             **self._roster(extra),

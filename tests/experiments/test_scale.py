@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mosaicd.experiments.simulate import run_simulation
-from mosaicd.outputs import LISTED_NODES
+from mosaicd.outputs import LISTED_NODES, failed_summary
 from mosaicd.rundir import read_rounds
 from mosaicd.settings import Settings
 
@@ -90,3 +90,5 @@ def test_summary_json_stays_small_past_the_listed_nodes_and_the_hashes_are_in_th
     assert first["stragglers_count"] == 100 and "stragglers" not in first and "members" not in first
     assert sorted(many["dropped"]) == sorted(r for e in many["events"] for r in e["dropped"]) and many["dropped"]
     assert (tmp_path / "many" / "summary.json").stat().st_size < (tmp_path / "few" / "summary.json").stat().st_size
+    failed = failed_summary(tmp_path / "many", many["settings"], "simulate", "made up for the test")
+    assert failed["final"]["round"] == many["final"]["round"] and "per_node" not in failed["final"]
