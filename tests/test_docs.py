@@ -21,7 +21,7 @@ import pytest
 from pageblocks import LAB_PAGES, ROOT, blocks
 
 from mosaic_proto import NODE_COLUMNS
-from mosaicd.cli import build_parser
+from mosaicd.cli import build_parser, subparsers
 from mosaicd.outputs import ROUND_COLUMNS
 from mosaicd.settings import Settings
 
@@ -40,10 +40,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def page(site: Path, name: str) -> str:
     return html.unescape((site / name).read_text())
-
-
-def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    return next(dict(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def test_the_reference_lists_every_flag_mosaicd_and_its_subcommands_take(site: Path) -> None:

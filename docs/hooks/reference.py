@@ -90,12 +90,11 @@ def settings() -> str:
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    """`mosaicd` itself (its own flags) and each subcommand, by name."""
-    from mosaicd.cli import build_parser
+    """`mosaicd` itself (its own flags, under "") and each subcommand, by name."""
+    from mosaicd.cli import build_parser, subparsers
 
     parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {"": parser, **{f" {name}": p for name, p in sub.choices.items()}}
+    return {"": parser, **subparsers(parser)}
 
 
 def own_flags(command: str, parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -119,15 +118,14 @@ def commands() -> str:
     parts = []
     for name, parser in parsers().items():
         rows = []
-        for action in own_flags(name.strip(), parser):
+        for action in own_flags(name, parser):
             what = ", ".join(code(o) for o in action.option_strings) or code(action.metavar or action.dest)
             values = ", ".join(code(c) for c in action.choices) if action.choices else cell(action.metavar or "")
             default = "" if action.default in (None, False, argparse.SUPPRESS) else code(action.default)
             rows.append((what, values, default, prose((action.help or "").replace("%(default)s", str(action.default)))))
-        text = f"### mosaicd{name}\n\n{prose(parser.description or '')}\n\n"
-        if name.strip() in COMMANDS:
-            text += (f"Takes {len(applies()[name.strip()])} settings (the tables above whose commands name "
-                     f"`{name.strip()}`) and:\n\n")
+        text = f"### {f'mosaicd {name}'.strip()}\n\n{prose(parser.description or '')}\n\n"
+        if name in COMMANDS:
+            text += f"Takes {len(applies()[name])} settings (the tables above whose commands name `{name}`) and:\n\n"
         header = ("flag or argument", "values", "default", "what it does")
         text += table(header, rows) if rows else "No flags of its own."
         parts.append(text)

@@ -112,7 +112,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
 
 def refuse_unknown(parser: argparse.ArgumentParser, command: str | None, extra: list[str]) -> None:
     """Unknown flags get the subcommand's usage, a 'did you mean', or the subcommands a setting applies to."""
-    sub = _subparsers(parser).get(command) if command else None
+    sub = subparsers(parser).get(command) if command else None
     target = sub or parser
     word = extra[0]
     name = word.split("=", 1)[0].removeprefix("--").removeprefix("no-").replace("-", "_")
@@ -124,7 +124,8 @@ def refuse_unknown(parser: argparse.ArgumentParser, command: str | None, extra: 
     target.error(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {close[0]}?)" if close else ""))
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands' parsers of `parser`, by name (none: {})."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
