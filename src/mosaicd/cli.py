@@ -177,8 +177,6 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
             p.add_argument("--resume", action="store_true", help="go on with the interrupted run in --out, exactly, "
                            "with its settings (cluster: the barrier's journal and the nodes' checkpoints, at any "
                            "ports; simulate: its last checkpoint)")
-            p.add_argument("--replace", action="store_true", help="remove the run that --out holds (its summary, "
-                           "CSVs, logs, journal and checkpoints; nothing else) and start afresh")
         if name == "cluster":
             p.add_argument("--fail-fast", action="store_true", help="end the run when a node process dies (by "
                            "default it is reported, and the others go on without it)")
@@ -390,7 +388,7 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
         from mosaicd.experiments.cluster import ClusterFailed, run_cluster
         try:
             _print_final(run_cluster(settings, progress=not args.quiet, fail_fast=args.fail_fast,
-                                     resume=args.resume, replace=args.replace))
+                                     resume=args.resume, replace=settings.replace))
         except ClusterFailed as exc:
             print(f"mosaicd cluster: error: {exc}", file=sys.stderr)
             return 1
@@ -398,7 +396,7 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
     if args.command == "simulate":
         from mosaicd.experiments.simulate import run_simulation
 
-        _print_final(run_simulation(settings, progress=not args.quiet, resume=args.resume, replace=args.replace,
+        _print_final(run_simulation(settings, progress=not args.quiet, resume=args.resume, replace=settings.replace,
                                     task=task))
         return 0
     raise AssertionError(args.command)

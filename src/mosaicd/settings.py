@@ -512,6 +512,10 @@ class DaemonOptions(BaseModel):
 
     out: Path = Field(Path("runs/latest"), description="output directory (`cluster`, `simulate`: when not given, a "
                       "new folder per run, runs/<run id>-<UTC time>)", **cli("outputs"))
+    replace: bool = Field(False, description="start a new run in an --out that holds one: `cluster` and `simulate` "
+                          "remove its files (summary, CSVs, logs, journal, checkpoints; nothing else); the barrier "
+                          "keeps a finished run's files in OUT/earlier/ (without it, it refuses to wait for nodes "
+                          "of a run that is over)", **cli("outputs", "barrier", "cluster", "simulate"))
     tensorboard: Path | None = Field(None, description="also write each evaluated round's metrics as TensorBoard "
                                      "scalars, to DIR/<the run folder's name> (the [tensorboard] extra)",
                                      **cli("outputs", "barrier", "cluster", "simulate"))

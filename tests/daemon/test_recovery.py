@@ -229,7 +229,7 @@ def test_a_barrier_that_cannot_write_its_out_says_so_in_one_line(tmp_path: Path,
     (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "settings": {"run_id": "old"}}))
     (tmp_path / "earlier").write_text("not a folder")
     proc = subprocess.run([*kit.by_hand, "barrier", "--out", str(tmp_path), "--nodes", "3", "--rounds", "7",
-                           "--fanout", "1", "--port", "0"], capture_output=True, text=True, timeout=60)
+                           "--fanout", "1", "--port", "0", "--replace"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"--out {tmp_path}: cannot write" in proc.stderr, proc.stderr
     assert json.loads((tmp_path / "summary.json").read_text())["settings"]["run_id"] == "old"
@@ -285,8 +285,9 @@ def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, k
 
 def test_a_new_run_on_the_state_of_a_finished_one_starts_anew_to_the_reference_models(
         tmp_path: Path, kit: Any) -> None:
-    """The same barrier and nodes (the same --out, so the same state directories) started again: each node finds
-    the last run's checkpoint and says it does not use it, the barrier keeps the last run's files in
+    """The same barrier and nodes (the same --out, so the same state directories) started again: the barrier alone
+    refuses to wait for the nodes of a finished run (exit 2, naming --replace, nothing moved); with --replace each
+    node finds the last run's checkpoint and says it does not use it, the barrier keeps the last run's files in
     OUT/earlier/ and says so, and the new run is the reference's."""
     run = {**RUN, "nodes": 4, "rounds": 20, "eval_every": 5}
     lab = Lab(tmp_path, kit, run)
@@ -294,7 +295,13 @@ def test_a_new_run_on_the_state_of_a_finished_one_starts_anew_to_the_reference_m
         lab.start()
         first = lab.summary()
         lab.exited_cleanly()
-        lab.start()
+        again = lab.barrier()
+        assert again.wait(timeout=60) == 2
+        said = (tmp_path / "barrier.log").read_text()
+        assert "holds a finished run" in said and "--replace" in said and "Traceback" not in said, said[-2000:]
+        assert not (lab.out / "earlier").exists()
+        assert json.loads((lab.out / "summary.json").read_text())["model_sha256"] == first["model_sha256"]
+        lab.start("--replace")
         second = lab.summary()
         lab.exited_cleanly()
     finally:

@@ -44,8 +44,8 @@ from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.auth import Secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
-from mosaicd.rundir import hold_barrier, keep_earlier_run, read_summary
-from mosaicd.settings import DaemonOptions, RunConfig
+from mosaicd.rundir import EARLIER, hold_barrier, keep_earlier_run, occupant, read_summary
+from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
 
 P = BarrierPhase
 
@@ -396,6 +396,10 @@ def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any]
     per --out, and no `simulate`/`cluster` there meanwhile (`rundir.hold_barrier`)."""
     if hold_out:
         hold_barrier(options.out)
+    if resumed is None and not options.replace and (held := occupant(options.out)).kind == "finished":
+        raise SettingsError(f"--out {options.out} holds a finished run ({held.text}): there is nothing to wait "
+                            "for. Give another --out, or --replace (MOSAIC_REPLACE=true) to keep its files in "
+                            f"{options.out / EARLIER} and start a new run there")
     try:
         if resumed is None and (kept := keep_earlier_run(options.out)) is not None:
             log.warning("earlier_run_kept", folder=str(kept), detail=f"its files are now in {kept}")
