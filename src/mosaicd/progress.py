@@ -221,8 +221,10 @@ class ProgressPrinter:
         """The run going on (the latest started, where several are)."""
         return next(reversed(self._runs.values()), None)
 
-    def start_run(self, label: str, rounds: int) -> None:
-        run = self._runs[label] = _Run(label, rounds, self.window)
+    def start_run(self, label: str, rounds: int, started: float | None = None) -> None:
+        """`started`: when the run began (time.monotonic()), where it began before its first round (a barrier's
+        registration, a resumed run's time before), so that its lines count from where its end line does."""
+        run = self._runs[label] = _Run(label, rounds, self.window, time.monotonic() if started is None else started)
         if self._sweep is not None:
             self._sweep.started_runs += 1
         if self._progress is not None:

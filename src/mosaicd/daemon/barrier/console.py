@@ -91,7 +91,8 @@ class BarrierConsole:
         if self.said_round < 0 and state.addresses:
             if self.resumed_at is None:
                 self.printer.message(f"registration closed: {len(state.addresses)} nodes; round 0 starts")
-            self.printer.start_run("", barrier.run.rounds)
+            # one clock: the round lines' elapsed counts from the run's start, as the end line's time does
+            self.printer.start_run("", barrier.run.rounds, time.monotonic() - (time.time() - barrier.recorder.origin))
             self.said_round = now - ROUND_EVERY_S
         done = min(state.round, barrier.run.rounds)
         last = done >= barrier.run.rounds  # the last round's line at once; the result comes once the run is done
