@@ -35,6 +35,8 @@ if [ "$(id -u)" = 0 ]; then
     if [ -n "$out" ]; then
         mkdir -p "$out"
         owner="$(stat -c %u "$out")"
+        lent="$out/.lent-by-root"  # root's folder lent to mosaic by a start that was killed: still root's
+        if [ -e "$lent" ]; then owner=0; fi
         from="${MOSAIC_OWNER_FROM:-}"
         if [ "$owner" = 0 ] && [ -n "$from" ] && [ -e "$from" ] && [ "$(stat -c %u "$from")" != 0 ]; then
             uid="$(stat -c %u "$from")"
@@ -42,6 +44,7 @@ if [ "$(id -u)" = 0 ]; then
             chown "$uid:$gid" "$out"
         elif [ "$owner" = 0 ] && [ -n "$from" ] && [ -e "$from" ]; then
             hand_back=1  # root's checkout: lent to mosaic for the run (an earlier run's files too), then root's
+            touch "$lent"
             chown -R 10001:10001 "$out"
         elif [ "$owner" = 0 ]; then
             chown 10001:10001 "$out"
@@ -66,6 +69,7 @@ if [ "$(id -u)" = 0 ]; then
         wait "$child" || code=$?
     done
     chown -R 0:0 "$out"
+    rm -f "$lent"
     exit "$code"
 fi
 
@@ -78,5 +82,27 @@ if [ -n "$out" ]; then
         echo "  to an unprivileged uid and drops to it before mosaicd starts." >&2
         exit 1
     fi
+fi
+# MOSAIC_SLOTS (compose's node service): a folder of slots on a named volume, one per replica. This container
+# claims the lowest slot that no running container holds (a lock that mosaicd holds for its life: descriptor 9)
+# and links it at MOSAIC_SLOT, where the node keeps its port and its checkpoints. So a replica recreated
+# (`docker compose down` and `up`, a host restart) goes on as the node it was; `down -v` forgets them.
+if [ -n "${MOSAIC_SLOTS:-}" ]; then
+    i=0
+    while :; do
+        if [ "$i" -ge 100000 ]; then
+            echo "mosaic-entrypoint: no free slot in $MOSAIC_SLOTS (MOSAIC_SLOTS) of 100000" >&2
+            exit 1
+        fi
+        slot="$MOSAIC_SLOTS/$i"
+        mkdir -p "$slot"
+        exec 9>>"$slot/lock"
+        if flock -n 9; then break; fi
+        exec 9>&-
+        i=$((i + 1))
+    done
+    link="${MOSAIC_SLOT:?MOSAIC_SLOT must name where the claimed slot of MOSAIC_SLOTS is linked}"
+    mkdir -p "$(dirname "$link")"
+    ln -sfn "$slot" "$link"
 fi
 exec mosaicd "$@"

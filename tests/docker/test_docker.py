@@ -367,13 +367,36 @@ def container_states(containers: list[str]) -> list[tuple[str, int]]:
                                                    for c in containers)]
 
 
+ROUND_LINE = re.compile(r"round \d+ \(\d+/\d+ done\)")
+
+
+def console_lines(containers: list[str]) -> dict[str, list[str]]:
+    """Each container's console so far (`docker logs`: both runs of a container started again)."""
+    lines = {}
+    for c in containers:
+        done = sh("docker", "logs", c, check=False)
+        lines[c] = (done.stdout + done.stderr).splitlines()
+    return lines
+
+
+def said_since(before: dict[str, list[str]]) -> dict[str, list[str]]:
+    """What each container printed since `before`, less the barrier's round lines (a round's events are notes
+    in them: stragglers, left, joined)."""
+    now = console_lines(list(before))
+    return {c: new for c in before if (new := [line for line in now[c][len(before[c]):]
+                                             if not ROUND_LINE.search(line)])}
+
+
 @pytest.mark.parametrize("compose", ["v1"], indirect=True)  # v2: the 8-node test
 def test_compose_an_operators_day(kit, image: str, compose: list[str], results: Path,
                                   projects: list[Project]) -> None:
-    """16 nodes; one node `docker restart`ed mid-run (SIGTERM: it leaves and exits within 2 s, far from Docker's
-    10 s; it rejoins, and the test reports how soon), the barrier SIGKILLed and started again (it resumes from its
-    journal and says so, no start banner again). Every container ends 0; the console folds the nodes' warnings."""
-    nodes, rounds, port = 16, 30, free_ports(1)[0]
+    """16 nodes; one node `docker stop`ped and started mid-run (SIGTERM: it leaves and exits within 2 s, far from
+    Docker's 10 s; it rejoins, and the test reports how soon), the barrier SIGKILLed and started again (it resumes
+    from its journal and says so, no start banner again), then `docker compose down` mid-run and `up` again: the
+    run is recorded interrupted, not failed, and resumes from the nodes' checkpoints on their volume to its end. Each
+    event costs at most one line on the console; every container ends 0; results are root's again after the
+    kill; a barrier started again on the finished run refuses to wait."""
+    nodes, rounds, port = 16, 40, free_ports(1)[0]
     project = Project(compose, f"mosaictestday{os.getpid()}", "compose.yaml", environment(
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS=str(rounds),
         MOSAIC_EVAL_EVERY="10", MOSAIC_EXPECT_SETTLE="10", MOSAIC_BARRIER_LINGER="3", MOSAIC_ROUND_DEADLINE="60",
@@ -390,8 +413,10 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
 
     kit.wait_until(lambda: status().get("round", 0) >= 3, 600, "round 3", interval=1)
     victim = project("ps", "-q", "node").split()[0]
-    address = f"127.0.0.1:{sh('docker', 'exec', victim, 'cat', '/tmp/mosaic/port').stdout.strip()}"
+    containers = project("ps", "-q", "barrier", "node").split()
+    address = f"127.0.0.1:{sh('docker', 'exec', victim, 'cat', '/tmp/mosaic/slot/port').stdout.strip()}"
     rank = next(m["rank"] for m in status()["members"] if m["address"] == address)
+    before = console_lines(containers)
     told, told_at = time.monotonic(), time.time()
     sh("docker", "stop", victim)  # SIGTERM, then (after Docker's 10 s) SIGKILL: 137
     stopped = time.monotonic() - told
@@ -402,17 +427,45 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     back = kit.wait_until(lambda: rank in (s := status()).get("live", []) and s, 120, "the restarted node to rejoin",
                           interval=0.5)
     rejoined = time.monotonic() - started
+    kit.wait_until(lambda: status().get("round", 0) >= back["round"] + 3, 300, "3 rounds after the rejoin",
+                   interval=1)
+    said = said_since(before)
     # the aim is 10 s (its start-up, registration, the next release): a figure, not a bound (a CI host at load 20
     # starts a torch process in 2/17 of two cores); the rounds the others made meanwhile tell a slow start from a
     # slow release
     kit.measured(f"compose, 16 nodes: node rank {rank} exited {exited:.2f} s after `docker stop` was called (aim "
                  f"2 s; the command returned after {stopped:.1f} s); rejoined {rejoined:.1f} s after docker start (aim "
-                 f"10 s; rounds {round_then} -> {back['round']} meanwhile); load {os.getloadavg()[0]:.1f}")
+                 f"10 s; rounds {round_then} -> {back['round']} meanwhile); load {os.getloadavg()[0]:.1f}; console "
+                 f"lines meanwhile besides the round lines: {sum(map(len, said.values()))}")
+    # two events (it left, it came back): the round lines say them ("left [r]", "joined [r]"); nothing else may
+    # say more than one line each, and no peer of it says anything
+    assert sum(map(len, said.values())) <= 2 and set(said) <= {victim, containers[0]}, said
+    barrier_id = project("ps", "-q", "barrier").split()[0]
+    rounds_lines = "\n".join(line for line in console_lines([barrier_id])[barrier_id] if ROUND_LINE.search(line))
+    assert f"left [{rank}]" in rounds_lines and f"joined [{rank}]" in rounds_lines, rounds_lines[-3000:]
 
     at = kit.wait_until(lambda: (r := status().get("round", 0)) >= 8 and r, 600, "round 8", interval=1)
+    nodes_now = project("ps", "-q", "node").split()
+    before = console_lines(nodes_now)
     project("kill", "barrier")  # SIGKILL: no word to anyone, its journal as it was
     time.sleep(1)
     project("up", "-d", "--no-build", "barrier")
+    kit.wait_until(lambda: status().get("round", 0) >= at + 3, 300, "3 rounds after the barrier's restart",
+                   interval=1)
+    said = said_since(before)
+    assert not said, said  # the barrier's own "resumed at round" line is the one line of that event
+    barrier_logs = project("logs", "--no-color", "barrier")
+    resumed = re.search(r"resumed at round (\d+) of (\d+) from the journal in /results/", barrier_logs)
+    assert resumed and int(resumed[1]) >= at and int(resumed[2]) == rounds, barrier_logs[-3000:]
+
+    down_at = kit.wait_until(lambda: (r := status().get("round", 0)) >= 16 and r, 600, "round 16", interval=1)
+    project("down", timeout=300)  # no -v: the nodes' slots (ports, checkpoints) and the secret stay
+    summary = final_summary(kit, results)
+    assert summary["status"] == "failed" and summary["error"].startswith("interrupted ("), summary.get("error")
+    assert len(summary["members_stopped"]) > nodes - 5, summary["members_stopped"]  # fanout 4: 5 needed
+    journal = json.loads((results / "barrier-state.json").read_text())["state"]
+    assert journal["round"] >= down_at and len(journal["live"]) == nodes, journal  # every member in it
+    project("up", "-d", "--no-build", "--scale", f"node={nodes}")
     status_ = kit.wait_until(lambda: barrier_finished(kit, barrier), 900, "the resumed run to finish", interval=2)
     assert status_["round"] >= rounds
     containers = project("ps", "-q", "barrier", "node").split()
@@ -423,17 +476,27 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     logs = project.logs()
     assert [code for _, code in ends] == [0] * (nodes + 1), (ends, logs[-4000:])
     barrier_logs = project("logs", "--no-color", "barrier")
-    resumed = re.search(r"resumed at round (\d+) of (\d+) from the journal in /results/", barrier_logs)
-    assert resumed and int(resumed[1]) >= at and int(resumed[2]) == rounds, barrier_logs[-3000:]
-    assert barrier_logs.count("registration closed:") == 1 and barrier_logs.count("mosaic barrier: run") == 2
+    assert barrier_logs.count("registration closed:") == 0, barrier_logs[-3000:]  # the new barrier resumed
     finished = re.search(r"finished: (\d+) rounds in (?:(\d+)m)?(\d+)s", barrier_logs)
     assert finished and int(finished[1]) == rounds, barrier_logs[-2000:]
-    close = warnings_closer_than(logs, 9.5, skip={c for c in [victim]})
+    close = warnings_closer_than(logs, 9.5, skip=set())
     warnings = sum(1 for line in logs.splitlines() if WARNING_LINE.match(line))
-    print(f"console: {len(logs.splitlines())} lines, {warnings} warning lines of {nodes} nodes")
+    print(f"console after `up` again: {len(logs.splitlines())} lines, {warnings} warning lines of {nodes} nodes")
     assert not close, close[:10]
     summary = final_summary(kit, results)
     assert summary["status"] == "finished" and summary["wall_s"] > 0
+    (entry,) = [e for e in summary["resumed"] if (e.get("stopped") or "").startswith("interrupted (")]
+    assert entry["round"] >= down_at - 1, (entry, down_at)
+    if os.stat(ROOT).st_uid == 0 and results.stat().st_uid == 0:  # root's results, root's again (the kill too)
+        assert {(f.stat().st_uid, f.stat().st_gid) for f in [results, *results.rglob("*")]} == {(0, 0)}
+
+    # the run is over: a barrier started again on it says so and exits, rather than wait for nodes that are gone
+    project("up", "-d", "--no-build", "barrier")
+    barrier_id = project("ps", "-a", "-q", "barrier").split()[0]
+    (_, code), = kit.wait_until(lambda: (st := container_states([barrier_id]))[0][0] == "exited" and st, 120,
+                                "the barrier on a finished run to exit", interval=1)
+    assert code == 2 and "holds a finished run" in project("logs", "--no-color", "barrier"), code
+    assert final_summary(kit, results)["status"] == "finished" and not (results / "earlier").exists()
 
 
 @pytest.fixture

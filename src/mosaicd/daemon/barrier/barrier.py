@@ -39,6 +39,7 @@ from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.daemon.barrier.refusals import WHY, Refusals
 from mosaicd.daemon.barrier.registration import Registrar
 from mosaicd.daemon.barrier.release_log import ReleaseLog
+from mosaicd.daemon.barrier.stops import STOP_HOLD_S, StoppedMembers
 from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.auth import Secret
@@ -60,7 +61,8 @@ class Barrier:
         holds another run in progress (or not the round asked for)."""
         self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
         stopped = read_summary(options.out) if self.resumed else None  # how the run ended before: kept in `resumed`
-        choose = members_return and options.resume_round is None
+        # its members start again with it: rank 0 of a peer list, or a run its members were stopped in (stops.py)
+        choose = (members_return or bool((stopped or {}).get("members_stopped"))) and options.resume_round is None
         if self.resumed:  # --resume-round: every member comes back at a new address and takes its rank back
             run = self.resumed["run"]
             self.state = BarrierState.from_json(self.resumed["state"], _now(),
@@ -88,6 +90,8 @@ class Barrier:
         self.evaluator = NetworkEvaluator(options, self.keyring, evaluate, self.recorder, self.metrics, self.log,
                                           on_output_error=self.fail_output)
         self.stopping = False  # interrupt(): nothing more is decided
+        self.stops = StoppedMembers()  # leaves of members told to stop, held a moment (stops.py)
+        self.members_stopped: list[int] = []  # the members whose stop interrupted the run
         self._collections: dict[int, asyncio.Task] = {}
         self.recollect: list[int] = []  # evaluations a resumed run collects with its first release (_resume)
         self._timer: asyncio.TimerHandle | None = None
@@ -136,7 +140,7 @@ class Barrier:
             live = {r: state.addresses[r] for r in state.live}
             for e in missing:
                 self._collections[e] = self._spawn(self.evaluator.collect(self.run, e, live, False))
-        self.log.warning("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
+        self.log.info("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
                          evaluations_recollected=missing, **({"evaluations_lost": lost} if lost else {}))
 
     def resume_at(self, round: int) -> None:
@@ -277,20 +281,55 @@ class Barrier:
             self._ending = release
             self._spawn(self._end_after_evaluations(release))
 
-    async def leave(self, rank: int, reason: str, ends_run: bool = False) -> dict[str, Any]:
+    async def leave(self, rank: int, reason: str, ends_run: bool = False, stopped: bool = False) -> dict[str, Any]:
         """`rank` leaves the run (a signal, or an error it could not go on after): nobody waits for it from now
         on, it is not sampled from the next round, and a round that waited only for it is released now.
         `ends_run`: the run cannot go on exactly without it (its checkpoint could not be written): the run ends,
-        failed, at its last saved decision (the leave is not saved), so that it can be resumed."""
+        failed, at its last saved decision (the leave is not saved), so that it can be resumed. `stopped`: it was
+        told to stop (a signal): its leave is held a moment, and the run interrupted if too many are (stops.py)."""
         if ends_run:
             self.state.check(rank, self.state.round)
             self.end_failed(f"rank {rank}: {reason}")
             return Left(rank, self.state.round, tuple(self.state.live)).to_json()
+        if stopped and self.state.phase is P.RUNNING and rank in self.state.live:
+            if self.stops.hold(rank, reason):
+                self.log.info("leave_held", rank=rank, reason=reason, seconds=STOP_HOLD_S)
+                if self.stops.too_many(self.state.live, self.state.min_members):
+                    self.interrupted_by_members()
+                else:
+                    asyncio.get_running_loop().call_later(STOP_HOLD_S, lambda: self._spawn(self._held_leave(rank)))
+            return Left(rank, self.state.round, tuple(self.state.live)).to_json()
+        return await self._leave_now(rank, reason)
+
+    async def _held_leave(self, rank: int) -> None:
+        reason = self.stops.release(rank)
+        if reason is not None and self.state.phase is P.RUNNING and not self.stopping and rank in self.state.live:
+            try:
+                await self._leave_now(rank, reason)
+            except BarrierError:  # the run ended meanwhile: nothing to apply
+                pass
+
+    def interrupted_by_members(self) -> None:
+        """Too many members were told to stop for the run to go on: a person stopped the run. It ends interrupted,
+        its journal at the last decision (every member in it), resumable from the members' checkpoints."""
+        ranks = self.stops.ranks()
+        reason = self.stops.interruption(len(self.state.addresses))
+        self.stops.forget()
+        self.members_stopped = ranks
+        self.log.warning("interrupted", ranks=ranks, detail=reason)
+        self.ending.members_stopped(ranks)
+        self.end_failed(reason)
+
+    def stopped_by_members(self) -> bool:
+        """Whether the run ended because its members were told to stop (`interrupted_by_members`)."""
+        return bool(self.members_stopped) and self.state.phase is P.FAILED
+
+    async def _leave_now(self, rank: int, reason: str) -> dict[str, Any]:
         left = self.state.leave(rank, self.now())
         self.ending.left(rank, reason)
         self.save_journal()
         self.metrics.left.inc()
-        self.log.warning("left", rank=rank, reason=reason, live=len(self.state.live), round=self.state.round)
+        self.log.info("left", rank=rank, reason=reason, live=len(self.state.live), round=self.state.round)
         if left.release is not None:
             await self.publish(left.release)
         return Left(rank, self.state.round, tuple(self.state.live)).to_json()

@@ -66,6 +66,9 @@ def end_line(barrier: Barrier, started: float) -> str:
         return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.time() - started)}, "
                 f"{len(state.live)}/{len(state.addresses)} nodes to the end; {metrics_text(row) or 'no evaluation'}; "
                 f"{files}")
+    if barrier.stopped_by_members():
+        return (f"{barrier.failure}: started again with --out {out} (and its members with their state directories: "
+                f"compose `up` again), the barrier resumes the run where it stopped; {files}")
     return f"failed: {barrier.failure or 'the run ended early'}; {files}"
 
 
@@ -109,11 +112,14 @@ class BarrierConsole:
         entries = [e for e in self.barrier.history if since <= e["round"] < upto]
         stragglers = sorted({r for e in entries for r in e.get("stragglers") or []})
         dropped = sorted({r for e in entries for r in e.get("dropped") or []})
+        left = sorted({r for e in entries for r in e.get("left") or []})
+        joined = sorted({r for e in entries for r in e.get("joined") or []})
         refused: dict[str, int] = {}
         for e in entries:
             for reason, count in (e.get("refused") or {}).items():
                 refused[reason] = refused.get(reason, 0) + count
         parts = [f"stragglers {stragglers}" if stragglers else "", f"dropped {dropped}" if dropped else "",
+                 f"left {left}" if left else "", f"joined {joined}" if joined else "",
                  "refused " + ", ".join(f"{n} {why}" for why, n in refused.items()) if refused else ""]
         if entries:
             phases = {p: e[f"{p}_s"] for p in ("train", "send", "wait") for e in entries[-1:] if f"{p}_s" in e}

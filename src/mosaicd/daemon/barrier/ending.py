@@ -44,6 +44,11 @@ class RunEnd:
         self.recorder.note("resumed", [*(earlier if isinstance(earlier, list) else []), {
             "round": round, "stopped_at_round": self.stopped_at, "at": utc_now(), "stopped": why}])
 
+    def members_stopped(self, ranks: list[int]) -> None:
+        """The run is interrupted because these members were told to stop: summary.json says so, and a barrier
+        started again on it waits for every member to come back with its checkpoints (stops.py)."""
+        self.recorder.note("members_stopped", ranks)
+
     def left(self, rank: int, reason: str) -> None:
         self.leave_reasons.setdefault(rank, reason)
 

@@ -69,7 +69,10 @@ class NetworkEvaluator:
                     if model["metrics"] is not None:
                         node_metrics[rank] = model["metrics"]
                 except (HttpError, ValueError) as exc:
-                    self.log.warning("collect_failed", rank=rank, round=round, error=str(exc))
+                    # a member started again keeps no model of rounds before (404): routine, not an alarm
+                    gone = isinstance(exc, HttpError) and exc.status == 404
+                    (self.log.info if gone else self.log.warning)("collect_failed", rank=rank, round=round,
+                                                                  error=str(exc))
             await asyncio.gather(*(fetch(r, a) for r, a in addresses.items()))
         if final:
             self.final_vectors = vectors

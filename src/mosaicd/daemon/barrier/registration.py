@@ -104,7 +104,7 @@ class Registrar:
         host = self.host
         joined = host.state.join(address, host.now(), allow_new=host.options.allow_join)
         host.save_journal()
-        host.log.warning("joining", rank=joined.rank, address=address, from_round=joined.from_round)
+        host.log.info("joining", rank=joined.rank, address=address, from_round=joined.from_round)
         if joined.release is not None:
             await host.publish(joined.release)
         told = await host.wait_published(joined.round, join_wait(host.run.round_deadline))
@@ -120,7 +120,7 @@ class Registrar:
         if rebound.all_back:
             host.save_journal()
             host.arm_deadline()
-            host.log.warning("resumed_all", round=rebound.round, live=len(state.live))
+            host.log.info("resumed_all", round=rebound.round, live=len(state.live))
             self.rebound.set()
         await self._all_back(lambda: sorted(state.awaited))
         return self._reply(rank, state.round, state.live)
@@ -175,7 +175,7 @@ class Registrar:
         finally:
             self.rebound.set()
         host.arm_deadline()
-        host.log.warning("resumed_all", round=round, live=len(host.state.live),
+        host.log.info("resumed_all", round=round, live=len(host.state.live),
                          checkpoints={r: sorted(h, reverse=True) for r, h in sorted(comeback.held.items())})
 
     async def withdraw(self, address: str, reason: str) -> dict[str, Any]:

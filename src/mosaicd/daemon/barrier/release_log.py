@@ -61,7 +61,8 @@ class ReleaseLog:
         self.history.append({"round": release.round, "duration_s": None if duration is None else round(duration, 6),
                              **phase_means(closed), "members": len(release.members),
                              "stragglers": list(release.stragglers), "dropped": list(release.dropped),
-                             "refused": refusals(closed)})
+                             "refused": refusals(closed),
+                             **{k: list(v) for k, v in (("left", release.left), ("joined", release.joined)) if v}})
         if len(self.history) > 2 * HISTORY_KEPT:  # memory stays flat in long runs; /v1/history serves fewer
             del self.history[:-HISTORY_KEPT]
         self.metrics.released(release, now)

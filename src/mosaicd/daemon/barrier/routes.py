@@ -150,10 +150,12 @@ class BarrierRoutes:
         body = await read_json(request, {"rank": int})
         proven(request, str(body["rank"]))
         reason = reason_of(body)
-        if not isinstance(body.get("ends_run", False), bool):
-            raise bad_request("bad_field", "field 'ends_run' must be a boolean")
+        for flag in ("ends_run", "stopped"):
+            if not isinstance(body.get(flag, False), bool):
+                raise bad_request("bad_field", f"field '{flag}' must be a boolean")
         try:
-            return web.json_response(await self.barrier.leave(body["rank"], reason, body.get("ends_run", False)))
+            return web.json_response(await self.barrier.leave(body["rank"], reason, body.get("ends_run", False),
+                                                              body.get("stopped", False)))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
         finally:

@@ -98,6 +98,8 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         await runner.cleanup()
     if barrier.output_error is not None:  # ended early (a write that failed): one line, naming the path
         raise RunEnded(barrier.output_error)
+    if barrier.stopped_by_members():
+        return 130  # interrupted, as by Ctrl-C: resumable
     return 0 if barrier.state.phase.value == "finished" else 1
 
 

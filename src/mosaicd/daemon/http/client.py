@@ -16,6 +16,7 @@ from mosaicd.daemon.http.connections import Connections, SlowConnects
 from mosaicd.logs import get_logger
 
 HOPELESS_AFTER_S = 2.0  # failures this long before a retried request asks whether there is any point
+QUIET_S = 15.0  # a barrier unreachable this long is worth a warning; sooner, it is most likely starting again
 
 
 class HttpError(Exception):
@@ -161,7 +162,9 @@ class Client:
                         (why := await hopeless()) is not None:
                     raise Abandoned(f"{url} did not answer ({exc.detail}), and {why}") from None
                 delay = min(0.25 * 2 ** attempt, 5.0, left)
-                log.warning("barrier_unreachable", url=url, attempt=attempt + 1, retry_in_s=delay,
-                            left_s=float(f"{left:.1f}"), error=exc.detail)
+                # a barrier started again is back within seconds: an alarm only once it stays away
+                say = log.info if now - failing_since < QUIET_S else log.warning
+                say("barrier_unreachable", url=url, attempt=attempt + 1, retry_in_s=delay,
+                    left_s=float(f"{left:.1f}"), error=exc.detail)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")

@@ -174,7 +174,7 @@ async def leave(client: Client, barrier_url: str, body: dict[str, Any], timeout:
     except HttpError as exc:
         log.warning("leave_unheard", error=exc.detail)
         return False
-    log.warning("left", reason=reason)
+    log.info("left", reason=reason)
     return True
 
 

@@ -290,15 +290,17 @@ class Peer:
                 self.state.dropped()
             raise
 
-    async def leave(self, reason: str, ends_run: bool = False, within: float | None = None) -> None:
+    async def leave(self, reason: str, ends_run: bool = False, within: float | None = None,
+                    stopped: bool = False) -> None:
         """Leave the run (told to stop, or failing): the barrier stops waiting for this node at once. `ends_run`:
         the run cannot go on without this node (its checkpoint could not be written): it ends, failed, resumable.
-        `within`: how long the barrier has to answer (a process told to stop has 2 s in all)."""
+        `within`: how long the barrier has to answer (a process told to stop has 2 s in all). `stopped`: it was
+        told to stop (a signal), which the barrier weighs with the others' (a whole run stopped is interrupted)."""
         if self.state.gone or self.rank < 0:
             return
         self.state.leaving()
         await leave(self._client, self.inbox.barrier_url or "", {"rank": self.rank, "reason": reason[:2000],
-                                                                   "ends_run": ends_run},
+                                                                   "ends_run": ends_run, "stopped": stopped},
                     min(self.options.request_timeout, 5.0) if within is None else within / 2, self.log)  # 2 tries
         self.state.left()
 

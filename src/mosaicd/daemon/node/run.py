@@ -40,10 +40,9 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     options = settings.daemon_options()
     saved = found_checkpoint(options)
     resume_rank = saved.rank if saved is not None and options.resume_round is not None else None
-    held = None  # a peer list's member says which rounds it can go on from, where rank 0 resumes the run
-    if run is not None and options.resume_round is None:
-        directory = checkpoint.state_dir(options)
-        held = checkpoint.rounds(directory, run.run_id) if directory is not None else []
+    held = None  # a member started again says which rounds it can go on from, where the barrier resumes the run
+    if options.resume_round is None and (directory := checkpoint.state_dir(options)) is not None:
+        held = checkpoint.rounds(directory, run.run_id if run is not None else None)
     peer = Peer(options, run=run, host=host, rejoining=saved is not None, resume_rank=resume_rank, checkpoints=held)
     registering = asyncio.ensure_future(peer.__aenter__())
     told = on_signals(registering) if options.leave_on_signal else None
@@ -61,7 +60,7 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
         except asyncio.CancelledError:
             if stopped is None or not stopped:
                 raise
-            await leave_for(peer, f"it was told to stop ({stopped[0]})", within=LEAVE_WITHIN_S)
+            await leave_for(peer, f"it was told to stop ({stopped[0]})", within=LEAVE_WITHIN_S, stopped=True)
             code = 0 if peer.barrier is None else 1  # rank 0 of a peer list ended the run it hosts: failed
         except Exception as exc:
             if not isinstance(exc, PeerDropped | RunEnded):  # the barrier knows of those already
@@ -220,15 +219,16 @@ def on_signals(work: asyncio.Future, code: int = 0) -> list[str]:
     return seen
 
 
-async def leave_for(peer: Peer, reason: str, ends_run: bool = False, within: float | None = None) -> None:
+async def leave_for(peer: Peer, reason: str, ends_run: bool = False, within: float | None = None,
+                    stopped: bool = False) -> None:
     """Tell the barrier this node leaves, and why (`ends_run`: the run cannot go on exactly without it: a write it
     could not make; `within`: how long the barrier has to answer). Rank 0 of a peer list ends the run it hosts
     (failed), and serves until the others have heard it (`linger_for_the_others`)."""
     if peer.barrier is None:
-        await peer.leave(reason, ends_run, within)
+        await peer.leave(reason, ends_run, within, stopped)
         return
     peer.barrier.fail(f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
-    if reason.startswith("it was told to stop"):  # a person stopped it: how to go on (checkpoints: exactly)
+    if stopped:  # a person stopped it: how to go on (checkpoints: exactly)
         print(f"mosaicd node: rank 0 stopped the run at round {peer.round} of {peer.run.rounds} (it hosts the "
               "barrier); start the same commands again, on every member, to resume it", file=sys.stderr, flush=True)
     await linger_for_the_others(peer)
@@ -287,10 +287,10 @@ async def rejoin_model(peer: Peer, kept: np.ndarray | None, kept_round: int | No
     the peer rejoins at, else the newest model of a live peer."""
     behind = None if kept_round is None else peer.round - kept_round
     if kept is not None and behind is not None and behind <= options.rejoin_max_age:
-        peer.log.warning("rejoined", round=peer.round, model=source, behind=behind, **fields)
+        peer.log.info("rejoined", round=peer.round, model=source, behind=behind, **fields)
         return kept
     vector = await peer.download_model()
-    peer.log.warning("rejoined", round=peer.round, model="peer", behind=behind, **fields)
+    peer.log.info("rejoined", round=peer.round, model="peer", behind=behind, **fields)
     return vector
 
 
