@@ -424,8 +424,12 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     exited = finished_at(victim) - told_at  # the engine's record of the exit: without the CLI's way back
     started, round_then = time.monotonic(), status().get("round", 0)
     sh("docker", "start", victim)  # `docker restart` is the two
-    back = kit.wait_until(lambda: rank in (s := status()).get("live", []) and s, 120, "the restarted node to rejoin",
-                          interval=0.5)
+
+    def joined() -> dict | None:
+        history = kit.http("GET", f"{barrier}/v1/history?since={round_then}", timeout=5).json()["rounds"]
+        now = status()
+        return now if any(rank in e.get("joined", []) for e in history) and rank in now.get("live", []) else None
+    back = kit.wait_until(joined, 120, "the restarted node to rejoin", interval=0.5)
     rejoined = time.monotonic() - started
     kit.wait_until(lambda: status().get("round", 0) >= back["round"] + 3, 300, "3 rounds after the rejoin",
                    interval=1)
@@ -439,7 +443,8 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
                  f"lines meanwhile besides the round lines: {sum(map(len, said.values()))}")
     # two events (it left, it came back): the round lines say them ("left [r]", "joined [r]"); nothing else may
     # say more than one line each, and no peer of it says anything
-    assert sum(map(len, said.values())) <= 2 and set(said) <= {victim, containers[0]}, said
+    assert sum(map(len, said.values())) <= 2 and set(said) <= {victim, containers[0]}, "\n".join(
+        f"{c[:12]}: {line}" for c, lines in said.items() for line in lines)
     barrier_id = project("ps", "-q", "barrier").split()[0]
     rounds_lines = "\n".join(line for line in console_lines([barrier_id])[barrier_id] if ROUND_LINE.search(line))
     assert f"left [{rank}]" in rounds_lines and f"joined [{rank}]" in rounds_lines, rounds_lines[-3000:]
