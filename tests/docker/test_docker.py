@@ -441,13 +441,13 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
                  f"2 s; the command returned after {stopped:.1f} s); rejoined {rejoined:.1f} s after docker start (aim "
                  f"10 s; rounds {round_then} -> {back['round']} meanwhile); load {os.getloadavg()[0]:.1f}; console "
                  f"lines meanwhile besides the round lines: {sum(map(len, said.values()))}")
-    # two events (it left, it came back): the round lines say them ("left [r]", "joined [r]"); nothing else may
-    # say more than one line each, and no peer of it says anything
+    # one event (it stopped and came back within its leave's hold): the round line says it ("joined [r]"); no
+    # other line may say more of it, and no peer of it says anything
     assert sum(map(len, said.values())) <= 2 and set(said) <= {victim, containers[0]}, "\n".join(
         f"{c[:12]}: {line}" for c, lines in said.items() for line in lines)
     barrier_id = project("ps", "-q", "barrier").split()[0]
     rounds_lines = "\n".join(line for line in console_lines([barrier_id])[barrier_id] if ROUND_LINE.search(line))
-    assert f"left [{rank}]" in rounds_lines and f"joined [{rank}]" in rounds_lines, rounds_lines[-3000:]
+    assert f"joined [{rank}]" in rounds_lines, rounds_lines[-3000:]  # back before its leave applied: no "left"
 
     at = kit.wait_until(lambda: (r := status().get("round", 0)) >= 8 and r, 600, "round 8", interval=1)
     nodes_now = project("ps", "-q", "node").split()
