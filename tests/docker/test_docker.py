@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -485,8 +486,8 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     finished = re.search(r"finished: (\d+) rounds in (?:(\d+)m)?(\d+)s", barrier_logs)
     assert finished and int(finished[1]) == rounds, barrier_logs[-2000:]
     close = warnings_closer_than(logs, 9.5, skip=set())
-    warnings = sum(1 for line in logs.splitlines() if WARNING_LINE.match(line))
-    print(f"console after `up` again: {len(logs.splitlines())} lines, {warnings} warning lines of {nodes} nodes")
+    warnings = Counter(m["event"] for line in logs.splitlines() if (m := WARNING_LINE.match(line)))
+    print(f"console after `up` again: {len(logs.splitlines())} lines, warning lines of {nodes} nodes: {warnings}")
     assert not close, close[:10]
     summary = final_summary(kit, results)
     assert summary["status"] == "finished" and summary["wall_s"] > 0
