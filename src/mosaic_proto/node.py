@@ -189,6 +189,11 @@ class NodePhases:
         return self.phase in TAKES_FRAGMENTS
 
     @property
+    def restarting(self) -> bool:
+        """It took over a checkpoint and is not registered again yet: the run's open round goes on without it."""
+        return self.phase is P.REJOINING
+
+    @property
     def waits_for_model(self) -> bool:
         """Fragments that come now may wait for the model: it comes soon (`WAITS_FOR_MODEL`)."""
         return self.phase in WAITS_FOR_MODEL

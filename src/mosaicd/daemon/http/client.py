@@ -80,8 +80,10 @@ class Client:
 
     async def request(self, method: str, url: str, *, timeout: float | None = None, retries: int | None = None,
                       round: int = 0, data: bytes = b"", json_body: Any = None,
-                      headers: dict[str, str] | None = None, digest: str | None = None) -> tuple[int, bytes, str]:
-        """`digest`: `data`'s body digest where the caller has it (one body sent to several peers is hashed once)."""
+                      headers: dict[str, str] | None = None, digest: str | None = None,
+                      give_up: frozenset[str] = frozenset()) -> tuple[int, bytes, str]:
+        """`digest`: `data`'s body digest where the caller has it (one body sent to several peers is hashed once);
+        `give_up`: the reasons of 5xx answers not retried (raised at once as `Refused`)."""
         assert self._connections is not None, "Client used outside 'async with'"
         headers = dict(headers or {})
         if json_body is not None:
@@ -94,8 +96,9 @@ class Client:
         for attempt in range(attempts):
             if attempt:
                 delay = self.backoff * 2 ** (attempt - 1)
-                get_logger(role="client").warning("retrying", method=method, url=url, attempt=attempt + 1,
-                                                  attempts=attempts, delay_s=float(f"{delay:.3f}"), error=last)
+                # the caller says what the retries came to, where it matters
+                get_logger(role="client").info("retrying", method=method, url=url, attempt=attempt + 1,
+                                               attempts=attempts, delay_s=float(f"{delay:.3f}"), error=last)
                 await asyncio.sleep(delay)
             signed = {**headers, **self.signer(method, url, data, round, digest)} if self.signer else headers
             try:
@@ -107,7 +110,7 @@ class Client:
             if answer.status < 400:
                 return answer.status, answer.body, answer.content_type
             error = refusal(answer.status, answer.body)
-            if answer.status < 500:
+            if answer.status < 500 or isinstance(error, Refused) and error.reason in give_up:
                 raise error
             last, refused = error.detail, error if isinstance(error, Refused) else None
         if refused is not None:  # the last answer gave a reason (registration failed...): the caller may stop on it

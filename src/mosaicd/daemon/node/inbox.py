@@ -35,6 +35,12 @@ STATUS_OF_REASON = {Reason.TOO_LARGE: 413, Reason.STALE_ROUND: 409, Reason.FUTUR
 DECODES_AT_ONCE = 2  # large messages decoded in worker threads at once (the machine's cores serve the rounds too)
 
 
+
+# how long a node started again from its checkpoint holds a signed request before its registration: a resumed run's
+# members hear they are back at once, and a lone member that comes back sits out the open round
+REJOIN_HOLD_S = 5.0
+
+
 class Inbox:
     def __init__(self, state: NodeState, options: DaemonOptions, keyring: Keyring | None) -> None:
         self.state, self.options, self.keyring = state, options, keyring
@@ -94,10 +100,14 @@ class Inbox:
         return self.state.metrics_of(round)
 
     async def run_of(self) -> str | None:
-        """The run whose key signs requests to this node, once it knows it (waits up to a request timeout)."""
+        """The run whose key signs requests to this node, once it knows it (waits up to a request timeout; a node
+        started again from its checkpoint, `REJOIN_HOLD_S` at most: its peers give its fragments up at once, so
+        that their round does not wait for its registration, which waits for that round)."""
         if not self.registered.is_set():
+            hold = min(REJOIN_HOLD_S, self.options.request_timeout) if self.state.restarting else \
+                self.options.request_timeout
             try:
-                await asyncio.wait_for(self.registered.wait(), self.options.request_timeout)
+                await asyncio.wait_for(self.registered.wait(), hold)
             except TimeoutError:
                 return None
         return self.run.run_id if self.run else None

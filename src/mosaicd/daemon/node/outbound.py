@@ -47,6 +47,11 @@ class Link:
         await sleep_at_least(self.latency + paced)
 
 
+# A peer that answers "not ready" after round 0 started again (its registration, or its model, is not there yet): it is
+# a member from the next round on (docs/spec.md, "Synchronise"), so its fragment of this round is given up at once
+GIVEN_UP = frozenset({"not_ready"})
+
+
 async def send_all(client: Client, round: int, messages: list[OutgoingMessage], urls: list[str], log: Any,
                    budget: float = math.inf, pace: Callable[[int], Awaitable[None]] | None = None,
                    ) -> tuple[dict[int, tuple[int, int]], list[OutgoingMessage]]:
@@ -59,6 +64,7 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
     digests: dict[int, asyncio.Future[str | None]] = {}  # by payload: peers sent the same fragments share its bytes
 
     async def send(message: OutgoingMessage, url: str) -> bool:
+        routine = False  # the peer is down, leaving or starting again: the barrier's round line says so, once
         try:
             if pace is not None:
                 await pace(len(message.payload))
@@ -66,17 +72,21 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
                 digests[id(message.payload)] = asyncio.ensure_future(hash_bytes(message.payload))
             digest = await asyncio.shield(digests[id(message.payload)]) if client.signer is not None else None
             await client.request("POST", url, data=message.payload, round=round,
-                                 headers={"Content-Type": CONTENT_TYPE}, digest=digest)
+                                 headers={"Content-Type": CONTENT_TYPE}, digest=digest,
+                                 give_up=GIVEN_UP if round >= 1 else frozenset())
             ok = True
         except Refused as exc:
             ok = exc.reason == Reason.DUPLICATE_FRAGMENT  # an earlier attempt got there
+            routine = exc.reason in GIVEN_UP or exc.reason == "finished"
             if not ok:
-                log.warning("send_failed", round=round, peer=message.peer, status=exc.status, error=exc.detail)
+                (log.info if routine else log.warning)("send_failed", round=round, peer=message.peer,
+                                                       status=exc.status, error=exc.detail)
         except HttpError as exc:
-            ok = False
-            log.warning("send_failed", round=round, peer=message.peer, status=exc.status, error=exc.detail)
+            ok, routine = False, "ConnectionRefusedError" in exc.detail
+            (log.info if routine else log.warning)("send_failed", round=round, peer=message.peer, status=exc.status,
+                                                   error=exc.detail)
         took = loop.time() - started
-        if took > max(budget / 4, 1.0):
+        if took > max(budget / 4, 1.0) and not routine:
             log.warning("slow_send", round=round, peer=message.peer, url=url, seconds=round_(took),
                         bytes=len(message.payload), budget_s=round_(budget), taken=ok)
         return ok
