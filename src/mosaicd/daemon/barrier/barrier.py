@@ -91,7 +91,7 @@ class Barrier(DecisionRunner):
     async def start(self) -> None:
         self.metrics.expected.set(self.state.expected)
         if self.comeback is not None:  # the round it goes on at is chosen once every member is back (resume_at)
-            return self.registrar.resumed()
+            return self.registrar.roster_made()
         if self.resumed:
             return self._resume()
         for task in self.registrar.tasks():
@@ -103,7 +103,7 @@ class Barrier(DecisionRunner):
         started again: at their next release)."""
         state, rebinding = self.state, self.state.phases.rebinding
         self.evaluator.prepare(self.run)
-        self.registrar.resumed()
+        self.registrar.roster_made()
         self.metrics.members.set(len(state.live))
         if not rebinding:
             self.arm_deadline()

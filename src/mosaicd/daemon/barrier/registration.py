@@ -63,12 +63,9 @@ class Registrar:
                                               lambda: host.state.phases.registering,
                                               lambda: len(host.state.pending), self._counted)]
 
-    def resumed(self) -> None:
-        """The roster was made by the barrier this one resumes the run of."""
-        self.registered.set()
-
     def roster_made(self) -> None:
-        """The roster is made (`Barrier.apply`): every registration waiting hears its rank."""
+        """The roster is made (`Barrier.apply`; or by the barrier this one resumes the run of): every registration
+        waiting hears its rank."""
         self.registered.set()
 
     def all_back(self) -> None:
@@ -87,7 +84,7 @@ class Registrar:
         if rank is not None:
             return await self._rebind(address, rank)
         if state.phases.goes_on and (state.round > 0 or address not in state.addresses
-                                                        or state.addresses.index(address) in state.dropped):
+                                     or state.addresses.index(address) in state.dropped):
             return await self._join(address)
         if (given := host.decide(lambda s, now: s.register(address, now))) is None:
             host.metrics.registered.set(len(state.pending))
