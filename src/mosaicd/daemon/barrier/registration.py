@@ -4,22 +4,21 @@ they all start again (rank 0 of a peer list: comeback.py) or withdraw; how the n
 not given (the addresses a DNS name resolves to once they hold still, or the nodes registered once no new one came
 for a while); and the run failing at --register-deadline. The long polls ask the state (`Host.decide`: `register`,
 `close`, `join`, `rebind`, `withdraw`) and wait; they write nothing of it: the barrier runs what each decision calls
-for (`Barrier.apply`: journal, timer, records, notices) and tells them (`roster_made`, `all_back`)."""
+for (`DecisionRunner.apply`: journal, timer, records, notices) and tells them (`roster_made`, `all_back`)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from mosaic_proto import BarrierError, BarrierReason, BarrierState, Registration
 from mosaicd.daemon.barrier.comeback import Comeback, NotExact
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
+from mosaicd.daemon.barrier.runner import Asked
 from mosaicd.daemon.deadlines import join_wait
 from mosaicd.daemon.http.membership import listed_addresses, resolve_all
 from mosaicd.settings import DaemonOptions, RunConfig
-
-Asked = TypeVar("Asked")
 
 
 class Host(Protocol):

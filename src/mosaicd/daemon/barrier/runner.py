@@ -38,7 +38,7 @@ from mosaicd.daemon.barrier.release_log import ReleaseLog
 from mosaicd.outputs import RunRecorder, is_eval_round
 from mosaicd.settings import DaemonOptions, RunConfig
 
-Asked = TypeVar("Asked")
+Asked = TypeVar("Asked")  # what a call on the state returns (`decide`)
 
 
 class DecisionRunner:
