@@ -353,3 +353,156 @@ def test_a_fragment_message_has_one_cbor_reader() -> None:
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert readers == ["_Reader"], readers
     assert not {"cbor2.loads", "cbor2.load", "cbor2.CBORDecoder"} & calls and "re" not in imported
+
+
+# -- the state machines: fed through their methods, phases checked only by their tables ----------------------------
+def _is_state(expr: ast.AST, names: set[str]) -> bool:
+    """`x.state` (a role's `BarrierState` or `NodeState`: `Barrier.state`, `Host.state`, `Peer.state`) or a name
+    known to hold one."""
+    return isinstance(expr, ast.Attribute) and expr.attr == "state" or isinstance(expr, ast.Name) and expr.id in names
+
+
+def _reaches_state(target: ast.AST, names: set[str]) -> bool:
+    """Whether writing `target` writes into a state: `state.f`, `x.state.f`, `state.f[k]`, `state.f[k].g`..."""
+    node = target.value if isinstance(target, ast.Attribute | ast.Subscript) else None
+    while node is not None:
+        if _is_state(node, names):
+            return True
+        node = node.value if isinstance(node, ast.Attribute | ast.Subscript) else None
+    return False
+
+
+def _state_names(scope: ast.AST) -> set[str]:
+    """The names in `scope` that hold a state: annotated `BarrierState`/`NodeState`, made by one (`BarrierState(...)`,
+    `BarrierState.from_json(...)`) or taken from one (`state = self.state`, `host, state = ..., host.state`)."""
+    names: set[str] = set()
+    if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+        names |= {a.arg for a in [*scope.args.args, *scope.args.kwonlyargs, *scope.args.posonlyargs]
+                  if _class_named(a.annotation) in ("BarrierState", "NodeState")}
+    for node in ast.walk(scope):
+        pairs: list[tuple[ast.AST, ast.AST]] = []
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs += list(zip(target.elts, node.value.elts, strict=False))
+                else:
+                    pairs.append((target, node.value))
+        elif isinstance(node, ast.AnnAssign | ast.NamedExpr):
+            pairs.append((node.target, node.value if node.value is not None else node.annotation))
+        for target, value in pairs:
+            if isinstance(target, ast.Name) and (_is_state(value, names)
+                                                 or _class_named(value) in ("BarrierState", "NodeState")):
+                names.add(target.id)
+    return names
+
+
+def state_writes(source: str, module: str) -> list[str]:
+    """Writes to a state machine's fields from outside its module: `x.state.f = `, `state.f += `, `state.f[k] = `,
+    `del state.f`, `setattr(state, ...)`. The daemon feeds a state through its methods (`Barrier.decide`) and reads
+    it; what it decided is the state's own to write."""
+    tree, bad = ast.parse(source), []
+    for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]:
+        names = _state_names(scope)
+        for node in ast.walk(scope):
+            targets: list[ast.AST] = []
+            if isinstance(node, ast.Assign):
+                targets = [t for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple)
+                                                                   else [target])]
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            elif isinstance(node, ast.Delete):
+                targets = node.targets
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr",
+                                                                                                     "delattr"):
+                if node.args and (_is_state(node.args[0], names) or _reaches_state(node.args[0], names)):
+                    bad.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+            bad += [f"{module}:{node.lineno}: {ast.unparse(t)} written" for t in targets if _reaches_state(t, names)]
+    return sorted(set(bad))
+
+
+# enum -> (the module, the class) that holds the phase and its table: the one place its phase is compared
+PHASE_TABLES = {"BarrierPhase": ("mosaic_proto.barrier", "BarrierPhases"),
+                "NodePhase": ("mosaic_proto.node", "NodePhases")}
+PHASE_FIELDS = {"phase", "run_phase"}
+
+
+def phase_checks(source: str, module: str) -> list[str]:
+    """Comparisons against a phase outside the class that holds it and its table: `x.phase is P.RUNNING`,
+    `state.phase.value == "finished"`, `phase in (BarrierPhase.A, BarrierPhase.B)`, `BarrierPhase(name) is ...`.
+    Each is a rule of the table kept by hand elsewhere: ask the table's class instead (`state.phases.failed`)."""
+    tree = ast.parse(source)
+    aliases = set(PHASE_TABLES)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            aliases |= {a.asname or a.name for a in node.names if a.name in PHASE_TABLES}
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                elts = (zip(target.elts, node.value.elts, strict=False)
+                        if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                        else [(target, node.value)])
+                aliases |= {t.id for t, v in elts if isinstance(t, ast.Name) and isinstance(v, ast.Name)
+                            and v.id in aliases}
+    tables = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+              and any((module, n.name) == table for table in PHASE_TABLES.values())]
+    inside = {id(sub) for cls in tables for sub in ast.walk(cls)}
+
+    def phase_in(expr: ast.AST) -> bool:
+        return any(isinstance(sub, ast.Attribute) and (sub.attr in PHASE_FIELDS or isinstance(sub.value, ast.Name)
+                                                       and sub.value.id in aliases)
+                   or isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in aliases
+                   for sub in ast.walk(expr))
+
+    return [f"{module}:{node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
+            if isinstance(node, ast.Compare) and id(node) not in inside
+            and any(phase_in(operand) for operand in [node.left, *node.comparators])]
+
+
+def test_the_daemon_writes_no_field_of_a_state_machine() -> None:
+    """`BarrierState` (and `NodeState`) are written only by their own methods: the daemon asks and runs decisions."""
+    bad = [w for p in FILES if module_name(p).startswith("mosaicd") for w in state_writes(p.read_text(),
+                                                                                        module_name(p))]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_phase_is_checked_outside_its_table() -> None:
+    bad = [c for p in FILES for c in phase_checks(p.read_text(), module_name(p))]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("snippet", [
+    "def f(barrier):\n    barrier.state.round = 3",
+    "def f(host):\n    host.state.members[0].missed += 1",
+    "def f(host):\n    state = host.state\n    state.failure = 'x'",
+    "def f(state: BarrierState):\n    state.live.append(1)\n    state.pending['a:1'] = 0.0",
+    "def f(self):\n    host, state = self.host, self.host.state\n    del state.released[0]",
+    "def f(self):\n    setattr(self.state, 'round', 0)",
+    "state = BarrierState.from_json(saved, 0.0)\nstate.round = 2",
+])
+def test_the_state_write_check_catches_a_write(snippet: str) -> None:
+    assert state_writes(snippet, "mosaicd.daemon.example")
+
+
+def test_the_state_write_check_lets_a_state_be_read_fed_and_replaced() -> None:
+    ok = ("def f(self, host: Host):\n    self.state = BarrierState.from_json(saved, 0.0)\n    x = host.state.round\n"
+          "    host.decide(lambda s, now: s.join('a:1', now))\n    self.state.check(0, 1)\n    self.round = 2\n")
+    assert state_writes(ok, "mosaicd.daemon.example") == []
+
+
+@pytest.mark.parametrize("snippet", [
+    "if state.phase is BarrierPhase.FAILED: pass",
+    "P = BarrierPhase\nok = barrier.state.phase is not P.RUNNING",
+    "from mosaic_proto import BarrierPhase as Ph\nok = s.phase in (Ph.REBINDING, Ph.FAILED)",
+    "ok = barrier.state.phase.value == 'finished'",
+    "ok = state.run_phase != 'running'",
+    "ok = BarrierPhase(data['phase']) == BarrierPhase.RUNNING",
+    "class BarrierState:\n    def f(self):\n        return self.phase is BarrierPhase.RUNNING",
+])
+def test_the_phase_check_catches_a_phase_compared_outside_its_table(snippet: str) -> None:
+    assert phase_checks(snippet, "mosaic_proto.barrier")
+
+
+def test_the_phase_check_lets_the_table_class_compare_and_others_ask() -> None:
+    table = "class BarrierPhases:\n    def failed(self):\n        return self._phase is BarrierPhase.FAILED\n"
+    asking = "ok = state.phases.failed and state.round == 3 and phase_of(x).value\nname = state.phase.value\n"
+    assert phase_checks(table + asking, "mosaic_proto.barrier") == []
+    assert phase_checks(table, "mosaicd.daemon.barrier.example")  # the table's class only in its own module

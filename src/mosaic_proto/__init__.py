@@ -5,9 +5,12 @@ from .aggregation import aggregate
 from .attacks import Attack, AttackKind, byzantine_ranks
 from .barrier import (
     BARRIER_TRANSITIONS,
+    BarrierDecision,
     BarrierError,
-    BarrierEvent,
+    BarrierInput,
+    BarrierOutcome,
     BarrierPhase,
+    BarrierPhases,
     BarrierReason,
     BarrierState,
     BarrierStateError,
@@ -34,7 +37,8 @@ from .wire import CONTENT_TYPE, FragmentBatch, Reason, WireError, decode, encode
 __version__ = "0.1.0"
 __all__ = [
     "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "Aggregator", "AggregatorKind", "Attack", "AttackKind",
-    "BARRIER_TRANSITIONS", "BarrierError", "BarrierEvent", "BarrierPhase", "BarrierReason", "BarrierStateError",
+    "BARRIER_TRANSITIONS", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome", "BarrierPhase",
+    "BarrierPhases", "BarrierReason", "BarrierStateError",
     "Failure", "Joined", "Left", "Rebound", "Registration", "ReleaseNotice", "Roster", "Withdrawal", "byzantine_ranks",
     "BarrierState", "CONTENT_TYPE", "Curvature", "EarlyMessage", "FragmentBatch", "Fragmentation", "InMemoryNetwork",
     "Layout", "MembershipError", "NodeEvent", "NodePhase", "NodeRefused", "NodeReport", "NodeState", "NodeStateError",

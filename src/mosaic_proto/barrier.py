@@ -2,9 +2,11 @@
 
 The daemon (or the in-memory network) feeds it registrations, arrivals and the clock, and gets decisions
 back: who has which rank, when a round is released, who straggled, who is dropped, when the run is over.
-Its phase moves only along `BARRIER_TRANSITIONS`, the one table of which event moves which phase where; a refusal
-(`BarrierError`, with its `BarrierReason`) changes nothing, and an event its phase has no row for is a bug in
-the caller (`BarrierStateError`), which changes nothing either.
+Its phase lives in `BarrierPhases`, apart from the roster and the rounds (h11's `ConnectionState`), and moves only
+along `BARRIER_TRANSITIONS`, the one table of which input (`BarrierInput`), with which outcome (`BarrierOutcome`),
+moves which phase where: one call, one input, one transition. Every call returns its decision as a value
+(`BarrierDecision`), which the daemon runs. A refusal (`BarrierError`, with its `BarrierReason`) changes nothing, and
+an input its phase has no row for is a bug in the caller (`BarrierStateError`), which changes nothing either.
 
     state = BarrierState(rounds=T, round_deadline=30.0, drop_after=2, expected=n)
     state.register("10.0.0.5:9000", now)        # until state.complete, then:
@@ -35,8 +37,9 @@ from .membership import MembershipError, parse_address, rank_addresses
 from .messages import Release, ReleaseNotice
 from .report import NodeReport
 
-__all__ = ["BARRIER_TRANSITIONS", "BarrierError", "BarrierEvent", "BarrierPhase", "BarrierReason", "BarrierState",
-           "BarrierStateError", "Failure", "Joined", "Left", "Member", "Rebound", "Release", "Roster", "Withdrawal"]
+__all__ = ["BARRIER_TRANSITIONS", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome", "BarrierPhase",
+           "BarrierPhases", "BarrierReason", "BarrierState", "BarrierStateError", "Failure", "Joined", "Left", "Member",
+           "Rebound", "Release", "Roster", "Withdrawal"]
 
 
 class BarrierPhase(StrEnum):
@@ -47,36 +50,128 @@ class BarrierPhase(StrEnum):
     FAILED = "failed"
 
 
-class BarrierEvent(StrEnum):
+class BarrierInput(StrEnum):
+    """What comes in: a call on the state (a node's request, the clock, the daemon)."""
+
     REGISTER = "register"  # a node registers before the roster is made
     WITHDRAW = "withdraw"  # ... and withdraws (it was told to stop)
     COUNT = "count"  # the number of nodes to wait for is known (counted: DNS, none new for a while)
     CLOSE = "close"  # the roster is made
     RESTART = "restart"  # a resumed run's members start again at new addresses: it waits for them
     REBIND = "rebind"  # one of them is back
-    REOPEN = "reopen"  # every one is back: the open round starts again
     ARRIVE = "arrive"
     TICK = "tick"  # the open round's deadline passed
     JOIN = "join"
     LEAVE = "leave"
-    RELEASE = "release"  # a round is released and the run goes on
-    FINISH = "finish"  # the final release
     FAIL = "fail"  # the run ends, failed (too few members, a deadline, the daemon's outputs)
 
 
-P, E = BarrierPhase, BarrierEvent
-# phase -> {event: next phase}: every transition, and nothing else (an event a phase has no row for is a bug).
-# A finished run can still fail: its outcome is written after the final release (summary.json once the last
-# evaluations are done), and a write that fails there, or the host told to stop meanwhile, ends it failed.
-BARRIER_TRANSITIONS: dict[BarrierPhase, dict[BarrierEvent, BarrierPhase]] = {
-    P.REGISTERING: {E.REGISTER: P.REGISTERING, E.WITHDRAW: P.REGISTERING, E.COUNT: P.REGISTERING,
-                    E.CLOSE: P.RUNNING, E.FAIL: P.FAILED},
-    P.REBINDING: {E.REBIND: P.REBINDING, E.REOPEN: P.RUNNING, E.FAIL: P.FAILED},
-    P.RUNNING: {E.ARRIVE: P.RUNNING, E.TICK: P.RUNNING, E.JOIN: P.RUNNING, E.LEAVE: P.RUNNING,
-                E.RELEASE: P.RUNNING, E.RESTART: P.REBINDING, E.FINISH: P.FINISHED, E.FAIL: P.FAILED},
-    P.FINISHED: {E.FAIL: P.FAILED},
+class BarrierOutcome(StrEnum):
+    """What an input decided, as far as the phase goes: one input, one outcome, one transition (h2's side effect)."""
+
+    NOTED = "noted"  # taken; nothing more is decided yet
+    CLOSED = "closed"  # the roster is made
+    AWAITING = "awaiting"  # a resumed run waits for its members to come back
+    REOPENED = "reopened"  # every one is back: the open round starts again
+    RELEASED = "released"  # a round is released and the run goes on
+    FINISHED = "finished"  # the final release
+    FAILED = "failed"  # the run ends, failed
+
+
+P, In, Out = BarrierPhase, BarrierInput, BarrierOutcome
+_RELEASING = {Out.NOTED: P.RUNNING, Out.RELEASED: P.RUNNING, Out.FINISHED: P.FINISHED, Out.FAILED: P.FAILED}
+# phase -> {input: {outcome: next phase}}: every transition, and nothing else (an input a phase has no row for, or an
+# outcome its row lacks, is a bug). A finished run can still fail: its outcome is written after the final release
+# (summary.json once the last evaluations are done), and a write that fails there, or the host told to stop
+# meanwhile, ends it failed.
+BARRIER_TRANSITIONS: dict[BarrierPhase, dict[BarrierInput, dict[BarrierOutcome, BarrierPhase]]] = {
+    P.REGISTERING: {In.REGISTER: {Out.NOTED: P.REGISTERING}, In.WITHDRAW: {Out.NOTED: P.REGISTERING},
+                    In.COUNT: {Out.NOTED: P.REGISTERING}, In.CLOSE: {Out.CLOSED: P.RUNNING},
+                    In.FAIL: {Out.FAILED: P.FAILED}},
+    P.REBINDING: {In.REBIND: {Out.NOTED: P.REBINDING, Out.REOPENED: P.RUNNING}, In.FAIL: {Out.FAILED: P.FAILED}},
+    P.RUNNING: {In.ARRIVE: _RELEASING, In.TICK: {o: p for o, p in _RELEASING.items() if o is not Out.NOTED},
+                In.JOIN: _RELEASING, In.LEAVE: _RELEASING, In.RESTART: {Out.AWAITING: P.REBINDING},
+                In.FAIL: {Out.FAILED: P.FAILED}},
+    P.FINISHED: {In.FAIL: {Out.FAILED: P.FAILED}},
     P.FAILED: {},
 }
+
+
+class BarrierPhases:
+    """The barrier's phase and the one table it moves along, apart from the roster and the rounds it guards (h11's
+    `ConnectionState`): every phase check is here, so that what a phase allows is read off the table."""
+
+    def __init__(self, phase: BarrierPhase = BarrierPhase.REGISTERING) -> None:
+        self._phase = phase
+
+    @classmethod
+    def saved(cls, phase: str) -> BarrierPhases:
+        """The phases of a run as `BarrierState.to_json` saved it (its `phase`)."""
+        return cls(BarrierPhase(phase))
+
+    @property
+    def phase(self) -> BarrierPhase:
+        return self._phase
+
+    def allows(self, input: BarrierInput) -> bool:
+        """Whether `input` may come in this phase."""
+        return input in BARRIER_TRANSITIONS[self._phase]
+
+    def expect(self, input: BarrierInput) -> None:
+        """BarrierStateError unless `input` may come in this phase (nothing changes either way)."""
+        if not self.allows(input):
+            raise BarrierStateError(f"barrier: {input.value} is not possible while {self._phase.value}")
+
+    def fire(self, input: BarrierInput, outcome: BarrierOutcome) -> BarrierPhase:
+        """The one place the phase changes: along `BARRIER_TRANSITIONS`, or BarrierStateError (nothing changes)."""
+        self.expect(input)
+        to = BARRIER_TRANSITIONS[self._phase][input].get(outcome)
+        if to is None:
+            raise BarrierStateError(f"barrier: {input.value} cannot end {outcome.value} while {self._phase.value}")
+        self._phase = to
+        return to
+
+    @property
+    def registering(self) -> bool:
+        """The roster is not made yet."""
+        return self._phase is BarrierPhase.REGISTERING
+
+    @property
+    def rebinding(self) -> bool:
+        """A resumed run waits for its members to come back."""
+        return self._phase is BarrierPhase.REBINDING
+
+    @property
+    def running(self) -> bool:
+        """A round is open: arrivals, joins, leaves and the clock decide."""
+        return self._phase is BarrierPhase.RUNNING
+
+    @property
+    def finished(self) -> bool:
+        return self._phase is BarrierPhase.FINISHED
+
+    @property
+    def failed(self) -> bool:
+        return self._phase is BarrierPhase.FAILED
+
+    @property
+    def goes_on(self) -> bool:
+        """The run has begun and not ended (running, or waiting for its members to come back)."""
+        return self._phase in (BarrierPhase.RUNNING, BarrierPhase.REBINDING)
+
+    @property
+    def takes_members_back(self) -> bool:
+        """Members that start again come back to it: while it waits for them, or failed so (they hear why)."""
+        return self._phase in (BarrierPhase.REBINDING, BarrierPhase.FAILED)
+
+    @property
+    def run_phase(self) -> BarrierPhase:
+        """The phase as the journal and /v1/status say it: a run waiting for its members to come back is running."""
+        return BarrierPhase.RUNNING if self.goes_on else self._phase
+
+    def said(self, written: bool) -> BarrierPhase:
+        """The phase as /v1/status says it: finished only once its outcome is `written` (summary.json)."""
+        return BarrierPhase.RUNNING if self.finished and not written else self.run_phase
 
 
 class BarrierReason(StrEnum):
@@ -182,6 +277,10 @@ class Failure:
     round: int
 
 
+# what the state returns, each run by the daemon in the one order (journal, timer, records, notices)
+BarrierDecision = Roster | Withdrawal | Rebound | Joined | Left | Failure | Release
+
+
 @dataclass
 class Member:
     address: str
@@ -205,7 +304,7 @@ class BarrierState:
         run ends at once, failed, instead of every node failing to sample its peers."""
         self.rounds, self.round_deadline, self.drop_after, self.kept = rounds, round_deadline, drop_after, kept
         self.min_members, self.expected = min_members, expected
-        self.phase = BarrierPhase.REGISTERING
+        self.phases = BarrierPhases()  # the phase and its table, apart from the roster and rounds below
         self.failure: str | None = None
         self.pending: dict[str, float] = {}
         self.addresses: tuple[str, ...] = ()
@@ -224,23 +323,15 @@ class BarrierState:
         self._leaving: list[int] = []  # those that left during the open round (its release says so)
         self._open = _Round()
 
-    def _move(self, event: BarrierEvent) -> None:
-        """The one place the phase changes: along `BARRIER_TRANSITIONS`, or BarrierStateError (and nothing changes)."""
-        to = BARRIER_TRANSITIONS[self.phase].get(event)
-        if to is None:
-            raise BarrierStateError(f"barrier: {event.value} is not possible while {self.phase.value}")
-        self.phase = to
-
     @property
-    def run_phase(self) -> BarrierPhase:
-        """The phase as the journal and /v1/status say it: a run waiting for its members to come back is running."""
-        return BarrierPhase.RUNNING if self.phase is BarrierPhase.REBINDING else self.phase
+    def phase(self) -> BarrierPhase:
+        return self.phases.phase
 
     # -- registration ------------------------------------------------------------------------------
     @property
     def complete(self) -> bool:
         """Every expected node has registered and the roster is not made yet: call close()."""
-        return self.phase is BarrierPhase.REGISTERING and 0 < self.expected <= len(self.pending)
+        return self.phases.registering and 0 < self.expected <= len(self.pending)
 
     def register(self, address: str, now: float) -> int | None:
         """Record a registration; its rank once the roster is made, else None (ask again after close())."""
@@ -251,7 +342,7 @@ class BarrierState:
             raise _closed_to(address)
         if self.failure:
             raise BarrierError(BarrierReason.REGISTRATION_FAILED, self.failure)
-        self._move(E.REGISTER)
+        self.phases.fire(In.REGISTER, Out.NOTED)
         self.pending.setdefault(address, now)
         return None
 
@@ -259,21 +350,21 @@ class BarrierState:
         """A node that registered withdraws before the roster is made (it was told to stop): the roster is made
         without it. None where there is nothing to withdraw: it never registered, or the roster is made (it is a
         member then, and leaves as one)."""
-        if self.phase is not BarrierPhase.REGISTERING or address not in self.pending:
+        if not self.phases.allows(In.WITHDRAW) or address not in self.pending:
             return None
-        self._move(E.WITHDRAW)
+        self.phases.fire(In.WITHDRAW, Out.NOTED)
         del self.pending[address]
         return Withdrawal(address, len(self.pending))
 
     def count(self, expected: int) -> None:
         """The number of nodes the roster waits for (0: not known yet), where it is counted as nodes register."""
-        self._move(E.COUNT)
+        self.phases.fire(In.COUNT, Out.NOTED)
         self.expected = expected
 
     def close(self, now: float, min_members: int | None = None) -> Roster:
         """Make the roster: ranks are the registered addresses in sorted order. `min_members`: the run's, where it is
         known only now (the node count was)."""
-        self._move(E.CLOSE)
+        self.phases.fire(In.CLOSE, Out.CLOSED)
         if min_members is not None:
             self.min_members = min_members
         self.addresses = tuple(rank_addresses(list(self.pending)))
@@ -289,13 +380,13 @@ class BarrierState:
             raise BarrierError(BarrierReason.REGISTRATION_CLOSED, f"rank {rank} is not a member the resumed run waits "
                                f"for (it waits for {sorted(self.awaited)})")
         _checked(address)
-        self._move(E.REBIND)
+        self.phases.expect(In.REBIND)
         self.addresses = tuple(address if r == rank else a for r, a in enumerate(self.addresses))
         self.members[rank].address, self.members[rank].last_contact = address, now
         self.awaited.discard(rank)
         if not self.awaited:
-            self._move(E.REOPEN)
             self._open = _Round(opened=now)
+        self.phases.fire(In.REBIND, Out.NOTED if self.awaited else Out.REOPENED)
         return Rebound(rank, address, tuple(sorted(self.awaited)), self.round)
 
     def join(self, address: str, now: float, allow_new: bool = False) -> Joined:
@@ -305,13 +396,12 @@ class BarrierState:
 
         New nodes get the next free rank, so no member's rank moves; the member list stays sorted by rank."""
         _checked(address)
-        if self.phase is not BarrierPhase.RUNNING or self.round + 1 >= self.rounds:
+        if not self.phases.allows(In.JOIN) or self.round + 1 >= self.rounds:
             raise BarrierError(BarrierReason.RUN_NOT_JOINABLE,
                                f"the run is {self.phase.value}, at round {self.round} of "
                                                    f"{self.rounds}: no round is left to join")
         if address not in self.addresses and not allow_new:
             raise _closed_to(address)
-        self._move(E.JOIN)
         if address in self.addresses:
             rank = self.addresses.index(address)
         else:
@@ -326,12 +416,14 @@ class BarrierState:
         self.members[rank].missed, self.members[rank].last_contact = 0, now
         if rank not in self.joining:
             self.joining.append(rank)
-        return Joined(rank, address, self.round,
-                      self._release(now) if set(self.live) <= set(self._open.arrivals) else None)
+        round, (release, outcome) = self.round, self._release(now) if set(self.live) <= set(self._open.arrivals) \
+            else (None, Out.NOTED)
+        self.phases.fire(In.JOIN, outcome)
+        return Joined(rank, address, round, release)
 
     def fail(self, reason: str) -> Failure:
         """The run ends now, failed, for `reason`."""
-        self._move(E.FAIL)
+        self.phases.fire(In.FAIL, Out.FAILED)
         self.failure = reason
         return Failure(reason, self.round)
 
@@ -340,25 +432,25 @@ class BarrierState:
         not sampled from the next round; the release if the open round needed only it (or if too few are left)."""
         if not self.members or rank not in self.members:
             raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
-        if self.phase is not BarrierPhase.RUNNING:
-            raise BarrierError(BarrierReason.RUN_FAILED if self.phase is BarrierPhase.FAILED
+        if not self.phases.allows(In.LEAVE):
+            raise BarrierError(BarrierReason.RUN_FAILED if self.phases.failed
                                else BarrierReason.BAD_ROUND, f"the run is {self.phase.value}")
-        self._move(E.LEAVE)
-        release = None
+        release, outcome = None, Out.NOTED
         if rank not in self.left and rank not in self.dropped:
             self.live, self.joining = [r for r in self.live if r != rank], [r for r in self.joining if r != rank]
             self._open.arrivals.pop(rank, None)
             self.left.append(rank), self._leaving.append(rank)
             self._gone.add(rank)
             if len(self.live) < self.min_members or set(self.live) <= set(self._open.arrivals):
-                release = self._release(now)
+                release, outcome = self._release(now)
+        self.phases.fire(In.LEAVE, outcome)
         return Left(rank, self.round, tuple(self.live), release)
 
     # -- rounds ------------------------------------------------------------------------------------
     @property
     def deadline(self) -> float | None:
         """When the open round is released whoever has arrived."""
-        return self._open.opened + self.round_deadline if self.phase is BarrierPhase.RUNNING else None
+        return self._open.opened + self.round_deadline if self.phases.running else None
 
     def arrive(self, rank: int, round: int, now: float, report: NodeReport | None = None) -> Release | None:
         """`rank` is done sending `round`; the release if this arrival completes the round (an arrival at a round
@@ -367,20 +459,22 @@ class BarrierState:
         if round < self.round:
             self.members[rank].last_contact = now
             return self.released[round]
-        self._move(E.ARRIVE)
+        self.phases.expect(In.ARRIVE)
         member = self.members[rank]
         member.last_contact, member.last_round, member.missed = now, min(round, self.rounds - 1), 0
         (arrivals := self._open.arrivals).setdefault(rank, (now, report))  # a live member's (`check`): complete
         complete = len(arrivals) >= len(self.live) and all(r in arrivals for r in self.live)  # once as many
-        return self._release(now) if complete else None
+        release, outcome = self._release(now) if complete else (None, Out.NOTED)
+        self.phases.fire(In.ARRIVE, outcome)
+        return release
 
     def check(self, rank: int, round: int) -> None:
         """Raise the BarrierError that an arrival of `rank` at `round` would get now (changes nothing)."""
         if not self.members or rank not in self.members:
             raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
-        if self.phase is BarrierPhase.FAILED:
+        if self.phases.failed:
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
-        if self.phase is BarrierPhase.REBINDING:
+        if self.phases.rebinding:
             raise BarrierError(BarrierReason.BAD_ROUND, f"the resumed run waits for members {sorted(self.awaited)} "
                                "to come back, started again: no round is open (one running from before: restart it)")
         if rank in self._gone and rank in self.dropped:
@@ -403,10 +497,12 @@ class BarrierState:
         deadline = self.deadline
         if deadline is None or now < deadline:
             return None
-        self._move(E.TICK)
-        return self._release(now)
+        release, outcome = self._release(now)
+        self.phases.fire(In.TICK, outcome)
+        return release
 
-    def _release(self, now: float) -> Release:
+    def _release(self, now: float) -> tuple[Release, BarrierOutcome]:
+        """Release the open round: the release, and how it moves the phase (the caller's input fires it, once)."""
         t, arrivals = self.round, self._open.arrivals
         stragglers = tuple(r for r in self.live if r not in arrivals)
         newly = []
@@ -432,10 +528,9 @@ class BarrierState:
         self.round = t + 1
         self._open = _Round(opened=now)
         if too_few and (t < self.rounds or not self.live):
-            self.fail(self._too_few_reason(t))
-        else:
-            self._move(E.FINISH if finished else E.RELEASE)
-        return release
+            self.failure = self._too_few_reason(t)
+            return release, Out.FAILED
+        return release, Out.FINISHED if finished else Out.RELEASED
 
     def _too_few_reason(self, t: int) -> str:
         """Why a run with too few live members after round `t` ends."""
@@ -451,13 +546,13 @@ class BarrierState:
     # -- what the nodes hear -------------------------------------------------------------------------
     def notice(self, release: Release) -> ReleaseNotice:
         """`release` as the nodes hear it: with the joining members' addresses, and why the run failed if it did."""
-        failed = release.finished and self.phase is BarrierPhase.FAILED
+        failed = release.finished and self.phases.failed
         return ReleaseNotice(release, tuple((r, self.addresses[r]) for r in release.joined),
                              self.failure if failed else None)
 
     def answered(self, rank: int) -> None:
         """`rank` got an answer to an arrival or a leave: if the run has failed, that answer said so."""
-        if self.phase is BarrierPhase.FAILED and rank in self.live:
+        if self.phases.failed and rank in self.live:
             self.heard_failure.add(rank)
 
     def unheard(self, own: int) -> list[int]:
@@ -468,7 +563,8 @@ class BarrierState:
     def to_json(self) -> dict[str, Any]:
         """What a restarted barrier needs to decide as this one would (not the open round's arrivals: retried)."""
         return {"rounds": self.rounds, "round_deadline": self.round_deadline, "drop_after": self.drop_after,
-                "kept": self.kept, "expected": self.expected, "phase": self.run_phase.value, "failure": self.failure,
+                "kept": self.kept, "expected": self.expected, "phase": self.phases.run_phase.value,
+                "failure": self.failure,
                 "addresses": list(self.addresses), "round": self.round, "live": self.live,
                 "dropped": self.dropped, "joining": self.joining, "left": self.left, "leaving": self._leaving,
                 "min_members": self.min_members,
@@ -482,7 +578,7 @@ class BarrierState:
         again at new addresses (--resume-round): REBINDING until every live member is back (`rebind`)."""
         state = cls(rounds=data["rounds"], round_deadline=data["round_deadline"], drop_after=data["drop_after"],
                     expected=data["expected"], kept=data["kept"], min_members=data.get("min_members", 1))
-        state.phase, state.failure = BarrierPhase(data["phase"]), data["failure"]  # loaded, not moved
+        state.phases, state.failure = BarrierPhases.saved(data["phase"]), data["failure"]  # loaded, not moved
         state.addresses = tuple(data["addresses"])
         state.members = {r: Member(a, missed=m[0], last_contact=now, last_round=m[1])
                          for r, (a, m) in enumerate(zip(state.addresses, data["members"], strict=True))}
@@ -494,8 +590,8 @@ class BarrierState:
         state.events = [Release.from_json(e) for e in data["events"]]
         state._open = _Round(opened=now)
         awaited = set(state.live) | set(state.joining)
-        if rebind and awaited and state.phase is BarrierPhase.RUNNING:
-            state._move(E.RESTART)
+        if rebind and awaited and state.phases.allows(In.RESTART):
+            state.phases.fire(In.RESTART, Out.AWAITING)
             state.awaited = awaited
         return state
 

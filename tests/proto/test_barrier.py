@@ -11,8 +11,10 @@ import pytest
 from mosaic_proto import (
     BARRIER_TRANSITIONS,
     BarrierError,
-    BarrierEvent,
+    BarrierInput,
+    BarrierOutcome,
     BarrierPhase,
+    BarrierPhases,
     BarrierState,
     BarrierStateError,
     Fragmentation,
@@ -323,22 +325,35 @@ def test_leaving_survives_a_restart_of_the_barrier() -> None:
 
 
 # -- the phase table ---------------------------------------------------------------------------------------
-def test_every_phase_has_a_row_every_event_is_used_and_every_phase_is_reachable() -> None:
+def test_every_phase_has_a_row_every_input_and_outcome_is_used_and_every_phase_is_reachable() -> None:
     assert set(BARRIER_TRANSITIONS) == set(BarrierPhase)
-    assert {e for row in BARRIER_TRANSITIONS.values() for e in row} == set(BarrierEvent)
+    assert {i for row in BARRIER_TRANSITIONS.values() for i in row} == set(BarrierInput)
+    assert {o for row in BARRIER_TRANSITIONS.values() for outs in row.values() for o in outs} == set(BarrierOutcome)
     reachable, frontier = {BarrierPhase.REGISTERING}, [BarrierPhase.REGISTERING]
     while frontier:
-        for to in BARRIER_TRANSITIONS[frontier.pop()].values():
-            if to not in reachable:
-                reachable.add(to)
-                frontier.append(to)
+        for outs in BARRIER_TRANSITIONS[frontier.pop()].values():
+            for to in outs.values():
+                if to not in reachable:
+                    reachable.add(to)
+                    frontier.append(to)
     assert reachable == set(BarrierPhase)
 
 
 def test_failed_is_the_end_and_finished_can_only_fail() -> None:
     """A finished run's outcome is written after its final release: a write that fails there ends it failed."""
     assert BARRIER_TRANSITIONS[BarrierPhase.FAILED] == {}
-    assert BARRIER_TRANSITIONS[BarrierPhase.FINISHED] == {BarrierEvent.FAIL: BarrierPhase.FAILED}
+    assert BARRIER_TRANSITIONS[BarrierPhase.FINISHED] == {
+        BarrierInput.FAIL: {BarrierOutcome.FAILED: BarrierPhase.FAILED}}
+
+
+def test_the_phases_say_what_the_table_allows() -> None:
+    for phase in BarrierPhase:
+        phases = BarrierPhases(phase)
+        assert {i for i in BarrierInput if phases.allows(i)} == set(BARRIER_TRANSITIONS[phase])
+        assert phases.run_phase is (BarrierPhase.RUNNING if phase is BarrierPhase.REBINDING else phase)
+        assert phases.said(written=False) is (BarrierPhase.RUNNING if phase is BarrierPhase.FINISHED
+                                              else phases.run_phase)
+        assert BarrierPhases.saved(phase.value).phase is phase
 
 
 def in_phase(phase: BarrierPhase) -> BarrierState:
@@ -361,13 +376,15 @@ def in_phase(phase: BarrierPhase) -> BarrierState:
 
 
 @pytest.mark.parametrize("phase", list(BarrierPhase))
-def test_an_event_a_phase_has_no_row_for_is_refused_and_changes_nothing(phase: BarrierPhase) -> None:
-    for event in set(BarrierEvent) - set(BARRIER_TRANSITIONS[phase]):
-        state = in_phase(phase)
-        before = state.to_json()
-        with pytest.raises(BarrierStateError):
-            state._move(event)
-        assert state.phase is phase and state.to_json() == before
+def test_an_input_or_outcome_a_phase_has_no_row_for_is_refused_and_changes_nothing(phase: BarrierPhase) -> None:
+    row = BARRIER_TRANSITIONS[phase]
+    for input in BarrierInput:
+        for outcome in set(BarrierOutcome) - set(row.get(input, {})):
+            state = in_phase(phase)
+            before = state.to_json()
+            with pytest.raises(BarrierStateError):
+                state.phases.fire(input, outcome)
+            assert state.phase is phase and state.to_json() == before
 
 
 @pytest.mark.parametrize("phase, call", [

@@ -54,14 +54,10 @@ class EmbeddedBarrier:
         await self.barrier.done.wait()
 
     def fail(self, reason: str) -> None:
-        from mosaicd.daemon.barrier.ending import end_failed
-
-        end_failed(self.barrier, reason)
+        self.barrier.end_failed(reason)
 
     def unheard(self, own: int) -> list[int]:
-        from mosaicd.daemon.barrier.ending import unheard
-
-        return unheard(self.barrier, own)
+        return self.barrier.unheard(own)
 
 
 def hosting(evaluate: Evaluate | None = None) -> BarrierHost:
@@ -184,11 +180,7 @@ class Barrier:
                 barrier.interrupt()  # its open long polls are answered now, so the server stops at once
                 why = "Ctrl-C" if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError) else \
                     f"{type(exc).__name__}: {exc}"
-                if barrier.recorder.ended is None:
-                    try:
-                        barrier.recorder.fail(f"interrupted ({why})")
-                    except OSError:
-                        pass
+                barrier.interrupted(why)
         finally:
             if self._runner is not None:
                 await self._runner.cleanup()

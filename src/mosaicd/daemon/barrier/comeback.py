@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, BarrierState
+from mosaic_proto import BarrierError, BarrierReason, BarrierState
 from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.settings import DaemonOptions, RunConfig
 
@@ -35,7 +35,7 @@ class Comeback:
     def waits(self, state: BarrierState, address: str) -> bool:
         """Whether a registration of `address` is a member's that comes back: while the run waits for them (or
         failed so), and (a long poll sent again) at the chosen round, before its release."""
-        return state.phase in (BarrierPhase.REBINDING, BarrierPhase.FAILED) or \
+        return state.phases.takes_members_back or \
             (self.round == state.round and address in self.addresses.values())
 
     def back(self, state: BarrierState, address: str, held: Iterable[int]) -> int:

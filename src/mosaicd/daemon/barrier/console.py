@@ -7,7 +7,6 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from mosaic_proto import BarrierPhase
 from mosaicd.daemon.barrier.registration import unregistered
 from mosaicd.daemon.http.membership import is_wildcard
 from mosaicd.progress import ProgressPrinter, RoundProgress, clock, metrics_text
@@ -61,7 +60,7 @@ def end_line(barrier: Barrier, started: float) -> str:
     """`started`: when the run began (time.time(); a resumed run's: its first start, less the time it stood)."""
     state, out = barrier.state, barrier.options.out
     files = f"results in {out}/ (summary.json, rounds.csv, nodes.csv)"
-    if state.phase is BarrierPhase.FINISHED:
+    if state.phases.finished:
         row = barrier.recorder.rounds[-1] if barrier.recorder.rounds else None
         return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.time() - started)}, "
                 f"{len(state.live)}/{len(state.addresses)} nodes to the end; {metrics_text(row) or 'no evaluation'}; "
@@ -85,7 +84,7 @@ class BarrierConsole:
 
     def look(self, final: bool = False) -> None:
         barrier, state, now = self.barrier, self.barrier.state, time.monotonic()
-        if state.phase is BarrierPhase.REGISTERING:
+        if state.phases.registering:
             seen = (len(state.pending), barrier.refusals.total)
             if seen != self.registered and now - self.said_waiting >= WAITING_EVERY_S:
                 self.registered, self.said_waiting = seen, now

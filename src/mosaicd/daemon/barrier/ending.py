@@ -2,18 +2,18 @@
 failed: a write that could not be made (a full disk...), or the process hosting it told to stop. Nothing more
 is journaled after a failure, so the run can be resumed from its last saved decision.
 
-`RunEnd` writes the outcome, once, and then sets `done`; `Barrier` decides when (`Barrier.end_failed`,
-`Barrier.fail_output`). `end_failed` and `unheard` are the calls a node hosting the barrier makes on it."""
+`RunEnd` writes the outcome, once, and then sets `done`; `Barrier` decides when (`Barrier.apply`, for a
+`Failure` of the state: `Barrier.end_failed`, `Barrier.fail_output`, `Barrier.fail_registration`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from mosaic_proto import BarrierPhase, BarrierState, Release
+from mosaic_proto import BarrierState, Release
 from mosaicd.outputs import RunRecorder, robustness_summary
 from mosaicd.settings import RunConfig
 
@@ -63,7 +63,7 @@ class RunEnd:
         outcome = {"members": list(release.members), "dropped": list(release.dropped),
                    "addresses": list(state.addresses), "events": [e.to_json() for e in state.events],
                    **robustness_summary(run), **resumed}
-        if state.phase is BarrierPhase.FAILED:
+        if state.phases.failed:
             self.log.error("run_failed", detail=state.failure)
             first = next(iter(self.leave_reasons.items()), None)
             why = f"; rank {first[0]} left first: {first[1]}" if first else ""
@@ -93,22 +93,3 @@ class RunEnd:
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-class Hosted(Protocol):
-    """What a node hosting the barrier calls on it (`mosaicd.daemon.barrier.barrier.Barrier`)."""
-
-    def end_failed(self, reason: str) -> None: ...
-
-    def unheard(self, own: int) -> list[int]: ...
-
-
-def end_failed(barrier: Hosted, reason: str) -> None:
-    """End the run now, failed (a write that failed, the process told to stop): nothing more is saved to the
-    journal, so the run can be resumed from its last decision; every waiting node hears `reason`."""
-    barrier.end_failed(reason)
-
-
-def unheard(barrier: Hosted, own: int) -> list[int]:
-    """The live members other than `own` not yet told that the run failed: rank 0 serves until this is empty."""
-    return barrier.unheard(own)

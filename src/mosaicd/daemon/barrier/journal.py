@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from mosaic_proto import BarrierPhase, BarrierState
+from mosaic_proto import BarrierPhases, BarrierState
 from mosaicd.rundir import journal as journal_file
 from mosaicd.settings import RunConfig, SettingsError
 
@@ -89,7 +89,7 @@ def load(out: Path, run: RunConfig, round: int | None = None, counted: bool = Fa
         data = journal_file.read(out)
         if data.get("version") != VERSION:
             return None
-        if data["state"]["phase"] != BarrierPhase.RUNNING.value:  # ended; `cluster --resume` may take its last round
+        if not BarrierPhases.saved(data["state"]["phase"]).running:  # ended; `cluster --resume` may take its last round
             if round is None or round not in rounds(out):
                 return None
             data["state"], data["earlier"] = data["earlier"], None

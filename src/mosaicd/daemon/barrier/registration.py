@@ -2,8 +2,9 @@
 (join), come back at new addresses (a resumed run: rebind), come back with their checkpoints to a run resumed where
 they all start again (rank 0 of a peer list: comeback.py) or withdraw; how the node count is learned where it is
 not given (the addresses a DNS name resolves to once they hold still, or the nodes registered once no new one came
-for a while); and the run failing at --register-deadline. `BarrierState` decides (`register`, `close`, `join`,
-`rebind`, `withdraw`); the barrier (`Host`) runs what each decision calls for."""
+for a while); and the run failing at --register-deadline. The long polls ask the state (`Host.decide`: `register`,
+`close`, `join`, `rebind`, `withdraw`) and wait; they write nothing of it: the barrier runs what each decision calls
+for (`DecisionRunner.apply`: journal, timer, records, notices) and tells them (`roster_made`, `all_back`)."""
 
 from __future__ import annotations
 
@@ -11,37 +12,34 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
-from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, BarrierState, Registration, Release
+from mosaic_proto import BarrierError, BarrierReason, BarrierState, Registration
 from mosaicd.daemon.barrier.comeback import Comeback, NotExact
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
+from mosaicd.daemon.barrier.runner import Asked
 from mosaicd.daemon.deadlines import join_wait
 from mosaicd.daemon.http.membership import listed_addresses, resolve_all
 from mosaicd.settings import DaemonOptions, RunConfig
 
 
 class Host(Protocol):
-    """What registration needs of the barrier (`Barrier`): its state, and the effects of the state's decisions."""
+    """What registration needs of the barrier (`Barrier`): its state to read, and `decide`, the one way to feed it."""
 
     state: BarrierState
     run: RunConfig
     options: DaemonOptions
     metrics: BarrierMetrics
     log: Any
-    comeback: Comeback | None
 
     def now(self) -> float: ...
 
-    def save_journal(self) -> None: ...
-
-    def arm_deadline(self) -> None: ...
+    def decide(self, ask: Callable[[BarrierState, float], Asked], why: str = "", registration: bool = False
+               ) -> Asked: ...
 
     def close_roster(self, run: RunConfig) -> None: ...
 
     def resume_at(self, round: int) -> None: ...
 
     def fail_registration(self, reason: str) -> None: ...
-
-    async def publish(self, release: Release) -> None: ...
 
     async def wait_published(self, round: int, limit: float) -> dict[str, Any]: ...
 
@@ -51,8 +49,9 @@ class Host(Protocol):
 class Registrar:
     """The registration's long polls, its node count and its deadline, for one barrier (`host`)."""
 
-    def __init__(self, host: Host) -> None:
-        self.host = host
+    def __init__(self, host: Host, comeback: Comeback | None = None) -> None:
+        """`comeback`: the members of a run resumed where they all start again (comeback.py), if it is one."""
+        self.host, self.comeback = host, comeback
         self.status = 503  # what a failed registration answers: 422 when the run as registered is invalid
         self.registered, self.rebound = asyncio.Event(), asyncio.Event()
 
@@ -60,12 +59,17 @@ class Registrar:
         """What runs while nodes register: the deadline, and the node count where it is not given."""
         host = self.host
         return [self._deadline(), count_nodes(host.options, host.run.fanout, host.now,
-                                              lambda: host.state.phase is BarrierPhase.REGISTERING,
+                                              lambda: host.state.phases.registering,
                                               lambda: len(host.state.pending), self._counted)]
 
-    def resumed(self) -> None:
-        """The roster was made by the barrier this one resumes the run of."""
+    def roster_made(self) -> None:
+        """The roster is made (`Barrier.apply`; or by the barrier this one resumes the run of): every registration
+        waiting hears its rank."""
         self.registered.set()
+
+    def all_back(self) -> None:
+        """Every member of a resumed run is back (`Barrier.apply`): each waiting hears the run goes on."""
+        self.rebound.set()
 
     async def register(self, address: str, rank: int | None = None, held: list[int] | None = None
                        ) -> dict[str, Any]:
@@ -74,14 +78,14 @@ class Registrar:
         run (`rank`; or, where every member starts again, its address and the rounds of its checkpoints, `held`)
         waits for every member to be back. BarrierError if refused."""
         host, state = self.host, self.host.state
-        if host.comeback is not None and host.comeback.waits(state, address):
-            return await self._come_back(host.comeback, address, held or [])
+        if self.comeback is not None and self.comeback.waits(state, address):
+            return await self._come_back(self.comeback, address, held or [])
         if rank is not None:
             return await self._rebind(address, rank)
-        if state.run_phase is BarrierPhase.RUNNING and (state.round > 0 or address not in state.addresses
-                                                        or state.addresses.index(address) in state.dropped):
+        if state.phases.goes_on and (state.round > 0 or address not in state.addresses
+                                     or state.addresses.index(address) in state.dropped):
             return await self._join(address)
-        if (given := state.register(address, host.now())) is None:
+        if (given := host.decide(lambda s, now: s.register(address, now))) is None:
             host.metrics.registered.set(len(state.pending))
             host.log.info("registered", address=address, registered=len(state.pending), expected=state.expected,
                           **({"not_yet": missing} if (missing := unregistered(host.options, state.pending)) else {}))
@@ -90,7 +94,7 @@ class Registrar:
                 await asyncio.wait_for(self.registered.wait(), timeout=host.options.register_deadline)
             except TimeoutError:
                 pass
-            if (given := state.register(address, host.now())) is None:
+            if (given := host.decide(lambda s, now: s.register(address, now))) is None:
                 raise BarrierError(BarrierReason.REGISTRATION_FAILED, state.failure or "registration did not complete")
         return self._reply(given, 0, state.live)
 
@@ -102,11 +106,7 @@ class Registrar:
     async def _join(self, address: str) -> dict[str, Any]:
         """A member that comes back (or a newcomer, with --allow-join): it joins from the next round."""
         host = self.host
-        joined = host.state.join(address, host.now(), allow_new=host.options.allow_join)
-        host.save_journal()
-        host.log.info("joining", rank=joined.rank, address=address, from_round=joined.from_round)
-        if joined.release is not None:
-            await host.publish(joined.release)
+        joined = host.decide(lambda s, now: s.join(address, now, allow_new=host.options.allow_join))
         told = await host.wait_published(joined.round, join_wait(host.run.round_deadline))
         return self._reply(joined.rank, joined.from_round, told["members"])
 
@@ -115,13 +115,7 @@ class Registrar:
         every live member is back, they all hear the new addresses and the open round starts again, its deadline
         counted from then (`mosaicd cluster --resume`)."""
         host, state = self.host, self.host.state
-        rebound = state.rebind(rank, address, host.now())
-        host.log.info("rebound", rank=rank, address=address, waiting_for=list(rebound.waiting_for))
-        if rebound.all_back:
-            host.save_journal()
-            host.arm_deadline()
-            host.log.info("resumed_all", round=rebound.round, live=len(state.live))
-            self.rebound.set()
+        host.decide(lambda s, now: s.rebind(rank, address, now))
         await self._all_back(lambda: sorted(state.awaited))
         return self._reply(rank, state.round, state.live)
 
@@ -134,7 +128,7 @@ class Registrar:
         except TimeoutError:
             deadline = host.options.register_deadline
             why = f"members {missing()} did not come back within --register-deadline {deadline:g}s"
-            if ends_run and host.state.phase is BarrierPhase.REBINDING:
+            if ends_run and host.state.phases.rebinding:
                 self._fail(why, 503)
                 self.rebound.set()
             raise BarrierError(BarrierReason.REGISTRATION_FAILED, why) from None
@@ -145,7 +139,7 @@ class Registrar:
         checkpoint of it (the answer says `resumed`); where there is none, every member hears why (422) and the
         run ends, failed, its journal as it was."""
         host = self.host
-        if host.state.phase is BarrierPhase.REBINDING:
+        if host.state.phases.rebinding:
             rank = comeback.back(host.state, address, held)
             host.log.info("back", rank=rank, address=address, checkpoints=sorted(held, reverse=True),
                           waiting_for=comeback.missing(host.state))
@@ -153,7 +147,7 @@ class Registrar:
                 self._resume_chosen(comeback)
         await self._all_back(lambda: comeback.missing(host.state), ends_run=True)
         state = host.state
-        if state.phase is BarrierPhase.FAILED:
+        if state.phases.failed:
             raise BarrierError(BarrierReason.REGISTRATION_FAILED, state.failure or "the run failed")
         rank = state.addresses.index(address)
         return self._reply(rank, state.round, state.live, resumed=True)
@@ -168,28 +162,21 @@ class Registrar:
             self.rebound.set()
             return
         host.resume_at(round)
-        for rank in sorted(host.state.awaited):
-            host.state.rebind(rank, comeback.addresses[rank], host.now())
-        try:
-            host.save_journal()
+        try:  # the last one back is saved (`Barrier.apply`); the others wait for it, or hear that the run failed
+            for rank in sorted(host.state.awaited):
+                host.decide(lambda s, now, rank=rank: s.rebind(rank, comeback.addresses[rank], now))
         finally:
             self.rebound.set()
-        host.arm_deadline()
-        host.log.info("resumed_all", round=round, live=len(host.state.live),
-                         checkpoints={r: sorted(h, reverse=True) for r, h in sorted(comeback.held.items())})
 
     async def withdraw(self, address: str, reason: str) -> dict[str, Any]:
         """`address` registered and was told to stop before the roster was made: the roster is made without it (a
         node that does not come cannot be waited for a round). Once the roster is made, it leaves as a member."""
-        host, state = self.host, self.host.state
-        if host.comeback is not None and state.phase is BarrierPhase.REBINDING and host.comeback.forget(address):
-            host.log.warning("withdrew", address=address, reason=reason, back=len(host.comeback.addresses))
-            return {"withdrawn": address, "registered": len(host.comeback.addresses)}
-        withdrawal = state.withdraw(address)
+        host, state, comeback = self.host, self.host.state, self.comeback
+        if comeback is not None and state.phases.rebinding and comeback.forget(address):
+            host.log.warning("withdrew", address=address, reason=reason, back=len(comeback.addresses))
+            return {"withdrawn": address, "registered": len(comeback.addresses)}
+        withdrawal = host.decide(lambda s, now: s.withdraw(address), why=reason)
         if withdrawal is not None:
-            host.metrics.registered.set(withdrawal.registered)
-            host.log.warning("withdrew", address=address, reason=reason, registered=withdrawal.registered,
-                             expected=state.expected)
             return withdrawal.to_json()
         if address in state.addresses:
             return await host.leave(state.addresses.index(address), reason)
@@ -197,13 +184,13 @@ class Registrar:
 
     def _counted(self, expected: int) -> None:
         """The node count learned while nodes register (0: it moves): the roster is made once they are all here."""
-        state = self.host.state
-        if state.phase is not BarrierPhase.REGISTERING:
+        host = self.host
+        if not host.state.phases.registering:
             return
-        state.count(expected)
+        host.decide(lambda s, now: s.count(expected))
         if expected:
             self._close_if_complete()
-        self.host.metrics.expected.set(state.expected)
+        host.metrics.expected.set(host.state.expected)
 
     def _close_if_complete(self) -> None:
         """Make the roster once every expected node registered (the count may be known only now: DNS)."""
@@ -216,13 +203,12 @@ class Registrar:
         except ValueError as exc:
             return self._fail(invalid_count(count, host.options, exc), 422)
         host.close_roster(run)
-        self.registered.set()
 
     async def _deadline(self) -> None:
         """Fail the registration if it is not complete by --register-deadline."""
         host = self.host
         await asyncio.sleep(host.options.register_deadline)
-        if host.state.phase is BarrierPhase.REGISTERING:
+        if host.state.phases.registering:
             self._fail(deadline_passed(host.options, host.state.pending, host.state.expected), 503)
 
     def _fail(self, reason: str, status: int) -> None:

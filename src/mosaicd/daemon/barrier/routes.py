@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from mosaic_proto import BarrierError, BarrierPhase, BarrierReason, NodeReport, ReportError
+from mosaic_proto import BarrierError, BarrierReason, NodeReport, ReportError
 from mosaicd.daemon.barrier.layouts import claimed_layout
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
 from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
@@ -119,7 +119,7 @@ class BarrierRoutes:
                 raise bad_request("bad_field", "field 'rank' must be a non-negative integer")
             return web.json_response(await self.barrier.register(body["address"], rank, checkpoints_of(body)))
         except BarrierError as exc:
-            status = (self.barrier.registrar.status if exc.reason == "registration_failed"
+            status = (self.barrier.registration_status if exc.reason == "registration_failed"
                       else STATUS_OF_REASON[exc.reason])
             if exc.reason in REFUSED_REGISTRATIONS:
                 self.barrier.refused(exc.reason, source_of(request), request.path)
@@ -129,7 +129,7 @@ class BarrierRoutes:
         body = await read_json(request, {"rank": int, "round": int})
         proven(request, str(body["rank"]))
         try:
-            self.barrier.state.check(body["rank"], body["round"])
+            self.barrier.check(body["rank"], body["round"])
             report = checked_report(body.get("report"), body["round"])
             self.barrier.check_layout(body["rank"], claimed_layout(body))
             return web.json_response(await self.barrier.arrive(body["rank"], body["round"], report))
@@ -194,7 +194,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
     """The barrier's app: its routes, the shared endpoints and limits (`member_app`), and its start and stop."""
     routes = BarrierRoutes(barrier)
     limits = Limits(barrier.options, barrier.metrics.registry, registration=lambda: barrier.run.nodes + 10
-                    if barrier.state.phase is BarrierPhase.REGISTERING else 0)  # http/limits.py
+                    if barrier.state.phases.registering else 0)  # http/limits.py
     app = member_app([
         web.post("/v1/register", routes.register),
         web.post("/v1/arrive", routes.arrive),
@@ -230,10 +230,7 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
 
 def status_phase(barrier: Barrier) -> str:
     """The run's phase as /v1/status says it: finished only once its last row and summary.json are written."""
-    phase = barrier.state.run_phase
-    if phase is BarrierPhase.FINISHED and not barrier.done.is_set():
-        return BarrierPhase.RUNNING.value
-    return phase.value
+    return barrier.state.phases.said(barrier.done.is_set()).value
 
 
 def latest_per_node(rounds: list[dict[str, Any]]) -> dict[str, float]:

@@ -100,7 +100,7 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         raise RunEnded(barrier.output_error)
     if barrier.stopped_by_members():
         return 130  # interrupted, as by Ctrl-C: resumable
-    return 0 if barrier.state.phase.value == "finished" else 1
+    return 0 if barrier.state.phases.finished else 1
 
 
 def evaluates(settings: Settings, task: Any = None) -> bool:
@@ -115,13 +115,9 @@ def interrupted(barrier: Barrier, how: str) -> None:
     journal stays at the last decision and the nodes are not told: started again, the barrier resumes the run, and
     nodes still retrying (--barrier-grace) carry on with it."""
     state, options = barrier.state, barrier.options
-    if barrier.recorder.ended is not None:  # its summary says finished (or failed) already: so it stays
+    if not barrier.interrupted(how):  # its summary says finished (or failed) already: so it stays
         return
-    try:
-        barrier.recorder.fail(f"interrupted ({how})")
-    except OSError:
-        pass
-    if state.run_phase.value != "running":
+    if not state.phases.goes_on:
         say(f"mosaicd barrier: {options.out}: interrupted while nodes registered; the same command starts the run "
             "again", "interrupted")
         return

@@ -1,0 +1,345 @@
+"""The one place the barrier runs what `mosaic_proto.BarrierState` decides, in the one order: journal, timer, records,
+notices (as hyper-h2's connection runs one side effect per transition of its table).
+
+`DecisionRunner.decide` feeds the state one input (a request, the clock, the daemon) and `apply` runs the decision it
+returns: save it (journal.py, before anyone hears of it: a restarted barrier never takes back what a node heard),
+re-arm the deadline timer, record it (logs, metrics, nodes.csv, the collections of evaluation rounds), then tell
+whoever waits for it (`Notices`, the registration's long polls). A failure is never saved: the run resumes from the
+last decision before it. `Barrier` (barrier.py) is this runner with the barrier's requests around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from mosaic_proto import (
+    SNAPSHOTS_KEPT,
+    BarrierDecision,
+    BarrierError,
+    BarrierReason,
+    BarrierState,
+    Failure,
+    Joined,
+    Left,
+    Rebound,
+    Release,
+    Roster,
+    Withdrawal,
+)
+from mosaicd.daemon.barrier import journal as barrier_journal
+from mosaicd.daemon.barrier.ending import RunEnd
+from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
+from mosaicd.daemon.barrier.metrics import BarrierMetrics
+from mosaicd.daemon.barrier.release_log import ReleaseLog
+from mosaicd.outputs import RunRecorder, is_eval_round
+from mosaicd.settings import DaemonOptions, RunConfig
+
+Asked = TypeVar("Asked")  # what a call on the state returns (`decide`)
+
+
+class DecisionRunner:
+    """A `BarrierState` and what runs its decisions: the journal, the deadline timer, the records, the notices."""
+
+    def __init__(self, state: BarrierState, run: RunConfig, options: DaemonOptions, recorder: RunRecorder, log: Any,
+                 ending: RunEnd, keyring: Any, evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None
+                 ) -> None:
+        """`keyring`: the run's (empty: unsigned); `evaluate(run, vectors)`: the models' network metrics (None:
+        final models only)."""
+        self.state, self.run, self.options, self.recorder, self.log = state, run, options, recorder, log
+        self.ending, self.keyring = ending, keyring
+        self.done = ending.done
+        self.metrics = BarrierMetrics(run)
+        self.notices = Notices({t: state.notice(r).to_json() for t, r in state.released.items()})
+        self.evaluator = NetworkEvaluator(options, keyring, evaluate, recorder, self.metrics, log,
+                                          on_output_error=self.fail_output)
+        self.releases = ReleaseLog(recorder, self.metrics, log)
+        self.history = self.releases.history  # per released round: duration, mean phase seconds, stragglers
+        self.stopping = False  # interrupt(): nothing more is decided
+        self._collections: dict[int, asyncio.Task] = {}
+        self.recollect: list[int] = []  # evaluations a resumed run collects with its first release (`collect_again`)
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._ending: Release | None = None  # the last release, while its evaluations drain
+
+    def go_on_from(self, state: BarrierState) -> None:
+        """The run goes on from `state` (an earlier round the journal keeps): what the nodes heard is its."""
+        self.state = state
+        self.notices.heard = {t: state.notice(r).to_json() for t, r in state.released.items()}
+
+    def collect_again(self, missing: list[int], rebinding: bool) -> None:
+        """Evaluations a crash cut short: collected now, or (`rebinding`: the nodes are not at the addresses the
+        journal keeps) with the next release's."""
+        if rebinding:
+            self.recollect = missing
+            return
+        live = {r: self.state.addresses[r] for r in self.state.live}
+        for e in missing:
+            self._collections[e] = self._spawn(self.evaluator.collect(self.run, e, live, False))
+
+    def heard(self, decision: BarrierDecision) -> None:
+        """Those waiting for a `Roster` or every member back hear it (the registration's long polls: `Barrier`)."""
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    @property
+    def output_error(self) -> str | None:
+        """Why the run was ended early (`end_failed`): nothing more is saved."""
+        return self.ending.output_error
+
+    @property
+    def failure(self) -> str | None:
+        """Why the run failed, as the nodes and people hear it (the last reason it was ended for)."""
+        return self.ending.output_error or self.state.failure
+
+    def close_roster(self, run: RunConfig) -> None:
+        """Every expected node registered: the roster is made, the run (`run`: with the node count) begins."""
+        self.run = run
+        self.decide(lambda state, now: state.close(now, run.min_members))
+
+    def decide(self, ask: Callable[[BarrierState, float], Asked], why: str = "", registration: bool = False) -> Asked:
+        """Feed the state one input (`ask(state, now)`: a call on it) and run what it decided (`apply`): the one way
+        a request, the clock or the daemon changes the run."""
+        decided = ask(self.state, self.now())
+        if isinstance(decided, BarrierDecision):
+            self.apply(decided, why, registration)
+        return decided
+
+    def apply(self, decision: BarrierDecision, why: str = "", registration: bool = False) -> None:
+        """The one place a decision is run, in the one order: journal (before anyone hears of it), the deadline
+        timer, records, notices. `why`: a leave's or withdrawal's reason; `registration`: a failure ends the
+        registration. BarrierError (run_failed) where the journal cannot be saved: the run ends at its last saved
+        decision, and `fail_output` told everyone. A failure is never saved: the run resumes from before it."""
+        release = decision if isinstance(decision, Release) else getattr(decision, "release", None)
+        if journaled(decision):
+            self.save_journal()
+            self.arm_deadline()
+        try:
+            self._record(decision, why, registration)
+            if release is not None:
+                self._record_release(release)
+        except OSError as exc:
+            self.fail_output(exc)
+            if release is not None:  # its nodes hear that the run failed, not the release
+                return
+        self._tell(decision, registration)
+        if release is not None:
+            self._tell_release(release)
+
+    def _record(self, decision: BarrierDecision, why: str, registration: bool) -> None:
+        """Step 3 of `apply`: the decision in the logs, metrics and files."""
+        state = self.state
+        if isinstance(decision, Roster):
+            self.recorder.settings["nodes"] = len(decision.addresses)
+            self.metrics.members.set(len(decision.addresses))
+            self.log.info("registration_closed", members=len(decision.addresses))
+            self.evaluator.prepare(self.run)
+        elif isinstance(decision, Withdrawal):
+            self.metrics.registered.set(decision.registered)
+            self.log.warning("withdrew", address=decision.address, reason=why, registered=decision.registered,
+                             expected=state.expected)
+        elif isinstance(decision, Rebound):
+            self.log.info("rebound", rank=decision.rank, address=decision.address,
+                          waiting_for=list(decision.waiting_for))
+            if decision.all_back:
+                self.log.info("resumed_all", round=decision.round, live=len(state.live))
+        elif isinstance(decision, Joined):
+            self.log.info("joining", rank=decision.rank, address=decision.address, from_round=decision.from_round)
+        elif isinstance(decision, Left):
+            self.ending.left(decision.rank, why)
+            self.metrics.left.inc()
+            self.log.info("left", rank=decision.rank, reason=why, live=len(state.live), round=state.round)
+        elif isinstance(decision, Failure) and registration:
+            self.ending.registration_failed(decision.reason)
+        elif isinstance(decision, Failure):
+            self.ending.ended_early(decision.reason, state.left)
+
+    def _record_release(self, release: Release) -> None:
+        """Step 3 for a release: its rows, and the collections of the models of an evaluation round."""
+        t = release.round
+        self.releases.record(release, self.state.closed[release.round], self.now(), self.evaluator.last_metrics)
+        due = [*self.recollect, *([t - 1] if t >= 1 and is_eval_round(t - 1, self.run) else [])]
+        self.recollect = []
+        if due:  # one after the other, so that their rows are written in round order
+            live = {r: self.state.addresses[r] for r in self.state.live}
+            self._collections[due[0]] = self._spawn(self.evaluator.collect_rounds(self.run, due, live,
+                                                                                  release.finished))
+
+    def _tell(self, decision: BarrierDecision, registration: bool) -> None:
+        """Step 4 of `apply`: whoever waits for the decision hears it."""
+        if isinstance(decision, Roster | Rebound):
+            self.heard(decision)
+        elif isinstance(decision, Failure):
+            if registration:
+                self.done.set()
+            self.notices.wake()
+
+    def _tell_release(self, release: Release) -> None:
+        """Step 4 for a release: its notice, once the collections whose snapshots the nodes would drop on moving on
+        are done (at the end, after the final models are collected, but before they are evaluated: nodes never
+        wait for an evaluation)."""
+        waits = [self._collections.pop(e) for e in [e for e in self._collections
+                                                    if e + SNAPSHOTS_KEPT <= release.round or release.finished]]
+        if waits:
+            self._spawn(self._tell_after(waits, release))
+            return
+        self.notices.put(release.round, self.state.notice(release).to_json(), SNAPSHOTS_KEPT)
+        if release.finished:  # the nodes are free to go once their models are collected; evaluation goes on
+            self._ending = release
+            self._spawn(self._end_after_evaluations(release))
+
+    async def _tell_after(self, waits: list[asyncio.Task], release: Release) -> None:
+        try:
+            for task in waits:
+                await task
+        except OSError as exc:
+            self.fail_output(exc)
+            return
+        self._tell_release(release)
+
+    def save_journal(self) -> None:
+        """Save the state before anyone hears of it; a write that fails ends the run (`fail_output`)."""
+        if self.stopping:
+            raise stopping()
+        if self.output_error is not None:  # the journal stays at the last decision that could be saved
+            raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}")
+        try:
+            barrier_journal.save(self.options.out, self.run, self.state, self.recorder.started, bool(self.keyring))
+        except OSError as exc:
+            self.fail_output(exc)
+            raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}") from None
+
+    def arm_deadline(self) -> None:
+        """One timer, at the open round's deadline (every wait ends, whether or not anyone arrives)."""
+        if self._timer:
+            self._timer.cancel()
+            self._timer = None
+        if self.state.deadline is not None:
+            self._timer = asyncio.get_running_loop().call_at(self.state.deadline, self._on_deadline)
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def wait_published(self, round: int, limit: float) -> dict[str, Any]:
+        return await self.notices.wait(round, limit, self.now, self._refusal)
+
+    def _refusal(self) -> BarrierError | None:
+        """Why a long poll ends now, unanswered (None: it goes on waiting)."""
+        if self.stopping:
+            return stopping()
+        if self.state.phases.failed:
+            return BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
+        return None
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        if self.publish(lambda state, now: state.tick(now)) is None:
+            self.arm_deadline()
+
+    def publish(self, ask: Callable[[BarrierState, float], Release | None]) -> Release | None:
+        """An arrival or the clock (`ask(state, now)`: BarrierError if refused): the release it decided, if any, run
+        (`apply`). A journal that cannot be saved ends the run, and the nodes waiting hear that instead."""
+        release = ask(self.state, self.now())
+        if release is not None:
+            try:
+                self.apply(release)
+            except BarrierError:  # fail_output told everyone
+                pass
+        return release
+
+    async def _end_after_evaluations(self, release: Release) -> None:
+        """The run's last release: summary.json once its evaluations are done (nobody waits for them meanwhile)."""
+        try:
+            await self.evaluator.drain()
+            self.ending.record(release, self.state, self.run, self.evaluator.final_vectors)
+        except OSError as exc:
+            self.fail_output(exc)
+
+    def end_failed(self, reason: str) -> None:
+        """End the run now, failed (a write that failed, the process told to stop): nothing more is saved to the
+        journal, so the run can be resumed from its last decision; every waiting node hears `reason`."""
+        if self.output_error is not None or self.done.is_set():
+            return
+        if self.state.phases.failed:  # failed already (too few members): its end is recorded now, for `reason`
+            self.apply(Failure(reason, self.state.round))
+        else:
+            self.decide(lambda state, now: state.fail(reason))
+
+    def fail_output(self, exc: OSError) -> None:
+        """A write failed (a full disk...): the run ends, failed, at its last saved decision (the journal is
+        replaced atomically, so it stays whole); once there is room, `--resume` (or the barrier started again)
+        goes on from that decision."""
+        path = exc.filename or self.options.out
+        self.log.error("output_failed", path=str(path), error=str(exc), detail="the run stops at its last saved "
+                       "decision: free space, then resume it")
+        self.end_failed(f"cannot write {path}: {exc.strerror or exc}")
+
+    async def stop(self) -> None:
+        """The process stops: a failed run still evaluating its last models is recorded as failed now."""
+        if self._ending is not None and self.state.phases.failed:
+            try:
+                self.ending.record(self._ending, self.state, self.run, self.evaluator.final_vectors)
+            except OSError as exc:
+                self.fail_output(exc)
+        self.interrupt()
+
+    def interrupt(self) -> None:
+        """Decide nothing more; every waiting arrival is answered 503 barrier_stopping now. On Ctrl-C the journal so
+        stays where the console says (as after a SIGKILL): the nodes retry against the barrier started again."""
+        self.stopping = True
+        if self._timer:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        self.notices.wake()
+
+
+def journaled(decision: BarrierDecision) -> bool:
+    """Whether nodes hear of `decision` (saved before they do): not a withdrawal before the roster, nor a member back
+    while others are awaited, nor a failure (the run resumes from its last decision before it)."""
+    return not isinstance(decision, Withdrawal | Failure) and (not isinstance(decision, Rebound) or decision.all_back)
+
+
+def stopping() -> BarrierError:
+    return BarrierError(BarrierReason.BARRIER_STOPPING, "the barrier is stopping (Ctrl-C): retry; started again "
+                        "with the same --out, it goes on with the run")
+
+
+class Notices:
+    """The kept releases as the nodes heard them (`ReleaseNotice` JSON, by round), and the long polls waiting for the
+    next one."""
+
+    def __init__(self, heard: dict[int, dict[str, Any]]) -> None:
+        self.heard = heard
+        self._event = asyncio.Event()
+
+    def put(self, round: int, notice: dict[str, Any], kept: int) -> None:
+        self.heard[round] = notice
+        self.heard.pop(round - kept, None)
+        self.wake()
+
+    def wake(self) -> None:
+        """Every long poll looks again (a release, or the run ended)."""
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, round: int, limit: float, now: Callable[[], float],
+                   refusal: Callable[[], BarrierError | None]) -> dict[str, Any]:
+        """Until round `round` is released (its notice), `refusal()` says why not, or `limit` seconds passed."""
+        end = now() + limit
+        while round not in self.heard:
+            if (refused := refusal()) is not None:
+                raise refused
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout=max(end - now(), 0))
+            except TimeoutError:
+                raise BarrierError(BarrierReason.BARRIER_TIMEOUT, f"round {round} was not released in time") from None
+        return self.heard[round]
