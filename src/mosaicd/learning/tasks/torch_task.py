@@ -163,12 +163,21 @@ class TorchTask(Task):
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output, target) if self._loss_fn is None else self._loss_fn(output, target)
 
-    def loss_many(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The losses of m models' outputs (m, B, ...) against their own targets (m, B, ...): a tensor of m."""
+    def loss_many(self, outputs: torch.Tensor, targets: torch.Tensor,
+                  counts: torch.Tensor | None = None) -> torch.Tensor:
+        """The losses of m models' outputs (m, B, ...) against their own targets (m, B, ...): a tensor of m.
+        `counts`: model j's batch is its first counts[j] rows (the rest pads a stack of smaller batches)."""
         if self._loss_fn is None and type(self).loss is TorchTask.loss and outputs.dim() == 3 and targets.dim() == 2:
             m = outputs.shape[0]
-            return F.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="none").view(m, -1).mean(dim=1)
-        return torch.stack([self.loss(o, t) for o, t in zip(outputs, targets, strict=True)])
+            each = F.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="none").view(m, -1)
+            if counts is None:
+                return each.mean(dim=1)
+            mine = torch.arange(each.shape[1], device=each.device) < counts.unsqueeze(1)
+            return torch.where(mine, each, 0.0).sum(dim=1) / counts
+        if counts is None:
+            return torch.stack([self.loss(o, t) for o, t in zip(outputs, targets, strict=True)])
+        return torch.stack([self.loss(o[:c], t[:c]) for o, t, c in zip(outputs, targets, counts.tolist(),
+                                                                         strict=True)])
 
     @property
     def _own_scores(self) -> bool:
