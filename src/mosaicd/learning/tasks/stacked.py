@@ -118,16 +118,26 @@ def stackable_sequential(model: nn.Module) -> bool:
         isinstance(layer, (nn.Linear, nn.Flatten, *ELEMENTWISE_LAYERS)) for layer in model)
 
 
-def sequential_forward(model: nn.Sequential, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def sequential_forward(model: nn.Sequential, params: dict[str, torch.Tensor], x: torch.Tensor,
+                       shared: bool = False) -> torch.Tensor:
     """m models' outputs (m, B, ...) from their stacked parameters and their own inputs x (m, B, ...): each Linear
-    one batched matrix product, every other layer as it is (it acts on each value, or flattens each sample)."""
+    one batched matrix product, every other layer as it is (it acts on each value, or flattens each sample).
+    `shared`: x (B, ...) is every model's input (evaluation): the first Linear is one matrix product of it with
+    all the models' weights side by side."""
     for i, layer in enumerate(model):
         if isinstance(layer, nn.Linear):
             weight, bias = params[f"{i}.weight"], params.get(f"{i}.bias")
-            x = torch.bmm(x, weight.transpose(1, 2)) if bias is None else \
-                torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+            if shared:
+                m, out = weight.shape[:2]
+                x = (x @ weight.reshape(m * out, -1).T).view(*x.shape[:-1], m, out).movedim(-2, 0)
+                x = x if bias is None else x + bias.view(m, *[1] * (x.dim() - 2), out)
+                shared = False
+            else:
+                x = torch.bmm(x, weight.transpose(1, 2)) if bias is None else \
+                    torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
         elif isinstance(layer, nn.Flatten):
-            x = x.flatten(layer.start_dim + 1, layer.end_dim if layer.end_dim < 0 else layer.end_dim + 1)
+            x = x.flatten(layer.start_dim + (not shared), layer.end_dim if layer.end_dim < 0 else
+                          layer.end_dim + (not shared))
         else:
             x = layer(x)
     return x

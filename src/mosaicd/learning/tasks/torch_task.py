@@ -80,6 +80,13 @@ def _array(a: Any) -> np.ndarray:
     return array.astype(np.float32) if array.dtype == np.float64 else array
 
 
+def stacked_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each row's cross-entropy, (m, B) from logits (m, B, C) and class indices (m, B): as logsumexp minus the
+    target's logit, which on the CPU runs several times faster than F.cross_entropy's log-softmax over few classes
+    (the same values but for the last bits)."""
+    return torch.logsumexp(outputs, dim=-1) - outputs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
 def _accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output.argmax(dim=-1) == target).float().mean()
 
@@ -168,8 +175,7 @@ class TorchTask(Task):
         """The losses of m models' outputs (m, B, ...) against their own targets (m, B, ...): a tensor of m.
         `counts`: model j's batch is its first counts[j] rows (the rest pads a stack of smaller batches)."""
         if self._loss_fn is None and type(self).loss is TorchTask.loss and outputs.dim() == 3 and targets.dim() == 2:
-            m = outputs.shape[0]
-            each = F.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="none").view(m, -1)
+            each = stacked_cross_entropy(outputs, targets)
             if counts is None:
                 return each.mean(dim=1)
             mine = torch.arange(each.shape[1], device=each.device) < counts.unsqueeze(1)
@@ -198,7 +204,7 @@ class TorchTask(Task):
             return {key: torch.stack([torch.as_tensor(value(o, target), dtype=torch.float64) * len(target)
                                       for o in outputs])
                     for key, value in (("loss", self.loss), ("metric", self._metric_fn or _accuracy))}
-        loss = F.cross_entropy(outputs.flatten(0, 1), target.repeat(m), reduction="none").view(m, -1).sum(dim=1)
+        loss = stacked_cross_entropy(outputs, target.expand(m, -1)).sum(dim=1)
         return {"loss": loss, "correct": (outputs.argmax(dim=-1) == target).sum(dim=1)}
 
     def summarize(self, sums: dict[str, float], count: int) -> dict[str, float]:
