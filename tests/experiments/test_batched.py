@@ -1,14 +1,15 @@
 """`mosaicd simulate --batched` against the exact run, and --device.
 
 Tolerance. Batched training computes the same steps on the same batches with the same SGD arithmetic, but
-torch.func.vmap turns the n convolutions into one grouped convolution and the products into batched ones,
-which sum in another order: each step differs in the last bits of float32 (about 1e-7 relative), and those
-differences grow with the rounds (the map from x_t to x_{t+1} is not a contraction). Over the few rounds
-tested here the measured gaps of every evaluated metric were below 1e-7 (three seeds, digits, n = 8, six
-rounds with momentum and weight decay). The test allows an accuracy gap of ACCURACY_TOL (two of the 359 test
-images: an image whose two top logits are within 1e-6 may flip) and a test- or training-loss gap of LOSS_TOL,
-a thousand times what was measured, so that it fails on a wrong batch, step or update (those move the
-metrics by 1e-3 or more after one round) and not on rounding.
+torch.func.vmap turns the n convolutions into one grouped convolution and the products into batched ones, which sum
+in another order (and a stack of matrix products pads smaller batches, summing each node's own rows, and takes
+cross-entropy as logsumexp minus the target's logit): each step differs in the last bits of float32 (about 1e-7
+relative), and those differences grow with the rounds (the map from x_t to x_{t+1} is not a contraction). Over the
+few rounds tested here the measured gaps of every evaluated metric were below 1e-7 (three seeds, digits, n = 8, six
+rounds with momentum and weight decay). The test allows an accuracy gap of ACCURACY_TOL (two of the 359 test images:
+an image whose two top logits are within 1e-6 may flip) and a test- or training-loss gap of LOSS_TOL, a thousand
+times what was measured, so that it fails on a wrong batch, step or update (those move the metrics by 1e-3 or more
+after one round) and not on rounding.
 """
 
 from __future__ import annotations
@@ -64,12 +65,16 @@ def test_batched_digits_matches_the_exact_run(tmp_path: Path) -> None:
 
 def test_batched_mlp_through_batched_matrix_products_matches_the_exact_run(tmp_path: Path) -> None:
     """The teacher task's MLP (an nn.Sequential of Linear and ReLU): stacked as torch.baddbmm with autograd, not
-    vmap; its evaluation stacked too. Non-IID shards, momentum kept across rounds."""
+    vmap, every batch size in one stack (a node's smaller batch padded, its loss over its own rows); its evaluation
+    stacked too (cross-entropy as logsumexp). Non-IID shards, momentum kept across rounds."""
     from mosaicd.learning.tasks.stacked import stackable_sequential
 
     common = {"task": "teacher", "nodes": 8, "rounds": 4, "fragments": 4, "fanout": 2, "local_steps": 3,
               "momentum": 0.9, "lr": 0.05, "partition": "dirichlet", "alpha": 0.3, "seed": 2, "eval_every": 2}
-    assert stackable_sequential(build_task(Settings.load(**common)).model)
+    task = build_task(Settings.load(**common))
+    assert stackable_sequential(task.model)
+    sizes = {len(task.shard(i)) for i in range(8)}
+    assert min(sizes) < 32 <= max(sizes), sizes  # smaller batches padded into the stack of the full ones
     run_simulation(Settings.load(**common, out=tmp_path / "exact"), progress=False)
     run_simulation(Settings.load(**common, batched=True, out=tmp_path / "batched"), progress=False)
     _close(tmp_path / "exact", tmp_path / "batched")
