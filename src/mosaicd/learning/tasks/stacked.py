@@ -25,7 +25,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from .optim import state_signature
-from .torch_util import TorchModelTask, float_state, train_generator
+from .torch_util import TorchModelTask, float_state, train_seeds
 
 __all__ = ["STACK_SAMPLES", "chunks", "has_buffers", "restack", "train_stacked", "unstack"]
 
@@ -97,13 +97,18 @@ def batch_rows(task: TorchModelTask, nodes: list[int], round: int) -> tuple[np.n
     s = task.run
     sizes = np.array([min(s.batch_size, len(task.shard(node))) for node in nodes], dtype=np.int64)
     rows = np.empty((len(nodes), s.local_steps, int(sizes.max())), dtype=np.int64)
-    for j, node in enumerate(nodes):
-        shard, batch, gen = task.shard(node), int(sizes[j]), train_generator(s.seed, node, round)
-        per_pass = len(shard) // batch
-        passes = -(-s.local_steps // per_pass)
-        order = np.concatenate([torch.randperm(len(shard), generator=gen).numpy()[:per_pass * batch]
-                                for _ in range(passes)])
-        rows[j, :, :batch] = shard[order[:s.local_steps * batch]].reshape(s.local_steps, batch)
+    gen, steps = torch.Generator(), s.local_steps
+    for j, (node, seed) in enumerate(zip(nodes, train_seeds(s.seed, nodes, round), strict=True)):
+        shard, batch = task.shard(node), int(sizes[j])
+        gen.manual_seed(seed)
+        n = len(shard)
+        per_pass = n // batch
+        if per_pass >= steps:  # one pass (most nodes): no concatenation
+            order = torch.randperm(n, generator=gen).numpy()[:steps * batch]
+        else:
+            order = np.concatenate([torch.randperm(n, generator=gen).numpy()[:per_pass * batch]
+                                    for _ in range(-(-steps // per_pass))])[:steps * batch]
+        rows[j, :, :batch] = shard[order].reshape(steps, batch)
         rows[j, :, batch:] = rows[j, :, :1]
     return rows, sizes
 
