@@ -122,8 +122,9 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
     """Every node's mean, fragment by fragment, in `aggregate`'s float64 order without a call per node: the rows of
     each (receiver, fragment) ranked by ascending sender, then for rank 0, 1, ... one vectorised add of every
     receiver's rank-th values into its float64 accumulator (own + r_1 + r_2 ...: the same bits), divided by its count.
-    A receiver appears once per rank, so each add is a plain fancy-indexed one. The coordinates are permuted once so
-    that each fragment is one slice of every row."""
+    The accumulators are kept most-received first, so the receivers of rank r are the first ones: each add is one
+    contiguous slice, not a gather and scatter. The coordinates are permuted once so that each fragment is one slice
+    of every row."""
     count = len(models)
     order = np.concatenate(fragmentation.indices)
     permuted = models[:, order]
@@ -138,12 +139,18 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
         mine = fragment == f
         to, frm = receiver[mine], sender[mine]
         rank = np.arange(len(to)) - np.searchsorted(to, to)  # rows of one receiver are adjacent
-        acc = permuted[:, cols].astype(np.float64)
-        for r in range(int(rank.max(initial=-1)) + 1):
-            at = rank == r
-            acc[to[at]] += permuted[frm[at], cols]
-        acc /= (1 + np.bincount(to, minlength=count))[:, None]
-        out[:, cols] = acc
+        degree = np.bincount(to, minlength=count)
+        by_degree = np.argsort(-degree, kind="stable")  # accumulator a holds receiver by_degree[a]
+        position = np.empty(count, dtype=np.int64)
+        position[by_degree] = np.arange(count)
+        received = permuted[frm[np.argsort(rank * count + position[to])], cols]  # by rank, then accumulator
+        acc = permuted[by_degree, cols].astype(np.float64)
+        row = 0
+        for m in np.bincount(rank).tolist():  # the m receivers of rank r are accumulators 0..m-1
+            acc[:m] += received[row:row + m]
+            row += m
+        acc /= (1 + degree[by_degree])[:, None]
+        out[:, cols] = acc[position]
     result = np.empty_like(models)
     result[:, order] = out
     return result

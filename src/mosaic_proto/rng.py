@@ -60,4 +60,7 @@ def keyed_picks(seed: int, purpose: Purpose, round: int, node: int, fragments: I
 def keyed_raws(seed: int, purpose: Purpose, round: int, nodes: Iterable[int]) -> np.ndarray:
     """raws[i] = `keyed_rng(seed, purpose, round, nodes[i]).bit_generator.random_raw()` (uint64), every node's at
     once: what a round's per-node generators draw first, without building one generator per node."""
-    return keyed_raw([key_parts(seed, purpose, round, node)[:-1] for node in nodes], NONE + 1)
+    nodes = np.fromiter(nodes, dtype=np.int64)
+    if len(nodes) and nodes.min() < NONE:
+        raise ValueError(f"key parts must be >= -1, got node={nodes.min()}")
+    return keyed_raw(key_parts(seed, purpose, round)[:-2], nodes + 1, NONE + 1)

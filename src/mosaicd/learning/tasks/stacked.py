@@ -84,26 +84,27 @@ def train_stacked(task: TorchModelTask, nodes: list[int], round: int,
         per_call = SEQUENTIAL_STACK_SAMPLES if padded else STACK_SAMPLES
         for chunk in chunks(members, per_call // batch):
             trained, losses = _train_group(task, [nodes[k] for k in chunk], round, [vectors[k] for k in chunk],
-                                           [states[k] for k in chunk])
+                                           [states[k] for k in chunk], [shards[nodes[k]] for k in chunk])
             for j, k in enumerate(chunk):
                 results[k] = (trained[j].copy(), losses[j])
     return [results[k] for k in range(len(nodes))]
 
 
-def batch_rows(task: TorchModelTask, nodes: list[int], round: int) -> tuple[np.ndarray, np.ndarray]:
+def batch_rows(task: TorchModelTask, nodes: list[int], round: int,
+               shards: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Every local step's training rows of each node, exactly `TorchTask.train`'s draws (the same generator per
     (seed, node, round), a fresh permutation per pass over the shard): (nodes, steps, batch) row indices, a node's
-    smaller batch padded with its first row, and each node's own batch size."""
+    smaller batch padded with its first row, and each node's own batch size. `shards`: the nodes' `task.shard`."""
     s = task.run
-    sizes = np.array([min(s.batch_size, len(task.shard(node))) for node in nodes], dtype=np.int64)
+    sizes = np.minimum(s.batch_size, np.array([len(shard) for shard in shards], dtype=np.int64))
     rows = np.empty((len(nodes), s.local_steps, int(sizes.max())), dtype=np.int64)
     gen, steps = torch.Generator(), s.local_steps
-    for j, (node, seed) in enumerate(zip(nodes, train_seeds(s.seed, nodes, round), strict=True)):
-        shard, batch = task.shard(node), int(sizes[j])
+    for j, (shard, seed, batch) in enumerate(zip(shards, train_seeds(s.seed, nodes, round), sizes.tolist(),
+                                                 strict=True)):
         gen.manual_seed(seed)
         n = len(shard)
         per_pass = n // batch
-        if per_pass >= steps:  # one pass (most nodes): no concatenation
+        if per_pass >= steps:  # a shard of `steps` batches or more: one pass
             order = torch.randperm(n, generator=gen).numpy()[:steps * batch]
         else:
             order = np.concatenate([torch.randperm(n, generator=gen).numpy()[:per_pass * batch]
@@ -149,11 +150,11 @@ def sequential_forward(model: nn.Sequential, params: dict[str, torch.Tensor], x:
 
 
 def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: list[np.ndarray],
-                 states: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[float]]:
+                 states: list[dict[str, np.ndarray]], shards: list[np.ndarray]) -> tuple[np.ndarray, list[float]]:
     s, split, model = task.run, task.split, task.model
     model.train()
     params = unstack(model, vectors, task.device)
-    rows, sizes = batch_rows(task, nodes, round)
+    rows, sizes = batch_rows(task, nodes, round, shards)
     counts = None if int(sizes.min()) == rows.shape[2] else torch.from_numpy(sizes).to(task.device)
 
     def node_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
