@@ -24,6 +24,7 @@ from mosaicd.cli import main
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.data import write_synthetic
 from mosaicd.learning.tasks import build_task
+from mosaicd.learning.tasks.torch_util import train_seed, train_seeds
 from mosaicd.outputs import read_rounds
 from mosaicd.settings import Settings
 
@@ -98,6 +99,14 @@ def test_batched_gnlenet_with_small_shards_matches(tmp_path: Path) -> None:
     for a, b in zip(read_rounds(tmp_path / "exact"), read_rounds(tmp_path / "batched"), strict=True):
         for key in ("node_average_test_loss", "average_model_test_loss", "train_loss"):
             assert abs(a[key] - b[key]) <= LOSS_TOL, (key, a[key], b[key])
+
+
+def test_train_seeds_are_each_nodes_train_seed() -> None:
+    """A stacked round's per-node seeds at once are the exact runner's, node by node (and so its batches)."""
+    nodes = [0, 1, 2, 17, 999, 4321]
+    for seed, round in [(0, 0), (7, 19), (2**40 + 3, 2999)]:
+        assert train_seeds(seed, nodes, round) == [train_seed(seed, node, round) for node in nodes]
+    assert train_seeds(5, [], 3) == []
 
 
 def test_device_cpu_runs_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
