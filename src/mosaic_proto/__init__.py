@@ -28,7 +28,7 @@ from .network import InMemoryNetwork, RoundRecord, consensus_distance, consensus
 from .node import SNAPSHOTS_KEPT, TRANSITIONS, Advance, NodeEvent, NodePhase, NodeRefused, NodeState, NodeStateError
 from .quadratic import Curvature, Quadratic, curvature_matrix
 from .report import NODE_COLUMNS, NodeReport, ReportError, received_counts
-from .rng import Purpose, keyed_rng
+from .rng import Purpose, keyed_raws, keyed_rng
 from .robust import Aggregator, AggregatorKind
 from .round import EarlyMessage, OutgoingMessage, Receipt, RoundOutcome, RoundReport, RoundState
 from .sampling import PeerSampler, SamplerKind, SamplingError, regular_digraph
@@ -45,5 +45,5 @@ __all__ = [
     "OutgoingMessage", "PeerSampler", "Purpose", "Quadratic", "Reason", "Receipt", "Release", "ReportError",
     "RoundOutcome", "RoundRecord", "RoundReport", "RoundState", "SamplerKind", "SamplingError", "Strategy",
     "WireError", "aggregate", "consensus_distance", "consensus_error", "curvature_matrix", "decode", "encode",
-    "keyed_rng", "parse_address", "rank_addresses", "received_counts", "regular_digraph",
+    "keyed_raws", "keyed_rng", "parse_address", "rank_addresses", "received_counts", "regular_digraph",
 ]

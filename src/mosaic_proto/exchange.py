@@ -14,15 +14,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .aggregation import aggregate
 from .fragmentation import Fragmentation
 from .round import RoundReport
 from .sampling import PeerSampler
 from .wire import encoded_sizes
 
-# Fragments of this many values or more on average are averaged node by node (`aggregate`: slices, blocks); smaller
-# ones all at once through index arrays (`_scattered`), whose cost is per value where `aggregate`'s is per call;
-# the threshold is where the two cross (bench/scale.py; bench/README.md, "Figures behind design choices").
+# Fragments of this many values or more on average are averaged fragment by fragment (`_per_node`: a few adds of
+# whole fragments per rank of sender); smaller ones all at once through index arrays (`_scattered`), whose cost is
+# per value; the threshold is where the two cross (bench/scale.py; bench/README.md, "Figures behind design choices").
 SCATTER_BELOW_FRAGMENT = 96
 SCATTER_CHUNK = 1 << 20  # values (own and received) in one bincount: bounds the index arrays' memory
 
@@ -62,7 +61,7 @@ def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.
     if fragmentation.dim < SCATTER_BELOW_FRAGMENT * k:
         averaged = _scattered(models, fragmentation, sender[rows], receiver[rows], fragment[rows])
     else:
-        averaged = _per_node(models, fragmentation, sender[rows], receiver[rows], fragment[rows], present)
+        averaged = _per_node(models, fragmentation, sender[rows], receiver[rows], fragment[rows])
     return ({int(node): averaged[p] for p, node in enumerate(present)},
             {int(node): reports[p] for p, node in enumerate(present)})
 
@@ -119,11 +118,39 @@ def _scattered(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndar
 
 
 def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarray, receiver: np.ndarray,
-              fragment: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """Each node's mean by `aggregate`, from views of the senders' fragments (a large model: no index arrays)."""
-    views = [fragmentation.views(model) for model in models]
-    received: list[dict[int, dict[int, np.ndarray]]] = [{} for _ in models]
-    for s, r, f in zip(sender.tolist(), receiver.tolist(), fragment.tolist(), strict=True):
-        received[r].setdefault(int(present[s]), {})[f] = views[s][f]
-    return np.stack([aggregate(model, fragmentation, got, own_fragments=own)
-                     for model, got, own in zip(models, received, views, strict=True)])
+              fragment: np.ndarray) -> np.ndarray:
+    """Every node's mean, fragment by fragment, in `aggregate`'s float64 order without a call per node: the rows of
+    each (receiver, fragment) ranked by ascending sender, then for rank 0, 1, ... one vectorised add of every
+    receiver's rank-th values into its float64 accumulator (own + r_1 + r_2 ...: the same bits), divided by its count.
+    The accumulators are kept most-received first, so the receivers of rank r are the first ones: each add is one
+    contiguous slice, not a gather and scatter. The coordinates are permuted once so that each fragment is one slice
+    of every row."""
+    count = len(models)
+    order = np.concatenate(fragmentation.indices)
+    permuted = models[:, order]
+    key = np.unique((receiver * fragmentation.k + fragment) * count + sender)  # sorted: receiver, fragment, sender
+    pair, sender = np.divmod(key, count)
+    receiver, fragment = np.divmod(pair, fragmentation.k)
+    out = np.empty_like(permuted)
+    start = 0
+    for f, ix in enumerate(fragmentation.indices):
+        cols = slice(start, start + len(ix))
+        start += len(ix)
+        mine = fragment == f
+        to, frm = receiver[mine], sender[mine]
+        rank = np.arange(len(to)) - np.searchsorted(to, to)  # rows of one receiver are adjacent
+        degree = np.bincount(to, minlength=count)
+        by_degree = np.argsort(-degree, kind="stable")  # accumulator a holds receiver by_degree[a]
+        position = np.empty(count, dtype=np.int64)
+        position[by_degree] = np.arange(count)
+        received = permuted[frm[np.argsort(rank * count + position[to])], cols]  # by rank, then accumulator
+        acc = permuted[by_degree, cols].astype(np.float64)
+        row = 0
+        for m in np.bincount(rank).tolist():  # the m receivers of rank r are accumulators 0..m-1
+            acc[:m] += received[row:row + m]
+            row += m
+        acc /= (1 + degree[by_degree])[:, None]
+        out[:, cols] = acc[position]
+    result = np.empty_like(models)
+    result[:, order] = out
+    return result

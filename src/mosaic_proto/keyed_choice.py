@@ -296,6 +296,38 @@ def _lanes(prefixes: Sequence[list[int]], k: int, population: int, size: int) ->
     return _floyd_lanes(*seeded, population, size).reshape(len(prefixes), k, size)
 
 
+def keyed_raw(prefix: list[int], lanes: Sequence[int], word: int) -> np.ndarray:
+    """raw[i] = the first 64-bit output (`random_raw()`) of `PCG64(SeedSequence(prefix + [lanes[i], word]))`, as
+    uint64, for every lane at once: a round's per-node generators seeded in a few hundred numpy calls. numpy's own
+    generators where the lanes do not apply (a short prefix, a lane or word past 32 bits) or do not match
+    (`matches_raw`)."""
+    lanes = np.asarray(lanes, dtype=np.int64).reshape(-1)
+    prefix_words = [w for part in prefix for w in _words(part)]
+    if (len(lanes) and len(prefix_words) >= _POOL - 1 and 0 <= word <= _M32 and 0 <= lanes.min()
+            and lanes.max() <= _M32 and matches_raw()):
+        return _raw_lanes(prefix_words, lanes, word)
+    return np.array([np.random.PCG64(np.random.SeedSequence(list(prefix) + [int(lane), word])).random_raw()
+                     for lane in lanes], dtype=np.uint64)
+
+
+def _raw_lanes(prefix_words: list[int], lanes: np.ndarray, word: int) -> np.ndarray:
+    words = np.empty((len(lanes), len(prefix_words) + 1), dtype=np.uint64)
+    words[:, :-1] = np.array(prefix_words, dtype=np.uint64)
+    words[:, -1] = lanes
+    pools, h = _mixed(words)
+    hi, lo, inc_hi, inc_lo = _seeded(pools, h, np.full(len(lanes), word, dtype=np.uint64))
+    return _output(*_step(hi, lo, inc_hi, inc_lo))
+
+
+@functools.cache
+def matches_raw() -> bool:
+    """Whether the lanes' first outputs are the installed numpy's (short and long keys, words 0 and past 16 bits)."""
+    cases = [([0, 5, 1], [1, 1000], 0), ([2**40 + 3, 5, 0], [7, 2**31], 0), ([123456789, 2, 1000], [4999], 70000)]
+    return all([int(x) for x in _raw_lanes([w for part in prefix for w in _words(part)], np.array(lanes), word)] ==
+               [int(np.random.PCG64(np.random.SeedSequence(prefix + [lane, word])).random_raw()) for lane in lanes]
+               for prefix, lanes, word in cases)
+
+
 def _mixed(words: np.ndarray) -> tuple[np.ndarray, int]:
     """`keyed_choice._mix_entropy` of each row of `words` (rows of one length, at least the pool's): the pools, and
     the hash constant after them (it depends on the number of words only)."""

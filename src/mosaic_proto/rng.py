@@ -11,7 +11,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from .keyed_choice import keyed_choices
+from .keyed_choice import keyed_choices, keyed_raw
 
 NONE = -1
 
@@ -55,3 +55,12 @@ def keyed_picks(seed: int, purpose: Purpose, round: int, node: int, fragments: I
     if min(fragments, default=0) < 0:
         raise ValueError(f"fragments must be >= 0, got {min(fragments)}")
     return keyed_choices(key_parts(seed, purpose, round, node)[:-1], fragments, population, size)
+
+
+def keyed_raws(seed: int, purpose: Purpose, round: int, nodes: Iterable[int]) -> np.ndarray:
+    """raws[i] = `keyed_rng(seed, purpose, round, nodes[i]).bit_generator.random_raw()` (uint64), every node's at
+    once: what a round's per-node generators draw first, without building one generator per node."""
+    nodes = np.fromiter(nodes, dtype=np.int64)
+    if len(nodes) and nodes.min() < NONE:
+        raise ValueError(f"key parts must be >= -1, got node={nodes.min()}")
+    return keyed_raw(key_parts(seed, purpose, round)[:-2], nodes + 1, NONE + 1)

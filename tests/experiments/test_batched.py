@@ -1,14 +1,15 @@
 """`mosaicd simulate --batched` against the exact run, and --device.
 
 Tolerance. Batched training computes the same steps on the same batches with the same SGD arithmetic, but
-torch.func.vmap turns the n convolutions into one grouped convolution and the products into batched ones,
-which sum in another order: each step differs in the last bits of float32 (about 1e-7 relative), and those
-differences grow with the rounds (the map from x_t to x_{t+1} is not a contraction). Over the few rounds
-tested here the measured gaps of every evaluated metric were below 1e-7 (three seeds, digits, n = 8, six
-rounds with momentum and weight decay). The test allows an accuracy gap of ACCURACY_TOL (two of the 359 test
-images: an image whose two top logits are within 1e-6 may flip) and a test- or training-loss gap of LOSS_TOL,
-a thousand times what was measured, so that it fails on a wrong batch, step or update (those move the
-metrics by 1e-3 or more after one round) and not on rounding.
+torch.func.vmap turns the n convolutions into one grouped convolution and the products into batched ones, which sum
+in another order (and a stack of matrix products pads smaller batches, summing each node's own rows, and takes
+cross-entropy as logsumexp minus the target's logit): each step differs in the last bits of float32 (about 1e-7
+relative), and those differences grow with the rounds (the map from x_t to x_{t+1} is not a contraction). Over the
+few rounds tested here the measured gaps of every evaluated metric were below 1e-7 (three seeds, digits, n = 8, six
+rounds with momentum and weight decay). The test allows an accuracy gap of ACCURACY_TOL (two of the 359 test images:
+an image whose two top logits are within 1e-6 may flip) and a test- or training-loss gap of LOSS_TOL, a thousand
+times what was measured, so that it fails on a wrong batch, step or update (those move the metrics by 1e-3 or more
+after one round) and not on rounding.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mosaicd.cli import main
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.data import write_synthetic
 from mosaicd.learning.tasks import build_task
+from mosaicd.learning.tasks.torch_util import train_seed, train_seeds
 from mosaicd.outputs import read_rounds
 from mosaicd.settings import Settings
 
@@ -64,12 +66,17 @@ def test_batched_digits_matches_the_exact_run(tmp_path: Path) -> None:
 
 def test_batched_mlp_through_batched_matrix_products_matches_the_exact_run(tmp_path: Path) -> None:
     """The teacher task's MLP (an nn.Sequential of Linear and ReLU): stacked as torch.baddbmm with autograd, not
-    vmap; its evaluation stacked too. Non-IID shards, momentum kept across rounds."""
+    vmap, every batch size in one stack (a node's smaller batch padded, its loss over its own rows); its evaluation
+    stacked too (cross-entropy as logsumexp). Non-IID shards, momentum kept across rounds."""
     from mosaicd.learning.tasks.stacked import stackable_sequential
 
     common = {"task": "teacher", "nodes": 8, "rounds": 4, "fragments": 4, "fanout": 2, "local_steps": 3,
-              "momentum": 0.9, "lr": 0.05, "partition": "dirichlet", "alpha": 0.3, "seed": 2, "eval_every": 2}
-    assert stackable_sequential(build_task(Settings.load(**common)).model)
+              "momentum": 0.9, "lr": 0.05, "partition": "dirichlet", "alpha": 0.3, "seed": 2, "eval_every": 2,
+              "batch_size": 48}
+    task = build_task(Settings.load(**common))
+    assert stackable_sequential(task.model)
+    sizes = {len(task.shard(i)) for i in range(8)}
+    assert min(sizes) < 48 <= max(sizes), sizes  # smaller batches padded into the stack of the full ones
     run_simulation(Settings.load(**common, out=tmp_path / "exact"), progress=False)
     run_simulation(Settings.load(**common, batched=True, out=tmp_path / "batched"), progress=False)
     _close(tmp_path / "exact", tmp_path / "batched")
@@ -92,6 +99,14 @@ def test_batched_gnlenet_with_small_shards_matches(tmp_path: Path) -> None:
     for a, b in zip(read_rounds(tmp_path / "exact"), read_rounds(tmp_path / "batched"), strict=True):
         for key in ("node_average_test_loss", "average_model_test_loss", "train_loss"):
             assert abs(a[key] - b[key]) <= LOSS_TOL, (key, a[key], b[key])
+
+
+def test_train_seeds_are_each_nodes_train_seed() -> None:
+    """A stacked round's per-node seeds at once are the exact runner's, node by node (and so its batches)."""
+    nodes = [0, 1, 2, 17, 999, 4321]
+    for seed, round in [(0, 0), (7, 19), (2**40 + 3, 2999)]:
+        assert train_seeds(seed, nodes, round) == [train_seed(seed, node, round) for node in nodes]
+    assert train_seeds(5, [], 3) == []
 
 
 def test_device_cpu_runs_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,7 +21,7 @@ from mosaic_proto import (
     keyed_choice,
 )
 from mosaic_proto.keyed_choice import keyed_choices, keyed_table, matches_scalar
-from mosaic_proto.rng import Purpose, key_parts, keyed_rng
+from mosaic_proto.rng import Purpose, key_parts, keyed_raws, keyed_rng
 from mosaic_proto.wire import encoded_sizes
 
 
@@ -75,6 +75,17 @@ def test_a_large_model_is_averaged_node_by_node_with_the_same_bits() -> None:
     assert np.array_equal(batched.matrix(), messages.matrix())
 
 
+@settings(max_examples=8, deadline=None)
+@given(kind=st.sampled_from(["local", "oracle", "static"]), fanout=st.integers(1, 9), data=st.data())
+def test_many_senders_per_node_are_averaged_node_by_node_with_the_same_bits(kind: str, fanout: int, data) -> None:
+    """The per-node path (fragments of 100 values) with uneven numbers received per node (up to many ranks), some
+    nodes absent: every rank's add in the same float64 order as `aggregate`."""
+    absent = data.draw(st.lists(st.sets(st.integers(0, 29), max_size=5).map(tuple), min_size=1, max_size=3))
+    batched, messages = (network(m, 30, 400, 4, kind, fanout) for m in (False, True))
+    assert rounds(batched, absent) == rounds(messages, absent)
+    assert np.array_equal(batched.matrix(), messages.matrix())
+
+
 def test_small_fragments_are_averaged_in_groups_of_receivers_with_the_same_bits(monkeypatch) -> None:
     """The all-at-once path in many groups (a tiny SCATTER_CHUNK: a group is a node or a few), a node absent."""
     from mosaic_proto import exchange
@@ -106,6 +117,16 @@ def test_the_table_picks_what_keyed_choice_picks(seed: int, round: int, nodes: l
     assert table.shape == (len(nodes), k, size)
     assert [[frozenset(row.tolist()) for row in rows] for rows in table] == [
         keyed_choices(key, range(k), population, size) for key in prefixes]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**70), purpose=st.sampled_from(list(Purpose)), round=st.integers(-1, 3000),
+       nodes=st.lists(st.integers(-1, 2**33), max_size=6))
+def test_keyed_raws_are_the_generators_first_draws(seed: int, purpose: Purpose, round: int, nodes: list[int]) -> None:
+    """A round's per-node first outputs at once, in lanes or (a node past 32 bits) through numpy's generators."""
+    raws = keyed_raws(seed, purpose, round, nodes)
+    assert raws.dtype == np.uint64 and raws.shape == (len(nodes),)
+    assert raws.tolist() == [keyed_rng(seed, purpose, round, node).bit_generator.random_raw() for node in nodes]
 
 
 def test_the_table_checks_itself_and_falls_back_where_numpy_draws_differently(monkeypatch) -> None:

@@ -25,7 +25,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from .optim import state_signature
-from .torch_util import TorchModelTask, float_state, train_generator
+from .torch_util import TorchModelTask, float_state, train_seeds
 
 __all__ = ["STACK_SAMPLES", "chunks", "has_buffers", "restack", "train_stacked", "unstack"]
 
@@ -70,20 +70,48 @@ def train_stacked(task: TorchModelTask, nodes: list[int], round: int,
     for node, shard in shards.items():
         if len(shard) == 0:
             raise ValueError(f"node {node} has no training samples")
-    # nodes with a smaller shard than the batch take smaller batches; states stack where they are alike
+    # nodes with a smaller shard than the batch take smaller batches: padded to the group's batch in a stack of
+    # matrix products (`loss_many` counts each node's own rows), else a group of their own; states stack where alike
+    padded = stackable_sequential(task.model)
     by_batch: dict[tuple[int, tuple], list[int]] = {}
     states = [task.optimizers.state(node) for node in nodes]  # read once: grouped by, then stacked in
     for k, node in enumerate(nodes):
         signature = state_signature(states[k])
-        by_batch.setdefault((min(task.run.batch_size, len(shards[node])), signature), []).append(k)
-    for (batch, _), members in by_batch.items():
-        per_call = SEQUENTIAL_STACK_SAMPLES if stackable_sequential(task.model) else STACK_SAMPLES
+        batch = 0 if padded else min(task.run.batch_size, len(shards[node]))
+        by_batch.setdefault((batch, signature), []).append(k)
+    for members in by_batch.values():
+        batch = max(min(task.run.batch_size, len(shards[nodes[k]])) for k in members)
+        per_call = SEQUENTIAL_STACK_SAMPLES if padded else STACK_SAMPLES
         for chunk in chunks(members, per_call // batch):
             trained, losses = _train_group(task, [nodes[k] for k in chunk], round, [vectors[k] for k in chunk],
-                                           batch, [states[k] for k in chunk])
+                                           [states[k] for k in chunk], [shards[nodes[k]] for k in chunk])
             for j, k in enumerate(chunk):
                 results[k] = (trained[j].copy(), losses[j])
     return [results[k] for k in range(len(nodes))]
+
+
+def batch_rows(task: TorchModelTask, nodes: list[int], round: int,
+               shards: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Every local step's training rows of each node, exactly `TorchTask.train`'s draws (the same generator per
+    (seed, node, round), a fresh permutation per pass over the shard): (nodes, steps, batch) row indices, a node's
+    smaller batch padded with its first row, and each node's own batch size. `shards`: the nodes' `task.shard`."""
+    s = task.run
+    sizes = np.minimum(s.batch_size, np.array([len(shard) for shard in shards], dtype=np.int64))
+    rows = np.empty((len(nodes), s.local_steps, int(sizes.max())), dtype=np.int64)
+    gen, steps = torch.Generator(), s.local_steps
+    for j, (shard, seed, batch) in enumerate(zip(shards, train_seeds(s.seed, nodes, round), sizes.tolist(),
+                                                 strict=True)):
+        gen.manual_seed(seed)
+        n = len(shard)
+        per_pass = n // batch
+        if per_pass >= steps:  # a shard of `steps` batches or more: one pass
+            order = torch.randperm(n, generator=gen).numpy()[:steps * batch]
+        else:
+            order = np.concatenate([torch.randperm(n, generator=gen).numpy()[:per_pass * batch]
+                                    for _ in range(-(-steps // per_pass))])[:steps * batch]
+        rows[j, :, :batch] = shard[order].reshape(steps, batch)
+        rows[j, :, batch:] = rows[j, :, :1]
+    return rows, sizes
 
 
 # layers a stack of models runs as batched matrix products (`sequential_forward`): an nn.Sequential of these only
@@ -96,26 +124,38 @@ def stackable_sequential(model: nn.Module) -> bool:
         isinstance(layer, (nn.Linear, nn.Flatten, *ELEMENTWISE_LAYERS)) for layer in model)
 
 
-def sequential_forward(model: nn.Sequential, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def sequential_forward(model: nn.Sequential, params: dict[str, torch.Tensor], x: torch.Tensor,
+                       shared: bool = False) -> torch.Tensor:
     """m models' outputs (m, B, ...) from their stacked parameters and their own inputs x (m, B, ...): each Linear
-    one batched matrix product, every other layer as it is (it acts on each value, or flattens each sample)."""
+    one batched matrix product, every other layer as it is (it acts on each value, or flattens each sample).
+    `shared`: x (B, ...) is every model's input (evaluation): the first Linear is one matrix product of it with
+    all the models' weights side by side."""
     for i, layer in enumerate(model):
         if isinstance(layer, nn.Linear):
             weight, bias = params[f"{i}.weight"], params.get(f"{i}.bias")
-            x = torch.bmm(x, weight.transpose(1, 2)) if bias is None else \
-                torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+            if shared:
+                m, out = weight.shape[:2]
+                x = (x @ weight.reshape(m * out, -1).T).view(*x.shape[:-1], m, out).movedim(-2, 0)
+                x = x if bias is None else x + bias.view(m, *[1] * (x.dim() - 2), out)
+                shared = False
+            else:
+                x = torch.bmm(x, weight.transpose(1, 2)) if bias is None else \
+                    torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
         elif isinstance(layer, nn.Flatten):
-            x = x.flatten(layer.start_dim + 1, layer.end_dim if layer.end_dim < 0 else layer.end_dim + 1)
+            x = x.flatten(layer.start_dim + (not shared), layer.end_dim if layer.end_dim < 0 else
+                          layer.end_dim + (not shared))
         else:
             x = layer(x)
     return x
 
 
 def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: list[np.ndarray],
-                 batch: int, states: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, list[float]]:
+                 states: list[dict[str, np.ndarray]], shards: list[np.ndarray]) -> tuple[np.ndarray, list[float]]:
     s, split, model = task.run, task.split, task.model
     model.train()
     params = unstack(model, vectors, task.device)
+    rows, sizes = batch_rows(task, nodes, round, shards)
+    counts = None if int(sizes.min()) == rows.shape[2] else torch.from_numpy(sizes).to(task.device)
 
     def node_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return task.loss(functional_call(model, p, (x,)), y)
@@ -124,30 +164,23 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
         def step(p: dict[str, torch.Tensor], x: torch.Tensor,
                  y: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
             leaves = {name: t.detach().requires_grad_(True) for name, t in p.items()}
-            losses = task.loss_many(sequential_forward(model, leaves, x), y)
+            losses = task.loss_many(sequential_forward(model, leaves, x), y, counts)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
             return dict(zip(leaves, grads, strict=True)), losses.detach()
     else:
+        if counts is not None:
+            raise ValueError("vmap's stacked training takes nodes of one batch size")
         step = vmap(grad_and_value(node_loss))
-    gens = [train_generator(s.seed, node, round) for node in nodes]
-    orders = [np.zeros(0, dtype=np.int64)] * len(nodes)
-    pos = [0] * len(nodes)
     names = list(params)
     leaves = [params[name].requires_grad_(True) for name in names]
     optimizer = task.optimizers.stacked(nodes, leaves, states)
     losses = []
     for h in range(s.local_steps):
-        rows = []
-        for j, node in enumerate(nodes):  # exactly TorchTask.train's draws, node by node
-            if pos[j] + batch > len(orders[j]):
-                orders[j], pos[j] = torch.randperm(len(task.shard(node)), generator=gens[j]).numpy(), 0
-            rows.append(task.shard(node)[orders[j][pos[j]:pos[j] + batch]])
-            pos[j] += batch
-        flat = np.concatenate(rows)  # one transfer per step; the same rows and values as node by node
+        flat = rows[:, h].reshape(-1)  # one transfer per step; the same rows and values as node by node
         x = task.x(split.x_train[flat])
-        x = x.reshape(len(nodes), batch, *x.shape[1:])
+        x = x.reshape(len(nodes), rows.shape[2], *x.shape[1:])
         y = task.y(split.y_train[flat])
-        y = y.reshape(len(nodes), batch, *y.shape[1:])
+        y = y.reshape(len(nodes), rows.shape[2], *y.shape[1:])
         grads, loss = step({name: p.detach() for name, p in params.items()}, x, y)
         losses.append(loss.detach())
         optimizer.step([grads[name] for name in names], s.clip_grad_norm,

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from .stacked import chunks, unstack
+from .stacked import chunks, sequential_forward, stackable_sequential, unstack
 from .torch_util import TorchModelTask, load_vector
 
 __all__ = ["EVAL_STACK_SAMPLES", "evaluate_one", "evaluate_stacked", "test_rows"]
@@ -60,7 +60,11 @@ def evaluate_stacked(task: TorchModelTask, vectors: list[np.ndarray],
     model.eval()
     batch = min(task.eval_batch_size, count)
     per_call = EVAL_STACK_SAMPLES.get(task.device.type, EVAL_STACK_DEFAULT) // batch
-    forward = vmap(lambda p, x: functional_call(model, p, (x,)), in_dims=(0, None))
+    if stackable_sequential(model):  # matrix products of the stacked weights, the first one with the shared batch
+        def forward(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+            return sequential_forward(model, p, x, shared=True)
+    else:
+        forward = vmap(lambda p, x: functional_call(model, p, (x,)), in_dims=(0, None))
     with torch.no_grad():
         stacks = [unstack(model, chunk, task.device) for chunk in chunks(vectors, per_call)]
         sums: list[dict[str, torch.Tensor]] = [{} for _ in stacks]

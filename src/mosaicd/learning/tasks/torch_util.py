@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
-from mosaic_proto import Layout, Purpose, keyed_rng
+from mosaic_proto import Layout, Purpose, keyed_raws, keyed_rng
 
 __all__ = ["SGD", "check_device", "deterministic_cuda", "float_state", "layout_of", "load_vector", "to_vector",
-           "train_generator", "train_seed"]
+           "train_generator", "train_seed", "train_seeds"]
 
 
 def float_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -50,6 +52,25 @@ def load_vector(model: nn.Module, vector: np.ndarray) -> None:
 def train_seed(seed: int, node: int, round: int) -> int:
     """The integer that seeds node `node`'s torch generator in round `round`."""
     return int(keyed_rng(seed, Purpose.TRAIN, round, node).integers(2**62))
+
+
+def train_seeds(seed: int, nodes: Sequence[int], round: int) -> list[int]:
+    """`train_seed` of every node at once (a stacked round seeds a generator per node). integers(2**62) is the top
+    62 bits of the generator's first output (Lemire's method never rejects for a power of two); checked against
+    `train_seed` once per process, which the nodes take one by one otherwise."""
+    if not _seeds_match():
+        return [train_seed(seed, node, round) for node in nodes]
+    return _top_bits(seed, nodes, round)
+
+
+def _top_bits(seed: int, nodes: Sequence[int], round: int) -> list[int]:
+    return [int(raw) >> 2 for raw in keyed_raws(seed, Purpose.TRAIN, round, nodes)]
+
+
+@functools.cache
+def _seeds_match() -> bool:
+    return all(_top_bits(seed, [0, 1, 999], 4) == [train_seed(seed, n, 4) for n in [0, 1, 999]]
+               for seed in (0, 2**40 + 3))
 
 
 def train_generator(seed: int, node: int, round: int) -> torch.Generator:
@@ -160,7 +181,8 @@ class TorchModelTask(Protocol):
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
 
-    def loss_many(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+    def loss_many(self, outputs: torch.Tensor, targets: torch.Tensor,
+                  counts: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def score(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]: ...
 
