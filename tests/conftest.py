@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +23,11 @@ import structlog
 from needs import lacking  # (needs reads MOSAIC_REQUIRE_* now, before the fixture below clears MOSAIC_*)
 
 from mosaic_proto import Fragmentation, InMemoryNetwork, Layout, PeerSampler, Quadratic
+
+# Ctrl-C reaches the commands the tests start (and this process) even where the suite was started in the background
+# of a shell, which ignores SIGINT for its jobs: a child inherits an ignored signal, not a handler
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass
