@@ -59,10 +59,18 @@ def _run(settings: Settings, progress: bool, on_round: OnRound | None, resume: b
          task: Task | None) -> dict:
     out = settings.out
     start = checkpoint.resume_point(out, settings) if resume else None
-    recorder = RunRecorder(out, settings, mode="simulate", resume_from=start.started if start else None)
+    def open_outputs() -> RunRecorder:
+        return RunRecorder(out, settings, mode="simulate", resume_from=start.started if start else None)
+
+    recorder = None
     try:
+        recorder = open_outputs()
         return _simulate(settings, recorder, progress, on_round, start, task)
     except BaseException as exc:
+        if recorder is None and isinstance(exc, KeyboardInterrupt):  # Ctrl-C while its files were being made
+            recorder = open_outputs()
+        elif recorder is None:
+            raise
         recorder.fail(failure_text(exc))
         # a run that got going, or was stopped by the user at any point; one that could not start says why instead
         if advise and (isinstance(exc, KeyboardInterrupt) or recorder.rounds_done > 0
