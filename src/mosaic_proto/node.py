@@ -39,7 +39,7 @@ from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
 __all__ = ["GONE", "SNAPSHOTS_KEPT", "TAKES_FRAGMENTS", "TRANSITIONS", "WAITS_FOR_MODEL", "Advance", "NodeEvent",
-           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError", "Snapshots", "rejoining_refusal"]
+           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError", "REASON_REJOINING", "Snapshots", "rejoining_refusal"]
 
 SNAPSHOTS_KEPT = 3  # models after the last rounds a node keeps for the barrier's evaluation (and a rejoining peer)
 
@@ -127,17 +127,20 @@ def _not_taking(phase: NodePhase) -> NodeRefused:
     """Why a node in `phase` takes no fragment messages (`NodeState.taking`)."""
     if phase in _REFUSED_FOR_GOOD:
         return NodeRefused("finished", f"node is {phase.value}: it takes no more fragments", retry=False)
-    if phase is P.REJOINING:
-        return rejoining_refusal()
-    return NodeRefused("not_ready", f"node is {phase.value}", retry=True)
+    refusal = _REFUSALS.get(phase)
+    return refusal() if refusal is not None else NodeRefused("not_ready", f"node is {phase.value}", retry=True)
 
 
 def rejoining_refusal() -> NodeRefused:
     """A node that came back (restarted, or dropped and registering again) refuses fragments until it takes part
     again, with reason `rejoining`: it is no member of the round it lost, so a sender gives that round's fragments
     up at once unless the node is one of its round's `starting` members (docs/spec.md, step 7)."""
-    return NodeRefused(P.REJOINING.value, "node is rejoining the run: a member again from the round the barrier "
+    return NodeRefused(REASON_REJOINING, "node is rejoining the run: a member again from the round the barrier "
                        "places it at", retry=True)
+
+
+REASON_REJOINING = "rejoining"  # the reason of `rejoining_refusal`, which a sender compares
+_REFUSALS = {P.REJOINING: rejoining_refusal}  # phase -> its own refusal of fragments (else "not_ready")
 
 
 class Snapshots(dict[int, np.ndarray]):

@@ -15,7 +15,6 @@ from mosaic_proto import (
     CONTENT_TYPE,
     BarrierReason,
     Layout,
-    NodePhase,
     NodeReport,
     NodeState,
     OutgoingMessage,
@@ -23,6 +22,7 @@ from mosaic_proto import (
     Release,
     parse_address,
 )
+from mosaic_proto.node import REASON_REJOINING
 from mosaic_proto.profiles import NodeProfile, TokenBucket
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
@@ -34,7 +34,7 @@ from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.settings import DaemonOptions
 
 STARTING_RETRY_S = 0.05  # the first pause before a starting member that answered `rejoining` is tried again (doubling)
-REJOINING = frozenset({NodePhase.REJOINING.value})  # the refusal a sender decides on itself (`send_all`)
+REJOINING = frozenset({REASON_REJOINING})  # the refusal a sender decides on itself (`send_all`)
 
 
 class Link:
@@ -78,7 +78,7 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
                                      give_up=REJOINING)
                 return
             except Refused as exc:
-                if exc.reason != NodePhase.REJOINING or message.peer not in starting:
+                if exc.reason != REASON_REJOINING or message.peer not in starting:
                     raise
             if delay == STARTING_RETRY_S:
                 log.debug("receiver_starting", round=round, peer=message.peer)
@@ -94,7 +94,7 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
             ok = True
         except Refused as exc:
             ok = exc.reason == Reason.DUPLICATE_FRAGMENT  # an earlier attempt got there
-            if exc.reason == NodePhase.REJOINING:  # it came back, and is a member from a later round
+            if exc.reason == REASON_REJOINING:  # it came back, and is a member from a later round
                 log.info("receiver_rejoining", round=round, peer=message.peer, undelivered="rejoining",
                          fragments=len(message.fragments))
                 return False
