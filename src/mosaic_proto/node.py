@@ -39,7 +39,8 @@ from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
 __all__ = ["GONE", "SNAPSHOTS_KEPT", "TAKES_FRAGMENTS", "TRANSITIONS", "WAITS_FOR_MODEL", "Advance", "NodeEvent",
-           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError", "REASON_REJOINING", "Snapshots", "rejoining_refusal"]
+           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError", "REASON_REJOINING", "Snapshots",
+           "rejoining_refusal"]
 
 SNAPSHOTS_KEPT = 3  # models after the last rounds a node keeps for the barrier's evaluation (and a rejoining peer)
 
