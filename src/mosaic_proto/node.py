@@ -39,7 +39,8 @@ from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
 __all__ = ["GONE", "SNAPSHOTS_KEPT", "TAKES_FRAGMENTS", "TRANSITIONS", "WAITS_FOR_MODEL", "Advance", "NodeEvent",
-           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError", "Snapshots"]
+           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError", "REASON_REJOINING", "Snapshots",
+           "rejoining_refusal"]
 
 SNAPSHOTS_KEPT = 3  # models after the last rounds a node keeps for the barrier's evaluation (and a rejoining peer)
 
@@ -127,10 +128,20 @@ def _not_taking(phase: NodePhase) -> NodeRefused:
     """Why a node in `phase` takes no fragment messages (`NodeState.taking`)."""
     if phase in _REFUSED_FOR_GOOD:
         return NodeRefused("finished", f"node is {phase.value}: it takes no more fragments", retry=False)
-    return NodeRefused("not_ready", _NOT_READY.get(phase, f"node is {phase.value}"), retry=True)
+    refusal = _REFUSALS.get(phase)
+    return refusal() if refusal is not None else NodeRefused("not_ready", f"node is {phase.value}", retry=True)
 
 
-_NOT_READY = {P.REJOINING: "node is rejoining the run"}
+def rejoining_refusal() -> NodeRefused:
+    """A node that came back (restarted, or dropped and registering again) refuses fragments until it takes part
+    again, with reason `rejoining`: it is no member of the round it lost, so a sender gives that round's fragments
+    up at once unless the node is one of its round's `starting` members (docs/spec.md, step 7)."""
+    return NodeRefused(REASON_REJOINING, "node is rejoining the run: a member again from the round the barrier "
+                       "places it at", retry=True)
+
+
+REASON_REJOINING = "rejoining"  # the reason of `rejoining_refusal`, which a sender compares
+_REFUSALS = {P.REJOINING: rejoining_refusal}  # phase -> its own refusal of fragments (else "not_ready")
 
 
 class Snapshots(dict[int, np.ndarray]):
@@ -220,6 +231,7 @@ class NodeState(NodePhases):
         self.rank, self.round, self.run_id = -1, 0, ""
         self.addresses: list[str] = []
         self.members: list[int] = []
+        self.starting: frozenset[int] = frozenset()  # members of the open round that may still be starting
         self.snapshots = Snapshots()
         self.vector: np.ndarray | None = None
         self.last_report: NodeReport | None = None
@@ -246,6 +258,7 @@ class NodeState(NodePhases):
         self._fire(event)
         self.rank, self.addresses, self.round, self.run_id = rank, list(addresses), round, run_id
         self.members = sorted(int(m) for m in live)
+        self.starting = frozenset(self.members)  # every one was answered as this node was: some may still start
         self._opened = self.clock()
         if event is E.READMITTED:
             self._open_round(())
@@ -330,6 +343,7 @@ class NodeState(NodePhases):
             if rank == len(self.addresses):  # a node that joined: the next free rank
                 self.addresses.append(address)
         self.members = sorted(int(m) for m in members)
+        self.starting = frozenset(int(r) for r in joined)  # they heard of their place with this release, as we did
         report = self._report.with_release(round(waited, 6), tuple(stragglers), messages_in=outcome.report.messages_in,
                                            fragments_in=outcome.report.fragments_in, bytes_in=outcome.report.bytes_in)
         self.last_report, self.round = report, t + 1

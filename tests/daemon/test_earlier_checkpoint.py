@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from mosaic_proto import CONTENT_TYPE, Fragmentation, Layout, NodeState, PeerSampler, Quadratic
 from mosaicd.daemon.http.server import serve
@@ -68,5 +69,74 @@ async def test_a_new_runs_first_fragment_waits_for_a_node_that_found_an_earlier_
 
 async def test_a_node_that_rejoins_a_run_past_round_0_refuses_at_once_with_a_retry() -> None:
     waited, status, answer = await post_round_0_fragment_while_the_model_is_not_known(3)
-    assert status == 503 and answer["reason"] == "not_ready" and "rejoining" in answer["detail"]
+    assert status == 503 and answer["reason"] == "rejoining" and "rejoining" in answer["detail"]
     assert waited < 0.25
+
+
+async def test_a_restarted_node_with_the_cluster_secret_says_rejoining_before_it_is_registered() -> None:
+    """With the cluster secret a node checks a request with its run's key, which it learns as it registers; a
+    restarted one's registration is answered only once the round it lost is released, so the guard does not hold
+    its peers' sends until then (they would wait out their budget, and the round its deadline): it answers
+    `rejoining` at once, and a sender that gives that reason up (`give_up`) hears it on the first try."""
+    from mosaicd.daemon.http.auth import Keyring, signer
+    from mosaicd.daemon.http.client import Client, Refused
+
+    keyring = Keyring(b"s" * 32)
+    options = DaemonOptions(host="127.0.0.1", port=0, request_timeout=8)
+    runner, port = await serve(node_app(Inbox(NodeState(max_bytes=options.max_body_bytes, rejoining=True), options,
+                                              keyring)), options)
+    try:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        async with Client(timeout=8, retries=3, signer=signer(lambda: keyring.credentials(RUN), lambda: "1")) as client:
+            with pytest.raises(Refused) as refused:
+                await client.request("POST", f"http://127.0.0.1:{port}/v1/fragments", data=round_0_message_to_node_0(),
+                                     headers={"Content-Type": CONTENT_TYPE}, give_up=frozenset({"rejoining"}))
+        waited = loop.time() - sent
+    finally:
+        await runner.cleanup()
+    assert (refused.value.status, refused.value.reason) == (503, "rejoining")
+    assert waited < 1.0  # neither held for the request timeout nor retried (0.1 + 0.2 + 0.4 s of backoff)
+
+
+@pytest.mark.parametrize("starting", [True, False])
+async def test_a_sender_waits_for_a_starting_member_and_gives_up_on_one_that_lost_the_round(starting: bool) -> None:
+    """Node 0 came back and was placed at round 3 (registered, its model known 0.3 s later): a round-3 message of node
+    1 to it is taken once it is up where node 0 is one of the round's `starting` members (named joined by the
+    release that opened the round, or all of a resumed run's), and given up at once, unsent, where it is not (it
+    lost that round: it is a member from a later one)."""
+    from mosaicd.daemon.http.client import Client
+    from mosaicd.daemon.node.outbound import send_all
+    from mosaicd.logs import get_logger
+
+    options = DaemonOptions(host="127.0.0.1", port=0, request_timeout=8)
+    state = NodeState(max_bytes=options.max_body_bytes, rejoining=True)
+    state.registered(0, ADDRESSES, range(N), 3, RUN)
+    inbox = Inbox(state, options, None)
+    runner, port = await serve(node_app(inbox), options)
+    sender = NodeState()
+    sender.registered(1, ADDRESSES, range(N), 3, RUN)
+    sender.start(FR, SAMPLER, Q.initial(1))
+    message = next(m for m in sender.outgoing(Q.initial(1)) if m.peer == 0)
+
+    async def model_known() -> None:
+        await asyncio.sleep(0.3)
+        state.start(FR, SAMPLER, Q.initial(0))
+        inbox.model_known(FR.layout)
+
+    up = asyncio.ensure_future(model_known())
+    try:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        async with Client(timeout=8, retries=3) as client:
+            delivered, unsent = await send_all(client, 3, [message], [f"http://127.0.0.1:{port}/v1/fragments"],
+                                               get_logger(role="node"), budget=5.0,
+                                               starting=frozenset({0}) if starting else frozenset())
+        waited = loop.time() - sent
+    finally:
+        await up
+        await runner.cleanup()
+    if starting:
+        assert list(delivered) == [0] and unsent == [] and waited >= 0.25
+    else:
+        assert delivered == {} and unsent == [message] and waited < 0.25

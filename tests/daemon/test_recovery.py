@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from mosaicd import Settings
+from mosaicd.daemon.http.auth import write_new_secret
 from mosaicd.experiments.cluster import free_ports
 from mosaicd.outputs import read_rounds
 
@@ -292,6 +293,49 @@ def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, k
     assert any(e["event"] == "joining" and e["rank"] == victim for e in lab.log("barrier"))
     rounds = node_rounds(lab.out)[victim]
     assert set(range(back_from, run["rounds"])) <= rounds  # it took part in every round after it came back
+
+
+def test_node_killed_and_restarted_at_the_default_deadline_costs_its_round_seconds(tmp_path: Path, kit: Any) -> None:
+    """Issue #50: a node SIGKILLed and started again with the same command, at the default --round-deadline (120 s)
+    and --request-timeout, with the cluster secret: its peers' sends that reach it while it rejoins are answered
+    `rejoining` at once and given up for the round (it is a member again only from the next one), so no round waits
+    for their send budget. Rounds take ~2 s (a profile), so the others send while it is starting again."""
+    (tmp_path / "slow.toml").write_text("compute_s = 2.0\n")
+    secret = write_new_secret(tmp_path / "secret")
+    run = {**RUN, "rounds": 14, "eval_every": 0, "node_profile": str(tmp_path / "slow.toml"),
+           "secret_file": str(secret)}
+    assert "round_deadline" not in run and "request_timeout" not in run and "retries" not in run  # the defaults
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.start()
+        members = lab.at_round(3)["members"]
+        victim = next(m["rank"] for m in members if m["address"] == f"127.0.0.1:{lab.node_ports[2]}")
+        lab.procs["node-2"].kill()  # just after a release: the others train, then send to it while it restarts
+        assert lab.procs["node-2"].wait(timeout=10) == -signal.SIGKILL
+        lab.node(2)
+        # bounded well past the 15 s aimed at, well short of the deadline that the stall this guards against took
+        lab.kit.wait_until(lambda: (s := lab.status()) and victim in s["live"], 60, "the node to be a member again")
+        summary = lab.summary(timeout=120)
+        lab.exited_cleanly()
+    finally:
+        lab.stop()
+    released = {e["round"]: e for e in lab.log("barrier") if e["event"] == "released"}
+    (joined,) = [e for e in summary["events"] if victim in e["joined"]]
+    back_from = joined["round"] + 1
+    lost = [t for t in range(3, back_from + 1)]  # from the kill to the first round it is back in
+    durations = {t: released[t]["duration_s"] for t in lost}
+    print(f"\nnode {victim} SIGKILLed at round 3, started again at once (round deadline 120 s): rounds {lost[0]}-"
+          f"{lost[-1]} took {', '.join(f'{d:.2f}' for d in durations.values())} s (a member again from round "
+          f"{back_from})")
+    assert max(durations.values()) < 15, durations
+    assert summary["status"] == "finished" and summary["members"] == list(range(5)) and summary["dropped"] == []
+    assert set(range(back_from, run["rounds"])) <= node_rounds(lab.out)[victim]
+    # a rejoining receiver is routine: no peer warns of it (its connections refused while it was down are warned of)
+    warned = [e for i in range(5) if i != 2 for e in lab.log(f"node-{i}") if e["level"] == "warning" and (
+              e["event"] == "send_abandoned" or any(w in str(e.get("error")) for w in ("rejoining", "not_ready")))]
+    assert not warned, warned
+    told = [e for i in range(5) if i != 2 for e in lab.log(f"node-{i}") if e["event"] == "receiver_rejoining"]
+    assert all(e["level"] == "info" and e["peer"] == victim for e in told), told
 
 
 def test_a_new_run_on_the_state_of_a_finished_one_starts_anew_to_the_reference_models(

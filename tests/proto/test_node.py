@@ -127,11 +127,12 @@ def test_outgoing_before_the_model_is_known_is_refused() -> None:
 
 def test_a_node_not_yet_taking_fragments_refuses_with_a_retry_reason() -> None:
     registering, rejoining = NodeState(), NodeState(rejoining=True)
-    for state, phase in ((registering, NodePhase.REGISTERING), (rejoining, NodePhase.REJOINING)):
+    for state, phase, reason in ((registering, NodePhase.REGISTERING, "not_ready"),
+                                 (rejoining, NodePhase.REJOINING, "rejoining")):
         assert state.phase is phase
         with pytest.raises(NodeRefused) as refused:
             state.receive(b"\xa0")
-        assert refused.value.reason == "not_ready" and refused.value.retry
+        assert refused.value.reason == reason and refused.value.retry
 
 
 def test_a_checkpoint_found_by_a_node_of_a_run_at_round_0_is_an_earlier_runs_and_it_starts_anew() -> None:
@@ -184,6 +185,22 @@ def test_a_node_left_out_of_the_next_round_is_dropped_and_can_rejoin() -> None:
     assert state.phase is NodePhase.REJOINING and state.rank == -1
     state.registered(2, [f"h:{i + 1}" for i in range(N)], range(N), 3, "node-test")  # readmitted: it has the model
     assert state.phase is NodePhase.TRAINING and state.round == 3 and state.takes_fragments
+
+
+def test_the_members_that_may_still_be_starting_are_those_placed_with_this_nodes_own_news() -> None:
+    """`starting`: every member of the round a node registered at (all were answered at once), then the members a
+    release names as joined: a sender waits within its budget for those that answer `rejoining`, and gives the
+    others' fragments up at once (they came back, and are members from a later round)."""
+    state = started(0)
+    assert state.starting == frozenset(range(N))
+    state.outgoing(Q.initial(0))
+    state.sent({}, [])
+    state.released(range(N), {3: "h:4"}, [])
+    assert state.starting == {3}
+    state.outgoing(Q.initial(0))
+    state.sent({}, [])
+    state.released(range(N), {}, [])
+    assert state.starting == frozenset()
 
 
 def test_leaving_is_possible_from_any_live_phase_and_final() -> None:

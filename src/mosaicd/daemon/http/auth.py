@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from mosaic_proto import NodeRefused
 from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, SignedHeaders, check_digest, run_key, verify
 from mosaicd.daemon.http.body import body_digest_of, read_body, release_body
 from mosaicd.daemon.http.errors import Handler, json_error
@@ -162,7 +163,8 @@ def check_listen(options: Any, keyring: Keyring | None, barrier: bool = False) -
 def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[str | None]], window: float,
                     registry: CollectorRegistry, on_refused: Callable[[str, web.Request], None] | None = None) -> Any:
     """Check every request but the read-only views; `run_of(request)` says which run's key applies (None: the
-    app is not ready to tell, 503); `on_refused(reason, request)` hears of each request refused."""
+    app is not ready to tell, 503; it may raise `NodeRefused` to answer at once why not, 503 where the sender may
+    try again, else 409); `on_refused(reason, request)` hears of each request refused."""
     guard = ReplayGuard(window)
     refused = Counter("mosaic_auth_refused", "requests refused for want of a valid tag", ["reason"],
                       registry=registry)
@@ -174,7 +176,10 @@ def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[
             return await handler(request)
         try:
             signed, tag = SignedHeaders.from_headers(request.headers)  # unsigned: refused before the run is known
-            run_id = await run_of(request)
+            try:
+                run_id = await run_of(request)
+            except NodeRefused as exc:
+                return json_error(503 if exc.retry else 409, exc.reason, exc.detail)
             if run_id is None:
                 return json_error(503, "not_ready", "this peer does not know its run yet")
             signed = verify(keyring.key(run_id), request.method, path, signed, tag, run_id, guard, time.time())

@@ -19,6 +19,7 @@ from typing import Any
 
 from mosaic_proto import FragmentBatch, Layout, NodeRefused, NodeState, Reason, WireError
 from mosaic_proto.compression import Compression
+from mosaic_proto.node import rejoining_refusal
 from mosaic_proto.round import decoded
 from mosaic_proto.wire import max_message_bytes
 from mosaicd.daemon.http.auth import Keyring
@@ -33,12 +34,6 @@ STATUS_OF_REASON = {Reason.TOO_LARGE: 413, Reason.STALE_ROUND: 409, Reason.FUTUR
                     Reason.DUPLICATE_FRAGMENT: 409, Reason.UNKNOWN_SENDER: 403, Reason.WRONG_RUN: 409,
                     Reason.ROUND_CLOSED: 409, Reason.SENDER_MISMATCH: 403, Reason.UNPLANNED_FRAGMENT: 403}
 DECODES_AT_ONCE = 2  # large messages decoded in worker threads at once (the machine's cores serve the rounds too)
-
-
-
-# how long a node started again from its checkpoint holds a signed request before its registration: a resumed run's
-# members hear they are back at once, and a lone member that comes back sits out the open round
-REJOIN_HOLD_S = 5.0
 
 
 class Inbox:
@@ -100,14 +95,14 @@ class Inbox:
         return self.state.metrics_of(round)
 
     async def run_of(self) -> str | None:
-        """The run whose key signs requests to this node, once it knows it (waits up to a request timeout; a node
-        started again from its checkpoint, `REJOIN_HOLD_S` at most: its peers give its fragments up at once, so
-        that their round does not wait for its registration, which waits for that round)."""
+        """The run whose key signs requests to this node, once it knows it (waits up to a request timeout). A node
+        that came back refuses at once (`rejoining`) instead: the barrier answers its registration only once the
+        round it lost is released, and that round's senders must not wait for it (docs/spec.md, step 7)."""
+        if not self.registered.is_set() and self.state.restarting:
+            raise rejoining_refusal()
         if not self.registered.is_set():
-            hold = min(REJOIN_HOLD_S, self.options.request_timeout) if self.state.restarting else \
-                self.options.request_timeout
             try:
-                await asyncio.wait_for(self.registered.wait(), hold)
+                await asyncio.wait_for(self.registered.wait(), self.options.request_timeout)
             except TimeoutError:
                 return None
         return self.run.run_id if self.run else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,6 +22,7 @@ from mosaic_proto import (
     Release,
     parse_address,
 )
+from mosaic_proto.node import REASON_REJOINING
 from mosaic_proto.profiles import NodeProfile, TokenBucket
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
@@ -31,6 +32,9 @@ from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.settings import DaemonOptions
+
+STARTING_RETRY_S = 0.05  # the first pause before a starting member that answered `rejoining` is tried again (doubling)
+REJOINING = frozenset({REASON_REJOINING})  # the refusal a sender decides on itself (`send_all`)
 
 
 class Link:
@@ -47,37 +51,54 @@ class Link:
         await sleep_at_least(self.latency + paced)
 
 
-# A peer that answers "not ready" after round 0 started again (its registration, or its model, is not there yet): it is
-# a member from the next round on (docs/spec.md, "Synchronise"), so its fragment of this round is given up at once
-GIVEN_UP = frozenset({"not_ready"})
-
-
 async def send_all(client: Client, round: int, messages: list[OutgoingMessage], urls: list[str], log: Any,
                    budget: float = math.inf, pace: Callable[[int], Awaitable[None]] | None = None,
+                   starting: Collection[int] = frozenset(),
                    ) -> tuple[dict[int, tuple[int, int]], list[OutgoingMessage]]:
     """POST every message concurrently, for at most `budget` seconds: (peer -> (fragments, bytes) of those taken,
     the messages not taken). A peer that does not take its fragments is not fatal. A send that takes over a
     quarter of the budget (and a second) is logged with its peer and time. `pace`: awaited with each message's
-    size before it is sent (a profile's `Link`)."""
+    size before it is sent (a profile's `Link`). A peer that answers `rejoining` came back and is no member of
+    this round: its message is given up at once (one info line), unless it is among the round's `starting`
+    members (`NodeState.starting`), which take part once up: those are tried again within the budget."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     digests: dict[int, asyncio.Future[str | None]] = {}  # by payload: peers sent the same fragments share its bytes
+
+    async def post(message: OutgoingMessage, url: str) -> None:
+        """POST `message`, again while its peer is one of the `starting` that answers `rejoining`."""
+        if client.signer is not None and id(message.payload) not in digests:
+            digests[id(message.payload)] = asyncio.ensure_future(hash_bytes(message.payload))
+        digest = await asyncio.shield(digests[id(message.payload)]) if client.signer is not None else None
+        delay = STARTING_RETRY_S
+        while True:
+            try:
+                await client.request("POST", url, data=message.payload, round=round,
+                                     headers={"Content-Type": CONTENT_TYPE}, digest=digest,
+                                     give_up=REJOINING)
+                return
+            except Refused as exc:
+                if exc.reason != REASON_REJOINING or message.peer not in starting:
+                    raise
+            if delay == STARTING_RETRY_S:
+                log.debug("receiver_starting", round=round, peer=message.peer)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
 
     async def send(message: OutgoingMessage, url: str) -> bool:
         routine = False  # the peer is down, leaving or starting again: the barrier's round line says so, once
         try:
             if pace is not None:
                 await pace(len(message.payload))
-            if client.signer is not None and id(message.payload) not in digests:
-                digests[id(message.payload)] = asyncio.ensure_future(hash_bytes(message.payload))
-            digest = await asyncio.shield(digests[id(message.payload)]) if client.signer is not None else None
-            await client.request("POST", url, data=message.payload, round=round,
-                                 headers={"Content-Type": CONTENT_TYPE}, digest=digest,
-                                 give_up=GIVEN_UP if round >= 1 else frozenset())
+            await post(message, url)
             ok = True
         except Refused as exc:
             ok = exc.reason == Reason.DUPLICATE_FRAGMENT  # an earlier attempt got there
-            routine = exc.reason in GIVEN_UP or exc.reason == "finished"
+            if exc.reason == REASON_REJOINING:  # it came back, and is a member from a later round
+                log.info("receiver_rejoining", round=round, peer=message.peer, undelivered="rejoining",
+                         fragments=len(message.fragments))
+                return False
+            routine = exc.reason == "finished"
             if not ok:
                 (log.info if routine else log.warning)("send_failed", round=round, peer=message.peer,
                                                        status=exc.status, error=exc.detail)

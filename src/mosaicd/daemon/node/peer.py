@@ -248,7 +248,8 @@ class Peer:
         messages = state.outgoing(local)
         urls = [f"{scheme(self.options)}://{state.addresses[m.peer]}/v1/fragments" for m in messages]
         delivered, unsent = await send_all(self._client, t, messages, urls, self.log,
-                                           state.send_budget(self.run.round_deadline), self._link())
+                                           state.send_budget(self.run.round_deadline), self._link(),
+                                           starting=state.starting)
         report = state.sent(delivered, unsent, loss, train_s)
         release, joined, failure = read_release(await self._arrive(arrival(state, report)))
         advance = state.released(release.members, joined, release.stragglers)
