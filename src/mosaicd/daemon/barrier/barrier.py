@@ -83,6 +83,7 @@ class Barrier(DecisionRunner):
         self.refusals = Refusals()  # requests refused, by reason and source (refusals.py)
         self.layouts = LayoutClaims()  # the model every member must build (layouts.py)
         self.stops = StoppedMembers()  # leaves of members told to stop, held a moment (stops.py)
+        self._stops_timer: asyncio.TimerHandle | None = None
         self.members_stopped: list[int] = []  # the members whose stop interrupted the run
 
 
@@ -208,18 +209,23 @@ class Barrier(DecisionRunner):
                 self.log.info("leave_held", rank=rank, reason=reason, seconds=STOP_HOLD_S)
                 if self.stops.too_many(self.state.live, self.state.min_members):
                     self.interrupted_by_members()
-                else:
-                    asyncio.get_running_loop().call_later(STOP_HOLD_S, lambda: self._spawn(self._held_leave(rank)))
+                else:  # applied once no member was told to stop for STOP_HOLD_S (a `down` spreads over seconds)
+                    if self._stops_timer is not None:
+                        self._stops_timer.cancel()
+                    self._stops_timer = asyncio.get_running_loop().call_later(
+                        STOP_HOLD_S, lambda: self._spawn(self._held_leaves()))
             return Left(rank, self.state.round, tuple(self.state.live)).to_json()
         return await self._leave_now(rank, reason)
 
-    async def _held_leave(self, rank: int) -> None:
-        reason = self.stops.release(rank)
-        if reason is not None and self.state.phases.running and not self.stopping and rank in self.state.live:
-            try:
-                await self._leave_now(rank, reason)
-            except BarrierError:  # the run ended meanwhile: nothing to apply
-                pass
+    async def _held_leaves(self) -> None:
+        self._stops_timer = None
+        for rank in self.stops.ranks():
+            reason = self.stops.release(rank)
+            if reason is not None and self.state.phases.running and not self.stopping and rank in self.state.live:
+                try:
+                    await self._leave_now(rank, reason)
+                except BarrierError:  # the run ended meanwhile: nothing more to apply
+                    return
 
     def interrupted_by_members(self) -> None:
         """Too many members were told to stop for the run to go on: a person stopped the run. It ends interrupted,

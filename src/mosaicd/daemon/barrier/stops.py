@@ -1,10 +1,10 @@
 """Members told to stop. A member stopped by a signal (`docker stop`, `docker compose down`, scancel, Ctrl-C on its
 host) leaves the run; but a person who stops the whole run stops every member within moments, and a run whose
 members left one by one is journaled without them, so it could not go on where it was. So the leave of a member
-told to stop is held for `STOP_HOLD_S` before it is applied (it is still waited for meanwhile): where the members
-held would leave fewer than the run needs, the run is interrupted instead, its journal at its last decision with
-every member in it, and a barrier started again with the same --out goes on exactly once every member is back from
-its checkpoints (comeback.py); otherwise each held leave is applied as any other leave, once its time is up.
+told to stop is held until no member has been told to stop for `STOP_HOLD_S` (it is still waited for meanwhile):
+where the members held would leave fewer than the run needs, the run is interrupted instead, its journal at its last
+decision with every member in it, and a barrier started again with the same --out goes on exactly once every member
+is back from its checkpoints (comeback.py); otherwise the held leaves are applied as any other leave, together.
 """
 
 from __future__ import annotations
