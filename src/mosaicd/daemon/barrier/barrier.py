@@ -126,7 +126,10 @@ class Barrier(DecisionRunner):
     # -- registration (registration.py: its long polls) -----------------------------------------------------
     async def register(self, address: str, rank: int | None = None, held: list[int] | None = None
                        ) -> dict[str, Any]:
-        """Long poll until the roster is made (`Registrar.register`)."""
+        """Long poll until the roster is made (`Registrar.register`). A member told to stop that is back already
+        does not leave: its held leave is dropped (stops.py)."""
+        if address in self.state.addresses:
+            self.stops.release(self.state.addresses.index(address))
         return await self.registrar.register(address, rank, held)
 
     async def withdraw(self, address: str, reason: str) -> dict[str, Any]:
