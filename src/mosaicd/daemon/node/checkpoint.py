@@ -79,21 +79,24 @@ def save(directory: Path, checkpoint: Checkpoint) -> None:
 def load(directory: Path | None, round: int | None = None) -> Checkpoint | None:
     """The newest checkpoint in `directory` (`round`: the newest of that round), or None if there is none (or none
     that can be read: then it is not used)."""
-    if directory is None:
-        return None
-    for found in _kept(directory):
-        if round is None or found.round == round:
-            return found
-    return None
+    return newest(kept(directory), round)
+
+
+def newest(found: list[Checkpoint], round: int | None = None) -> Checkpoint | None:
+    """The first of `found` (`kept`'s order: newest first), or of round `round`."""
+    return next((c for c in found if round is None or c.round == round), None)
 
 
 def rounds(directory: Path, run_id: str | None = None) -> list[int]:
     """The rounds of the checkpoints kept in `directory` (`run_id`: of that run), newest first."""
-    return [c.round for c in _kept(directory) if run_id is None or c.run_id == run_id]
+    return [c.round for c in kept(directory) if run_id is None or c.run_id == run_id]
 
 
-def _kept(directory: Path) -> list[Checkpoint]:
-    """The readable checkpoints in `directory`, the one written last first (earlier versions' files before any slot)."""
+def kept(directory: Path | None) -> list[Checkpoint]:
+    """The readable checkpoints in `directory`, the one written last first (earlier versions' files before any slot);
+    none where there is no state directory. Each is read whole (a torn one fails its CRC): read once, then asked."""
+    if directory is None:
+        return []
     found = []
     for order, name in enumerate(EARLIER):
         if (read := _read(directory / name)) is not None:

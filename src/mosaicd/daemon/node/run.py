@@ -38,11 +38,13 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     prefetched = None if task is not None else prefetch_in_background(settings.task)
     run = settings.run_config() if settings.peer_list is not None else None
     options = settings.daemon_options()
-    saved = found_checkpoint(options)
+    directory = checkpoint.state_dir(options)
+    kept = checkpoint.kept(directory)  # read once: the checkpoint to go on from, and the rounds it could go on at
+    saved = found_checkpoint(options, kept)
     resume_rank = saved.rank if saved is not None and options.resume_round is not None else None
     held = None  # a member started again says which rounds it can go on from, where the barrier resumes the run
-    if options.resume_round is None and (directory := checkpoint.state_dir(options)) is not None:
-        held = checkpoint.rounds(directory, run.run_id if run is not None else None)
+    if options.resume_round is None and directory is not None:
+        held = [c.round for c in kept if run is None or c.run_id == run.run_id]
     peer = Peer(options, run=run, host=host, rejoining=saved is not None, resume_rank=resume_rank, checkpoints=held)
     registering = asyncio.ensure_future(peer.__aenter__())
     told = on_signals(registering) if options.leave_on_signal else None
@@ -78,9 +80,10 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     return code
 
 
-def found_checkpoint(options: DaemonOptions) -> checkpoint.Checkpoint | None:
-    """The checkpoint in the state directory (of --resume-round, which must be there), if any."""
-    saved = checkpoint.load(checkpoint.state_dir(options), options.resume_round)
+def found_checkpoint(options: DaemonOptions, kept: list[checkpoint.Checkpoint]) -> checkpoint.Checkpoint | None:
+    """The checkpoint in the state directory (`kept`: its checkpoints; of --resume-round, which must be there), if
+    any."""
+    saved = checkpoint.newest(kept, options.resume_round)
     if options.resume_round is not None and saved is None:
         raise FileNotFoundError(f"--resume-round {options.resume_round}: no checkpoint of that round in "
                                 f"{checkpoint.state_dir(options)} (--state-dir)")
