@@ -86,9 +86,6 @@ class Barrier(DecisionRunner):
         self._stops_timer: asyncio.TimerHandle | None = None
         self.members_stopped: list[int] = []  # the members whose stop interrupted the run
 
-
-
-
     async def start(self) -> None:
         self.metrics.expected.set(self.state.expected)
         if self.comeback is not None:  # the round it goes on at is chosen once every member is back (resume_at)
@@ -136,7 +133,6 @@ class Barrier(DecisionRunner):
         """`address` withdraws its registration, or leaves if it is a member (`Registrar.withdraw`)."""
         return await self.registrar.withdraw(address, reason)
 
-
     def heard(self, decision: BarrierDecision) -> None:
         """The registration's long polls hear that the roster is made, or that every member is back."""
         if isinstance(decision, Roster):
@@ -162,16 +158,7 @@ class Barrier(DecisionRunner):
             reason = f"{reason}; {self.refusals.text()}"
         self.decide(lambda state, now: state.fail(reason), registration=True)
 
-    # -- the one runner of decisions ------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
+    # -- rounds (runner.py runs what they decide) ----------------------------------------------------------
 
     def check(self, rank: int, round: int) -> None:
         """The BarrierError an arrival of `rank` at `round` would get now (`BarrierState.check`: changes nothing)."""
@@ -192,10 +179,6 @@ class Barrier(DecisionRunner):
         else:
             self.publish(lambda state, now: state.arrive(rank, round, now, report))
         return await self.wait_published(round, release_wait(self.run.round_deadline, self.options.request_timeout))
-
-
-
-
 
     async def leave(self, rank: int, reason: str, ends_run: bool = False, stopped: bool = False) -> dict[str, Any]:
         """`rank` leaves the run (a signal, or an error it could not go on after): nobody waits for it from now
@@ -259,9 +242,6 @@ class Barrier(DecisionRunner):
 
     # -- the end -------------------------------------------------------------------------------------
 
-
-
-
     def interrupted(self, how: str) -> bool:
         """Stopped before the run ended (`how`: Ctrl-C, an error): summary.json says so, unless it says how the run
         ended already (False then)."""
@@ -272,12 +252,6 @@ class Barrier(DecisionRunner):
         except OSError:
             pass
         return True
-
-
-
-
-
-
 
 
 
