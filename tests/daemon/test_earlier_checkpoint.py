@@ -34,6 +34,13 @@ def round_0_message_to_node_0() -> bytes:
     return next(m.payload for m in sender.outgoing(Q.initial(1)) if m.peer == 0)
 
 
+async def model_known_soon(state: NodeState, inbox: Inbox) -> None:
+    """Node 0's model becomes known 0.3 s from now, as a node that registered builds its task."""
+    await asyncio.sleep(0.3)
+    state.start(FR, SAMPLER, Q.initial(0))
+    inbox.model_known(FR.layout)
+
+
 async def post_round_0_fragment_while_the_model_is_not_known(registered_round: int) -> tuple[float, int, dict]:
     """Node 0, made as a node that found a checkpoint, registered at `registered_round` and not started: a peer's
     round-0 message; its model becomes known 0.3 s later. (seconds to the answer, status, answer)."""
@@ -43,12 +50,7 @@ async def post_round_0_fragment_while_the_model_is_not_known(registered_round: i
     inbox = Inbox(state, options, None)
     runner, port = await serve(node_app(inbox), options)
 
-    async def model_known() -> None:
-        await asyncio.sleep(0.3)
-        state.start(FR, SAMPLER, Q.initial(0))
-        inbox.model_known(FR.layout)
-
-    starting = asyncio.ensure_future(model_known())
+    starting = asyncio.ensure_future(model_known_soon(state, inbox))
     try:
         loop = asyncio.get_running_loop()
         sent = loop.time()
@@ -119,12 +121,7 @@ async def test_a_sender_waits_for_a_starting_member_and_gives_up_on_one_that_los
     sender.start(FR, SAMPLER, Q.initial(1))
     message = next(m for m in sender.outgoing(Q.initial(1)) if m.peer == 0)
 
-    async def model_known() -> None:
-        await asyncio.sleep(0.3)
-        state.start(FR, SAMPLER, Q.initial(0))
-        inbox.model_known(FR.layout)
-
-    up = asyncio.ensure_future(model_known())
+    up = asyncio.ensure_future(model_known_soon(state, inbox))
     try:
         loop = asyncio.get_running_loop()
         sent = loop.time()
