@@ -65,9 +65,10 @@ def test_batched_digits_matches_the_exact_run(tmp_path: Path) -> None:
 
 
 def test_batched_mlp_through_batched_matrix_products_matches_the_exact_run(tmp_path: Path) -> None:
-    """The teacher task's MLP (an nn.Sequential of Linear and ReLU): stacked as torch.baddbmm with autograd, not
-    vmap, every batch size in one stack (a node's smaller batch padded, its loss over its own rows); its evaluation
-    stacked too (cross-entropy as logsumexp). Non-IID shards, momentum kept across rounds."""
+    """The teacher task's MLP (an nn.Sequential of Linear and ReLU): stacked as torch.bmm with the backward pass
+    written out (`sequential_grads`), not vmap, every batch size in one stack (a node's smaller batch padded, its
+    loss over its own rows); its evaluation stacked too (cross-entropy as logsumexp). Non-IID shards, momentum kept
+    across rounds."""
     from mosaicd.learning.tasks.stacked import stackable_sequential
 
     common = {"task": "teacher", "nodes": 8, "rounds": 4, "fragments": 4, "fanout": 2, "local_steps": 3,
@@ -82,6 +83,43 @@ def test_batched_mlp_through_batched_matrix_products_matches_the_exact_run(tmp_p
     _close(tmp_path / "exact", tmp_path / "batched")
     rows = read_rounds(tmp_path / "batched")
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+
+
+@pytest.mark.parametrize("builtin_loss", [True, False])
+def test_sequential_grads_are_autograds_for_every_elementwise_layer(builtin_loss: bool) -> None:
+    """The written-out backward pass of a stack of MLPs against autograd through `sequential_forward`: every layer
+    kind `stackable_sequential` takes (a Linear without bias too), padded batches, the built-in cross-entropy and a
+    loss of the user's own (through autograd on the outputs only)."""
+    from torch import nn
+
+    from mosaicd.learning.tasks.stacked import sequential_forward, sequential_grads, unstack
+
+    torch.manual_seed(0)
+    layers = [nn.Flatten(), nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16),
+              nn.GELU(approximate="tanh"), nn.Linear(16, 16, bias=False), nn.Sigmoid(), nn.Linear(16, 16), nn.SiLU(),
+              nn.Identity(), nn.Linear(16, 5)]
+    model = nn.Sequential(*layers)
+    settings = Settings.load(task="teacher", nodes=4)
+    loss = None if builtin_loss else (lambda out, y: ((out.softmax(-1) - nn.functional.one_hot(y, 5)) ** 2).mean())
+    task = build_task(settings) if builtin_loss else None
+    if task is None:
+        from mosaicd.learning.tasks.torch_task import TorchTask
+
+        task = TorchTask(settings.run_config(), model=lambda: model, train=(np.zeros((4, 3, 4), np.float32),
+                         np.zeros(4, np.int64)), loss=loss)
+    vectors = [np.concatenate([p.detach().numpy().ravel() * (1 + j) for p in model.parameters()]) for j in range(3)]
+    params = unstack(model, vectors, torch.device("cpu"))
+    x, y = torch.randn(3, 6, 3, 4), torch.randint(0, 5, (3, 6))
+    counts = torch.tensor([6, 4, 1])
+    got, losses = sequential_grads(task, model, params, x, y, counts)
+    leaves = {name: t.detach().requires_grad_(True) for name, t in params.items()}
+    want_losses = task.loss_many(sequential_forward(model, leaves, x), y, counts)
+    want = dict(zip(leaves, torch.autograd.grad(want_losses.sum(), list(leaves.values())), strict=True))
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-5, atol=1e-7), name
+        assert got[name].abs().sum() > 0, name
+    assert torch.allclose(losses, want_losses.detach(), rtol=1e-6)
 
 
 def test_batched_gnlenet_with_small_shards_matches(tmp_path: Path) -> None:

@@ -1,12 +1,13 @@
 """Many models of one torch task at once: the n vectors as stacked parameters, run through torch.func.vmap.
 
-Training (`train_stacked`) takes every node's local steps together with the data order of
-`TorchTask.train` (the same generator per (seed, node, round), the same batches) and its optimizer, step by
-step: one optimizer over the stacked parameters, with the nodes' states stacked in and sliced back out
-(`optim.Stacked`; only for optimizers that treat every coordinate alike, `optim.ELEMENTWISE`), the same
-schedule, and --clip-grad-norm per node. The results are close to the one-by-one run but not bit-equal:
-vmap turns the n convolutions into one grouped convolution and the n matrix products into batched ones,
-which sum in another order (last bits of float32), and those differences grow over rounds. That is why
+Training (`train_stacked`) takes every node's local steps together with the data order of `TorchTask.train` (the
+same generator per (seed, node, round), the same batches) and its optimizer, step by step: one optimizer over the
+stacked parameters, with the nodes' states stacked in and sliced back out (`optim.Stacked`; only for optimizers that
+treat every coordinate alike, `optim.ELEMENTWISE`), the same schedule, and --clip-grad-norm per node. An MLP (an
+nn.Sequential of Linear and elementwise layers) runs as batched matrix products with its backward pass written out
+(`sequential_grads`); other models through vmap. The results are close to the one-by-one run but not bit-equal: vmap
+turns the n convolutions into one grouped convolution and the n matrix products into batched ones, which sum in
+another order (last bits of float32), and those differences grow over rounds. That is why
 `--batched` is a separate, explicit option, and `mosaicd simulate` without it stays the bit-exact reference.
 
 Evaluation through the same stacking: `torch_eval.evaluate_stacked`.
@@ -139,14 +140,69 @@ def sequential_forward(model: nn.Sequential, params: dict[str, torch.Tensor], x:
                 x = x if bias is None else x + bias.view(m, *[1] * (x.dim() - 2), out)
                 shared = False
             else:
-                x = torch.bmm(x, weight.transpose(1, 2)) if bias is None else \
-                    torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+                x = torch.bmm(x, weight.transpose(1, 2))  # then the bias: baddbmm is slower on the CPU
+                x = x if bias is None else x + bias.unsqueeze(1)
         elif isinstance(layer, nn.Flatten):
             x = x.flatten(layer.start_dim + (not shared), layer.end_dim if layer.end_dim < 0 else
                           layer.end_dim + (not shared))
         else:
             x = layer(x)
     return x
+
+
+def sequential_grads(task: TorchModelTask, model: nn.Sequential, params: dict[str, torch.Tensor], x: torch.Tensor,
+                     y: torch.Tensor, counts: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """m models' gradients (name -> (m, *shape)) and losses (m,) on their own batches x (m, B, ...): the forward pass
+    of `sequential_forward` keeping each layer's input, then the backward pass written out, each Linear two or three
+    batched matrix products and each elementwise layer its derivative (on the CPU about a quarter faster than autograd
+    over the same products; bench/scale.py). The loss's own gradient is `task.loss_grad_many`'s."""
+    inputs = []
+    with torch.no_grad():
+        for i, layer in enumerate(model):
+            inputs.append(x)
+            if isinstance(layer, nn.Linear):
+                bias = params.get(f"{i}.bias")
+                x = torch.bmm(x, params[f"{i}.weight"].transpose(1, 2))
+                x = x if bias is None else x.add_(bias.unsqueeze(1))
+            elif isinstance(layer, nn.Flatten):
+                x = x.flatten(layer.start_dim + 1, layer.end_dim if layer.end_dim < 0 else layer.end_dim + 1)
+            else:
+                x = layer(x)
+    losses, g = task.loss_grad_many(x, y, counts)
+    first = min(i for i, layer in enumerate(model) if isinstance(layer, nn.Linear))  # no gradient before it
+    grads: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for i in range(len(model) - 1, first - 1, -1):
+            layer, before, after = model[i], inputs[i], (inputs[i + 1] if i + 1 < len(model) else x)
+            if isinstance(layer, nn.Linear):
+                grads[f"{i}.weight"] = torch.bmm(g.transpose(1, 2), before)
+                if layer.bias is not None:
+                    grads[f"{i}.bias"] = g.sum(dim=1)
+                if i > first:
+                    g = torch.bmm(g, params[f"{i}.weight"])
+            elif isinstance(layer, nn.Flatten):
+                g = g.reshape(before.shape)
+            else:
+                g = _elementwise_grad(layer, g, before, after)
+    return grads, losses
+
+
+def _elementwise_grad(layer: nn.Module, g: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """The gradient through one of ELEMENTWISE_LAYERS, from its input (`before`) or output (`after`): the kernels
+    autograd runs for them."""
+    if isinstance(layer, nn.ReLU):
+        return torch.ops.aten.threshold_backward(g, after, 0)
+    if isinstance(layer, nn.Tanh):
+        return torch.ops.aten.tanh_backward(g, after)
+    if isinstance(layer, nn.Sigmoid):
+        return torch.ops.aten.sigmoid_backward(g, after)
+    if isinstance(layer, nn.GELU):
+        return torch.ops.aten.gelu_backward(g, before, approximate=layer.approximate)
+    if isinstance(layer, nn.SiLU):
+        return torch.ops.aten.silu_backward(g, before)
+    if isinstance(layer, nn.Identity):
+        return g
+    raise TypeError(f"no gradient written for {type(layer).__name__} (ELEMENTWISE_LAYERS)")
 
 
 def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: list[np.ndarray],
@@ -160,13 +216,10 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
     def node_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return task.loss(functional_call(model, p, (x,)), y)
 
-    if stackable_sequential(model):  # batched matrix products and autograd: no vmap, no torch.func's grad
+    if stackable_sequential(model):  # batched matrix products, the backward pass written out: no vmap, no autograd
         def step(p: dict[str, torch.Tensor], x: torch.Tensor,
                  y: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-            leaves = {name: t.detach().requires_grad_(True) for name, t in p.items()}
-            losses = task.loss_many(sequential_forward(model, leaves, x), y, counts)
-            grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-            return dict(zip(leaves, grads, strict=True)), losses.detach()
+            return sequential_grads(task, model, p, x, y, counts)
     else:
         if counts is not None:
             raise ValueError("vmap's stacked training takes nodes of one batch size")

@@ -185,6 +185,29 @@ class TorchTask(Task):
         return torch.stack([self.loss(o[:c], t[:c]) for o, t, c in zip(outputs, targets, counts.tolist(),
                                                                          strict=True)])
 
+    def loss_grad_many(self, outputs: torch.Tensor, targets: torch.Tensor,
+                       counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`loss_many` and its gradient with respect to `outputs`: written out for the built-in cross-entropy
+        (softmax minus the target's one-hot, each row weighted as the mean weights it), else through autograd."""
+        if not (self._loss_fn is None and type(self).loss is TorchTask.loss and outputs.dim() == 3
+                and targets.dim() == 2):
+            leaf = outputs.detach().requires_grad_(True)
+            with torch.enable_grad():
+                losses = self.loss_many(leaf, targets, counts)
+                (grad,) = torch.autograd.grad(losses.sum(), leaf)
+            return losses.detach(), grad
+        with torch.no_grad():
+            index = targets.unsqueeze(-1)
+            top = torch.logsumexp(outputs, dim=-1, keepdim=True)
+            each = (top - outputs.gather(-1, index)).squeeze(-1)
+            grad = (outputs - top).exp_()
+            grad.scatter_(-1, index, grad.gather(-1, index) - 1)
+            if counts is None:
+                return each.mean(dim=1), grad.mul_(1.0 / outputs.shape[1])
+            mine = torch.arange(each.shape[1], device=each.device) < counts.unsqueeze(1)
+            weight = torch.where(mine, 1.0 / counts.unsqueeze(1).to(outputs.dtype), 0.0)
+            return torch.where(mine, each, 0.0).sum(dim=1) / counts, grad.mul_(weight.unsqueeze(-1))
+
     @property
     def _own_scores(self) -> bool:
         return self._loss_fn is not None or self._metric_fn is not None
