@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mosaicd.cli import main
 from mosaicd.experiments.simulate import run_simulation
@@ -145,6 +147,47 @@ def test_train_seeds_are_each_nodes_train_seed() -> None:
     for seed, round in [(0, 0), (7, 19), (2**40 + 3, 2999)]:
         assert train_seeds(seed, nodes, round) == [train_seed(seed, node, round) for node in nodes]
     assert train_seeds(5, [], 3) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**62), st.integers(1, 300), st.integers(1, 3), st.floats(0, 1)),
+                min_size=1, max_size=6))
+def test_shuffled_prefixes_are_torch_randperms(lanes: list[tuple[int, int, int, float]]) -> None:
+    """Every node's permutations drawn at once (`draws.shuffled_prefixes`) are the ones torch.randperm draws from
+    the node's generator, pass after pass; `draws.matches()` holds on this torch."""
+    from mosaicd.learning.tasks import draws
+
+    assert draws.matches()
+    seeds, sizes, passes, keep = zip(*[(s, n, p, max(1, round(f * n))) for s, n, p, f in lanes], strict=True)
+    got = draws.shuffled_prefixes(list(seeds), np.array(sizes), np.array(passes), np.array(keep))
+    lane = 0
+    for seed, n, p, k in zip(seeds, sizes, passes, keep, strict=True):
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(p):
+            assert np.array_equal(got[lane, :k], torch.randperm(n, generator=gen).numpy()[:k])
+            lane += 1
+    assert lane == len(got)
+
+
+@pytest.mark.parametrize("local_steps,batch_size,samples,partition", [
+    (5, 32, 64, "dirichlet"), (7, 48, 40, "dirichlet"), (1, 8, 64, "iid"), (3, 64, 64, "iid")])
+def test_batch_rows_drawn_at_once_are_the_nodes_own(local_steps: int, batch_size: int, samples: int,
+                                                    partition: str) -> None:
+    """`stacked.batch_rows` (numpy, all nodes at once) against a torch generator and randperm per node and pass:
+    shards of one pass or many, smaller than the batch or larger."""
+    from mosaicd.learning.tasks import stacked
+
+    s = Settings.load(task="teacher", nodes=40, local_steps=local_steps, batch_size=batch_size,
+                      samples_per_node=samples, partition=partition, alpha=0.1, min_samples=1)
+    task = build_task(s)
+    nodes = list(range(40))
+    shards = [task.shard(n) for n in nodes]
+    for round in (0, 3):
+        rows, sizes = stacked.batch_rows(task, nodes, round, shards)
+        assert np.array_equal(rows, stacked.drawn_by_torch(local_steps, shards, train_seeds(s.seed, nodes, round),
+                                                           sizes))
+    lengths = [len(shard) for shard in shards]
+    assert min(lengths) < batch_size or partition == "iid"
 
 
 def test_device_cpu_runs_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

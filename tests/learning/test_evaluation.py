@@ -98,12 +98,12 @@ def test_eval_samples_subset_for_nodes_full_set_for_the_average():
     assert full["average_model"] == m["average_model"]
 
 
-@pytest.mark.parametrize("task_name", ["digits", "cifar10", "movielens"])
+@pytest.mark.parametrize("task_name", ["digits", "cifar10", "movielens", "teacher"])
 def test_stacked_evaluation_and_training_match_one_by_one(task_name, tmp_path):
     """vmap over stacked parameters: the same numbers up to float32 summation order."""
     from mosaicd.learning.data import write_synthetic
 
-    if task_name != "digits":
+    if task_name in ("cifar10", "movielens"):
         write_synthetic(task_name, tmp_path, train=80, test=30)
     run = Settings(task=task_name, nodes=4, fanout=1, local_steps=3, momentum=0.9, weight_decay=1e-3,
                    batch_size=8, data_dir=tmp_path)
@@ -127,3 +127,39 @@ def test_stacked_evaluation_and_training_match_one_by_one(task_name, tmp_path):
     for (xa, la), (xb, lb) in zip(exact, stacked, strict=True):
         assert np.abs(xa - xb).max() < 1e-5 and lb == pytest.approx(la, rel=1e-5)
         assert np.abs(xa - vectors[0]).max() > 1e-3  # it trained
+
+
+def test_stacked_correct_is_argmaxs_count_with_ties_and_non_finite_logits():
+    """`stacked_correct` compares the target's logit with the largest instead of calling argmax: the same counts,
+    ties going to the first class as argmax's do; a NaN or inf anywhere takes argmax itself."""
+    from mosaicd.learning.tasks.torch_task import stacked_correct
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 3, (5, 400, 6), generator=gen).float()  # three values over six classes: many ties
+    target = torch.randint(0, 6, (400,), generator=gen)
+    want = (logits.argmax(dim=-1) == target).sum(dim=1)
+    assert torch.equal(stacked_correct(logits, target), want) and 0 < int(want.min())
+    assert torch.equal(stacked_correct(logits.transpose(1, 2).contiguous().transpose(1, 2), target), want)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        odd = logits.clone()
+        odd[1, 7, 2] = bad
+        assert torch.equal(stacked_correct(odd, target), (odd.argmax(dim=-1) == target).sum(dim=1))
+
+
+def test_shared_input_features_first_equals_each_models_own_input():
+    """Evaluation's shared batch runs features first (`_features_first`): the same outputs as every model given the
+    batch as its own input, for every layer kind a stack takes."""
+    from torch import nn
+
+    from mosaicd.learning.tasks.stacked import sequential_forward, unstack
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16, bias=False), nn.Tanh(),
+                          nn.Flatten(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 5), nn.Sigmoid())
+    vectors = [np.concatenate([p.detach().numpy().ravel() * (1 + j) for p in model.parameters()]) for j in range(3)]
+    params = unstack(model, vectors, torch.device("cpu"))
+    x = torch.randn(7, 3, 4)
+    shared = sequential_forward(model, params, x, shared=True)
+    own = sequential_forward(model, params, x.expand(3, *x.shape))
+    assert shared.shape == own.shape == (3, 7, 5)
+    assert torch.allclose(shared, own, rtol=1e-5, atol=1e-6)

@@ -87,6 +87,19 @@ def stacked_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch
     return torch.logsumexp(outputs, dim=-1) - outputs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def stacked_correct(outputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """How many of each model's rows argmax classifies as `target`, (m,) from logits (m, B, C) and classes (B,):
+    whether the target's logit is the first largest, compared directly, since on the CPU argmax over a few classes
+    costs as much as the model's matrix products; argmax itself off the CPU and where a logit is not finite (its
+    rule for NaN)."""
+    if outputs.device.type != "cpu" or not bool(torch.isfinite(outputs.sum())):  # a NaN or inf makes the sum one
+        return (outputs.argmax(dim=-1) == target).sum(dim=1)
+    mine = outputs.gather(-1, target.expand(outputs.shape[0], -1).unsqueeze(-1)).squeeze(-1)
+    earlier = torch.arange(outputs.shape[-1], device=outputs.device) < target.unsqueeze(-1)
+    before = outputs.masked_fill(~earlier, float("-inf")).amax(dim=-1)  # the largest of the classes before it
+    return ((outputs.amax(dim=-1) == mine) & (before < mine)).sum(dim=1)
+
+
 def _accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output.argmax(dim=-1) == target).float().mean()
 
@@ -228,7 +241,7 @@ class TorchTask(Task):
                                       for o in outputs])
                     for key, value in (("loss", self.loss), ("metric", self._metric_fn or _accuracy))}
         loss = stacked_cross_entropy(outputs, target.expand(m, -1)).sum(dim=1)
-        return {"loss": loss, "correct": (outputs.argmax(dim=-1) == target).sum(dim=1)}
+        return {"loss": loss, "correct": stacked_correct(outputs, target)}
 
     def summarize(self, sums: dict[str, float], count: int) -> dict[str, float]:
         if "metric" in sums:
