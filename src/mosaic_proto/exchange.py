@@ -123,19 +123,15 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
     each (receiver, fragment) ranked by ascending sender, then for rank 0, 1, ... one vectorised add of every
     receiver's rank-th values into its float64 accumulator (own + r_1 + r_2 ...: the same bits), divided by its count.
     The accumulators are kept most-received first, so the receivers of rank r are the first ones: each add is one
-    contiguous slice, not a gather and scatter. The coordinates are permuted once so that each fragment is one slice
-    of every row."""
+    contiguous slice, not a gather and scatter. Each fragment's coordinates are first copied out as one contiguous
+    array, so that every gather copies whole rows."""
     count = len(models)
-    order = np.concatenate(fragmentation.indices)
-    permuted = models[:, order]
     key = np.unique((receiver * fragmentation.k + fragment) * count + sender)  # sorted: receiver, fragment, sender
     pair, sender = np.divmod(key, count)
     receiver, fragment = np.divmod(pair, fragmentation.k)
-    out = np.empty_like(permuted)
-    start = 0
+    result = np.empty_like(models)
     for f, ix in enumerate(fragmentation.indices):
-        cols = slice(start, start + len(ix))
-        start += len(ix)
+        part = models[:, ix]
         mine = fragment == f
         to, frm = receiver[mine], sender[mine]
         rank = np.arange(len(to)) - np.searchsorted(to, to)  # rows of one receiver are adjacent
@@ -143,14 +139,12 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
         by_degree = np.argsort(-degree, kind="stable")  # accumulator a holds receiver by_degree[a]
         position = np.empty(count, dtype=np.int64)
         position[by_degree] = np.arange(count)
-        received = permuted[frm[np.argsort(rank * count + position[to])], cols]  # by rank, then accumulator
-        acc = permuted[by_degree, cols].astype(np.float64)
+        received = frm[np.argsort(rank * count + position[to])]  # senders by rank, then accumulator
+        acc = part[by_degree].astype(np.float64)
         row = 0
         for m in np.bincount(rank).tolist():  # the m receivers of rank r are accumulators 0..m-1
-            acc[:m] += received[row:row + m]
+            acc[:m] += part[received[row:row + m]]
             row += m
         acc /= (1 + degree[by_degree])[:, None]
-        out[:, cols] = acc[position]
-    result = np.empty_like(models)
-    result[:, order] = out
+        result[:, ix] = acc[position]
     return result
