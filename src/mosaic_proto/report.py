@@ -64,10 +64,12 @@ class NodeReport:
         return data
 
     def row(self, node: int) -> dict[str, Any]:
-        """This report as a nodes.csv row (refusals summed)."""
-        data = {**self.to_json(), "node": node, "refused": sum(self.refused.values()),
-                "refused_by_reason": " ".join(f"{k}={v}" for k, v in sorted(self.refused.items()) if v)}
-        return {c: data.get(c) for c in NODE_COLUMNS}
+        """This report as a nodes.csv row (refusals summed): `to_json`'s values, read directly (a simulation writes
+        a row per node and round)."""
+        traffic, refused = self.traffic, self.refused
+        own = {"node": node, "refused": sum(refused.values()),
+               "refused_by_reason": " ".join(f"{k}={v}" for k, v in sorted(refused.items()) if v)}
+        return {c: own[c] if c in own else getattr(traffic if c in TRAFFIC else self, c) for c in NODE_COLUMNS}
 
     @classmethod
     def from_json(cls, data: Any, round: int) -> NodeReport:
