@@ -9,7 +9,8 @@ Part 2: exact and `--batched` on the same settings (`--device cpu`): digits, 32 
 the teacher task at 1,000 nodes, K=4, s=4, H=5, 20 rounds (evaluated at rounds 9 and 19); the ratio exact/batched,
 and the largest gap of the final metrics (node-average and average-model accuracy).
 
-Usage: python bench/scale.py [--sizes 1000,10000,100000] [--rounds 20] [--no-batched] [--no-scale]
+Usage: python bench/scale.py [--sizes 1000,10000,100000] [--rounds 20] [--no-batched] [--no-scale] [--repeat N]
+(--repeat: each batched case N times, exact and batched alternating; the medians and their ratio are printed.)
 The last line printed is JSON.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,7 +73,7 @@ def scale(sizes: list[int], rounds: int, root: Path) -> list[dict]:
     return rows
 
 
-def batched(root: Path, rounds: int) -> list[dict]:
+def batched(root: Path, rounds: int, repeat: int) -> list[dict]:
     cases = {"digits n=32": dict(task="digits", nodes=32, fragments=8, fanout=4, rounds=rounds),
              "teacher n=1000": dict(task="teacher", nodes=1000, fragments=4, fanout=4, rounds=rounds, local_steps=5,
                                     lr=0.1, partition="dirichlet", alpha=0.3, eval_every=10)}
@@ -79,15 +81,21 @@ def batched(root: Path, rounds: int) -> list[dict]:
     print(f"\n{'case':<16} {'exact':>8} {'batched':>8} {'exact/batched':>14} {'gap node-avg':>13} "
           f"{'gap avg-model':>14}")
     for name, settings in cases.items():
-        exact = run(root / f"{name.split()[0]}-exact", **settings, device="cpu")
-        fast = run(root / f"{name.split()[0]}-batched", **settings, device="cpu", batched=True)
-        row = {"case": name, "exact_s": exact["wall_s"], "batched_s": fast["wall_s"],
-               "ratio": round(exact["wall_s"] / fast["wall_s"], 2),
+        walls: dict[str, list[float]] = {"exact": [], "batched": []}
+        for r in range(repeat):  # interleaved, so that a change of load falls on both
+            exact = run(root / f"{name.split()[0]}-exact-{r}", **settings, device="cpu")
+            fast = run(root / f"{name.split()[0]}-batched-{r}", **settings, device="cpu", batched=True)
+            walls["exact"].append(exact["wall_s"])
+            walls["batched"].append(fast["wall_s"])
+        exact_s, batched_s = statistics.median(walls["exact"]), statistics.median(walls["batched"])
+        row = {"case": name, "exact_s": exact_s, "batched_s": batched_s, "ratio": round(exact_s / batched_s, 2),
+               "exact_walls": walls["exact"], "batched_walls": walls["batched"],
                "gap_node_average": abs(exact["node_average"] - fast["node_average"]),
                "gap_average_model": abs(exact["average_model"] - fast["average_model"])}
         rows.append(row)
-        print(f"{name:<16} {exact['wall_s']:>7.1f}s {fast['wall_s']:>7.1f}s {row['ratio']:>13.2f}x "
-              f"{row['gap_node_average']:>13.2e} {row['gap_average_model']:>14.2e}", flush=True)
+        each = f"  (exact {walls['exact']}, batched {walls['batched']})" if repeat > 1 else ""
+        print(f"{name:<16} {exact_s:>7.1f}s {batched_s:>7.1f}s {row['ratio']:>13.2f}x "
+              f"{row['gap_node_average']:>13.2e} {row['gap_average_model']:>14.2e}{each}", flush=True)
     return rows
 
 
@@ -97,12 +105,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--no-batched", action="store_true")
     parser.add_argument("--no-scale", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each batched case (exact and batched "
+                        "alternating); the medians are compared")
     args = parser.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mosaic-scale-") as tmp:
         root = Path(tmp)
         sizes = [] if args.no_scale else scale([int(n) for n in args.sizes.split(",")], args.rounds, root)
-        fast = [] if args.no_batched else batched(root, args.rounds)
+        fast = [] if args.no_batched else batched(root, args.rounds, args.repeat)
     print(json.dumps({"rounds": args.rounds, "scale": sizes, "batched": fast,
                       "bench_s": round(time.perf_counter() - started, 1)}))
 
