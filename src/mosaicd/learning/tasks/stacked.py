@@ -211,6 +211,8 @@ def sequential_grads(task: TorchModelTask, model: nn.Sequential, params: dict[st
                 x = x if bias is None else x.add_(bias.unsqueeze(1))
             elif isinstance(layer, nn.Flatten):
                 x = x.flatten(layer.start_dim + 1, layer.end_dim if layer.end_dim < 0 else layer.end_dim + 1)
+            elif isinstance(layer, nn.ReLU) and i > 0 and isinstance(model[i - 1], nn.Linear):
+                x = x.clamp_min_(0)  # in place: a Linear's own output, which ReLU's gradient does not read
             else:
                 x = layer(x)
     losses, g = task.loss_grad_many(x, y, counts)

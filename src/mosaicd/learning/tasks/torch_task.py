@@ -211,9 +211,11 @@ class TorchTask(Task):
             return losses.detach(), grad
         with torch.no_grad():
             index = targets.unsqueeze(-1)
-            top = torch.logsumexp(outputs, dim=-1, keepdim=True)
-            each = (top - outputs.gather(-1, index)).squeeze(-1)
-            grad = (outputs - top).exp_()
+            top = outputs.amax(dim=-1, keepdim=True)
+            grad = (outputs - top).exp_()  # softmax's numerators, once for the loss and its gradient
+            total = grad.sum(dim=-1, keepdim=True)
+            each = (total.log().add_(top) - outputs.gather(-1, index)).squeeze(-1)
+            grad.div_(total)
             grad.scatter_(-1, index, grad.gather(-1, index) - 1)
             if counts is None:
                 return each.mean(dim=1), grad.mul_(1.0 / outputs.shape[1])
