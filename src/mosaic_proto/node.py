@@ -38,9 +38,9 @@ from .round import OutgoingMessage, Receipt, RoundReport, RoundState, decoded
 from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
-__all__ = ["GONE", "SNAPSHOTS_KEPT", "TAKES_FRAGMENTS", "TRANSITIONS", "WAITS_FOR_MODEL", "Advance", "NodeEvent",
-           "NodePhase", "NodePhases", "NodeRefused", "NodeState", "NodeStateError", "REASON_REJOINING", "Snapshots",
-           "rejoining_refusal"]
+__all__ = ["GONE", "REASON_FINISHED", "REASON_REJOINING", "SNAPSHOTS_KEPT", "TAKES_FRAGMENTS", "TRANSITIONS",
+           "WAITS_FOR_MODEL", "Advance", "NodeEvent", "NodePhase", "NodePhases", "NodeRefused", "NodeState",
+           "NodeStateError", "Snapshots", "rejoining_refusal"]
 
 SNAPSHOTS_KEPT = 3  # models after the last rounds a node keeps for the barrier's evaluation (and a rejoining peer)
 
@@ -127,7 +127,7 @@ class Advance:
 def _not_taking(phase: NodePhase) -> NodeRefused:
     """Why a node in `phase` takes no fragment messages (`NodeState.taking`)."""
     if phase in _REFUSED_FOR_GOOD:
-        return NodeRefused("finished", f"node is {phase.value}: it takes no more fragments", retry=False)
+        return NodeRefused(REASON_FINISHED, f"node is {phase.value}: it takes no more fragments", retry=False)
     refusal = _REFUSALS.get(phase)
     return refusal() if refusal is not None else NodeRefused("not_ready", f"node is {phase.value}", retry=True)
 
@@ -141,6 +141,7 @@ def rejoining_refusal() -> NodeRefused:
 
 
 REASON_REJOINING = "rejoining"  # the reason of `rejoining_refusal`, which a sender compares
+REASON_FINISHED = "finished"  # a node whose run is over (or that is leaving) refuses fragments for good
 _REFUSALS = {P.REJOINING: rejoining_refusal}  # phase -> its own refusal of fragments (else "not_ready")
 
 

@@ -168,13 +168,14 @@ async def test_a_request_past_its_deadline_fails_and_its_connection_is_dropped(k
             with pytest.raises(HttpError) as failed:
                 await client.request("GET", f"{base}/slow")
             assert failed.value.status is None and "2 attempts" in failed.value.detail
+            assert not failed.value.closed  # a peer that answers late is slow, not down
             assert (await client.request("POST", f"{base}/echo", data=b"y"))[1] == b"y"
         async with Client(5, 0) as client:  # nobody listens: a connection error, no answer
             port = runner.addresses[0][1]
             await runner.cleanup()
             with pytest.raises(HttpError) as failed:
                 await client.request("GET", f"http://127.0.0.1:{port}/echo")
-            assert failed.value.status is None
+            assert failed.value.status is None and failed.value.closed  # its port closed: down (a routine send)
     finally:
         await runner.cleanup()
 

@@ -22,10 +22,11 @@ QUIET_S = 15.0  # a barrier unreachable this long is worth a warning; sooner, it
 class HttpError(Exception):
     """A peer answered 4xx (not retried) or every attempt failed (`status` None)."""
 
-    def __init__(self, status: int | None, detail: str) -> None:
+    def __init__(self, status: int | None, detail: str, closed: bool = False) -> None:
         super().__init__(f"HTTP {status}: {detail}" if status else detail)
         self.status = status
         self.detail = detail
+        self.closed = closed  # the last attempt found the peer's port closed: it is down, not slow
 
 
 class Refused(HttpError):
@@ -92,7 +93,7 @@ class Client:
         if self.signer and digest is None:
             digest = await hash_bytes(data)  # once per request, off the loop when large
         attempts = 1 + (self.retries if retries is None else retries)
-        last, refused = "no attempt", None
+        last, refused, closed = "no attempt", None, False
         for attempt in range(attempts):
             if attempt:
                 delay = self.backoff * 2 ** (attempt - 1)
@@ -106,16 +107,17 @@ class Client:
                     answer = await self._connections.request(method, url, signed, data)
             except (TimeoutError, OSError, ValueError) as exc:  # ValueError: a URL or certificate it cannot use
                 last, refused = f"{type(exc).__name__}: {str(exc) or 'no answer in time'}", None
+                closed = isinstance(exc, ConnectionRefusedError)
                 continue
             if answer.status < 400:
                 return answer.status, answer.body, answer.content_type
             error = refusal(answer.status, answer.body)
             if answer.status < 500 or isinstance(error, Refused) and error.reason in give_up:
                 raise error
-            last, refused = error.detail, error if isinstance(error, Refused) else None
+            last, refused, closed = error.detail, error if isinstance(error, Refused) else None, False
         if refused is not None:  # the last answer gave a reason (registration failed...): the caller may stop on it
             raise refused
-        raise HttpError(None, f"{method} {url} failed after {attempts} attempts: {last}")
+        raise HttpError(None, f"{method} {url} failed after {attempts} attempts: {last}", closed=closed)
 
     async def post_json(self, url: str, payload: dict, **kwargs: Any) -> dict:
         _, body, _ = await self.request("POST", url, json_body=payload, **kwargs)
@@ -160,7 +162,8 @@ class Client:
                 failing_since = now if failing_since is None else failing_since
                 left = grace - (now - failing_since)
                 if left <= 0:
-                    raise HttpError(None, f"{url} did not answer for {flag} {grace:g}s: {exc.detail}") from None
+                    raise HttpError(None, f"{url} did not answer for {flag} {grace:g}s: {exc.detail}",
+                                    closed=exc.closed) from None
                 if hopeless is not None and now - failing_since >= HOPELESS_AFTER_S and \
                         (why := await hopeless()) is not None:
                     raise Abandoned(f"{url} did not answer ({exc.detail}), and {why}") from None

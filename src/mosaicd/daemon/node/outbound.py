@@ -22,7 +22,7 @@ from mosaic_proto import (
     Release,
     parse_address,
 )
-from mosaic_proto.node import REASON_REJOINING
+from mosaic_proto.node import REASON_FINISHED, REASON_REJOINING
 from mosaic_proto.profiles import NodeProfile, TokenBucket
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
@@ -98,12 +98,12 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
                 log.info("receiver_rejoining", round=round, peer=message.peer, undelivered="rejoining",
                          fragments=len(message.fragments))
                 return False
-            routine = exc.reason == "finished"
+            routine = exc.reason == REASON_FINISHED
             if not ok:
                 (log.info if routine else log.warning)("send_failed", round=round, peer=message.peer,
                                                        status=exc.status, error=exc.detail)
         except HttpError as exc:
-            ok, routine = False, "ConnectionRefusedError" in exc.detail
+            ok, routine = False, exc.closed
             (log.info if routine else log.warning)("send_failed", round=round, peer=message.peer, status=exc.status,
                                                    error=exc.detail)
         took = loop.time() - started
