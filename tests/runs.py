@@ -37,9 +37,20 @@ def interrupt_when_checkpointed(kit: Any, proc: subprocess.Popen, out: Path, nod
     """Ctrl-C to a `cluster`'s process group once round `after` is in nodes.csv and every node has checkpointed the
     open round (so that --resume goes on from it); the launcher ends with 130."""
     kit.wait_until(lambda: rounds_done(out) >= after, 90, f"round {after} in nodes.csv")
-    kit.wait_until(lambda: all(kept[:1] == journal_rounds(out)[:1] for kept in checkpoints(out, nodes)), 60,
-                   "a round that every node checkpointed")
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole process group
+
+    def interrupted_at_a_checkpointed_round() -> bool:
+        # the run held still while its files are read: a fast run moves on between a node's checkpoint and the
+        # barrier's journal, and could end before one look saw them agree
+        os.killpg(proc.pid, signal.SIGSTOP)
+        try:
+            agreed = all(kept[:1] == journal_rounds(out)[:1] for kept in checkpoints(out, nodes))
+            if agreed:
+                os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole process group
+        finally:
+            os.killpg(proc.pid, signal.SIGCONT)
+        return agreed
+
+    kit.wait_until(interrupted_at_a_checkpointed_round, 60, "a round that every node checkpointed")
     assert proc.wait(timeout=30) == 130
 
 

@@ -4,7 +4,7 @@ The daemon (or any training loop) feeds it the registration, the trained vector,
 barrier's release and incoming bytes, and gets messages, reports and decisions back. Its phase moves only along
 `TRANSITIONS`, the one table of which event moves which phase where (h11's `_state.py` is the model):
 
-    state = NodeState(max_bytes=..., rejoining=False)     # REGISTERING (REJOINING: it takes over a checkpoint)
+    state = NodeState(max_bytes=..., rejoining=False)     # REGISTERING (REJOINING: a member before, restarted)
     state.registered(rank, addresses, live, round, run_id) # the barrier's answer
     state.start(fragmentation, sampler, vector)             # the model is known: TRAINING
     messages = state.outgoing(local)                        # SENDING
@@ -221,9 +221,10 @@ class NodeState(NodePhases):
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_norm: float | None = None, rejoining: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  on_refused: Callable[[str, int], None] | None = None) -> None:
-        """`rejoining`: it took over a checkpoint, so fragments of rounds it lost are refused at once (retry), not
-        held until it is ready. `clock`: seconds, for the phase times. `on_refused(reason, count)`: told of what a
-        round refuses on its own (--max-norm, the aggregator's cuts), for a daemon's counters (reports count them)."""
+        """`rejoining`: it was a member of the run before (a checkpoint, or the daemon's note of its
+        registration), so fragments of rounds it lost are refused at once (retry), not held until it is ready.
+        `clock`: seconds, for the phase times. `on_refused(reason, count)`: told of what a round refuses on its own
+        (--max-norm, the aggregator's cuts), for a daemon's counters (reports count them)."""
         self.max_bytes, self.max_norm, self.clock, self.on_refused = max_bytes, max_norm, clock, on_refused
         self.aggregator: Aggregator | None = None
         self.attack: Attack | None = None

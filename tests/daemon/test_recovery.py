@@ -295,15 +295,19 @@ def test_node_killed_and_restarted_rejoins_from_its_checkpoint(tmp_path: Path, k
     assert set(range(back_from, run["rounds"])) <= rounds  # it took part in every round after it came back
 
 
-def test_node_killed_and_restarted_at_the_default_deadline_costs_its_round_seconds(tmp_path: Path, kit: Any) -> None:
+@pytest.mark.parametrize("checkpoint_every", [1, 0])
+def test_node_killed_and_restarted_at_the_default_deadline_costs_its_round_seconds(
+        tmp_path: Path, kit: Any, checkpoint_every: int) -> None:
     """Issue #50: a node SIGKILLed and started again with the same command, at the default --round-deadline (120 s)
     and --request-timeout, with the cluster secret: its peers' sends that reach it while it rejoins are answered
     `rejoining` at once and given up for the round (it is a member again only from the next one), so no round waits
-    for their send budget. Rounds take ~2 s (a profile), so the others send while it is starting again."""
+    for their send budget. Rounds take ~2 s (a profile), so the others send while it is starting again. Without
+    checkpoints (--checkpoint-every 0) the node knows it came back from the note its registration left in its state
+    directory, and goes on from a live peer's model."""
     (tmp_path / "slow.toml").write_text("compute_s = 2.0\n")
     secret = write_new_secret(tmp_path / "secret")
     run = {**RUN, "rounds": 14, "eval_every": 0, "node_profile": str(tmp_path / "slow.toml"),
-           "secret_file": str(secret)}
+           "secret_file": str(secret), **({"checkpoint_every": 0} if checkpoint_every == 0 else {})}
     assert "round_deadline" not in run and "request_timeout" not in run and "retries" not in run  # the defaults
     lab = Lab(tmp_path, kit, run)
     try:
@@ -336,6 +340,11 @@ def test_node_killed_and_restarted_at_the_default_deadline_costs_its_round_secon
     assert not warned, warned
     told = [e for i in range(5) if i != 2 for e in lab.log(f"node-{i}") if e["event"] == "receiver_rejoining"]
     assert all(e["level"] == "info" and e["peer"] == victim for e in told), told
+    state = tmp_path / "node-2" / "state" / f"127.0.0.1_{lab.node_ports[2]}"
+    assert {p.name for p in state.iterdir()} == ({"member.json"} if checkpoint_every == 0 else
+                                                 {"member.json", *(f"checkpoint-{i}.npz" for i in range(3))})
+    (back,) = [e for e in lab.log("node-2") if e["event"] == "rejoined"]
+    assert back["model"] == ("peer" if checkpoint_every == 0 else "checkpoint"), back
 
 
 def test_a_new_run_on_the_state_of_a_finished_one_starts_anew_to_the_reference_models(

@@ -11,6 +11,10 @@ With a lossy --compress it also holds what the node's error feedback carries (`c
 that a resumed node sends what it would have sent, and what its training carries across rounds (`trained`,
 `Task.node_state`: an optimizer's moments), so that it steps as it would have stepped. The single files of earlier
 versions (checkpoint.npz, checkpoint-previous.npz) are still read, as older than any slot.
+
+STATE_DIR/member.json: the run and rank the node registered as (`note_member`), written at registration even
+without checkpoints (--checkpoint-every 0, or a node killed in round 0): started again, a node that finds it knows
+it came back (`was_member`), so it refuses its peers' fragments at once instead of holding them.
 """
 
 from __future__ import annotations
@@ -105,6 +109,22 @@ def kept(directory: Path | None) -> list[Checkpoint]:
         if (read := _read(directory / name)) is not None:
             found.append((read[1], read[0]))
     return [c for _, c in sorted(found, key=lambda item: item[0], reverse=True)]
+
+
+MEMBER = "member.json"
+
+
+def note_member(directory: Path, run_id: str, rank: int, address: str) -> None:
+    """Say in the state directory that this node is rank `rank` of run `run_id` (replaced whole: a rename)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f"{MEMBER}.partial"
+    partial.write_text(json.dumps({"run_id": run_id, "rank": rank, "address": address}))
+    partial.replace(directory / MEMBER)
+
+
+def was_member(directory: Path | None) -> bool:
+    """A node with this state directory registered into a run before (`note_member`)."""
+    return directory is not None and (directory / MEMBER).is_file()
 
 
 def _written(path: Path) -> int | None:

@@ -54,9 +54,9 @@ class Peer:
         """`model`: the model's Layout, or a torch module whose float state is the gossiped vector; None to
         give it after registration (`set_model`). `run` and `host` are needed only where this peer hosts the
         barrier (rank 0 of a --peer-list): `host` builds it (`mosaicd.Peer` gives `mosaicd.daemon.embedded`'s,
-        with the network evaluation it was given). `rejoining`: this process
-        takes over from an earlier one (it has its checkpoint): fragments of the round it lost are refused
-        at once instead of held until it is ready. `resume_rank`: the rank this process takes back in a resumed
+        with the network evaluation it was given). `rejoining`: this process takes over from an earlier one (its
+        checkpoint, or its note of being a member: `checkpoint.was_member`): fragments of the round it lost are
+        refused at once instead of held until it is ready. `resume_rank`: the rank this process takes back in a resumed
         run (`--resume-round`), wherever it listens now. `secret`: the run's (a `mosaicd.Barrier`'s of the same
         program: `barrier.secret`); none given: --secret-file's, read here. `checkpoints`: the rounds of this
         member's checkpoints of the run (a peer list's member started again): where rank 0 resumes the run, it goes

@@ -45,7 +45,8 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     held = None  # a member started again says which rounds it can go on from, where the barrier resumes the run
     if options.resume_round is None and directory is not None:
         held = [c.round for c in kept if run is None or c.run_id == run.run_id]
-    peer = Peer(options, run=run, host=host, rejoining=saved is not None, resume_rank=resume_rank, checkpoints=held)
+    came_back = saved is not None or checkpoint.was_member(directory)  # a run's member before, started again
+    peer = Peer(options, run=run, host=host, rejoining=came_back, resume_rank=resume_rank, checkpoints=held)
     registering = asyncio.ensure_future(peer.__aenter__())
     told = on_signals(registering) if options.leave_on_signal else None
     try:
@@ -54,6 +55,11 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
         if not told:
             raise
         return 0
+    if directory is not None:
+        try:
+            checkpoint.note_member(directory, peer.run.run_id, peer.rank, peer.address)
+        except OSError as exc:  # it only makes a restart without a checkpoint cost its peers their send budget
+            peer.log.warning("member_note_unwritten", state_dir=str(directory), error=str(exc))
     try:
         rounds = asyncio.ensure_future(train_and_gossip(peer, settings, task, saved, prefetched))
         stopped = on_signals(rounds, 0 if peer.barrier is None else 1) if options.leave_on_signal else None
