@@ -327,10 +327,11 @@ def test_a_node_told_to_stop_while_it_waits_for_the_roster_withdraws(tmp_path: P
 
 @pytest.mark.slow
 def test_a_node_stopped_past_the_end_learns_it_and_exits_within_seconds(tmp_path: Path, kit: Any) -> None:
-    """SIGSTOP a node near the end; the others finish, the barrier and the nodes exit; SIGCONT: the node finds the
+    """SIGSTOP a node mid-run; the others finish, the barrier and the nodes exit; SIGCONT: the node finds the
     barrier and every peer gone (connections refused, not cut off) and ends, saying so, well within 15 s of
-    resuming, instead of retrying the barrier for --barrier-grace (120 s)."""
-    run = dict(nodes=4, rounds=12, fragments=2, fanout=2, round_deadline=2, drop_after=1, eval_every=6,
+    resuming, instead of retrying the barrier for --barrier-grace (120 s). Rounds here take ~10 ms: the node is
+    stopped a third of the way in, so that it cannot have finished its part of the last round before the signal."""
+    run = dict(nodes=4, rounds=24, fragments=2, fanout=2, round_deadline=2, drop_after=1, eval_every=6,
                request_timeout=5, retries=1)
     barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
     try:
@@ -338,8 +339,8 @@ def test_a_node_stopped_past_the_end_learns_it_and_exits_within_seconds(tmp_path
         for i, port in enumerate(node_ports):
             spawn(f"node-{i}", port, "node", "--barrier-url", f"http://127.0.0.1:{barrier_port}",
                   "--out", str(tmp_path / f"node-{i}"))
-        view = kit.wait_until(lambda: (s := status(kit, barrier_port)) and s["round"] >= run["rounds"] - 4 and s,
-                              90, f"round {run['rounds'] - 4}")
+        view = kit.wait_until(lambda: (s := status(kit, barrier_port)) and s["round"] >= run["rounds"] // 3 and s,
+                              90, f"round {run['rounds'] // 3}")
         victim_port = int(next(m["address"] for m in view["members"] if m["rank"] == 1).rsplit(":", 1)[1])
         procs[victim_port].send_signal(signal.SIGSTOP)
         for port, proc in procs.items():  # the run ends without it; everyone else exits
