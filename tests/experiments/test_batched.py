@@ -102,13 +102,14 @@ def test_sequential_grads_are_autograds_for_every_elementwise_layer(builtin_loss
               nn.Identity(), nn.Linear(16, 5)]
     model = nn.Sequential(*layers)
     settings = Settings.load(task="teacher", nodes=4)
-    loss = None if builtin_loss else (lambda out, y: ((out.softmax(-1) - nn.functional.one_hot(y, 5)) ** 2).mean())
-    task = build_task(settings) if builtin_loss else None
-    if task is None:
+    if builtin_loss:
+        task = build_task(settings)
+    else:
         from mosaicd.learning.tasks.torch_task import TorchTask
 
         task = TorchTask(settings.run_config(), model=lambda: model, train=(np.zeros((4, 3, 4), np.float32),
-                         np.zeros(4, np.int64)), loss=loss)
+                         np.zeros(4, np.int64)),
+                         loss=lambda out, y: ((out.softmax(-1) - nn.functional.one_hot(y, 5)) ** 2).mean())
     vectors = [np.concatenate([p.detach().numpy().ravel() * (1 + j) for p in model.parameters()]) for j in range(3)]
     params = unstack(model, vectors, torch.device("cpu"))
     x, y = torch.randn(3, 6, 3, 4), torch.randint(0, 5, (3, 6))

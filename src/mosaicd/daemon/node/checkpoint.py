@@ -93,7 +93,12 @@ def newest(found: list[Checkpoint], round: int | None = None) -> Checkpoint | No
 
 def rounds(directory: Path, run_id: str | None = None) -> list[int]:
     """The rounds of the checkpoints kept in `directory` (`run_id`: of that run), newest first."""
-    return [c.round for c in kept(directory) if run_id is None or c.run_id == run_id]
+    return rounds_of(kept(directory), run_id)
+
+
+def rounds_of(found: list[Checkpoint], run_id: str | None = None) -> list[int]:
+    """The rounds of `found` (`kept`'s checkpoints; `run_id`: of that run), in its order."""
+    return [c.round for c in found if run_id is None or c.run_id == run_id]
 
 
 def kept(directory: Path | None) -> list[Checkpoint]:

@@ -44,7 +44,7 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     resume_rank = saved.rank if saved is not None and options.resume_round is not None else None
     held = None  # a member started again says which rounds it can go on from, where the barrier resumes the run
     if options.resume_round is None and directory is not None:
-        held = [c.round for c in kept if run is None or c.run_id == run.run_id]
+        held = checkpoint.rounds_of(kept, run.run_id if run is not None else None)
     came_back = saved is not None or checkpoint.was_member(directory)  # a run's member before, started again
     peer = Peer(options, run=run, host=host, rejoining=came_back, resume_rank=resume_rank, checkpoints=held)
     registering = asyncio.ensure_future(peer.__aenter__())

@@ -28,7 +28,7 @@ def shuffled_prefixes(seeds: Sequence[int], sizes: np.ndarray, passes: np.ndarra
     sizes, passes, keep = (np.asarray(a, dtype=np.int64) for a in (sizes, passes, keep))
     if len(sizes) and (int(sizes.max()) >= LARGEST or int(sizes.min()) < 1 or np.any(keep > sizes)):
         raise ValueError("sizes must be in 1 .. 2**32 / 20 and keep at most the size")
-    draws = np.maximum(sizes - 1, 0)  # a permutation of n values takes n - 1 values of the generator
+    draws = sizes - 1  # a permutation of n values takes n - 1 values of the generator
     generator = np.random.MT19937(0)
     raws = [_raw(generator, seed, int(p * d)) for seed, p, d in zip(seeds, passes.tolist(), draws.tolist(),
                                                                          strict=True)]

@@ -187,7 +187,7 @@ class TorchTask(Task):
                   counts: torch.Tensor | None = None) -> torch.Tensor:
         """The losses of m models' outputs (m, B, ...) against their own targets (m, B, ...): a tensor of m.
         `counts`: model j's batch is its first counts[j] rows (the rest pads a stack of smaller batches)."""
-        if self._loss_fn is None and type(self).loss is TorchTask.loss and outputs.dim() == 3 and targets.dim() == 2:
+        if self._builtin_loss(outputs, targets):
             each = stacked_cross_entropy(outputs, targets)
             if counts is None:
                 return each.mean(dim=1)
@@ -202,8 +202,7 @@ class TorchTask(Task):
                        counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`loss_many` and its gradient with respect to `outputs`: written out for the built-in cross-entropy
         (softmax minus the target's one-hot, each row weighted as the mean weights it), else through autograd."""
-        if not (self._loss_fn is None and type(self).loss is TorchTask.loss and outputs.dim() == 3
-                and targets.dim() == 2):
+        if not self._builtin_loss(outputs, targets):
             leaf = outputs.detach().requires_grad_(True)
             with torch.enable_grad():
                 losses = self.loss_many(leaf, targets, counts)
@@ -222,6 +221,11 @@ class TorchTask(Task):
             mine = torch.arange(each.shape[1], device=each.device) < counts.unsqueeze(1)
             weight = torch.where(mine, 1.0 / counts.unsqueeze(1).to(outputs.dtype), 0.0)
             return torch.where(mine, each, 0.0).sum(dim=1) / counts, grad.mul_(weight.unsqueeze(-1))
+
+    def _builtin_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> bool:
+        """The loss is the built-in cross-entropy over class indices, which the stacked paths compute themselves."""
+        return self._loss_fn is None and type(self).loss is TorchTask.loss and outputs.dim() == 3 \
+            and targets.dim() == 2
 
     @property
     def _own_scores(self) -> bool:
