@@ -336,8 +336,9 @@ def test_a_barrier_started_by_hand_holds_its_out(tmp_path: Path, kit: Any) -> No
     proc = subprocess.Popen([*kit.by_hand, *barrier], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        kit.wait_until(lambda: (out / "rounds.csv").exists(), 60, "the barrier's rounds.csv (it waits for its nodes)")
-        before = listing(out)
+        kit.wait_until(lambda: (out / "rounds.csv").exists() and (out / "logs" / "barrier.log").exists(), 60,
+                       "the barrier's rounds.csv and log (it waits for its nodes)")
+        before = listing(out)  # every file the running barrier makes at its start: none may change from here
         second = mosaicd(*barrier, cwd=tmp_path)
         assert second.returncode == 2 and second.stdout == "", second.stderr
         assert second.stderr.strip().splitlines()[-1] == f"mosaicd barrier: error: --out {out}: another barrier is " \
