@@ -240,8 +240,11 @@ def load_image(engines: list[Engine], image: str, archive: Path, main_env: dict[
         engine.docker("load", "-q", "-i", str(archive), timeout=600)
         if image_id(engine, image) != wanted:
             raise HarnessError(f"host {engine.host}: {image} loaded but its id is not {wanted}")
-    with ThreadPoolExecutor(len(todo)) as pool:  # the engines unpack it at once (CI time)
-        list(pool.map(load, todo))
+    try:
+        with ThreadPoolExecutor(len(todo)) as pool:  # the engines unpack it at once (CI time)
+            list(pool.map(load, todo))
+    finally:
+        archive.unlink(missing_ok=True)  # 1.2 GB that pytest would otherwise keep for three sessions
 
 
 def remove_tree(path: Path) -> None:
