@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = [
     ("mosaic_proto", 0),
     ("mosaicd.settings", 1), ("mosaicd.logs", 1), ("mosaicd.outputs", 1), ("mosaicd.extras", 1),
-    ("mosaicd.rundir", 1), ("mosaicd.progress", 1),
+    ("mosaicd.files", 1), ("mosaicd.rundir", 1), ("mosaicd.progress", 1),
     ("mosaicd.trackers", 1),
     ("mosaicd.learning.partition", 2),
     ("mosaicd.learning.data", 3),

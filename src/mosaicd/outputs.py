@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 import os
@@ -47,6 +48,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from mosaic_proto import NODE_COLUMNS, NodeReport
+from mosaicd.files import write_whole
 from mosaicd.rundir import LIST_COLUMNS, MODEL_HASHES, node_losses_after, read_rounds, read_summary  # read_rounds: all
 from mosaicd.settings import RunConfig
 from mosaicd.trackers import RoundTrackers
@@ -136,13 +138,7 @@ def write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) ->
     `mark_failed`). `indent=None` (a running run's, rewritten at every evaluation): one line, through json's C
     encoder, several times faster than the indented form."""
     summary = clean_json(summary)
-    tmp = out / "summary.json.tmp"
-    try:
-        tmp.write_text(json.dumps(summary, indent=indent))
-    except OSError:
-        tmp.unlink(missing_ok=True)  # the summary before stays whole
-        raise
-    tmp.replace(out / "summary.json")
+    write_whole(out / "summary.json", json.dumps(summary, indent=indent))  # a failed write leaves the one before
     return summary
 
 
@@ -246,10 +242,9 @@ def drop_rows_from(out: Path, nodes: int, rounds: int) -> None:
         kept = rows[:1] + [r for r in rows[1:] if r and int(r[0]) < first]
         if len(kept) == len(rows):
             continue
-        tmp = path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as f:
-            csv.writer(f).writerows(kept)
-        tmp.replace(path)
+        text = io.StringIO()
+        csv.writer(text).writerows(kept)
+        write_whole(path, text.getvalue())
 
 
 class RunRecorder:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mosaic_proto import BarrierState, InMemoryNetwork
+from mosaicd.files import write_whole
 from mosaicd.learning.tasks import Task
 from mosaicd.outputs import NPZ_READ_ERRORS
 from mosaicd.rundir import SIMULATE_CHECKPOINT, read_summary
@@ -65,15 +66,6 @@ class Resumed:
             task.load_node_state(node, state)
 
 
-def _fsync_replace(tmp: Path, path: Path) -> None:
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(out: Path, network: InMemoryNetwork, task: Task, settings: Settings, started: float,
          ready: dict[str, float] | None = None) -> None:
     """Checkpoint the run between two rounds (after round `network.round - 1`'s rows were written); `ready`: the
@@ -93,12 +85,7 @@ def save(out: Path, network: InMemoryNetwork, task: Task, settings: Settings, st
     buffer = io.BytesIO()
     np.savez(buffer, vectors=np.stack([np.asarray(v, dtype="<f4") for v in network.vectors]),
              meta=np.array(json.dumps(meta)), **arrays)
-    tmp = out / f"{SIMULATE_CHECKPOINT}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(buffer.getbuffer())
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_replace(tmp, out / SIMULATE_CHECKPOINT)
+    write_whole(out / SIMULATE_CHECKPOINT, buffer.getbuffer(), durable=True)
 
 
 States = dict[int, dict[str, np.ndarray]]

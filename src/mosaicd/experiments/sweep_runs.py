@@ -6,6 +6,7 @@ What `sweep` (one at a time), `sweep_jobs` (at once here) and `sweep_slurm` (in 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import shutil
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from mosaicd.files import write_whole
 from mosaicd.outputs import NETWORK_METRICS, SUMMARY_KEYS, higher_is_better, read_rounds
 from mosaicd.progress import ProgressPrinter, RoundProgress, clock, metrics_text, round_text
 from mosaicd.settings import Settings
@@ -77,13 +79,12 @@ def grid_row(run: Run, summary: dict[str, Any], rounds: list[dict[str, Any]]) ->
 
 def write_grid_csv(spec: Spec, rows: list[dict[str, Any]]) -> Path:
     path = spec.out / "grid.csv"
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, ["run", *spec.grid, *GRID_COLUMNS])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-    tmp.replace(path)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, ["run", *spec.grid, *GRID_COLUMNS])
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    write_whole(path, text.getvalue())
     return path
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from mosaicd.experiments.sweep_runs import Run, Spec, SweepBook, run_state, write_settings
 from mosaicd.experiments.sweep_worker import Ticket, read_ticket, run_read, write_ticket
+from mosaicd.files import write_whole
 from mosaicd.progress import RoundProgress
 from mosaicd.settings import SettingsError
 
@@ -176,10 +177,7 @@ class SlurmSweep:
 
     def _record(self, submission: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / "submissions.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([*self.submissions(), submission], indent=1) + "\n")
-        tmp.replace(path)
+        write_whole(self.dir / "submissions.json", json.dumps([*self.submissions(), submission], indent=1) + "\n")
 
     def live(self) -> dict[str, LiveTask]:
         """The runs queued or running in Slurm now, by name (squeue: a job it no longer lists has ended)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
 from mosaicd.experiments.sweep_runs import Run, execute, run_state
+from mosaicd.files import write_whole
 from mosaicd.progress import ProgressPrinter, RoundProgress
 from mosaicd.settings import Settings
 
@@ -35,9 +36,7 @@ def write_ticket(out: Path, run: Run, mode: str, timeout: float | None = None) -
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"name": run.name, "point": run.point, "mode": mode, "timeout": timeout,
             "settings": run.settings.model_dump(mode="json")}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body, indent=1) + "\n")
-    tmp.replace(path)
+    write_whole(path, json.dumps(body, indent=1) + "\n")
     return path
 
 

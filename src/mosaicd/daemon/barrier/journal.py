@@ -15,12 +15,12 @@ by it); this module writes it and loads a run from it. Anything above that needs
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from mosaic_proto import BarrierPhases, BarrierState
+from mosaicd.files import write_whole
 from mosaicd.rundir import journal as journal_file
 from mosaicd.settings import RunConfig, SettingsError
 
@@ -45,21 +45,7 @@ def save(out: Path, run: RunConfig, state: BarrierState, started: float, secured
     earlier = _earlier(out, now["round"])
     data = {"version": VERSION, "run": run.model_dump(mode="json"), "started": started, "secured": secured,
             "state": now, **({"earlier": earlier} if earlier else {})}
-    tmp = out / f"{STATE_FILE}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(json.dumps(data))  # json.dumps: the C encoder (json.dump's is Python's, ~10x slower)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, out / STATE_FILE)
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_whole(out / STATE_FILE, json.dumps(data), durable=True)  # json.dumps: the C encoder (json.dump: ~10x slower)
 
 
 def _earlier(out: Path, round: int) -> dict[str, Any] | None:

@@ -6,11 +6,13 @@ import ctypes
 import errno
 import os
 import socket
+from pathlib import Path
 
 from aiohttp import web
 
 from mosaicd.daemon.http.limits import guard_connections, handler_options
 from mosaicd.daemon.http.tls import server_context
+from mosaicd.files import write_whole
 from mosaicd.settings import DaemonOptions
 
 # connections the kernel queues until the loop accepts them: dozens of peers connect at each round's start, and a
@@ -97,11 +99,9 @@ def earlier_port(options: DaemonOptions) -> int:
 
 def write_port(path: os.PathLike[str], port: int) -> None:
     """--port-file: the port, written whole (a health check may read it at any moment)."""
-    tmp = f"{os.fspath(path)}.tmp"
-    os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
-    with open(tmp, "w") as f:
-        f.write(f"{port}\n")
-    os.replace(tmp, path)
+    path = Path(path)
+    path.absolute().parent.mkdir(parents=True, exist_ok=True)
+    write_whole(path, f"{port}\n")
 
 
 # glibc malloc: blocks below MMAP_BELOW come from the heap, and up to KEEP_FREED bytes freed at its top stay there

@@ -29,6 +29,7 @@ import numpy as np
 from numpy.lib import format as npy
 
 from mosaicd.daemon.http.membership import own_address
+from mosaicd.files import write_whole
 from mosaicd.logs import get_logger
 from mosaicd.outputs import NPZ_READ_ERRORS
 from mosaicd.settings import DaemonOptions
@@ -122,9 +123,7 @@ MEMBER = "member.json"
 def note_member(directory: Path, run_id: str, rank: int, address: str) -> None:
     """Say in the state directory that this node is rank `rank` of run `run_id` (replaced whole: a rename)."""
     directory.mkdir(parents=True, exist_ok=True)
-    partial = directory / f"{MEMBER}.partial"
-    partial.write_text(json.dumps({"run_id": run_id, "rank": rank, "address": address}))
-    partial.replace(directory / MEMBER)
+    write_whole(directory / MEMBER, json.dumps({"run_id": run_id, "rank": rank, "address": address}))
 
 
 def was_member(directory: Path | None) -> bool:

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from mosaicd.files import replacing, write_whole
+
 from .common import Split, data_path, missing
 
 _CACHE_VERSION = 1
@@ -203,19 +205,14 @@ def _write_cache(cache: Path, stamp: dict, files: dict[str, list[Path]], key: by
     counts = {}
     for part, paths in files.items():
         labels = []
-        tmp = cache / f"{part}_x.u8.tmp"
-        with open(tmp, "wb") as out:
+        with replacing(cache / f"{part}_x.u8") as out:
             for p in paths:
                 data, y = _read_batch(p, key)
                 out.write(memoryview(np.ascontiguousarray(data)).cast("B"))
                 labels.append(y)
                 del data
-        os.replace(tmp, cache / f"{part}_x.u8")
         y_all = np.concatenate(labels)
-        with open(cache / f"{part}_y.npy.tmp", "wb") as out:
+        with replacing(cache / f"{part}_y.npy") as out:
             np.save(out, y_all)
-        os.replace(cache / f"{part}_y.npy.tmp", cache / f"{part}_y.npy")
         counts[part] = len(y_all)
-    tmp = cache / "manifest.json.tmp"
-    tmp.write_text(json.dumps({"version": _CACHE_VERSION, "sources": stamp, "counts": counts}))
-    os.replace(tmp, cache / "manifest.json")
+    write_whole(cache / "manifest.json", json.dumps({"version": _CACHE_VERSION, "sources": stamp, "counts": counts}))
