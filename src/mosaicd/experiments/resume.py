@@ -15,7 +15,6 @@ same thing: the run's start is a function of its settings.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from mosaic_proto import BarrierState, InMemoryNetwork
-from mosaicd.files import write_whole
+from mosaicd.files import replacing
 from mosaicd.learning.tasks import Task
 from mosaicd.outputs import NPZ_READ_ERRORS
 from mosaicd.rundir import SIMULATE_CHECKPOINT, read_summary
@@ -82,10 +81,9 @@ def save(out: Path, network: InMemoryNetwork, task: Task, settings: Settings, st
     meta["trained"] = {str(node): sorted(state) for node, state in trained.items() if state}
     arrays |= {f"trained_{node}_{key}": np.asarray(values) for node, state in trained.items()
                for key, values in state.items()}
-    buffer = io.BytesIO()
-    np.savez(buffer, vectors=np.stack([np.asarray(v, dtype="<f4") for v in network.vectors]),
-             meta=np.array(json.dumps(meta)), **arrays)
-    write_whole(out / SIMULATE_CHECKPOINT, buffer.getbuffer(), durable=True)
+    with replacing(out / SIMULATE_CHECKPOINT, durable=True) as f:  # straight to disk: no copy of it in memory
+        np.savez(f, vectors=np.stack([np.asarray(v, dtype="<f4") for v in network.vectors]),
+                 meta=np.array(json.dumps(meta)), **arrays)
 
 
 States = dict[int, dict[str, np.ndarray]]
