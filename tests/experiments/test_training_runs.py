@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 from own_tasks import write_tasks
+from runs import interrupt_when_checkpointed, run_peer_list
 
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.outputs import read_rounds
 from mosaicd.progress import RoundProgress
 from mosaicd.settings import Settings
-from runs import interrupt_when_checkpointed, run_peer_list
 
 ADAM = ["--task", "digits", "--nodes", "4", "--fanout", "2", "--fragments", "2", "--rounds", "150", "--local-steps",
         "2", "--optimizer", "adam", "--lr", "0.003", "--optimizer-option", "betas=[0.9,0.99]", "--lr-schedule",

@@ -105,3 +105,25 @@ def test_quadratic_cluster_never_loads_torch(tmp_path: Path, kit: Any) -> None:
     summary = cluster.run(timeout=120)
     assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
     assert seen == {"barrier": False, "node-0": False, "node-1": False, "node-2": False}
+
+
+def test_an_error_line_sent_on_the_report_pipe_is_the_exit_reason(tmp_path: Path) -> None:
+    """A process's log may sit on the disk that filled, its last line cut: the error line it sent on the report
+    pipe is what the launcher says, whole (and the log's last error where nothing was sent)."""
+    import os
+    import threading
+
+    from mosaicd.experiments.processes import Children, Processes, exit_reason
+
+    processes = Processes(tmp_path)
+    read, write = os.pipe()
+    reader = threading.Thread(target=processes._read_reports, args=(read, {}))
+    line = "mosaicd barrier: error: cannot write /x/run: No space left on device"
+    Children(write).error("barrier", line)
+    os.close(write)
+    reader.start()
+    reader.join(5)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "barrier.log").write_text("mosaicd barrier: error: cannot write /x/ru")  # cut short
+    assert exit_reason(tmp_path, "barrier", 1, processes.said.get("barrier")) == line
+    assert exit_reason(tmp_path, "barrier", 1, None) == "mosaicd barrier: error: cannot write /x/ru"

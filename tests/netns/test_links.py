@@ -89,12 +89,13 @@ def test_partitioned_host_straggles_is_dropped_and_the_others_finish(netns: None
         assert "dropped" in cluster.log_tail(rank, 20_000)
     summary = cluster.summary()
     assert summary["status"] == "finished"
-    assert summary["dropped"] == cut and summary["members"] == [0, 1, 2, 3]
+    # the order is the order they were dropped in: a cut node's last arrival may have made one more round
+    assert sorted(summary["dropped"]) == cut and summary["members"] == [0, 1, 2, 3]
     assert sorted(summary["model_sha256"], key=int) == ["0", "1", "2", "3"]
     events = summary["events"]
     # only the cut host's nodes straggle; they straggle before they are dropped, and both are dropped
     assert events and all(set(e["stragglers"]) <= set(cut) for e in events), events
-    assert events[0]["dropped"] == [] and events[-1]["dropped"] == cut, events
+    assert events[0]["dropped"] == [] and sorted(events[-1]["dropped"]) == cut, events
     assert all(at - 1 <= e["round"] <= at + 3 for e in events), (at, events)
     rounds: dict[int, set[int]] = {}
     for row in cluster.rows():

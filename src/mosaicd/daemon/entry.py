@@ -20,18 +20,25 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, T
                                                 RunEnded, OutputError, ListenError)
 
 
-def run_entry(command: str, main: Callable[[], int]) -> int:
-    """`main()`'s exit code, or the one its error means (printed as `mosaicd COMMAND: error: ...`)."""
+def run_entry(command: str, main: Callable[[], int], tell: Callable[[str], None] | None = None) -> int:
+    """`main()`'s exit code, or the one its error means (printed as `mosaicd COMMAND: error: ...`). `tell`: the
+    same line also goes there (a launcher's pipe: the log the line is printed to may be on a full disk)."""
     try:
         return main()
     except KeyboardInterrupt:
         return 130
     except SettingsError as exc:  # the settings or the peer list the user wrote: a usage error
-        print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
+        _say(f"mosaicd {command}: error: {exc}", tell)
         return 2
     except USER_ERRORS as exc:
-        print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
+        _say(f"mosaicd {command}: error: {exc}", tell)
         return 1
+
+
+def _say(line: str, tell: Callable[[str], None] | None) -> None:
+    print(line, file=sys.stderr)
+    if tell is not None:
+        tell(line)
 
 
 # A process told to stop (SIGTERM, Ctrl-C) exits within this, whatever it still waits for: a worker thread in the

@@ -216,11 +216,11 @@ class Cluster:
                 goes_on = "; told the barrier it left: the others go on without it, not waiting for it" \
                     if unheard is None else f"; the barrier could not be told it left ({unheard}): the others " \
                     "go on without it while they can (--fail-fast to stop instead)"
-            why = exit_reason(self.out, name, failed[name])
+            why = exit_reason(self.out, name, failed[name], self.processes.said_by(name))
             printer.message(f"{name} exited with status {failed[name]}: {why} "
                             f"(see {self.out / 'logs' / name}.log){goes_on}", always=True)
         if "barrier" in failed:
-            raise ClusterFailed(barrier_failure(self.out, failed["barrier"]))
+            raise ClusterFailed(barrier_failure(self.out, failed["barrier"], self.processes.said_by("barrier")))
         if failed and self.fail_fast:
             raise ClusterFailed(f"processes failed: {failed}; see {self.out / 'logs'}")
         if barrier == 0 and self.processes.all_ended():
@@ -253,11 +253,12 @@ class Cluster:
                                         f"its process ended ({exit_text(code)})")
 
 
-def barrier_failure(out: Path, code: int) -> str:
-    """Why the barrier ended the run: its summary's error (it writes one when it can), else its exit."""
+def barrier_failure(out: Path, code: int, said: str | None = None) -> str:
+    """Why the barrier ended the run: its summary's error (it writes one when it can), else its exit and the error
+    line it `said` on the report pipe (whole where its log, on a full disk, may be cut), else its log's."""
     error = (read_summary(out) or {}).get("error")
     return f"the run failed: {error}" if error else f"the barrier exited with status {code}: " \
-        f"{last_error(out, 'barrier')} (see {out / 'logs' / 'barrier.log'})"
+        f"{said or last_error(out, 'barrier')} (see {out / 'logs' / 'barrier.log'})"
 
 
 class _Reported:

@@ -74,9 +74,10 @@ def exit_text(code: int) -> str:
     return "interrupted (Ctrl-C or SIGTERM)" if code == 130 else f"exit status {code}"
 
 
-def exit_reason(out: Path, name: str, code: int) -> str:
-    """Why a process ended, for the console: the signal that killed it, else the last error of its log."""
-    return exit_text(code) if code < 0 or code == 130 else last_error(out, name)
+def exit_reason(out: Path, name: str, code: int, said: str | None = None) -> str:
+    """Why a process ended, for the console: the signal that killed it, else the error line it `said` (on the
+    report pipe), else the last error of its log."""
+    return exit_text(code) if code < 0 or code == 130 else said or last_error(out, name)
 
 
 class ForkedProcess:
@@ -147,12 +148,15 @@ class ForkedProcess:
 
 class Processes:
     """A run's processes by name ("barrier", "node-<i>"), their logs in OUT/logs (appended to where `append`: a
-    resumed run's logs go on); `dead`: those that ended with a status other than 0, as `failures` reported them."""
+    resumed run's logs go on); `dead`: those that ended with a status other than 0, as `failures` reported them;
+    `said`: the error line each warm process sent on the report pipe (its log may be on a disk that filled)."""
 
     def __init__(self, out: Path, append: bool = False) -> None:
         self.out, self.append = out, append
         self.procs: dict[str, subprocess.Popen | ForkedProcess] = {}
         self.dead: dict[str, int] = {}
+        self.said: dict[str, str] = {}
+        self._reports: threading.Thread | None = None
 
     def _log(self, name: str) -> Path:
         logs = self.out / "logs"
@@ -185,7 +189,9 @@ class Processes:
             os.close(write)
         self.procs["barrier"] = barrier
         self.procs.update(handles)
-        threading.Thread(target=self._read_reports, args=(read, handles), name="warm-reports", daemon=True).start()
+        self._reports = threading.Thread(target=self._read_reports, args=(read, handles), name="warm-reports",
+                                         daemon=True)
+        self._reports.start()
         try:
             assert barrier.stdin is not None
             barrier.stdin.write(json.dumps({"children": children}).encode())
@@ -193,14 +199,16 @@ class Processes:
         except OSError:  # it died at once: the run's loop reports its exit status
             pass
 
-    @staticmethod
-    def _read_reports(fd: int, handles: dict[str, ForkedProcess]) -> None:
+    def _read_reports(self, fd: int, handles: dict[str, ForkedProcess]) -> None:
         with os.fdopen(fd, "rb") as reports:
             for line in reports:
                 try:
                     message = json.loads(line)
+                    if "error" in message:
+                        self.said[str(message["name"])] = str(message["error"])
+                        continue
                     handle = handles[message["name"]]
-                except (ValueError, KeyError):
+                except (ValueError, KeyError, TypeError):
                     continue
                 if "pid" in message:
                     handle.started(int(message["pid"]))
@@ -208,6 +216,13 @@ class Processes:
                     handle.exited(int(message["exit"]))
         for handle in handles.values():
             handle.orphaned()
+
+    def said_by(self, name: str, within: float = 2.0) -> str | None:
+        """The error line `name` sent before it ended; the warm barrier's pipe is read to its end first (for up to
+        `within` seconds: its line may still be in the pipe when its exit is seen)."""
+        if name == "barrier" and self._reports is not None:
+            self._reports.join(within)
+        return self.said.get(name)
 
     def failures(self) -> tuple[dict[str, int], list[str]]:
         """Every process that ended with a status other than 0 (name -> status), and those of them not reported
@@ -255,6 +270,10 @@ class Children:
             os.write(self.report, (json.dumps(message) + "\n").encode())  # one line < PIPE_BUF: atomic
         except OSError:
             pass  # the launcher is gone; PDEATHSIG ends us soon
+
+    def error(self, name: str, line: str) -> None:
+        """`name`'s error line, as its console printed it (its log may be on the disk that filled)."""
+        self.say(name=name, error=line[:600])  # < PIPE_BUF even JSON-escaped
 
     def fork(self, name: str, body: Callable[[int, int], NoReturn]) -> None:
         """Fork a child that runs `body(parent's pid, the report pipe's fd)`, which never returns."""

@@ -28,6 +28,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from functools import partial
 from typing import Any, NoReturn
 
@@ -41,9 +42,11 @@ from mosaicd.settings import Settings, SettingsError
 REAP_DEADLINE_S = 60.0  # after the barrier's end, how long nodes may take to exit before they are killed
 
 
-def run_role(command: str, task: Any = None, sock: socket.socket | None = None) -> int:
+def run_role(command: str, task: Any = None, sock: socket.socket | None = None,
+             tell: Callable[[str], None] | None = None) -> int:
     """What `mosaicd node` / `mosaicd barrier` do once the settings are in the environment, with the same errors
-    and exit codes (cli.main's), given a prebuilt task (and the barrier's listening socket)."""
+    and exit codes (cli.main's), given a prebuilt task (and the barrier's listening socket). `tell`: the error
+    line also goes there (the report pipe: the log it is printed to may be on the disk that filled)."""
     from mosaicd.daemon.barrier.run import run_barrier
     from mosaicd.daemon.node.run import run_node
 
@@ -54,8 +57,8 @@ def run_role(command: str, task: Any = None, sock: socket.socket | None = None) 
         return 2
     configure_logging(settings.log_level, settings.log_json)
     if command == "node":
-        return run_entry(command, lambda: run(run_node(settings, task=task), settings.event_loop))
-    return run_entry(command, lambda: run(run_barrier(settings, task=task, sock=sock), settings.event_loop))
+        return run_entry(command, lambda: run(run_node(settings, task=task), settings.event_loop), tell)
+    return run_entry(command, lambda: run(run_barrier(settings, task=task, sock=sock), settings.event_loop), tell)
 
 
 def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, parent: int, report: int) -> NoReturn:
@@ -68,7 +71,6 @@ def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, pa
         if os.getppid() != parent:  # the barrier died before prctl: no orphan
             os._exit(1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.close(report)
         mode = os.O_APPEND if child.get("append") else os.O_TRUNC  # a resumed run's log goes on
         log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
         os.dup2(log, 1)
@@ -79,7 +81,7 @@ def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, pa
         os.environ.update(child["env"])
         if task is not None:
             set_threads(task.run.threads)
-        code = run_role("node", task)
+        code = run_role("node", task, tell=partial(Children(report).error, child["name"]))
     except SystemExit as exc:
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -160,7 +162,7 @@ def main() -> NoReturn:
     signal.signal(signal.SIGTERM, terminate)
     code = 1
     try:
-        code = run_role("barrier", task, listening)
+        code = run_role("barrier", task, listening, tell=partial(children.error, "barrier"))
     finally:
         if code == 130:  # stopped (SIGTERM, which the barrier takes as Ctrl-C, or Ctrl-C): so are its nodes
             children.signal(signal.SIGTERM)
