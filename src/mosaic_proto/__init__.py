@@ -29,14 +29,14 @@ from .node import SNAPSHOTS_KEPT, TRANSITIONS, Advance, NodeEvent, NodePhase, No
 from .quadratic import Curvature, Quadratic, curvature_matrix
 from .report import NODE_COLUMNS, NodeReport, ReportError, received_counts
 from .rng import Purpose, keyed_raws, keyed_rng
-from .robust import Aggregator, AggregatorKind
+from .robust import Aggregator
 from .round import EarlyMessage, OutgoingMessage, Receipt, RoundOutcome, RoundReport, RoundState
 from .sampling import PeerSampler, SamplerKind, SamplingError, regular_digraph
 from .wire import CONTENT_TYPE, FragmentBatch, Reason, WireError, decode, encode
 
 __version__ = "0.1.0"
 __all__ = [
-    "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "Aggregator", "AggregatorKind", "Attack", "AttackKind",
+    "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "Aggregator", "Attack", "AttackKind",
     "BARRIER_TRANSITIONS", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome", "BarrierPhase",
     "BarrierPhases", "BarrierReason", "BarrierStateError",
     "Failure", "Joined", "Left", "Rebound", "Registration", "ReleaseNotice", "Roster", "Withdrawal", "byzantine_ranks",

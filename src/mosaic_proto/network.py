@@ -13,7 +13,7 @@ from .barrier import BarrierState, Release
 from .compression import Compressor
 from .exchange import exchange_round
 from .fragmentation import Fragmentation
-from .robust import Aggregator, AggregatorKind
+from .robust import Aggregator
 from .round import RoundReport, RoundState
 from .sampling import PeerSampler
 from .wire import WireError
@@ -76,7 +76,7 @@ class InMemoryNetwork:
         self.compressors = dict(compressors or {})
         compressed = any(c.compression.codec != "none" for c in self.compressors.values())
         self.batched = not (messages or self.attacks or max_norm is not None or compressed
-                            or (aggregator is not None and aggregator.kind is not AggregatorKind.MEAN))
+                            or (aggregator is not None and not aggregator.rule.batchable))
         self.vectors = [np.ascontiguousarray(v, dtype=np.float32) for v in vectors]
         self.fragmentation, self.sampler, self.train, self.run_id = fragmentation, sampler, train, run_id
         self.round = 0

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from mosaic_proto import Aggregator, AggregatorKind, Attack, AttackKind, SamplerKind, Strategy, byzantine_ranks
+from mosaic_proto import Aggregator, Attack, AttackKind, SamplerKind, Strategy, byzantine_ranks, rules
 from mosaic_proto.compression import Compression, Compressor
 from mosaic_proto.profiles import NodeProfile, NodeProfiles, ProfileError
 from mosaic_proto.quadratic import CORRELATED_MAX_DIM, Curvature
@@ -283,9 +283,9 @@ class RunConfig(BaseModel):
         "content to every node: cluster applies it for real, simulate on a virtual clock",
         **cli("run", metavar="FILE"))
     # robustness (docs/security.md): how nodes aggregate, and members that lie
-    aggregator: AggregatorKind = Field(AggregatorKind.MEAN, description="fragment-wise aggregation: mean (the "
-                                       "paper's), trimmed-mean (coordinate-wise, --trim), clipped (self-centred, "
-                                       "--clip-radius)", **cli("run"))
+    aggregator: str = Field(  # a name registered in mosaic_proto.rules (`_aggregator`)
+        "mean", description=f"fragment-wise aggregation: {rules.rules_help()}",
+        **cli("run", metavar="{" + ",".join(rules.rule_names()) + "}"))
     trim: float = Field(1.0, gt=0, description="trimmed-mean: values cut per side of each coordinate, own included: "
                         "a whole number >= 1, or a fraction of the contributions below 0.5 (too few: the median)",
                         **cli("run"))
@@ -417,6 +417,11 @@ class RunConfig(BaseModel):
             return NodeProfiles.from_json(value).to_json()
         except ProfileError as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("aggregator")
+    @classmethod
+    def _aggregator(cls, value: str) -> str:
+        return rules.checked_rule_name(value)
 
     @field_validator("compress")
     @classmethod

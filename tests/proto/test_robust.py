@@ -23,7 +23,7 @@ from mosaic_proto import (
     decode,
 )
 from mosaic_proto.attacks import alie_z
-from mosaic_proto.robust import clipped_fragment, trim_count, trimmed_fragment
+from mosaic_proto.rules import clipped_fragment, trim_count, trimmed_fragment
 
 SETTINGS = settings(max_examples=40, deadline=None)
 D, K = 40, 4

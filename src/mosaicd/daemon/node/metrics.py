@@ -13,10 +13,10 @@ import math
 from prometheus_client import Counter, Gauge, Histogram
 
 from mosaic_proto import NodeReport, Reason, RoundReport
+from mosaic_proto.rules import cut_labels
 from mosaicd.daemon.http.metrics import SECONDS_BUCKETS, member_registry
 
 PHASES = ("train", "send", "wait", "aggregate")
-CUT_RULES = ("clipped", "trimmed")  # what mosaic_proto.robust counts
 
 
 class NodeMetrics:
@@ -33,8 +33,9 @@ class NodeMetrics:
         self.msgs_in = Counter("mosaic_received_messages", "fragment messages accepted", registry=r)
         self.refusals = Counter("mosaic_refused_messages", "fragment messages refused, by reason", ["reason"],
                                 registry=r)
-        self.cut = Counter("mosaic_aggregator_cut_fragments", "received fragments the aggregator's rule cut: clipped "
-                           "(clipped), trimmed in most coordinates (trimmed-mean)", ["rule"], registry=r)
+        self.cut = Counter("mosaic_aggregator_cut_fragments", "received fragments the aggregator's rule cut, by "
+                           "what it counts (mosaic_proto.rules: clipped, trimmed in most coordinates)", ["rule"],
+                           registry=r)
         self.unsent = Counter("mosaic_unsent_fragments", "fragments the transport gave up on", registry=r)
         self.phase = Histogram("mosaic_round_phase_seconds", "seconds per round phase: train, send (fragments), "
                                "wait (at the barrier), aggregate", ["phase"], buckets=SECONDS_BUCKETS, registry=r)
@@ -44,7 +45,7 @@ class NodeMetrics:
             self.refusals.labels(reason.value)
         for phase in PHASES:
             self.phase.labels(phase)
-        for rule in CUT_RULES:
+        for rule in cut_labels():
             self.cut.labels(rule)
 
     def taken(self, report: RoundReport) -> None:
@@ -66,7 +67,7 @@ class NodeMetrics:
     def counted(self, reason: str, count: int) -> None:
         """What a round state refused on its own: messages refused by --max-norm once the node's norms were
         known, fragments its aggregator cut."""
-        if reason in CUT_RULES:
+        if reason in cut_labels():
             self.cut.labels(reason).inc(count)
         else:
             self.refusals.labels(reason).inc(count)
