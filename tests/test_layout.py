@@ -506,3 +506,140 @@ def test_the_phase_check_lets_the_table_class_compare_and_others_ask() -> None:
     asking = "ok = state.phases.failed and state.round == 3 and phase_of(x).value\nname = state.phase.value\n"
     assert phase_checks(table + asking, "mosaic_proto.barrier") == []
     assert phase_checks(table, "mosaicd.daemon.barrier.example")  # the table's class only in its own module
+
+
+# -- files are rewritten only through files.py (replacing / write_whole: whole, or the one before) -----------------
+
+WRITE_MODE = re.compile(r"[rwxabtU+]*[wx+][rwxabtU+]*")  # an open() mode that writes other than at the end
+WRITERS = {  # (owner, function) -> the argument a writer writes to; owner "": any (a figure's savefig)
+    ("", "savefig"): 0, ("np", "save"): 0, ("np", "savez"): 0, ("np", "savez_compressed"): 0, ("torch", "save"): 1,
+    ("json", "dump"): 1, ("pickle", "dump"): 1, ("shutil", "copyfile"): 1, ("shutil", "copyfileobj"): 1,
+    ("shutil", "copy"): 1, ("shutil", "copy2"): 1,
+}
+# Writes that are not rewrites of a finished file, by (module, function): each says why it may stay.
+WRITES_ALLOWED = {
+    # checkpoint slots are rewritten in place on purpose, their blocks reused (files.py's docstring says so)
+    ("mosaicd.daemon.node.checkpoint", "save"): "in place on purpose",
+    # a secret is a new file (O_EXCL, mode 600), never one rewritten
+    ("mosaicd.daemon.http.auth", "write_new_secret"): "a new file only",
+    # the barrier's lock file: created empty, its content never written
+    ("mosaicd.rundir.lock", "hold_barrier"): "a lock",
+    # a process's log, streamed while it runs (appended on resume, else started afresh)
+    ("mosaicd.experiments.processes", "spawn"): "a log",
+    ("mosaicd.experiments.processes", "spawn_warm"): "a log",
+    ("mosaicd.experiments.warm", "_child"): "a log",
+    ("mosaicd.experiments.sweep_jobs", "start"): "a log (a job's stderr)",
+    # a download unpacked into a temporary folder that replaces the data folder whole (os.replace)
+    ("mosaicd.learning.data.fetch", "safe_extract_tar"): "a staging folder",
+    ("mosaicd.learning.data.fetch", "safe_extract_zip"): "a staging folder",
+    ("mosaicd.learning.data.fetch", "_download"): "a staging folder",
+}
+
+
+def whole_file_writes(source: str, module: str) -> list[tuple[str, str]]:
+    """(enclosing function, 'module:line: call') for each call that writes a file other than through files.py:
+    write_text/write_bytes, open() in a mode that writes other than by appending, os.open creating a file, or a
+    writer (savefig, np.save, json/pickle.dump, shutil.copy*) whose destination is not a `with replacing(...) as f`."""
+    tree = ast.parse(source)
+    through_files = {item.optional_vars.id for node in ast.walk(tree) if isinstance(node, ast.With | ast.AsyncWith)
+                     for item in node.items if isinstance(item.optional_vars, ast.Name)
+                     and isinstance(item.context_expr, ast.Call)
+                     and ast.unparse(item.context_expr.func).split(".")[-1] == "replacing"}
+    where: dict[int, str] = {}
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]:
+        for sub in ast.walk(fn):
+            where[id(sub)] = fn.name  # the innermost function wins: ast.walk visits outer ones first
+
+    def writes(call: ast.Call) -> bool:
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+        owner = ast.unparse(call.func.value) if isinstance(call.func, ast.Attribute) else ""
+        if name in ("write_text", "write_bytes"):
+            return True
+        if name in ("open", "fdopen") and owner != "os":
+            modes = [a for a in [*call.args[:2], *(k.value for k in call.keywords if k.arg == "mode")]
+                     for c in ast.walk(a) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                     and WRITE_MODE.fullmatch(c.value)]
+            return bool(modes)
+        if name == "open" and owner == "os":
+            return any(isinstance(c, ast.Attribute) and c.attr in ("O_CREAT", "O_TRUNC")
+                       for a in call.args[1:2] for c in ast.walk(a))
+        at = WRITERS.get((owner, name), WRITERS.get(("", name)))
+        if at is not None:
+            dest = call.args[at] if len(call.args) > at else None
+            return not (isinstance(dest, ast.Name) and dest.id in through_files)
+        return False
+
+    return [(where.get(id(node), ""), f"{module}:{node.lineno}: {ast.unparse(node)[:100]}")
+            for node in ast.walk(tree) if isinstance(node, ast.Call) and writes(node)]
+
+
+def test_files_are_rewritten_only_through_files_py() -> None:
+    """A crash, a reader or a full disk finds a file whole (the one before or the one after), never torn: every
+    rewrite goes through files.replacing / write_whole; appends (rows, logs) are not rewrites."""
+    found = [(module_name(p), fn, text) for p in FILES if module_name(p).startswith("mosaicd")
+             and module_name(p) != "mosaicd.files" for fn, text in whole_file_writes(p.read_text(), module_name(p))]
+    bad = [text for module, fn, text in found if (module, fn) not in WRITES_ALLOWED]
+    assert not bad, "\n".join(bad)
+    used = {(module, fn) for module, fn, _ in found}
+    assert not set(WRITES_ALLOWED) - used, f"allowed but no longer there: {set(WRITES_ALLOWED) - used}"
+
+
+@pytest.mark.parametrize("snippet", [
+    "def f(p):\n    p.write_text('a')",
+    "def f(p):\n    (p / 'x.json').write_bytes(b'a')",
+    "def f(p):\n    with open(p, 'w', newline='') as f:\n        f.write('a')",
+    "def f(p):\n    with p.open('wb') as f:\n        f.write(b'a')",
+    "def f(p, append):\n    log = open(p, 'ab' if append else 'wb')",
+    "def f(p):\n    json.dump({}, open(p, mode='w+'))",
+    "def f(p, a):\n    np.save(p, a)",
+    "def f(fig, p):\n    fig.savefig(p, dpi=110)",
+    "def f(p):\n    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)",
+    "def f(p, model):\n    with open(p, 'ab') as g:\n        torch.save(model, g)",
+])
+def test_the_rewrite_check_catches_a_write_beside_files_py(snippet: str) -> None:
+    assert whole_file_writes(snippet, "mosaicd.example")
+
+
+def test_the_rewrite_check_lets_appends_reads_and_files_py_through() -> None:
+    ok = ("def f(p, a, fig, rows):\n    write_whole(p, 'text')\n    with replacing(p, durable=True) as out:\n"
+          "        np.save(out, a)\n    with files.replacing(p) as g:\n        fig.savefig(g, format='png')\n"
+          "    with open(p, 'a', newline='') as log:\n        log.write(rows)\n    text = open(p).read()\n"
+          "    with p.open('rb') as f:\n        f.read()\n    fd = os.open(p, os.O_RDONLY)\n")
+    assert whole_file_writes(ok, "mosaicd.example") == []
+
+
+# Prefixes that name no layer of their own on the architecture page: each shares the rank of one the page names.
+LAYERS_NOT_ON_THE_PAGE = {"mosaicd.learning": "mosaicd.learning.evaluation", "mosaicd.__main__": "mosaicd.cli",
+                          "mosaicd": "mosaicd.cli"}
+
+
+def page_layers(text: str) -> list[list[str]]:
+    """The layers the architecture page's sentence names, lowest first, each a list of module prefixes:
+    `a` < `b.{c,d}` < `e` (f < g) reads [[a], [b.c, b.d], [e.f], [e.g]]."""
+    sentence = re.search(r"Imports only go down these layers[^:]*:\s*(.+?)\. The two roles", text, re.S)
+    assert sentence, "docs/architecture.md: the sentence on the import layers is gone"
+    words = " ".join(sentence.group(1).split())
+    layers: list[list[str]] = []
+    for part in re.finditer(r"`([\w.]+)(?:\.\{([\w,]+)\})?`(?: \(([^)]*)\))?", words):
+        base, group, inner = part.groups()
+        if inner:
+            layers += [[f"{base}.{sub.strip()}"] for sub in inner.split("<")]
+        else:
+            layers.append([f"{base}.{sub}" for sub in group.split(",")] if group else [base])
+    return layers
+
+
+def test_the_architecture_page_names_the_layers_this_file_checks() -> None:
+    page = page_layers((SRC.parent / "docs" / "architecture.md").read_text())
+    ranks = dict(LAYERS)
+    named = [m for layer in page for m in layer]
+    expected = set(ranks) - set(LAYERS_NOT_ON_THE_PAGE)
+    assert len(named) == len(set(named)) and set(named) == expected, f"named on one side only: {set(named) ^ expected}"
+    assert all(ranks[a] == ranks[layer[0]] for layer in page for a in layer), "one layer on the page, several here"
+    assert [ranks[layer[0]] for layer in page] == sorted({ranks[layer[0]] for layer in page}), "another order here"
+    assert all(ranks[m] == ranks[like] for m, like in LAYERS_NOT_ON_THE_PAGE.items())
+
+
+def test_the_layer_sentence_reader_reads_groups_and_sublayers() -> None:
+    text = ("Imports only go down these layers (checked):\n`a` < `b.{c,d}` < `e` (f < g) < `h`. The two roles")
+    assert page_layers(text) == [["a"], ["b.c", "b.d"], ["e.f"], ["e.g"], ["h"]]

@@ -1,6 +1,7 @@
 """Files replaced whole: written beside (NAME.tmp) and renamed over NAME, so that a reader, a crash or a full disk
 finds the file before or the file after, never part of one. The one way the daemon and the experiment tools
-rewrite a file (checkpoint slots, rewritten in place on purpose, are the exception: see daemon/node/checkpoint.py).
+rewrite a file (checkpoint slots, rewritten in place on purpose, are the exception: see daemon/node/checkpoint.py);
+tests/test_layout.py checks it, with the writes that are not rewrites (logs, appends, a new secret) listed there.
 """
 
 from __future__ import annotations

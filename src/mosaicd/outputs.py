@@ -288,8 +288,9 @@ class RunRecorder:
                 if name == "rounds.csv":
                     self.round_columns = had  # rows appended to a file of an earlier version keep its columns
                 continue
-            with open(self.out / name, "w", newline="") as f:
-                csv.writer(f).writerow(columns)
+            header = io.StringIO()
+            csv.writer(header).writerow(columns)
+            write_whole(self.out / name, header.getvalue())
 
     def _read_rows(self) -> None:
         """What a resumed run goes on with from its rows: the newest evaluations (rounds.csv) and the nodes' losses
@@ -387,7 +388,7 @@ class RunRecorder:
         self.trackers.end("finished")
         hashes = {str(k): model_sha256(v) for k, v in sorted(vectors.items())}
         table = "rank,sha256\n" + "".join(f"{rank},{h}\n" for rank, h in hashes.items())
-        (self.out / MODEL_HASHES).write_text(table)
+        write_whole(self.out / MODEL_HASHES, table)  # beside summary.json: whole, or the one before
         return write_summary(self.out, {
             **self._base("finished"),
             "model_sha256": hashes if listed(self.settings) else {},

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import time
@@ -68,6 +69,7 @@ from mosaic_proto import (
     curvature_matrix,
 )
 from mosaicd.extras import needs, require
+from mosaicd.files import replacing, write_whole
 
 HELP = "spectral consensus rate of Mosaic gossip on identical quadratics, and the simulated consensus error"
 
@@ -371,16 +373,18 @@ def plot(rows: list[dict], curves: list[dict], path: Path) -> Path:
                  f"s={first['s']}, eta={first['lr']}, H={first['H']}; simulation mean over {first['repeats']} seeds",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replacing(path) as f:
+        fig.savefig(f, dpi=110, format=path.suffix.lstrip("."))
     plt.close(fig)
     return path
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_whole(path, text.getvalue())
 
 
 def main(args: argparse.Namespace) -> int:

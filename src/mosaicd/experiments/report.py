@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from mosaicd.extras import needs
+from mosaicd.files import replacing, write_whole
 from mosaicd.outputs import NETWORK_METRICS, higher_is_better, read_rounds
 
 HELP = "figures (PNG) and a results table (report.md) from a sweep's folder or one run's"
@@ -367,7 +368,8 @@ def _saved(fig: Any, sweep: Sweep, path: Path, spread: str | None = None) -> Pat
     context = _context(sweep)
     fig.suptitle(context if spread is None else context.replace("band = min..max", spread), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replacing(path) as f:
+        fig.savefig(f, dpi=110, format=path.suffix.lstrip("."))
     plt.close(fig)
     return path
 
@@ -555,7 +557,7 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
     ]
     for title, path in figures:
         lines += [f"### {title}", "", f"![{title}]({path.name})", ""]
-    (out / "report.md").write_text("\n".join(lines))
+    write_whole(out / "report.md", "\n".join(lines))
     return {"out": str(out), "report": str(out / "report.md"), "figures": [str(p) for _, p in figures],
             "runs": len(sweep.runs), "missing": len(sweep.missing),
             **({"status": sweep.info.get("status")} if sweep.single else {})}

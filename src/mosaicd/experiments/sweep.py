@@ -62,6 +62,7 @@ from mosaicd.experiments.sweep_runs import (
     execute,
     run_state,
 )
+from mosaicd.files import write_whole
 from mosaicd.progress import ProgressPrinter, RoundProgress
 from mosaicd.settings import Settings, SettingsError
 
@@ -272,7 +273,7 @@ def _sweep(spec: Spec, progress: bool, keep_going: bool, timeout: float | None, 
            wait: bool) -> dict[str, Any]:
     from mosaicd.experiments.sweep_slurm import SLURM_DIR, run_on_slurm
 
-    (spec.out / "sweep.json").write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    write_whole(spec.out / "sweep.json", json.dumps(spec.to_json(), indent=2) + "\n")
     with ProgressPrinter(enabled=progress, console=console, plain_every=30.0) as printer:
         book = SweepBook(spec, printer)
         at_once = max(1, min(jobs, len(book.to_run)))

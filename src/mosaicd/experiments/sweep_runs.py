@@ -140,8 +140,7 @@ def _log_round(log: TextIO, p: RoundProgress) -> None:
 
 def write_settings(run: Run, folder: Path) -> None:
     """The run's settings.json in its folder, as the sweep resolved them."""
-    (folder / "settings.json").write_text(
-        json.dumps(run.settings.model_dump(mode="json"), indent=2) + "\n")
+    write_whole(folder / "settings.json", json.dumps(run.settings.model_dump(mode="json"), indent=2) + "\n")
 
 
 def model_hashes(out: Path) -> dict[str, dict[str, str]]:

@@ -105,9 +105,9 @@ def cluster_task(ticket: str, read: Ticket, base: int) -> str:
     me = f"{job.hostnames[job.node]}:{base + job.local_rank}"
     folder = run.folder(out)
     peer_file = Path(ticket).with_suffix(f".peers-{job.global_rank}")
-    peer_file.write_text(peers)
+    write_whole(peer_file, peers)
     if job.global_rank == 0:
-        (folder / "peers.txt").write_text(peers)
+        write_whole(folder / "peers.txt", peers)
     env = settings_env(run.settings, out=str(folder), peer_list=str(peer_file), port=base + job.local_rank,
                        advertise=me, host=os.environ.get("MOSAIC_HOST", "0.0.0.0"), log_json=True,
                        secret_file=str(Path(ticket).with_suffix(".secret")))

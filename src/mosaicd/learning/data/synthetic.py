@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mosaicd.files import replacing, write_whole
+
 from .common import data_path
 from .shakespeare import LEAF_LETTERS
 
@@ -31,7 +33,7 @@ def write_synthetic(task: str, data_dir: Path | str, *, train: int = 50, test: i
                 b"filenames": [b"img_%d.png" % i for i in range(count)]}
         if key == b"fine_labels":
             blob[b"coarse_labels"] = [x // 5 for x in blob[key]]
-        with open(path, "wb") as f:
+        with replacing(path) as f:
             pickle.dump(blob, f, protocol=2)
 
     if task == "cifar10":
@@ -49,7 +51,7 @@ def write_synthetic(task: str, data_dir: Path | str, *, train: int = 50, test: i
         lines = ["userId,movieId,rating,timestamp"]
         rows = zip(user, movie, rating, strict=True)
         lines += [f"{u},{m},{r:.1f},{964982703 + i}" for i, (u, m, r) in enumerate(rows)]
-        (root / "ratings.csv").write_text("\n".join(lines) + "\n")
+        write_whole(root / "ratings.csv", "\n".join(lines) + "\n")
     elif task == "shakespeare":
         letters = np.array(list(LEAF_LETTERS))
         for sub, count in (("train", train), ("test", test)):
@@ -61,7 +63,7 @@ def write_synthetic(task: str, data_dir: Path | str, *, train: int = 50, test: i
                 blob["user_data"][name] = {"x": [text[i:i + 80] for i in range(len(part))],
                                            "y": [text[i + 80] for i in range(len(part))]}
             (root / sub).mkdir(exist_ok=True)
-            (root / sub / f"all_data_niid_0_keep_0_{sub}_8.json").write_text(json.dumps(blob))
+            write_whole(root / sub / f"all_data_niid_0_keep_0_{sub}_8.json", json.dumps(blob))
     else:
         raise ValueError(f"no synthetic data for task {task!r}")
     return root
