@@ -36,7 +36,7 @@ TOOLS = {
     "log": ("mosaicd.runlog", "show a run's logs (its barrier's, or a node's with --node), --follow as it goes"),
     "sweep": ("mosaicd.experiments.sweep", "run a grid of experiments from a TOML spec (resumable; see examples/)"),
     "report": ("mosaicd.experiments.report", "figures (PNG) and a results table (report.md) from a sweep's folder or "
-               "one run's"),
+               "one run's, or several runs compared"),
     "analyze": ("mosaicd.experiments.analysis", "spectral consensus rate of Mosaic gossip on identical quadratics, "
                 "and the simulated consensus error"),
 }
