@@ -76,10 +76,12 @@ def test_runs_lists_finished_failed_and_running_runs(runs: Path) -> None:
     table = mosaicd("runs", str(runs))  # piped: one line per run, however long, no padding
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["id", "status", "task", "K", "rounds", "metric", "(round)", "started", "folder"]
+    assert lines[0].split() == ["id", "status", "task", "K", "optimizer", "rounds", "metric", "(round)", "started",
+                                "folder"]
     assert len(lines) == 5 and all(line == line.rstrip() for line in lines)
     row = next(line for line in lines if line.startswith("done "))
-    assert "finished" in row and "12/12" in row and "@ 11" in row and row.endswith(str(runs / "done"))
+    assert "finished" in row and " sgd " in row and "12/12" in row and "@ 11" in row
+    assert row.endswith(str(runs / "done"))
     assert "\x1b" not in table.stdout
 
 
@@ -226,3 +228,16 @@ def test_durations_that_are_no_wait_are_refused_naming_the_flag(runs: Path, argv
     proc = mosaicd(*(a.format(run=runs / "done") for a in argv), timeout=20)
     assert proc.returncode == 2 and proc.stderr.strip().endswith(said), proc.stderr
     assert proc.stdout == ""
+
+
+def test_runs_shows_each_runs_optimizer_with_its_options(tmp_path: Path) -> None:
+    """Two runs that differ by their optimizer alone are told apart in `mosaicd runs` (issue 58, item 8)."""
+    digits = ["--task", "digits", "--nodes", "3", "--fanout", "1", "--rounds", "1", "--local-steps", "1", "--quiet"]
+    for name, optimizer in (("plain", []), ("adam", ["--optimizer", "adam", "--optimizer-option", "betas=[0.8,0.9]"])):
+        made = mosaicd("simulate", *digits, *optimizer, "--out", str(tmp_path / name), timeout=120)
+        assert made.returncode == 0, made.stderr
+    listed = {r["id"]: r for r in json.loads(mosaicd("runs", str(tmp_path), "--json").stdout)}
+    assert (listed["plain"]["optimizer"], listed["plain"]["optimizer_options"]) == ("sgd", {})
+    assert (listed["adam"]["optimizer"], listed["adam"]["optimizer_options"]) == ("adam", {"betas": [0.8, 0.9]})
+    rows = {line.split()[0]: line.split() for line in mosaicd("runs", str(tmp_path)).stdout.splitlines()[1:]}
+    assert rows["plain"][4] == "sgd" and rows["adam"][4] == "adam(betas=[0.8,0.9])", rows

@@ -97,3 +97,40 @@ def test_the_core_wheel_installs_and_runs_without_torch(tmp_path: Path) -> None:
     assert "mosaic-learning[learning]" in digits.stderr and "Traceback" not in digits.stderr, digits.stderr
     report = subprocess.run([bin_ / "mosaicd", "report", tmp_path / "quadratic"], **run)  # type: ignore[call-overload]
     assert report.returncode == 1 and "mosaic-learning[plots]" in report.stderr, report.stderr
+
+
+def requirements_of(extras: set[str]) -> set[str]:
+    """The distributions that `pip install '.[EXTRAS]'` brings by name, its own extras followed (pyproject.toml)."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names, seen, todo = {re.split(r"[<>=!~;\[ ]", r)[0] for r in project["dependencies"]}, set(), list(extras)
+    while todo:
+        extra = todo.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for requirement in project["optional-dependencies"][extra]:
+            own = re.fullmatch(r"mosaic-learning\[(.+)\]", requirement)
+            if own:
+                todo += own.group(1).split(",")
+            else:
+                names.add(re.split(r"[<>=!~;\[ ]", requirement)[0])
+    return names
+
+
+def test_the_readmes_install_gives_every_tool_its_commands_outside_the_tests_run() -> None:
+    """The quick start's install, then the README's other commands (`.venv/bin/mkdocs serve` among them): each
+    tool they run comes with it (issue 58, item 8: mkdocs was in `[docs]` only, not in the `[all]` installed)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    before_tests, _, after = readme.partition("\n## Tests\n")
+    outside_tests = before_tests + after[after.index("\n## "):]
+    install = re.search(r"\.venv/bin/pip install [^`\n]*-e '\.\[([a-z,]+)\]'", before_tests)
+    assert install, "the quick start installs with .venv/bin/pip install ... -e '.[EXTRAS]'"
+    tools = set(re.findall(r"\.venv/bin/([a-z0-9_-]+)", outside_tests)) - {"pip", "mosaicd", "python", "python3"}
+    assert "mkdocs" in tools, "the README names its documentation command"
+    given = requirements_of(set(install.group(1).split(",")))
+    assert tools <= given, f"the README's install ({install.group(0)}) lacks {sorted(tools - given)}"

@@ -31,11 +31,12 @@ DATA_HELP = "download a data set (for users who are online)"
 TOOLS = {
     "status": ("mosaicd.status", "show a cluster (URL: its barrier or any node) or a run's folder: one row per node, "
                "and the run's metrics"),
-    "runs": ("mosaicd.runs", "list the runs under a folder (default runs/): id, status, task, K, rounds, metric"),
+    "runs": ("mosaicd.runs", "list the runs under a folder (default runs/): id, status, task, K, optimizer, rounds, "
+             "metric"),
     "log": ("mosaicd.runlog", "show a run's logs (its barrier's, or a node's with --node), --follow as it goes"),
     "sweep": ("mosaicd.experiments.sweep", "run a grid of experiments from a TOML spec (resumable; see examples/)"),
     "report": ("mosaicd.experiments.report", "figures (PNG) and a results table (report.md) from a sweep's folder or "
-               "one run's"),
+               "one run's, or several runs compared"),
     "analyze": ("mosaicd.experiments.analysis", "spectral consensus rate of Mosaic gossip on identical quadratics, "
                 "and the simulated consensus error"),
 }
@@ -111,17 +112,26 @@ def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def refuse_unknown(parser: argparse.ArgumentParser, command: str | None, extra: list[str]) -> None:
-    """Unknown flags get the subcommand's usage, a 'did you mean', or the subcommands a setting applies to."""
+    """Unknown flags: one line naming the flag with a 'did you mean' or the subcommands a setting applies to, then
+    where the flags are listed; not the usage (40 lines, with the hint under them)."""
     sub = subparsers(parser).get(command) if command else None
     target = sub or parser
-    word = extra[0]
-    name = word.split("=", 1)[0].removeprefix("--").removeprefix("no-").replace("-", "_")
+    unknown = [w.split("=", 1)[0] for w in extra if w.startswith("-")] or extra  # the flags, not their values
+    word = unknown[0]
+    name = word.removeprefix("--").removeprefix("no-").replace("-", "_")
     if command in COMMANDS and name in _setting_names() and name not in applies()[command]:
         where = [c for c, names in applies().items() if name in names]
-        target.error(f"{flag(name)} does not apply to `mosaicd {command}` (it is a setting of: {', '.join(where)})")
+        refuse_flag(target, f"{flag(name)} does not apply to `mosaicd {command}` (it is a setting of: "
+                    f"{', '.join(where)})")
     known = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
-    close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1)
-    target.error(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {close[0]}?)" if close else ""))
+    close = difflib.get_close_matches(word, known, n=1)
+    refuse_flag(target, f"unrecognized argument{'s' if len(unknown) > 1 else ''}: {' '.join(unknown)}"
+                + (f" (did you mean {close[0]}?)" if close else ""))
+
+
+def refuse_flag(parser: argparse.ArgumentParser, message: str) -> None:
+    """Exit 2 with `message` and a pointer to the flags' list, in two lines."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n{parser.prog} --help lists every flag\n")
 
 
 def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -1,7 +1,8 @@
 """`mosaicd runs [DIR]`: the runs under a folder, from their files only (any run that left a summary.json:
 finished, failed, interrupted or still running), oldest first.
 
-One row per run: its id (the run's own, else its folder under DIR), status, task, K, rounds done of the run's,
+One row per run: its id (the run's own, else its folder under DIR), status, task, K, the optimizer of the local
+steps (with its options, if any), rounds done of the run's,
 the newest evaluation (node-average metric, at which round: counted from 0, as in rounds.csv), when it started
 and its folder. `--json` prints the same as a list of objects, with the error of a failed run.
 """
@@ -33,17 +34,25 @@ def metric_text(run: dict[str, Any]) -> str:
     return f"{run.get('metric') or 'metric'} {value:.4g} @ {run.get('evaluated_round')}"
 
 
+def optimizer_text(run: dict[str, Any]) -> str:
+    """`adamw` or `adam(betas=[0.9, 0.99])`: the optimizer as the run's settings give it (older runs: `-`)."""
+    options = run.get("optimizer_options") or {}
+    given = ",".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in sorted(options.items()))
+    return f"{run.get('optimizer') or '-'}" + (f"({given})" if given else "")
+
+
 def render(runs: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for name in ("id", "status", "task", "K", "rounds", "metric (round)", "started", "folder"):
+    for name in ("id", "status", "task", "K", "optimizer", "rounds", "metric (round)", "started", "folder"):
         table.add_column(name, justify="right" if name in ("K", "rounds") else "left", no_wrap=True)
     for run in runs:
         done, total = run.get("rounds_done"), run.get("rounds")
         status = str(run.get("status") or "-") + (f" (slurm {run['slurm_job']})" if run.get("slurm_job") else "")
         table.add_row(str(run["id"]), status, str(run.get("task") or "-"),
-                      str(run.get("fragments") or "-"), f"{'-' if done is None else done}/{total or '-'}",
+                      str(run.get("fragments") or "-"), optimizer_text(run),
+                      f"{'-' if done is None else done}/{total or '-'}",
                       metric_text(run), (run.get("started") or "-").replace("T", " ")[:19], run["folder"])
     return table
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -153,3 +154,53 @@ def test_a_sweep_of_codecs_gets_its_accuracy_against_bytes(tmp_path: Path) -> No
     column = table[0].index("MiB sent per node")
     sent = {(row[0].lstrip("| "), row[1]): float(row[column]) for row in table[1:]}
     assert 0 < sent[("int8", "4")] < 0.5 * sent[("none", "4")]
+
+
+def test_report_compares_two_ad_hoc_runs_in_one_table_figure_and_csv(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Two simulate runs made here, differing in lr and seed only, compared without a sweep spec (issue 58, item 8):
+    one row each naming the settings they differ in, one line each in the figures, their recorded finals in the
+    CSV; written in the folders' common parent."""
+    base = ["simulate", "--task", "quadratic", "--nodes", "4", "--dim", "8", "--rounds", "4", "--eval-every", "1",
+            "--fragments", "2", "--fanout", "1", "--quiet"]
+    runs = {"fast": ["--lr", "0.05"], "slow": ["--lr", "0.02", "--seed", "3"]}
+    for name, flags in runs.items():
+        with pytest.raises(SystemExit) as done:
+            main([*base, *flags, "--out", str(tmp_path / name)])
+        assert done.value.code == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(tmp_path / "fast"), str(tmp_path / "slow")])
+    assert done.value.code == 0
+    result = json.loads(capsys.readouterr().out)
+    out = tmp_path / "report"
+    assert result["out"] == str(out) and result["runs"] == 2 and result["missing"] == 0
+    for name in ("metric_vs_rounds.png", "consensus_vs_rounds.png"):
+        assert png_ok(out / name), name
+    finals = {name: json.loads((tmp_path / name / "summary.json").read_text())["final"] for name in runs}
+    md = (out / "report.md").read_text()
+    assert md.startswith(f"# Comparison report: {tmp_path / 'fast'}, {tmp_path / 'slow'}")
+    assert "- they differ in: seed, lr\n" in md and "fanout=1" in md.split("settings they share: ")[1].split("\n")[0]
+    table = [line.split(" | ") for line in md.splitlines() if line.startswith("| ")]
+    assert table[0][:4] == ["| run", "seed", "lr", "seeds"] and len(table) == 3
+    assert table[1][:3] == [f"| {tmp_path / 'fast'}", "0", "0.05"] and table[2][:3] == [f"| {tmp_path / 'slow'}",
+                                                                                        "3", "0.02"]
+    for row, name in zip(table[1:], runs, strict=True):
+        assert row[4] == f"{finals[name]['node_average']:.4g}", (row, finals[name])
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["run"], r["seed"], r["lr"], r["round"]) for r in rows] == [
+        (str(tmp_path / "fast"), "0", "0.05", "3"), (str(tmp_path / "slow"), "3", "0.02", "3")]
+    for row, name in zip(rows, runs, strict=True):
+        assert float(row["node_average"]) == finals[name]["node_average"]
+        assert float(row["average_model"]) == finals[name]["average_model"]
+    assert finals["fast"]["node_average"] != finals["slow"]["node_average"]
+
+
+def test_report_of_one_folder_given_twice_is_refused_in_one_line(swept: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(swept), str(swept), "--out", str(tmp_path / "r")])
+    assert done.value.code == 1
+    assert capsys.readouterr().err.strip() == f"mosaicd report: error: {swept}: given twice; give each folder once"
+    assert not (tmp_path / "r").exists()

@@ -1,9 +1,13 @@
-"""`mosaicd report RUN_DIR`: the paper's figures and a results table from a sweep's folder or one run's.
+"""`mosaicd report RUN_DIR [RUN_DIR ...]`: the paper's figures and a results table from a sweep's folder or one
+run's, or a comparison of several.
 
 RUN_DIR is the `out` of `mosaicd sweep` (it holds sweep.json and runs/*/summary.json), or the `out` of one
 `mosaicd simulate` or `mosaicd cluster` run (it holds summary.json), reported as a sweep of one. A sweep's
 unfinished runs (no summary.json, or one that says "status": "failed") are left out; a single run is reported
-whatever its status, with the rounds it recorded. Writes, in RUN_DIR/report/ (or --out):
+whatever its status, with the rounds it recorded. Several RUN_DIRs are compared: every run in them is a line of
+the figures and a row of the table, beside the settings in which the runs differ (ad-hoc runs compared without a
+sweep spec); they are written in the folders' common parent's report/ by default. Writes, in RUN_DIR/report/ (or
+--out):
 
     metric_vs_rounds.png      node-average and average-model metric vs rounds
     metric_vs_time.png        the same vs time: simulate's virtual clock (--node-profile: `virtual_s`), or a
@@ -13,6 +17,7 @@ whatever its status, with the rounds it recorded. Writes, in RUN_DIR/report/ (or
     best_vs_alpha.png         the same vs the Dirichlet alpha (when the grid varies alpha)
     accuracy_vs_bytes.png     final node-average metric vs bytes sent per node (when the grid varies compress)
     report.md                 the final table and the figures
+    results.csv               one row per run: its grid point (or the settings it differs in) and final figures
 
 Grouping: one line per K (`fragments`); lines are the mean over seeds (`seed` in the grid), the shaded
 band spans min..max over seeds (error bars in the best-vs-s/alpha figures: +-1 std). Every other grid
@@ -25,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import itertools
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +46,13 @@ from mosaicd.extras import needs
 from mosaicd.files import replacing, write_whole
 from mosaicd.outputs import NETWORK_METRICS, higher_is_better, read_rounds
 
-HELP = "figures (PNG) and a results table (report.md) from a sweep's folder or one run's"
+HELP = "figures (PNG) and a results table (report.md) from a sweep's folder or one run's, or several compared"
 
 LINE_KEY, SEED_KEY = "fragments", "seed"
+RUN_KEY = "run"  # a comparison's line key: one line (and table row) per run
+# a comparison's settings that may tell runs apart: the run's (RunConfig, the same on every node) and --batched,
+# less the run's name and its deadline
+NOT_COMPARED, ALSO_COMPARED = {"run_id", "round_deadline"}, ("batched",)
 # the settings a single run's report lists
 RUN_KEYS = ("task", "task_options", "nodes", "rounds", "fragments", "fanout", "sampler", "strategy", "partition",
             "alpha", "local_steps", "optimizer", "optimizer_options", "optimizer_state", "lr", "momentum",
@@ -83,7 +94,21 @@ class Sweep:
 
     @property
     def panel_keys(self) -> list[str]:
-        return [k for k, v in self.grid.items() if k not in (LINE_KEY, SEED_KEY) and len(v) > 1]
+        return [k for k, v in self.grid.items() if k not in (self.line_key, SEED_KEY) and len(v) > 1]
+
+    @property
+    def compared(self) -> bool:
+        """Several folders' runs, one line each (`load_many`)."""
+        return bool(self.info.get("compared"))
+
+    @property
+    def line_key(self) -> str:
+        return RUN_KEY if self.compared else LINE_KEY
+
+    @property
+    def differs(self) -> list[str]:
+        """A comparison's settings whose values are not the same in every run."""
+        return list(self.info.get("differs", []))
 
     @property
     def seeds(self) -> int:
@@ -147,6 +172,45 @@ def load_run(folder: Path | str) -> Sweep:
     run = RunData(folder.resolve().name, {}, summary.get("settings", {}), rounds, summary.get("wall_s"),
                   sent_per_node(folder, summary.get("settings", {}).get("nodes")))
     return Sweep(folder, info, {}, [run], [])
+
+
+def load_many(folders: Sequence[Path | str]) -> Sweep:
+    """Several folders (runs' or sweeps') as one comparison: each of their runs a line of the figures and a row of
+    the table, named by its folder as given, its point the settings in which the runs differ."""
+    from mosaicd.settings import RunConfig
+
+    given = [Path(f) for f in folders]
+    twice = sorted({str(f) for f in given if sum(g.resolve() == f.resolve() for g in given) > 1})
+    if twice:
+        raise ValueError(f"{twice[0]}: given twice; give each folder once")
+    runs, modes, missing = [], {}, []
+    for sweep in map(load, given):
+        for run in sweep.runs:
+            name = str(sweep.folder) if sweep.single else f"{sweep.folder}/{run.name}"
+            runs.append(RunData(name, {}, run.settings, run.rounds, run.wall_s, run.sent_per_node))
+            modes[name] = sweep.info.get("mode")
+        missing += [f"{sweep.folder}/{name}" for name in sweep.missing]
+    metrics = {run.name: run.metric for run in runs}
+    if len(set(metrics.values())) > 1:
+        raise ValueError("the runs measure different metrics (" + ", ".join(f"{m} in {n}" for n, m in metrics.items())
+                         + "): report them apart")
+    keys = [k for k in (*RunConfig.model_fields, *ALSO_COMPARED) if k not in NOT_COMPARED]
+    values = {run.name: {"mode": modes[run.name], **{k: effective(run.settings, k) for k in keys}} for run in runs}
+    differs = [k for k in ("mode", *keys) if len({json.dumps(v[k], sort_keys=True) for v in values.values()}) > 1]
+    for run in runs:
+        run.point = {RUN_KEY: run.name, **{k: values[run.name][k] for k in differs}}
+    common = Path(os.path.commonpath([f.resolve() for f in given]))
+    info = {"compared": True, "differs": differs, "folders": [str(f) for f in given],
+            "mode": next(iter(set(modes.values()))) if len(set(modes.values())) == 1 else None}
+    return Sweep(common if common not in given else common.parent, info, {RUN_KEY: [r.name for r in runs]}, runs,
+                 missing)
+
+
+def effective(settings: dict[str, Any], key: str) -> Any:
+    """A setting's value as it acted on the run: alpha only under a Dirichlet partition (else None)."""
+    if key == "alpha" and settings.get("partition") != "dirichlet":
+        return None
+    return settings.get(key)
 
 
 def sent_per_node(folder: Path, nodes: Any) -> float:
@@ -219,13 +283,15 @@ def select(sweep: Sweep, where: dict[str, Any]) -> list[RunData]:
 
 
 def line_values(sweep: Sweep) -> list[Any]:
+    if sweep.compared:
+        return list(sweep.grid[RUN_KEY])  # the runs in the order given
     if LINE_KEY in sweep.grid:
         return list(sorted(sweep.grid[LINE_KEY]))
     return [sweep.runs[0].settings.get(LINE_KEY)]
 
 
-def in_line(run: RunData, k: Any) -> bool:
-    return run.point.get(LINE_KEY, run.settings.get(LINE_KEY)) == k
+def in_line(run: RunData, k: Any, key: str = LINE_KEY) -> bool:
+    return run.point.get(key, run.settings.get(key)) == k
 
 
 def aggregate(runs: list[RunData], key: str, x_key: str = "round") -> tuple[np.ndarray, np.ndarray, np.ndarray,
@@ -253,6 +319,13 @@ def _colors(n: int) -> list:
     return [cmap(0.9 * i / max(1, n - 1)) for i in range(n)]
 
 
+def _line_label(sweep: Sweep, k: Any, runs: list[RunData]) -> str:
+    """A line's legend: its K (a sweep's), or its run and the settings it differs in (a comparison's)."""
+    if not sweep.compared:
+        return _k_label(k, runs)
+    return f"{k}" + "".join(f", {_label(key, runs[0].point.get(key))}" for key in sweep.differs)
+
+
 def _k_label(k: Any, runs: list[RunData]) -> str:
     samplers = {r.settings.get("sampler") for r in runs}
     if k == 1 and samplers and "static" not in samplers:
@@ -273,8 +346,9 @@ def _context(sweep: Sweep) -> str:
     parts = [str(s.get("task")), f"n={s.get('nodes')}"]
     for key, name in (("fanout", "s"), ("sampler", "sampler"), ("partition", "partition"), ("alpha", "alpha"),
                       ("local_steps", "H"), ("lr", "lr")):
-        if key not in sweep.grid and key in s and not (key == "alpha" and (
-                s.get("partition") != "dirichlet" or "partition" in sweep.grid)):
+        varied = {*sweep.grid, *sweep.differs}
+        if key not in varied and key in s and not (key == "alpha" and (
+                s.get("partition") != "dirichlet" or "partition" in varied)):
             parts.append(f"{name}={s[key]}")
     seeds = sweep.seeds
     return ", ".join(parts) + (f" | mean over {seeds} seeds, band = min..max" if seeds > 1 else "")
@@ -319,12 +393,13 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
         for ax, key, title in zip(row, keys, titles, strict=True):
             scale = unit.scale if key in ("node_average", "average_model", "node_spread") else 1.0
             for k, color in zip(ks, colors, strict=True):
-                runs = [r for r in chosen if in_line(r, k)]
+                runs = [r for r in chosen if in_line(r, k, sweep.line_key)]
                 if not runs:
                     continue
                 x, mean, lo, hi, _ = aggregate(runs, key, x_key)
                 ax.plot(x, mean * scale, color=color, lw=1.8, marker="o" if len(x) <= 12 else None, ms=3,
-                        label=_k_label(k, runs) + (f" ({len(runs)} seeds)" if len(runs) != sweep.seeds else ""))
+                        label=_line_label(sweep, k, runs)
+                        + (f" ({len(runs)} seeds)" if len(runs) != sweep.seeds else ""))
                 if len(runs) > 1:
                     ax.fill_between(x, lo * scale, hi * scale, color=color, alpha=0.18, lw=0)
             ylabel = {"node_average": unit.label, "average_model": unit.label, "node_spread": unit.spread_label,
@@ -452,10 +527,18 @@ def _pm(values: list[float], unit: Unit | None) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if len(values) > 1 else "")
 
 
-def table(sweep: Sweep) -> list[str]:
+def table_keys(sweep: Sweep) -> list[str]:
+    """The table's first columns: a sweep's grid keys (panels, then K, then the rest; the seeds averaged), or a
+    comparison's run and the settings its runs differ in."""
+    if sweep.compared:
+        return [RUN_KEY, *sweep.differs]
     keys = [k for k in sweep.grid if k != SEED_KEY]
     order = sweep.panel_keys + ([LINE_KEY] if LINE_KEY in sweep.grid else [])
-    keys = order + [k for k in keys if k not in order]
+    return order + [k for k in keys if k not in order]
+
+
+def table(sweep: Sweep) -> list[str]:
+    keys = table_keys(sweep)
     unit = sweep.runs[0].unit
     m = unit.label.replace(" (lower is better)", "")
     spread = unit.spread_label.split(" (")[0] + (" (points)" if unit.scale == 100 else "")
@@ -463,8 +546,11 @@ def table(sweep: Sweep) -> list[str]:
               f"best node-average {m}", f"node-average {m}, mean over rounds", "consensus distance", spread,
               "train loss", "MiB sent per node", "wall (s)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    values = [sorted(sweep.grid[k]) if k == LINE_KEY else sweep.grid[k] for k in keys]
-    cells = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+    if sweep.compared:
+        cells = [run.point for run in sweep.runs]
+    else:
+        values = [sorted(sweep.grid[k]) if k == LINE_KEY else sweep.grid[k] for k in keys]
+        cells = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
     for cell in cells:
         runs = select(sweep, cell)
         if not runs:
@@ -485,12 +571,42 @@ def table(sweep: Sweep) -> list[str]:
     return lines
 
 
-def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str, Any]:
+RESULT_COLUMNS = ("round", "metric", "node_average", "average_model", "best_node_average", "mean_over_rounds",
+                  "consensus_distance", "node_spread", "train_loss", "bytes_sent_per_node", "wall_s")
+
+
+def write_results_csv(sweep: Sweep, path: Path) -> Path:
+    """One row per run: its name, its point (grid values, or the settings a comparison's runs differ in) and its
+    final figures as recorded (accuracy as a fraction), for a spreadsheet or pandas."""
+    keys = [k for k in dict.fromkeys(k for run in sweep.runs for k in run.point) if k != RUN_KEY]
+    with replacing(path) as raw, io.TextIOWrapper(raw, newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([RUN_KEY, *keys, *RESULT_COLUMNS])
+        for run in sweep.runs:
+            final = run.rounds[-1] if run.rounds else {}
+            point = [json.dumps(v) if isinstance(v, dict | list) else v for v in (run.point.get(k) for k in keys)]
+            writer.writerow([run.name, *point, final.get("round"), run.metric, final.get("node_average"),
+                             final.get("average_model"), best_of(run, run.unit), mean_over_rounds(run),
+                             final.get("consensus_distance"), final.get("node_spread"), final.get("train_loss"),
+                             run.sent_per_node, run.wall_s])
+    return path
+
+
+def settings_line(settings: dict[str, Any], leave_out: Sequence[str] = ()) -> str:
+    """A run's settings that the report lists (RUN_KEYS), less those at their quiet defaults and `leave_out`."""
+    return ", ".join(f"{k}={settings[k]}" for k in RUN_KEYS if k in settings and k not in leave_out and not (
+        k == "alpha" and settings.get("partition") != "dirichlet") and settings[k] != {}
+        and (k not in QUIET_DEFAULTS or settings[k] != QUIET_DEFAULTS[k]))
+
+
+def write_report(folder: Path | str | Sequence[Path | str], out: Path | str | None = None) -> dict[str, Any]:
+    """`folder`: a sweep's or a run's folder; several: their runs compared (`load_many`)."""
     with needs("drawing figures"):
         import matplotlib
 
     matplotlib.use("Agg")
-    sweep = load(folder)
+    folders = [folder] if isinstance(folder, str | Path) else list(folder)
+    sweep = load(folders[0]) if len(folders) == 1 else load_many(folders)
     out = Path(out) if out else sweep.folder / "report"
     out.mkdir(parents=True, exist_ok=True)
     figures: list[tuple[str, Path]] = [
@@ -523,13 +639,19 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
         error = sweep.info.get("error")
         lines = [f"# Run report: {sweep.folder}", "",
                  f"- mode `{sweep.info.get('mode')}`, status {status}" + (f": {error}" if error else ""),
-                 "- settings: " + ", ".join(f"{k}={s[k]}" for k in RUN_KEYS if k in s and not (
-                     k == "alpha" and s.get("partition") != "dirichlet") and s[k] != {}
-                     and (k not in QUIET_DEFAULTS or s[k] != QUIET_DEFAULTS[k])),
+                 "- settings: " + settings_line(s),
                  f"- task {s.get('task')}, metric {sweep.runs[0].metric}, {final_round} rounds"
                  + (f" of {s.get('rounds')}" if s.get("rounds") not in (None, final_round) else ""),
                  "",
                  f"## Final figures (round {final_round - 1}, the last evaluated; rounds count from 0)"]
+    elif sweep.compared:
+        lines = [f"# Comparison report: {', '.join(sweep.info['folders'])}", "",
+                 f"- runs: {len(sweep.runs)}" + (f" (missing: {', '.join(sweep.missing)})" if sweep.missing else ""),
+                 "- they differ in: " + (", ".join(sweep.differs) or "no setting of the run"),
+                 "- settings they share: " + (settings_line(s, sweep.differs) or "(defaults)"),
+                 f"- task {s.get('task')}, metric {sweep.runs[0].metric}",
+                 "",
+                 "## Final figures (each run's last evaluated round, counted from 0)"]
     else:
         lines = [f"# Sweep report: {sweep.folder}", ""]
         if sweep.info.get("description"):
@@ -551,6 +673,7 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
         "averaged over the evaluated rounds (how fast it learns); both then mean ± std over seeds. Consensus "
         "distance: mean over nodes of ||x_i - mean_j x_j||. Node spread: std over nodes of the node metric. "
         "MiB sent per node: the fragment messages' bytes on the wire over the run (nodes.csv). Wall: seconds per run.",
+        "Each run's figures, as recorded: [results.csv](results.csv).",
         "",
         "## Figures",
         "",
@@ -558,15 +681,19 @@ def write_report(folder: Path | str, out: Path | str | None = None) -> dict[str,
     for title, path in figures:
         lines += [f"### {title}", "", f"![{title}]({path.name})", ""]
     write_whole(out / "report.md", "\n".join(lines))
-    return {"out": str(out), "report": str(out / "report.md"), "figures": [str(p) for _, p in figures],
+    results = write_results_csv(sweep, out / "results.csv")
+    return {"out": str(out), "report": str(out / "report.md"), "results": str(results),
+            "figures": [str(p) for _, p in figures],
             "runs": len(sweep.runs), "missing": len(sweep.missing),
             **({"status": sweep.info.get("status")} if sweep.single else {})}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a sweep's folder (the spec's `out`) or one "
-                        "run's (the --out of `mosaicd simulate` or `mosaicd cluster`)")
-    parser.add_argument("--out", type=Path, default=None, help="where to write [default: RUN_DIR/report]")
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", nargs="+", help="a sweep's folder (the spec's "
+                        "`out`) or one run's (the --out of `mosaicd simulate` or `mosaicd cluster`); several: their "
+                        "runs compared, one line and one table row each")
+    parser.add_argument("--out", type=Path, default=None, help="where to write [default: RUN_DIR/report; several: "
+                        "report/ in their common parent folder]")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -36,6 +36,11 @@ class SecretError(ValueError):
     """The secret file cannot be used; the message names --secret-file."""
 
 
+def make_secret_hint(path: Path | str = "secret") -> str:
+    """The command that makes a secret file (docs/security.md's), for the errors that ask for one."""
+    return f"make one with `head -c 32 /dev/urandom | base64 > {path}`"
+
+
 def load_secret(path: Path | None) -> bytes | None:
     """The secret's bytes (surrounding whitespace dropped), or None without --secret-file: the one reader of a
     secret file (`Secret.of`, and `mosaicd cluster`'s for the user's file)."""
@@ -44,10 +49,10 @@ def load_secret(path: Path | None) -> bytes | None:
     try:
         secret = Path(path).read_bytes().strip()
     except OSError as exc:
-        raise SecretError(f"--secret-file {path}: {exc.strerror}") from None
+        missing = f"; {make_secret_hint(path)}" if isinstance(exc, FileNotFoundError) else ""
+        raise SecretError(f"--secret-file {path}: {exc.strerror}{missing}") from None
     if len(secret) < 16:
-        raise SecretError(f"--secret-file {path}: a secret of at least 16 bytes is needed (e.g. "
-                          "`head -c 32 /dev/urandom | base64 > secret`)")
+        raise SecretError(f"--secret-file {path}: a secret of at least 16 bytes is needed ({make_secret_hint(path)})")
     return secret
 
 
@@ -148,11 +153,13 @@ def check_listen(options: Any, keyring: Keyring | None, barrier: bool = False) -
     loopback = host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
     if not loopback and keyring is None and not options.insecure:
         raise SecretError(f"--host {host}: listening beyond loopback needs --secret-file (MOSAIC_SECRET_FILE), so "
-                          "that only members can join and send models; --insecure listens without one")
+                          f"that only members can join and send models ({make_secret_hint()}); --insecure listens "
+                          "without one")
     if keyring is None and not options.insecure and not barrier:  # loopback is not private on a shared machine
         raise SecretError(f"--host {host}: a node needs --secret-file (MOSAIC_SECRET_FILE; the barrier's, e.g. the "
                           "OUT.secret that `mosaicd barrier` made and printed; in a program, "
-                          "mosaicd.Peer(..., secret=barrier.secret) of its mosaicd.Barrier) even on loopback, where "
+                          "mosaicd.Peer(..., secret=barrier.secret) of its mosaicd.Barrier; for a peer list, "
+                          f"{make_secret_hint()} and give every member the same file) even on loopback, where "
                           "any local user could join and send models; --insecure runs without one")
     if keyring is None and (barrier or getattr(options, "peer_list", None) is not None):
         get_logger(role="barrier" if barrier else "node").warning(

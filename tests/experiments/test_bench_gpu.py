@@ -1,0 +1,50 @@
+"""bench/gpu.py, the prepared GPU script (issue 59, item 6), kept working on the CPU: every case runs at its small
+size and gives its figures, and the cluster's models equal simulate's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU = Path(__file__).resolve().parents[2] / "bench" / "gpu.py"
+CASES = ("digits", "digits-batched", "teacher", "teacher-batched", "wide", "wide-batched", "cluster")
+
+
+def test_the_wide_case_is_a_model_of_resnet18s_size() -> None:
+    spec = importlib.util.spec_from_file_location("bench_gpu", GPU)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(GPU.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(GPU.parent))
+    assert 10_500_000 <= module.model_values(small=False) <= 11_700_000  # ResNet-18 (10 classes): 11.2M
+
+
+@pytest.mark.slow
+def test_bench_gpu_runs_every_case_on_the_cpu_at_its_small_size(tmp_path: Path) -> None:
+    figures_file = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(GPU), "--device", "cpu", "--small", "--json", str(figures_file)],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    figures = json.loads(figures_file.read_text())
+    assert json.loads(done.stdout.splitlines()[-1]) == figures
+    assert figures["device"] == "cpu" and figures["small"] and figures["failed"] == {}
+    assert set(figures["cases"]) == set(CASES)
+    for name, case in figures["cases"].items():
+        assert case["status"] == "finished" and case["device"] == "cpu", name
+        for key in ("wall_s", "s_per_round", "us_per_node_round", "rss_peak_mib", "node_average"):
+            assert isinstance(case[key], float) and math.isfinite(case[key]) and case[key] > 0, (name, key, case)
+        assert case["s_per_round"] < case["wall_s"], (name, case)
+        assert f"\n{name} " in done.stdout, name  # a row of the table
+    ratios = figures["ratios"]
+    for name in ("digits", "teacher", "wide"):
+        assert ratios[f"{name}: batched speed-up (exact s/round / batched s/round)"] > 0
+    assert ratios["cluster == simulate (digits, same models bit for bit)"] is True
