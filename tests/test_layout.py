@@ -506,3 +506,19 @@ def test_the_phase_check_lets_the_table_class_compare_and_others_ask() -> None:
     asking = "ok = state.phases.failed and state.round == 3 and phase_of(x).value\nname = state.phase.value\n"
     assert phase_checks(table + asking, "mosaic_proto.barrier") == []
     assert phase_checks(table, "mosaicd.daemon.barrier.example")  # the table's class only in its own module
+
+
+def test_the_message_decoder_reads_only_a_message_s_shape() -> None:
+    """wire.py reads exactly what `encode` writes (issue 57): under 500 lines, no count of items kept by hand (no
+    `self.x -= ...`) and no function that calls itself (a general CBOR reader descends into any nesting; a message
+    has one fixed shape)."""
+    source = (SRC / "mosaic_proto" / "wire.py").read_text()
+    assert len(source.splitlines()) < 500
+    tree = ast.parse(source)
+    counted = [ast.unparse(n) for n in ast.walk(tree)
+               if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Sub) and isinstance(n.target, ast.Attribute)]
+    assert not counted, counted
+    recursive = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                 and any(isinstance(c, ast.Call) and ast.unparse(c.func) in (f.name, f"self.{f.name}")
+                         for c in ast.walk(f))]
+    assert not recursive, recursive
