@@ -643,3 +643,19 @@ def test_the_architecture_page_names_the_layers_this_file_checks() -> None:
 def test_the_layer_sentence_reader_reads_groups_and_sublayers() -> None:
     text = ("Imports only go down these layers (checked):\n`a` < `b.{c,d}` < `e` (f < g) < `h`. The two roles")
     assert page_layers(text) == [["a"], ["b.c", "b.d"], ["e.f"], ["e.g"], ["h"]]
+
+
+def test_the_message_decoder_reads_only_a_message_s_shape() -> None:
+    """wire.py reads exactly what `encode` writes (issue 57): under 500 lines, no count of items kept by hand (no
+    `self.x -= ...`) and no function that calls itself (a general CBOR reader descends into any nesting; a message
+    has one fixed shape)."""
+    source = (SRC / "mosaic_proto" / "wire.py").read_text()
+    assert len(source.splitlines()) < 500
+    tree = ast.parse(source)
+    counted = [ast.unparse(n) for n in ast.walk(tree)
+               if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Sub) and isinstance(n.target, ast.Attribute)]
+    assert not counted, counted
+    recursive = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                 and any(isinstance(c, ast.Call) and ast.unparse(c.func) in (f.name, f"self.{f.name}")
+                         for c in ast.walk(f))]
+    assert not recursive, recursive

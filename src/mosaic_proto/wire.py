@@ -8,15 +8,15 @@ A run with `--compress` names its codec in "dtype" and sends each fragment as th
 (float32)], "topk" [index, 85(float32 LE values), 70(uint32 LE indices, ascending)]. A receiver takes only its
 run's codec; dense codecs decode to float32 fragments, topk to a `Compressed` (the coordinates it carries).
 
-Encoding writes the CBOR framing by hand around the fragments' own buffers (one copy into the
-message); decoding trusts nothing and raises only `WireError`. One reader (`_Reader`) reads a message's CBOR:
-it checks each head before it builds anything and yields the values (the fragments as read-only views into the
-message, never copied), which one validation checks. Where it knows what to expect it compares bytes instead of
-reading heads: the run's own framing as `encode` writes it (`_framing`, `_Reader.framed`) and a fragment's item
-(`_Reader.fragment`). No body holds more CBOR items than a message of the run (`_items`), and a body of
-`_CHECK_MIN_BYTES` or more is held to what a message of the run holds (`_run_limits`: an array of 200 million
-items or a string of a gigabyte is refused from its head), so whatever a body claims, reading it builds no more
-than a message of the run; `check_structure` applies the run's limits to any body.
+Encoding writes the CBOR framing by hand around the fragments' own buffers (one copy into the message): canonical
+CBOR (shortest heads, definite lengths), the keys in the order above. Decoding trusts nothing, raises only
+`WireError`, and reads exactly what `encode` writes (`_Reader`), no other CBOR: it stops at the first byte that
+departs from the message's shape. A value of another type or out of range gets its field's reason; what CBOR
+allows but `encode` never writes (an indefinite length, a head longer than it needs) is MALFORMED, keys in
+another order BAD_HEADER; every item's form is read before any values are checked. The shape bounds the work:
+`frags` holds at most K items, each typed array exactly its fragment's bytes, the run's id at most 512 bytes,
+and no body over `max_message_bytes` is read, so whatever a body claims, reading it builds no more than a
+message of the run; the fragments are read-only views into the message, never copied.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
 
 import cbor2
 import numpy as np
@@ -43,19 +42,11 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 _KEYS = ("v", "run", "round", "sender", "k", "fp", "dtype", "frags")
 _MAX_ID = 2**31 - 1
 _MAX_RUN_ID = 128
-_KEYSET = frozenset(_KEYS)
-# What a message of a run holds (`_run_limits`), checked for bodies of `_CHECK_MIN_BYTES` and more (a smaller one
-# cannot claim much): header strings (the run id in UTF-8 at most) and bytes of framing beyond the fragments' floats
-# (non-canonical heads). Any body holds at most as many CBOR items (heads, chunks too) as a message of the run
-# (`_items`), and nests at most `_MAX_DEPTH` containers and tags (a message needs four: the map, frags, a fragment,
-# its tag), so that reading no body costs more steps than a message of the run.
-_CHECK_MIN_BYTES = 1 << 16
-_MAX_HEADER_STRING = 4 * _MAX_RUN_ID
-_MAX_DEPTH = 6
-_HEADER_ITEMS = 64
+_KEY_BYTES = tuple(key.encode() for key in _KEYS)
+# max_message_bytes: a message's bytes beyond its fragments' payload are at most this much framing per fragment
+# (its item's heads, 8 items of 8 bytes) and for the header
 _ITEMS_PER_FRAGMENT = 8
 _FRAMING_SLACK = 1024
-_FRAGMENT_ITEMS = 3  # the most items of one fragment's array: [index, values, scale or indices]
 # "dtype" of each codec's messages, and the RFC 8746 tag of its values (topk's indices: TAG_UINT32_LE)
 CODEC_DTYPE = {"none": DTYPE, "fp16": "fp16", "bf16": "bf16", "int8": "int8", "topk": "topk"}
 _CODEC_TAG = {"none": TAG_FLOAT32_LE, "fp16": 84, "bf16": 69, "int8": 72, "topk": TAG_FLOAT32_LE}
@@ -202,22 +193,20 @@ def encoded_sizes(run_id: str, round: int, k: int, fingerprint: bytes, senders: 
     return framing, items, np.array([len(_head(4, count)) for count in range(k + 1)], dtype=np.int64)
 
 
-def _show(value: object, limit: int = 40) -> str:
-    """A short, safe description of an untrusted decoded value for error details.
+def _show(value: bytes | str, limit: int = 40) -> str:
+    """A short, safe description of an untrusted string for error details."""
+    text = repr(value[:limit])
+    return text if len(value) <= limit else text + "..."
 
-    Never calls repr/str on containers or big integers: those can be huge, deeply nested or over Python's
-    int-to-str digit limit (which raises ValueError).
-    """
-    if type(value) is int:
-        return repr(value) if value.bit_length() <= 64 else f"<int of {value.bit_length()} bits>"
-    if type(value) is memoryview:
-        value = bytes(value[:limit + 1])
-    if type(value) in (str, bytes):
-        text = repr(value[:limit])
-        return text if len(value) <= limit else text + "..."
-    if value is None or type(value) in (bool, float):
-        return repr(value)
-    return f"<{type(value).__name__}>"
+
+def _found(major: int, arg: int, size: int) -> str:
+    """What a head that does not fit its field announces, in words (never what follows it)."""
+    if major == 7:
+        return "a float" if size > 2 else _SIMPLE.get(arg, f"simple value {arg}")
+    if major == 1:
+        return f"the integer {-1 - arg}"
+    return ("the integer {}", "", "a byte string of {} bytes", "a text of {} bytes", "an array of {} items",
+            "a map of {} entries", "tag {}")[major].format(arg)
 
 
 def _finite(values: np.ndarray) -> bool:
@@ -225,255 +214,221 @@ def _finite(values: np.ndarray) -> bool:
     return all(map(math.isfinite, values.tolist())) if values.size <= 32 else bool(np.isfinite(values).all())
 
 
-def _int(value: object, name: str, hi: int = _MAX_ID) -> int:
-    if type(value) is not int or not 0 <= value <= hi:
-        raise WireError(Reason.BAD_HEADER, f"{name} must be an integer in [0, {hi}], got {_show(value)}")
-    return value
+def _truncated() -> WireError:
+    return WireError(Reason.MALFORMED, "the message ends before its declared contents")
 
 
-def _malformed(detail: str) -> WireError:
-    return WireError(Reason.MALFORMED, detail)
+_SIMPLE = {20: "false", 21: "true", 22: "null", 23: "undefined"}
+_SHORTEST = {2: 24, 3: 1 << 8, 5: 1 << 16, 9: 1 << 32}  # the least argument a head of so many bytes may carry
+_ANY_SIZE = 1 << 64
+_UINT32 = np.dtype("<u4")
+_FLOAT32_HEAD = b"\xfa"
+_MAP = f"expected a map with keys {list(_KEYS)}"
+_SHAPE = {codec: f"each fragment of a {codec} message must be a list of {items} items: [index, typed array"
+          + {"int8": ", scale]", "topk": ", indices]"}.get(codec, "]") for codec, items in _CODEC_ITEMS.items()}
 
 
-class _Limits(NamedTuple):
-    """What one body may hold, checked at each head before anything of it is built. A small body is held only to
-    CBOR's own bounds (what its bytes can hold); a large one also to what a message of the run holds
-    (`_run_limits`), so that whatever its heads claim, reading it builds no more than a message of the run."""
-
-    size: int = 1 << 64  # bytes of the body; by default more than any head can claim
-    header_string: int = 1 << 64  # bytes of a string directly in the top map
-    string: int = 1 << 64  # bytes of any other string (or chunk)
-    frags: int = 1 << 64  # items of an array directly in the top map (the fragments)
-    array: int = 1 << 64  # items of an array below that (a fragment's)
-    one_map: bool = False  # a map of the message's entries at the top, and no map below it
-
-
-_ANY = _Limits()
-_TOO_MANY_ITEMS = WireError(Reason.MALFORMED, "more CBOR items than a message of the run holds")
-# How `encode` opens a fragment's item, per codec, as `_Reader.fragment` expects it: the initial byte of the item's
-# array, the head of the values' tag, the tag's number and the item's length
-_FRAGMENT_HEADS = {codec: (0x80 | _CODEC_ITEMS[codec], _head(6, number), number, _CODEC_ITEMS[codec])
-                   for codec, number in _CODEC_TAG.items()}
-_Tag = cbor2.CBORTag  # a tag and its item (the RFC 8746 typed arrays), as cbor2 gives them
-_SIMPLE = {20: False, 21: True, 22: None, 23: cbor2.undefined}
-_FLOAT = {3: ">e", 5: ">f", 9: ">d"}  # a float's struct format by the size of its head
+@functools.lru_cache(maxsize=4)  # every message of a run is read against the same
+def _run(fragmentation: Fragmentation, compression: Compression) -> tuple[int, tuple[tuple[bytes, int], ...]]:
+    """The most bytes of a message of the run (`max_message_bytes`) and, per fragment, the heads `encode` writes
+    before its values' bytes (the values' tag and byte string's head) and how many values it carries (topk: those
+    it keeps)."""
+    tag, itemsize = _CODEC_TAG[compression.codec], _CODEC_NUMPY[compression.codec].itemsize
+    counts = [compression.kept(len(coordinates)) for coordinates in fragmentation.indices]
+    heads = tuple((_head(6, tag) + _head(2, itemsize * count), count) for count in counts)
+    return max_message_bytes(fragmentation, compression), heads
 
 
 class _Reader:
-    """The one reader of a message's CBOR: it checks each head against `limits` and yields the values as cbor2
-    would decode them (`cbor2.loads(..., allow_duplicate_keys=False, strict_hashable_types=True,
-    max_depth=_MAX_DEPTH)`), with two differences: byte strings are read-only views into the body (the fragments
-    are never copied), and a tag is kept as a `cbor2.CBORTag` (bignums excepted, which are ints), since no value
-    of a message is a date, a set or a shared reference. Only text and byte strings are map keys (integers
-    would collide in a dict) and a key appears once; nesting stops at `_MAX_DEPTH` containers and tags, so
-    no body makes it recurse further. Raises only `WireError`.
+    """Reads one message as `encode` writes it, and nothing else: a map of the eight keys in `_KEYS`' order, each
+    value of its type, every head of definite length and in its shortest form, `frags` an array of 1 to K items
+    [index, typed array (, scale or indices)], each typed array of exactly its fragment's bytes. It reads in the
+    message's order and stops at the first byte that departs from it: a head of another kind or out of its
+    field's range gives that field's reason; a message cut short, an indefinite length, a head longer than its
+    argument needs, a repeated or non-text key, invalid UTF-8 or trailing bytes are MALFORMED. The shape it
+    reads is its only count: nothing is built but the header's values and at most K fragments, views of the
+    message (never copies), whatever the heads claim. Where it knows the bytes to expect (the run's framing, a
+    fragment's heads) it compares them in one go, and reads field by field to name a fault. Raises only
+    `WireError`."""
 
-    Where it knows what to expect, it compares bytes instead of reading heads one by one, which is cheaper per
-    message (bench/codec.py): a run's own framing (`framed`) and a fragment's item as `encode` writes it
-    (`fragment`). Anything else, it reads head by head, to the same values and faults.
-    """
+    __slots__ = ("data", "view", "end", "pos")
 
-    __slots__ = ("data", "view", "end", "limits", "left", "expect")
+    def __init__(self, data: bytes) -> None:
+        self.data, self.view, self.end, self.pos = data, memoryview(data), len(data), 0
 
-    def __init__(self, data: bytes | memoryview, limits: _Limits, codec: str = "none", items: int = 1 << 64) -> None:
-        """`items`: the most CBOR items (a string's chunks count) the body may hold, as a message of the run."""
-        self.data, self.view, self.end, self.limits, self.left = data, memoryview(data), len(data), limits, items
-        if self.end > limits.size:
-            raise WireError(Reason.TOO_LARGE, f"{self.end} bytes: no message of this run is over {limits.size} bytes")
-        self.expect = _FRAGMENT_HEADS[codec]
+    def skip(self, expected: bytes) -> bool:
+        """Whether `expected` comes next (then read past it)."""
+        if self.data.startswith(expected, self.pos):
+            self.pos += len(expected)
+            return True
+        return False
 
-    def message(self) -> object:
-        """The body's one item; a large body's must open as a map of the message's entries."""
-        if self.limits.one_map:
-            major, arg, _ = self.head(0)
-            if major != 5 or arg not in (-1, len(_KEYS)):
-                raise WireError(Reason.BAD_HEADER, f"expected a map of {len(_KEYS)} entries at the top")
-        value, pos = self.item(0, 0)
-        if pos != self.end:
-            raise _malformed(f"{self.end - pos} trailing bytes after the message")
-        return value
-
-    def framed(self, framing: tuple[bytes, bytes, bytes]) -> tuple[int, int, object] | None:
-        """(round, sender, frags) of a body that opens with its run's own framing (`_framing`: the header as
-        `encode` writes it, compared in one go instead of head by head); None for any other, read by `message`.
-        What it returns or raises is what `message` and the header's checks would give (for a valid run id)."""
-        data, (before_round, sender_key, after_sender) = self.data, framing
-        if not data.startswith(before_round):
-            return None
-        major, round_, pos = self.head(len(before_round))
-        if major != 0 or not data.startswith(sender_key, pos):
-            return None
-        major, sender, pos = self.head(pos + len(sender_key))
-        if major != 0 or not data.startswith(after_sender, pos):
-            return None
-        pos += len(after_sender)
-        major, count, after = self.head(pos)
-        if major == 4 and count >= 0:  # read as `item` reads it, with one step less
-            self.left -= 2 * len(_KEYS) + 1  # the map, its keys, the values before frags and frags' array
-            frags, pos = self.array(count, after, 1)
-        else:
-            self.left -= 2 * len(_KEYS)
-            frags, pos = self.item(pos, 1)
-        if pos != self.end:
-            raise _malformed(f"{self.end - pos} trailing bytes after the message")
-        return round_, sender, frags
-
-    def head(self, pos: int) -> tuple[int, int, int]:
-        """(major type, argument or -1 for an indefinite length, position after the head)."""
+    def head(self, major: int, reason: Reason, what: str, lo: int = 0, hi: int = _ANY_SIZE) -> int:
+        """The argument of the next head, of `major` type and in [lo, hi], else `reason`: `what` (a template of lo
+        and hi, formatted only then) and what came."""
+        data, pos = self.data, self.pos
         if pos >= self.end:
-            raise _malformed("the CBOR item ends before its declared contents")
-        initial = self.data[pos]
-        info = initial & 31
+            raise _truncated()
+        info = data[pos] & 31
         if info < 24:
-            return initial >> 5, info, pos + 1
-        if info < 28:
+            arg, after = info, pos + 1
+        elif info < 28:
             after = pos + 1 + (1 << (info - 24))
             if after > self.end:
-                raise _malformed("the CBOR item ends before its declared contents")
-            return initial >> 5, int.from_bytes(self.data[pos + 1:after], "big"), after
-        if info == 31 and 2 <= initial >> 5 <= 5:
-            return initial >> 5, -1, pos + 1
-        raise _malformed(f"not a CBOR head at byte {pos}" if info < 31 else
-                         "unexpected break" if initial == 0xFF else f"indefinite length at byte {pos}")
+                raise _truncated()
+            arg = int.from_bytes(data[pos + 1:after], "big")
+        else:
+            raise WireError(Reason.MALFORMED, ("an indefinite length or break" if info == 31 else "a reserved head")
+                            + f" at byte {pos}")
+        if data[pos] >> 5 != major or not lo <= arg <= hi:
+            raise WireError(reason, f"{what.format(lo=lo, hi=hi)}, got {_found(data[pos] >> 5, arg, after - pos)}")
+        if after - pos > 1 and arg < _SHORTEST[after - pos]:
+            raise WireError(Reason.MALFORMED, f"the head at byte {pos} is longer than its argument needs")
+        self.pos = after
+        return arg
 
-    def item(self, pos: int, depth: int) -> tuple[object, int]:
-        """The value of the item at `pos`, `depth` containers and tags down, and the position after it."""
-        self.left -= 1
-        if self.left < 0:
-            raise _TOO_MANY_ITEMS
-        if depth > _MAX_DEPTH:
-            raise _malformed(f"nested more than {_MAX_DEPTH} deep")
-        start = pos
-        major, arg, pos = self.head(pos)
-        if major == 0:
-            return arg, pos
-        if major == 2 or major == 3:
-            return self.string(major, arg, pos, depth) if arg >= 0 else self.chunked(major, pos, depth)
-        if major == 1:
-            return -1 - arg, pos
-        if major == 7:
-            return self.simple(arg, start, pos)
-        if major == 4:
-            return self.array(arg, pos, depth)
-        if major == 5:
-            return self.map(arg, pos, depth)
-        value, pos = self.item(pos, depth + 1)
-        if arg == 2 or arg == 3:  # a bignum
-            if type(value) is not memoryview:
-                raise _malformed("a bignum must be a byte string")
-            number = int.from_bytes(value, "big")
-            return (number if arg == 2 else -1 - number), pos
-        return _Tag(arg, value), pos
+    def string(self, major: int, reason: Reason, what: str, hi: int = _ANY_SIZE) -> memoryview:
+        """The bytes of the next byte (major 2) or text (3) string of at most `hi` bytes, a view of the message."""
+        size = self.head(major, reason, what)
+        start = self.pos
+        if size > self.end - start:
+            raise _truncated()
+        if size > hi:
+            raise WireError(reason, f"{what}, got {_found(major, size, 1)}")
+        self.pos = start + size
+        return self.view[start:self.pos]
 
-    def fragment(self, pos: int, depth: int) -> tuple[object, int]:
-        """An item of an array directly in the top map. One that opens as `encode` writes a fragment of the run's
-        codec (the item's array head, an index, the values' tag and a byte string within the limits) is read from
-        those expected heads, anything else by `item`, which also names any fault: the same value either way."""
-        data, (opening, tag, number, items) = self.data, self.expect
-        if pos + 4 < self.end and data[pos] == opening and self.left >= 4:
-            index, after = data[pos + 1], pos + 2
-            if index >= 24:
-                major, index, after = self.head(pos + 1)
-                if major != 0:
-                    return self.item(pos, depth)
-            if data.startswith(tag, after):
-                major, size, after = self.head(after + len(tag))
-                if major == 2 and 0 <= size <= self.limits.string and after + size <= self.end:
-                    self.left -= 4  # the item's array, its index, the tag and its byte string
-                    values = _Tag(number, self.view[after:after + size])
-                    if items == 2:
-                        return [index, values], after + size
-                    last, after = self.item(after + size, depth + 1)  # int8's scale, topk's indices
-                    return [index, values, last], after
-        return self.item(pos, depth)
+    def key(self, index: int) -> None:
+        """The message's `index`th key: another name is BAD_HEADER, a repeated or non-text key MALFORMED."""
+        if self.skip(_KEY_CBOR[index][1]):
+            return
+        kind = self.data[self.pos] >> 5 if self.pos < self.end else 3
+        name = self.string(2 if kind == 2 else 3, Reason.MALFORMED, "a map's keys must be text")
+        if kind == 3 and name in _KEY_BYTES[:index]:
+            raise WireError(Reason.MALFORMED, f"the key {str(name, 'utf-8')!r} appears twice")
+        raise WireError(Reason.BAD_HEADER, f"the message's entry {index + 1} must be {_KEYS[index]!r}, got "
+                        f"{_show(bytes(name[:41]))}")
 
-    def string(self, major: int, size: int, pos: int, depth: int) -> tuple[object, int]:
-        if size > self.end - pos:
-            raise _malformed(f"a string of {size} bytes with {self.end - pos} bytes left")
-        cap = self.limits.header_string if depth == 1 else self.limits.string
-        if size > cap:
-            raise WireError(Reason.BAD_HEADER if depth == 1 else Reason.BAD_FRAGMENT,
-                            f"a string of {size} bytes where this run has at most {cap}")
-        end = pos + size
-        if major == 2:
-            return self.view[pos:end], end
+    def header(self, fragmentation: Fragmentation, run_id: str | None,
+               compression: Compression) -> tuple[str, int, int]:
+        """(run, round, sender) of the message, its header checked up to its fragments' array."""
+        dtype = CODEC_DTYPE[compression.codec]
+        before_round, sender_key, after_sender = _framing(run_id or "", fragmentation.k, fragmentation.fingerprint,
+                                                          dtype)
+        run = run_id
+        if run_id is None or not self.skip(before_round):
+            self.head(5, Reason.BAD_HEADER, _MAP, len(_KEYS), len(_KEYS))
+            self.key(0)
+            self.head(0, Reason.UNSUPPORTED_VERSION, "format version must be {lo} (this node speaks {lo})",
+                      VERSION, VERSION)
+            self.key(1)
+            run = self.run(run_id)
+            self.key(2)
+        round_ = self.head(0, Reason.BAD_HEADER, "round must be an integer in [0, {hi}]", 0, _MAX_ID)
+        if not self.skip(sender_key):
+            self.key(3)
+        sender = self.head(0, Reason.BAD_HEADER, "sender must be an integer in [0, {hi}]", 0, _MAX_ID)
+        if not self.skip(after_sender):
+            self.key(4)
+            k = self.head(0, Reason.BAD_HEADER, "k must be an integer in [0, {hi}]", 0, _MAX_ID)
+            if k != fragmentation.k:
+                raise WireError(Reason.WRONG_K, f"message has K={k}, this run has K={fragmentation.k}")
+            self.key(5)
+            if self.string(2, Reason.FOREIGN_FINGERPRINT, "fp must be a byte string") != fragmentation.fingerprint:
+                raise WireError(Reason.FOREIGN_FINGERPRINT,
+                                "the sender fragments the model differently (fingerprint mismatch)")
+            self.key(6)
+            what = f"dtype must be {dtype!r} (this run's --compress {compression})"
+            got = self.string(3, Reason.BAD_DTYPE, what)
+            if got != dtype.encode():
+                raise WireError(Reason.BAD_DTYPE, f"{what}, got {_show(bytes(got[:41]))}")
+            self.key(7)
+        return run, round_, sender
+
+    def run(self, run_id: str | None) -> str:
+        """The run's id: a text of 1 to `_MAX_RUN_ID` characters, `run_id` where the receiver knows it."""
+        what = f"run must be a non-empty text of at most {_MAX_RUN_ID} characters"
         try:
-            return str(self.data[pos:end], "utf-8"), end
+            run = str(self.string(3, Reason.BAD_HEADER, what, 4 * _MAX_RUN_ID), "utf-8")
         except UnicodeDecodeError:
-            raise _malformed(f"invalid UTF-8 in the text at byte {pos}") from None
+            raise WireError(Reason.MALFORMED, "invalid UTF-8 in the run's id") from None
+        if not 0 < len(run) <= _MAX_RUN_ID:
+            raise WireError(Reason.BAD_HEADER, what)
+        if run_id is not None and run != run_id:
+            raise WireError(Reason.WRONG_RUN, f"message of run {_show(run)}, this node is in run {run_id!r}")
+        return run
 
-    def chunked(self, major: int, pos: int, depth: int) -> tuple[object, int]:
-        """An indefinite-length string: definite chunks of its own major type up to a break, joined."""
-        chunks = []
-        while pos < self.end and self.data[pos] != 0xFF:
-            self.left -= 1
-            if self.left < 0:
-                raise _TOO_MANY_ITEMS
-            kind, size, pos = self.head(pos)
-            if kind != major or size < 0:
-                raise _malformed(f"a chunk of major type {kind} in an indefinite string of major type {major}")
-            chunk, pos = self.string(major, size, pos, depth)
-            chunks.append(chunk)
-        if pos >= self.end:
-            raise _malformed("the CBOR item ends before its declared contents")
-        return (memoryview(b"".join(chunks)) if major == 2 else "".join(chunks)), pos + 1
+    def fragments(self, fragmentation: Fragmentation, compression: Compression,
+                  heads: tuple[tuple[bytes, int], ...]) -> dict:
+        """The message's fragments: every item's form read to the message's end (BAD_FRAGMENT), then each item's
+        index (DUPLICATE_FRAGMENT) and values (`_fragment`). `heads`: each fragment's heads as `encode` writes
+        them (`_run`)."""
+        codec, k, coordinates = compression.codec, fragmentation.k, fragmentation.indices
+        count = self.head(4, Reason.BAD_FRAGMENT, "frags must be a list of {lo} to {hi} fragments", 1, k)
+        items, tag, dtype, shape = _CODEC_ITEMS[codec], _CODEC_TAG[codec], _CODEC_NUMPY[codec], _SHAPE[codec]
+        read = []
+        for _ in range(count):
+            self.head(4, Reason.BAD_FRAGMENT, shape, items, items)
+            index = self.head(0, Reason.BAD_FRAGMENT, "fragment index must be in [0, {hi}]", 0, k - 1)
+            values = self.typed(heads[index], tag, dtype, index, "values")
+            extra = None
+            if codec == "int8":
+                extra = self.scale(index)
+            elif codec == "topk":
+                extra = self.typed((_head(6, TAG_UINT32_LE) + _head(2, 4 * len(values)), len(values)),
+                                   TAG_UINT32_LE, _UINT32, index, "indices")
+            read.append((index, values, extra))
+        if self.pos != self.end:
+            raise WireError(Reason.MALFORMED, f"{self.end - self.pos} trailing bytes after the message")
+        fragments: dict[int, np.ndarray | Compressed] = {}
+        for index, values, extra in read:
+            if index in fragments:
+                raise WireError(Reason.DUPLICATE_FRAGMENT, f"fragment {index} appears twice")
+            fragments[index] = _fragment(codec, len(coordinates[index]), values, extra, index)
+        return fragments
 
-    def simple(self, arg: int, start: int, pos: int) -> tuple[object, int]:
-        """A simple value or a float (major type 7), by the size of its head."""
-        size = pos - start
-        if size == 1:
-            return (_SIMPLE[arg] if arg in _SIMPLE else cbor2.CBORSimpleValue(arg)), pos
-        if size == 2:
-            if arg < 32:
-                raise _malformed(f"simple value {arg} in two bytes at byte {start}")
-            return cbor2.CBORSimpleValue(arg), pos
-        return struct.unpack(_FLOAT[size], self.data[start + 1:pos])[0], pos
+    def typed(self, heads: tuple[bytes, int], number: int, dtype: np.dtype, index: int, what: str) -> np.ndarray:
+        """The values of an RFC 8746 typed array of tag `number` whose heads `encode` writes as `heads` (its
+        values' count beside): a view of the message."""
+        expected, count = heads
+        size = count * dtype.itemsize
+        start = self.pos + len(expected)
+        if not self.data.startswith(expected, self.pos) or start + size > self.end:
+            what = f"fragment {index}'s {what}"
+            self.head(6, Reason.BAD_FRAGMENT, f"{what} must be a tag-{number} typed array", number, number)
+            raw = self.string(2, Reason.BAD_FRAGMENT, f"{what} must be a tag-{number} typed array")
+            raise WireError(Reason.BAD_FRAGMENT, f"{what} take {len(raw)} bytes, expected {size}")
+        self.pos = start + size
+        return np.frombuffer(self.view[start:self.pos], dtype)
 
-    def array(self, count: int, pos: int, depth: int) -> tuple[list, int]:
-        cap = self.limits.frags if depth == 1 else self.limits.array
-        if count > cap:
-            raise WireError(Reason.BAD_FRAGMENT, f"an array of {count} items where this run has at most {cap}")
-        if count > self.end - pos:
-            raise _malformed(f"an array of {count} items with {self.end - pos} bytes left")
-        items = []
-        read = self.fragment if depth == 1 else self.item
-        if count >= 0:
-            for _ in range(count):
-                value, pos = read(pos, depth + 1)
-                items.append(value)
-            return items, pos
-        while not self.at_break(pos):
-            if len(items) == cap:
-                raise WireError(Reason.BAD_FRAGMENT, f"an indefinite array of more than {cap} items")
-            value, pos = read(pos, depth + 1)
-            items.append(value)
-        return items, pos + 1
+    def scale(self, index: int) -> float:
+        """int8's scale, a float32 as `encode` writes it."""
+        if not self.skip(_FLOAT32_HEAD):
+            if self.pos >= self.end:
+                raise _truncated()
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s scale must be a float32")
+        if self.pos + 4 > self.end:
+            raise _truncated()
+        self.pos += 4
+        return struct.unpack_from(">f", self.data, self.pos - 4)[0]
 
-    def map(self, count: int, pos: int, depth: int) -> tuple[dict, int]:
-        if depth and self.limits.one_map:
-            raise WireError(Reason.BAD_HEADER, "a map inside the message")
-        if count > (self.end - pos) // 2:
-            raise _malformed(f"a map of {count} entries with {self.end - pos} bytes left")
-        out: dict = {}
-        entries = 0
-        while entries < count if count >= 0 else not self.at_break(pos):
-            if count < 0 and self.limits.one_map and entries == len(_KEYS):
-                raise WireError(Reason.BAD_HEADER, f"a map of more than {len(_KEYS)} entries at the top")
-            entries += 1
-            key, pos = self.item(pos, depth + 1)
-            if type(key) is not str and type(key) is not memoryview:
-                raise _malformed(f"a map key must be a text or byte string, not {_show(key)}")
-            value, pos = self.item(pos, depth + 1)
-            if key in out:
-                raise _malformed(f"the key {_show(key)} appears twice")
-            out[key] = value
-        return out, pos + (count < 0)
 
-    def at_break(self, pos: int) -> bool:
-        """Whether an indefinite-length item ends at `pos` (which must be within the body)."""
-        if pos >= self.end:
-            raise _malformed("the CBOR item ends before its declared contents")
-        return self.data[pos] == 0xFF
+def _fragment(codec: str, size: int, values: np.ndarray, extra: object, index: int) -> np.ndarray | Compressed:
+    """A fragment of a well-formed item: float32 values (a view of the message for `none`) or topk's `Compressed`,
+    its values finite, topk's indices ascending in range, int8's scale a positive finite float."""
+    if codec == "topk":
+        assert isinstance(extra, np.ndarray)
+        if not _finite(values):
+            raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
+        if len(extra) and (int(extra[-1]) >= size or not bool(np.all(extra[1:] > extra[:-1]))):
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s indices must ascend within [0, {size})")
+        return Compressed("topk", size, values, extra)
+    if codec == "int8" and not (math.isfinite(extra) and extra > 0):  # type: ignore[arg-type]
+        raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s scale must be a positive finite float")
+    dense = values if codec == "none" else decompress(Compressed(codec, size, values, scale=extra or 1.0))[1]
+    if not _finite(dense):
+        raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
+    return dense
 
 
 def max_message_bytes(fragmentation: Fragmentation, compression: Compression = _NONE) -> int:
@@ -484,53 +439,10 @@ def max_message_bytes(fragmentation: Fragmentation, compression: Compression = _
     return payload + _ITEMS_PER_FRAGMENT * 8 * fragmentation.k + _FRAMING_SLACK
 
 
-@functools.lru_cache(maxsize=4)  # every large message of a run is read against the same limits
-def _run_limits(fragmentation: Fragmentation, compression: Compression) -> _Limits:
-    """What a message of this run holds: no more bytes than `max_message_bytes`, a map of 8 entries at the top and
-    no map below it, `frags` of at most K items and arrays of at most `_FRAGMENT_ITEMS` below that, header strings
-    of at most `_MAX_HEADER_STRING` bytes and others no longer than the longest fragment."""
-    longest = max(_MAX_HEADER_STRING, 4 * max(map(len, fragmentation.indices)))
-    return _Limits(max_message_bytes(fragmentation, compression), _MAX_HEADER_STRING, longest, fragmentation.k,
-                   _FRAGMENT_ITEMS, True)
-
-
-def _items(fragmentation: Fragmentation) -> int:
-    """The most CBOR items a message of this run holds (a message encoded in a way no sender here writes, such as
-    byte strings in thousands of chunks, is refused too)."""
-    return _HEADER_ITEMS + _ITEMS_PER_FRAGMENT * fragmentation.k
-
-
 def check_structure(data: bytes | memoryview, fragmentation: Fragmentation, compression: Compression = _NONE) -> None:
-    """Refuse a body that cannot be a message of this run, as `decode` refuses a large one: before anything of it
-    is built beyond what a message of the run holds, whatever its heads claim. None if it may be one."""
-    _Reader(data, _run_limits(fragmentation, compression), compression.codec, _items(fragmentation)).message()
-
-
-def _header(obj: object, fragmentation: Fragmentation, run_id: str | None,
-            compression: Compression) -> tuple[str, int, int, object]:
-    """(run, round, sender, frags) of a message read head by head, its header checked, each fault named."""
-    if not isinstance(obj, dict) or obj.keys() != _KEYSET:
-        keys = sorted(_show(key) for key in obj)[:20] if isinstance(obj, dict) else _show(obj)
-        raise WireError(Reason.BAD_HEADER, f"expected a map with keys {list(_KEYS)}, got {keys}")
-    version = obj["v"]
-    if type(version) is not int or version != VERSION:
-        raise WireError(Reason.UNSUPPORTED_VERSION, f"format version {_show(version)} (this node speaks {VERSION})")
-    run = obj["run"]
-    if not isinstance(run, str) or not 0 < len(run) <= _MAX_RUN_ID:
-        raise WireError(Reason.BAD_HEADER, "run must be a non-empty text of at most 128 characters")
-    if run_id is not None and run != run_id:
-        raise WireError(Reason.WRONG_RUN, f"message of run {_show(run)}, this node is in run {run_id!r}")
-    round_, sender, k = _int(obj["round"], "round"), _int(obj["sender"], "sender"), _int(obj["k"], "k")
-    if k != fragmentation.k:
-        raise WireError(Reason.WRONG_K, f"message has K={k}, this run has K={fragmentation.k}")
-    fp = obj["fp"]
-    if type(fp) is not memoryview or fp != fragmentation.fingerprint:
-        raise WireError(Reason.FOREIGN_FINGERPRINT, "the sender fragments the model differently (fingerprint mismatch)")
-    dtype = CODEC_DTYPE[compression.codec]
-    if type(obj["dtype"]) is not str or obj["dtype"] != dtype:
-        raise WireError(Reason.BAD_DTYPE, f"dtype must be {dtype!r} (this run's --compress {compression}), got "
-                        f"{_show(obj['dtype'])}")
-    return run, round_, sender, obj["frags"]
+    """Refuse a body that cannot be a message of this run, as `decode` does (which builds nothing beyond the
+    message's own O(K) values, whatever its heads claim). None if it is one."""
+    decode(data, fragmentation, compression=compression)
 
 
 def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *, run_id: str | None = None,
@@ -539,9 +451,8 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
 
     The returned fragments are read-only float32 arrays (topk: `Compressed`); for `bytes` input of an uncompressed
     run they are views into `data` (no copy), any other buffer is copied once first so that they never alias memory
-    the caller may reuse. A body of `_CHECK_MIN_BYTES` or more is read against what a message of the run holds
-    (`_run_limits`); a smaller one cannot claim much, and is held to CBOR's own bounds and a message's count of
-    items (`_items`).
+    the caller may reuse. A body over `max_bytes`, or over any message of the run (`max_message_bytes`), is
+    TOO_LARGE before it is read.
     """
     if not isinstance(data, bytes):
         try:
@@ -554,79 +465,10 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
     size = len(data)
     if size > max_bytes:
         raise WireError(Reason.TOO_LARGE, f"{size} bytes is over the {max_bytes}-byte limit")
-    limits = _run_limits(fragmentation, compression) if size >= _CHECK_MIN_BYTES else _ANY
-    reader = _Reader(data, limits, compression.codec, _items(fragmentation))
-    framed = None if run_id is None else reader.framed(_framing(run_id, fragmentation.k, fragmentation.fingerprint,
-                                                                CODEC_DTYPE[compression.codec]))
-    if framed is not None:
-        run, (round_, sender, frags) = run_id, framed
-        if round_ > _MAX_ID or sender > _MAX_ID:  # unsigned: only the upper bound is left to check
-            round_, sender = _int(round_, "round"), _int(sender, "sender")
-    else:
-        run, round_, sender, frags = _header(reader.message(), fragmentation, run_id, compression)
+    limit, heads = _run(fragmentation, compression)
+    if size > limit:
+        raise WireError(Reason.TOO_LARGE, f"{size} bytes: no message of this run is over {limit} bytes")
+    reader = _Reader(data)
+    run, round_, sender = reader.header(fragmentation, run_id, compression)
     return FragmentBatch(run, round_, sender, fragmentation.k, fragmentation.fingerprint,
-                         _fragments(frags, fragmentation, compression), compression.codec)
-
-
-def _fragments(frags: object, fragmentation: Fragmentation, compression: Compression) -> dict:
-    """The fragments of a message, each item checked against the run's codec and the fragment's size, as float32
-    values (views of the message's bytes for `none`) or, for topk, a `Compressed`."""
-    codec, k, coordinates = compression.codec, fragmentation.k, fragmentation.indices
-    if type(frags) is not list or not 0 < len(frags) <= k:
-        raise WireError(Reason.BAD_FRAGMENT, f"frags must be a list of 1 to {k} fragments")
-    items, tag_of_values, dtype = _CODEC_ITEMS[codec], _CODEC_TAG[codec], _CODEC_NUMPY[codec]
-    fragments: dict[int, np.ndarray | Compressed] = {}
-    for item in frags:
-        if type(item) is not list or len(item) != items or type(item[1]) is not _Tag:
-            raise WireError(Reason.BAD_FRAGMENT, f"each fragment of a {codec} message must be a list of {items} "
-                            "items: [index, typed array" + (", scale]" if codec == "int8" else
-                                                            ", indices]" if codec == "topk" else "]"))
-        index = item[0]
-        if type(index) is not int or not 0 <= index < k:
-            raise WireError(Reason.BAD_FRAGMENT, f"fragment index must be in [0, {k}), got {_show(index)}")
-        if index in fragments:
-            raise WireError(Reason.DUPLICATE_FRAGMENT, f"fragment {index} appears twice")
-        size = len(coordinates[index])
-        values = _typed(item[1], tag_of_values, dtype, size if codec != "topk" else compression.kept(size), index,
-                        "values")
-        if codec != "none":
-            fragments[index] = _compressed(item, index, size, values, codec)
-        elif _finite(values):
-            fragments[index] = values
-        else:
-            raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
-    return fragments
-
-
-def _compressed(item: list, index: int, size: int, values: np.ndarray, codec: str) -> np.ndarray | Compressed:
-    """A compressed fragment (its item's values already checked): topk's indices exactly the coordinates it keeps,
-    ascending and in range, int8's scale a positive float; the dense codecs' values as float32."""
-    if codec == "topk":
-        if not _finite(values):
-            raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
-        indices = _typed(item[2], TAG_UINT32_LE, _UINT32, len(values), index, "indices")
-        if len(indices) and (int(indices[-1]) >= size or not bool(np.all(indices[1:] > indices[:-1]))):
-            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s indices must ascend within [0, {size})")
-        return Compressed("topk", size, values, indices)
-    scale = 1.0
-    if codec == "int8":
-        scale = item[2]
-        if type(scale) is not float or not (math.isfinite(scale) and scale > 0):
-            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s scale must be a positive finite float")
-    dense = decompress(Compressed(codec, size, values, scale=scale))[1]
-    if not _finite(dense):
-        raise WireError(Reason.NON_FINITE, f"fragment {index} holds NaN or infinite values")
-    return dense
-
-
-_UINT32 = np.dtype("<u4")
-
-
-def _typed(tag: object, number: int, dtype: np.dtype, count: int, index: int, what: str) -> np.ndarray:
-    """The `count` values of an RFC 8746 typed array of tag `number` (a view of the message's bytes)."""
-    if type(tag) is not _Tag or tag.tag != number or type(tag.value) is not memoryview:
-        raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s {what} must be a tag-{number} typed array")
-    if len(tag.value) != count * dtype.itemsize:
-        raise WireError(Reason.BAD_FRAGMENT, f"fragment {index}'s {what} take {len(tag.value)} bytes, expected "
-                        f"{count * dtype.itemsize}")
-    return np.frombuffer(tag.value, dtype)
+                         reader.fragments(fragmentation, compression, heads), compression.codec)

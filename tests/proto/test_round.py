@@ -154,7 +154,8 @@ REFUSALS: list[tuple[str, Callable[[], bytes], Reason]] = [
     ("same_message_again", lambda: GOOD[1], Reason.DUPLICATE_FRAGMENT),
     ("same_sender_early_again", lambda: msg(3, 2, (3,)), Reason.DUPLICATE_FRAGMENT),
     ("wrong_run", lambda: msg(4, 1, run="another-run"), Reason.WRONG_RUN),
-    ("garbage", lambda: b"\x00garbage", Reason.MALFORMED),
+    ("garbage", lambda: b"\x00garbage", Reason.BAD_HEADER),  # an integer where a message's map opens
+    ("cut_short", lambda: msg(4, 1)[:-1], Reason.MALFORMED),
 ]
 
 
