@@ -17,7 +17,7 @@ LAYERS = [
     ("mosaic_proto", 0),
     ("mosaicd.settings", 1), ("mosaicd.logs", 1), ("mosaicd.outputs", 1), ("mosaicd.extras", 1),
     ("mosaicd.files", 1), ("mosaicd.rundir", 1), ("mosaicd.progress", 1),
-    ("mosaicd.trackers", 1),
+    ("mosaicd.trackers", 1), ("mosaicd.protocol", 1),
     ("mosaicd.learning.partition", 2),
     ("mosaicd.learning.data", 3),
     ("mosaicd.learning.tasks", 4),
@@ -506,3 +506,17 @@ def test_the_phase_check_lets_the_table_class_compare_and_others_ask() -> None:
     asking = "ok = state.phases.failed and state.round == 3 and phase_of(x).value\nname = state.phase.value\n"
     assert phase_checks(table + asking, "mosaic_proto.barrier") == []
     assert phase_checks(table, "mosaicd.daemon.barrier.example")  # the table's class only in its own module
+
+
+def test_settings_configure_and_build_nothing() -> None:
+    """`mosaicd.settings` holds the values and their checks, one concern per module, each under 400 lines; the
+    protocol objects a run builds from them (each node's aggregator, compressor, attack, the attacking ranks, the
+    profiles) are `mosaicd.protocol`'s, so settings import none of their classes."""
+    built = {"Aggregator", "Attack", "Compressor", "NodeProfile", "byzantine_ranks"}
+    for path in sorted((SRC / "mosaicd" / "settings").glob("*.py")):
+        text = path.read_text()
+        assert len(text.splitlines()) < 400, f"{module_name(path)}: {len(text.splitlines())} lines"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mosaic_proto"):
+                names = built & {a.name for a in node.names}
+                assert not names, f"{module_name(path)} imports {names}: build them in mosaicd.protocol"

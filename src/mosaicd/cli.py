@@ -50,7 +50,7 @@ def groups() -> dict[str, list[str]]:
     from mosaicd.settings import Settings
 
     meta = {n: f.json_schema_extra for n, f in Settings.model_fields.items()}
-    assert all(isinstance(m, dict) for m in meta.values()), "every setting has cli() metadata (settings.py)"
+    assert all(isinstance(m, dict) for m in meta.values()), "every setting has cli() metadata (settings/flags.py)"
     return {g: [n for n, m in meta.items() if m["group"] == g] for g in GROUP_ORDER}  # type: ignore[index]
 
 
