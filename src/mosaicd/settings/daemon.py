@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from mosaicd.extras import require
+from mosaicd.settings.effects import defaults, void_setting
 from mosaicd.settings.flags import cli
 from mosaicd.settings.values import UVLOOP_MISSING, EventLoop, uvloop_installed
 
@@ -166,11 +167,8 @@ class DaemonOptions(BaseModel):
     def _tls(self) -> DaemonOptions:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together (the certificate and its private key)")
-        if self.tls_client_auth and self.tls_ca is None:
-            raise ValueError("--tls-client-auth needs --tls-ca (the CA that signed the clients' certificates)")
-        if self.tls_cert is None and (self.tls_ca is not None or self.tls_client_auth):
-            raise ValueError("--tls-ca needs --tls-cert and --tls-key: members reach each other over TLS only "
-                             "when every member serves it")
+        if (void := void_setting(self, DaemonOptions.model_fields, defaults(DaemonOptions))) is not None:
+            raise ValueError(void)  # --tls-ca without a certificate, --dns-settle without --expect-dns, ...
         if self.barrier_url is not None:
             https = urlsplit(self.barrier_url).scheme == "https"
             if https and self.tls_cert is None:

@@ -7,10 +7,11 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from mosaicd.settings.daemon import DaemonOptions
+from mosaicd.settings.effects import defaults, void_setting
 from mosaicd.settings.flags import SettingsError, cli, format_errors
 from mosaicd.settings.run import RunConfig
 
@@ -59,6 +60,14 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
                                   "appended to this file, whatever the console shows (`mosaicd log` reads a run's "
                                   "OUT/logs/*.log; rank 0 of a --peer-list writes its own there)",
                                   **cli("outputs", "node", "barrier"))
+
+    @model_validator(mode="after")
+    def _effects(self) -> Settings:
+        own = [n for n in Settings.model_fields if n not in RunConfig.model_fields and n not in
+               DaemonOptions.model_fields]
+        if (void := void_setting(self, own, defaults(Settings))) is not None:
+            raise ValueError(void)  # --batched without training, ... (settings/effects.py)
+        return self
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

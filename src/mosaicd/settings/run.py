@@ -15,8 +15,8 @@ from mosaic_proto import AggregatorKind, AttackKind, SamplerKind, Strategy
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import NodeProfiles, ProfileError
 from mosaic_proto.quadratic import CORRELATED_MAX_DIM, Curvature
+from mosaicd.settings.effects import defaults, training_values, void_setting
 from mosaicd.settings.flags import SettingsError, cli, format_errors
-from mosaicd.settings.training import void_training
 from mosaicd.settings.values import (
     LR_SCHEDULES,
     OPTIMIZERS,
@@ -220,14 +220,8 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
-        if self.task_options and isinstance(self.task, TaskName):
-            raise ValueError(f"--task-option: the built-in task {self.task} takes no options (its settings are "
-                             "flags); options go to a task given by import path or registered name")
         if self.fanout >= self.nodes:
             raise ValueError(f"--fanout {self.fanout} needs at least {self.fanout + 1} nodes, got --nodes {self.nodes}")
-        if self.samples_per_node != 64 and self.task is not TaskName.TEACHER:
-            raise ValueError(f"--samples-per-node {self.samples_per_node}: only the teacher task makes its data; "
-                             f"--task {self.task}'s is what it loads")
         if self.task is TaskName.QUADRATIC and self.fragments > self.dim:
             raise ValueError(f"--fragments {self.fragments} is more than the quadratic model's --dim {self.dim}")
         if self.task is TaskName.QUADRATIC and self.train and self.curvature is Curvature.CORRELATED \
@@ -242,8 +236,8 @@ class RunConfig(BaseModel):
             raise ValueError(f"--byzantine {self.byzantine} leaves no honest node among --nodes {self.nodes}")
         if self.attack_scale is not None and not math.isfinite(self.attack_scale):
             raise ValueError("--attack-scale must be a finite number")
-        if (void := void_training(self)) is not None:
-            raise ValueError(void)
+        if (void := void_setting(self, RunConfig.model_fields, defaults(RunConfig)) or training_values(self)):
+            raise ValueError(void)  # a setting that changes nothing, refused (settings/effects.py)
         if self.node_profile is not None:
             try:  # every rank's draws, as the nodes will make them (`mosaicd.protocol.node_profiles`)
                 NodeProfiles.from_json(self.node_profile).resolve(self.seed, self.nodes)
