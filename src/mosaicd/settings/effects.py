@@ -19,7 +19,8 @@ from mosaicd.settings.values import LR_SCHEDULES, OPTIMIZERS, TaskName
 @dataclass(frozen=True)
 class Need:
     """One condition a setting needs to have an effect: `flags` as a person would give them, `holds` of the
-    settings (a model, or raw values over the defaults), `why` said when it does not hold ({names}: the values)."""
+    settings (a model, or raw values over the defaults), `why` said when it does not hold (with {task},
+    {partition}, {aggregator} and {optimizer}: their values)."""
 
     flags: str
     holds: Callable[[Any], bool]
@@ -34,11 +35,11 @@ TASK = Need("a task (not --own-loop)", lambda s: not s.own_loop,
             "with --own-loop your loop trains and builds its model (mosaicd.Peer)")
 TRAINS = Need("--train", lambda s: bool(s.train), "--no-train runs protocol-only rounds: nothing is trained")
 STEPS = Need("--local-steps 1 or more", lambda s: s.local_steps > 0, "no local step is taken with --local-steps 0")
-TORCH = Need("a --task other than quadratic", lambda s: s.own_loop or str(s.task) != TaskName.QUADRATIC,
+NOT_QUADRATIC = Need("a --task other than quadratic", lambda s: s.own_loop or str(s.task) != TaskName.QUADRATIC,
              "the quadratic task takes plain numpy gradient steps (--lr, --local-steps) on no data set")
 QUADRATIC = Need("--task quadratic", lambda s: s.own_loop or str(s.task) == TaskName.QUADRATIC,
                  "a setting of the quadratic objective; the task here is {task}")
-OPTIMIZER = (TASK, TRAINS, STEPS, TORCH)  # what every optimizer setting needs: a task's torch steps
+OPTIMIZER = (TASK, TRAINS, STEPS, NOT_QUADRATIC)  # what every optimizer setting needs: a task's local steps
 
 
 def _takes(key: str) -> Need:
@@ -56,14 +57,14 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
     "samples_per_node": (Need("--task teacher", lambda s: not s.own_loop and str(s.task) == TaskName.TEACHER,
                               "only the teacher task makes its data; --task {task}'s is what it loads"),),
     "dim": (QUADRATIC,), "curvature": (QUADRATIC,), "heterogeneous": (QUADRATIC,),
-    "partition": (TORCH,),
-    "alpha": (TORCH, Need("--partition dirichlet", lambda s: s.partition == "dirichlet",
+    "partition": (NOT_QUADRATIC,),
+    "alpha": (NOT_QUADRATIC, Need("--partition dirichlet", lambda s: s.partition == "dirichlet",
                           "the Dirichlet partition's concentration; the partition here is {partition}")),
-    "min_samples": (TORCH, Need("--partition dirichlet", lambda s: s.partition == "dirichlet",
+    "min_samples": (NOT_QUADRATIC, Need("--partition dirichlet", lambda s: s.partition == "dirichlet",
                                 "the least samples of a Dirichlet draw; the partition here is {partition}")),
-    "shards_per_node": (TORCH, Need("--partition shards", lambda s: s.partition == "shards",
+    "shards_per_node": (NOT_QUADRATIC, Need("--partition shards", lambda s: s.partition == "shards",
                                     "label shards per node; the partition here is {partition}")),
-    "threads": (TORCH,), "device": (TORCH,), "eval_samples": (TORCH,),
+    "threads": (NOT_QUADRATIC,), "device": (NOT_QUADRATIC,), "eval_samples": (NOT_QUADRATIC,),
     # the protocol
     "strategy": (Need("--fragments 2 or more", lambda s: s.fragments > 1,
                       "with one fragment the whole model travels as one, however it is cut"),),
@@ -78,7 +79,7 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
     # local training
     "local_steps": (TRAINS,),
     "lr": (TRAINS, STEPS),
-    "batch_size": (TRAINS, STEPS, TORCH),
+    "batch_size": (TRAINS, STEPS, NOT_QUADRATIC),
     "optimizer": OPTIMIZER, "optimizer_options": OPTIMIZER, "lr_schedule": OPTIMIZER,
     "lr_schedule_options": OPTIMIZER, "lr_warmup_steps": OPTIMIZER, "clip_grad_norm": OPTIMIZER,
     "momentum": (*OPTIMIZER, _takes("momentum"),
