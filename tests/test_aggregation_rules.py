@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from mosaic_proto import Aggregator, BarrierState, Fragmentation, InMemoryNetwork, Layout, PeerSampler, rules
 from mosaic_proto.rules import FragmentRule, register, rule_named, unregister
 from mosaicd.daemon.node.metrics import NodeMetrics
+from mosaicd.protocol import aggregator_rule
 from mosaicd.settings import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def test_a_registered_rule_is_usable_everywhere_a_rule_is_chosen(median: type[Me
         want = np.median(np.stack([own[ix], *(parts[s][f] for s in sorted(parts))]), axis=0)
         assert np.array_equal(got[ix], want.astype(np.float32))
     assert cut == {"median_cut": 4 * K}
-    assert RunConfig(aggregator="median").aggregator_rule().rule == Median()
+    assert aggregator_rule(RunConfig(aggregator="median")).rule == Median()
     assert "median (coordinate-wise)" in rules.rules_help() and "median_cut" in rules.cut_labels()
     metrics = NodeMetrics()
     metrics.counted("median_cut", 3)  # a cut, not a refusal

@@ -17,7 +17,7 @@ LAYERS = [
     ("mosaic_proto", 0),
     ("mosaicd.settings", 1), ("mosaicd.logs", 1), ("mosaicd.outputs", 1), ("mosaicd.extras", 1),
     ("mosaicd.files", 1), ("mosaicd.rundir", 1), ("mosaicd.progress", 1),
-    ("mosaicd.trackers", 1),
+    ("mosaicd.trackers", 1), ("mosaicd.protocol", 1),
     ("mosaicd.learning.partition", 2),
     ("mosaicd.learning.data", 3),
     ("mosaicd.learning.tasks", 4),
@@ -659,3 +659,17 @@ def test_the_message_decoder_reads_only_a_message_s_shape() -> None:
                  and any(isinstance(c, ast.Call) and ast.unparse(c.func) in (f.name, f"self.{f.name}")
                          for c in ast.walk(f))]
     assert not recursive, recursive
+
+
+def test_settings_configure_and_build_nothing() -> None:
+    """`mosaicd.settings` holds the values and their checks, one concern per module, each under 400 lines; the
+    protocol objects a run builds from them (each node's aggregator, compressor, attack, the attacking ranks, the
+    profiles) are `mosaicd.protocol`'s, so settings import none of their classes."""
+    built = {"Aggregator", "Attack", "Compressor", "NodeProfile", "byzantine_ranks"}
+    for path in sorted((SRC / "mosaicd" / "settings").glob("*.py")):
+        text = path.read_text()
+        assert len(text.splitlines()) < 400, f"{module_name(path)}: {len(text.splitlines())} lines"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mosaic_proto"):
+                names = built & {a.name for a in node.names}
+                assert not names, f"{module_name(path)} imports {names}: build them in mosaicd.protocol"

@@ -71,7 +71,7 @@ def default_text(name: str, field: Any) -> str:
 
 def settings() -> str:
     from mosaicd.cli import GROUP_HELP, groups
-    from mosaicd.settings import Settings, flag_name
+    from mosaicd.settings import Settings, flag_name, needs_text
 
     parts = []
     for group, names in groups().items():
@@ -83,7 +83,8 @@ def settings() -> str:
             commands = ", ".join(field.json_schema_extra["commands"])
             rows.append((f"{flags}<br>`MOSAIC_{name.upper()}`<br>TOML `{name}`",
                          f"{prose(field.description or '')}<br>*values:* {prose(allowed(field))}; "
-                         f"*commands:* {commands}",
+                         f"*commands:* {commands}" + (f"; *has an effect with:* {prose(needs)}"
+                                                      if (needs := needs_text(name)) else ""),
                          default_text(name, field)))
         parts.append(f"### {group}: {GROUP_HELP[group]}\n\n" + table(("setting", "what it does", "default"), rows))
     return "\n\n".join(parts)

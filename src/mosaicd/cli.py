@@ -51,7 +51,7 @@ def groups() -> dict[str, list[str]]:
     from mosaicd.settings import Settings
 
     meta = {n: f.json_schema_extra for n, f in Settings.model_fields.items()}
-    assert all(isinstance(m, dict) for m in meta.values()), "every setting has cli() metadata (settings.py)"
+    assert all(isinstance(m, dict) for m in meta.values()), "every setting has cli() metadata (settings/flags.py)"
     return {g: [n for n, m in meta.items() if m["group"] == g] for g in GROUP_ORDER}  # type: ignore[index]
 
 
@@ -80,7 +80,7 @@ def flag(name: str) -> str:
 def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
     from enum import StrEnum
 
-    from mosaicd.settings import OPTION_TABLES, Settings
+    from mosaicd.settings import OPTION_TABLES, Settings, needs_text
 
     sections = {}
     for group, names in groups().items():
@@ -93,7 +93,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser, command: str) -> None:
             default = value.value if hasattr(value, "value") else value
             if name == "out" and command in ("cluster", "simulate"):  # a new folder per run (rundir.claim_out)
                 default = "a new runs/<run id>-<UTC time>"
-            help_text = f"{field.description or ''} [default: {default}; env MOSAIC_{name.upper()}]".lstrip()
+            needs = f" (needs {needs_text(name)})" if needs_text(name) else ""  # settings/effects.py
+            help_text = f"{field.description or ''}{needs} [default: {default}; env MOSAIC_{name.upper()}]".lstrip()
             choices = [c.value for c in field.annotation] if isinstance(field.annotation, type) and issubclass(
                 field.annotation, StrEnum) else None
             metavar = field.json_schema_extra.get("metavar")  # type: ignore[union-attr]

@@ -49,6 +49,7 @@ from pydantic import BaseModel
 
 from mosaic_proto import NODE_COLUMNS, NodeReport
 from mosaicd.files import write_whole
+from mosaicd.protocol import byzantine_ranks
 from mosaicd.rundir import LIST_COLUMNS, MODEL_HASHES, node_losses_after, read_rounds, read_summary  # read_rounds: all
 from mosaicd.settings import RunConfig
 from mosaicd.trackers import RoundTrackers
@@ -100,13 +101,13 @@ def higher_is_better(rounds: list[Mapping[str, Any]]) -> bool | None:
 
 def honest_nodes(run: RunConfig, members: Iterable[int]) -> tuple[list[int], dict[str, Any]]:
     """The honest ones of `members` (what the metrics cover), and what an evaluation row says about it."""
-    attackers = set(run.byzantine_ranks())
+    attackers = set(byzantine_ranks(run))
     return [m for m in members if m not in attackers], ({"honest_only": True} if attackers else {})
 
 
 def robustness_summary(run: RunConfig) -> dict[str, Any]:
     """What summary.json says about attackers: their ranks, and that the metrics leave them out."""
-    return {"byzantine_ranks": list(run.byzantine_ranks()), "honest_only": run.byzantine > 0}
+    return {"byzantine_ranks": list(byzantine_ranks(run)), "honest_only": run.byzantine > 0}
 
 
 def is_eval_round(round: int, run: RunConfig) -> bool:

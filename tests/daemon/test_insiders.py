@@ -19,6 +19,7 @@ from mosaic_proto import CONTENT_TYPE, Fragmentation, FragmentBatch, Layout, Pee
 from mosaicd import Settings
 from mosaicd.experiments.cluster import Cluster, free_ports, run_cluster
 from mosaicd.experiments.simulate import run_simulation
+from mosaicd.protocol import byzantine_ranks
 
 QUADRATIC = dict(nodes=5, rounds=8, fragments=4, fanout=2, dim=16, seed=3, eval_every=4)
 
@@ -50,12 +51,13 @@ def scrape(kit: Any, port: int, prefix: str) -> float:
 def test_simulate_equals_cluster_with_robust_aggregation_and_attackers(tmp_path: Path, aggregator: str,
                                                                        attack: str | None) -> None:
     attackers = {} if attack is None else dict(byzantine=1, attack=attack, attack_scale=3.0)
-    run = dict(QUADRATIC, aggregator=aggregator, clip_radius=0.05, **attackers)
+    radius = {"clip_radius": 0.05} if aggregator == "clipped" else {}  # --clip-radius is clipped's only
+    run = dict(QUADRATIC, aggregator=aggregator, **radius, **attackers)
     cluster = run_cluster(Settings(**run, out=tmp_path / "cluster"), progress=False, timeout=120)
     simulate = run_simulation(Settings(**run, out=tmp_path / "simulate"), progress=False)
     assert cluster["status"] == simulate["status"] == "finished"
     assert cluster["model_sha256"] == simulate["model_sha256"] and len(cluster["model_sha256"]) == 5
-    ranks = list(Settings(**run).run_config().byzantine_ranks())
+    ranks = list(byzantine_ranks(Settings(**run).run_config()))
     assert cluster["byzantine_ranks"] == simulate["byzantine_ranks"] == ranks
     assert len(cluster["byzantine_ranks"]) == (0 if attack is None else 1)
     for summary in (cluster, simulate):  # the metrics cover the honest nodes only, and say so
@@ -63,7 +65,8 @@ def test_simulate_equals_cluster_with_robust_aggregation_and_attackers(tmp_path:
         assert summary["final"]["nodes"] == [r for r in range(5) if r not in summary["byzantine_ranks"]]
         assert summary["final"].get("honest_only", False) is (attack is not None)
     if attack is not None:  # the attack moved the models: the test compares attacked runs, not clean ones
-        clean = run_simulation(Settings(**dict(run, byzantine=0), out=tmp_path / "clean"), progress=False)
+        clean = run_simulation(Settings(**dict(QUADRATIC, aggregator=aggregator, **radius), out=tmp_path / "clean"),
+                               progress=False)
         honest = [str(r) for r in range(5) if r not in cluster["byzantine_ranks"]]
         assert [clean["model_sha256"][r] for r in honest] != [cluster["model_sha256"][r] for r in honest]
 
@@ -79,7 +82,7 @@ def test_simulate_takes_max_norm_and_equals_cluster(tmp_path: Path) -> None:
     unguarded = run_simulation(Settings(**dict(run, max_norm=None), out=tmp_path / "unguarded"), progress=False)
     assert unguarded["model_sha256"] != simulate["model_sha256"]  # the guard changed what the honest nodes kept
     refused = by_reason(node_rows(tmp_path / "simulate"))["out_of_range"]
-    attacker = Settings(**run).run_config().byzantine_ranks()[0]
+    attacker = byzantine_ranks(Settings(**run).run_config())[0]
     unsent = sum(int(r["fragments_unsent"]) for r in node_rows(tmp_path / "simulate") if int(r["node"]) == attacker)
     assert refused > 0 and unsent > 0
 
@@ -88,7 +91,7 @@ def test_simulate_takes_max_norm_and_equals_cluster(tmp_path: Path) -> None:
 def test_max_norm_refusals_are_counted_in_metrics_and_nodes_csv(tmp_path: Path, kit: Any) -> None:
     run = dict(QUADRATIC, rounds=6, byzantine=1, attack="scale", attack_scale=1000.0)
     settings = Settings(**run, max_norm=10.0, linger=20.0, out=tmp_path / "run")
-    attacker = settings.run_config().byzantine_ranks()[0]
+    attacker = byzantine_ranks(settings.run_config())[0]
     honest = [r for r in range(5) if r != attacker]
     cluster = Cluster(settings, progress=False)
     thread, result = kit.run_in_thread(cluster, timeout=120)

@@ -123,7 +123,7 @@ def test_what_a_slurm_job_asks_for(tmp_path: Path) -> None:
     from mosaicd.experiments.sweep_slurm import first_ports, parse_options, slurm_parameters
 
     spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC.format(out="o", task="quadratic", rounds=3).replace("threads = 1", "threads = 2"))
+    spec.write_text(SPEC.format(out="o", task="teacher", rounds=3).replace("threads = 1", "threads = 2"))  # torch's
     runs = load_spec(spec).runs
     asked = slurm_parameters("s", "simulate", runs, parse_options(["partition=gpu", "time=90", "constraint=a100"]))
     assert asked == {"job_name": "s", "time": 90, "cpus_per_task": 2, "partition": "gpu", "constraint": "a100"}

@@ -139,14 +139,14 @@ def test_clipping_bounds_each_steps_gradient() -> None:
 
 
 VOID = [
-    ({"momentum": 0.9, "optimizer_state": "reset"}, "--momentum 0.9: with --optimizer-state reset and --local-steps 1"),
-    ({"optimizer": "adam", "momentum": 0.9}, "--momentum 0.9: --optimizer adam takes no momentum"),
+    ({"momentum": 0.9, "optimizer_state": "reset"}, "--momentum needs --optimizer-state keep or --local-steps 2"),
+    ({"optimizer": "adam", "momentum": 0.9}, "--momentum needs an --optimizer that takes momentum"),
     ({"optimizer": "adam", "optimizer_options": {"nesterov": True}}, "--optimizer-option nesterov"),
-    ({"optimizer": "adam", "local_steps": 0}, "--optimizer: no local step is taken with --local-steps 0"),
+    ({"optimizer": "adam", "local_steps": 0}, "--optimizer needs --local-steps 1 or more"),
     ({"lr_schedule": "constant", "lr_schedule_options": {"gamma": 0.5}}, "--lr-schedule-option gamma"),
     ({"lr_schedule": "step"}, "--lr-schedule step needs --lr-schedule-option step_size"),
     ({"lr_warmup_steps": 99, "rounds": 3}, "--lr-warmup-steps 99"),
-    ({"task": "quadratic", "clip_grad_norm": 1.0}, "--clip-grad-norm: the quadratic task"),
+    ({"task": "quadratic", "clip_grad_norm": 1.0}, "--clip-grad-norm needs a --task other than quadratic"),
     ({"optimizer_options": {"lr": 0.1}}, "--optimizer-option lr: give it as --lr"),
 ]
 

@@ -46,7 +46,7 @@ def test_options_come_from_flags_toml_and_the_environment_alike(tmp_path: Path, 
 
 @pytest.mark.parametrize(("values", "expected"), [
     ({"task": "mnist"}, "--task (MOSAIC_TASK): expected one of quadratic, digits"),
-    ({"task": "digits", "task_options": ["width=3"]}, "--task-option: the built-in task digits takes no options"),
+    ({"task": "digits", "task_options": ["width=3"]}, "--task-option needs a --task of your own"),
     ({"task": "m:C", "task_options": ["width"]}, "--task-option (MOSAIC_TASK_OPTIONS): 'width': expected key=value"),
     ({"task": "m:C", "task_options": ["1x=2"]}, "'1x': an option is a keyword argument"),
     ({"task": "m:not a class"}, "'not a class' is not a class name"),

@@ -115,7 +115,8 @@ def test_missing_data_surfaces_when_data_is_needed(tmp_path):
 
 def test_dirichlet_and_shards_on_digits_and_zero_local_steps():
     for kind in ("dirichlet", "shards"):
-        task = build_task(Settings(task="digits", nodes=4, fanout=1, partition=kind, alpha=0.1, min_samples=20))
+        task = build_task(Settings(task="digits", nodes=4, fanout=1, partition=kind,
+                                   **({"alpha": 0.1, "min_samples": 20} if kind == "dirichlet" else {})))
         assert min(len(task.shard(i)) for i in range(4)) >= 20
     task = build_task(Settings(task="digits", nodes=2, fanout=1, local_steps=0))
     x0 = task.initial(0)

@@ -35,6 +35,7 @@ from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import Task, build_task, check_requirements
 from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
+from mosaicd.protocol import aggregator_rule, attack_of, byzantine_ranks, compressor_of, node_profiles, profile_spec
 from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary, release
 from mosaicd.settings import RunConfig, Settings
 
@@ -136,11 +137,11 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
     batched = BatchedTraining(task) if settings.batched and settings.train else None
     train = (batched or task.train) if settings.train else None
     run = settings.run_config()
-    attacks = {i: run.attack_of(i) for i in run.byzantine_ranks()}
+    attacks = {i: attack_of(run, i) for i in byzantine_ranks(run)}
     network = InMemoryNetwork(vectors, fragmentation, sampler, train, run_id=settings.run_id, barrier=barrier,
-                              aggregator=run.aggregator_rule(), attacks=attacks, max_norm=settings.max_norm,
-                              compressors={i: run.compressor_of(i) for i in range(settings.nodes)})
-    spec, profiles = run.profile_spec(), run.node_profiles()
+                              aggregator=aggregator_rule(run), attacks=attacks, max_norm=settings.max_norm,
+                              compressors={i: compressor_of(run, i) for i in range(settings.nodes)})
+    spec, profiles = profile_spec(run), node_profiles(run)
     clock = VirtualClock(profiles, spec.compute_s, settings.round_deadline) if spec and profiles else None
     planned = _planned_bytes(run, fragmentation) if clock is not None else 0
     if start is not None:

@@ -65,6 +65,7 @@ from mosaicd.experiments.sweep_runs import (
 from mosaicd.files import write_whole
 from mosaicd.progress import ProgressPrinter, RoundProgress
 from mosaicd.settings import Settings, SettingsError
+from mosaicd.settings.effects import defaults, shared_values, void_axis
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -190,18 +191,21 @@ def load_spec(path: Path | str, out: Path | str | None = None, overrides: dict[s
             grid[key] = value if isinstance(value, list) and value else [value]
         else:
             base[key] = value
+    if (void := void_axis(grid, base, defaults(Settings))) is not None:  # an axis that changes nothing somewhere
+        raise SpecError(f"{path}: {void}")
     spec = Spec(path, mode, Path(out), base, grid, description=str(data.get("description", "")),
                 overrides=overrides)
     errors: list[str] = []
     names: dict[str, dict[str, Any]] = {}
-    for combo in itertools.product(*grid.values()):
-        point = dict(zip(grid, combo, strict=True))
+    points = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
+    for point in points:
         name = run_name(point)
         if name in names:
             raise SpecError(f"{path}: [grid] points {names[name]} and {point} give the same folder name {name!r}")
         names[name] = point
         try:
-            settings = Settings.load(**{**base, **point, "out": spec.out / "runs" / name})
+            shared = shared_values(base, points, point, defaults(Settings))  # less what this run cannot use
+            settings = Settings.load(**{**shared, **point, "out": spec.out / "runs" / name})
         except SettingsError as exc:
             message = str(exc)
             named = _flag_names(message, list(base) + list(point))

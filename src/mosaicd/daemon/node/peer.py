@@ -42,6 +42,7 @@ from mosaicd.daemon.node.outbound import Link, arrival, arrive, leave, live_mode
 from mosaicd.daemon.node.routes import node_app
 from mosaicd.logs import get_logger
 from mosaicd.outputs import higher_is_better_by_name
+from mosaicd.protocol import aggregator_rule, attack_of, compressor_of, profile_spec
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
 
 __all__ = ["Peer", "PeerDropped", "RunEnded"]
@@ -207,8 +208,8 @@ class Peer:
         run = self.run
         fragmentation = Fragmentation.build(model, run.fragments, run.seed, run.strategy)
         self.state.start(fragmentation, PeerSampler(run.sampler, run.fanout, run.seed), vector,
-                         aggregator=run.aggregator_rule(), attack=run.attack_of(self.rank),
-                         compressor=run.compressor_of(self.rank))
+                         aggregator=aggregator_rule(run), attack=attack_of(run, self.rank),
+                         compressor=compressor_of(run, self.rank))
         self.inbox.model_known(model)
         self.log.info("ready", dim=model.dim, fingerprint=fragmentation.fingerprint.hex())
 
@@ -268,7 +269,7 @@ class Peer:
         if self.run.node_profile is None:
             return None
         if self._paced is None or self._paced[0] != self.rank:  # the profile is read once per rank, not per round
-            spec = self.run.profile_spec()
+            spec = profile_spec(self.run)
             assert spec is not None
             self._paced = (self.rank, Link(spec.of(self.rank, self.run.seed, self.run.nodes)))
         return self._paced[1]

@@ -22,6 +22,7 @@ from mosaicd.daemon.node.peer import Peer
 from mosaicd.daemon.node.warmup import prefetch_in_background
 from mosaicd.logs import get_logger
 from mosaicd.outputs import is_eval_round
+from mosaicd.protocol import profile_spec
 from mosaicd.settings import DaemonOptions, Settings
 
 
@@ -150,7 +151,7 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     if saved is not None and vector is saved.vector and run.train:  # its model from the checkpoint, and its optimizer
         task.load_node_state(data_rank, saved.trained)
     saving = Checkpoints(options, peer, lambda: task.node_state(data_rank) if run.train else {})
-    spec = run.profile_spec()
+    spec = profile_spec(run)
     profile = spec.of(peer.rank, run.seed, run.nodes) if spec is not None else None
     while peer.round < run.rounds:
         t = peer.round
