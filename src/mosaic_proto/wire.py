@@ -585,7 +585,8 @@ def _fragments(frags: object, fragmentation: Fragmentation, compression: Compres
         if type(index) is not int or not 0 <= index < k:
             raise WireError(Reason.BAD_FRAGMENT, f"fragment index must be in [0, {k}), got {_show(index)}")
         if index in fragments:
-            raise WireError(Reason.DUPLICATE_FRAGMENT, f"fragment {index} appears twice")
+            # the message itself is wrong (400), not a conflict with what the receiver holds (duplicate_fragment)
+            raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} appears twice in the message")
         size = len(coordinates[index])
         values = _typed(item[1], tag_of_values, dtype, size if codec != "topk" else compression.kept(size), index,
                         "values")
