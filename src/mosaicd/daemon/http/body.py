@@ -57,7 +57,7 @@ async def read_body(request: web.Request, *, digest: bool = False, limit: int | 
     buffer = io.BytesIO()
     reserved = expected > 0 and (not limit or expected <= limit)
     if reserved:
-        _reserve(buffer, expected)  # one allocation of the declared size
+        await _reserve(buffer, expected)  # one allocation of the declared size
     size = 0
     while True:
         chunk, http_chunk_end = await content.readchunk()  # one piece as it came (readany() joins what is queued)
@@ -70,7 +70,7 @@ async def read_body(request: web.Request, *, digest: bool = False, limit: int | 
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
         if not reserved and size > RESERVE_AFTER:  # a chunked body that is not small: a mapping of its own
             reserved = True
-            _reserve(buffer, MMAP_BELOW)
+            await _reserve(buffer, MMAP_BELOW)
         buffer.write(chunk)
         if hasher is not None:
             if len(chunk) < OFF_LOOP_BYTES:
@@ -88,14 +88,21 @@ async def read_body(request: web.Request, *, digest: bool = False, limit: int | 
     return body
 
 
-def _reserve(buffer: io.BytesIO, size: int) -> None:
+async def _reserve(buffer: io.BytesIO, size: int) -> None:
     """Allocate `size` bytes of `buffer` now (zeros, written over as the body comes): a buffer of MMAP_BELOW or more
-    is its own mapping, which grows in place (mremap), where one on the heap is moved and copied as it grows."""
-    at = buffer.tell()
-    if buffer.seek(0, io.SEEK_END) < size:
-        buffer.seek(size - 1)
-        buffer.write(b"\0")
-    buffer.seek(at)
+    is its own mapping, which grows in place (mremap), where one on the heap is moved and copied as it grows. A
+    large one is zeroed (its pages faulted in) in a worker thread, not on the loop."""
+    def grow() -> None:
+        at = buffer.tell()
+        if buffer.seek(0, io.SEEK_END) < size:
+            buffer.seek(size - 1)
+            buffer.write(b"\0")
+        buffer.seek(at)
+
+    if size < OFF_LOOP_BYTES:
+        grow()
+    else:
+        await asyncio.to_thread(grow)
 
 
 def release_body(request: web.Request) -> None:
