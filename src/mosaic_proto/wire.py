@@ -361,7 +361,7 @@ class _Reader:
     def fragments(self, fragmentation: Fragmentation, compression: Compression,
                   heads: tuple[tuple[bytes, int], ...]) -> dict:
         """The message's fragments: every item's form read to the message's end (BAD_FRAGMENT), then each item's
-        index (DUPLICATE_FRAGMENT) and values (`_fragment`). `heads`: each fragment's heads as `encode` writes
+        index (BAD_FRAGMENT) and values (`_fragment`). `heads`: each fragment's heads as `encode` writes
         them (`_run`)."""
         codec, k, coordinates = compression.codec, fragmentation.k, fragmentation.indices
         count = self.head(4, Reason.BAD_FRAGMENT, "frags must be a list of {lo} to {hi} fragments", 1, k)
@@ -383,7 +383,8 @@ class _Reader:
         fragments: dict[int, np.ndarray | Compressed] = {}
         for index, values, extra in read:
             if index in fragments:
-                raise WireError(Reason.DUPLICATE_FRAGMENT, f"fragment {index} appears twice")
+                # the message itself is wrong (400), not a conflict with what the receiver holds (duplicate_fragment)
+                raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} appears twice in the message")
             fragments[index] = _fragment(codec, len(coordinates[index]), values, extra, index)
         return fragments
 

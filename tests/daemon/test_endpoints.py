@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -201,6 +202,13 @@ def nan_values(net: Net) -> dict[int, np.ndarray]:
     return values
 
 
+def index_twice(net: Net) -> bytes:
+    """A valid message but for its first fragment, listed twice."""
+    message = cbor2.loads(encode(batch(net)))
+    message["frags"] = [message["frags"][0], *message["frags"]]
+    return cbor2.dumps(message)
+
+
 BAD_FRAGMENTS: dict[str, tuple[Callable[[Net], tuple[bytes, str]], int, str, str | None]] = {
     # name: (body and content type, HTTP status, reason, the wire reason counted as refused)
     "garbage": (lambda n: (b"\xff\x00 this is not CBOR \x13\x37", CONTENT_TYPE), 400, "malformed", "malformed"),
@@ -223,6 +231,8 @@ BAD_FRAGMENTS: dict[str, tuple[Callable[[Net], tuple[bytes, str]], int, str, str
                    "non_finite"),
     "short_fragment": (lambda n: (encode(batch(n, fragments={1: np.ones(1, np.float32)})), CONTENT_TYPE), 400,
                        "bad_fragment", "bad_fragment"),
+    # one index twice in one message: the message is wrong (400), not a conflict with the node's state (409)
+    "index_twice": (lambda n: (index_twice(n), CONTENT_TYPE), 400, "bad_fragment", "bad_fragment"),
     "oversized": (lambda n: (encode(batch(n)) + bytes(5000), CONTENT_TYPE), 413, "too_large", None),
     "json_content_type": (lambda n: (encode(batch(n)), "application/json"), 415, "unsupported_media_type", None),
     "no_content_type": (lambda n: (encode(batch(n)), "application/octet-stream"), 415, "unsupported_media_type",

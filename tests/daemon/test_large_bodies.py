@@ -57,7 +57,7 @@ async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[i
 
 
 class CountingPool(ThreadPoolExecutor):
-    """A thread pool that counts the work handed to it (the node's body join and decode go there)."""
+    """A thread pool that counts the work handed to it (a large body's buffer and its decoding go there)."""
 
     def __init__(self, workers: int) -> None:
         super().__init__(max_workers=workers)
@@ -73,9 +73,9 @@ async def test_healthz_and_a_small_message_are_served_while_a_large_one_decodes(
     assert SAMPLER.share(0, 1, K, [0, 1, 2], 0) == tuple(range(K))
     large, small = message(1, list(range(K))), message(2, [3])
     assert len(large) >= OFF_LOOP_BYTES > len(small)
-    # The loop's worker threads: one, held busy until released, so the large message's work (its body joined,
-    # then decoded) stays pending in the pool for as long as this test looks at the node; work done on the loop
-    # would not wait for it.
+    # The loop's worker threads: one, held busy until released, so the large message's work (its buffer allocated
+    # and zeroed, then, once the body is in, its decoding) stays pending in the pool for as long as this test looks
+    # at the node; work done on the loop would not wait for it.
     loop, release, pool = asyncio.get_running_loop(), threading.Event(), CountingPool(1)
     loop.set_default_executor(pool)
     held = loop.run_in_executor(None, release.wait, 60)
@@ -97,7 +97,7 @@ async def test_healthz_and_a_small_message_are_served_while_a_large_one_decodes(
         release.set()
         await held
     assert inbox.state.taking().report.fragments_in == K + 1 and inbox.decoding.count == 0
-    assert pool.submitted == 3  # held, then the large body's join and its decode: none of them on the loop
+    assert pool.submitted == 3  # held, then the large body's buffer and its decode: neither on the loop
 
 
 async def test_a_large_body_that_cannot_be_a_message_is_refused_from_its_heads(node: tuple[str, Inbox]) -> None:

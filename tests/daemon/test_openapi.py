@@ -18,11 +18,12 @@ import pytest
 from aiohttp import web
 
 import mosaicd.daemon
-from mosaic_proto import Layout
+from mosaic_proto import Layout, Reason
 from mosaicd import Peer, Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.http.auth import Secret
+from mosaicd.daemon.node.inbox import STATUS_OF_REASON
 from mosaicd.daemon.node.routes import node_app
 
 DAEMON = Path(mosaicd.daemon.__file__).parent
@@ -83,9 +84,10 @@ RUN = dict(run_id="openapi", fragments=2, dim=8, seed=2, train=False, eval_every
 class Live:
     """A barrier app on loopback and `nodes` Peers registered with it."""
 
-    def __init__(self, tmp: Path, **run: Any) -> None:
-        self.settings = Settings(**{**RUN, **run}, out=tmp)
-        self.secret = Secret.of(self.settings) if self.settings.secret_file or self.settings.insecure else Secret.new()
+    def __init__(self, tmp: Path, secret: Secret | None = None, **run: Any) -> None:
+        """`secret`: the cluster secret its members and barrier share (signed requests); none: --insecure."""
+        self.settings = Settings(**{**RUN, **run, "insecure": secret is None}, out=tmp)
+        self.secret = secret if secret is not None else Secret(None)
         self.barrier = Barrier(self.settings.run_config(), self.settings.daemon_options(), secret=self.secret)
         self.peers: list[Peer] = []
         self.tasks: list[asyncio.Task] = []
@@ -130,13 +132,65 @@ async def test_running_daemons_serve_their_documents(tmp_path: Path) -> None:
                 assert set(resp.headers["Allow"].split(",")) >= {"GET"}
 
 
-@pytest.fixture
-async def targets(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+SECRET = b"openapi-test-secret-of-32-bytes!"
+
+
+async def test_with_a_secret_the_router_answers_first_and_open_views_take_head(tmp_path: Path) -> None:
+    """A path or method the API does not have is 404 or 405 as the documents say, with a secret too (it was 401:
+    the signature's check ran first); HEAD reads what GET reads openly; the rest still needs a tag (401)."""
+    async with Live(tmp_path, Secret(SECRET), nodes=2, rounds=1, fanout=1) as live, \
+            aiohttp.ClientSession() as session:
+        for base in (live.node_url(), live.barrier_url):
+            for method, path, status, reason in (("GET", "/no/such/path", 404, "not_found"),
+                                                 ("TRACE", "/v1/status", 405, "method_not_allowed"),
+                                                 ("DELETE", "/healthz", 405, "method_not_allowed"),
+                                                 ("PUT", "/metrics", 405, "method_not_allowed")):
+                async with session.request(method, f"{base}{path}") as resp:
+                    assert (resp.status, (await resp.json())["reason"]) == (status, reason), (base, method, path)
+            for path in ("/healthz", "/metrics", "/v1/status", "/openapi.json"):
+                async with session.head(f"{base}{path}") as resp:
+                    assert resp.status == 200, (base, path)
+        async with session.get(f"{live.node_url()}/v1/model") as resp:
+            assert (resp.status, (await resp.json())["reason"]) == (401, "unsigned")
+        async with session.post(f"{live.barrier_url}/v1/arrive", json={"rank": 0, "round": 0}) as resp:
+            assert (resp.status, (await resp.json())["reason"]) == (401, "unsigned")
+
+
+def test_documents_say_what_the_handlers_take() -> None:
+    """The metrics' media type as served, `since` bounded as the handler reads it and naming its constant, an
+    address that is not empty, the signature's scheme in both documents."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
+
+    for name in ("node", "barrier"):
+        doc = document(name)
+        assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == [CONTENT_TYPE_LATEST]
+        assert doc["components"]["securitySchemes"]["mosaicSignature"]["name"] == "Authorization"
+        assert doc["security"] == [{}, {"mosaicSignature": []}]
+    barrier = document("barrier")
+    since = barrier["paths"]["/v1/history"]["get"]["parameters"][0]
+    assert since["schema"]["maximum"] == 10**12 - 1 and f"HISTORY_KEPT, {HISTORY_KEPT}" in since["description"]
+    register = barrier["paths"]["/v1/register"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert register["properties"]["address"]["minLength"] == 1
+    fragments = document("node")["paths"]["/v1/fragments"]["post"]["responses"]
+    for status in ("400", "403", "409"):
+        enum = fragments[status]["content"]["application/json"]["schema"]["allOf"][1]["properties"]["reason"]["enum"]
+        for reason in enum:  # the description names every reason of its status
+            assert reason in fragments[status]["description"], (status, reason)
+    assert {r.value for r in Reason if STATUS_OF_REASON.get(r, 400) == 400} == set(
+        fragments["400"]["content"]["application/json"]["schema"]["allOf"][1]["properties"]["reason"]["enum"])
+
+
+@pytest.fixture(params=["insecure", "signed"])
+async def targets(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[dict[str, str], bytes]]:
     """A node in the middle of a run (waiting at round 1's barrier, its peer never comes) and a barrier whose
     run is over: nothing that the fuzzer sends can start a long poll (registration is closed, every arrival is at
-    a released or a wrong round), and the node parses what it is sent."""
-    async with Live(tmp_path / "mid", nodes=3, rounds=4, fanout=1, round_deadline=600) as mid, \
-            Live(tmp_path / "over", nodes=2, rounds=2, fanout=1) as over:
+    a released or a wrong round), and the node parses what it is sent. `signed`: both with the cluster secret
+    SECRET (the fuzzer's requests are signed by HOOKS), else --insecure. Their URLs, and the secret (b"": none)."""
+    secret = Secret(SECRET) if request.param == "signed" else None
+    async with Live(tmp_path / "mid", secret, nodes=3, rounds=4, fanout=1, round_deadline=600) as mid, \
+            Live(tmp_path / "over", secret, nodes=2, rounds=2, fanout=1) as over:
         await mid.play()
         waiting = [p for p in mid.peers if p.rank != 2]
         mid.tasks += [asyncio.ensure_future(p.gossip(mid.vectors[p.rank])) for p in waiting]
@@ -150,7 +204,7 @@ async def targets(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
                 break
             await asyncio.sleep(0.05)
         assert node.phase == "waiting" and node.round == 1
-        yield {"node": f"http://{node.address}", "barrier": over.barrier_url}
+        yield {"node": f"http://{node.address}", "barrier": over.barrier_url}, SECRET if secret is not None else b""
         assert not any(t.done() for t in mid.tasks), "the fuzzer moved the run on"
 
 
@@ -161,22 +215,61 @@ CHECKS_NOT_APPLICABLE = ("positive_data_acceptance,use_after_free,ensure_resourc
                          "object_level_authorization,missing_required_header")
 
 
-# loaded by the schemathesis process (SCHEMATHESIS_HOOKS): a fragment body is bytes on the wire, as octet-stream's
+# loaded by the schemathesis process (SCHEMATHESIS_HOOKS): a fragment body is bytes on the wire, as octet-stream's;
+# with MOSAIC_SCHEMATHESIS_SECRET, every request is signed as a member signs it (daemon/http/auth.py's `signer`):
+# as rank 0 with the run's key, a registration with the registration key, over the body as it is sent
 HOOKS = """
+import os
+import time
+from urllib.parse import urlsplit
+
+import requests
 import schemathesis
 
+from mosaic_proto.auth import Credentials, run_key
+
 schemathesis.serializer.alias("application/cbor", "application/octet-stream")
+SECRET = os.environ.get("MOSAIC_SCHEMATHESIS_SECRET", "").encode()
+RUN = os.environ.get("MOSAIC_SCHEMATHESIS_RUN", "")
+
+
+class Signed(requests.auth.AuthBase):
+    def __call__(self, request):
+        path = urlsplit(request.url).path or "/"
+        run = "register" if path.endswith("/v1/register") else RUN
+        body = request.body or b""
+        body = body.encode() if isinstance(body, str) else bytes(body)
+        request.headers.update(Credentials(run_key(SECRET, run), run).headers(
+            request.method, path, "0", 0, body, time.time(), os.urandom(12).hex()))
+        return request
+
+
+if SECRET:
+    @schemathesis.hook
+    def before_call(context, case, kwargs):
+        kwargs["auth"] = Signed()
 """
 
 
-@pytest.mark.slow  # about 10 s on 2 idle cores: two schemathesis processes, 50 examples per operation at most
-async def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(targets: dict[str, str],
-                                                                               tmp_path: Path) -> None:
+async def refused_by_auth(base: str) -> float:
+    """How many requests a daemon refused for want of a valid tag (its mosaic_auth_refused_total, all reasons)."""
+    async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("mosaic_auth_refused_total"))
+
+
+@pytest.mark.slow  # about 10 s per case on 2 idle cores: two schemathesis processes, 50 examples per operation at most
+async def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(
+        targets: tuple[dict[str, str], bytes], tmp_path: Path) -> None:
+    """Signed (every request signed by the hook, as a member signs it: none is refused for its tag, so the checks
+    reach the handlers) and --insecure."""
+    urls, secret = targets
     (tmp_path / "mosaic_schemathesis_hooks.py").write_text(HOOKS)
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": "mosaic_schemathesis_hooks",
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "mosaic_schemathesis_hooks", "MOSAIC_SCHEMATHESIS_RUN": RUN["run_id"],
+           "MOSAIC_SCHEMATHESIS_SECRET": secret.decode(),
            "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
     failures = []
-    for name, base in targets.items():
+    for name, base in urls.items():
         command = [sys.executable, "-m", "schemathesis.cli", "run", f"{base}/openapi.json", "--checks", "all",
                    "--exclude-checks", CHECKS_NOT_APPLICABLE, "--phases", "examples,coverage,fuzzing",
                    "--max-examples", "50", "--workers", "1", "--request-timeout", "5", "--seed", "1",
@@ -193,3 +286,5 @@ async def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(t
         if proc.returncode != 0:
             failures.append(f"== {name}\n{out.decode(errors='replace')[-12000:]}")
     assert not failures, "\n".join(failures)
+    if secret:
+        assert [await refused_by_auth(base) for base in urls.values()] == [0, 0]

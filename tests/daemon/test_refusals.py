@@ -79,3 +79,14 @@ def test_a_node_that_gives_up_registering_says_what_the_barrier_waits_for(tmp_pa
     assert node.returncode == 1, node.stderr
     assert "(the barrier answers: 1 of 3 nodes registered; it holds each registration until all have come" in \
         node.stderr, node.stderr
+
+
+def test_refusals_keep_every_path_of_a_source_and_reason() -> None:
+    refusals = Refusals()
+    for path in ("/v1/register", "/v1/arrive", "/v1/register", "/barrier/v1/leave"):
+        refusals.note("unsigned", "10.0.0.2", path)
+    refusals.note("unsigned", "10.0.0.3", "/v1/arrive")
+    assert refusals.as_json()["from"] == [
+        {"source": "10.0.0.2", "reason": "unsigned", "path": "/v1/register",
+         "paths": ["/v1/register", "/v1/arrive", "/barrier/v1/leave"], "count": 4},
+        {"source": "10.0.0.3", "reason": "unsigned", "path": "/v1/arrive", "paths": ["/v1/arrive"], "count": 1}]

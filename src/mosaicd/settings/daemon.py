@@ -61,7 +61,9 @@ class DaemonOptions(BaseModel):
     request_timeout: float = Field(30.0, gt=0, description="seconds per HTTP request",
                                    **cli("network", "node", "barrier", "cluster"))
     retries: int = Field(3, ge=0, description="retries of a failed send", **cli("network", "node", "cluster"))
-    max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="largest accepted request body",
+    max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="largest accepted request body; bodies "
+                                "received at once hold at most this together: a daemon's memory grows by at most "
+                                "this plus 64 MiB while it receives them",
                                 **cli("network", "node", "barrier", "cluster"))
     # limits under abuse (daemon/limits.py)
     header_timeout: float = Field(20.0, gt=0, description="seconds a connection may take to send a request's "

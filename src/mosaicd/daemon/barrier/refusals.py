@@ -37,10 +37,13 @@ class Refusals:
         self.by_reason[reason] += 1
         key = (source, reason)
         if key in self._sources:
-            self._sources[key]["count"] += 1
+            entry = self._sources[key]
+            entry["count"] += 1
+            if path not in entry["paths"]:  # the API's own paths only (the router answers any other before)
+                entry["paths"].append(path)
             return False
         if len(self._sources) < SOURCES_KEPT:
-            self._sources[key] = {"source": source, "reason": reason, "path": path, "count": 1}
+            self._sources[key] = {"source": source, "reason": reason, "path": path, "paths": [path], "count": 1}
         return True
 
     def as_json(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ REGISTER_RUN = "register"  # the key for registrations, before a node knows the 
 SENDER = web.RequestKey("mosaic_sender", int)  # the member a request's valid tag proves sent it
 OPEN = frozenset({"/healthz", "/metrics", "/v1/status", "/v1/history", "/", "/openapi.json"})  # read-only views
 _OPEN_TAILS = tuple(OPEN - {"/"})  # the same views under a prefix (a node's embedded /barrier)
+_READS = frozenset({"GET", "HEAD"})  # how the open views may be read (HEAD: GET's head, without the body)
 
 
 class SecretError(ValueError):
@@ -169,9 +170,10 @@ def check_listen(options: Any, keyring: Keyring | None, barrier: bool = False) -
 
 def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[str | None]], window: float,
                     registry: CollectorRegistry, on_refused: Callable[[str, web.Request], None] | None = None) -> Any:
-    """Check every request but the read-only views; `run_of(request)` says which run's key applies (None: the
-    app is not ready to tell, 503; it may raise `NodeRefused` to answer at once why not, 503 where the sender may
-    try again, else 409); `on_refused(reason, request)` hears of each request refused."""
+    """Check every request but the read-only views (GET or HEAD) and those the router answers itself (a path or a
+    method the app does not have: 404, 405, as without a secret); `run_of(request)` says which run's key applies
+    (None: the app is not ready to tell, 503; it may raise `NodeRefused` to answer at once why not, 503 where the
+    sender may try again, else 409); `on_refused(reason, request)` hears of each request refused."""
     guard = ReplayGuard(window)
     refused = Counter("mosaic_auth_refused", "requests refused for want of a valid tag", ["reason"],
                       registry=registry)
@@ -179,7 +181,10 @@ def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if request.method == "GET" and (path in OPEN or path.startswith("/dashboard/") or path.endswith(_OPEN_TAILS)):
+        if request.match_info.http_exception is not None:  # no such path (404) or method (405): the router's answer
+            return await handler(request)
+        if request.method in _READS and (path in OPEN or path.startswith("/dashboard/")
+                                         or path.endswith(_OPEN_TAILS)):
             return await handler(request)
         try:
             signed, tag = SignedHeaders.from_headers(request.headers)  # unsigned: refused before the run is known

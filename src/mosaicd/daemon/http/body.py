@@ -1,35 +1,44 @@
-"""Request bodies read once: straight off the socket, hashed while they arrive, never copied twice.
+"""Request bodies read once: straight off the socket into one buffer, hashed while they arrive, held once.
 
 A fragments body is megabytes per peer and round. `request.read()` copies every byte twice (into a growing
 bytearray, then into bytes), and the cluster secret's check used to hash the whole body on the event loop
-after that. Here the chunks are kept as they came off the socket, hashed one by one as they arrive (so the loop
-is never held by more than one piece; a piece of `OFF_LOOP_BYTES` or more goes to a worker thread: the hasher
-releases the GIL for large buffers), and joined once (in a worker thread from `OFF_LOOP_BYTES` on: bytes.join
-releases the GIL while it copies).
+after that. Here each piece is copied into the body's one buffer as it comes off the socket and then dropped,
+and hashed as it arrives (so the loop is never held by more than one piece; a piece of `OFF_LOOP_BYTES` or more
+goes to a worker thread: the hasher releases the GIL for large buffers). The buffer is an `io.BytesIO` sized by
+Content-Length where there is one, whose `getvalue()` hands over its own `bytes` without a copy: a body of N
+bytes holds N bytes (plus at most `QUEUED_BYTES` x 2 waiting in the socket's queue), never the 2N of pieces kept
+and then joined, so --max-body-bytes bounds what bodies hold (docs/security.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 
 from aiohttp import web
 
 from mosaic_proto.auth import body_digest, body_hasher
+from mosaicd.daemon.http.server import MMAP_BELOW
 
 # A buffer at least this large is hashed in a worker thread; smaller ones on the loop, since handing a piece to a
 # thread and back (a queue put, a wake-up and GIL hand-offs) costs more than hashing it, and a body arrives in pieces
 # of at most 256 KiB, asyncio's read size (bench/bodies.py; bench/README.md, "Figures behind design choices").
 OFF_LOOP_BYTES = 8 << 20
+# aiohttp's queue of a body's bytes read off the socket and not yet taken is paused at twice this (its high water
+# mark); large enough that a megabytes-long body does not pause the socket every 128 KiB (aiohttp's default)
+QUEUED_BYTES = 4 << 20
+RESERVE_AFTER = 1 << 20  # a chunked body past this many bytes gets a buffer of its own mapping
 _BODY_DIGEST = web.RequestKey("mosaic_body_digest", str)
 
 
-async def read_body(request: web.Request, *, digest: bool = False) -> bytes:
-    """The request's body as one `bytes`, copied once: the chunks as they came off the socket, joined.
+async def read_body(request: web.Request, *, digest: bool = False, limit: int | None = None) -> bytes:
+    """The request's body as one `bytes`, held once: each piece copied into one buffer as it comes, then dropped.
 
     The result is immutable, so `wire.decode` takes its fragments as views without a further copy. With
     `digest`, the body's digest is computed while it arrives (`body_digest_of` gives it) and the body is kept as
     aiohttp's own cache for the handler (`request.read()` returns it; `release_body` drops it). A body already
-    read comes from that cache. Bodies over the app's limit get 413, as with `request.read()`.
+    read comes from that cache. Bodies over the app's limit, or over `limit` where that is lower (what the
+    handler can take: a node's largest message of its run), get 413 as soon as they pass it.
     """
     content = request.content
     if content.at_eof():  # read already, or empty
@@ -37,14 +46,18 @@ async def read_body(request: web.Request, *, digest: bool = False) -> bytes:
         if digest and _BODY_DIGEST not in request:
             request[_BODY_DIGEST] = await hash_bytes(body)
         return body
-    limit = request.client_max_size
+    if request.client_max_size and (limit is None or request.client_max_size < limit):
+        limit = request.client_max_size
     expected = request.content_length or 0
     if expected > 0 and (not limit or expected <= limit):
-        # the whole body is wanted: let it queue up, instead of pausing the socket every 128 KiB (aiohttp's
-        # default high water mark) and waking up to resume it, dozens of times per megabytes-long body
-        content.set_read_chunk_size(expected)
+        # the whole body is wanted: let a few megabytes queue up, instead of pausing the socket every 128 KiB
+        # (aiohttp's default high water mark) and waking up to resume it dozens of times per megabytes-long body
+        content.set_read_chunk_size(min(expected, QUEUED_BYTES))
     hasher = body_hasher() if digest else None
-    chunks: list[bytes] = []
+    buffer = io.BytesIO()
+    reserved = expected > 0 and (not limit or expected <= limit)
+    if reserved:
+        await _reserve(buffer, expected)  # one allocation of the declared size
     size = 0
     while True:
         chunk, http_chunk_end = await content.readchunk()  # one piece as it came (readany() joins what is queued)
@@ -55,23 +68,41 @@ async def read_body(request: web.Request, *, digest: bool = False) -> bytes:
         size += len(chunk)
         if limit and size > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-        chunks.append(chunk)
+        if not reserved and size > RESERVE_AFTER:  # a chunked body that is not small: a mapping of its own
+            reserved = True
+            await _reserve(buffer, MMAP_BELOW)
+        buffer.write(chunk)
         if hasher is not None:
             if len(chunk) < OFF_LOOP_BYTES:
                 hasher.update(chunk)
             else:
                 await asyncio.to_thread(hasher.update, chunk)
+        del chunk
     if hasher is not None:
         request[_BODY_DIGEST] = hasher.hexdigest()
-    if len(chunks) == 1 and type(chunks[0]) is bytes:
-        body = chunks[0]
-    elif size < OFF_LOOP_BYTES:
-        body = b"".join(chunks)
-    else:  # bytes.join releases the GIL while it copies: a large body's copy is not the loop's time
-        body = await asyncio.to_thread(b"".join, chunks)
+    buffer.truncate(size)  # a body shorter than it declared (the parser refuses those; a guard all the same)
+    body = buffer.getvalue()  # the buffer's own bytes object, shrunk to size: no copy
+    del buffer
     if digest:  # read ahead of the handler (the secret's check): request.read() returns it from now on
         request._read_bytes = body  # aiohttp's own cache; `release_body` drops it once the handler is done
     return body
+
+
+async def _reserve(buffer: io.BytesIO, size: int) -> None:
+    """Allocate `size` bytes of `buffer` now (zeros, written over as the body comes): a buffer of MMAP_BELOW or more
+    is its own mapping, which grows in place (mremap), where one on the heap is moved and copied as it grows. A
+    large one is zeroed (its pages faulted in) in a worker thread, not on the loop."""
+    def grow() -> None:
+        at = buffer.tell()
+        if buffer.seek(0, io.SEEK_END) < size:
+            buffer.seek(size - 1)
+            buffer.write(b"\0")
+        buffer.seek(at)
+
+    if size < OFF_LOOP_BYTES:
+        grow()
+    else:
+        await asyncio.to_thread(grow)
 
 
 def release_body(request: web.Request) -> None:

@@ -16,6 +16,9 @@ run of honest members goes on. Every refusal is JSON `{"reason", "detail"}`, cou
 - Bodies (`Limits.bodies`, a middleware before authentication): a body not received in full when its request
   head is handled needs a slot: --max-bodies at once, half of them (at least one) per address, and together no
   more than --max-body-bytes of declared size (one body of any allowed size fits when no other is in flight).
+  A body's bytes count until its handler is done with them (decoded), and a body is held once (`body.read_body`),
+  so bodies never hold more than --max-body-bytes together, and the process grows by at most that plus
+  `BODY_MEMORY_MARGIN` while it receives them (a node also reads a body only up to its run's largest message).
   A request waits `min(5 s, --request-timeout / 4)` for a slot, then gets 503 busy, without its body being read.
   A declared size over the app's limit gets 413 at once. The body must arrive within --request-timeout (an
   honest sender gives up by then anyway); a slower one is cut: 408 slow_body, connection closed.
@@ -49,6 +52,10 @@ EVICT_SCAN = 64  # connections looked at for an idle one to close, before the ne
 BODY_WAIT_MAX = 5.0  # seconds a body waits for a slot at most
 LINGERING = 2.0  # seconds aiohttp drains a body its handler did not read before closing (its default is 10)
 LOG_EVERY = 10.0
+# what a daemon's resident memory may grow by, beyond --max-body-bytes, while it receives bodies: aiohttp's queue of
+# each body being received (2 x body.QUEUED_BYTES, --max-bodies of them), the pieces on their way into a body's
+# buffer, and the allocator's slack; docs/security.md and --max-body-bytes' help state it
+BODY_MEMORY_MARGIN = 64 << 20
 # mosaic_limited_requests_total{reason}: connections closed idle or refused, bodies refused or cut, registrations
 REASONS = ("idle_closed", "connections", "too_large", "busy", "slow_body", "rate_limited")
 # on a request: the outer app (a node with the embedded barrier) took care of its body

@@ -9,7 +9,8 @@ loop (`NodeState.take`). A smaller one is decoded on the loop, where a thread ho
 (bench/codec.py; bench/README.md, "Figures behind design choices"). `wire.decode` checks a large body's CBOR
 heads against what a message of the run holds before it builds anything (`wire.check_structure` applies the same
 limits), so no body makes it build more than O(K) objects. A body that declares more bytes than any message of the
-run is answered 413 before it is read (`oversized`)."""
+run is answered 413 before it is read (`oversized`), and a chunked one, whose size is not declared, as soon as
+it passes that (`message_limit`)."""
 
 from __future__ import annotations
 
@@ -131,16 +132,23 @@ class Inbox:
             self.metrics.accepted(len(body), fragments)
         return 200, {"status": receipt.value, "round": state.round}
 
-    def oversized(self, size: int | None) -> str | None:
-        """Why a body that declares `size` bytes cannot be a message of this run (answered 413 before it is read:
-        nothing of it is held or decoded), or None."""
+    def message_limit(self) -> int | None:
+        """The most bytes a message of this run can be, once the run is known (None before): a body is read only
+        up to it (a chunked one, whose size is not declared, is cut there with 413)."""
         fragmentation = self.state.fragmentation
+        if fragmentation is None:
+            return None
         compressor = self.state.compressor
-        codec = compressor.compression if compressor is not None else Compression()
-        if size is None or fragmentation is None or size <= (limit := max_message_bytes(fragmentation, codec)):
+        return max_message_bytes(fragmentation, compressor.compression if compressor is not None else Compression())
+
+    def oversized(self, size: int | None, *, passed: bool = False) -> str | None:
+        """Why a body of `size` bytes (declared; `passed`: read until it passed `size`) cannot be a message of this
+        run (answered 413 before it is read whole: nothing more of it is held or decoded), or None."""
+        limit = self.message_limit()
+        if size is None or limit is None or (size <= limit and not passed):
             return None
         self.metrics.refused(Reason.TOO_LARGE)
-        return f"{size} bytes: no message of this run is over {limit} bytes"
+        return f"{'more than ' if passed else ''}{size} bytes: no message of this run is over {limit} bytes"
 
     async def _decode(self, body: bytes) -> FragmentBatch | WireError:
         """`body` decoded in a worker thread once a decoding slot is free, or why it is refused."""

@@ -19,10 +19,10 @@ from mosaicd.daemon.node.inbox import Inbox
 _ROUND = re.compile(r"-?[0-9]{1,18}")
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The request's body as one `bytes`, copied once (`http.body.read_body`); a body the cluster secret's check
-    read and hashed already comes from aiohttp's cache, not copied again."""
-    return await _read_body(request)
+async def read_body(request: web.Request, limit: int | None = None) -> bytes:
+    """The request's body as one `bytes`, held once (`http.body.read_body`), read up to `limit` bytes at most; a
+    body the cluster secret's check read and hashed already comes from aiohttp's cache, not copied again."""
+    return await _read_body(request, limit=limit)
 
 
 def node_app(inbox: Inbox) -> web.Application:
@@ -32,7 +32,13 @@ def node_app(inbox: Inbox) -> web.Application:
         oversized = inbox.oversized(request.content_length)
         if oversized is not None:  # not read: the connection is closed instead of drained
             return refusal(413, "too_large", oversized, close=True)
-        status, answer = await inbox.receive(await read_body(request), request.get(SENDER))
+        limit = inbox.message_limit()
+        try:
+            body = await read_body(request, limit)
+        except web.HTTPRequestEntityTooLarge as exc:  # chunked: cut where it passed the limit, not read on
+            detail = inbox.oversized(limit, passed=True) if limit is not None else None
+            return refusal(413, "too_large", detail or exc.text or "too large", close=True)
+        status, answer = await inbox.receive(body, request.get(SENDER))
         return web.json_response(answer, status=status)
 
     async def model(request: web.Request) -> web.Response:
