@@ -381,11 +381,13 @@ class _Reader:
         if self.pos != self.end:
             raise WireError(Reason.MALFORMED, f"{self.end - self.pos} trailing bytes after the message")
         fragments: dict[int, np.ndarray | Compressed] = {}
+        last = -1
         for index, values, extra in read:
-            if index in fragments:
-                # the message itself is wrong (400), not a conflict with what the receiver holds (duplicate_fragment)
-                raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} appears twice in the message")
-            fragments[index] = _fragment(codec, len(coordinates[index]), values, extra, index)
+            # the message itself is wrong (400), not a conflict with what the receiver holds (duplicate_fragment)
+            if index <= last:  # encode writes them in ascending order
+                twice = "appears twice in the message" if index in fragments else "comes after a higher index"
+                raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} {twice}")
+            fragments[index], last = _fragment(codec, len(coordinates[index]), values, extra, index), index
         return fragments
 
     def typed(self, heads: tuple[bytes, int], number: int, dtype: np.dtype, index: int, what: str) -> np.ndarray:

@@ -592,7 +592,8 @@ def check_fragments(frags: Any, compression: Compression) -> dict:
     out: dict = {}
     for item in frags:
         index, size = item[0], len(FR.indices[item[0]])
-        refuse_unless(index not in out, Reason.DUPLICATE_FRAGMENT)
+        refuse_unless(index not in out, Reason.BAD_FRAGMENT)
+        refuse_unless(not out or index > max(out), Reason.BAD_FRAGMENT)  # encode writes them in ascending order
         values = np.frombuffer(item[1].value, dtype)
         if codec == "topk":
             indices = np.frombuffer(item[2].value, "<u4").astype(np.int64)
