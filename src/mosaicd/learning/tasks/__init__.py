@@ -63,31 +63,48 @@ def _one_line(exc: BaseException) -> str:
 _file_lock = threading.Lock()  # a node's prefetch thread and its evaluation may load the file at once
 
 
-def _from_file(path: Path, task: str) -> Any:
-    """The module of a task file, loaded once per process under a name of its own (kept in sys.modules, so
-    that pickling and dataclasses find it)."""
+def _from_file(path: Path, given: str) -> Any:
+    """The module of a user's file (a task's, an optimizer's), loaded once per process under a name of its own
+    (kept in sys.modules, so that pickling and dataclasses find it); `given`: the flag and its value, for errors."""
     with _file_lock:
-        return _load_file(path, task)
+        return _load_file(path, given)
 
 
-def _load_file(path: Path, task: str) -> Any:
+def _load_file(path: Path, given: str) -> Any:
     name = f"mosaic_task_{path.stem if path.stem.isidentifier() else 'file'}_" \
            f"{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
     if name in sys.modules:
         return sys.modules[name]
     if not path.is_file():
-        raise ValueError(f"--task {task}: no such file: {path}")
+        raise ValueError(f"{given}: no such file: {path}")
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ValueError(f"--task {task}: cannot load {path} as Python")
+        raise ValueError(f"{given}: cannot load {path} as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
-        raise ValueError(f"--task {task}: cannot import {path}: {type(exc).__name__}: {_one_line(exc)}") from exc
+        raise ValueError(f"{given}: cannot import {path}: {type(exc).__name__}: {_one_line(exc)}") from exc
     return module
+
+
+def user_class(target: str, given: str) -> Any:
+    """What `module:Name` or `/file.py:Name` names, imported (a file loaded by `_from_file`); a ValueError
+    starting with `given` (the flag and its value) when it cannot be had. The caller checks what it is."""
+    where, _, name = target.rpartition(":")
+    if where.endswith(".py") or "/" in where:
+        module = _from_file(Path(where), given)
+    else:
+        try:
+            module = import_module(where)
+        except Exception as exc:
+            raise ValueError(f"{given}: cannot import {where!r}: {_one_line(exc)}") from exc
+    found = getattr(module, name, None)
+    if found is None:
+        raise ValueError(f"{given}: {where} has no {name!r}")
+    return found
 
 
 def _target(task: str) -> str:
@@ -109,17 +126,8 @@ def task_class(task: str) -> type[Task]:
         module, cls = TASK_CLASSES[task].split(":")
         with needs(f"--task {task.value}"):  # an import of an extra that _NEEDS missed
             return getattr(import_module(module), cls)
-    where, _, name = _target(task).rpartition(":")
-    if where.endswith(".py") or "/" in where:
-        module = _from_file(Path(where), task)
-    else:
-        try:
-            module = import_module(where)
-        except Exception as exc:
-            raise ValueError(f"--task {task}: cannot import {where!r}: {_one_line(exc)}") from exc
-    found = getattr(module, name, None)
-    if found is None:
-        raise ValueError(f"--task {task}: {where} has no {name!r}")
+    target = _target(task)
+    found, name = user_class(target, f"--task {task}"), target.rpartition(":")[2]
     if not (isinstance(found, type) and issubclass(found, Task)):
         raise ValueError(f"--task {task}: {name} is not a subclass of mosaicd.Task (it is {found!r})")
     return found
@@ -160,8 +168,9 @@ def check_task(run: RunConfig, data_dir: Path | str | None = None) -> Task | Non
     """A task of the user's, imported, built once and asked for its layout and node 0's initial model, so that
     one that cannot run is a SettingsError naming --task before any process starts or folder is written; the
     task built. Built-in tasks: None, nothing done (their extras and data are checked where they always were).
-    An optimizer or schedule class named by import path is imported and its arguments checked, for any task."""
-    if run.optimizer not in OPTIMIZERS or run.lr_schedule not in LR_SCHEDULES:
+    The optimizer, where given options or by import path or file, is built once on a dummy parameter, and a schedule
+    class by import path asked for its factors, for any task (`optim.check_training`)."""
+    if run.optimizer not in OPTIMIZERS or run.optimizer_options or run.lr_schedule not in LR_SCHEDULES:
         from .optim import check_training
 
         check_training(run)
