@@ -106,6 +106,43 @@ def test_the_hand_written_sgd_matches_torch_optim_with_nesterov_and_dampening() 
     assert torch.equal(ours.weight, ref.weight) and torch.equal(c_model.weight, d_model.weight)
 
 
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+@pytest.mark.parametrize("options", [{}, {"weight_decay": 0.1, "amsgrad": True}, {"betas": (0.8, 0.95), "eps": 1e-3,
+                                                                                   "maximize": True}])
+def test_the_hand_written_adam_matches_torch_optim_bit_for_bit_and_reads_its_state(name: str, options: dict) -> None:
+    """torch_util.Adam / AdamW (no torch._dynamo) against torch.optim's on the CPU: the same parameters and state
+    after steps with a changing lr (as a schedule sets it), and a state handed from one to the other goes on alike."""
+    from mosaicd.learning.tasks import torch_util
+    from mosaicd.learning.tasks.optim import load_state, set_lr, state_arrays
+
+    g = torch.Generator().manual_seed(5)
+    start = [torch.randn(4, 3, generator=g), torch.randn(3, generator=g)]
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    ref = [torch.nn.Parameter(t.clone()) for t in start]
+    a = getattr(torch_util, name)(ours, lr=0.01, **options)
+    b = getattr(torch.optim, name)(ref, lr=0.01, **options)
+    for step in range(7):
+        grads = [torch.randn(t.shape, generator=g) for t in start]
+        for params, opt in ((ours, a), (ref, b)):
+            for p, grad in zip(params, grads, strict=True):
+                p.grad = grad.clone()
+            set_lr(opt, 1.0 / (step + 1))
+            opt.step()
+        assert all(torch.equal(p, q) for p, q in zip(ours, ref, strict=True)), step
+        ours_state, ref_state = state_arrays(a), state_arrays(b)
+        assert ours_state.keys() == ref_state.keys()
+        assert all(np.array_equal(ours_state[k], ref_state[k]) and ours_state[k].dtype == ref_state[k].dtype
+                   for k in ours_state)
+    load_state(a, state_arrays(b))  # a checkpoint of torch.optim's read by ours and the other way round
+    load_state(b, state_arrays(a))
+    grads = [torch.randn(t.shape, generator=g) for t in start]
+    for params, opt in ((ours, a), (ref, b)):
+        for p, grad in zip(params, grads, strict=True):
+            p.grad = grad.clone()
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours, ref, strict=True))
+
+
 def test_the_built_in_optimizers_arguments_are_their_constructors() -> None:
     """settings.OPTIMIZERS (checked without importing torch) against the classes the names stand for."""
     for name, keys in OPTIMIZERS.items():

@@ -8,9 +8,10 @@ The schedule keeps no state: the learning rate of round t's local step h is a fu
 (`Schedule.factor`), the same in every process, after a restart and for a node that joined late.
 
 `sgd` is `torch_util.SGD` (torch.optim.SGD's arithmetic without importing torch.optim's optimizers, which load
-torch._dynamo: ~70 MB per process); every other optimizer is a torch.optim class, imported where it is chosen, or a
+torch._dynamo: ~70 MB and 1-2 s per process), `adam` and `adamw` on the CPU `torch_util.Adam` and `AdamW` (the same,
+for torch.optim's single-tensor step); every other optimizer is a torch.optim class, imported where it is chosen, or a
 class of the user's by MODULE:CLASS or FILE.py:CLASS (found as a task is). `check_training` builds the run's
-optimizer once on a dummy parameter before the run; `warm_optimizer` pays its imports once in the warm start's
+optimizer once on a dummy parameter before the run; `NodeOptimizers.warm` pays its imports once in the warm start's
 parent.
 """
 
@@ -28,13 +29,16 @@ from torch import nn
 
 from mosaicd.settings import LR_SCHEDULES, OPTIMIZERS, OptimizerState, RunConfig, SettingsError
 
-from .torch_util import SGD
+from .torch_util import SGD, Adam, AdamW
 
 __all__ = ["ELEMENTWISE", "NodeOptimizers", "OptimizerFactory", "Schedule", "check_training", "clip_gradients",
-           "optimizer_factory", "warm_optimizer"]
+           "optimizer_factory"]
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], Any]  # parameters -> a torch.optim.Optimizer (or `SGD`)
 
+# torch.optim's arithmetic without torch.optim (torch_util): no torch._dynamo in the process. adam and adamw on the
+# CPU only, where torch.optim takes the single-tensor step they copy (elsewhere it takes its multi-tensor one)
+PLAIN: dict[str, type] = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
 TORCH_OPTIMIZERS = {"adam": "torch.optim:Adam", "adamw": "torch.optim:AdamW", "rmsprop": "torch.optim:RMSprop",
                     "adagrad": "torch.optim:Adagrad"}
 # optimizers whose step treats every coordinate alike (its state shaped as the parameter, plus scalars): stacked
@@ -56,8 +60,8 @@ def _import(spec: str, flag: str) -> Any:
 
 
 def optimizer_class(run: RunConfig) -> type:
-    if run.optimizer == "sgd":
-        return SGD
+    if run.optimizer in PLAIN and (run.optimizer == "sgd" or str(run.device) == "cpu"):
+        return PLAIN[run.optimizer]
     cls = _import(TORCH_OPTIMIZERS.get(run.optimizer, run.optimizer), "--optimizer")
     if not issubclass(cls, torch.optim.Optimizer):
         raise SettingsError(f"--optimizer {run.optimizer}: not a torch.optim.Optimizer subclass")
@@ -130,16 +134,6 @@ def _check_optimizer(run: RunConfig) -> None:
     hint = "" if isinstance(failed, ValueError) or default is inspect.Parameter.empty else \
         f" ({cls.__name__}'s default: {culprits[0]}={default!r})"
     raise SettingsError(f"{flags}: {' '.join(why.split())}{hint}")
-
-
-def warm_optimizer(run: RunConfig) -> None:
-    """The run's optimizer built on a dummy parameter and stepped once, so that what it imports on construction
-    and at its first step (torch.optim's: torch._dynamo, ~70 MB and 1-2 s) is paid by the process that calls this:
-    the warm start's parent, before it forks the nodes (`daemon.node.warmup.warm_up`). Touches no model."""
-    dummy = torch.zeros(1, requires_grad=True)
-    optimizer = optimizer_factory(run)([dummy])
-    dummy.grad = torch.ones(1)
-    optimizer.step()
 
 
 class Schedule:
@@ -242,6 +236,21 @@ class NodeOptimizers:
 
     def states(self) -> dict[int, dict[str, np.ndarray]]:
         return {node: self.state(node) for node in sorted({*self._kept, *self._pending})}
+
+    def warm(self) -> None:
+        """An optimizer of the run built on a dummy parameter and stepped once, kept by no node, the random
+        generators left as they were: what it imports at construction and at its first step (torch.optim's:
+        torch._dynamo, ~70 MiB and 1-2 s) is paid by this process, the warm start's parent, and shared by the nodes
+        it forks (`daemon.node.warmup.warm_up`)."""
+        with torch.random.fork_rng(devices=[]):
+            numpy_state = np.random.get_state()
+            try:
+                dummy = torch.zeros(1, requires_grad=True)
+                optimizer = self.factory([dummy])
+                dummy.grad = torch.ones(1)
+                optimizer.step()
+            finally:
+                np.random.set_state(numpy_state)
 
     @property
     def elementwise(self) -> bool:
