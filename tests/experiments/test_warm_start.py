@@ -135,7 +135,8 @@ from mosaicd.daemon.node.warmup import warm_up
 from mosaicd.learning.tasks import build_task
 from mosaicd.settings import Settings
 
-task = build_task(Settings(task="digits", nodes=4, fanout=1, optimizer=sys.argv[1], lr=0.01).run_config())
+task = build_task(Settings(task="digits", nodes=4, fanout=1, optimizer=sys.argv[1], lr_schedule=sys.argv[2],
+                           lr=0.01, rounds=10).run_config())
 before, rng = task.initial(0), torch.get_rng_state()
 warm_up(task)
 same = bool(np.array_equal(task.initial(0), before) and torch.equal(torch.get_rng_state(), rng))
@@ -145,12 +146,16 @@ print(same, warmed, "torch._dynamo" in sys.modules)
 """
 
 
-@pytest.mark.parametrize("optimizer,dynamo", [("adam", False), ("adamw", False), ("rmsprop", True)])
-def test_the_warm_parent_pays_an_optimizers_imports_and_adam_needs_none(optimizer: str, dynamo: bool) -> None:
+@pytest.mark.parametrize("optimizer,schedule,dynamo", [("adam", "cosine", False), ("adamw", "constant", False),
+                                                       ("rmsprop", "constant", True),
+                                                       ("sgd", "torch.optim.lr_scheduler:ConstantLR", True)])
+def test_the_warm_parent_pays_an_optimizers_imports_and_adam_needs_none(optimizer: str, schedule: str,
+                                                                       dynamo: bool) -> None:
     """torch.optim's classes import torch._dynamo (~70 MiB, 1-2 s) when built: the warm start builds the run's
-    optimizer once before the fork, so its nodes share it; adam and adamw (torch_util's) import nothing. The
-    warm-up leaves the model and torch's generator as they were. A fresh interpreter, as the warm parent."""
-    done = subprocess.run([sys.executable, "-c", WARM_OPTIMIZER, optimizer], capture_output=True, text=True,
-                          timeout=120)
+    optimizer (and a torch schedule) once before the fork, so its nodes share it; adam and adamw (torch_util's)
+    import nothing. The warm-up leaves the model and torch's generator as they were. A fresh interpreter, as the
+    warm parent."""
+    done = subprocess.run([sys.executable, "-c", WARM_OPTIMIZER, optimizer, schedule], capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-3:] == ["True", str(dynamo), str(dynamo)]  # after the warm-up's log line

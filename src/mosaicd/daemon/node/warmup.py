@@ -100,7 +100,10 @@ def warm_up(task: Any) -> float:
             with torch.no_grad():
                 model(task.inputs(split.x_test[:min(64, len(split.y_test))]))
         if task.run.train and task.run.local_steps > 0:
+            from mosaicd.learning.tasks.optim import Schedule
+
             task.optimizers.warm()  # torch.optim's imports (torch._dynamo) once here, not in every node
+            Schedule(task.run).factor(0)  # a torch.optim.lr_scheduler class's too
     finally:
         model.zero_grad(set_to_none=True)
         model.load_state_dict(saved)

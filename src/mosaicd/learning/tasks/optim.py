@@ -29,6 +29,7 @@ from torch import nn
 
 from mosaicd.settings import LR_SCHEDULES, OPTIMIZERS, OptimizerState, RunConfig, SettingsError
 
+from .by_path import user_class
 from .torch_util import SGD, Adam, AdamW
 
 __all__ = ["ELEMENTWISE", "NodeOptimizers", "OptimizerFactory", "Schedule", "check_training", "clip_gradients",
@@ -48,8 +49,6 @@ ELEMENTWISE = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "A
 
 def _import(spec: str, flag: str) -> Any:
     """The class `spec` (MODULE:CLASS or /file.py:CLASS) names, as a task is found (`tasks.user_class`)."""
-    from . import user_class
-
     try:
         found = user_class(spec, f"{flag} {spec}")
     except ValueError as exc:
