@@ -48,7 +48,7 @@ ELEMENTWISE = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "A
 
 
 def _import(spec: str, flag: str) -> Any:
-    """The class `spec` (MODULE:CLASS or /file.py:CLASS) names, as a task is found (`tasks.user_class`)."""
+    """The class `spec` (MODULE:CLASS or /file.py:CLASS) names, as a task is found (`by_path.user_class`)."""
     try:
         found = user_class(spec, f"{flag} {spec}")
     except ValueError as exc:
@@ -122,16 +122,18 @@ def _check_optimizer(run: RunConfig) -> None:
     if failed is None:
         return
     base = {k: v for k, v in keywords.items() if k not in run.optimizer_options}
-    culprits = [k for k in run.optimizer_options if fails({**base, k: run.optimizer_options[k]}) is not None]
-    if culprits:
-        failed = fails({**base, culprits[0]: run.optimizer_options[culprits[0]]}) or failed
-        flags = _option(culprits[0], run.optimizer_options[culprits[0]])
+    alone = {k: fails({**base, k: v}) for k, v in run.optimizer_options.items()}  # the option that fails by itself
+    culprit = next((k for k, exc in alone.items() if exc is not None), None)
+    hint = ""
+    if culprit is not None:
+        failed = alone[culprit] or failed
+        flags = _option(culprit, run.optimizer_options[culprit])
+        default = params[culprit].default if culprit in params else inspect.Parameter.empty
+        if not isinstance(failed, ValueError) and default is not inspect.Parameter.empty:
+            hint = f" ({cls.__name__}'s default: {culprit}={default!r})"
     else:  # none alone: the options together (or the flags every build has)
         flags = ", ".join([_option(k, v) for k, v in run.optimizer_options.items()] or [f"--optimizer {run.optimizer}"])
     why = str(failed) if isinstance(failed, ValueError) else f"{type(failed).__name__}: {failed}"
-    default = params.get(culprits[0]).default if culprits and culprits[0] in params else inspect.Parameter.empty
-    hint = "" if isinstance(failed, ValueError) or default is inspect.Parameter.empty else \
-        f" ({cls.__name__}'s default: {culprits[0]}={default!r})"
     raise SettingsError(f"{flags}: {' '.join(why.split())}{hint}")
 
 
