@@ -38,11 +38,21 @@ class SignSGD(torch.optim.Optimizer):
                                          ("eps=-1", "Invalid epsilon value: -1")])
 def test_a_value_the_optimizer_refuses_is_one_line_naming_the_flag_and_no_folder(
         tmp_path: Path, kit: Any, command: str, option: str, says: str) -> None:
+    _refused(tmp_path, kit, [command, *RUN], option, says)
+
+
+@pytest.mark.parametrize("role", ["barrier", "node --peer-list peers.txt"])
+def test_a_barrier_or_peer_list_member_refuses_it_as_well(tmp_path: Path, kit: Any, role: str) -> None:
+    """Where the role has the run's settings (a barrier, a member of a peer list), not where a barrier gives them."""
+    _refused(tmp_path, kit, [*role.split(), *RUN[:-1]], "eps=-1", "Invalid epsilon value: -1")
+
+
+def _refused(tmp_path: Path, kit: Any, argv: list[str], option: str, says: str) -> None:
     out = tmp_path / "run"
-    done = subprocess.run([*kit.by_hand, command, *RUN, "--optimizer", "adam", "--optimizer-option", option,
-                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([*kit.by_hand, *argv, "--optimizer", "adam", "--optimizer-option", option,
+                           "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.startswith(f"mosaicd {command}: error: --optimizer-option {option}: {says}")
+    assert done.stderr.startswith(f"mosaicd {argv[0]}: error: --optimizer-option {option}: {says}")
     assert done.stderr.count("\n") == 1 and done.stdout == ""
     assert not out.exists()
 
