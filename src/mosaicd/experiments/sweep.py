@@ -239,8 +239,8 @@ def _check_tasks(spec: Spec, overrides: dict[str, Any]) -> list[str]:
         builds = [] if isinstance(s.task, TaskName) else ["task", "task_options"]
         if s.optimizer not in OPTIMIZERS or s.optimizer_options or s.lr_schedule not in LR_SCHEDULES:
             builds += TRAINING_KEYS
-        key = json.dumps([str(s.data_dir), *(s.run_config().model_dump(mode="json")[k] for k in builds)],
-                         sort_keys=True)
+        values = s.run_config().model_dump(mode="json")
+        key = json.dumps([str(s.data_dir), *(values[k] for k in builds)], sort_keys=True)
         if not builds or key in seen:
             continue
         seen.add(key)
