@@ -1,7 +1,8 @@
 """Memory of a node process by optimizer: does a torch.optim optimizer cost what its import promises?
 
 `--optimizer sgd` is `torch_util.SGD` (torch.optim.SGD's arithmetic without constructing a torch.optim optimizer,
-which imports torch._dynamo); every other optimizer is a torch.optim class. In a fresh process per optimizer, as a
+which imports torch._dynamo), `adam` and `adamw` on the CPU `torch_util.Adam` / `AdamW` (the same for torch.optim's
+single-tensor step); every other optimizer is a torch.optim class. In a fresh process per optimizer, as a
 node does: build the digits task, train `--rounds` rounds of node 0 (its state kept across rounds), and report
 the resident set (VmRSS), its peak (VmHWM) and whether torch._dynamo was loaded. The reference is sgd, measured in
 the same run; the ratio is each optimizer's RSS against it.

@@ -127,3 +127,35 @@ def test_an_error_line_sent_on_the_report_pipe_is_the_exit_reason(tmp_path: Path
     (tmp_path / "logs" / "barrier.log").write_text("mosaicd barrier: error: cannot write /x/ru")  # cut short
     assert exit_reason(tmp_path, "barrier", 1, processes.said.get("barrier")) == line
     assert exit_reason(tmp_path, "barrier", 1, None) == "mosaicd barrier: error: cannot write /x/ru"
+
+
+WARM_OPTIMIZER = """
+import sys, numpy as np, torch
+from mosaicd.daemon.node.warmup import warm_up
+from mosaicd.learning.tasks import build_task
+from mosaicd.settings import Settings
+
+task = build_task(Settings(task="digits", nodes=4, fanout=1, optimizer=sys.argv[1], lr_schedule=sys.argv[2],
+                           lr=0.01, rounds=10).run_config())
+before, rng = task.initial(0), torch.get_rng_state()
+warm_up(task)
+same = bool(np.array_equal(task.initial(0), before) and torch.equal(torch.get_rng_state(), rng))
+warmed = "torch._dynamo" in sys.modules
+task.train(0, 0, before)
+print(same, warmed, "torch._dynamo" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("optimizer,schedule,dynamo", [("adam", "cosine", False), ("adamw", "constant", False),
+                                                       ("rmsprop", "constant", True),
+                                                       ("sgd", "torch.optim.lr_scheduler:ConstantLR", True)])
+def test_the_warm_parent_pays_an_optimizers_imports_and_adam_needs_none(optimizer: str, schedule: str,
+                                                                       dynamo: bool) -> None:
+    """torch.optim's classes import torch._dynamo (~70 MiB, 1-2 s) when built: the warm start builds the run's
+    optimizer (and a torch schedule) once before the fork, so its nodes share it; adam and adamw (torch_util's)
+    import nothing. The warm-up leaves the model and torch's generator as they were. A fresh interpreter, as the
+    warm parent."""
+    done = subprocess.run([sys.executable, "-c", WARM_OPTIMIZER, optimizer, schedule], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-3:] == ["True", str(dynamo), str(dynamo)]  # after the warm-up's log line

@@ -106,6 +106,43 @@ def test_the_hand_written_sgd_matches_torch_optim_with_nesterov_and_dampening() 
     assert torch.equal(ours.weight, ref.weight) and torch.equal(c_model.weight, d_model.weight)
 
 
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+@pytest.mark.parametrize("options", [{}, {"weight_decay": 0.1, "amsgrad": True}, {"betas": (0.8, 0.95), "eps": 1e-3,
+                                                                                   "maximize": True}])
+def test_the_hand_written_adam_matches_torch_optim_bit_for_bit_and_reads_its_state(name: str, options: dict) -> None:
+    """torch_util.Adam / AdamW (no torch._dynamo) against torch.optim's on the CPU: the same parameters and state
+    after steps with a changing lr (as a schedule sets it), and a state handed from one to the other goes on alike."""
+    from mosaicd.learning.tasks import torch_util
+    from mosaicd.learning.tasks.optim import load_state, set_lr, state_arrays
+
+    g = torch.Generator().manual_seed(5)
+    start = [torch.randn(4, 3, generator=g), torch.randn(3, generator=g)]
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    ref = [torch.nn.Parameter(t.clone()) for t in start]
+    a = getattr(torch_util, name)(ours, lr=0.01, **options)
+    b = getattr(torch.optim, name)(ref, lr=0.01, **options)
+    for step in range(7):
+        grads = [torch.randn(t.shape, generator=g) for t in start]
+        for params, opt in ((ours, a), (ref, b)):
+            for p, grad in zip(params, grads, strict=True):
+                p.grad = grad.clone()
+            set_lr(opt, 1.0 / (step + 1))
+            opt.step()
+        assert all(torch.equal(p, q) for p, q in zip(ours, ref, strict=True)), step
+        ours_state, ref_state = state_arrays(a), state_arrays(b)
+        assert ours_state.keys() == ref_state.keys()
+        assert all(np.array_equal(ours_state[k], ref_state[k]) and ours_state[k].dtype == ref_state[k].dtype
+                   for k in ours_state)
+    load_state(a, state_arrays(b))  # a checkpoint of torch.optim's read by ours and the other way round
+    load_state(b, state_arrays(a))
+    grads = [torch.randn(t.shape, generator=g) for t in start]
+    for params, opt in ((ours, a), (ref, b)):
+        for p, grad in zip(params, grads, strict=True):
+            p.grad = grad.clone()
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours, ref, strict=True))
+
+
 def test_the_built_in_optimizers_arguments_are_their_constructors() -> None:
     """settings.OPTIMIZERS (checked without importing torch) against the classes the names stand for."""
     for name, keys in OPTIMIZERS.items():
@@ -163,10 +200,61 @@ def test_an_imported_optimizers_arguments_are_checked_before_the_run() -> None:
                                                                                         True}))
     with pytest.raises(SettingsError, match="--optimizer-option betaz: --optimizer torch.optim:RAdam takes no"):
         check_training(Settings(**DIGITS, optimizer="torch.optim:RAdam", optimizer_options={"betaz": 1}))
-    with pytest.raises(SettingsError, match="--optimizer torch.optim:Nope: cannot import"):
+    with pytest.raises(SettingsError, match="--optimizer torch.optim:Nope: torch.optim has no 'Nope'"):
         check_training(Settings(**DIGITS, optimizer="torch.optim:Nope"))
     with pytest.raises(SettingsError, match="--lr-schedule torch.optim.lr_scheduler:StepLR: TypeError"):
         check_training(Settings(**DIGITS, lr_schedule="torch.optim.lr_scheduler:StepLR"))
+
+
+SIGN_SGD = """
+import torch
+
+
+class SignSGD(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.01, scale=1.0):
+        if scale <= 0:
+            raise ValueError(f"Invalid scale: {scale}")
+        super().__init__(params, {"lr": lr, "scale": scale})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-group["lr"] * group["scale"])
+"""
+
+
+@pytest.mark.parametrize("options,says", [
+    ({"betas": 0.9}, "--optimizer-option betas=0.9: TypeError: 'float' object is not subscriptable (Adam's default: "
+                     "betas=(0.9, 0.999))"),
+    ({"eps": -1}, "--optimizer-option eps=-1: Invalid epsilon value: -1"),
+    ({"amsgrad": True, "betas": [0.9, 1.5]}, "--optimizer-option betas=[0.9,1.5]: Invalid beta parameter at index 1"),
+])
+def test_an_optimizers_values_are_refused_by_building_it_naming_the_flag(options: dict, says: str) -> None:
+    with pytest.raises(SettingsError) as refused:
+        check_training(Settings(**DIGITS, optimizer="adam", optimizer_options=options))
+    assert str(refused.value).startswith(says) and "\n" not in str(refused.value)
+    check_training(Settings(**DIGITS, optimizer="adam", optimizer_options={"betas": [0.9, 0.99], "eps": 1e-6}))
+
+
+def test_an_optimizer_by_file_is_found_as_a_task_is_and_its_values_checked(tmp_path, monkeypatch) -> None:
+    (tmp_path / "signsgd.py").write_text(SIGN_SGD)
+    monkeypatch.chdir(tmp_path)
+    run = Settings(**DIGITS, optimizer="signsgd.py:SignSGD")
+    assert run.optimizer == f"{tmp_path / 'signsgd.py'}:SignSGD"  # made absolute: a node started elsewhere finds it
+    check_training(run)
+    params = [torch.nn.Parameter(torch.tensor([1.0, -2.0]))]
+    opt = NodeOptimizers.of(run).of_node(0, params)
+    params[0].grad = torch.tensor([3.0, -0.5])
+    opt.step()
+    assert params[0].tolist() == torch.tensor([1.0 - 0.05, -2.0 + 0.05]).tolist()  # the sign of each gradient
+    with pytest.raises(SettingsError, match=r"^--optimizer-option scale=0: Invalid scale: 0$"):
+        check_training(Settings(**DIGITS, optimizer="signsgd.py:SignSGD", optimizer_options={"scale": 0}))
+    with pytest.raises(SettingsError, match=r"signsgd.py:Nope: \S*signsgd.py has no 'Nope'$"):
+        check_training(Settings(**DIGITS, optimizer="signsgd.py:Nope"))
+    with pytest.raises(SettingsError, match=r"nofile.py:SignSGD: no such file: "):
+        check_training(Settings(**DIGITS, optimizer="nofile.py:SignSGD"))
 
 
 def test_a_nodes_optimizers_restore_before_and_after_they_exist() -> None:

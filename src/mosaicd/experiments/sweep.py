@@ -224,18 +224,29 @@ def load_spec(path: Path | str, out: Path | str | None = None, overrides: dict[s
     return spec
 
 
+# what an optimizer's check builds on (`optim.check_training`)
+TRAINING_KEYS = ["optimizer", "optimizer_options", "lr", "momentum", "weight_decay", "lr_schedule",
+                 "lr_schedule_options", "lr_warmup_steps", "rounds", "local_steps"]
+SETS_A_CLASS = {"task", "task_options", "optimizer", "optimizer_options", "lr_schedule", "lr_schedule_options"}
+
+
 def _check_tasks(spec: Spec, overrides: dict[str, Any]) -> list[str]:
-    """Each task of the user's in the grid (with its options and data folder) built once (`check_task`), so that
-    one that cannot run stops the sweep before any run starts; the errors, each naming where the task is set."""
+    """Each task of the user's in the grid (with its options and data folder) built once, and each grid point's
+    optimizer where it has options or is given by path (`check_task`), so that one that cannot run stops the sweep
+    before any run starts; the errors, each naming where the task or optimizer is set."""
     from mosaicd.learning.tasks import check_task
-    from mosaicd.settings import TaskName
+    from mosaicd.settings import LR_SCHEDULES, OPTIMIZERS, TaskName
 
     errors: list[str] = []
     seen: set[str] = set()
     for run in spec.runs:
         s = run.settings
-        key = json.dumps([s.task, s.task_options, str(s.data_dir)], sort_keys=True)
-        if isinstance(s.task, TaskName) or key in seen:
+        builds = [] if isinstance(s.task, TaskName) else ["task", "task_options"]
+        if s.optimizer not in OPTIMIZERS or s.optimizer_options or s.lr_schedule not in LR_SCHEDULES:
+            builds += TRAINING_KEYS
+        values = s.run_config().model_dump(mode="json")
+        key = json.dumps([str(s.data_dir), *(values[k] for k in builds)], sort_keys=True)
+        if not builds or key in seen:
             continue
         seen.add(key)
         try:
@@ -243,7 +254,7 @@ def _check_tasks(spec: Spec, overrides: dict[str, Any]) -> list[str]:
         except SettingsError as exc:
             where = ", ".join(f"--set {k}={overrides[k]!r}" if k in overrides else f"[grid] {k} = {run.point[k]!r}"
                               if k in run.point else f"[run] {k} = {spec.base[k]!r}"
-                              for k in ("task", "task_options") if k in run.point or k in spec.base)
+                              for k in builds if k in SETS_A_CLASS and (k in run.point or k in spec.base))
             errors.append(f"{where or 'the settings'}: {exc}" + (f" (grid point {run.name})" if run.point else ""))
     return errors
 

@@ -133,11 +133,15 @@ LR_SCHEDULES: dict[str, tuple[str, ...]] = {
 
 
 def import_path(value: str, what: str, names: Any) -> str:
-    """A built-in name of `names`, or MODULE:CLASS (checked for form only: importing it is the task's business)."""
+    """A built-in name of `names`, MODULE:CLASS or path/to/file.py:CLASS (made absolute, as `task_spec` does; checked
+    for form only: importing it is the task's business)."""
     text = str(value).strip()
     if text.lower() in names:
         return text.lower()
     module, colon, name = text.rpartition(":")
+    if colon and name.isidentifier() and (module.endswith(".py") or "/" in module or "\\" in module):
+        return f"{Path(module).expanduser().resolve()}:{name}"
     if not colon or not name.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
-        raise ValueError(f"expected one of {', '.join(names)} or a {what} class as MODULE:CLASS")
+        raise ValueError(f"expected one of {', '.join(names)} or a {what} class as MODULE:CLASS or "
+                         "path/to/file.py:CLASS")
     return text

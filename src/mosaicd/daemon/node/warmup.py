@@ -3,9 +3,10 @@
 `prefetch_in_background` imports a task's modules in a thread while a node registers (registration waits for every
 node anyway), so a node that is told the run is already past the imports; that thread runs at the lowest CPU
 priority (it only), so that where dozens of nodes start at once on few cores (compose) every node registers
-first and the imports fill the wait. `warm_up` is the warm start's (`mosaicd cluster`): one
-forward and backward pass of a built task, in the process that then forks the nodes. It runs with one torch
-thread, so that no OpenMP pool thread exists at the fork (GNU libgomp's pool does not survive fork(); a child
+first and the imports fill the wait. `warm_up` is the warm start's (`mosaicd cluster`): one forward and backward
+pass of a built task and one step of the run's optimizer on a dummy parameter (what torch.optim imports,
+torch._dynamo, then lives in the parent's pages, shared), in the process that then forks the nodes. It runs with
+one torch thread, so that no OpenMP pool thread exists at the fork (GNU libgomp's pool does not survive fork(); a child
 that uses it can hang); each forked process sets the run's thread count itself (`set_threads`).
 
 `mosaicd node` imports with the cyclic garbage collector off (`collect_after_imports`) until those imports are done: the
@@ -73,8 +74,9 @@ def set_threads(threads: int) -> None:
 
 
 def warm_up(task: Any) -> float:
-    """One training step's forward and backward and one evaluation batch on `task` (node 0's data), leaving the
-    model's state as it was; returns the seconds it took. Torch tasks only; others have nothing to warm."""
+    """One training step's forward and backward, one step of the run's optimizer on a dummy parameter and one
+    evaluation batch on `task` (node 0's data), leaving the model's state as it was; returns the seconds it took.
+    Torch tasks only; others have nothing to warm."""
     started = time.perf_counter()
     if "torch" not in sys.modules:
         return 0.0
@@ -97,6 +99,11 @@ def warm_up(task: Any) -> float:
             model.eval()
             with torch.no_grad():
                 model(task.inputs(split.x_test[:min(64, len(split.y_test))]))
+        if task.run.train and task.run.local_steps > 0:
+            from mosaicd.learning.tasks.optim import Schedule
+
+            task.optimizers.warm()  # torch.optim's imports (torch._dynamo) once here, not in every node
+            Schedule(task.run).factor(0)  # a torch.optim.lr_scheduler class's too
     finally:
         model.zero_grad(set_to_none=True)
         model.load_state_dict(saved)

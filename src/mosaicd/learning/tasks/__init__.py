@@ -8,19 +8,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import sys
-import threading
 from importlib import import_module
 from pathlib import Path
-from typing import Any
 
 from mosaicd.extras import MissingExtra, needs, require
 from mosaicd.learning.data import DataMissing
 from mosaicd.settings import LR_SCHEDULES, OPTIMIZERS, TASK_ENTRY_POINTS, RunConfig, SettingsError, TaskName
 
 from .base import Task
+from .by_path import one_line, user_class
 
 TASK_CLASSES = {
     TaskName.QUADRATIC: "mosaicd.learning.tasks.quadratic:QuadraticTask",
@@ -55,41 +51,6 @@ def check_requirements(task: str, data_dir: Path | str) -> None:
     check_data(task, data_dir)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-_file_lock = threading.Lock()  # a node's prefetch thread and its evaluation may load the file at once
-
-
-def _from_file(path: Path, task: str) -> Any:
-    """The module of a task file, loaded once per process under a name of its own (kept in sys.modules, so
-    that pickling and dataclasses find it)."""
-    with _file_lock:
-        return _load_file(path, task)
-
-
-def _load_file(path: Path, task: str) -> Any:
-    name = f"mosaic_task_{path.stem if path.stem.isidentifier() else 'file'}_" \
-           f"{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    if not path.is_file():
-        raise ValueError(f"--task {task}: no such file: {path}")
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"--task {task}: cannot load {path} as Python")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise ValueError(f"--task {task}: cannot import {path}: {type(exc).__name__}: {_one_line(exc)}") from exc
-    return module
-
-
 def _target(task: str) -> str:
     """`module:Class` or `/file.py:Class` of a task that is not built in (a registered name looked up)."""
     if ":" in task:
@@ -109,17 +70,8 @@ def task_class(task: str) -> type[Task]:
         module, cls = TASK_CLASSES[task].split(":")
         with needs(f"--task {task.value}"):  # an import of an extra that _NEEDS missed
             return getattr(import_module(module), cls)
-    where, _, name = _target(task).rpartition(":")
-    if where.endswith(".py") or "/" in where:
-        module = _from_file(Path(where), task)
-    else:
-        try:
-            module = import_module(where)
-        except Exception as exc:
-            raise ValueError(f"--task {task}: cannot import {where!r}: {_one_line(exc)}") from exc
-    found = getattr(module, name, None)
-    if found is None:
-        raise ValueError(f"--task {task}: {where} has no {name!r}")
+    target = _target(task)
+    found, name = user_class(target, f"--task {task}"), target.rpartition(":")[2]
     if not (isinstance(found, type) and issubclass(found, Task)):
         raise ValueError(f"--task {task}: {name} is not a subclass of mosaicd.Task (it is {found!r})")
     return found
@@ -160,8 +112,9 @@ def check_task(run: RunConfig, data_dir: Path | str | None = None) -> Task | Non
     """A task of the user's, imported, built once and asked for its layout and node 0's initial model, so that
     one that cannot run is a SettingsError naming --task before any process starts or folder is written; the
     task built. Built-in tasks: None, nothing done (their extras and data are checked where they always were).
-    An optimizer or schedule class named by import path is imported and its arguments checked, for any task."""
-    if run.optimizer not in OPTIMIZERS or run.lr_schedule not in LR_SCHEDULES:
+    The optimizer, where given options or by import path or file, is built once on a dummy parameter, and a schedule
+    class by import path asked for its factors, for any task (`optim.check_training`)."""
+    if run.optimizer not in OPTIMIZERS or run.optimizer_options or run.lr_schedule not in LR_SCHEDULES:
         from .optim import check_training
 
         check_training(run)
@@ -181,7 +134,7 @@ def check_task(run: RunConfig, data_dir: Path | str | None = None) -> Task | Non
         step = "initial(0)"
         vector = task.initial(0)
     except Exception as exc:
-        raise SettingsError(f"--task {run.task}: {step} failed: {type(exc).__name__}: {_one_line(exc)}") from None
+        raise SettingsError(f"--task {run.task}: {step} failed: {type(exc).__name__}: {one_line(exc)}") from None
     shape, dtype = getattr(vector, "shape", None), getattr(vector, "dtype", None)
     if shape != (dim,) or str(dtype) != "float32":
         raise SettingsError(f"--task {run.task}: initial(0) gave {type(vector).__name__} of shape {shape} and "

@@ -8,15 +8,19 @@ The schedule keeps no state: the learning rate of round t's local step h is a fu
 (`Schedule.factor`), the same in every process, after a restart and for a node that joined late.
 
 `sgd` is `torch_util.SGD` (torch.optim.SGD's arithmetic without importing torch.optim's optimizers, which load
-torch._dynamo: ~70 MB per process); every other optimizer is a torch.optim class, imported where it is chosen.
+torch._dynamo: ~70 MB and 1-2 s per process), `adam` and `adamw` on the CPU `torch_util.Adam` and `AdamW` (the same,
+for torch.optim's single-tensor step); every other optimizer is a torch.optim class, imported where it is chosen, or a
+class of the user's by MODULE:CLASS or FILE.py:CLASS (found as a task is). `check_training` builds the run's
+optimizer once on a dummy parameter before the run; `NodeOptimizers.warm` pays its imports once in the warm start's
+parent.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import math
 from collections.abc import Callable, Iterable
-from importlib import import_module
 from typing import Any
 
 import numpy as np
@@ -25,13 +29,17 @@ from torch import nn
 
 from mosaicd.settings import LR_SCHEDULES, OPTIMIZERS, OptimizerState, RunConfig, SettingsError
 
-from .torch_util import SGD
+from .by_path import user_class
+from .torch_util import SGD, Adam, AdamW
 
 __all__ = ["ELEMENTWISE", "NodeOptimizers", "OptimizerFactory", "Schedule", "check_training", "clip_gradients",
            "optimizer_factory"]
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], Any]  # parameters -> a torch.optim.Optimizer (or `SGD`)
 
+# torch.optim's arithmetic without torch.optim (torch_util): no torch._dynamo in the process. adam and adamw on the
+# CPU only, where torch.optim takes the single-tensor step they copy (elsewhere it takes its multi-tensor one)
+PLAIN: dict[str, type] = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
 TORCH_OPTIMIZERS = {"adam": "torch.optim:Adam", "adamw": "torch.optim:AdamW", "rmsprop": "torch.optim:RMSprop",
                     "adagrad": "torch.optim:Adagrad"}
 # optimizers whose step treats every coordinate alike (its state shaped as the parameter, plus scalars): stacked
@@ -40,19 +48,19 @@ ELEMENTWISE = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "A
 
 
 def _import(spec: str, flag: str) -> Any:
-    module, _, name = spec.rpartition(":")
+    """The class `spec` (MODULE:CLASS or /file.py:CLASS) names, as a task is found (`by_path.user_class`)."""
     try:
-        found = getattr(import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise SettingsError(f"{flag} {spec}: cannot import it: {type(exc).__name__}: {exc}") from None
+        found = user_class(spec, f"{flag} {spec}")
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     if not isinstance(found, type):
         raise SettingsError(f"{flag} {spec}: not a class (it is {found!r})")
     return found
 
 
 def optimizer_class(run: RunConfig) -> type:
-    if run.optimizer == "sgd":
-        return SGD
+    if run.optimizer in PLAIN and (run.optimizer == "sgd" or str(run.device) == "cpu"):
+        return PLAIN[run.optimizer]
     cls = _import(TORCH_OPTIMIZERS.get(run.optimizer, run.optimizer), "--optimizer")
     if not issubclass(cls, torch.optim.Optimizer):
         raise SettingsError(f"--optimizer {run.optimizer}: not a torch.optim.Optimizer subclass")
@@ -72,17 +80,12 @@ def optimizer_factory(run: RunConfig) -> OptimizerFactory:
 
 
 def check_training(run: RunConfig) -> None:
-    """The run's optimizer and schedule classes imported and asked for their arguments, so that one that cannot
-    be had, or an option it does not take, is a SettingsError naming the flag before any process starts."""
-    if run.optimizer not in OPTIMIZERS:
-        cls = optimizer_class(run)
-        params = inspect.signature(cls.__init__).parameters
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            for key in _keywords(run):
-                if key not in params:
-                    flag = f"--optimizer-option {key}" if key in run.optimizer_options else f"--{key.replace('_', '-')}"
-                    raise SettingsError(f"{flag}: --optimizer {run.optimizer} takes no such argument (its arguments: "
-                                        f"{', '.join(k for k in params if k not in ('self', 'params'))})")
+    """The run's optimizer built once on a dummy parameter (its class imported, its options bound to its
+    constructor and checked by it) and its schedule asked for its factors, so that a value a node would fail on is a
+    SettingsError naming the flag, in the command's own process, before any folder is made or process starts. A
+    built-in optimizer without options is not built: its arguments are flags the settings checked."""
+    if run.optimizer not in OPTIMIZERS or run.optimizer_options:
+        _check_optimizer(run)
     if run.lr_schedule not in LR_SCHEDULES:
         try:
             Schedule(run).factor(max(0, run.rounds * run.local_steps - 1))
@@ -90,6 +93,48 @@ def check_training(run: RunConfig) -> None:
             raise
         except Exception as exc:
             raise SettingsError(f"--lr-schedule {run.lr_schedule}: {type(exc).__name__}: {exc}") from None
+
+
+def _option(key: str, value: Any) -> str:
+    """`--optimizer-option KEY=VALUE` as it was given (the value written as TOML)."""
+    text = json.dumps(value) if isinstance(value, bool | list | dict) else str(value)
+    return f"--optimizer-option {key}={text.replace(', ', ',')}"
+
+
+def _check_optimizer(run: RunConfig) -> None:
+    cls, keywords = optimizer_class(run), _keywords(run)
+    params = inspect.signature(cls.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        for key in keywords:
+            if key not in params:
+                flag = f"--optimizer-option {key}" if key in run.optimizer_options else f"--{key.replace('_', '-')}"
+                raise SettingsError(f"{flag}: --optimizer {run.optimizer} takes no such argument (its arguments: "
+                                    f"{', '.join(k for k in params if k not in ('self', 'params'))})")
+
+    def fails(given: dict[str, Any]) -> Exception | None:
+        try:
+            cls([torch.zeros(1, requires_grad=True)], **given)
+        except Exception as exc:  # noqa: BLE001 - whatever the constructor refuses, said naming the flag
+            return exc
+        return None
+
+    failed = fails(keywords)
+    if failed is None:
+        return
+    base = {k: v for k, v in keywords.items() if k not in run.optimizer_options}
+    alone = {k: fails({**base, k: v}) for k, v in run.optimizer_options.items()}  # the option that fails by itself
+    culprit = next((k for k, exc in alone.items() if exc is not None), None)
+    hint = ""
+    if culprit is not None:
+        failed = alone[culprit] or failed
+        flags = _option(culprit, run.optimizer_options[culprit])
+        default = params[culprit].default if culprit in params else inspect.Parameter.empty
+        if not isinstance(failed, ValueError) and default is not inspect.Parameter.empty:
+            hint = f" ({cls.__name__}'s default: {culprit}={default!r})"
+    else:  # none alone: the options together (or the flags every build has)
+        flags = ", ".join([_option(k, v) for k, v in run.optimizer_options.items()] or [f"--optimizer {run.optimizer}"])
+    why = str(failed) if isinstance(failed, ValueError) else f"{type(failed).__name__}: {failed}"
+    raise SettingsError(f"{flags}: {' '.join(why.split())}{hint}")
 
 
 class Schedule:
@@ -192,6 +237,21 @@ class NodeOptimizers:
 
     def states(self) -> dict[int, dict[str, np.ndarray]]:
         return {node: self.state(node) for node in sorted({*self._kept, *self._pending})}
+
+    def warm(self) -> None:
+        """An optimizer of the run built on a dummy parameter and stepped once, kept by no node, the random
+        generators left as they were: what it imports at construction and at its first step (torch.optim's:
+        torch._dynamo, ~70 MiB and 1-2 s) is paid by this process, the warm start's parent, and shared by the nodes
+        it forks (`daemon.node.warmup.warm_up`)."""
+        with torch.random.fork_rng(devices=[]):
+            numpy_state = np.random.get_state()
+            try:
+                dummy = torch.zeros(1, requires_grad=True)
+                optimizer = self.factory([dummy])
+                dummy.grad = torch.ones(1)
+                optimizer.step()
+            finally:
+                np.random.set_state(numpy_state)
 
     @property
     def elementwise(self) -> bool:

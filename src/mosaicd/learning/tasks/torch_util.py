@@ -13,8 +13,8 @@ from torch import nn
 
 from mosaic_proto import Layout, Purpose, keyed_raws, keyed_rng
 
-__all__ = ["SGD", "check_device", "deterministic_cuda", "float_state", "layout_of", "load_vector", "to_vector",
-           "train_generator", "train_seed", "train_seeds"]
+__all__ = ["SGD", "Adam", "AdamW", "PlainOptimizer", "check_device", "deterministic_cuda", "float_state", "layout_of",
+           "load_vector", "to_vector", "train_generator", "train_seed", "train_seeds"]
 
 
 def float_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -77,21 +77,16 @@ def train_generator(seed: int, node: int, round: int) -> torch.Generator:
     return torch.Generator().manual_seed(train_seed(seed, node, round))
 
 
-class SGD:
-    """torch.optim.SGD's arithmetic (momentum, dampening, Nesterov, weight decay), bit for bit, without torch.optim.
+class PlainOptimizer:
+    """The parts of torch.optim.Optimizer's interface that Mosaic uses (`param_groups`, `state`, `state_dict`,
+    `load_state_dict`), one parameter group, without torch.optim: constructing any torch.optim optimizer imports
+    torch._dynamo (about 70 MiB of resident memory and 1-2 s per process); a node's step needs only a few lines. A
+    node's state is kept and checkpointed the same way for these as for torch.optim's (`optim.NodeOptimizers`),
+    under torch.optim's names, so that either reads the other's."""
 
-    Constructing any torch.optim optimizer imports torch._dynamo (about 70 MB of resident memory per
-    process); a node needs only these few lines. It has the parts of torch.optim.Optimizer's interface that
-    Mosaic uses (`param_groups`, `state`, `state_dict`, `load_state_dict`), so a node's state is kept and
-    checkpointed the same way for both (`optim.NodeOptimizers`).
-    """
-
-    def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
+    def __init__(self, params: Any, **group: Any) -> None:
         self.params = list(params)
-        self.param_groups = [{"params": self.params, "lr": float(lr), "momentum": float(momentum),
-                              "dampening": float(dampening), "weight_decay": float(weight_decay),
-                              "nesterov": bool(nesterov)}]
+        self.param_groups = [{"params": self.params, **group}]
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
     def zero_grad(self) -> None:
@@ -105,8 +100,21 @@ class SGD:
                 "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.state = {self.params[int(i)]: {k: v.to(self.params[int(i)].device) for k, v in entries.items()}
+        self.state = {self.params[int(i)]: {k: self._placed(k, v, self.params[int(i)]) for k, v in entries.items()}
                       for i, entries in state_dict["state"].items()}
+
+    @staticmethod
+    def _placed(key: str, value: Any, param: torch.Tensor) -> Any:
+        return value.to(param.device) if isinstance(value, torch.Tensor) else value
+
+
+class SGD(PlainOptimizer):
+    """torch.optim.SGD's arithmetic (momentum, dampening, Nesterov, weight decay), bit for bit, without torch.optim."""
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
+        super().__init__(params, lr=float(lr), momentum=float(momentum), dampening=float(dampening),
+                         weight_decay=float(weight_decay), nesterov=bool(nesterov))
 
     @torch.no_grad()
     def step(self) -> None:
@@ -127,6 +135,81 @@ class SGD:
                     buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
                 grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
             p.add_(grad, alpha=-lr)
+
+
+class Adam(PlainOptimizer):
+    """torch.optim.Adam's arithmetic on the CPU (its single-tensor step: betas, eps, weight decay, AMSGrad,
+    maximize), bit for bit, with its checks of the values and its state's names, without torch.optim."""
+
+    decoupled = False  # AdamW: the weight decay applied to the parameter, not added to the gradient
+
+    def __init__(self, params, lr: float = 1e-3, betas: Any = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, amsgrad: bool = False, *, maximize: bool = False) -> None:
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if not (isinstance(betas[0], float) and isinstance(betas[1], float)):
+            raise ValueError("betas must be either both floats or both Tensors")
+        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         maximize=maximize)
+
+    @staticmethod
+    def _placed(key: str, value: Any, param: torch.Tensor) -> Any:
+        return value if key == "step" else value.to(param.device)  # torch.optim keeps the step count on the CPU
+
+    @torch.no_grad()
+    def step(self) -> None:
+        group = self.param_groups[0]
+        lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        for param in self.params:
+            if param.grad is None:
+                continue
+            grad = -param.grad if group["maximize"] else param.grad
+            state = self.state.setdefault(param, {})
+            if not state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64
+                                             else torch.float32)
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                if group["amsgrad"]:
+                    state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+            step_t += 1
+            if weight_decay != 0:
+                if self.decoupled:
+                    param.mul_(1 - lr * weight_decay)
+                else:
+                    grad = grad.add(param, alpha=weight_decay)
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            step = step_t.item()
+            bias_correction1 = 1 - beta1 ** step
+            bias_correction2 = 1 - beta2 ** step
+            step_size = lr / bias_correction1
+            bias_correction2_sqrt = bias_correction2 ** 0.5
+            if group["amsgrad"]:
+                torch.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
+                denom = (state["max_exp_avg_sq"].sqrt() / bias_correction2_sqrt).add_(eps)
+            else:
+                denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+            param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW's arithmetic on the CPU (Adam with decoupled weight decay, 0.01 unless given)."""
+
+    decoupled = True
+
+    def __init__(self, params, lr: float = 1e-3, betas: Any = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
 
 
 def deterministic_cuda() -> None:
