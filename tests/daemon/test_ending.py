@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 from own_tasks import write_tasks
 
-from mosaic_proto import Layout
+from mosaic_proto import STOP_HOLD_S, Layout
 from mosaicd import Peer
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
-from mosaicd.daemon.barrier.stops import STOP_HOLD_S
 from mosaicd.daemon.errors import RunEnded
 from mosaicd.experiments.cluster import free_ports
 

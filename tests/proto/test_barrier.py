@@ -84,7 +84,7 @@ def test_round_releases_when_every_member_arrived() -> None:
     assert release is not None and (release.round, release.members, release.stragglers) == (0, (0, 1, 2), ())
     assert state.round == 1 and state.deadline == 7.0  # round 1 opened with round 0's release
     assert state.closed[0][1] == (0.0, {"round": 0}) and state.closed[0][2][0] == 1.0  # waited 1 s
-    assert state.arrive(1, 0, 3.0) is release  # a retry gets the same answer
+    assert state.arrive(1, 0, 3.0) is None and state.released[0] is release  # a retry: contact only, its answer kept
 
 
 def test_deadline_makes_stragglers_and_drop_after_drops() -> None:

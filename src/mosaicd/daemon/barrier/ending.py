@@ -31,6 +31,7 @@ class RunEnd:
         self.done = asyncio.Event()
         self.output_error: str | None = None  # why the run was ended early (`ended_early`): nothing more is saved
         self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
+        self.interrupted_by: list[int] = []  # the members whose stop interrupted the run (`members_stopped`)
         if resumed_at is not None:
             self.resumed(resumed_at)
 
@@ -46,7 +47,8 @@ class RunEnd:
 
     def members_stopped(self, ranks: list[int]) -> None:
         """The run is interrupted because these members were told to stop: summary.json says so, and a barrier
-        started again on it waits for every member to come back with its checkpoints (stops.py)."""
+        started again on it waits for every member to come back with its checkpoints (`BarrierState.stop`)."""
+        self.interrupted_by = ranks
         self.recorder.note("members_stopped", ranks)
 
     def left(self, rank: int, reason: str) -> None:
