@@ -76,7 +76,7 @@ def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: A
         assert procs[victim].wait(timeout=10) == 0  # it left as told
         exited_after = time.monotonic() - stopped
         assert exited_after < 2.0, f"the node took {exited_after:.1f} s to exit after SIGTERM"
-        # its leave is held a moment (a whole run stopped is interrupted, not failed: stops.py), then applied
+        # its leave is held a moment (a whole run stopped is interrupted, not failed: BarrierState.stop), then applied
         status = kit.wait_until(lambda: (s := barrier_status(kit, rank0)) and 3 in s["left"] and s, 10,
                                 "the barrier to record rank 3 as left")
         seen_after = time.monotonic() - stopped
@@ -110,7 +110,7 @@ def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: A
 def test_members_told_to_stop_interrupt_the_run_and_the_same_commands_resume_it_exactly(tmp_path: Path,
                                                                                          kit: Any) -> None:
     """3 nodes, fanout 2: once one is told to stop, the two others cannot sample two peers. A person stopped the
-    run (its leave is held, stops.py): it ends interrupted, not failed, on every process within seconds (not at a
+    run (its leave held: `stop`): it ends interrupted, not failed, on every process within seconds (not at a
     deadline), its journal with every member in it; the same three commands again resume it from the members'
     checkpoints and end with `simulate`'s models, bit for bit."""
     from mosaicd.settings import Settings
