@@ -74,12 +74,14 @@ class RunEnd:
             self.recorder.finish(final_vectors, **outcome, left=list(state.left))
         self.done.set()
 
-    def ended_early(self, reason: str, left: list[int]) -> bool:
-        """The run ends now, failed, for `reason` (False: it has ended already): summary.json says why, then `done`."""
+    def ended_early(self, reason: str, left: list[int], interrupted: bool = False) -> bool:
+        """The run ends now, failed, for `reason` (False: it has ended already): summary.json says why, then `done`.
+        `interrupted`: its members were told to stop (said at warning as `interrupted`, not as a failure)."""
         if self.output_error is not None or self.done.is_set():
             return False
         self.output_error = reason
-        self.log.error("run_failed", detail=reason)
+        if not interrupted:
+            self.log.error("run_failed", detail=reason)
         try:
             self.recorder.fail(reason, left=list(left))
         except OSError:

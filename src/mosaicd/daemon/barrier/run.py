@@ -96,10 +96,10 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         # SIGTERM while it lingered after the run's end (`compose down`): it exits as the run ended, not 130
     finally:
         await runner.cleanup()
+    if barrier.stopped_by_members():  # its members were told to stop: interrupted, as by Ctrl-C, resumable
+        return 130
     if barrier.output_error is not None:  # ended early (a write that failed): one line, naming the path
         raise RunEnded(barrier.output_error)
-    if barrier.stopped_by_members():
-        return 130  # interrupted, as by Ctrl-C: resumable
     return 0 if barrier.state.phases.finished else 1
 
 

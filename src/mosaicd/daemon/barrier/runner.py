@@ -178,7 +178,7 @@ class DecisionRunner:
             if decision.stopped:  # a person stopped the run: resumable from the members' checkpoints (comeback.py)
                 self.log.warning("interrupted", ranks=list(decision.stopped), detail=decision.reason)
                 self.ending.members_stopped(list(decision.stopped))
-            self.ending.ended_early(decision.reason, state.left)
+            self.ending.ended_early(decision.reason, state.left, interrupted=bool(decision.stopped))
 
     def _record_release(self, release: Release) -> None:
         """Step 3 for a release: its rows, and the collections of the models of an evaluation round."""
