@@ -62,7 +62,7 @@ class BarrierInput(StrEnum):
 
     REGISTER = "register"  # a node registers before the roster is made
     WITHDRAW = "withdraw"  # ... and withdraws (it was told to stop)
-    COUNT = "count"  # the number of nodes to wait for is known (counted: DNS, none new for a while)
+    COUNT = "count"  # a node count read (DNS, the nodes registered): the roster waits for it once it holds still
     CLOSE = "close"  # the roster is made
     RESTART = "restart"  # a resumed run's members start again at new addresses: it waits for them
     REBIND = "rebind"  # one of them is back
