@@ -467,9 +467,10 @@ class BarrierState:
         return Failure(reason, self.round) if self.phases.failed else self.fail(reason)
 
     def stop(self, rank: int, reason: str, now: float) -> Held | Left | Failure | None:
-        """`rank` was told to stop (a signal): a running member's leave is held (`HeldStops`; still waited for) or,
-        where those held would leave too few, the run is interrupted (a `Failure` naming them: resumable exactly once
-        every member is back). Not running or not live: it leaves now. None: held already (sent again)."""
+        """`rank` was told to stop (a signal): its leave held (`HeldStops`), or, too few left, the run interrupted (a
+        `Failure` naming them all, one stopped later too: resumable exactly). Not live: it leaves. None: held before."""
+        if self.phases.failed and self.held.stopped and rank in self.live:
+            return self._stopped(self.held.count(rank, len(self.addresses)))
         if not (self.phases.running and rank in self.live):
             return self.leave(rank, now, reason)
         if rank in self.held:
@@ -480,21 +481,23 @@ class BarrierState:
             self.phases.fire(In.STOP, Out.NOTED)
             return Held(rank, reason, until)
         self.phases.fire(In.STOP, Out.FAILED)
-        self.failure, stopped = self.held.interruption(len(self.addresses))
-        return Failure(self.failure, self.round, stopped=stopped)
+        return self._stopped(self.held.interruption(len(self.addresses)))
+
+    def _stopped(self, why: tuple[str, tuple[int, ...]] | None) -> Failure | None:
+        if why is not None:
+            self.failure = why[0]
+        return Failure(why[0], self.round, stopped=why[1]) if why is not None else None
 
     def leave_held(self, now: float) -> Left | None:
         """The clock reached `held.until`: the next held leave applies (call again until None: none is left)."""
         while (due := self.held.due(now)) is not None:
-            rank, reason = due
-            if self.phases.running and rank in self.live:
-                return self.leave(rank, now, reason)
+            if self.phases.running and due[0] in self.live:
+                return self.leave(due[0], now, due[1])
         return None
 
     def returned(self, address: str) -> None:
         """`address` registers again: a member told to stop that is back already does not leave."""
-        if address in self.addresses:
-            self.held.drop(self.addresses.index(address))
+        self.held.drop(self.addresses.index(address) if address in self.addresses else -1)
 
     def leave(self, rank: int, now: float, reason: str = "") -> Left:
         """`rank` leaves the run (it was told to stop, or it failed): nobody waits for it from now on and it is

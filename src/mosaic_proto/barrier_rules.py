@@ -57,6 +57,8 @@ class HeldStops:
     def __init__(self) -> None:
         self._held: dict[int, str] = {}
         self.until: float | None = None
+        self.stopped: list[int] = []  # once the run is interrupted: every member told to stop, counted (`count`)
+        self._how = ""
 
     def __contains__(self, rank: int) -> bool:
         return rank in self._held
@@ -74,13 +76,24 @@ class HeldStops:
     def interruption(self, members: int) -> tuple[str, tuple[int, ...]]:
         """The run is interrupted instead (nothing held applies): why (for summary.json and every console: starts
         "interrupted (", outputs.py), and the members held."""
-        ranks = tuple(sorted(self._held))
         first = next(iter(self._held.values()), "")
-        how = first.removeprefix("it was told to stop ").strip("()") or "a signal"
+        self._how = first.removeprefix("it was told to stop ").strip("()") or "a signal"
+        self.stopped = sorted(self._held)
         self._held.clear()
         self.until = None
-        return (f"interrupted ({len(ranks)} of {members} members were told to stop ({how}), ranks {list(ranks)}: the "
-                "run was stopped, not failed)"), ranks
+        return self._why(members)
+
+    def count(self, rank: int, members: int) -> tuple[str, tuple[int, ...]] | None:
+        """A member told to stop after the run was interrupted is counted too: why now, and who (None: counted)."""
+        if rank in self.stopped:
+            return None
+        self.stopped = sorted([*self.stopped, rank])
+        return self._why(members)
+
+    def _why(self, members: int) -> tuple[str, tuple[int, ...]]:
+        ranks = tuple(self.stopped)
+        return (f"interrupted ({len(ranks)} of {members} members were told to stop ({self._how}), ranks "
+                f"{list(ranks)}: the run was stopped, not failed)"), ranks
 
     def due(self, now: float) -> tuple[int, str] | None:
         """The next held leave to apply (rank, why), once `until` is reached; None: none (left), or not yet."""

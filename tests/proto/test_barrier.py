@@ -510,6 +510,10 @@ def test_members_told_to_stop_that_would_leave_too_few_interrupt_the_run() -> No
     assert ended.reason == ("interrupted (2 of 3 members were told to stop (SIGTERM), ranks [0, 1]: the run was "
                             "stopped, not failed)") == state.failure
     assert state.phase is BarrierPhase.FAILED and state.held.until is None and state.live == [0, 1, 2]
+    later = state.stop(2, "it was told to stop (SIGTERM)", 1.5)  # told to stop after it: counted too
+    assert isinstance(later, Failure) and later.stopped == (0, 1, 2) and later.reason.startswith(
+        "interrupted (3 of 3 members were told to stop (SIGTERM), ranks [0, 1, 2]") and state.failure == later.reason
+    assert state.stop(2, "again", 1.6) is None and state.phase is BarrierPhase.FAILED
 
 
 def test_a_member_not_live_told_to_stop_leaves_at_once() -> None:

@@ -174,11 +174,11 @@ class DecisionRunner:
             self.log.info("leave_held", rank=decision.rank, reason=decision.reason, seconds=STOP_HOLD_S)
         elif isinstance(decision, Failure) and decision.registration:
             self.ending.registration_failed(decision.reason)
+        elif isinstance(decision, Failure) and decision.stopped:  # a person stopped the run: resumable (comeback.py)
+            self.log.warning("interrupted", ranks=list(decision.stopped), detail=decision.reason)
+            self.ending.interrupted(decision.reason, list(decision.stopped), state.left)
         elif isinstance(decision, Failure):
-            if decision.stopped:  # a person stopped the run: resumable from the members' checkpoints (comeback.py)
-                self.log.warning("interrupted", ranks=list(decision.stopped), detail=decision.reason)
-                self.ending.members_stopped(list(decision.stopped))
-            self.ending.ended_early(decision.reason, state.left, interrupted=bool(decision.stopped))
+            self.ending.ended_early(decision.reason, state.left)
 
     def _record_release(self, release: Release) -> None:
         """Step 3 for a release: its rows, and the collections of the models of an evaluation round."""
