@@ -386,5 +386,5 @@ def test_a_stand_alone_barrier_whose_members_are_stopped_says_interrupted_and_ex
     assert said and all(e["level"] == "warning" for e in said) and said[-1]["ranks"] == [1, 2, 3], said
     assert not [e for e in events if e.get("level") == "error"], [e for e in events if e.get("level") == "error"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["error"].startswith("interrupted (3 of 4 members were told to stop (SIGTERM), ranks [1, 2, 3]") \
-        and summary["members_stopped"] == [1, 2, 3], summary
+    assert summary["status"] == "interrupted" and summary["members_stopped"] == [1, 2, 3], summary
+    assert summary["error"].startswith("interrupted (3 of 4 members were told to stop (SIGTERM), ranks [1, 2, 3]")

@@ -41,7 +41,7 @@ class RunEnd:
         where its summary said so)."""
         self.resumed_at = round
         earlier = self.stopped.get("resumed")
-        why = self.stopped.get("error") if self.stopped.get("status") == "failed" else None
+        why = self.stopped.get("error") if self.stopped.get("status") in ("failed", "interrupted") else None
         self.recorder.note("resumed", [*(earlier if isinstance(earlier, list) else []), {
             "round": round, "stopped_at_round": self.stopped_at, "at": utc_now(), "stopped": why}])
 
