@@ -673,3 +673,109 @@ def test_settings_configure_and_build_nothing() -> None:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mosaic_proto"):
                 names = built & {a.name for a in node.names}
                 assert not names, f"{module_name(path)} imports {names}: build them in mosaicd.protocol"
+
+
+# -- the barrier's runner: one input path, timers and the journal only in `apply` (issue 57) --------------------------
+BARRIER_DAEMON = "mosaicd.daemon.barrier"
+STATE_READERS = {"check", "notice", "unheard", "to_json"}  # BarrierState's methods that change nothing
+
+
+def barrier_state_inputs() -> set[str]:
+    """BarrierState's public methods that feed it an input (every one but the readers, properties and constructors)."""
+    cls = next(n for n in ast.walk(TREES["mosaic_proto.barrier"]) if isinstance(n, ast.ClassDef)
+               and n.name == "BarrierState")
+    return {f.name for f in cls.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")
+            and not f.decorator_list and f.name not in STATE_READERS}
+
+
+def _names_the_state(expr: ast.AST) -> bool:
+    return isinstance(expr, ast.Name) and expr.id in ("state", "s") or isinstance(expr, ast.Attribute) \
+        and expr.attr == "state"
+
+
+def state_inputs_outside_decide(source: str, module: str, inputs: set[str]) -> list[str]:
+    """Calls that feed the barrier's state (`state.arrive(...)`, `self.state.answered(...)`) anywhere but in the
+    function handed to `decide` (`x.decide(lambda state, now: state.arrive(...))`): the one input path."""
+    tree = ast.parse(source)
+    fed = {id(sub) for call in ast.walk(tree) if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+           and call.func.attr == "decide" for arg in call.args if isinstance(arg, ast.Lambda) for sub in ast.walk(arg)}
+    return [f"{module}:{n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in inputs
+            and _names_the_state(n.func.value) and id(n) not in fed]
+
+
+def test_the_barriers_runner_has_one_input_path() -> None:
+    """Only `decide` feeds `BarrierState` in daemon/barrier (no second path that calls the state, then `apply`)."""
+    inputs = barrier_state_inputs()
+    assert {"arrive", "tick", "stop", "leave_held", "answered", "end", "count", "claim_layout"} <= inputs
+    bad = [c for name, path in MODULES.items() if name.startswith(BARRIER_DAEMON)
+           for c in state_inputs_outside_decide(path.read_text(), name, inputs)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("snippet", [
+    "def f(self):\n    self.state.arrive(0, 1, self.now())",
+    "def f(self):\n    release = self.state.tick(now)\n    self.apply(release)",
+    "def f(host):\n    state = host.state\n    state.answered(3)",
+    "def f(self):\n    self.decide(lambda state, now: None)\n    self.state.leave(1, 0.0)",
+])
+def test_the_input_path_check_catches_a_second_path(snippet: str) -> None:
+    assert state_inputs_outside_decide(snippet, "mosaicd.daemon.barrier.example", barrier_state_inputs())
+
+
+def test_the_input_path_check_lets_decide_feed_and_anyone_read() -> None:
+    ok = ("def f(self, host):\n    host.decide(lambda s, now: s.join('a:1', now))\n    self.state.check(0, 1)\n"
+          "    self.decide(lambda state, now: state.stop(1, 'x', now))\n    x = self.state.notice(r)\n"
+          "    self.registrar.register('a:1')\n")
+    assert state_inputs_outside_decide(ok, "mosaicd.daemon.barrier.example", barrier_state_inputs()) == []
+
+
+def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def innermost_callers(tree: ast.AST, names: set[str]) -> set[tuple[str, str]]:
+    """(function, name called) for every call of one of `names`, by the innermost function that makes it."""
+    owner: dict[int, str] = {}
+    for fn in sorted(_functions(tree), key=lambda f: len(list(ast.walk(f))), reverse=True):
+        for sub in ast.walk(fn):
+            owner[id(sub)] = fn.name  # the smaller (inner) functions come later and overwrite
+    return {(owner.get(id(n), "<module>"), n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id)
+            for n in ast.walk(tree) if isinstance(n, ast.Call) and (
+                isinstance(n.func, ast.Attribute) and n.func.attr in names
+                or isinstance(n.func, ast.Name) and n.func.id in names)}
+
+
+# asyncio.sleep in daemon/barrier that decides nothing: the node count read every moment while nodes register (the
+# state settles it), the --register-deadline of the registration's long polls, the process lingering after the end
+SLEEPS_THAT_DECIDE_NOTHING = {("mosaicd.daemon.barrier.registration", "count_nodes"),
+                              ("mosaicd.daemon.barrier.registration", "_deadline"),
+                              ("mosaicd.daemon.barrier.run", "serve_barrier")}
+
+
+def test_no_timer_of_the_barrier_outside_apply() -> None:
+    """The barrier's timers are armed in one place, step 2 of `DecisionRunner.apply` (`_arm_timers`), at the times the
+    state says: no call_at/call_later anywhere else in daemon/barrier, and no sleep that then feeds the state."""
+    runner = TREES["mosaicd.daemon.barrier.runner"]
+    timers = {(name, fn) for name, tree in TREES.items() if name.startswith(BARRIER_DAEMON)
+              for fn, _ in innermost_callers(tree, {"call_at", "call_later"})}
+    assert timers == {("mosaicd.daemon.barrier.runner", "at")}, timers  # `_Timer.at`, the runner's timers
+    armed = {fn for fn, _ in innermost_callers(runner, {"at"})}
+    assert armed <= {"_arm_timers", "interrupt"}, armed  # interrupt: disarmed, never armed
+    assert {fn for fn, _ in innermost_callers(runner, {"_arm_timers"})} == {"apply"}
+    sleeps = {(name, fn) for name, tree in TREES.items() if name.startswith(BARRIER_DAEMON)
+              for fn, called in innermost_callers(tree, {"sleep"})}
+    assert sleeps <= SLEEPS_THAT_DECIDE_NOTHING, sleeps - SLEEPS_THAT_DECIDE_NOTHING
+
+
+def test_the_barriers_journal_is_written_only_by_the_runner() -> None:
+    """`journal.save` is called in one place, `DecisionRunner.save_journal`, itself called only by `apply` (where the
+    decision says it is `journaled`): no list of journaled decisions, no write elsewhere."""
+    journal_saves = {(name, f.name) for name, tree in TREES.items() if name.startswith("mosaicd")
+                     for f in _functions(tree) for c in ast.walk(f) if isinstance(c, ast.Call)
+                     and isinstance(c.func, ast.Attribute) and c.func.attr == "save"
+                     and isinstance(c.func.value, ast.Name) and c.func.value.id in ("barrier_journal", "journal")}
+    assert journal_saves == {("mosaicd.daemon.barrier.runner", "save_journal")}, journal_saves
+    runner = TREES["mosaicd.daemon.barrier.runner"]
+    assert {fn for fn, _ in innermost_callers(runner, {"save_journal"})} == {"apply"}
+    assert not any(isinstance(n, ast.FunctionDef) and n.name == "journaled" for n in ast.walk(runner))

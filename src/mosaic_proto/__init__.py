@@ -5,6 +5,7 @@ from .aggregation import aggregate
 from .attacks import Attack, AttackKind, byzantine_ranks
 from .barrier import (
     BARRIER_TRANSITIONS,
+    STOP_HOLD_S,
     BarrierDecision,
     BarrierError,
     BarrierInput,
@@ -14,12 +15,15 @@ from .barrier import (
     BarrierReason,
     BarrierState,
     BarrierStateError,
+    CountRule,
     Failure,
+    Held,
     Joined,
     Left,
     Rebound,
     Roster,
     Withdrawal,
+    resume_point,
 )
 from .fragmentation import Fragmentation, Layout, Strategy
 from .membership import MembershipError, parse_address, rank_addresses
@@ -38,7 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "Aggregator", "Attack", "AttackKind",
     "BARRIER_TRANSITIONS", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome", "BarrierPhase",
-    "BarrierPhases", "BarrierReason", "BarrierStateError",
+    "BarrierPhases", "BarrierReason", "BarrierStateError", "CountRule", "Held", "STOP_HOLD_S", "resume_point",
     "Failure", "Joined", "Left", "Rebound", "Registration", "ReleaseNotice", "Roster", "Withdrawal", "byzantine_ranks",
     "BarrierState", "CONTENT_TYPE", "Curvature", "EarlyMessage", "FragmentBatch", "Fragmentation", "InMemoryNetwork",
     "Layout", "MembershipError", "NodeEvent", "NodePhase", "NodeRefused", "NodeReport", "NodeState", "NodeStateError",

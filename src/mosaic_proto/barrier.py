@@ -25,21 +25,28 @@ dropped ends, failed.
     saved = state.to_json(); BarrierState.from_json(saved, now)   # what a restarted barrier resumes from
     state = BarrierState.from_json(saved, now, rebind=True)       # ... with its members at new addresses:
     rebound = state.rebind(rank, address, now)  # REBINDING until every live member is back, then RUNNING
+
+Every policy of the run is here, fed by the daemon: the clock (`tick`, and `held.until` for the leaves of members
+told to stop, `stop`), the node count read while nodes register (`count`, settled by its `CountRule`), the layouts
+the arrivals claim (`claim_layout`), and the rounds a resumed run can go on from (`resume_point`). Each decision says
+whether it is journaled (`journaled`: saved before anyone hears of it), and the timers it calls for are the state's
+values (`deadline`, `held.until`), so the daemon runs decisions and decides nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
+from .barrier_rules import STOP_HOLD_S, CountRule, HeldStops, LayoutClaim, NodeCount, resume_point, too_few_reason
 from .membership import MembershipError, parse_address, rank_addresses
 from .messages import Release, ReleaseNotice
 from .report import NodeReport
 
-__all__ = ["BARRIER_TRANSITIONS", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome", "BarrierPhase",
-           "BarrierPhases", "BarrierReason", "BarrierState", "BarrierStateError", "Failure", "Joined", "Left", "Member",
-           "Rebound", "Release", "Roster", "Withdrawal"]
+__all__ = ["BARRIER_TRANSITIONS", "STOP_HOLD_S", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome",
+           "BarrierPhase", "BarrierPhases", "BarrierReason", "BarrierState", "BarrierStateError", "CountRule",
+           "Failure", "Held", "Joined", "Left", "Member", "Rebound", "Release", "Roster", "Withdrawal", "resume_point"]
 
 
 class BarrierPhase(StrEnum):
@@ -55,7 +62,7 @@ class BarrierInput(StrEnum):
 
     REGISTER = "register"  # a node registers before the roster is made
     WITHDRAW = "withdraw"  # ... and withdraws (it was told to stop)
-    COUNT = "count"  # the number of nodes to wait for is known (counted: DNS, none new for a while)
+    COUNT = "count"  # a node count read (DNS, the nodes registered): the roster waits for it once it holds still
     CLOSE = "close"  # the roster is made
     RESTART = "restart"  # a resumed run's members start again at new addresses: it waits for them
     REBIND = "rebind"  # one of them is back
@@ -63,6 +70,7 @@ class BarrierInput(StrEnum):
     TICK = "tick"  # the open round's deadline passed
     JOIN = "join"
     LEAVE = "leave"
+    STOP = "stop"  # a member was told to stop (a signal): its leave is held, or the run is interrupted
     FAIL = "fail"  # the run ends, failed (too few members, a deadline, the daemon's outputs)
 
 
@@ -91,6 +99,7 @@ BARRIER_TRANSITIONS: dict[BarrierPhase, dict[BarrierInput, dict[BarrierOutcome, 
     P.REBINDING: {In.REBIND: {Out.NOTED: P.REBINDING, Out.REOPENED: P.RUNNING}, In.FAIL: {Out.FAILED: P.FAILED}},
     P.RUNNING: {In.ARRIVE: _RELEASING, In.TICK: {o: p for o, p in _RELEASING.items() if o is not Out.NOTED},
                 In.JOIN: _RELEASING, In.LEAVE: _RELEASING, In.RESTART: {Out.AWAITING: P.REBINDING},
+                In.STOP: {Out.NOTED: P.RUNNING, Out.FAILED: P.FAILED},
                 In.FAIL: {Out.FAILED: P.FAILED}},
     P.FINISHED: {In.FAIL: {Out.FAILED: P.FAILED}},
     P.FAILED: {},
@@ -212,6 +221,7 @@ class Roster:
 
     addresses: tuple[str, ...]
     min_members: int
+    journaled: ClassVar[bool] = True  # saved before anyone hears of it (`DecisionRunner.apply`)
 
 
 @dataclass(frozen=True)
@@ -220,6 +230,8 @@ class Withdrawal:
 
     address: str
     registered: int
+    reason: str = ""
+    journaled: ClassVar[bool] = False  # before the roster: nobody heard of the registration
 
     def to_json(self) -> dict[str, Any]:
         return {"withdrawn": self.address, "registered": self.registered}
@@ -239,6 +251,11 @@ class Rebound:
     def all_back(self) -> bool:
         return not self.waiting_for
 
+    @property
+    def journaled(self) -> bool:
+        """Only once every member is back: a run resumed before that waits for them all again."""
+        return self.all_back
+
 
 @dataclass(frozen=True)
 class Joined:
@@ -249,6 +266,7 @@ class Joined:
     address: str
     round: int
     release: Release | None
+    journaled: ClassVar[bool] = True
 
     @property
     def from_round(self) -> int:
@@ -264,6 +282,8 @@ class Left:
     round: int
     live: tuple[int, ...]
     release: Release | None = None
+    reason: str = ""
+    journaled: ClassVar[bool] = True
 
     def to_json(self) -> dict[str, Any]:
         return {"left": self.rank, "round": self.round, "live": list(self.live)}
@@ -271,14 +291,29 @@ class Left:
 
 @dataclass(frozen=True)
 class Failure:
-    """The run ended, failed, at `round`, for `reason`."""
+    """The run ended, failed, at `round`, for `reason`; `registration`: the registration (or a resumed run's members
+    coming back) could not complete; `stopped`: the members whose stop interrupted the run (`BarrierState.stop`).
+    Never journaled: the run resumes from its last decision before it."""
 
     reason: str
     round: int
+    registration: bool = False
+    stopped: tuple[int, ...] = ()
+    journaled: ClassVar[bool] = False
 
 
-# what the state returns, each run by the daemon in the one order (journal, timer, records, notices)
-BarrierDecision = Roster | Withdrawal | Rebound | Joined | Left | Failure | Release
+@dataclass(frozen=True)
+class Held:
+    """`rank` was told to stop: its leave is held until `until` (`BarrierState.leave_held`); not journaled."""
+
+    rank: int
+    reason: str
+    until: float
+    journaled: ClassVar[bool] = False
+
+
+# what the state returns, each run by the daemon in the one order (journal, timers, records, notices)
+BarrierDecision = Roster | Withdrawal | Rebound | Joined | Left | Failure | Held | Release
 
 
 @dataclass
@@ -299,9 +334,9 @@ class _Round:
 
 class BarrierState:
     def __init__(self, *, rounds: int, round_deadline: float, drop_after: int, expected: int = 0,
-                 kept: int = 3, min_members: int = 1) -> None:
-        """`min_members`: the fewest live members the run can go on with (fanout s needs s + 1): with fewer, the
-        run ends at once, failed, instead of every node failing to sample its peers."""
+                 kept: int = 3, min_members: int = 1, count_rule: CountRule | None = None) -> None:
+        """`min_members`: the fewest live members the run can go on with (fanout s needs s + 1; with fewer, it ends
+        at once, failed); `count_rule`: the node count is read as nodes register, taken once it holds still."""
         self.rounds, self.round_deadline, self.drop_after, self.kept = rounds, round_deadline, drop_after, kept
         self.min_members, self.expected = min_members, expected
         self.phases = BarrierPhases()  # the phase and its table, apart from the roster and rounds below
@@ -322,6 +357,9 @@ class BarrierState:
         self.heard_failure: set[int] = set()  # FAILED: the live members answered since (`unheard`)
         self._leaving: list[int] = []  # those that left during the open round (its release says so)
         self._open = _Round()
+        self._count = NodeCount(count_rule) if count_rule is not None else None  # read as nodes register
+        self.held = HeldStops()  # the leaves of members told to stop (`stop`), until `held.until`
+        self._layout = LayoutClaim()  # the model every member must build
 
     @property
     def phase(self) -> BarrierPhase:
@@ -346,7 +384,7 @@ class BarrierState:
         self.pending.setdefault(address, now)
         return None
 
-    def withdraw(self, address: str) -> Withdrawal | None:
+    def withdraw(self, address: str, reason: str = "") -> Withdrawal | None:
         """A node that registered withdraws before the roster is made (it was told to stop): the roster is made
         without it. None where there is nothing to withdraw: it never registered, or the roster is made (it is a
         member then, and leaves as one)."""
@@ -354,12 +392,12 @@ class BarrierState:
             return None
         self.phases.fire(In.WITHDRAW, Out.NOTED)
         del self.pending[address]
-        return Withdrawal(address, len(self.pending))
+        return Withdrawal(address, len(self.pending), reason)
 
-    def count(self, expected: int) -> None:
-        """The number of nodes the roster waits for (0: not known yet), where it is counted as nodes register."""
+    def count(self, reading: int, now: float = 0.0) -> None:
+        """The node count read now (DNS, the nodes registered): taken once it holds still (`count_rule`), else 0."""
         self.phases.fire(In.COUNT, Out.NOTED)
-        self.expected = expected
+        self.expected = self._count.read(reading, now) if self._count is not None else reading
 
     def close(self, now: float, min_members: int | None = None) -> Roster:
         """Make the roster: ranks are the registered addresses in sorted order. `min_members`: the run's, where it is
@@ -390,16 +428,13 @@ class BarrierState:
         return Rebound(rank, address, tuple(sorted(self.awaited)), self.round)
 
     def join(self, address: str, now: float, allow_new: bool = False) -> Joined:
-        """A member that lost its round (it restarted) or, with `allow_new`, a new node: its rank, and the
-        release if nobody else is awaited now. It sits out the open round (nobody waits for it there) and is a
-        member again from the next round on.
-
-        New nodes get the next free rank, so no member's rank moves; the member list stays sorted by rank."""
+        """A member that lost its round (it restarted) or, with `allow_new`, a new node: its rank, and the release if
+        nobody else is awaited now. It sits out the open round (nobody waits for it there) and is a member again from
+        the next round on. New nodes get the next free rank, so no member's rank moves."""
         _checked(address)
         if not self.phases.allows(In.JOIN) or self.round + 1 >= self.rounds:
-            raise BarrierError(BarrierReason.RUN_NOT_JOINABLE,
-                               f"the run is {self.phase.value}, at round {self.round} of "
-                                                   f"{self.rounds}: no round is left to join")
+            raise BarrierError(BarrierReason.RUN_NOT_JOINABLE, f"the run is {self.phase.value}, at round {self.round} "
+                               f"of {self.rounds}: no round is left to join")
         if address not in self.addresses and not allow_new:
             raise _closed_to(address)
         if address in self.addresses:
@@ -421,13 +456,50 @@ class BarrierState:
         self.phases.fire(In.JOIN, outcome)
         return Joined(rank, address, round, release)
 
-    def fail(self, reason: str) -> Failure:
-        """The run ends now, failed, for `reason`."""
+    def fail(self, reason: str, registration: bool = False) -> Failure:
+        """The run ends now, failed, for `reason` (`registration`: the registration could not complete)."""
         self.phases.fire(In.FAIL, Out.FAILED)
         self.failure = reason
-        return Failure(reason, self.round)
+        return Failure(reason, self.round, registration)
 
-    def leave(self, rank: int, now: float) -> Left:
+    def end(self, reason: str) -> Failure:
+        """The run ends now for `reason` (a write failed, a stop): failed, or, failed already, recorded so."""
+        return Failure(reason, self.round) if self.phases.failed else self.fail(reason)
+
+    def stop(self, rank: int, reason: str, now: float) -> Held | Left | Failure | None:
+        """`rank` was told to stop (a signal): its leave held (`HeldStops`), or, too few left, the run interrupted (a
+        `Failure` naming them all, one stopped later too: resumable exactly). Not live: it leaves. None: held before."""
+        if self.phases.failed and self.held.stopped and rank in self.live:
+            return self._stopped(self.held.count(rank, len(self.addresses)))
+        if not (self.phases.running and rank in self.live):
+            return self.leave(rank, now, reason)
+        if rank in self.held:
+            self.phases.fire(In.STOP, Out.NOTED)
+            return None
+        until = self.held.hold(rank, reason, now)
+        if not self.held.too_many(self.live, self.min_members):
+            self.phases.fire(In.STOP, Out.NOTED)
+            return Held(rank, reason, until)
+        self.phases.fire(In.STOP, Out.FAILED)
+        return self._stopped(self.held.interruption(len(self.addresses)))
+
+    def _stopped(self, why: tuple[str, tuple[int, ...]] | None) -> Failure | None:
+        if why is not None:
+            self.failure = why[0]
+        return Failure(why[0], self.round, stopped=why[1]) if why is not None else None
+
+    def leave_held(self, now: float) -> Left | None:
+        """The clock reached `held.until`: the next held leave applies (call again until None: none is left)."""
+        while (due := self.held.due(now)) is not None:
+            if self.phases.running and due[0] in self.live:
+                return self.leave(due[0], now, due[1])
+        return None
+
+    def returned(self, address: str) -> None:
+        """`address` registers again: a member told to stop that is back already does not leave."""
+        self.held.drop(self.addresses.index(address) if address in self.addresses else -1)
+
+    def leave(self, rank: int, now: float, reason: str = "") -> Left:
         """`rank` leaves the run (it was told to stop, or it failed): nobody waits for it from now on and it is
         not sampled from the next round; the release if the open round needed only it (or if too few are left)."""
         if not self.members or rank not in self.members:
@@ -444,7 +516,7 @@ class BarrierState:
             if len(self.live) < self.min_members or set(self.live) <= set(self._open.arrivals):
                 release, outcome = self._release(now)
         self.phases.fire(In.LEAVE, outcome)
-        return Left(rank, self.round, tuple(self.live), release)
+        return Left(rank, self.round, tuple(self.live), release, reason)
 
     # -- rounds ------------------------------------------------------------------------------------
     @property
@@ -453,12 +525,12 @@ class BarrierState:
         return self._open.opened + self.round_deadline if self.phases.running else None
 
     def arrive(self, rank: int, round: int, now: float, report: NodeReport | None = None) -> Release | None:
-        """`rank` is done sending `round`; the release if this arrival completes the round (an arrival at a round
-        already released, a retry, gets that release, as long as it is kept)."""
+        """`rank` is done sending `round`; the release if this arrival completes the round. An arrival at a round
+        already released (a retry) is contact only: None (its answer is that release, `released[round]`, kept)."""
         self.check(rank, round)
         if round < self.round:
             self.members[rank].last_contact = now
-            return self.released[round]
+            return None
         self.phases.expect(In.ARRIVE)
         member = self.members[rank]
         member.last_contact, member.last_round, member.missed = now, min(round, self.rounds - 1), 0
@@ -470,27 +542,11 @@ class BarrierState:
 
     def check(self, rank: int, round: int) -> None:
         """Raise the BarrierError that an arrival of `rank` at `round` would get now (changes nothing)."""
-        if not self.members or rank not in self.members:
-            raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
-        if self.phases.failed:
-            raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
-        if self.phases.rebinding:
-            raise BarrierError(BarrierReason.BAD_ROUND, f"the resumed run waits for members {sorted(self.awaited)} "
-                               "to come back, started again: no round is open (one running from before: restart it)")
-        if rank in self._gone and rank in self.dropped:
-            raise BarrierError(BarrierReason.DROPPED, f"rank {rank} was dropped from the run")
-        if rank in self._gone:
-            raise BarrierError(BarrierReason.LEFT, f"rank {rank} left the run")
-        if rank in self.joining and round >= self.round:
-            raise BarrierError(BarrierReason.JOINING, f"rank {rank} is a member again from round {self.round + 1} on")
-        if round > self.rounds:
-            raise BarrierError(BarrierReason.BAD_ROUND, f"round {round} is past the run's {self.rounds} rounds")
-        if round > self.round:
-            raise BarrierError(BarrierReason.FUTURE_ROUND, f"round {round} is not open (the barrier is at "
-                               f"{self.round})")
-        if round < self.round and round not in self.released:
-            raise BarrierError(BarrierReason.STALE_ROUND,
-                               f"round {round} was released long ago (the barrier is at {self.round})")
+        _check_arrival(self, rank, round)
+
+    def claim_layout(self, rank: int, claim: tuple[int, str] | None) -> str | None:
+        """Why `rank`'s claimed layout (values, fingerprint) cannot take part in the run (it ends then: `end`)."""
+        return self._layout.differs(rank, claim)
 
     def tick(self, now: float) -> Release | None:
         """The clock moved: the release if the open round's deadline has passed."""
@@ -528,20 +584,10 @@ class BarrierState:
         self.round = t + 1
         self._open = _Round(opened=now)
         if too_few and (t < self.rounds or not self.live):
-            self.failure = self._too_few_reason(t)
+            missed = f"missed the round deadline {self.round_deadline:g}s {self.drop_after} rounds in a row"
+            self.failure = too_few_reason(t, self.live, self.dropped, self.left, self.min_members, missed)
             return release, Out.FAILED
         return release, Out.FINISHED if finished else Out.RELEASED
-
-    def _too_few_reason(self, t: int) -> str:
-        """Why a run with too few live members after round `t` ends."""
-        parts = [f"dropped {self.dropped} (missed the round deadline {self.round_deadline:g}s {self.drop_after} "
-                 f"rounds in a row)"] if self.dropped else []
-        gone = ", ".join(parts + ([f"left {self.left}"] if self.left else []))
-        if not self.live:
-            return f"every member was dropped or left by round {t}; {gone}"
-        return (f"{len(self.live)} members are left after round {t} ({list(self.live)}), fewer than the "
-                f"{self.min_members} the run needs (each sends every fragment to {self.min_members - 1} others); "
-                f"{gone}")
 
     # -- what the nodes hear -------------------------------------------------------------------------
     def notice(self, release: Release) -> ReleaseNotice:
@@ -562,15 +608,7 @@ class BarrierState:
     # -- persistence ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """What a restarted barrier needs to decide as this one would (not the open round's arrivals: retried)."""
-        return {"rounds": self.rounds, "round_deadline": self.round_deadline, "drop_after": self.drop_after,
-                "kept": self.kept, "expected": self.expected, "phase": self.phases.run_phase.value,
-                "failure": self.failure,
-                "addresses": list(self.addresses), "round": self.round, "live": self.live,
-                "dropped": self.dropped, "joining": self.joining, "left": self.left, "leaving": self._leaving,
-                "min_members": self.min_members,
-                "members": [[m.missed, m.last_round] for m in self.members.values()],
-                "released": [r.to_json() for _, r in sorted(self.released.items())],
-                "events": [e.to_json() for e in self.events]}
+        return _saved(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any], now: float, rebind: bool = False) -> BarrierState:
@@ -594,6 +632,43 @@ class BarrierState:
             state.phases.fire(In.RESTART, Out.AWAITING)
             state.awaited = awaited
         return state
+
+
+def _saved(state: BarrierState) -> dict[str, Any]:
+    return {"rounds": state.rounds, "round_deadline": state.round_deadline, "drop_after": state.drop_after,
+            "kept": state.kept, "expected": state.expected, "phase": state.phases.run_phase.value,
+            "failure": state.failure,
+            "addresses": list(state.addresses), "round": state.round, "live": state.live,
+            "dropped": state.dropped, "joining": state.joining, "left": state.left, "leaving": state._leaving,
+            "min_members": state.min_members,
+            "members": [[m.missed, m.last_round] for m in state.members.values()],
+            "released": [r.to_json() for _, r in sorted(state.released.items())],
+            "events": [e.to_json() for e in state.events]}
+
+
+def _check_arrival(state: BarrierState, rank: int, round: int) -> None:
+    """`BarrierState.check`: reads it, writes nothing."""
+    if not state.members or rank not in state.members:
+        raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
+    if state.phases.failed:
+        raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {state.failure}")
+    if state.phases.rebinding:
+        raise BarrierError(BarrierReason.BAD_ROUND, f"the resumed run waits for members {sorted(state.awaited)} "
+                           "to come back, started again: no round is open (one running from before: restart it)")
+    if rank in state._gone and rank in state.dropped:
+        raise BarrierError(BarrierReason.DROPPED, f"rank {rank} was dropped from the run")
+    if rank in state._gone:
+        raise BarrierError(BarrierReason.LEFT, f"rank {rank} left the run")
+    if rank in state.joining and round >= state.round:
+        raise BarrierError(BarrierReason.JOINING, f"rank {rank} is a member again from round {state.round + 1} on")
+    if round > state.rounds:
+        raise BarrierError(BarrierReason.BAD_ROUND, f"round {round} is past the run's {state.rounds} rounds")
+    if round > state.round:
+        raise BarrierError(BarrierReason.FUTURE_ROUND, f"round {round} is not open (the barrier is at "
+                           f"{state.round})")
+    if round < state.round and round not in state.released:
+        raise BarrierError(BarrierReason.STALE_ROUND,
+                           f"round {round} was released long ago (the barrier is at {state.round})")
 
 
 def _checked(address: str) -> None:

@@ -13,7 +13,7 @@ earlier version.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["Registration", "Release", "ReleaseNotice"]
 
@@ -29,6 +29,7 @@ class Release:
     finished: bool = False
     joined: tuple[int, ...] = ()  # members from the next round on that were not in this one
     left: tuple[int, ...] = ()  # members that said they leave during this round
+    journaled: ClassVar[bool] = True  # the barrier saves it before any node hears of it
 
     def to_json(self) -> dict[str, Any]:
         return {"round": self.round, "members": list(self.members), "stragglers": list(self.stragglers),

@@ -1,9 +1,10 @@
 """What a run leaves behind, identical for `cluster`, `simulate` and compose runs:
 
-    OUT/summary.json   status ("running", "finished" or "failed" with its "error"), settings, progress (rounds
-                       done of the run's), "final": the newest evaluation row (the last one once the run ended),
-                       and at the end model_sha256 per node; small, the same size at round 10 as at round 10,000;
-                       past LISTED_NODES nodes, counts instead of per-node lists (see `RunRecorder`)
+    OUT/summary.json   status ("running", "finished", "failed" or "interrupted" with its "error"), settings,
+                       progress (rounds done of the run's), "final": the newest evaluation row (the last one
+                       once the run ended), and at the end model_sha256 per node; small, the same size at round
+                       10 as at round 10,000; past LISTED_NODES nodes, counts instead of per-node lists (see
+                       `RunRecorder`)
     OUT/model_sha256.csv  at the end: each node's final model hash (`rank,sha256`), at any size; summary.json's
                        models_sha256 is this file's own SHA-256 (`sha256sum OUT/model_sha256.csv`)
     OUT/rounds.csv     one row per evaluated round, appended: the spec's four metrics, the mean training loss,
@@ -24,7 +25,8 @@ of a long run as at its start. `read_rounds(out)` loads the evaluation rows (as 
 held them before).
 
 A run that fails still writes summary.json, with "status": "failed", a one-line "error" and its newest
-evaluation (the CSV files keep their rows); a finished run's says "status": "finished". Rounds are counted
+evaluation (the CSV files keep their rows); one a person stopped (Ctrl-C, SIGTERM, its members told to stop) says
+"status": "interrupted" and how ("interrupted (...)"); a finished run's says "status": "finished". Rounds are counted
 from 0 in every file.
 """
 
@@ -134,6 +136,12 @@ def failure_text(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def ended_status(reason: str) -> str:
+    """How a run that did not finish ended, by its one-line reason: "interrupted" (a person stopped it: Ctrl-C,
+    SIGTERM, its members told to stop; resumable) or "failed"."""
+    return "interrupted" if str(reason).startswith("interrupted (") else "failed"
+
+
 def write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) -> dict[str, Any]:
     """Replace OUT/summary.json atomically: the one writer of the file (`RunRecorder`, `failed_summary`,
     `mark_failed`). `indent=None` (a running run's, rewritten at every evaluation): one line, through json's C
@@ -176,7 +184,7 @@ def failed_summary(out: Path | str, settings: BaseModel | Mapping[str, Any], mod
     latest = rounds[-1] if rounds else None
     done = latest["round"] + 1 if latest and isinstance(latest.get("round"), int) else 0
     return write_summary(out, {
-        "mode": mode, "status": "failed", "error": " ".join(error.split()), "settings": settings,
+        "mode": mode, "status": ended_status(error), "error": " ".join(error.split()), "settings": settings,
         "progress": {"rounds_done": done, "rounds": settings.get("rounds")}, "final": summary_row(latest, settings),
         "model_sha256": {}, "wall_s": None if wall_s is None else round_(wall_s), **extra})
 
@@ -195,10 +203,10 @@ def mark_failed(out: Path, settings: BaseModel | Mapping[str, Any], mode: str, e
         return
     if summary.get("status") == "finished":  # the run finished before the failure (a late Ctrl-C)
         return
-    if summary.get("status") == "failed" and not str(summary.get("error")).startswith("interrupted ("):
+    if summary.get("status") == "failed":
         summary.setdefault("cluster_error", error)
     else:  # the barrier's own "interrupted (SIGTERM)" is the launcher stopping it: the launcher's reason is the cause
-        summary.update(status="failed", error=error)
+        summary.update(status=ended_status(error), error=error)
     if rounds_done is not None and isinstance(summary.get("progress"), dict):
         summary["progress"]["rounds_done"] = rounds_done  # the rounds released: the resumed run goes on from there
     rounds = read_rounds(out)
@@ -279,7 +287,8 @@ class RunRecorder:
         if resume_from is not None:
             self._read_rows()
         self._summary_at = -math.inf  # the first round writes summary.json: from then on `mosaicd runs` lists it
-        self.ended: str | None = None  # "finished" or "failed" once summary.json says so: never "running" again
+        self.ended: str | None = None  # "finished", "failed" or "interrupted" once summary.json says so: never
+        # "running" again
         remove_summary(self.out)
         self.trackers = RoundTrackers(self.out, self.settings)  # --tensorboard, --mlflow: copies of each row
         self.round_columns = ROUND_COLUMNS
@@ -399,12 +408,12 @@ class RunRecorder:
         })
 
     def fail(self, reason: str, **extra: Any) -> dict[str, Any]:
-        """The run failed: summary.json with "status": "failed", "error": `reason` (one line) and the newest
-        evaluation."""
-        self.ended = "failed"
-        self.trackers.end("failed")
+        """The run failed: summary.json with "status": "failed" ("interrupted" where a person stopped it:
+        `ended_status`), "error": `reason` (one line) and the newest evaluation."""
+        self.ended = ended_status(reason)
+        self.trackers.end(self.ended)
         return write_summary(self.out, {
-            **self._base("failed"),
+            **self._base(self.ended),
             "error": " ".join(str(reason).split()),
             "model_sha256": {},
             "wall_s": round_(time.time() - self.origin),

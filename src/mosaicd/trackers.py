@@ -24,7 +24,7 @@ from mosaicd.logs import get_logger
 __all__ = ["MLFLOW_DB", "RoundTrackers"]
 
 MLFLOW_DB = "mlflow.db"
-_STATUS = {"finished": "FINISHED", "failed": "FAILED"}
+_STATUS = {"finished": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
 
 class _Tracker(Protocol):

@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 from own_tasks import write_tasks
 
-from mosaic_proto import Layout
+from mosaic_proto import STOP_HOLD_S, Layout
 from mosaicd import Peer
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
-from mosaicd.daemon.barrier.stops import STOP_HOLD_S
 from mosaicd.daemon.errors import RunEnded
 from mosaicd.experiments.cluster import free_ports
 
@@ -77,7 +76,7 @@ def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: A
         assert procs[victim].wait(timeout=10) == 0  # it left as told
         exited_after = time.monotonic() - stopped
         assert exited_after < 2.0, f"the node took {exited_after:.1f} s to exit after SIGTERM"
-        # its leave is held a moment (a whole run stopped is interrupted, not failed: stops.py), then applied
+        # its leave is held a moment (a whole run stopped is interrupted, not failed: BarrierState.stop), then applied
         status = kit.wait_until(lambda: (s := barrier_status(kit, rank0)) and 3 in s["left"] and s, 10,
                                 "the barrier to record rank 3 as left")
         seen_after = time.monotonic() - stopped
@@ -111,7 +110,7 @@ def test_a_node_told_to_stop_leaves_and_the_others_finish(tmp_path: Path, kit: A
 def test_members_told_to_stop_interrupt_the_run_and_the_same_commands_resume_it_exactly(tmp_path: Path,
                                                                                          kit: Any) -> None:
     """3 nodes, fanout 2: once one is told to stop, the two others cannot sample two peers. A person stopped the
-    run (its leave is held, stops.py): it ends interrupted, not failed, on every process within seconds (not at a
+    run (its leave held: `stop`): it ends interrupted, not failed, on every process within seconds (not at a
     deadline), its journal with every member in it; the same three commands again resume it from the members'
     checkpoints and end with `simulate`'s models, bit for bit."""
     from mosaicd.settings import Settings
@@ -131,7 +130,7 @@ def test_members_told_to_stop_interrupt_the_run_and_the_same_commands_resume_it_
     assert took < 20, took  # the round deadline is 60 s
     out = tmp_path / f"out-{rank0}"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["error"].startswith(
+    assert summary["status"] == "interrupted" and summary["error"].startswith(
         "interrupted (1 of 3 members were told to stop (SIGTERM), ranks [2]"), summary
     assert summary["members_stopped"] == [2]
     journal = json.loads((out / "barrier-state.json").read_text())["state"]

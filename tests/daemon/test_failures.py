@@ -357,3 +357,34 @@ def test_a_node_stopped_past_the_end_learns_it_and_exits_within_seconds(tmp_path
     print(f"figures: the stopped node exited {took:.1f}s after SIGCONT (exit {code})")
     assert took < 15, said[-3000:]
     assert code != 0 and "neither the barrier nor any of the 3 other members listens any more" in said, said[-3000:]
+
+
+@pytest.mark.slow
+def test_a_stand_alone_barrier_whose_members_are_stopped_says_interrupted_and_exits_130(tmp_path: Path,
+                                                                                       kit: Any) -> None:
+    """4 nodes, fanout 2, a barrier of its own (compose's shape): three members told to stop at once leave too few,
+    so a person stopped the run. The barrier counts every member stopped (the third after the interruption too),
+    says so at warning (`interrupted`, no `run_failed` error), and exits 130 as docs/faults.md says, not 1 with
+    "error: interrupted"."""
+    run = dict(nodes=4, rounds=40, fanout=2, dim=8, round_deadline=60)
+    barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
+    try:
+        spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"))
+        for i, port in enumerate(node_ports):
+            spawn(f"node-{i}", port, "node", "--barrier-url", f"http://127.0.0.1:{barrier_port}")
+        view = kit.wait_until(lambda: (s := status(kit, barrier_port)) and s["round"] >= 3 and s, 60, "round 3")
+        for member in view["members"]:
+            if member["rank"] != 0:
+                procs[int(member["address"].rsplit(":", 1)[1])].send_signal(signal.SIGTERM)
+        code = procs[barrier_port].wait(timeout=30)
+    finally:
+        kit.stop_all(procs)
+    lines = (tmp_path / "barrier.log").read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    assert code == 130, lines[-5:]
+    said = [e for e in events if e.get("event") == "interrupted"]
+    assert said and all(e["level"] == "warning" for e in said) and said[-1]["ranks"] == [1, 2, 3], said
+    assert not [e for e in events if e.get("level") == "error"], [e for e in events if e.get("level") == "error"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["members_stopped"] == [1, 2, 3], summary
+    assert summary["error"].startswith("interrupted (3 of 4 members were told to stop (SIGTERM), ranks [1, 2, 3]")

@@ -124,7 +124,7 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
         if how != signal.SIGKILL:
             stopped = json.loads((lab.out / "summary.json").read_text())
             said_how = "Ctrl-C" if how == signal.SIGINT else "SIGTERM"
-            assert stopped["status"] == "failed" and stopped["error"] == f"interrupted ({said_how})", stopped
+            assert stopped["status"] == "interrupted" and stopped["error"] == f"interrupted ({said_how})", stopped
             said = (tmp_path / "barrier.log").read_text()
             assert f"interrupted at round {saved['round']} of {run['rounds']}; the same command" in said, said[-2000:]
         assert 10 <= saved["round"] < run["rounds"] - 50, "the run went too fast to kill the barrier mid-run"

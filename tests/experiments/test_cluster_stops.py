@@ -62,7 +62,7 @@ def test_sigterm_to_the_launcher_ends_the_run_as_ctrl_c_does(tmp_path: Path, kit
     assert proc.returncode == 130, err[-2000:]
     assert took < 2.0, f"the launcher took {took:.1f} s to exit after SIGTERM"
     ended = summary(out)
-    assert ended["status"] == "failed" and "interrupted" in ended["error"], ended
+    assert ended["status"] == "interrupted" and "interrupted" in ended["error"], ended
     stopped = [line for line in err.splitlines() if "the same command with --resume continues it" in line]
     assert stopped and str(out) in stopped[0], err[-2000:]
     at = int(stopped[0].split("stopped at round ")[1].split()[0])
@@ -97,7 +97,7 @@ def test_ctrl_c_while_the_final_models_are_evaluated_leaves_a_run_that_ends_as_t
         assert ended["model_sha256"] == reference and "error" not in ended
         assert "the run had finished before it was interrupted" in err, err[-2000:]
     else:  # the run is resumable at its last round, and ends with the uninterrupted run's models
-        assert ended["status"] == "failed" and "interrupted" in ended["error"], ended
+        assert ended["status"] == "interrupted" and "interrupted" in ended["error"], ended
         assert ended["progress"]["rounds_done"] == 6 and not ended.get("model_sha256")
         assert "stopped at round 6 of 6; the same command with --resume continues it" in err, err[-2000:]
         resumed = resume(kit, out, DIGITS)
@@ -157,7 +157,7 @@ def test_the_launcher_killed_takes_its_processes_with_it_and_leaves_a_resumable_
             return False
     kit.wait_until(lambda: not any(running(pid) for pid in family), 20, "the barrier and its nodes to end")
     stopped = summary(out)
-    assert stopped["status"] == "failed" and stopped["error"] == "interrupted (SIGTERM)", stopped
+    assert stopped["status"] == "interrupted" and stopped["error"] == "interrupted (SIGTERM)", stopped
     whole = subprocess.run([*kit.mosaicd, "simulate", *run, "--out", str(tmp_path / "whole"), "--quiet"],
                            capture_output=True, text=True, timeout=120)
     assert whole.returncode == 0, whole.stderr[-2000:]

@@ -94,7 +94,7 @@ def test_an_interrupted_cluster_keeps_the_rounds_evaluated(tmp_path: Path) -> No
     with pytest.raises(KeyboardInterrupt):
         Cluster(settings, progress=False, on_round=interrupt).run(timeout=120)
     summary = summary_of(out)
-    assert summary["status"] == "failed" and "interrupted" in summary["error"]
+    assert summary["status"] == "interrupted" and "interrupted" in summary["error"]
     evaluated = rows(out / "rounds.csv")
     parsed = read_rounds(out)
     assert evaluated and [r["round"] for r in parsed] == [int(r["round"]) for r in evaluated]
@@ -169,7 +169,7 @@ def test_a_run_marked_failed_from_outside_keeps_what_its_writer_said(tmp_path: P
     mark_failed(tmp_path, settings, "cluster", "interrupted (Ctrl-C)", wall_s=1.0)
     summary = summary_of(tmp_path)
     assert (summary["status"], summary["error"], summary["progress"]["rounds_done"]) == \
-        ("failed", "interrupted (Ctrl-C)", 0)
+        ("interrupted", "interrupted (Ctrl-C)", 0)
     assert "cluster_error" not in summary
 
     remove_summary(tmp_path)

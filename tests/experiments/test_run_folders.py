@@ -72,7 +72,7 @@ def test_sigint_then_the_same_command_is_refused_and_resume_ends_as_the_uninterr
     rest = proc.communicate(timeout=60)[1]
     assert proc.returncode == 130, "".join(seen[-5:]) + rest  # not finished before the signal came
     summary = read_summary(out)
-    assert summary is not None and summary["status"] == "failed" and "interrupted" in summary["error"]
+    assert summary is not None and summary["status"] == "interrupted" and "interrupted" in summary["error"]
     assert summary["progress"]["rounds_done"] >= 13 and (out / SIMULATE_CHECKPOINT).is_file()
     assert "--resume" in rest and str(out) in rest  # the console says how to go on
 
@@ -80,7 +80,7 @@ def test_sigint_then_the_same_command_is_refused_and_resume_ends_as_the_uninterr
     again = mosaicd(*command[3:], cwd=tmp_path)
     assert again.returncode == 2 and again.stdout == ""
     assert again.stderr.count("\n") == 1 and "Traceback" not in again.stderr
-    assert f"--out {out} holds an unfinished run (failed at round" in again.stderr
+    assert f"--out {out} holds an unfinished run (interrupted at round" in again.stderr
     assert "--resume" in again.stderr and "--replace" in again.stderr
     assert listing(out) == before
 
@@ -120,7 +120,7 @@ def test_a_run_going_on_in_a_folder_is_not_resumed_or_replaced_beside_it(tmp_pat
         proc.communicate(timeout=60)
     assert proc.returncode == 130
     after = mosaicd(*command, cwd=tmp_path)  # the folder is free again: the refusal is the usual one
-    assert after.returncode == 2 and f"--out {out} holds an unfinished run (failed at round" in after.stderr
+    assert after.returncode == 2 and f"--out {out} holds an unfinished run (interrupted at round" in after.stderr
 
 
 def test_resume_is_exact_from_a_checkpoint_and_from_none(tmp_path: Path) -> None:
@@ -323,7 +323,7 @@ def test_ctrl_c_before_the_first_round_says_how_to_go_on(tmp_path: Path, kit: An
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     summary = read_summary(out)
-    assert summary is not None and summary["status"] == "failed" and summary["progress"]["rounds_done"] == 0
+    assert summary is not None and summary["status"] == "interrupted" and summary["progress"]["rounds_done"] == 0
     assert f"{out}: the run stopped at round 0 of 3; the same command with --resume continues it" in err, err
 
 

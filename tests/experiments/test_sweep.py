@@ -172,7 +172,7 @@ def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
     broken = out / "runs" / "fragments=4,seed=0"
     assert broken.is_dir()
     left = json.loads((broken / "summary.json").read_text())  # it says why, and the next sweep redoes it
-    assert left["status"] == "failed" and "interrupted" in left["error"]
+    assert left["status"] == "interrupted" and "interrupted" in left["error"]
     assert [r["round"] for r in read_rounds(broken)] == [0, 1]  # the rounds evaluated before Ctrl-C
     assert sweep.run_state(spec.runs[2], out)[0] == "resume"  # a simulate sweep continues it
     assert sweep.run_state(spec.runs[2], out, "cluster")[0] == "failed"  # a cluster sweep redoes it
@@ -208,7 +208,7 @@ def test_an_interrupted_cluster_sweep_leaves_the_advice_to_the_sweep(tmp_path: P
         run_sweep(spec, progress=False, on_round=interrupting)
     err = capfd.readouterr().err
     assert "--resume" not in err and "mosaicd cluster:" not in err, err
-    assert json.loads((spec.runs[0].folder(out) / "summary.json").read_text())["status"] == "failed"
+    assert json.loads((spec.runs[0].folder(out) / "summary.json").read_text())["status"] == "interrupted"
     assert sweep.run_state(spec.runs[0], out, "cluster")[0] == "failed"  # the next sweep redoes it
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from mosaic_proto import (
     BARRIER_TRANSITIONS,
+    STOP_HOLD_S,
     BarrierError,
     BarrierInput,
     BarrierOutcome,
@@ -17,15 +18,20 @@ from mosaic_proto import (
     BarrierPhases,
     BarrierState,
     BarrierStateError,
+    CountRule,
+    Failure,
     Fragmentation,
+    Held,
     InMemoryNetwork,
     Layout,
+    Left,
     NodeReport,
     PeerSampler,
     Quadratic,
     Registration,
     ReleaseNotice,
     received_counts,
+    resume_point,
 )
 
 
@@ -84,7 +90,7 @@ def test_round_releases_when_every_member_arrived() -> None:
     assert release is not None and (release.round, release.members, release.stragglers) == (0, (0, 1, 2), ())
     assert state.round == 1 and state.deadline == 7.0  # round 1 opened with round 0's release
     assert state.closed[0][1] == (0.0, {"round": 0}) and state.closed[0][2][0] == 1.0  # waited 1 s
-    assert state.arrive(1, 0, 3.0) is release  # a retry gets the same answer
+    assert state.arrive(1, 0, 3.0) is None and state.released[0] is release  # a retry: contact only, its answer kept
 
 
 def test_deadline_makes_stragglers_and_drop_after_drops() -> None:
@@ -472,3 +478,93 @@ def test_who_has_heard_that_the_run_failed() -> None:
     assert state.unheard(0) == [1, 2]
     state.answered(2)
     assert state.unheard(0) == [1]
+
+
+# -- the policies the daemon once kept (issue 57): fed to the state, decided there -----------------------------------
+def test_members_told_to_stop_are_held_then_leave_together_at_held_until() -> None:
+    state = running(n=5, min_members=2)
+    first = state.stop(3, "it was told to stop (SIGTERM)", 1.0)
+    assert isinstance(first, Held) and first.until == 1.0 + STOP_HOLD_S and not first.journaled
+    assert state.stop(3, "again", 1.5) is None  # sent again: nothing new
+    assert isinstance(state.stop(4, "it was told to stop (SIGTERM)", 2.0), Held)
+    assert state.held.until == 2.0 + STOP_HOLD_S and state.live == [0, 1, 2, 3, 4]  # still waited for
+    assert state.leave_held(2.0 + STOP_HOLD_S - 0.1) is None  # not yet
+    left = [state.leave_held(2.0 + STOP_HOLD_S), state.leave_held(2.0 + STOP_HOLD_S)]
+    assert [(d.rank, d.reason) for d in left if isinstance(d, Left)] == [(3, "it was told to stop (SIGTERM)"),
+                                                                         (4, "it was told to stop (SIGTERM)")]
+    assert state.leave_held(9.0) is None and state.held.until is None and state.live == [0, 1, 2]
+
+
+def test_a_member_back_before_its_held_leave_applies_does_not_leave() -> None:
+    state = running(n=4, min_members=2)
+    state.stop(2, "it was told to stop (SIGTERM)", 1.0)
+    state.returned("10.0.0.3:9000")  # rank 2 registers again
+    assert state.leave_held(10.0) is None and state.live == [0, 1, 2, 3]
+
+
+def test_members_told_to_stop_that_would_leave_too_few_interrupt_the_run() -> None:
+    state = running(n=3, min_members=2)
+    state.stop(0, "it was told to stop (SIGTERM)", 1.0)
+    ended = state.stop(1, "it was told to stop (SIGTERM)", 1.2)
+    assert isinstance(ended, Failure) and ended.stopped == (0, 1) and not ended.journaled
+    assert ended.reason == ("interrupted (2 of 3 members were told to stop (SIGTERM), ranks [0, 1]: the run was "
+                            "stopped, not failed)") == state.failure
+    assert state.phase is BarrierPhase.FAILED and state.held.until is None and state.live == [0, 1, 2]
+    later = state.stop(2, "it was told to stop (SIGTERM)", 1.5)  # told to stop after it: counted too
+    assert isinstance(later, Failure) and later.stopped == (0, 1, 2) and later.reason.startswith(
+        "interrupted (3 of 3 members were told to stop (SIGTERM), ranks [0, 1, 2]") and state.failure == later.reason
+    assert state.stop(2, "again", 1.6) is None and state.phase is BarrierPhase.FAILED
+
+
+def test_a_member_not_live_told_to_stop_leaves_at_once() -> None:
+    state = running(n=3)
+    state.leave(2, 1.0)
+    assert isinstance(state.stop(2, "again", 2.0), Left)
+
+
+def test_a_retried_arrival_is_contact_only_and_decides_nothing() -> None:
+    state = running(2)
+    state.arrive(0, 0, 1.0)
+    release = state.arrive(1, 0, 1.0)
+    assert release is not None and release.journaled
+    assert state.arrive(0, 0, 2.0) is None and state.released[0] is release and state.round == 1
+
+
+def test_the_node_count_is_taken_once_it_held_still() -> None:
+    state = BarrierState(rounds=3, round_deadline=1, drop_after=2, count_rule=CountRule(2.0, stretched=True, fanout=1))
+    state.count(1, 0.0)
+    assert state.expected == 0
+    state.count(1, 5.9)
+    assert state.expected == 0  # no more than the fanout: three times as long (6 s)
+    state.count(3, 6.0)
+    state.count(3, 7.0)
+    assert state.expected == 0  # moved at 6.0; settles at max(2, 2 x 6.0) = 12 s
+    state.count(3, 18.0)
+    assert state.expected == 3
+    flat = BarrierState(rounds=3, round_deadline=1, drop_after=2, count_rule=CountRule(1.0))
+    flat.count(4, 0.0)
+    flat.count(4, 1.0)
+    assert flat.expected == 4
+
+
+def test_a_layout_that_differs_from_the_first_claimed_is_named() -> None:
+    state = running(3)
+    assert state.claim_layout(0, None) is None and state.claim_layout(0, (10, "ab" * 32)) is None
+    assert state.claim_layout(1, (10, "ab" * 32)) is None
+    why = state.claim_layout(2, (12, "cd" * 32))
+    assert why is not None and "rank 2 fragments a model of 12 values, rank 0's of 10" in why
+
+
+def test_the_end_of_a_run_is_decided_by_the_state_running_or_failed_already() -> None:
+    state = running(3)
+    ended = state.end("cannot write out: No space left")
+    assert state.phase is BarrierPhase.FAILED and ended.reason == state.failure and not ended.registration
+    again = state.end("the process stopped")  # failed already: its end recorded for it, nothing moves
+    assert again.reason == "the process stopped" and state.failure == "cannot write out: No space left"
+
+
+def test_the_resume_rule_takes_the_newest_round_every_live_member_holds() -> None:
+    kept = [{"round": 7, "live": [0, 1], "joining": [2]}, {"round": 6, "live": [0, 1], "joining": []}]
+    assert resume_point(kept, {0: {7, 6}, 1: {7, 6}, 2: {6}}) == (6, {0, 1})
+    assert resume_point(kept, {0: {7}, 1: {7}, 2: {7}}) == (7, {0, 1, 2})
+    assert resume_point(kept, {0: {5}, 1: {7, 6}}) is None

@@ -142,8 +142,8 @@ def load(folder: Path | str) -> Sweep:
         except (OSError, ValueError):
             missing.append(entry["name"])
             continue
-        if summary.get("status") == "failed":
-            missing.append(f"{entry['name']} (failed)")
+        if summary.get("status") in ("failed", "interrupted"):
+            missing.append(f"{entry['name']} ({summary['status']})")
             continue
         runs.append(RunData(entry["name"], entry["point"], summary.get("settings", {}),
                             read_rounds(folder / entry["dir"]), summary.get("wall_s"),
@@ -166,7 +166,7 @@ def load_run(folder: Path | str) -> Sweep:
     rounds = read_rounds(folder)
     status = summary.get("status", "finished")
     if not rounds:
-        why = f" (the run {status}: {summary.get('error')})" if status == "failed" else ""
+        why = f" (the run {status}: {summary.get('error')})" if status in ("failed", "interrupted") else ""
         raise ValueError(f"{folder}: rounds.csv holds no evaluated round{why}")
     info = {"single": True, "mode": summary.get("mode"), "status": status, "error": summary.get("error")}
     run = RunData(folder.resolve().name, {}, summary.get("settings", {}), rounds, summary.get("wall_s"),

@@ -99,10 +99,11 @@ def run_state(run: Run, out: Path, mode: str = "simulate") -> tuple[str, dict[st
         summary = json.loads((folder / "summary.json").read_text())
     except (OSError, ValueError):
         return "broken", None
-    if summary.get("status") in ("failed", "running"):  # running: the partial summary of a run stopped mid-way
+    # running: the partial summary of a run stopped mid-way
+    if summary.get("status") in ("failed", "interrupted", "running"):
         if mode == "simulate" and _resumable(run, folder, summary):
             return "resume", summary
-        return ("failed", summary) if summary.get("status") == "failed" else ("broken", None)
+        return ("failed", summary) if summary.get("status") in ("failed", "interrupted") else ("broken", None)
     wanted = run.settings.run_fields()
     had = summary.get("settings") or {}
     if any(had.get(k) != v for k, v in wanted.items()):

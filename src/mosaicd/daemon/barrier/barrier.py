@@ -1,9 +1,10 @@
 """The barrier process around `mosaic_proto.BarrierState`: long polls, the clock, snapshots, outputs.
 
-`BarrierState` decides (ranks, releases, stragglers, drops, who is back, how the run ends); this adapter feeds it
-requests and the clock, and runs what each decision calls for in one place, in one order (runner.py: save it
-before anyone hears of it, re-arm the deadline timer, record it, then tell the waiting nodes); around it, the requests
-of the nodes (registration.py, leaves, layouts, stops). The I/O that follows a release is off the
+`BarrierState` decides (ranks, releases, stragglers, drops, who is back, held stops and interruptions, layouts that
+differ, how the run ends); this adapter feeds it requests and the clock through one door (`decide`), and runs what
+each decision calls for in one place, in one order (runner.py: save it before anyone hears of it, re-arm the timers
+the state asks for, record it, then tell the waiting nodes); around it, the requests of the nodes (registration.py,
+arrivals, leaves). It decides nothing. The I/O that follows a release is off the
 round's critical path: it writes the round's node rows, then pulls the nodes' model snapshots at evaluation
 rounds and evaluates them in a worker thread while the next rounds go on. Nodes keep their last
 `SNAPSHOTS_KEPT` snapshots, so a collection must end before the release that would drop its snapshot.
@@ -27,6 +28,7 @@ from mosaic_proto import (
     BarrierError,
     BarrierReason,
     BarrierState,
+    CountRule,
     Left,
     NodeReport,
     Rebound,
@@ -35,11 +37,9 @@ from mosaic_proto import (
 from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.daemon.barrier.comeback import Comeback
 from mosaicd.daemon.barrier.ending import RunEnd
-from mosaicd.daemon.barrier.layouts import LayoutClaims
 from mosaicd.daemon.barrier.refusals import WHY, Refusals
 from mosaicd.daemon.barrier.registration import Registrar
 from mosaicd.daemon.barrier.runner import DecisionRunner
-from mosaicd.daemon.barrier.stops import STOP_HOLD_S, StoppedMembers
 from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.auth import Secret
@@ -61,7 +61,7 @@ class Barrier(DecisionRunner):
         holds another run in progress (or not the round asked for)."""
         self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
         stopped = read_summary(options.out) if self.resumed else None  # how the run ended before: kept in `resumed`
-        # its members start again with it: rank 0 of a peer list, or a run its members were stopped in (stops.py)
+        # its members start again with it: rank 0 of a peer list, or a run its members were stopped in (`stop`)
         choose = (members_return or bool((stopped or {}).get("members_stopped"))) and options.resume_round is None
         if self.resumed:  # --resume-round: every member comes back at a new address and takes its rank back
             run = self.resumed["run"]
@@ -71,7 +71,7 @@ class Barrier(DecisionRunner):
             counted = options.expect_dns or options.expect_settle  # the count is known once nodes register
             state = BarrierState(rounds=run.rounds, round_deadline=run.round_deadline,
                                  drop_after=options.drop_after, expected=0 if counted else run.nodes,
-                                 min_members=run.min_members)
+                                 min_members=run.min_members, count_rule=count_rule(options, run.fanout))
         log = get_logger(role="barrier", run=run.run_id)
         rebinding = state.phases.rebinding
         recorder = open_outputs(options, run, self.resumed, state.round if rebinding else None, log, hold_out)
@@ -81,10 +81,6 @@ class Barrier(DecisionRunner):
         super().__init__(state, run, options, recorder, log, ending, secret.keyring(), evaluate)
         self.registrar = Registrar(self, self.comeback)  # the registration's long polls (registration.py)
         self.refusals = Refusals()  # requests refused, by reason and source (refusals.py)
-        self.layouts = LayoutClaims()  # the model every member must build (layouts.py)
-        self.stops = StoppedMembers()  # leaves of members told to stop, held a moment (stops.py)
-        self._stops_timer: asyncio.TimerHandle | None = None
-        self.members_stopped: list[int] = []  # the members whose stop interrupted the run
 
     async def start(self) -> None:
         self.metrics.expected.set(self.state.expected)
@@ -103,8 +99,7 @@ class Barrier(DecisionRunner):
         self.evaluator.prepare(self.run)
         self.registrar.roster_made()
         self.metrics.members.set(len(state.live))
-        if not rebinding:
-            self.arm_deadline()
+        self.apply(None)  # its timers, at the times the state says (rebinding: none until every member is back)
         missing, lost = evaluations_cut_short(state.round, self.run, self.recorder, rebinding)
         self.collect_again(missing, rebinding)
         self.log.info("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
@@ -124,9 +119,8 @@ class Barrier(DecisionRunner):
     async def register(self, address: str, rank: int | None = None, held: list[int] | None = None
                        ) -> dict[str, Any]:
         """Long poll until the roster is made (`Registrar.register`). A member told to stop that is back already
-        does not leave: its held leave is dropped (stops.py)."""
-        if address in self.state.addresses:
-            self.stops.release(self.state.addresses.index(address))
+        does not leave (`BarrierState.returned`)."""
+        self.decide(lambda state, now: state.returned(address))
         return await self.registrar.register(address, rank, held)
 
     async def withdraw(self, address: str, reason: str) -> dict[str, Any]:
@@ -156,7 +150,7 @@ class Barrier(DecisionRunner):
         """Registration cannot complete (`reason`, with what was refused meanwhile): the run ends."""
         if self.refusals.total:
             reason = f"{reason}; {self.refusals.text()}"
-        self.decide(lambda state, now: state.fail(reason), registration=True)
+        self.decide(lambda state, now: state.fail(reason, registration=True))
 
     # -- rounds (runner.py runs what they decide) ----------------------------------------------------------
 
@@ -165,19 +159,16 @@ class Barrier(DecisionRunner):
         self.state.check(rank, round)
 
     def check_layout(self, rank: int, claim: tuple[int, str] | None) -> None:
-        """An arrival's layout against the run's: one that differs ends the run (BarrierError run_failed, its
-        reason)."""
-        why = self.layouts.differs(rank, claim)
+        """An arrival's layout against the run's (`BarrierState.claim_layout`): one that differs ends the run
+        (BarrierError run_failed, its reason)."""
+        why = self.decide(lambda state, now: state.claim_layout(rank, claim))
         if why is not None:
             self.end_failed(why)
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {why}")
 
     async def arrive(self, rank: int, round: int, report: NodeReport | None) -> dict[str, Any]:
         """Long poll until `round` is released: the release as the nodes hear it (JSON). BarrierError if refused."""
-        if round < self.state.round:  # a round released already: its release again, recorded once
-            self.state.arrive(rank, round, self.now(), report)
-        else:
-            self.publish(lambda state, now: state.arrive(rank, round, now, report))
+        self.decide(lambda state, now: state.arrive(rank, round, now, report))  # a retry: its release, kept
         return await self.wait_published(round, release_wait(self.run.round_deadline, self.options.request_timeout))
 
     async def leave(self, rank: int, reason: str, ends_run: bool = False, stopped: bool = False) -> dict[str, Any]:
@@ -185,56 +176,24 @@ class Barrier(DecisionRunner):
         on, it is not sampled from the next round, and a round that waited only for it is released now.
         `ends_run`: the run cannot go on exactly without it (its checkpoint could not be written): the run ends,
         failed, at its last saved decision (the leave is not saved), so that it can be resumed. `stopped`: it was
-        told to stop (a signal): its leave is held a moment, and the run interrupted if too many are (stops.py)."""
+        told to stop (a signal): its leave is held a moment, and the run interrupted if too many are
+        (`BarrierState.stop`)."""
         if ends_run:
             self.state.check(rank, self.state.round)
             self.end_failed(f"rank {rank}: {reason}")
-            return Left(rank, self.state.round, tuple(self.state.live)).to_json()
-        if stopped and self.state.phases.running and rank in self.state.live:
-            if self.stops.hold(rank, reason):
-                self.log.info("leave_held", rank=rank, reason=reason, seconds=STOP_HOLD_S)
-                if self.stops.too_many(self.state.live, self.state.min_members):
-                    self.interrupted_by_members()
-                else:  # applied once no member was told to stop for STOP_HOLD_S (a `down` spreads over seconds)
-                    if self._stops_timer is not None:
-                        self._stops_timer.cancel()
-                    self._stops_timer = asyncio.get_running_loop().call_later(
-                        STOP_HOLD_S, lambda: self._spawn(self._held_leaves()))
-            return Left(rank, self.state.round, tuple(self.state.live)).to_json()
-        return await self._leave_now(rank, reason)
-
-    async def _held_leaves(self) -> None:
-        self._stops_timer = None
-        for rank in self.stops.ranks():
-            reason = self.stops.release(rank)
-            if reason is not None and self.state.phases.running and not self.stopping and rank in self.state.live:
-                try:
-                    await self._leave_now(rank, reason)
-                except BarrierError:  # the run ended meanwhile: nothing more to apply
-                    return
-
-    def interrupted_by_members(self) -> None:
-        """Too many members were told to stop for the run to go on: a person stopped the run. It ends interrupted,
-        its journal at the last decision (every member in it), resumable from the members' checkpoints."""
-        ranks = self.stops.ranks()
-        reason = self.stops.interruption(len(self.state.addresses))
-        self.stops.forget()
-        self.members_stopped = ranks
-        self.log.warning("interrupted", ranks=ranks, detail=reason)
-        self.ending.members_stopped(ranks)
-        self.end_failed(reason)
+        elif stopped:
+            self.decide(lambda state, now: state.stop(rank, reason, now))
+        else:
+            self.decide(lambda state, now: state.leave(rank, now, reason))
+        return Left(rank, self.state.round, tuple(self.state.live)).to_json()
 
     def stopped_by_members(self) -> bool:
-        """Whether the run ended because its members were told to stop (`interrupted_by_members`)."""
-        return bool(self.members_stopped) and self.state.phases.failed
-
-    async def _leave_now(self, rank: int, reason: str) -> dict[str, Any]:
-        self.decide(lambda state, now: state.leave(rank, now), why=reason)
-        return Left(rank, self.state.round, tuple(self.state.live)).to_json()
+        """Whether the run ended because its members were told to stop (`BarrierState.stop`)."""
+        return bool(self.ending.interrupted_by) and self.state.phases.failed
 
     def answered(self, rank: int) -> None:
         """`rank` got an answer to an arrival or a leave: if the run has failed, that answer said so."""
-        self.state.answered(rank)
+        self.decide(lambda state, now: state.answered(rank))
 
     def unheard(self, own: int) -> list[int]:
         """The live members other than `own` not yet told that the run failed: rank 0 serves until this is empty."""
@@ -253,6 +212,18 @@ class Barrier(DecisionRunner):
             pass
         return True
 
+
+
+def count_rule(options: DaemonOptions, fanout: int) -> CountRule | None:
+    """How the node count is taken where it is not given (`BarrierState.count`): the addresses --expect-dns resolves
+    to once they hold still for --dns-settle seconds; the nodes registered once none new came for --expect-settle
+    seconds, or twice the longest pause between two registrations so far, three times as long while too few came for
+    the run's fanout (`CountRule`: replicas that start on a loaded host come in bursts)."""
+    if options.expect_dns:
+        return CountRule(options.dns_settle)
+    if options.expect_settle:
+        return CountRule(options.expect_settle, stretched=True, fanout=fanout)
+    return None
 
 
 def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any] | None, rebind_round: int | None,

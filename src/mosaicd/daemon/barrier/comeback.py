@@ -1,11 +1,12 @@
 """A run resumed by a barrier whose members start again with it: rank 0 of a peer list, stopped and started again
 with the others (`Barrier(members_return=True)`). Its journal keeps the open round and the one before; each member
 says, as it registers again, the rounds of its checkpoints; once every live member is back, the run goes on at the
-newest kept round of which every live member has a checkpoint (`barrier_journal.resume_point`, the rule of `mosaicd
-cluster --resume` too), every member from its checkpoint of that round: exactly the run that was never stopped.
-Where there is no such round the run says so and why, and does not go on otherwise (`NotExact`).
+newest kept round of which every live member has a checkpoint (`mosaic_proto.resume_point`, the rule of `mosaicd
+cluster --resume` too, fed the journal's kept states by `barrier_journal.resume_point`), every member from its
+checkpoint of that round: exactly the run that was never stopped. Where there is no such round the run says so and
+why, and does not go on otherwise (`NotExact`).
 
-`Comeback` keeps who is back and what each holds, and chooses; the registration's long polls are the
+`Comeback` keeps who is back and what each holds, and feeds the rule; the registration's long polls are the
 `Registrar`'s (registration.py), the state of the chosen round the `Barrier`'s (`resume_at`).
 """
 

@@ -31,6 +31,7 @@ class RunEnd:
         self.done = asyncio.Event()
         self.output_error: str | None = None  # why the run was ended early (`ended_early`): nothing more is saved
         self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
+        self.interrupted_by: list[int] = []  # the members whose stop interrupted the run (`interrupted`)
         if resumed_at is not None:
             self.resumed(resumed_at)
 
@@ -40,14 +41,24 @@ class RunEnd:
         where its summary said so)."""
         self.resumed_at = round
         earlier = self.stopped.get("resumed")
-        why = self.stopped.get("error") if self.stopped.get("status") == "failed" else None
+        why = self.stopped.get("error") if self.stopped.get("status") in ("failed", "interrupted") else None
         self.recorder.note("resumed", [*(earlier if isinstance(earlier, list) else []), {
             "round": round, "stopped_at_round": self.stopped_at, "at": utc_now(), "stopped": why}])
 
-    def members_stopped(self, ranks: list[int]) -> None:
-        """The run is interrupted because these members were told to stop: summary.json says so, and a barrier
-        started again on it waits for every member to come back with its checkpoints (stops.py)."""
+    def interrupted(self, reason: str, ranks: list[int], left: list[int]) -> None:
+        """The run is interrupted because members were told to stop (`ranks`: every one so far; one told to stop
+        after that is counted too, and summary.json said again): summary.json says so (`members_stopped`), a barrier
+        started again on it waits for every member to come back with its checkpoints (`BarrierState.stop`); then
+        `done`. Said at warning by the runner, not as a failure."""
+        if (self.output_error is not None or self.done.is_set()) and not self.interrupted_by:
+            return
+        self.interrupted_by, self.output_error = ranks, reason
         self.recorder.note("members_stopped", ranks)
+        try:
+            self.recorder.fail(reason, left=list(left))
+        except OSError:
+            pass
+        self.done.set()
 
     def left(self, rank: int, reason: str) -> None:
         self.leave_reasons.setdefault(rank, reason)

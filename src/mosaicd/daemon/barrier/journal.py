@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mosaic_proto import BarrierPhases, BarrierState
+from mosaic_proto import resume_point as resume_rule
 from mosaicd.files import write_whole
 from mosaicd.rundir import journal as journal_file
 from mosaicd.settings import RunConfig, SettingsError
@@ -120,14 +121,10 @@ def rounds(out: Path) -> list[int]:
 
 def resume_point(out: Path, run: RunConfig, held: Mapping[int, Collection[int]], counted: bool = False,
                  secured: bool = True) -> tuple[int, set[int]] | None:
-    """The one rule of an exact resume: the newest open round the journal in OUT keeps (`rounds`) of which every
+    """The one rule of an exact resume (`mosaic_proto.resume_point`, fed the states kept here): the newest open round
+    the journal in OUT keeps (`rounds`) of which every
     live member of that round (joining ones too) holds a checkpoint (`held`: rank -> the rounds of its checkpoints),
     and those members; None where there is none. `cluster --resume` asks it with the checkpoints in OUT/state, the
     barrier of a peer list with those its members say they hold as they register again (`load`'s ResumeError for a
     run of other settings)."""
-    for round in rounds(out):
-        state = load(out, run, round, counted, secured)["state"]
-        members = set(state["live"]) | set(state["joining"])
-        if all(round in held.get(rank, ()) for rank in members):
-            return round, members
-    return None
+    return resume_rule((load(out, run, round, counted, secured)["state"] for round in rounds(out)), held)

@@ -1,6 +1,7 @@
 """Every member must build the same model. Each arrival says which layout its node fragments (the number of values
 and the fragmentation's fingerprint); a member whose layout is not the others' ends the run at once, failed, naming
-both, instead of a run that "finishes" with every fragment refused as foreign_fingerprint."""
+both, instead of a run that "finishes" with every fragment refused as foreign_fingerprint. The claim is read here
+(`claimed_layout`); whether it differs is the state's to decide (`BarrierState.claim_layout`)."""
 
 from __future__ import annotations
 
@@ -24,25 +25,3 @@ def claimed_layout(body: dict[str, Any]) -> tuple[int, str] | None:
         raise bad_request("bad_field", "field 'layout' must be {\"values\": a non-negative integer, \"fingerprint\": "
                           f"at most {FINGERPRINT_CHARS} hex digits}}")
     return values, fingerprint.lower()
-
-
-class LayoutClaims:
-    """The layout the first arrival of this barrier's process claimed, and who claimed it."""
-
-    def __init__(self) -> None:
-        self.first: tuple[int, int, str] | None = None  # rank, values, fingerprint
-
-    def differs(self, rank: int, claim: tuple[int, str] | None) -> str | None:
-        """Why `rank`'s layout cannot take part in the run (None if it can, or if it claims none)."""
-        if claim is None:
-            return None
-        if self.first is None:
-            self.first = (rank, *claim)
-            return None
-        first, values, fingerprint = self.first
-        if claim[1] == fingerprint:
-            return None
-        how = (f"a model of {claim[0]} values, rank {first}'s of {values}" if claim[0] != values else
-               f"the same {values} values as rank {first}, in another layout (tensor names or shapes)")
-        return (f"the members build different models: rank {rank} fragments {how} (fingerprints {claim[1][:12]} and "
-                f"{fingerprint[:12]}); every member must build the same model")

@@ -1,15 +1,16 @@
 """Registration at the barrier: the long polls of the nodes that register (until the roster is made), come back
 (join), come back at new addresses (a resumed run: rebind), come back with their checkpoints to a run resumed where
 they all start again (rank 0 of a peer list: comeback.py) or withdraw; how the node count is learned where it is
-not given (the addresses a DNS name resolves to once they hold still, or the nodes registered once no new one came
-for a while); and the run failing at --register-deadline. The long polls ask the state (`Host.decide`: `register`,
-`close`, `join`, `rebind`, `withdraw`) and wait; they write nothing of it: the barrier runs what each decision calls
-for (`DecisionRunner.apply`: journal, timer, records, notices) and tells them (`roster_made`, `all_back`)."""
+not given (it reads the addresses a DNS name resolves to, or the nodes registered, and the state takes the count
+once it holds still: `BarrierState.count`); and the run failing at --register-deadline. The long polls ask the state
+(`Host.decide`: `register`, `close`, `join`, `rebind`, `withdraw`, `count`) and wait; they write nothing of it: the
+barrier runs what each decision calls for (`DecisionRunner.apply`: journal, timers, records, notices) and tells them
+(`roster_made`, `all_back`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from mosaic_proto import BarrierError, BarrierReason, BarrierState, Registration
@@ -32,8 +33,7 @@ class Host(Protocol):
 
     def now(self) -> float: ...
 
-    def decide(self, ask: Callable[[BarrierState, float], Asked], why: str = "", registration: bool = False
-               ) -> Asked: ...
+    def decide(self, ask: Callable[[BarrierState, float], Asked]) -> Asked: ...
 
     def close_roster(self, run: RunConfig) -> None: ...
 
@@ -58,8 +58,7 @@ class Registrar:
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
         """What runs while nodes register: the deadline, and the node count where it is not given."""
         host = self.host
-        return [self._deadline(), count_nodes(host.options, host.run.fanout, host.now,
-                                              lambda: host.state.phases.registering,
+        return [self._deadline(), count_nodes(host.options, lambda: host.state.phases.registering,
                                               lambda: len(host.state.pending), self._counted)]
 
     def roster_made(self) -> None:
@@ -175,20 +174,21 @@ class Registrar:
         if comeback is not None and state.phases.rebinding and comeback.forget(address):
             host.log.warning("withdrew", address=address, reason=reason, back=len(comeback.addresses))
             return {"withdrawn": address, "registered": len(comeback.addresses)}
-        withdrawal = host.decide(lambda s, now: s.withdraw(address), why=reason)
+        withdrawal = host.decide(lambda s, now: s.withdraw(address, reason))
         if withdrawal is not None:
             return withdrawal.to_json()
         if address in state.addresses:
             return await host.leave(state.addresses.index(address), reason)
         raise BarrierError(BarrierReason.UNKNOWN_RANK, f"{address} has not registered")
 
-    def _counted(self, expected: int) -> None:
-        """The node count learned while nodes register (0: it moves): the roster is made once they are all here."""
+    def _counted(self, reading: int) -> None:
+        """The node count read while nodes register: the state takes it once it holds still (`BarrierState.count`),
+        and the roster is made once they are all here."""
         host = self.host
         if not host.state.phases.registering:
             return
-        host.decide(lambda s, now: s.count(expected))
-        if expected:
+        host.decide(lambda s, now: s.count(reading, now))
+        if host.state.expected:
             self._close_if_complete()
         host.metrics.expected.set(host.state.expected)
 
@@ -246,44 +246,21 @@ def deadline_passed(options: DaemonOptions, registered: Iterable[str], expected:
             f"{expected or '?'} nodes" + (f"; not registered: {', '.join(missing)}" if missing else ""))
 
 
-async def count_nodes(options: DaemonOptions, fanout: int, clock: Callable[[], float],
-                      registering: Callable[[], bool], registered: Callable[[], int],
+async def count_nodes(options: DaemonOptions, registering: Callable[[], bool], registered: Callable[[], int],
                       counted: Callable[[int], None]) -> None:
-    """Where the barrier is not told the node count, learn it while nodes register (`counted(n)`; 0: not known
-    now): --expect-dns counts the addresses the name resolves to once they hold still for --dns-settle seconds;
-    --expect-settle counts the nodes registered once none new has come for that many seconds, or for twice the
-    longest pause between two registrations so far, whichever is longer (replicas that start on a loaded host come
-    in bursts), three times as long while too few came for the run's fanout (more are likely on their way; if not,
-    the run fails saying why)."""
+    """Where the barrier is not told the node count, read it while nodes register (`counted(reading)`; the state
+    takes it once it holds still: `BarrierState.count`, its `CountRule`): --expect-dns reads the addresses the name
+    resolves to every half second, --expect-settle the nodes registered every quarter second."""
     if options.expect_dns:
-        async def resolved() -> int:
+        async def read() -> int:
             return len(await asyncio.to_thread(resolve_all, options.expect_dns))
-
-        await settled_count(clock, registering, resolved, lambda count, longest: options.dns_settle, counted,
-                            every=0.5)
+        every = 0.5
     elif options.expect_settle:
-        async def so_far() -> int:
+        async def read() -> int:
             return registered()
-
-        def settle(count: int, longest: float) -> float:
-            return max(options.expect_settle, 2 * longest) * (1 if count > fanout else 3)
-
-        await settled_count(clock, registering, so_far, settle, counted, every=0.25)
-
-
-async def settled_count(clock: Callable[[], float], registering: Callable[[], bool],
-                        read: Callable[[], Awaitable[int]], settle: Callable[[int, float], float],
-                        counted: Callable[[int], None], every: float) -> None:
-    """While `registering()`: count the nodes as `read()` once it has held still for `settle(count, longest pause
-    between two changes so far)` seconds; nothing is counted while it moves (`counted(0)`)."""
-    changed, last, longest = clock(), -1, 0.0
+        every = 0.25
+    else:
+        return
     while registering():
-        count = await read()
-        if count != last:
-            if last > 0:
-                longest = max(longest, clock() - changed)
-            last, changed = count, clock()
-            counted(0)
-        if count and clock() - changed >= settle(count, longest):
-            counted(count)
+        counted(await read())
         await asyncio.sleep(every)

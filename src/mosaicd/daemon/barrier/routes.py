@@ -229,8 +229,9 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
 
 
 def status_phase(barrier: Barrier) -> str:
-    """The run's phase as /v1/status says it: finished only once its last row and summary.json are written."""
-    return barrier.state.phases.said(barrier.done.is_set()).value
+    """The run's phase as /v1/status says it: finished only once its last row and summary.json are written;
+    interrupted where its members were told to stop (a person stopped it, as summary.json says)."""
+    return "interrupted" if barrier.stopped_by_members() else barrier.state.phases.said(barrier.done.is_set()).value
 
 
 def latest_per_node(rounds: list[dict[str, Any]]) -> dict[str, float]:

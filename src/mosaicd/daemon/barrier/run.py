@@ -6,6 +6,7 @@ import asyncio
 import signal
 from typing import Any
 
+from mosaic_proto import STOP_HOLD_S
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.console import BarrierConsole, local_url
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
@@ -85,7 +86,8 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         await barrier.done.wait()
         if console is not None:
             await console
-        await asyncio.sleep(max(settings.linger, 1.0))
+        # a run its members stopped stays a moment, so that every member told to stop is heard and counted
+        await asyncio.sleep(max(settings.linger, STOP_HOLD_S if barrier.stopped_by_members() else 1.0))
     except asyncio.CancelledError:  # Ctrl-C, or SIGTERM
         barrier.interrupt()
         if not barrier.done.is_set():
@@ -96,10 +98,10 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         # SIGTERM while it lingered after the run's end (`compose down`): it exits as the run ended, not 130
     finally:
         await runner.cleanup()
+    if barrier.stopped_by_members():  # its members were told to stop: interrupted, as by Ctrl-C, resumable
+        return 130
     if barrier.output_error is not None:  # ended early (a write that failed): one line, naming the path
         raise RunEnded(barrier.output_error)
-    if barrier.stopped_by_members():
-        return 130  # interrupted, as by Ctrl-C: resumable
     return 0 if barrier.state.phases.finished else 1
 
 

@@ -1,16 +1,19 @@
-"""The one place the barrier runs what `mosaic_proto.BarrierState` decides, in the one order: journal, timer, records,
+"""The one place the barrier runs what `mosaic_proto.BarrierState` decides, in the one order: journal, timers, records,
 notices (as hyper-h2's connection runs one side effect per transition of its table).
 
-`DecisionRunner.decide` feeds the state one input (a request, the clock, the daemon) and `apply` runs the decision it
-returns: save it (journal.py, before anyone hears of it: a restarted barrier never takes back what a node heard),
-re-arm the deadline timer, record it (logs, metrics, nodes.csv, the collections of evaluation rounds), then tell
-whoever waits for it (`Notices`, the registration's long polls). A failure is never saved: the run resumes from the
-last decision before it. `Barrier` (barrier.py) is this runner with the barrier's requests around it.
+`DecisionRunner.decide` is the one way in: it feeds the state one input (a request, the clock, the daemon) and `apply`
+runs the decision it returns: save it where the decision says it is `journaled` (journal.py, before anyone hears of
+it: a restarted barrier never takes back what a node heard), re-arm the timers at the times the state says (the open
+round's `deadline`, the held leaves' `held.until`), record it (logs, metrics, nodes.csv, the collections of
+evaluation rounds), then tell whoever waits for it (`Notices`, the registration's long polls). A failure is never
+saved: the run resumes from the last decision before it. `Barrier` (barrier.py) is this runner with the barrier's
+requests around it; it decides nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,11 +21,13 @@ import numpy as np
 
 from mosaic_proto import (
     SNAPSHOTS_KEPT,
+    STOP_HOLD_S,
     BarrierDecision,
     BarrierError,
     BarrierReason,
     BarrierState,
     Failure,
+    Held,
     Joined,
     Left,
     Rebound,
@@ -61,7 +66,8 @@ class DecisionRunner:
         self.stopping = False  # interrupt(): nothing more is decided
         self._collections: dict[int, asyncio.Task] = {}
         self.recollect: list[int] = []  # evaluations a resumed run collects with its first release (`collect_again`)
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = _Timer(self._on_deadline)  # at the open round's deadline
+        self._held = _Timer(self._on_held)  # when the leaves of members told to stop apply
         self._tasks: set[asyncio.Task] = set()
         self._ending: Release | None = None  # the last release, while its evaluations drain
 
@@ -102,36 +108,45 @@ class DecisionRunner:
         self.run = run
         self.decide(lambda state, now: state.close(now, run.min_members))
 
-    def decide(self, ask: Callable[[BarrierState, float], Asked], why: str = "", registration: bool = False) -> Asked:
+    def decide(self, ask: Callable[[BarrierState, float], Asked]) -> Asked:
         """Feed the state one input (`ask(state, now)`: a call on it) and run what it decided (`apply`): the one way
-        a request, the clock or the daemon changes the run."""
+        a request, the clock or the daemon changes the run. BarrierError: the state refused it, or its decision
+        could not be saved (the run ended, failed: `fail_output`)."""
         decided = ask(self.state, self.now())
-        if isinstance(decided, BarrierDecision):
-            self.apply(decided, why, registration)
+        self.apply(decided if isinstance(decided, BarrierDecision) else None)
         return decided
 
-    def apply(self, decision: BarrierDecision, why: str = "", registration: bool = False) -> None:
-        """The one place a decision is run, in the one order: journal (before anyone hears of it), the deadline
-        timer, records, notices. `why`: a leave's or withdrawal's reason; `registration`: a failure ends the
-        registration. BarrierError (run_failed) where the journal cannot be saved: the run ends at its last saved
-        decision, and `fail_output` told everyone. A failure is never saved: the run resumes from before it."""
-        release = decision if isinstance(decision, Release) else getattr(decision, "release", None)
-        if journaled(decision):
+    def apply(self, decision: BarrierDecision | None) -> None:
+        """The one place a decision is run, in the one order: journal (where the decision is `journaled`: before
+        anyone hears of it), the timers (at the times the state says now; `decision` None: nothing was decided,
+        only they are run), records, notices. BarrierError (run_failed) where the journal cannot be saved: the run
+        ends at its last saved decision, and `fail_output` told everyone. A failure is never saved: the run resumes
+        from before it."""
+        if decision is not None and decision.journaled:
             self.save_journal()
-            self.arm_deadline()
+        self._arm_timers()
+        if decision is None:
+            return
+        release = decision if isinstance(decision, Release) else getattr(decision, "release", None)
         try:
-            self._record(decision, why, registration)
+            self._record(decision)
             if release is not None:
                 self._record_release(release)
         except OSError as exc:
             self.fail_output(exc)
             if release is not None:  # its nodes hear that the run failed, not the release
                 return
-        self._tell(decision, registration)
+        self._tell(decision)
         if release is not None:
             self._tell_release(release)
 
-    def _record(self, decision: BarrierDecision, why: str, registration: bool) -> None:
+    def _arm_timers(self) -> None:
+        """Step 2 of `apply`: the timers at the times the state says (the open round's deadline: every wait ends,
+        whether or not anyone arrives; when the held leaves apply), none once the barrier stops."""
+        self._deadline.at(None if self.stopping else self.state.deadline)
+        self._held.at(None if self.stopping else self.state.held.until)
+
+    def _record(self, decision: BarrierDecision) -> None:
         """Step 3 of `apply`: the decision in the logs, metrics and files."""
         state = self.state
         if isinstance(decision, Roster):
@@ -141,7 +156,8 @@ class DecisionRunner:
             self.evaluator.prepare(self.run)
         elif isinstance(decision, Withdrawal):
             self.metrics.registered.set(decision.registered)
-            self.log.warning("withdrew", address=decision.address, reason=why, registered=decision.registered,
+            self.log.warning("withdrew", address=decision.address, reason=decision.reason,
+                             registered=decision.registered,
                              expected=state.expected)
         elif isinstance(decision, Rebound):
             self.log.info("rebound", rank=decision.rank, address=decision.address,
@@ -151,11 +167,16 @@ class DecisionRunner:
         elif isinstance(decision, Joined):
             self.log.info("joining", rank=decision.rank, address=decision.address, from_round=decision.from_round)
         elif isinstance(decision, Left):
-            self.ending.left(decision.rank, why)
+            self.ending.left(decision.rank, decision.reason)
             self.metrics.left.inc()
-            self.log.info("left", rank=decision.rank, reason=why, live=len(state.live), round=state.round)
-        elif isinstance(decision, Failure) and registration:
+            self.log.info("left", rank=decision.rank, reason=decision.reason, live=len(state.live), round=state.round)
+        elif isinstance(decision, Held):
+            self.log.info("leave_held", rank=decision.rank, reason=decision.reason, seconds=STOP_HOLD_S)
+        elif isinstance(decision, Failure) and decision.registration:
             self.ending.registration_failed(decision.reason)
+        elif isinstance(decision, Failure) and decision.stopped:  # a person stopped the run: resumable (comeback.py)
+            self.log.warning("interrupted", ranks=list(decision.stopped), detail=decision.reason)
+            self.ending.interrupted(decision.reason, list(decision.stopped), state.left)
         elif isinstance(decision, Failure):
             self.ending.ended_early(decision.reason, state.left)
 
@@ -170,12 +191,12 @@ class DecisionRunner:
             self._collections[due[0]] = self._spawn(self.evaluator.collect_rounds(self.run, due, live,
                                                                                   release.finished))
 
-    def _tell(self, decision: BarrierDecision, registration: bool) -> None:
+    def _tell(self, decision: BarrierDecision) -> None:
         """Step 4 of `apply`: whoever waits for the decision hears it."""
         if isinstance(decision, Roster | Rebound):
             self.heard(decision)
         elif isinstance(decision, Failure):
-            if registration:
+            if decision.registration:
                 self.done.set()
             self.notices.wake()
 
@@ -214,14 +235,6 @@ class DecisionRunner:
             self.fail_output(exc)
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}") from None
 
-    def arm_deadline(self) -> None:
-        """One timer, at the open round's deadline (every wait ends, whether or not anyone arrives)."""
-        if self._timer:
-            self._timer.cancel()
-            self._timer = None
-        if self.state.deadline is not None:
-            self._timer = asyncio.get_running_loop().call_at(self.state.deadline, self._on_deadline)
-
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -240,20 +253,15 @@ class DecisionRunner:
         return None
 
     def _on_deadline(self) -> None:
-        self._timer = None
-        if self.publish(lambda state, now: state.tick(now)) is None:
-            self.arm_deadline()
+        """The clock reached the open round's deadline: the state releases it (or, early, `apply` re-arms)."""
+        with _nobody_waits():
+            self.decide(lambda state, now: state.tick(now))
 
-    def publish(self, ask: Callable[[BarrierState, float], Release | None]) -> Release | None:
-        """An arrival or the clock (`ask(state, now)`: BarrierError if refused): the release it decided, if any, run
-        (`apply`). A journal that cannot be saved ends the run, and the nodes waiting hear that instead."""
-        release = ask(self.state, self.now())
-        if release is not None:
-            try:
-                self.apply(release)
-            except BarrierError:  # fail_output told everyone
+    def _on_held(self) -> None:
+        """The clock reached `held.until`: the held leaves apply, one decision each."""
+        with _nobody_waits():
+            while not self.stopping and self.decide(lambda state, now: state.leave_held(now)) is not None:
                 pass
-        return release
 
     async def _end_after_evaluations(self, release: Release) -> None:
         """The run's last release: summary.json once its evaluations are done (nobody waits for them meanwhile)."""
@@ -268,10 +276,7 @@ class DecisionRunner:
         journal, so the run can be resumed from its last decision; every waiting node hears `reason`."""
         if self.output_error is not None or self.done.is_set():
             return
-        if self.state.phases.failed:  # failed already (too few members): its end is recorded now, for `reason`
-            self.apply(Failure(reason, self.state.round))
-        else:
-            self.decide(lambda state, now: state.fail(reason))
+        self.decide(lambda state, now: state.end(reason))
 
     def fail_output(self, exc: OSError) -> None:
         """A write failed (a full disk...): the run ends, failed, at its last saved decision (the journal is
@@ -295,17 +300,40 @@ class DecisionRunner:
         """Decide nothing more; every waiting arrival is answered 503 barrier_stopping now. On Ctrl-C the journal so
         stays where the console says (as after a SIGKILL): the nodes retry against the barrier started again."""
         self.stopping = True
-        if self._timer:
-            self._timer.cancel()
+        self._deadline.at(None)
+        self._held.at(None)
         for task in list(self._tasks):
             task.cancel()
         self.notices.wake()
 
 
-def journaled(decision: BarrierDecision) -> bool:
-    """Whether nodes hear of `decision` (saved before they do): not a withdrawal before the roster, nor a member back
-    while others are awaited, nor a failure (the run resumes from its last decision before it)."""
-    return not isinstance(decision, Withdrawal | Failure) and (not isinstance(decision, Rebound) or decision.all_back)
+def _nobody_waits() -> contextlib.suppress:
+    """The clock as an input: nobody waits on it for an answer. A decision that could not be saved (BarrierError)
+    ended the run, and `fail_output` told every waiting node."""
+    return contextlib.suppress(BarrierError)
+
+
+class _Timer:
+    """One timer of the runner's (`DecisionRunner._arm_timers`, step 2 of `apply`): armed at the time the state
+    says, re-armed where it moved, none at None."""
+
+    def __init__(self, fire: Callable[[], None]) -> None:
+        self._fire = fire
+        self._when: float | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def at(self, when: float | None) -> None:
+        if when == self._when and (self._handle is not None or when is None):
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._when, self._handle = when, None
+        if when is not None:
+            self._handle = asyncio.get_running_loop().call_at(when, self._fired)
+
+    def _fired(self) -> None:
+        self._when, self._handle = None, None
+        self._fire()
 
 
 def stopping() -> BarrierError:

@@ -1,0 +1,153 @@
+"""The barrier's policies beside its phase table, each a small pure class that `BarrierState` holds and feeds (the
+daemon feeds the state: the clock, the node count it reads, the layouts the arrivals claim, the checkpoints its members
+hold), or a pure function: when a node count has settled, the leaves of members told to stop (held, or the run
+interrupted), a layout that differs, the round an exact resume goes on at. No I/O, no clock of their own."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["STOP_HOLD_S", "CountRule", "HeldStops", "LayoutClaim", "NodeCount", "resume_point", "too_few_reason"]
+
+# a member told to stop (a signal) has its leave held until no member was told to stop for this long: longer than the
+# spread of the signals of one `docker compose down`, short for one `docker stop`
+STOP_HOLD_S = 3.0
+
+
+@dataclass(frozen=True)
+class CountRule:
+    """How long the node count read while nodes register must hold still to be taken: `seconds`; `stretched`
+    (--expect-settle): at least twice the longest pause between two changes so far, and three times as long while no
+    more than `fanout` came (replicas that start on a loaded host come in bursts; if no more come, the run fails saying
+    why)."""
+
+    seconds: float
+    stretched: bool = False
+    fanout: int = 0
+
+    def settle(self, count: int, longest: float) -> float:
+        if not self.stretched:
+            return self.seconds
+        return max(self.seconds, 2 * longest) * (1 if count > self.fanout else 3)
+
+
+class NodeCount:
+    """The node count as read (DNS, the nodes registered), and when it last changed: taken once it held still."""
+
+    def __init__(self, rule: CountRule) -> None:
+        self.rule = rule
+        self._read, self._changed, self._longest = -1, 0.0, 0.0
+
+    def read(self, reading: int, now: float) -> int:
+        """The count read `now`: itself once it held still for the rule's time, else 0 (not known yet)."""
+        if reading != self._read:
+            if self._read > 0:
+                self._longest = max(self._longest, now - self._changed)
+            self._read, self._changed = reading, now
+        return reading if reading and now - self._changed >= self.rule.settle(reading, self._longest) else 0
+
+
+class HeldStops:
+    """The leaves of members told to stop, held (rank -> why, in the order heard) until `until`, when no member was
+    told to stop for `STOP_HOLD_S`. A person who stops the whole run stops every member within moments, and a run
+    whose members left one by one is journaled without them, so it could not go on where it was."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, str] = {}
+        self.until: float | None = None
+        self.stopped: list[int] = []  # once the run is interrupted: every member told to stop, counted (`count`)
+        self._how = ""
+
+    def __contains__(self, rank: int) -> bool:
+        return rank in self._held
+
+    def hold(self, rank: int, reason: str, now: float) -> float:
+        """Hold `rank`'s leave: when the held leaves apply now."""
+        self._held[rank] = reason
+        self.until = now + STOP_HOLD_S
+        return self.until
+
+    def too_many(self, live: Iterable[int], min_members: int) -> bool:
+        """Whether the members held would leave fewer live members than the run needs."""
+        return sum(1 for r in live if r not in self._held) < min_members
+
+    def interruption(self, members: int) -> tuple[str, tuple[int, ...]]:
+        """The run is interrupted instead (nothing held applies): why (for summary.json and every console: starts
+        "interrupted (", outputs.py), and the members held."""
+        first = next(iter(self._held.values()), "")
+        self._how = first.removeprefix("it was told to stop ").strip("()") or "a signal"
+        self.stopped = sorted(self._held)
+        self._held.clear()
+        self.until = None
+        return self._why(members)
+
+    def count(self, rank: int, members: int) -> tuple[str, tuple[int, ...]] | None:
+        """A member told to stop after the run was interrupted is counted too: why now, and who (None: counted)."""
+        if rank in self.stopped:
+            return None
+        self.stopped = sorted([*self.stopped, rank])
+        return self._why(members)
+
+    def _why(self, members: int) -> tuple[str, tuple[int, ...]]:
+        ranks = tuple(self.stopped)
+        return (f"interrupted ({len(ranks)} of {members} members were told to stop ({self._how}), ranks "
+                f"{list(ranks)}: the run was stopped, not failed)"), ranks
+
+    def due(self, now: float) -> tuple[int, str] | None:
+        """The next held leave to apply (rank, why), once `until` is reached; None: none (left), or not yet."""
+        if self.until is None or now < self.until:
+            return None
+        if not self._held:
+            self.until = None
+            return None
+        rank = min(self._held)
+        return rank, self._held.pop(rank)
+
+    def drop(self, rank: int) -> None:
+        """`rank` is back (it registered again): it does not leave."""
+        self._held.pop(rank, None)
+
+
+class LayoutClaim:
+    """Every member must build the same model: the layout the first arrival claimed (rank, values, fingerprint)."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, int, str] | None = None
+
+    def differs(self, rank: int, claim: tuple[int, str] | None) -> str | None:
+        """Why `rank`'s layout (values, fingerprint; None: it claims none) cannot take part in the run, or None."""
+        if claim is None:
+            return None
+        if self.first is None:
+            self.first = (rank, *claim)
+            return None
+        first, values, fingerprint = self.first
+        if claim[1] == fingerprint:
+            return None
+        how = (f"a model of {claim[0]} values, rank {first}'s of {values}" if claim[0] != values else
+               f"the same {values} values as rank {first}, in another layout (tensor names or shapes)")
+        return (f"the members build different models: rank {rank} fragments {how} (fingerprints {claim[1][:12]} and "
+                f"{fingerprint[:12]}); every member must build the same model")
+
+
+def resume_point(kept: Iterable[dict[str, Any]], held: Mapping[int, Collection[int]]) -> tuple[int, set[int]] | None:
+    """The one rule of an exact resume: the newest of the `kept` states (`BarrierState.to_json`, newest first) of
+    whose open round every live member (joining ones too) holds a checkpoint (`held`: rank -> the rounds of its
+    checkpoints), and those members; None where there is none."""
+    for state in kept:
+        members = set(state["live"]) | set(state["joining"])
+        if all(state["round"] in held.get(rank, ()) for rank in members):
+            return state["round"], members
+    return None
+
+
+def too_few_reason(t: int, live: Collection[int], dropped: list[int], left: list[int], min_members: int,
+                   missed: str) -> str:
+    """Why a run with too few `live` members after round `t` ends (`missed`: what made the `dropped` ones drop)."""
+    gone = ", ".join(([f"dropped {dropped} ({missed})"] if dropped else []) + ([f"left {left}"] if left else []))
+    if not live:
+        return f"every member was dropped or left by round {t}; {gone}"
+    return (f"{len(live)} members are left after round {t} ({list(live)}), fewer than the {min_members} the run needs "
+            f"(each sends every fragment to {min_members - 1} others); {gone}")
