@@ -1,5 +1,10 @@
-"""n nodes' rounds in one process: the reference every deployment must match bit for bit (`RoundState`s exchanging
-bytes, or for honest rounds `exchange.exchange_round`, which gives the same models and reports)."""
+"""n nodes' rounds in one process: the reference every deployment must match bit for bit.
+
+Each node is a `NodeState`, fed the inputs a daemon feeds its own (registered, started, outgoing, sent, released,
+finishing, finished), so that every node rule (its phase, whether a release leaves it out, its end) is the one the
+daemon runs. The rounds themselves are computed here for all nodes at once: `RoundState`s exchanging bytes, or for
+honest rounds `exchange.exchange_round`, which gives the same models and reports; each node's state is handed its
+round's outcome (`NodeState(own_rounds=False)`)."""
 
 from __future__ import annotations
 
@@ -13,11 +18,13 @@ from .barrier import BarrierState, Release
 from .compression import Compressor
 from .exchange import exchange_round
 from .fragmentation import Fragmentation
+from .node import NodeOutcome, NodeState
 from .robust import Aggregator, AggregatorKind
-from .round import RoundReport, RoundState
+from .round import RoundOutcome, RoundReport, RoundState
 from .sampling import PeerSampler
 from .wire import WireError
 
+_NONE_DELIVERED: Mapping[int, tuple[int, int]] = {}  # what a state that computes no round of its own hears
 TrainFn = Callable[[int, int, np.ndarray], tuple[np.ndarray, float]]
 
 
@@ -61,6 +68,8 @@ class InMemoryNetwork:
     `aggregator`: every node's rule (None: mean); `attacks`: node -> how that node lies (its round states get
     the model each round started from, as a daemon's do: none in round 0); `max_norm`: every node's --max-norm;
     `compressors`: node -> its codec and error feedback (--compress), kept across rounds as a daemon keeps its own.
+    `nodes`: node -> its `NodeState`, which decides its phase each round as a daemon's does (a member the release
+    leaves out is DROPPED by its own state, and is no member from then on).
 
     A round where every node keeps to the protocol and averages (no attack, no --max-norm, the mean rule) is
     exchanged as arrays (`exchange.exchange_round`): the same models and reports as messages, at a fraction of the
@@ -87,6 +96,18 @@ class InMemoryNetwork:
             for i in self.members:
                 barrier.register(in_memory_address(i), self.clock)
             barrier.close(self.clock)
+        self.nodes = self._registered(self.members, 0)
+
+    def _registered(self, members: Sequence[int], round: int) -> dict[int, NodeState]:
+        """Every member's `NodeState`, registered at `round` and started: what a daemon's is once it knows the
+        model. The network computes their rounds (`own_rounds=False`) and keeps their models: no snapshots."""
+        live, nodes = tuple(members), {}
+        for i in live:
+            node = nodes[i] = NodeState(max_norm=self.max_norm, own_rounds=False, snapshots=0)
+            node.registered(i, (), live, round, self.run_id, self.clock)
+            node.start(self.fragmentation, self.sampler, self.vectors[i], aggregator=self.aggregator,
+                       attack=self.attacks.get(i), compressor=self.compressors.get(i))
+        return nodes
 
     def restore(self, vectors: Sequence[np.ndarray], round: int, clock: float, members: Sequence[int],
                 barrier: BarrierState | None) -> None:
@@ -97,6 +118,7 @@ class InMemoryNetwork:
             raise ValueError(f"restore: {len(vectors)} models for a network of {len(self.vectors)} nodes")
         self.vectors = [np.ascontiguousarray(v, dtype=np.float32) for v in vectors]
         self.round, self.clock, self.members, self.barrier = round, clock, list(members), barrier
+        self.nodes = self._registered(self.members, round)
 
     def step(self, absent: Collection[int] = (), arrivals: Mapping[int, float] | None = None) -> RoundRecord:
         """One round; `absent` members miss it. `arrivals`: when each present member arrives at the barrier on the
@@ -107,6 +129,10 @@ class InMemoryNetwork:
         present = [i for i in members if i not in absent]
         if self.batched:
             return self._exchanged(t, present, arrivals)
+        for i in members:  # each state hears it; what the node sends is its `RoundState`'s below
+            node = self.nodes[i]
+            node.outgoing(self.vectors[i], self.clock)
+            node.sent(_NONE_DELIVERED, (), self.clock)
         states = {i: RoundState(node=i, round=t, members=members, fragmentation=self.fragmentation,
                                 sampler=self.sampler, run_id=self.run_id, planned_only=True, max_norm=self.max_norm,
                                 aggregator=self.aggregator, attack=self.attacks.get(i),
@@ -127,27 +153,38 @@ class InMemoryNetwork:
                     state.mark_unsent(message)
         release = self._barrier(t, present, arrivals)
         outcomes = {i: s.finish() for i, s in states.items()}
-        for i, outcome in outcomes.items():
-            self.vectors[i] = outcome.vector
-        if release is not None:
-            self.members = list(release.members)
-        self.round += 1
+        self._released(release, outcomes)
         return RoundRecord(t, losses, [o.report for o in outcomes.values()], present, release)
 
     def _exchanged(self, t: int, present: list[int], arrivals: Mapping[int, float] | None) -> RoundRecord:
         """`step` for a round of nodes that all keep to the protocol: trained one by one, exchanged as arrays."""
-        losses, trained = [], {}
+        losses, trained, nodes, now = [], {}, self.nodes, self.clock
+        for i in self.members:  # the state sends nothing itself: the network computes every node's round below
+            node = nodes[i]
+            node.outgoing(self.vectors[i], now)
+            node.sent(_NONE_DELIVERED, (), now)
         for i in present:
             trained[i], loss = self.train(i, t, self.vectors[i]) if self.train else (self.vectors[i], float("nan"))
             losses.append(loss)
         vectors, reports = exchange_round(t, self.members, trained, self.fragmentation, self.sampler, self.run_id)
         release = self._barrier(t, present, arrivals)
-        for i in present:
-            self.vectors[i] = vectors[i]
-        if release is not None:
-            self.members = list(release.members)
-        self.round += 1
+        self._released(release, {i: RoundOutcome(vectors[i], reports[i], ()) for i in present})
         return RoundRecord(t, losses, [reports[i] for i in present], present, release)
+
+    def _released(self, release: Release | None, outcomes: Mapping[int, RoundOutcome]) -> None:
+        """Every member's state hears the release (a member that missed the round aggregates nothing: it keeps its
+        model) and decides: the next round's members are those it did not leave out (as a daemon's drop them)."""
+        members = tuple(release.members) if release is not None else tuple(self.members)
+        nodes, now, kept, missed = self.nodes, self.clock, [], RoundReport(self.round)
+        stragglers = release.stragglers if release is not None else ()
+        for i in self.members:
+            outcome = outcomes.get(i) or RoundOutcome(self.vectors[i], missed, ())
+            advance = nodes[i].released(members, {}, stragglers, now, computed=outcome)
+            self.vectors[i] = advance.vector
+            if advance.outcome is NodeOutcome.AGGREGATED:
+                kept.append(i)
+        self.members = kept
+        self.round += 1
 
     def _barrier(self, round: int, present: list[int], arrivals: Mapping[int, float] | None = None) -> Release | None:
         """Every present member arrives (now, or at its time in `arrivals`, in time order); if some are missing, the
@@ -167,7 +204,12 @@ class InMemoryNetwork:
 
     def finish(self) -> Release | None:
         """The members arrive at round `rounds` (done with the run): the barrier's final release."""
-        return self._barrier(self.round, self.members) if self.barrier is not None else None
+        for i in self.members:
+            self.nodes[i].finishing()
+        release = self._barrier(self.round, self.members) if self.barrier is not None else None
+        for i in self.members:
+            self.nodes[i].finished()
+        return release
 
     def run(self, rounds: int, on_round: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
         records = []

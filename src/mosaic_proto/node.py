@@ -22,11 +22,11 @@ value (`Sending`, `Advance`, a `NodeOutcome`), which the caller runs (`Peer`, `I
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from .fragmentation import Fragmentation
 from .profiles import MIN_SEND_BUDGET_S, send_margin
 from .report import NodeReport
 from .robust import Aggregator
-from .round import OutgoingMessage, Receipt, RoundReport, RoundState, decoded
+from .round import OutgoingMessage, Receipt, RoundOutcome, RoundReport, RoundState, decoded
 from .sampling import PeerSampler
 from .wire import DEFAULT_MAX_BYTES, FragmentBatch, WireError
 
@@ -115,6 +115,7 @@ TAKES_FRAGMENTS = frozenset({P.TRAINING, P.SENDING, P.WAITING})  # a round is op
 WAITS_FOR_MODEL = frozenset({P.REGISTERING})  # fragments that come now may wait for the model (it comes soon)
 GONE = frozenset({P.LEAVING, P.LEFT, P.FINISHED})  # the run is over for the node, or it tells the barrier it leaves
 _REFUSED_FOR_GOOD = GONE | {P.FINISHING}  # phases that take no fragment again: a sender must not retry
+_NOBODY: frozenset[int] = frozenset()
 
 
 class NodeStateError(RuntimeError):
@@ -130,8 +131,7 @@ class NodeRefused(Exception):
         self.reason, self.detail, self.retry = reason, detail, retry
 
 
-@dataclass(frozen=True)
-class Sending:
+class Sending(NamedTuple):
     """What `outgoing` decided: the round's messages, one per receiving peer (NOTED), or REFUSED (`why`): this node
     has no round to send in (no model yet, or its run is over)."""
 
@@ -140,18 +140,17 @@ class Sending:
     why: str = ""
 
 
-@dataclass(frozen=True)
-class Advance:
+class Advance(NamedTuple):
     """What a release decided (`outcome`): AGGREGATED (the next round is open), LEFT_OUT (the release does not name
     this node: it is DROPPED) or FAILED (the run ended, failed: `failure` says why); and the round's aggregated
     vector and full report, the next round's early messages."""
 
     outcome: NodeOutcome
     vector: np.ndarray
-    report: NodeReport
-    taken: RoundReport  # the messages buffered for the next round, accepted (or refused) by its state just now
+    report: NodeReport | None  # None where the caller computes the rounds (`NodeState(own_rounds=False)`)
+    taken: RoundReport | None  # the next round's messages taken early (None where the caller computes the rounds)
     sent: RoundReport  # the finished round's outgoing traffic
-    failure: str = ""
+    failure: str | None = None
 
     @property
     def left_out(self) -> bool:
@@ -175,14 +174,17 @@ class Snapshots(dict[int, np.ndarray]):
     peers that rejoin); `metrics`: round -> the node's metrics of that round (its own evaluation of the model after
     it, or what a training loop reported), served with the snapshot and dropped with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: int = SNAPSHOTS_KEPT) -> None:
         super().__init__()
+        self.kept = kept  # 0: none (nobody asks for them: the in-memory network)
         self.metrics: dict[int, dict[str, Any]] = {}
 
     def keep(self, round: int, vector: np.ndarray) -> None:
+        if not self.kept:
+            return
         self[round] = vector
-        self.pop(round - SNAPSHOTS_KEPT, None)
-        for old in [r for r in self.metrics if r <= round - SNAPSHOTS_KEPT]:
+        self.pop(round - self.kept, None)
+        for old in [r for r in self.metrics if r <= round - self.kept]:
             del self.metrics[old]
 
     def keep_metrics(self, round: int, metrics: dict[str, Any]) -> None:
@@ -204,6 +206,12 @@ class Snapshots(dict[int, np.ndarray]):
         return None if vector is None else (last, vector)
 
 
+def _ascending(ranks: Iterable[int]) -> tuple[int, ...]:
+    """Members as ascending ranks: a tuple as it is (a `Release`'s: the barrier's are ascending, and n nodes of an
+    in-memory network share one), anything else sorted."""
+    return ranks if isinstance(ranks, tuple) else tuple(sorted(int(m) for m in ranks))
+
+
 class NodePhases:
     """A node's phase and the one table it moves along, apart from the rounds and models (h11's `ConnectionState`):
     every phase check is here, so that what a phase allows is read off the table."""
@@ -221,10 +229,11 @@ class NodePhases:
 
     def fire(self, input: NodeInput, outcome: NodeOutcome, rank: int = -1) -> NodePhase:
         """The one place the phase changes: along `NODE_TRANSITIONS`, or NodeStateError (nothing changes)."""
-        to = NODE_TRANSITIONS[self._phase].get(input, {}).get(outcome)
-        if to is None:
-            raise NodeStateError(f"node {rank}: {input.value} cannot end {outcome.value} while {self._phase.value}")
-        self._phase = to
+        try:
+            self._phase = to = NODE_TRANSITIONS[self._phase][input][outcome]
+        except KeyError:
+            raise NodeStateError(f"node {rank}: {input.value} cannot end {outcome.value} while "
+                                 f"{self._phase.value}") from None
         return to
 
     def expect(self, input: NodeInput, rank: int = -1) -> None:
@@ -267,22 +276,25 @@ class NodePhases:
 
 class NodeState:
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_norm: float | None = None, rejoining: bool = False,
-                 on_refused: Callable[[str, int], None] | None = None) -> None:
+                 on_refused: Callable[[str, int], None] | None = None, own_rounds: bool = True,
+                 snapshots: int = SNAPSHOTS_KEPT) -> None:
         """`rejoining`: it was a member of the run before (a checkpoint, or the daemon's note of its
         registration), so fragments of rounds it lost are refused at once (retry), not held until it is ready.
         `on_refused(reason, count)`: told of what a round refuses on its own (--max-norm, the aggregator's cuts),
         for a daemon's counters (reports count them). The clock is the caller's: every call that times a phase
-        takes `now` (seconds)."""
-        self.max_bytes, self.max_norm, self.on_refused = max_bytes, max_norm, on_refused
+        takes `now` (seconds). `own_rounds=False`: its caller computes each round (`InMemoryNetwork`: every node's at
+        once) and hands `released` its outcome; the state still decides every move of the node's phase.
+        `snapshots`: how many models after the last rounds it keeps (0: none)."""
+        self.max_bytes, self.max_norm, self.on_refused, self.own_rounds = max_bytes, max_norm, on_refused, own_rounds
         self.aggregator: Aggregator | None = None
         self.attack: Attack | None = None
         self.compressor: Compressor | None = None
         self.phases = NodePhases(P.REJOINING if rejoining else P.REGISTERING)
         self.rank, self.round, self.run_id = -1, 0, ""
         self.addresses: list[str] = []
-        self.members: list[int] = []
-        self.starting: frozenset[int] = frozenset()  # members of the open round that may still be starting
-        self.snapshots = Snapshots()
+        self.members: tuple[int, ...] = ()  # ascending
+        self._starting: frozenset[int] | None = frozenset()  # None: every member (`starting`)
+        self.snapshots = Snapshots(snapshots)
         self.vector: np.ndarray | None = None
         self.last_report: NodeReport | None = None
         self.loss = math.nan
@@ -295,6 +307,12 @@ class NodeState:
         self._report: NodeReport | None = None
 
     phase = property(lambda self: self.phases.phase)
+
+    @property
+    def starting(self) -> frozenset[int]:
+        """Members of the open round that may still be starting: every one at registration (all were answered as
+        this node was), then those a release names as joined."""
+        return frozenset(self.members) if self._starting is None else self._starting
     gone = property(lambda self: self.phases.gone, doc="the run is over for this node, or it tells the barrier so")
     takes_fragments = property(lambda self: self.phases.takes_fragments)
     restarting = property(lambda self: self.phases.restarting, doc="`NodePhases.restarting`")
@@ -316,10 +334,9 @@ class NodeState:
             outcome = Out.NOTED
         self.phases.fire(In.REGISTERED, outcome, rank)
         self.rank, self.addresses, self.round, self.run_id = rank, list(addresses), round, run_id
-        self.members = sorted(int(m) for m in live)
-        self.starting = frozenset(self.members)  # every one was answered as this node was: some may still start
+        self.members, self._starting = _ascending(live), None
         self._opened = now
-        if outcome is Out.READMITTED:
+        if outcome is Out.READMITTED and self.own_rounds:
             self._open_round(())
         return outcome
 
@@ -334,7 +351,8 @@ class NodeState:
         self.phases.fire(In.STARTED, Out.NOTED, self.rank)
         self.fragmentation, self.sampler, self.aggregator, self.attack = fragmentation, sampler, aggregator, attack
         self.compressor = compressor
-        self._open_round(())
+        if self.own_rounds:
+            self._open_round(())
         if vector is not None:
             self.begin(vector)
 
@@ -372,8 +390,9 @@ class NodeState:
             return Sending(outcome, [], f"a node sends once it is registered and has its model, not while "
                            f"{self.phase.value}")
         self._sending = now
-        assert self._round is not None
-        return Sending(Out.NOTED, self._round.outgoing(np.asarray(local, dtype=np.float32)))
+        if self._round is None:  # its caller computes the round (`own_rounds=False`)
+            return Sending(outcome, [])
+        return Sending(outcome, self._round.outgoing(np.asarray(local, dtype=np.float32)))
 
     def send_budget(self, round_deadline: float, now: float) -> float:
         """Seconds the sends may take now: what is left of the round's deadline (counted from its release) less
@@ -381,14 +400,16 @@ class NodeState:
         return max(round_deadline - send_margin(round_deadline) - (now - self._opened), MIN_SEND_BUDGET_S)
 
     def sent(self, delivered: Mapping[int, tuple[int, int]], unsent: Iterable[OutgoingMessage], now: float,
-             loss: float = math.nan, train_s: float = 0.0, aggregate_s: float = 0.0) -> NodeReport:
-        """The sends are over: `delivered` peer -> (fragments, bytes) it took; the report the arrival carries.
-        `train_s`, `aggregate_s`: what the caller timed (this round's training, the last release's aggregation)."""
+             loss: float = math.nan, train_s: float = 0.0, aggregate_s: float = 0.0) -> NodeReport | None:
+        """The sends are over: `delivered` peer -> (fragments, bytes) it took; the report the arrival carries (None
+        where its caller computes the rounds: it counts them too). `train_s`, `aggregate_s`: what the caller timed
+        (this round's training, the last release's aggregation)."""
         self.phases.fire(In.SENT, Out.NOTED, self.rank)
-        assert self._round is not None
+        self.loss = loss
+        if self._round is None:
+            return None
         for message in unsent:
             self._round.mark_unsent(message)
-        self.loss = loss
         self._report = NodeReport.of_traffic(
             self._round.report, loss=loss, refused=dict(self._refused), train_s=round(train_s, 6),
             send_s=round(now - self._sending, 6), aggregate_s=round(aggregate_s, 6),
@@ -398,32 +419,45 @@ class NodeState:
         return self._report
 
     def released(self, members: Iterable[int], joined: Mapping[int, str], stragglers: Iterable[int], now: float,
-                 failure: str = "") -> Advance:
+                 failure: str | None = None, computed: RoundOutcome | None = None) -> Advance:
         """The barrier released the round: aggregate and keep the snapshot; then, as the release decides, open the
         next round (AGGREGATED), or not: LEFT_OUT (this node is not among the next round's `members`: DROPPED) or
-        FAILED (`failure`: the run ended so; FINISHED). `joined`: rank -> address of members new to the run."""
-        self.phases.expect(In.RELEASED, self.rank)
-        assert self._round is not None and self._report is not None
-        outcome = self._round.finish()
-        t = self.round
-        self.vector = outcome.vector
-        self.snapshots.keep(t, outcome.vector)
-        self._opened = now
-        for rank, address in sorted(joined.items()):
-            if rank == len(self.addresses):  # a node that joined: the next free rank
-                self.addresses.append(address)
-        self.members = sorted(int(m) for m in members)
-        self.starting = frozenset(int(r) for r in joined)  # they heard of their place with this release, as we did
-        report = self._report.with_release(round(now - self._waiting, 6), tuple(stragglers),
-                                           messages_in=outcome.report.messages_in,
-                                           fragments_in=outcome.report.fragments_in, bytes_in=outcome.report.bytes_in)
-        self.last_report, self.round = report, t + 1
-        decided = Out.LEFT_OUT if self.rank not in self.members else Out.FAILED if failure else Out.AGGREGATED
-        self.phases.fire(In.RELEASED, decided, self.rank)
-        if decided is not Out.AGGREGATED:
-            self._round = None
-            return Advance(decided, outcome.vector, report, RoundReport(t + 1), outcome.report, failure)
-        return Advance(decided, outcome.vector, report, self._open_round(outcome.early), outcome.report)
+        FAILED (`failure`: the run ended so; FINISHED). `members`: ascending (a tuple is taken as it is, as a
+        `Release`'s); `joined`: rank -> address of members new to the run; `computed`: the round's outcome where its
+        caller computes the rounds (`own_rounds=False`)."""
+        assert (computed is None) == self.own_rounds, "computed: the round's outcome where the caller computes it"
+        members = _ascending(members)
+        at = bisect_left(members, self.rank)
+        named = at < len(members) and members[at] == self.rank
+        decided = Out.LEFT_OUT if not named else Out.FAILED if failure else Out.AGGREGATED
+        self.phases.fire(In.RELEASED, decided, self.rank)  # out of order: NodeStateError, and nothing changed
+        outcome = computed if self._round is None else self._round.finish()
+        assert outcome is not None
+        vector = self.settled(outcome)
+        t, self.members, self.vector, self._opened = self.round, members, vector, now
+        self.snapshots.keep(t, vector)
+        self._starting = _NOBODY
+        if joined:
+            for rank, address in sorted(joined.items()):
+                if rank == len(self.addresses):  # a node that joined: the next free rank
+                    self.addresses.append(address)
+            self._starting = frozenset(int(r) for r in joined)  # they heard of their place with it, as we did
+        report = None
+        if self._report is not None:
+            report = self.last_report = self._report.with_release(
+                round(now - self._waiting, 6), tuple(stragglers), messages_in=outcome.report.messages_in,
+                fragments_in=outcome.report.fragments_in, bytes_in=outcome.report.bytes_in)
+        self._report, self.round = None, t + 1
+        if decided is Out.AGGREGATED and self.own_rounds:
+            return Advance(decided, vector, report, self._open_round(outcome.early), outcome.report)
+        self._round = None
+        return Advance(decided, vector, report, RoundReport(t + 1) if self.own_rounds else None,
+                       outcome.report, failure)
+
+    def settled(self, outcome: RoundOutcome) -> np.ndarray:
+        """The model this node goes on with after a release: its round's aggregate. One rule for every driver (the
+        daemon's `Peer`, `InMemoryNetwork`): what it returns is the node's model, snapshot and next round's start."""
+        return outcome.vector
 
     def dropped(self) -> NodeOutcome:
         """The barrier said this node was dropped (or fell further behind than it keeps): NOTED, it is DROPPED;
