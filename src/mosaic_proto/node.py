@@ -307,16 +307,16 @@ class NodeState:
         self._report: NodeReport | None = None
 
     phase = property(lambda self: self.phases.phase)
+    gone = property(lambda self: self.phases.gone, doc="the run is over for this node, or it tells the barrier so")
+    takes_fragments = property(lambda self: self.phases.takes_fragments)
+    restarting = property(lambda self: self.phases.restarting, doc="`NodePhases.restarting`")
+    waits_for_model = property(lambda self: self.phases.waits_for_model, doc="`NodePhases.waits_for_model`")
 
     @property
     def starting(self) -> frozenset[int]:
         """Members of the open round that may still be starting: every one at registration (all were answered as
         this node was), then those a release names as joined."""
         return frozenset(self.members) if self._starting is None else self._starting
-    gone = property(lambda self: self.phases.gone, doc="the run is over for this node, or it tells the barrier so")
-    takes_fragments = property(lambda self: self.phases.takes_fragments)
-    restarting = property(lambda self: self.phases.restarting, doc="`NodePhases.restarting`")
-    waits_for_model = property(lambda self: self.phases.waits_for_model, doc="`NodePhases.waits_for_model`")
 
     # -- membership --------------------------------------------------------------------------------
     def registered(self, rank: int, addresses: Sequence[str], live: Iterable[int], round: int, run_id: str,
