@@ -606,3 +606,16 @@ def test_the_node_policy_check_lets_the_runner_apply_outcomes() -> None:
     ok = ("class Peer:\n    def _applied(self, advance):\n        if advance.outcome is NodeOutcome.LEFT_OUT:\n"
           "            raise PeerDropped('x')\n        return self.state.round\n")
     assert node_policy_reads(ok, "mosaicd.daemon.node.peer") == []
+
+
+def test_the_node_state_is_handed_the_clock() -> None:
+    """As `BarrierState` is: every call that times a phase takes `now`; node.py reads no clock of its own."""
+    tree = _node_module()
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | imported
+    assert not {"time", "monotonic", "perf_counter"} & modules, modules
+    state = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "NodeState")
+    timed = {m.name: [a.arg for a in m.args.args + m.args.kwonlyargs] for m in state.body
+             if isinstance(m, ast.FunctionDef) and m.name in ("registered", "outgoing", "send_budget", "sent",
+                                                              "released")}
+    assert all("now" in args for args in timed.values()) and len(timed) == 5, timed

@@ -20,11 +20,12 @@ from .exchange import exchange_round
 from .fragmentation import Fragmentation
 from .node import NodeOutcome, NodeState
 from .robust import Aggregator, AggregatorKind
-from .round import RoundOutcome, RoundReport, RoundState
+from .round import RoundOutcome, RoundReport
 from .sampling import PeerSampler
 from .wire import WireError
 
 _NONE_DELIVERED: Mapping[int, tuple[int, int]] = {}  # what a state that computes no round of its own hears
+_NONE_JOINED: Mapping[int, str] = {}  # in memory, nobody joins a run
 TrainFn = Callable[[int, int, np.ndarray], tuple[np.ndarray, float]]
 
 
@@ -133,12 +134,7 @@ class InMemoryNetwork:
             node = self.nodes[i]
             node.outgoing(self.vectors[i], self.clock)
             node.sent(_NONE_DELIVERED, (), self.clock)
-        states = {i: RoundState(node=i, round=t, members=members, fragmentation=self.fragmentation,
-                                sampler=self.sampler, run_id=self.run_id, planned_only=True, max_norm=self.max_norm,
-                                aggregator=self.aggregator, attack=self.attacks.get(i),
-                                start=self.vectors[i] if i in self.attacks and t > 0 else None,
-                                compressor=self.compressors.get(i))
-                  for i in present}
+        states = {i: self.nodes[i].round_state() for i in present}  # each as its daemon would open it
         losses = []
         for i, state in states.items():
             local, loss = self.train(i, t, self.vectors[i]) if self.train else (self.vectors[i], float("nan"))
@@ -153,7 +149,7 @@ class InMemoryNetwork:
                     state.mark_unsent(message)
         release = self._barrier(t, present, arrivals)
         outcomes = {i: s.finish() for i, s in states.items()}
-        self._released(release, outcomes)
+        self._released(release, {i: o.vector for i, o in outcomes.items()}, {i: o.report for i, o in outcomes.items()})
         return RoundRecord(t, losses, [o.report for o in outcomes.values()], present, release)
 
     def _exchanged(self, t: int, present: list[int], arrivals: Mapping[int, float] | None) -> RoundRecord:
@@ -168,20 +164,25 @@ class InMemoryNetwork:
             losses.append(loss)
         vectors, reports = exchange_round(t, self.members, trained, self.fragmentation, self.sampler, self.run_id)
         release = self._barrier(t, present, arrivals)
-        self._released(release, {i: RoundOutcome(vectors[i], reports[i], ()) for i in present})
+        self._released(release, vectors, reports)
         return RoundRecord(t, losses, [reports[i] for i in present], present, release)
 
-    def _released(self, release: Release | None, outcomes: Mapping[int, RoundOutcome]) -> None:
-        """Every member's state hears the release (a member that missed the round aggregates nothing: it keeps its
-        model) and decides: the next round's members are those it did not leave out (as a daemon's drop them)."""
+    def _released(self, release: Release | None, vectors: Mapping[int, np.ndarray],
+                  reports: Mapping[int, RoundReport]) -> None:
+        """Every member's state hears the release with its round's outcome (`vectors`, `reports`: of the members
+        that took part; one that missed the round aggregates nothing: it keeps its model) and decides: the next
+        round's members are those it did not leave out (as a daemon's drop them)."""
         members = tuple(release.members) if release is not None else tuple(self.members)
         nodes, now, kept, missed = self.nodes, self.clock, [], RoundReport(self.round)
+        aggregated = NodeOutcome.AGGREGATED
         stragglers = release.stragglers if release is not None else ()
         for i in self.members:
-            outcome = outcomes.get(i) or RoundOutcome(self.vectors[i], missed, ())
-            advance = nodes[i].released(members, {}, stragglers, now, computed=outcome)
+            vector = vectors.get(i)
+            outcome = RoundOutcome(self.vectors[i], missed, ()) if vector is None else RoundOutcome(
+                vector, reports[i], ())
+            advance = nodes[i].released(members, _NONE_JOINED, stragglers, now, computed=outcome)
             self.vectors[i] = advance.vector
-            if advance.outcome is NodeOutcome.AGGREGATED:
+            if advance.outcome is aggregated:
                 kept.append(i)
         self.members = kept
         self.round += 1

@@ -136,7 +136,7 @@ class Sending(NamedTuple):
     has no round to send in (no model yet, or its run is over)."""
 
     outcome: NodeOutcome
-    messages: list[OutgoingMessage]
+    messages: Sequence[OutgoingMessage]
     why: str = ""
 
 
@@ -204,6 +204,9 @@ class Snapshots(dict[int, np.ndarray]):
         last = max(self) if self else -1
         vector = self.get(last, newest)
         return None if vector is None else (last, vector)
+
+
+_SENDS_NOTHING = Sending(NodeOutcome.NOTED, ())  # a state whose caller computes its rounds
 
 
 def _ascending(ranks: Iterable[int]) -> tuple[int, ...]:
@@ -387,11 +390,11 @@ class NodeState:
         outcome = Out.NOTED if self.phases.sends else Out.REFUSED
         self.phases.fire(In.OUTGOING, outcome, self.rank)
         if outcome is Out.REFUSED:
-            return Sending(outcome, [], f"a node sends once it is registered and has its model, not while "
+            return Sending(outcome, (), f"a node sends once it is registered and has its model, not while "
                            f"{self.phase.value}")
         self._sending = now
         if self._round is None:  # its caller computes the round (`own_rounds=False`)
-            return Sending(outcome, [])
+            return _SENDS_NOTHING
         return Sending(outcome, self._round.outgoing(np.asarray(local, dtype=np.float32)))
 
     def send_budget(self, round_deadline: float, now: float) -> float:
@@ -426,7 +429,7 @@ class NodeState:
         `Release`'s); `joined`: rank -> address of members new to the run; `computed`: the round's outcome where its
         caller computes the rounds (`own_rounds=False`)."""
         assert (computed is None) == self.own_rounds, "computed: the round's outcome where the caller computes it"
-        members = _ascending(members)
+        members = members if type(members) is tuple else _ascending(members)
         at = bisect_left(members, self.rank)
         named = at < len(members) and members[at] == self.rank
         decided = Out.LEFT_OUT if not named else Out.FAILED if failure else Out.AGGREGATED
@@ -435,7 +438,8 @@ class NodeState:
         assert outcome is not None
         vector = self.settled(outcome)
         t, self.members, self.vector, self._opened = self.round, members, vector, now
-        self.snapshots.keep(t, vector)
+        if self.snapshots.kept:
+            self.snapshots.keep(t, vector)
         self._starting = _NOBODY
         if joined:
             for rank, address in sorted(joined.items()):
@@ -478,14 +482,20 @@ class NodeState:
         """The barrier answered the final arrival: the run is over for this node."""
         self.phases.fire(In.FINISHED, Out.NOTED, self.rank)
 
-    def _open_round(self, early: tuple) -> RoundReport:
+    def round_state(self, early: tuple = ()) -> RoundState:
+        """The `RoundState` of this node's open round, as it opens it itself: its members, the run's rule, its attack
+        (from the model the round starts from) and codec. A caller that computes the rounds (`own_rounds=False`)
+        runs this one, so a node's round is built in one place."""
         assert self.fragmentation is not None and self.sampler is not None
-        self._round = RoundState(node=self.rank, round=self.round, members=self.members,
-                                 fragmentation=self.fragmentation, sampler=self.sampler, run_id=self.run_id,
-                                 max_bytes=self.max_bytes, early=early, planned_only=True, max_norm=self.max_norm,
-                                 aggregator=self.aggregator, attack=self.attack, on_refused=self._counted,
-                                 start=self.vector if self.attack is not None and self.round > 0 else None,
-                                 compressor=self.compressor)
+        return RoundState(node=self.rank, round=self.round, members=self.members, fragmentation=self.fragmentation,
+                          sampler=self.sampler, run_id=self.run_id, max_bytes=self.max_bytes, early=early,
+                          planned_only=True, max_norm=self.max_norm, aggregator=self.aggregator, attack=self.attack,
+                          on_refused=self._counted,
+                          start=self.vector if self.attack is not None and self.round > 0 else None,
+                          compressor=self.compressor)
+
+    def _open_round(self, early: tuple) -> RoundReport:
+        self._round = self.round_state(early)
         self._refused.update(self._round.report.refused)
         return self._round.report
 
