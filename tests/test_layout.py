@@ -779,3 +779,118 @@ def test_the_barriers_journal_is_written_only_by_the_runner() -> None:
     runner = TREES["mosaicd.daemon.barrier.runner"]
     assert {fn for fn, _ in innermost_callers(runner, {"save_journal"})} == {"apply"}
     assert not any(isinstance(n, ast.FunctionDef) and n.name == "journaled" for n in ast.walk(runner))
+
+
+
+
+# -- the node's core, like the barrier's (issue 57): inputs apart from outcomes, one fire per call, decisions as values
+def _node_module() -> ast.Module:
+    return ast.parse((SRC / "mosaic_proto" / "node.py").read_text())
+
+
+def _enum_values(tree: ast.Module, name: str) -> set[str]:
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+    return {n.value.value for n in cls.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)}
+
+
+def test_no_outcome_is_an_input_of_the_node() -> None:
+    """What comes in (`NodeInput`) and what the state decides of it (`NodeOutcome`) are apart: an input enum that also
+    names decisions (READMITTED, LEFT_OUT...) lets a caller fire what only the state may decide."""
+    tree = _node_module()
+    inputs, outcomes = _enum_values(tree, "NodeInput"), _enum_values(tree, "NodeOutcome")
+    assert inputs and outcomes
+    shared = (inputs & outcomes) - {"dropped", "finished"}  # the barrier's words for what came in, not decisions
+    assert not shared, f"an outcome in NodeInput: {sorted(shared)}"
+    decided = {"readmitted", "new_run", "aggregated", "left_out", "failed", "refused", "ignored"}
+    assert not inputs & decided, inputs & decided
+
+
+def fires_per_call(source: str, cls_name: str) -> dict[str, int]:
+    """method -> how many `*.fire(...)` calls its body holds; a fire in a loop counts twice (it can fire again)."""
+    cls = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    counts = {}
+    for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+        count = 0
+        for node in ast.walk(method):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "fire", "_fire"):
+                count += 1
+            if isinstance(node, ast.For | ast.While) and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("fire", "_fire")
+                    for c in ast.walk(node)):
+                count += 1
+        counts[method.name] = count
+    return counts
+
+
+def test_each_call_on_the_node_state_fires_once() -> None:
+    """One call, one input, one transition: no public method of `NodeState` fires twice (an in-between phase that
+    nobody can observe), and the ones that move the phase fire exactly once, at one place."""
+    counts = fires_per_call((SRC / "mosaic_proto" / "node.py").read_text(), "NodeState")
+    assert all(n <= 1 for n in counts.values()), counts
+    moving = {"registered", "start", "rejoining", "leaving", "left", "outgoing", "sent", "released", "dropped",
+              "finishing", "finished"}
+    assert {m for m, n in counts.items() if n == 1} >= moving, counts
+    assert {m for m, n in counts.items() if n and m.startswith("_")} == set(), counts
+
+
+def test_the_fire_check_counts_a_second_fire() -> None:
+    twice = ("class NodeState:\n    def released(self):\n        self.phases.fire(1, 2)\n"
+             "        self.phases.fire(3, 4)\n    def each(self):\n        for x in y:\n            self._fire(x)\n")
+    assert fires_per_call(twice, "NodeState") == {"released": 2, "each": 2}
+
+
+# what the node's daemon must not ask of its state: it runs the state's decisions, it does not make them
+NODE_POLICY_READS = {"allows", "expect", "fire", "phases", "gone", "left_out", "takes_fragments"}
+
+
+def node_policy_reads(source: str, module: str) -> list[str]:
+    """Reads of a node state's phase rules outside `mosaic_proto` (`state.allows(...)`, `state.gone`,
+    `advance.left_out`, `state.phases`), and `NodeOutcome` compared outside the runner (`Peer`)."""
+    tree, bad = ast.parse(source), []
+    runner = {id(sub) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) and cls.name == "Peer"
+              for sub in ast.walk(cls)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in NODE_POLICY_READS:
+            bad.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Compare) and id(node) not in runner and "NodeOutcome" in ast.unparse(node):
+            bad.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def test_the_node_daemon_asks_its_state_no_phase_rule() -> None:
+    """`daemon/node` (and the `mosaicd.Peer` around it) feeds `NodeState` and runs what it returns (`Sending`,
+    `Advance`, a `NodeOutcome`); whether a drop counts, a leave is told, a round may be sent is the state's answer,
+    never a check of its phase here."""
+    paths = [*sorted((SRC / "mosaicd" / "daemon" / "node").glob("*.py")), SRC / "mosaicd" / "daemon" / "embedded.py"]
+    bad = [b for p in paths for b in node_policy_reads(p.read_text(), module_name(p))]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("snippet", [
+    "def f(self):\n    if self.state.allows(NodeInput.DROPPED):\n        self.state.dropped()",
+    "def f(state):\n    if state.gone or state.rank < 0:\n        return",
+    "def f(advance):\n    if advance.left_out:\n        raise PeerDropped('x')",
+    "def f(outcome):\n    return outcome is NodeOutcome.LEFT_OUT",
+])
+def test_the_node_policy_check_catches_a_decision_taken_in_the_daemon(snippet: str) -> None:
+    assert node_policy_reads(snippet, "mosaicd.daemon.node.example")
+
+
+def test_the_node_policy_check_lets_the_runner_apply_outcomes() -> None:
+    ok = ("class Peer:\n    def _applied(self, advance):\n        if advance.outcome is NodeOutcome.LEFT_OUT:\n"
+          "            raise PeerDropped('x')\n        return self.state.round\n")
+    assert node_policy_reads(ok, "mosaicd.daemon.node.peer") == []
+
+
+def test_the_node_state_is_handed_the_clock() -> None:
+    """As `BarrierState` is: every call that times a phase takes `now`; node.py reads no clock of its own."""
+    tree = _node_module()
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | imported
+    assert not {"time", "monotonic", "perf_counter"} & modules, modules
+    state = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "NodeState")
+    timed = {m.name: [a.arg for a in m.args.args + m.args.kwonlyargs] for m in state.body
+             if isinstance(m, ast.FunctionDef) and m.name in ("registered", "outgoing", "send_budget", "sent",
+                                                              "released")}
+    assert all("now" in args for args in timed.values()) and len(timed) == 5, timed

@@ -29,7 +29,18 @@ from .fragmentation import Fragmentation, Layout, Strategy
 from .membership import MembershipError, parse_address, rank_addresses
 from .messages import Registration, Release, ReleaseNotice
 from .network import InMemoryNetwork, RoundRecord, consensus_distance, consensus_error
-from .node import SNAPSHOTS_KEPT, TRANSITIONS, Advance, NodeEvent, NodePhase, NodeRefused, NodeState, NodeStateError
+from .node import (
+    NODE_TRANSITIONS,
+    SNAPSHOTS_KEPT,
+    Advance,
+    NodeInput,
+    NodeOutcome,
+    NodePhase,
+    NodeRefused,
+    NodeState,
+    NodeStateError,
+    Sending,
+)
 from .quadratic import Curvature, Quadratic, curvature_matrix
 from .report import NODE_COLUMNS, NodeReport, ReportError, received_counts
 from .rng import Purpose, keyed_raws, keyed_rng
@@ -40,12 +51,13 @@ from .wire import CONTENT_TYPE, FragmentBatch, Reason, WireError, decode, encode
 
 __version__ = "0.1.0"
 __all__ = [
-    "NODE_COLUMNS", "SNAPSHOTS_KEPT", "TRANSITIONS", "Advance", "Aggregator", "Attack", "AttackKind",
+    "NODE_COLUMNS", "NODE_TRANSITIONS", "SNAPSHOTS_KEPT", "Advance", "Aggregator", "Attack", "AttackKind",
     "BARRIER_TRANSITIONS", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome", "BarrierPhase",
     "BarrierPhases", "BarrierReason", "BarrierStateError", "CountRule", "Held", "STOP_HOLD_S", "resume_point",
     "Failure", "Joined", "Left", "Rebound", "Registration", "ReleaseNotice", "Roster", "Withdrawal", "byzantine_ranks",
     "BarrierState", "CONTENT_TYPE", "Curvature", "EarlyMessage", "FragmentBatch", "Fragmentation", "InMemoryNetwork",
-    "Layout", "MembershipError", "NodeEvent", "NodePhase", "NodeRefused", "NodeReport", "NodeState", "NodeStateError",
+    "Layout", "MembershipError", "NodeInput", "NodeOutcome", "NodePhase", "NodeRefused", "NodeReport", "NodeState",
+    "NodeStateError", "Sending",
     "OutgoingMessage", "PeerSampler", "Purpose", "Quadratic", "Reason", "Receipt", "Release", "ReportError",
     "RoundOutcome", "RoundRecord", "RoundReport", "RoundState", "SamplerKind", "SamplingError", "Strategy",
     "WireError", "aggregate", "consensus_distance", "consensus_error", "curvature_matrix", "decode", "encode",

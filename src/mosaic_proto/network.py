@@ -1,5 +1,10 @@
-"""n nodes' rounds in one process: the reference every deployment must match bit for bit (`RoundState`s exchanging
-bytes, or for honest rounds `exchange.exchange_round`, which gives the same models and reports)."""
+"""n nodes' rounds in one process: the reference every deployment must match bit for bit.
+
+Each node is a `NodeState`, fed the inputs a daemon feeds its own (registered, started, outgoing, sent, released,
+finishing, finished), so that every node rule (its phase, whether a release leaves it out, its end) is the one the
+daemon runs. The rounds themselves are computed here for all nodes at once: `RoundState`s exchanging bytes, or for
+honest rounds `exchange.exchange_round`, which gives the same models and reports; each node's state is handed its
+round's outcome (`NodeState(own_rounds=False)`)."""
 
 from __future__ import annotations
 
@@ -13,11 +18,14 @@ from .barrier import BarrierState, Release
 from .compression import Compressor
 from .exchange import exchange_round
 from .fragmentation import Fragmentation
+from .node import NodeOutcome, NodeState
 from .robust import Aggregator
-from .round import RoundReport, RoundState
+from .round import RoundOutcome, RoundReport
 from .sampling import PeerSampler
 from .wire import WireError
 
+_NONE_DELIVERED: Mapping[int, tuple[int, int]] = {}  # what a state that computes no round of its own hears
+_NONE_JOINED: Mapping[int, str] = {}  # in memory, nobody joins a run
 TrainFn = Callable[[int, int, np.ndarray], tuple[np.ndarray, float]]
 
 
@@ -61,6 +69,8 @@ class InMemoryNetwork:
     `aggregator`: every node's rule (None: mean); `attacks`: node -> how that node lies (its round states get
     the model each round started from, as a daemon's do: none in round 0); `max_norm`: every node's --max-norm;
     `compressors`: node -> its codec and error feedback (--compress), kept across rounds as a daemon keeps its own.
+    `nodes`: node -> its `NodeState`, which decides its phase each round as a daemon's does (a member the release
+    leaves out is DROPPED by its own state, and is no member from then on).
 
     A round where every node keeps to the protocol and averages (no attack, no --max-norm, the mean rule) is
     exchanged as arrays (`exchange.exchange_round`): the same models and reports as messages, at a fraction of the
@@ -87,6 +97,18 @@ class InMemoryNetwork:
             for i in self.members:
                 barrier.register(in_memory_address(i), self.clock)
             barrier.close(self.clock)
+        self.nodes = self._registered(self.members, 0)
+
+    def _registered(self, members: Sequence[int], round: int) -> dict[int, NodeState]:
+        """Every member's `NodeState`, registered at `round` and started: what a daemon's is once it knows the
+        model. The network computes their rounds (`own_rounds=False`) and keeps their models: no snapshots."""
+        live, nodes = tuple(members), {}
+        for i in live:
+            node = nodes[i] = NodeState(max_norm=self.max_norm, own_rounds=False, snapshots=0)
+            node.registered(i, (), live, round, self.run_id, self.clock)
+            node.start(self.fragmentation, self.sampler, self.vectors[i], aggregator=self.aggregator,
+                       attack=self.attacks.get(i), compressor=self.compressors.get(i))
+        return nodes
 
     def restore(self, vectors: Sequence[np.ndarray], round: int, clock: float, members: Sequence[int],
                 barrier: BarrierState | None) -> None:
@@ -97,6 +119,7 @@ class InMemoryNetwork:
             raise ValueError(f"restore: {len(vectors)} models for a network of {len(self.vectors)} nodes")
         self.vectors = [np.ascontiguousarray(v, dtype=np.float32) for v in vectors]
         self.round, self.clock, self.members, self.barrier = round, clock, list(members), barrier
+        self.nodes = self._registered(self.members, round)
 
     def step(self, absent: Collection[int] = (), arrivals: Mapping[int, float] | None = None) -> RoundRecord:
         """One round; `absent` members miss it. `arrivals`: when each present member arrives at the barrier on the
@@ -107,12 +130,11 @@ class InMemoryNetwork:
         present = [i for i in members if i not in absent]
         if self.batched:
             return self._exchanged(t, present, arrivals)
-        states = {i: RoundState(node=i, round=t, members=members, fragmentation=self.fragmentation,
-                                sampler=self.sampler, run_id=self.run_id, planned_only=True, max_norm=self.max_norm,
-                                aggregator=self.aggregator, attack=self.attacks.get(i),
-                                start=self.vectors[i] if i in self.attacks and t > 0 else None,
-                                compressor=self.compressors.get(i))
-                  for i in present}
+        for i in members:  # each state hears it; what the node sends is its `RoundState`'s below
+            node = self.nodes[i]
+            node.outgoing(self.vectors[i], self.clock)
+            node.sent(_NONE_DELIVERED, (), self.clock)
+        states = {i: self.nodes[i].round_state() for i in present}  # each as its daemon would open it
         losses = []
         for i, state in states.items():
             local, loss = self.train(i, t, self.vectors[i]) if self.train else (self.vectors[i], float("nan"))
@@ -127,27 +149,43 @@ class InMemoryNetwork:
                     state.mark_unsent(message)
         release = self._barrier(t, present, arrivals)
         outcomes = {i: s.finish() for i, s in states.items()}
-        for i, outcome in outcomes.items():
-            self.vectors[i] = outcome.vector
-        if release is not None:
-            self.members = list(release.members)
-        self.round += 1
+        self._released(release, {i: o.vector for i, o in outcomes.items()}, {i: o.report for i, o in outcomes.items()})
         return RoundRecord(t, losses, [o.report for o in outcomes.values()], present, release)
 
     def _exchanged(self, t: int, present: list[int], arrivals: Mapping[int, float] | None) -> RoundRecord:
         """`step` for a round of nodes that all keep to the protocol: trained one by one, exchanged as arrays."""
-        losses, trained = [], {}
+        losses, trained, nodes, now = [], {}, self.nodes, self.clock
+        for i in self.members:  # the state sends nothing itself: the network computes every node's round below
+            node = nodes[i]
+            node.outgoing(self.vectors[i], now)
+            node.sent(_NONE_DELIVERED, (), now)
         for i in present:
             trained[i], loss = self.train(i, t, self.vectors[i]) if self.train else (self.vectors[i], float("nan"))
             losses.append(loss)
         vectors, reports = exchange_round(t, self.members, trained, self.fragmentation, self.sampler, self.run_id)
         release = self._barrier(t, present, arrivals)
-        for i in present:
-            self.vectors[i] = vectors[i]
-        if release is not None:
-            self.members = list(release.members)
-        self.round += 1
+        self._released(release, vectors, reports)
         return RoundRecord(t, losses, [reports[i] for i in present], present, release)
+
+    def _released(self, release: Release | None, vectors: Mapping[int, np.ndarray],
+                  reports: Mapping[int, RoundReport]) -> None:
+        """Every member's state hears the release with its round's outcome (`vectors`, `reports`: of the members
+        that took part; one that missed the round aggregates nothing: it keeps its model) and decides: the next
+        round's members are those it did not leave out (as a daemon's drop them)."""
+        members = tuple(release.members) if release is not None else tuple(self.members)
+        nodes, now, kept, missed = self.nodes, self.clock, [], RoundReport(self.round)
+        aggregated = NodeOutcome.AGGREGATED
+        stragglers = release.stragglers if release is not None else ()
+        for i in self.members:
+            vector = vectors.get(i)
+            outcome = RoundOutcome(self.vectors[i], missed, ()) if vector is None else RoundOutcome(
+                vector, reports[i], ())
+            advance = nodes[i].released(members, _NONE_JOINED, stragglers, now, computed=outcome)
+            self.vectors[i] = advance.vector
+            if advance.outcome is aggregated:
+                kept.append(i)
+        self.members = kept
+        self.round += 1
 
     def _barrier(self, round: int, present: list[int], arrivals: Mapping[int, float] | None = None) -> Release | None:
         """Every present member arrives (now, or at its time in `arrivals`, in time order); if some are missing, the
@@ -167,7 +205,12 @@ class InMemoryNetwork:
 
     def finish(self) -> Release | None:
         """The members arrive at round `rounds` (done with the run): the barrier's final release."""
-        return self._barrier(self.round, self.members) if self.barrier is not None else None
+        for i in self.members:
+            self.nodes[i].finishing()
+        release = self._barrier(self.round, self.members) if self.barrier is not None else None
+        for i in self.members:
+            self.nodes[i].finished()
+        return release
 
     def run(self, rounds: int, on_round: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
         records = []

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -106,8 +107,9 @@ class RoundReport(Traffic):
         return {"round": self.round, **self.traffic_json(), "refused": dict(self.refused + self.cut)}
 
 
-@dataclass(frozen=True)
-class RoundOutcome:
+class RoundOutcome(NamedTuple):
+    """A finished round: the aggregated model, the round's counts, the next round's messages that came early."""
+
     vector: np.ndarray
     report: RoundReport
     early: tuple[EarlyMessage, ...]

@@ -29,9 +29,9 @@ ADDRESSES = [f"127.0.0.1:{i + 1}" for i in range(N)]
 
 def round_0_message_to_node_0() -> bytes:
     sender = NodeState()
-    sender.registered(1, ADDRESSES, range(N), 0, RUN)
+    sender.registered(1, ADDRESSES, range(N), 0, RUN, 0.0)
     sender.start(FR, SAMPLER, Q.initial(1))
-    return next(m.payload for m in sender.outgoing(Q.initial(1)) if m.peer == 0)
+    return next(m.payload for m in sender.outgoing(Q.initial(1), 0.0).messages if m.peer == 0)
 
 
 async def model_known_soon(state: NodeState, inbox: Inbox) -> None:
@@ -46,7 +46,7 @@ async def post_round_0_fragment_while_the_model_is_not_known(registered_round: i
     round-0 message; its model becomes known 0.3 s later. (seconds to the answer, status, answer)."""
     options = DaemonOptions(host="127.0.0.1", port=0, request_timeout=10)
     state = NodeState(max_bytes=options.max_body_bytes, rejoining=True)
-    state.registered(0, ADDRESSES, range(N), registered_round, RUN)
+    state.registered(0, ADDRESSES, range(N), registered_round, RUN, 0.0)
     inbox = Inbox(state, options, None)
     runner, port = await serve(node_app(inbox), options)
 
@@ -113,13 +113,13 @@ async def test_a_sender_waits_for_a_starting_member_and_gives_up_on_one_that_los
 
     options = DaemonOptions(host="127.0.0.1", port=0, request_timeout=8)
     state = NodeState(max_bytes=options.max_body_bytes, rejoining=True)
-    state.registered(0, ADDRESSES, range(N), 3, RUN)
+    state.registered(0, ADDRESSES, range(N), 3, RUN, 0.0)
     inbox = Inbox(state, options, None)
     runner, port = await serve(node_app(inbox), options)
     sender = NodeState()
-    sender.registered(1, ADDRESSES, range(N), 3, RUN)
+    sender.registered(1, ADDRESSES, range(N), 3, RUN, 0.0)
     sender.start(FR, SAMPLER, Q.initial(1))
-    message = next(m for m in sender.outgoing(Q.initial(1)) if m.peer == 0)
+    message = next(m for m in sender.outgoing(Q.initial(1), 0.0).messages if m.peer == 0)
 
     up = asyncio.ensure_future(model_known_soon(state, inbox))
     try:

@@ -40,7 +40,7 @@ async def node() -> AsyncIterator[tuple[str, Inbox]]:
     """Node 0 of a 3-member run, in round 0's training phase, served on 127.0.0.1."""
     options = DaemonOptions(host="127.0.0.1", port=0)
     state = NodeState(max_bytes=options.max_body_bytes)
-    state.registered(0, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 1, 2], 0, RUN)
+    state.registered(0, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 1, 2], 0, RUN, 0.0)
     state.start(FR, SAMPLER, np.zeros(DIM, np.float32))
     inbox = Inbox(state, options, None)
     inbox.model_known(FR.layout)

@@ -43,7 +43,7 @@ def test_status_of_a_live_cluster_from_barrier_and_node(tmp_path: Path, kit: Any
     assert "summary" in result, result
     assert [r["rank"] for r in view["nodes"]] == [0, 1, 2, 3]
     assert all(r["reachable"] and r["address"].startswith("127.0.0.1:") for r in view["nodes"])
-    assert all(r["phase"] in ("training", "sending", "waiting", "aggregating") for r in view["nodes"])
+    assert all(r["phase"] in ("training", "sending", "waiting") for r in view["nodes"])
     assert all(isinstance(r["metric"], float) and r["bytes_out"] > 0 for r in view["nodes"])
     assert via_node["url"] == barrier and [r["rank"] for r in via_node["nodes"]] == [0, 1, 2, 3]
     assert proc.returncode == 0, proc.stderr

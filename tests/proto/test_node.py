@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from mosaic_proto import (
+    NODE_TRANSITIONS,
     SNAPSHOTS_KEPT,
-    TRANSITIONS,
     BarrierState,
     Fragmentation,
     InMemoryNetwork,
     Layout,
-    NodeEvent,
+    NodeInput,
+    NodeOutcome,
     NodePhase,
     NodeRefused,
     NodeReport,
@@ -35,48 +36,45 @@ SAMPLER = PeerSampler("local", S, 4)
 Q = Quadratic.build(N, D, "correlated", seed=4, lr=0.05, local_steps=1)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def started(rank: int = 0, clock: Clock | None = None, **kwargs: object) -> NodeState:
-    state = NodeState(clock=clock or Clock(), **kwargs)  # type: ignore[arg-type]
-    state.registered(rank, [f"h:{i + 1}" for i in range(N)], range(N), 0, "node-test")
+def started(rank: int = 0, **kwargs: object) -> NodeState:
+    state = NodeState(**kwargs)  # type: ignore[arg-type]
+    state.registered(rank, [f"h:{i + 1}" for i in range(N)], range(N), 0, "node-test", 0.0)
     state.start(FR, SAMPLER, Q.initial(rank))
     return state
 
 
-def test_every_phase_has_a_row_every_event_is_used_and_the_end_phases_lead_nowhere() -> None:
-    assert set(TRANSITIONS) == set(NodePhase)
-    assert TRANSITIONS[NodePhase.FINISHED] == TRANSITIONS[NodePhase.LEFT] == {}
-    assert {e for row in TRANSITIONS.values() for e in row} == set(NodeEvent)
+def test_every_phase_has_a_row_every_input_and_outcome_is_used_and_the_end_phases_lead_nowhere_else() -> None:
+    assert set(NODE_TRANSITIONS) == set(NodePhase)
+    assert {i for row in NODE_TRANSITIONS.values() for i in row} == set(NodeInput)
+    assert {o for row in NODE_TRANSITIONS.values() for outcomes in row.values() for o in outcomes} == set(NodeOutcome)
+    for end in (NodePhase.FINISHED, NodePhase.LEFT):
+        assert {to for outcomes in NODE_TRANSITIONS[end].values() for to in outcomes.values()} == {end}
     reachable, frontier = {NodePhase.REGISTERING, NodePhase.REJOINING}, [NodePhase.REGISTERING, NodePhase.REJOINING]
     while frontier:
-        for to in TRANSITIONS[frontier.pop()].values():
-            if to not in reachable:
-                reachable.add(to)
-                frontier.append(to)
+        for outcomes in NODE_TRANSITIONS[frontier.pop()].values():
+            for to in outcomes.values():
+                if to not in reachable:
+                    reachable.add(to)
+                    frontier.append(to)
     assert reachable == set(NodePhase)
+    # an input that moves nothing (IGNORED, REFUSED) leaves the phase where it is
+    assert all(to is phase for phase, row in NODE_TRANSITIONS.items() for outcomes in row.values()
+               for outcome, to in outcomes.items() if outcome in (NodeOutcome.IGNORED, NodeOutcome.REFUSED))
 
 
 def test_a_round_moves_through_its_phases_in_order() -> None:
-    clock = Clock()
-    state = started(0, clock)
+    state = started(0)
     assert state.phase is NodePhase.TRAINING and state.round == 0
-    messages = state.outgoing(Q.initial(0))
-    assert state.phase is NodePhase.SENDING and messages
-    clock.now = 1.5
-    report = state.sent({m.peer: (len(m.fragments), len(m.payload)) for m in messages}, [], loss=0.25, train_s=0.1)
+    sending = state.outgoing(Q.initial(0), 0.0)
+    messages = sending.messages
+    assert state.phase is NodePhase.SENDING and messages and sending.outcome is NodeOutcome.NOTED
+    report = state.sent({m.peer: (len(m.fragments), len(m.payload)) for m in messages}, [], 1.5, loss=0.25,
+                        train_s=0.1, aggregate_s=0.125)
     assert state.phase is NodePhase.WAITING
-    assert (report.round, report.loss, report.send_s, report.train_s) == (0, 0.25, 1.5, 0.1)
+    assert (report.round, report.loss, report.send_s, report.train_s, report.aggregate_s) == (0, 0.25, 1.5, 0.1, 0.125)
     assert report.messages_out == len(messages) and set(report.delivered) == {m.peer for m in messages}
-    clock.now = 4.0
-    advance = state.released(range(N), {}, [5])
-    assert state.phase is NodePhase.TRAINING and state.round == 1
+    advance = state.released(range(N), {}, [5], 4.0)
+    assert state.phase is NodePhase.TRAINING and state.round == 1 and advance.outcome is NodeOutcome.AGGREGATED
     assert advance.report.wait_s == 2.5 and advance.report.stragglers == (5,)
     assert state.last_report == advance.report and state.model() == (0, advance.vector)
 
@@ -84,11 +82,12 @@ def test_a_round_moves_through_its_phases_in_order() -> None:
 @pytest.mark.parametrize("call", ["released", "sent", "finished", "left", "dropped", "rejoining", "registered"])
 def test_calls_out_of_order_are_refused_and_change_nothing(call: str) -> None:
     state = started()
-    args = {"released": (range(N), {}, []), "sent": ({}, []), "registered": (4, ["h:1"], [4], 7, "other")}.get(call, ())
+    args = {"released": (range(N), {}, [], 0.0), "sent": ({}, [], 0.0),
+            "registered": (4, ["h:1"], [4], 7, "other", 0.0)}.get(call, ())
     with pytest.raises((NodeStateError, AssertionError)):
         getattr(state, call)(*args)
     assert state.phase is NodePhase.TRAINING and state.round == 0 and state.rank == 0 and state.run_id == "node-test"
-    assert not state.allows(NodeEvent(call if call != "rejoining" else "rejoin"))
+    assert not state.phases.allows(NodeInput(call if call != "rejoining" else "rejoin"))
 
 
 def test_the_final_arrival_waits_in_its_own_phase_and_ends_finished_or_dropped() -> None:
@@ -97,30 +96,31 @@ def test_the_final_arrival_waits_in_its_own_phase_and_ends_finished_or_dropped()
         state.finishing()
         assert state.phase is NodePhase.FINISHING and not state.takes_fragments and not state.gone
         with pytest.raises(NodeStateError):
-            state.released(range(N), {}, [])
+            state.released(range(N), {}, [], 0.0)
         getattr(state, end)()
         assert state.phase is phase
 
 
-def test_a_run_that_failed_ends_the_node_finished_from_its_next_round() -> None:
+def test_a_release_that_says_the_run_failed_ends_the_node_finished_in_one_step() -> None:
     state = started()
-    state.outgoing(Q.initial(0))
-    state.sent({}, [])
-    advance = state.released(range(N), {}, [])
-    assert not advance.left_out and state.phase is NodePhase.TRAINING
-    state.run_failed()
-    assert state.phase is NodePhase.FINISHED and state.gone and state.round == 1
+    state.outgoing(Q.initial(0), 0.0)
+    state.sent({}, [], 0.0)
+    advance = state.released(range(N), {}, [], 0.0, failure="too few members")
+    assert advance.outcome is NodeOutcome.FAILED and advance.failure == "too few members" and not advance.left_out
+    assert state.phase is NodePhase.FINISHED and state.gone and state.round == 1 and state.model(0) is not None
     with pytest.raises(NodeRefused) as refused:
         state.receive(b"\xa0")
     assert refused.value.reason == "finished" and not refused.value.retry
-    state.leaving()  # nothing to tell: the run is over
+    assert state.leaving() is NodeOutcome.IGNORED  # nothing to tell: the run is over
+    assert state.dropped() is NodeOutcome.IGNORED
     assert state.phase is NodePhase.FINISHED
 
 
-def test_outgoing_before_the_model_is_known_is_refused() -> None:
+def test_outgoing_before_the_model_is_known_is_refused_as_a_decision_and_changes_nothing() -> None:
     state = NodeState()
-    with pytest.raises(NodeStateError):
-        state.outgoing(np.zeros(D, np.float32))
+    sending = state.outgoing(np.zeros(D, np.float32), 0.0)
+    assert sending.outcome is NodeOutcome.REFUSED and not sending.messages and "registering" in sending.why
+    assert state.phase is NodePhase.REGISTERING
     with pytest.raises(NodeStateError):
         state.start(FR, SAMPLER)  # before registered()
 
@@ -141,8 +141,8 @@ def test_a_checkpoint_found_by_a_node_of_a_run_at_round_0_is_an_earlier_runs_and
     and fragments wait for its model; refused, a slow starter's peers used up their retries and the run lost them."""
     addresses = [f"h:{i + 1}" for i in range(N)]
     fresh, late = NodeState(rejoining=True), NodeState(rejoining=True)
-    fresh.registered(0, addresses, range(N), 0, "node-test")
-    late.registered(0, addresses, range(N), 3, "node-test")
+    assert fresh.registered(0, addresses, range(N), 0, "node-test", 0.0) is NodeOutcome.NEW_RUN
+    assert late.registered(0, addresses, range(N), 3, "node-test", 0.0) is NodeOutcome.NOTED
     assert fresh.phase is NodePhase.REGISTERING and late.phase is NodePhase.REJOINING
     fresh.start(FR, SAMPLER, Q.initial(0))
     assert fresh.phase is NodePhase.TRAINING and fresh.round == 0
@@ -163,27 +163,30 @@ def test_a_finished_node_refuses_for_good() -> None:
 
 def test_a_refused_message_is_counted_in_the_next_report() -> None:
     state, sender = started(0), started(1)
-    message = next(m for m in sender.outgoing(Q.initial(1)) if m.peer == 0)
+    message = next(m for m in sender.outgoing(Q.initial(1), 0.0).messages if m.peer == 0)
     state.receive(message.payload)
     with pytest.raises(WireError) as refused:
         state.receive(message.payload)
     assert refused.value.reason is Reason.DUPLICATE_FRAGMENT
-    state.outgoing(Q.initial(0))
-    report = state.sent({}, [])
+    state.outgoing(Q.initial(0), 0.0)
+    report = state.sent({}, [], 0.0)
     assert report.refused == {"duplicate_fragment": 1} and report.messages_in == 1
 
 
 def test_a_node_left_out_of_the_next_round_is_dropped_and_can_rejoin() -> None:
     state = started(2)
-    state.outgoing(Q.initial(2))
-    state.sent({}, [])
-    assert state.released([0, 1, 3, 4, 5], {}, [2]).left_out
+    state.outgoing(Q.initial(2), 0.0)
+    state.sent({}, [], 0.0)
+    advance = state.released([0, 1, 3, 4, 5], {}, [2], 0.0, failure="also failed")  # left out comes first
+    assert advance.left_out and advance.outcome is NodeOutcome.LEFT_OUT
     assert state.phase is NodePhase.DROPPED
     with pytest.raises(NodeRefused):
         state.receive(b"\xa0")
     state.rejoining()
     assert state.phase is NodePhase.REJOINING and state.rank == -1
-    state.registered(2, [f"h:{i + 1}" for i in range(N)], range(N), 3, "node-test")  # readmitted: it has the model
+    assert state.leaving() is NodeOutcome.IGNORED and state.phase is NodePhase.REJOINING  # not registered: nobody
+    outcome = state.registered(2, [f"h:{i + 1}" for i in range(N)], range(N), 3, "node-test", 0.0)
+    assert outcome is NodeOutcome.READMITTED  # it has the model: it goes on at once
     assert state.phase is NodePhase.TRAINING and state.round == 3 and state.takes_fragments
 
 
@@ -193,35 +196,35 @@ def test_the_members_that_may_still_be_starting_are_those_placed_with_this_nodes
     others' fragments up at once (they came back, and are members from a later round)."""
     state = started(0)
     assert state.starting == frozenset(range(N))
-    state.outgoing(Q.initial(0))
-    state.sent({}, [])
-    state.released(range(N), {3: "h:4"}, [])
+    state.outgoing(Q.initial(0), 0.0)
+    state.sent({}, [], 0.0)
+    state.released(range(N), {3: "h:4"}, [], 0.0)
     assert state.starting == {3}
-    state.outgoing(Q.initial(0))
-    state.sent({}, [])
-    state.released(range(N), {}, [])
+    state.outgoing(Q.initial(0), 0.0)
+    state.sent({}, [], 0.0)
+    state.released(range(N), {}, [], 0.0)
     assert state.starting == frozenset()
 
 
 def test_leaving_is_possible_from_any_live_phase_and_final() -> None:
-    for prepare in (lambda s: None, lambda s: s.outgoing(Q.initial(0))):
+    for prepare in (lambda s: None, lambda s: s.outgoing(Q.initial(0), 0.0)):
         state = started()
         prepare(state)
-        state.leaving()
+        assert state.leaving() is NodeOutcome.NOTED
+        assert state.dropped() is NodeOutcome.IGNORED and state.phase is NodePhase.LEAVING  # heard while leaving
         state.left()
         assert state.phase is NodePhase.LEFT
-        state.leaving()  # a second signal changes nothing
+        assert state.leaving() is NodeOutcome.IGNORED  # a second signal changes nothing
         assert state.phase is NodePhase.LEFT
-        with pytest.raises(NodeStateError):
-            state.outgoing(Q.initial(0))
+        assert state.outgoing(Q.initial(0), 0.0).outcome is NodeOutcome.REFUSED
 
 
 def test_only_the_last_snapshots_are_kept() -> None:
     state = started()
     for _ in range(SNAPSHOTS_KEPT + 2):
-        state.outgoing(state.vector if state.vector is not None else Q.initial(0))
-        state.sent({}, [])
-        state.released(range(N), {}, [])
+        state.outgoing(state.vector if state.vector is not None else Q.initial(0), 0.0)
+        state.sent({}, [], 0.0)
+        state.released(range(N), {}, [], 0.0)
     assert sorted(state.snapshots) == list(range(2, SNAPSHOTS_KEPT + 2))
     assert state.model(0) is None and state.model(4) is not None
 
@@ -254,16 +257,16 @@ def test_node_states_and_a_barrier_in_memory_give_the_reference_models() -> None
         outgoing = {}
         for i, node in enumerate(nodes):
             local, loss = Q.train(i, t, vectors[i])
-            outgoing[i] = (node.outgoing(local), loss)
+            outgoing[i] = (node.outgoing(local, 0.0).messages, loss)
         release = None
         for i, (messages, loss) in outgoing.items():
             for message in messages:
                 nodes[message.peer].receive(message.payload, sender=i)
-            report = nodes[i].sent({m.peer: (len(m.fragments), len(m.payload)) for m in messages}, [], loss)
+            report = nodes[i].sent({m.peer: (len(m.fragments), len(m.payload)) for m in messages}, [], 0.0, loss)
             release = barrier.arrive(i, t, 0.0, NodeReport.from_json(report.to_json(), t)) or release
         assert release is not None and release.round == t
         for i, node in enumerate(nodes):
-            vectors[i] = node.released(release.members, {}, release.stragglers).vector
+            vectors[i] = node.released(release.members, {}, release.stragglers, 0.0).vector
     for i, node in enumerate(nodes):
         node.finishing()
         assert np.array_equal(vectors[i], reference.vectors[i]), i

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,7 +51,7 @@ class Link:
         await sleep_at_least(self.latency + paced)
 
 
-async def send_all(client: Client, round: int, messages: list[OutgoingMessage], urls: list[str], log: Any,
+async def send_all(client: Client, round: int, messages: Sequence[OutgoingMessage], urls: list[str], log: Any,
                    budget: float = math.inf, pace: Callable[[int], Awaitable[None]] | None = None,
                    starting: Collection[int] = frozenset(),
                    ) -> tuple[dict[int, tuple[int, int]], list[OutgoingMessage]]:

@@ -11,10 +11,12 @@ the run itself (K, s, sampler, seed, round deadline, ...) comes from the barrier
 A peer that registers during a run (it restarted, or joins late) starts at `peer.round` > 0, with
 `peer.download_model()` or its own checkpoint.
 
-`Peer` is an adapter: `mosaic_proto.NodeState` decides (phases, rounds, membership, reports), `Inbox` serves it
-to the node's HTTP API, and this class carries out the I/O: serving, registering, sending, arriving. Rank 0 of a
---peer-list also serves the run's barrier, which its `host` builds (`daemon/hosting.py`): this class knows it only
-as a `HostedBarrier`; `mosaicd.Peer` (`daemon/embedded.py`) hosts the real one.
+`Peer` is the node's decision runner, as `DecisionRunner` is the barrier's: `mosaic_proto.NodeState` decides
+(phases, rounds, membership, reports, and what a release, a drop or a leave means for this node), `Inbox` serves it
+to the node's HTTP API, and this class feeds the state its inputs (with the clock: `now`) and carries out what it
+decided, in one order (`_applied`): serving, registering, sending, arriving, and the errors a training loop hears.
+Rank 0 of a --peer-list also serves the run's barrier, which its `host` builds (`daemon/hosting.py`): this class
+knows it only as a `HostedBarrier`; `mosaicd.Peer` (`daemon/embedded.py`) hosts the real one.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from mosaic_proto import Fragmentation, Layout, NodeEvent, NodeState, PeerSampler
+from mosaic_proto import Advance, Fragmentation, Layout, NodeOutcome, NodeState, PeerSampler
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost, HostedBarrier
 from mosaicd.daemon.http.auth import REGISTER_RUN, Secret, check_listen, signer
@@ -66,6 +68,7 @@ class Peer:
         self._resume_rank, self._checkpoints = resume_rank, checkpoints
         self.resumed_at: int | None = None  # the round a resumed run goes on at, from this member's checkpoint of it
         self._paced: tuple[int, Link] | None = None  # (rank, its link) under --node-profile
+        self._aggregate_s = 0.0  # how long the last release's aggregation took, for the next round's report
         self.state = NodeState(max_bytes=options.max_body_bytes, max_norm=options.max_norm, rejoining=rejoining,
                                on_refused=lambda why, n: self.metrics.counted(why, n))
         self.secret = secret if secret is not None else Secret.of(options)  # resolved once, handed down
@@ -93,6 +96,11 @@ class Peer:
     last_report = property(lambda self: self.state.last_report, doc="the last finished round's NodeReport")
     address = property(lambda self: self.inbox.address)
     metrics = property(lambda self: self.inbox.metrics)
+
+    @staticmethod
+    def now() -> float:
+        """The clock the state is fed (seconds, the event loop's: monotonic)."""
+        return asyncio.get_running_loop().time()
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def __aenter__(self) -> Peer:
@@ -167,7 +175,7 @@ class Peer:
         self._checkpoints = None  # a registration after a drop (`rejoin`) is not a resume
         self.resumed_at = int(reply.get("round", 0)) if reply.get("resumed") else None
         self.state.registered(int(reply["rank"]), list(reply["members"]), reply.get("live", range(len(
-            reply["members"]))), int(reply.get("round", 0)), run.run_id)
+            reply["members"]))), int(reply.get("round", 0)), run.run_id, self.now())
         self.log = self.log.bind(node=self.rank, run=run.run_id)
         self.inbox.registered_for(run)
         self.log.info("registered", rank=self.rank, members=len(self.members), round=self.round,
@@ -242,24 +250,32 @@ class Peer:
         if not isinstance(local, np.ndarray) and hasattr(local, "state_dict"):
             return await _gossip_module(self, local, loss, train_s, metrics, higher_is_better)
         state, t = self.state, self.state.round
-        if not state.allows(NodeEvent.OUTGOING):
-            raise RuntimeError(f"gossip() needs a registered peer with a model (set_model), not {state.phase.value}")
-        if metrics is not None:
-            self.inbox.evaluated(t, reported(metrics, higher_is_better))
-        messages = state.outgoing(local)
-        urls = [f"{scheme(self.options)}://{state.addresses[m.peer]}/v1/fragments" for m in messages]
-        delivered, unsent = await send_all(self._client, t, messages, urls, self.log,
-                                           state.send_budget(self.run.round_deadline), self._link(),
+        kept = reported(metrics, higher_is_better) if metrics is not None else None
+        sending = state.outgoing(local, self.now())
+        if sending.outcome is NodeOutcome.REFUSED:
+            raise RuntimeError(f"gossip() needs a registered peer with a model (set_model): {sending.why}")
+        if kept is not None:
+            self.inbox.evaluated(t, kept)
+        urls = [f"{scheme(self.options)}://{state.addresses[m.peer]}/v1/fragments" for m in sending.messages]
+        delivered, unsent = await send_all(self._client, t, sending.messages, urls, self.log,
+                                           state.send_budget(self.run.round_deadline, self.now()), self._link(),
                                            starting=state.starting)
-        report = state.sent(delivered, unsent, loss, train_s)
+        report = state.sent(delivered, unsent, self.now(), loss, train_s, self._aggregate_s)
         release, joined, failure = read_release(await self._arrive(arrival(state, report)))
-        advance = state.released(release.members, joined, release.stragglers)
+        started = self.now()
+        advance = state.released(release.members, joined, release.stragglers, started, failure)
+        self._aggregate_s = self.now() - started
+        return self._applied(advance, t, loss)
+
+    def _applied(self, advance: Advance, t: int, loss: float) -> np.ndarray:
+        """The one place a release's decision is run, in one order: the round's traffic counted, then what the state
+        decided: the next round's counts and the aggregate (AGGREGATED), or the error the loop hears (LEFT_OUT:
+        PeerDropped; FAILED: RunEnded)."""
         self.metrics.sent(advance.sent)
-        if advance.left_out:
+        if advance.outcome is NodeOutcome.LEFT_OUT:
             raise PeerDropped(f"node {self.rank} was dropped from the run after round {t}")
-        if failure:  # the run ended early, failed: nothing is left to do
-            state.run_failed()
-            raise RunEnded(f"the run failed after round {t}: {failure}")
+        if advance.outcome is NodeOutcome.FAILED:
+            raise RunEnded(f"the run failed after round {t}: {advance.failure}")
         self.metrics.taken(advance.taken)
         self.metrics.round_done(t + 1, loss, advance.report)
         return advance.vector
@@ -288,8 +304,7 @@ class Peer:
             return await arrive(self._client, self.inbox.barrier_url or "", body, final, self.run.round_deadline,
                                 self.options, self.log, peers=others)
         except PeerDropped:
-            if self.state.allows(NodeEvent.DROPPED):
-                self.state.dropped()
+            self.state.dropped()  # DROPPED, or IGNORED where it left meanwhile: the loop hears it either way
             raise
 
     async def leave(self, reason: str, ends_run: bool = False, within: float | None = None,
@@ -298,9 +313,8 @@ class Peer:
         the run cannot go on without this node (its checkpoint could not be written): it ends, failed, resumable.
         `within`: how long the barrier has to answer (a process told to stop has 2 s in all). `stopped`: it was
         told to stop (a signal), which the barrier weighs with the others' (a whole run stopped is interrupted)."""
-        if self.state.gone or self.rank < 0:
+        if self.state.leaving() is NodeOutcome.IGNORED:  # never registered, or its run is over: nobody to tell
             return
-        self.state.leaving()
         await leave(self._client, self.inbox.barrier_url or "", {"rank": self.rank, "reason": reason[:2000],
                                                                    "ends_run": ends_run, "stopped": stopped},
                     min(self.options.request_timeout, 5.0) if within is None else within / 2, self.log)  # 2 tries
