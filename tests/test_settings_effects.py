@@ -55,6 +55,17 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "tls_ca": ("ca.pem", {}, {"tls_cert": "c.pem", "tls_key": "k.pem"}),
     "rejoin_max_age": (5, {"checkpoint_every": 0}, {}),
     "checkpoint_seconds": (5.0, {"checkpoint_rounds": 0}, {}),
+    # asynchronous runs (--sync async): barrier-only settings, and what pairwise averaging (AD-PSGD) leaves out
+    "round_deadline": (60.0, {"sync": "async"}, {}),
+    "checkpoint_rounds": (5, {"sync": "async"}, {}),
+    "max_norm": (3.0, {"sync": "async"}, {}),
+    "exchange": ("pairwise", {}, {"sync": "async"}),
+    "fragments": (2, {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
+    "fanout": (3, {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
+    "sampler": ("oracle", {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
+    "compress": ("int8", {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
+    "aggregator": ("trimmed-mean", {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
+    "byzantine": (1, {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
 }
 
 

@@ -377,6 +377,10 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) -> int:
     """The command's run; `task`: the user's task `check_task` built (simulate runs it rather than build another)."""
+    if args.command != "simulate" and str(settings.sync) != "barrier":  # a --config file's: the flag is simulate's
+        print(f"mosaicd {args.command}: error: --sync {settings.sync}: only `mosaicd simulate` runs asynchronously "
+              "so far; the daemons run --sync barrier", file=sys.stderr)
+        return 2
     if args.command in ("node", "barrier"):
         from mosaicd.daemon.entry import exit_promptly
 

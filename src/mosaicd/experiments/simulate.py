@@ -31,13 +31,14 @@ from mosaic_proto.network import RoundRecord
 from mosaic_proto.profiles import RoundPlan, VirtualClock
 from mosaicd.experiments import resume as checkpoint
 from mosaicd.experiments.batched import BatchedTraining
+from mosaicd.experiments.simulate_async import simulate_async
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import Task, build_task, check_requirements
 from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_round, robustness_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.protocol import aggregator_rule, attack_of, byzantine_ranks, compressor_of, node_profiles, profile_spec
 from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary, release
-from mosaicd.settings import RunConfig, Settings
+from mosaicd.settings import RunConfig, Settings, SettingsError
 
 
 def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound | None = None, *,
@@ -46,6 +47,8 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
     `replace`: remove the run that --out holds first (see `claim_out`: nothing is written before it agrees).
     `advise`: a run that stops says on stderr how to go on with it, --quiet or not (a sweep says it instead).
     `task`: the run's task already built (`check_task`'s: a user's data is not loaded twice), else built here."""
+    if resume and settings.sync == "async":
+        raise SettingsError("--resume: simulate --sync async saves no checkpoint yet: run it again from the start")
     if task is None:  # a run that cannot start leaves no folder, as `cluster`'s does not
         check_requirements(settings.task, settings.data_dir)
     given = settings.out if "out" in settings.model_fields_set else None
@@ -66,6 +69,8 @@ def _run(settings: Settings, progress: bool, on_round: OnRound | None, resume: b
     recorder = None
     try:
         recorder = open_outputs()
+        if settings.sync == "async":  # no rounds: a discrete-event simulation (docs/spec.md, Asynchronous mode)
+            return simulate_async(settings, recorder, progress, on_round, task)
         return _simulate(settings, recorder, progress, on_round, start, task)
     except BaseException as exc:
         if recorder is None and isinstance(exc, KeyboardInterrupt):  # Ctrl-C while its files were being made

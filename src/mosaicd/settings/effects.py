@@ -40,6 +40,13 @@ NOT_QUADRATIC = Need("a --task other than quadratic", lambda s: s.own_loop or st
 QUADRATIC = Need("--task quadratic", lambda s: s.own_loop or str(s.task) == TaskName.QUADRATIC,
                  "a setting of the quadratic objective; the task here is {task}")
 OPTIMIZER = (TASK, TRAINS, STEPS, NOT_QUADRATIC)  # what every optimizer setting needs: a task's local steps
+# --sync (a run setting: a node's own options, without it, are of a barrier run)
+BARRIER = Need("--sync barrier", lambda s: str(getattr(s, "sync", "barrier")) == "barrier",
+               "asynchronous nodes never wait for a round, and simulate --sync async saves no checkpoint and trains "
+               "node by node")
+ASYNC = Need("--sync async", lambda s: str(s.sync) == "async", "a barrier's rounds push fragments to sampled peers")
+PUSH = Need("--exchange push", lambda s: str(getattr(s, "exchange", "push")) == "push",
+            "--exchange pairwise averages whole models with one peer (AD-PSGD): no fragment, sampler, codec or rule")
 
 
 def _takes(key: str) -> Need:
@@ -67,7 +74,12 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
     "threads": (NOT_QUADRATIC,), "device": (NOT_QUADRATIC,), "eval_samples": (NOT_QUADRATIC,),
     # the protocol
     "strategy": (Need("--fragments 2 or more", lambda s: s.fragments > 1,
-                      "with one fragment the whole model travels as one, however it is cut"),),
+                      "with one fragment the whole model travels as one, however it is cut"), PUSH),
+    # asynchronous runs (--sync async): what only a barrier's rounds use, and what pairwise averaging leaves out
+    "round_deadline": (BARRIER,), "checkpoint_rounds": (BARRIER,), "max_norm": (BARRIER,),
+    "exchange": (ASYNC,),
+    "fragments": (PUSH,), "fanout": (PUSH,), "sampler": (PUSH,), "compress": (PUSH,), "aggregator": (PUSH,),
+    "byzantine": (PUSH,),
     "trim": (Need("--aggregator trimmed-mean", lambda s: s.aggregator == "trimmed-mean",
                   "the values a trimmed mean cuts; the aggregator here is {aggregator}"),),
     "clip_radius": (Need("--aggregator clipped", lambda s: s.aggregator == "clipped",
@@ -91,7 +103,7 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
     "optimizer_state": (*OPTIMIZER, Need("a stateful optimizer (--momentum above 0, or an --optimizer other than "
                                          "sgd)", lambda s: s.optimizer != "sgd" or s.momentum > 0,
                                          "sgd without momentum keeps nothing from one step to the next")),
-    "batched": (TRAINS,),
+    "batched": (TRAINS, BARRIER),
     # processes
     "dns_settle": (Need("--expect-dns", lambda s: bool(s.expect_dns),
                         "how long --expect-dns's answer must hold still"),),
@@ -108,15 +120,14 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
 
 ALWAYS = frozenset({
     # the run: each changes the models or what the run records, whatever else is given
-    "run_id", "own_loop", "task", "nodes", "rounds", "fragments", "fanout", "sampler", "seed", "round_deadline",
-    "node_profile", "aggregator", "byzantine", "compress", "train", "eval_every",
+    "run_id", "own_loop", "task", "nodes", "rounds", "seed", "sync", "node_profile", "train", "eval_every",
     # where and how a process works, writes and logs (a task of your own may read --data-dir)
-    "out", "replace", "tensorboard", "mlflow", "data_dir", "checkpoint_rounds", "linger", "log_level", "log_json",
+    "out", "replace", "tensorboard", "mlflow", "data_dir", "linger", "log_level", "log_json",
     "log_file",
     # the network, limits and faults: each a process's own, used whatever the run
     "host", "port", "advertise", "barrier_url", "peer_list", "expect_dns", "port_file", "register_deadline",
     "drop_after", "request_timeout", "retries", "max_body_bytes", "header_timeout", "max_connections", "max_bodies",
-    "register_rate", "secret_file", "max_norm", "insecure", "tls_cert", "tls_key", "event_loop", "barrier_grace",
+    "register_rate", "secret_file", "insecure", "tls_cert", "tls_key", "event_loop", "barrier_grace",
     "allow_join", "state_dir", "checkpoint_every", "resume_round", "leave_on_signal", "rejoin_dropped",
 })
 
