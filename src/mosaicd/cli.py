@@ -293,6 +293,9 @@ def _main(argv: list[str] | None) -> None:
         if settings.own_loop and args.command != "barrier":
             raise SettingsError("--own-loop: the nodes of an own loop's run are mosaicd.Peer in your program; "
                                 "`mosaicd barrier --own-loop` serves its barrier")
+        if args.command != "simulate" and str(settings.sync) != "barrier":  # from --config: the flag is simulate's
+            raise SettingsError(f"--sync {settings.sync}: only `mosaicd simulate` runs asynchronously so far; the "
+                                "daemons run --sync barrier")
         if args.command != "node" or settings.barrier_url is None:  # a node of a barrier takes the barrier's task
             from mosaicd.learning.tasks import check_task
 
@@ -377,10 +380,6 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) -> int:
     """The command's run; `task`: the user's task `check_task` built (simulate runs it rather than build another)."""
-    if args.command != "simulate" and str(settings.sync) != "barrier":  # a --config file's: the flag is simulate's
-        print(f"mosaicd {args.command}: error: --sync {settings.sync}: only `mosaicd simulate` runs asynchronously "
-              "so far; the daemons run --sync barrier", file=sys.stderr)
-        return 2
     if args.command in ("node", "barrier"):
         from mosaicd.daemon.entry import exit_promptly
 

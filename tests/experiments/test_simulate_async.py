@@ -1,0 +1,101 @@
+"""`mosaicd simulate --sync async` (issue 60): deterministic discrete events on the virtual clock, evaluated on a
+time grid; AD-PSGD and asynchronous EL from the same flags; what only barrier runs (or push) use is refused."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from mosaicd.cli import main
+from mosaicd.experiments.simulate import run_simulation
+from mosaicd.settings import Settings, SettingsError
+
+# a quarter of the nodes on a link too slow for what they send (their queues supersede), and latency for all
+PROFILE = "compute_s = 0.5\n[default]\nlatency = 0.02\n[[draw]]\nshare = 0.25\nbandwidth = 64\n"
+RUN = {"sync": "async", "nodes": 8, "rounds": 6, "fragments": 4, "fanout": 2, "eval_every": 2}
+
+
+def simulated(tmp_path: Path, name: str, **settings) -> dict:
+    return run_simulation(Settings.load(**{**RUN, **settings}, out=tmp_path / name), progress=False)
+
+
+def rows(out: Path, name: str = "rounds.csv") -> list[dict[str, str]]:
+    with open(out / name, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_same_seed_gives_the_same_models_and_another_seed_others(tmp_path: Path) -> None:
+    (tmp_path / "links.toml").write_text(PROFILE)
+    first, again, other = (simulated(tmp_path, name, seed=seed, node_profile=tmp_path / "links.toml")
+                           for name, seed in (("a", 3), ("b", 3), ("c", 4)))
+    assert first["status"] == "finished" and first["model_sha256"] == again["model_sha256"]
+    assert first["models_sha256"] == again["models_sha256"] != other["models_sha256"]
+    assert first["asynchronous"]["fragments_superseded"] > 0  # the slow links' queues dropped older copies
+    assert first["asynchronous"]["steps"] == {str(i): 6 for i in range(8)}
+    # evaluated on the time grid: every 2 x compute_s of virtual time, then at the end (the slow links' last sends)
+    times = [float(r["virtual_s"]) for r in rows(tmp_path / "a")]
+    assert times[:3] == [1.0, 2.0, 3.0] and times[-1] > 3.0 and times == sorted(times)
+    assert [int(r["round"]) for r in rows(tmp_path / "a")][:3] == [1, 3, 5]
+    assert len(rows(tmp_path / "a", "nodes.csv")) == 8 * 6  # one row per node and iteration
+
+
+
+def test_training_converges_and_an_unprofiled_run_is_numbered_as_a_barrier_run(tmp_path: Path) -> None:
+    summary = simulated(tmp_path, "plain", eval_every=1)
+    table = rows(tmp_path / "plain")
+    assert [int(r["round"]) for r in table] == list(range(6))
+    assert [float(r["virtual_s"]) for r in table] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert float(table[-1]["node_average"]) < float(table[0]["node_average"]) / 4
+    assert summary["virtual_s"] == 6.0
+
+
+def test_a_node_slowed_ten_times_does_not_slow_the_others(tmp_path: Path) -> None:
+    (tmp_path / "slow.toml").write_text("[nodes.5]\nslowdown = 10\n")
+    alike = simulated(tmp_path, "alike")["asynchronous"]["finished_at"]
+    slowed = simulated(tmp_path, "slowed", node_profile=tmp_path / "slow.toml")["asynchronous"]["finished_at"]
+    assert slowed["5"] == 60.0 and alike["5"] == 6.0
+    assert {i: t for i, t in slowed.items() if i != "5"} == {i: t for i, t in alike.items() if i != "5"}
+    assert set(alike.values()) == {6.0}  # each of the others did its 6 iterations in 6 x compute_s, as without it
+
+
+def test_ad_psgd_and_asynchronous_el_run_from_the_flags(tmp_path: Path) -> None:
+    adpsgd = simulated(tmp_path, "adpsgd", exchange="pairwise", eval_every=0)
+    el = simulated(tmp_path, "el", fragments=1, eval_every=0)
+    mosaic = simulated(tmp_path, "mosaic", eval_every=0)
+    assert len({adpsgd["models_sha256"], el["models_sha256"], mosaic["models_sha256"]}) == 3
+    sent = rows(tmp_path / "adpsgd", "nodes.csv")
+    assert {(r["messages_out"], r["fragments_out"]) for r in sent} == {("1", "1")}  # one whole model, one peer
+    assert {r["fragments_out"] for r in rows(tmp_path / "el", "nodes.csv")} == {"2"}  # the model to s = 2 peers
+    for summary in (adpsgd, el, mosaic):
+        assert summary["status"] == "finished" and summary["final"]["consensus_distance"] < 1.0
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--sync", "async", "--round-deadline", "30"], "--round-deadline needs --sync barrier"),
+    (["--sync", "async", "--checkpoint-rounds", "3"], "--checkpoint-rounds needs --sync barrier"),
+    (["--sync", "async", "--batched"], "--batched needs --sync barrier"),
+    (["--exchange", "pairwise"], "--exchange needs --sync async"),
+    (["--sync", "async", "--exchange", "pairwise", "--fragments", "8"], "--fragments needs --exchange push"),
+])
+def test_a_setting_void_in_the_mode_is_refused_before_any_folder_is_made(
+        flags: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["simulate", *flags, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and said in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_and_the_daemons_refuse_an_asynchronous_run(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SettingsError, match="--resume"):
+        run_simulation(Settings.load(**RUN, out=tmp_path / "run"), progress=False, resume=True)
+    config = tmp_path / "run.toml"
+    config.write_text('sync = "async"\n')
+    with pytest.raises(SystemExit) as stopped:
+        main(["cluster", "--config", str(config), "--nodes", "3", "--out", str(tmp_path / "cluster")])
+    assert stopped.value.code == 2
+    assert "only `mosaicd simulate` runs asynchronously" in capsys.readouterr().err
+    assert not (tmp_path / "cluster").exists()

@@ -1,0 +1,154 @@
+"""AsyncNodeState and AsyncNetwork: asynchronous Mosaic's core (docs/spec.md, "Asynchronous mode")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mosaic_proto import Fragmentation, FragmentBatch, Layout, PeerSampler, Quadratic, consensus_distance
+from mosaic_proto.async_network import AsyncNetwork
+from mosaic_proto.async_node import (
+    ASYNC_TRANSITIONS,
+    AsyncNodeState,
+    AsyncOutcome,
+    AsyncPhase,
+    AsyncStateError,
+    Exchange,
+    SendQueue,
+)
+from mosaic_proto.profiles import NodeProfile
+
+FOUR = Fragmentation.build(Layout.flat(4), 2, 0, "contiguous")  # fragment 0: coordinates 0-1, fragment 1: 2-3
+
+
+def batch(sender: int, step: int, fragments: dict[int, list[float]], fr: Fragmentation = FOUR) -> FragmentBatch:
+    return FragmentBatch("mosaic", step, sender, fr.k, fr.fingerprint,
+                         {f: np.asarray(v, np.float32) for f, v in fragments.items()})
+
+
+def node(rank: int = 0, n: int = 3, iterations: int = 3, **kw) -> AsyncNodeState:
+    return AsyncNodeState(rank, range(n), FOUR, PeerSampler("local", 1, 0), iterations, np.zeros(4, np.float32),
+                          planned_only=False, **kw)
+
+
+def test_the_newest_copy_per_sender_and_fragment_is_averaged_with_the_nodes_own() -> None:
+    """The spec's rule on a case checked by hand: x[C==k] = (own + newest copy of each sender) / (1 + senders)."""
+    state = node()
+    assert state.receive(batch(2, 1, {0: [6, 6]}), now=0.1) is AsyncOutcome.TAKEN
+    assert state.receive(batch(2, 0, {0: [3, 3]}), now=0.2) is AsyncOutcome.STALE  # older than the one held
+    assert state.receive(batch(1, 0, {0: [0, 3], 1: [4, 4]}), now=0.3) is AsyncOutcome.TAKEN
+    assert state.inbox_depth() == 3
+    done = state.trained(np.asarray([0, 0, 1, 1], np.float32), now=1.0)
+    # fragment 0: (own [0,0] + sender 1's [0,3] + sender 2's newest [6,6]) / 3; fragment 1: ([1,1] + [4,4]) / 2
+    assert done.vector.tolist() == [2.0, 3.0, 2.5, 2.5]
+    assert done.outcome is AsyncOutcome.ITERATED and state.step == 1 and state.inbox_depth() == 0
+    assert (done.report.messages_in, done.report.fragments_in, done.report.fragments_out) == (2, 3, 2)
+    again = state.trained(done.vector, now=2.0)  # nothing arrived since: the node keeps its model
+    assert again.vector.tolist() == done.vector.tolist()
+
+
+def test_arrival_order_does_not_change_the_aggregate() -> None:
+    copies = [batch(1, 0, {0: [1e8, 1]}), batch(2, 0, {0: [1, 3]}), batch(1, 1, {1: [5, 7]})]
+    results = []
+    for order in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):
+        state = node()
+        for i in order:
+            state.receive(copies[i], now=0.0)
+        results.append(state.trained(np.asarray([1, 2, 3, 4], np.float32), now=1.0).vector.tobytes())
+    assert len(set(results)) == 1
+
+
+def test_the_queue_sends_the_newest_copy_and_drops_what_a_newer_one_replaced() -> None:
+    queue = SendQueue()
+    queue.put(1, 0, {0: "a0", 1: "a1"}, {0: 8, 1: 8})
+    queue.put(2, 0, {0: "b0"}, {0: 8})
+    queue.put(1, 1, {1: "c1"}, {1: 8})  # supersedes fragment 1 of the unsent step-0 message to peer 1
+    queue.put(2, 1, {0: "d0"}, {0: 8})  # supersedes the whole step-0 message to peer 2
+    assert queue.superseded == 2 and len(queue) == 3
+    assert queue.pop() == (1, 0, {0: "a0"}, 8, False)
+    assert queue.pop() == (1, 1, {1: "c1"}, 8, False)
+    assert queue.pop() == (2, 1, {0: "d0"}, 8, False)
+    assert queue.pop() is None
+
+
+def test_a_message_of_another_run_or_an_unplanned_fragment_is_refused_and_nothing_changes() -> None:
+    fr = FOUR
+    state = AsyncNodeState(0, range(4), fr, PeerSampler("local", 1, 0), 2, np.zeros(4, np.float32))
+    plan = PeerSampler("local", 1, 0).planned(0, 3, 2, (0, 1, 2, 3))
+    mine = plan.get(0, ())
+    other = [f for f in range(2) if f not in mine]
+    assert state.receive(FragmentBatch("other-run", 0, 3, 2, fr.fingerprint, {}), now=0) is AsyncOutcome.REFUSED
+    assert state.receive(batch(0, 0, {0: [1, 1]}), now=0) is AsyncOutcome.REFUSED  # from itself
+    assert state.receive(batch(3, 0, {other[0]: [1, 1]}), now=0) is AsyncOutcome.REFUSED  # not its to send here
+    assert state.inbox_depth() == 0 and state.counts["refused"] == 3
+    if mine:
+        assert state.receive(batch(3, 0, {mine[0]: [1, 1]}), now=0) is AsyncOutcome.TAKEN
+
+
+def test_a_finished_node_ignores_what_comes_and_refuses_to_train_again() -> None:
+    state = node(iterations=1)
+    done = state.trained(np.ones(4, np.float32), now=1.0)
+    assert done.outcome is AsyncOutcome.DONE and state.phase is AsyncPhase.FINISHED
+    assert state.receive(batch(1, 0, {0: [5, 5]}), now=1.5) is AsyncOutcome.IGNORED
+    with pytest.raises(AsyncStateError):
+        state.trained(np.zeros(4, np.float32), now=2.0)
+    assert state.step == 1 and state.vector.tolist() == [1, 1, 1, 1]
+    assert state.next_send(2.0) is not None  # its queue still drains
+    assert set(ASYNC_TRANSITIONS) == set(AsyncPhase)
+
+
+def test_pairwise_nodes_both_keep_the_average_and_a_training_under_way_applies_its_change_to_it() -> None:
+    fr = Fragmentation.build(Layout.flat(1), 1, 0)
+    states = [AsyncNodeState(i, range(2), fr, PeerSampler("local", 1, 0), 2, np.asarray([2.0 * i], np.float32),
+                             exchange=Exchange.PAIRWISE) for i in range(2)]
+    steps = {0: 1.0, 1: 10.0}  # a step adds this to the model
+
+    def train(node: int, step: int, vector: np.ndarray) -> tuple[np.ndarray, float]:
+        return vector + np.float32(steps[node]), 0.0
+
+    network = AsyncNetwork(states, train, [NodeProfile(), NodeProfile(slowdown=1.5)], 1.0)
+    network.run_until(1.0)  # node 0: 0 + 1 = 1, then pairs with node 1 (at 2): both 1.5
+    assert [s.vector.tolist() for s in states] == [[1.5], [1.5]]
+    network.run_until(1.5)  # node 1 trained from 2: its +10 goes onto the average: 11.5; pairs with node 0: 6.5
+    assert [s.vector.tolist() for s in states] == [[6.5], [6.5]]
+    network.run()  # node 0 at 2: 6.5 + 1, paired: 7, and it is done; node 1 at 3: 7 + 10, and node 0 takes no pair
+    assert network.done and all(s.finished for s in states)
+    assert [s.vector.tolist() for s in states] == [[7.0], [17.0]] and states[1].counts["ignored"] == 0
+    assert states[0].counts["ignored"] == 1
+
+
+def run_quadratic(n: int, profiles: list[NodeProfile], seed: int = 0, k: int = 4, iterations: int = 6,
+                  exchange: Exchange = Exchange.PUSH) -> AsyncNetwork:
+    q = Quadratic.build(n, 16, "correlated", seed)
+    fr = Fragmentation.build(Layout.flat(16), 1 if exchange is Exchange.PAIRWISE else k, seed)
+    sampler = PeerSampler("local", 1 if exchange is Exchange.PAIRWISE else 2, seed)
+    states = [AsyncNodeState(i, range(n), fr, sampler, iterations, q.initial(i), exchange=exchange)
+              for i in range(n)]
+    network = AsyncNetwork(states, q.train, profiles, 1.0)
+    network.run()
+    return network
+
+
+def test_the_same_inputs_give_the_same_models_bit_for_bit_and_another_seed_others() -> None:
+    profiles = [NodeProfile(latency=0.05), NodeProfile(bandwidth=40.0), NodeProfile(slowdown=2.5, latency=0.3)]
+    first, again = run_quadratic(12, profiles), run_quadratic(12, profiles)
+    assert [v.tobytes() for v in first.vectors] == [v.tobytes() for v in again.vectors]
+    assert sum(s.queue.superseded for s in first.states) > 0  # the slow link's queue was superseded
+    other = run_quadratic(12, profiles, seed=1)
+    assert [v.tobytes() for v in first.vectors] != [v.tobytes() for v in other.vectors]
+
+
+def test_a_slow_node_does_not_slow_the_others_and_gossip_still_converges() -> None:
+    alike = run_quadratic(10, [NodeProfile()])
+    slowed = run_quadratic(10, [NodeProfile(slowdown=10.0)] + [NodeProfile()] * 9)
+    assert slowed.finished_at[0] == 60.0
+    assert {i: t for i, t in slowed.finished_at.items() if i} == {i: t for i, t in alike.finished_at.items() if i}
+    start = consensus_distance(np.stack([Quadratic.build(10, 16, "correlated", 0).initial(i) for i in range(10)]))
+    assert consensus_distance(np.stack(alike.vectors)) < start / 4
+
+
+def test_ad_psgd_converges_too() -> None:
+    network = run_quadratic(10, [NodeProfile()], exchange=Exchange.PAIRWISE, iterations=10)
+    start = consensus_distance(np.stack([Quadratic.build(10, 16, "correlated", 0).initial(i) for i in range(10)]))
+    assert consensus_distance(np.stack(network.vectors)) < start / 4
+    assert all(s.counts["averaged"] >= 10 for s in network.states)  # its own 10 pairs, and those it was asked for
