@@ -206,7 +206,8 @@ class AsyncNodeState:
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         self.rank, self.members = rank, tuple(sorted(members))
-        if rank not in self.members:
+        self._member_set = frozenset(self.members)
+        if rank not in self._member_set:
             raise ValueError(f"node {rank} is not among the members")
         self.fragmentation, self.sampler, self.iterations, self.run_id = fragmentation, sampler, iterations, run_id
         self.exchange, self.aggregator = Exchange(exchange), aggregator or Aggregator()
@@ -301,7 +302,7 @@ class AsyncNodeState:
         `planned_only`) not what the sender's plan of its step sends here; IGNORED once the node is finished."""
         if self.phases.finished:
             outcome = Out.IGNORED
-        elif (batch.run_id != self.run_id or batch.sender == self.rank or batch.sender not in self.members
+        elif (batch.run_id != self.run_id or batch.sender == self.rank or batch.sender not in self._member_set
               or batch.k != self.fragmentation.k or batch.fingerprint != self.fragmentation.fingerprint
               or batch.codec != self.codec or not self._planned(batch)):
             outcome = Out.REFUSED
