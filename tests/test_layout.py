@@ -894,3 +894,21 @@ def test_the_node_state_is_handed_the_clock() -> None:
              if isinstance(m, ast.FunctionDef) and m.name in ("registered", "outgoing", "send_budget", "sent",
                                                               "released")}
     assert all("now" in args for args in timed.values()) and len(timed) == 5, timed
+
+
+# -- the asynchronous node's core (issue 60): the node's shape, for a node with no rounds
+def test_the_async_node_state_fires_once_per_call_and_is_handed_the_clock() -> None:
+    """`AsyncNodeState` is built as `NodeState` is: every call that moves or keeps its phase fires exactly once, no
+    private helper fires, every input takes `now`, and async_node.py (and the event simulation) read no clock."""
+    source = (SRC / "mosaic_proto" / "async_node.py").read_text()
+    counts = fires_per_call(source, "AsyncNodeState")
+    inputs = {"trained", "receive", "next_send", "paired", "averaged"}
+    assert {m for m, n in counts.items() if n == 1} == inputs and all(n <= 1 for n in counts.values()), counts
+    tree = ast.parse(source)
+    state = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "AsyncNodeState")
+    takes = {m.name: [a.arg for a in m.args.args] for m in state.body if isinstance(m, ast.FunctionDef)}
+    assert all("now" in takes[m] for m in inputs), takes
+    for module in ("async_node.py", "async_network.py"):
+        names = {a.name for n in ast.walk(ast.parse((SRC / "mosaic_proto" / module).read_text()))
+                 if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
+        assert not {"time", "monotonic", "perf_counter"} & names, (module, names)

@@ -99,3 +99,19 @@ def test_resume_and_the_daemons_refuse_an_asynchronous_run(tmp_path: Path,
     assert stopped.value.code == 2
     assert "only `mosaicd simulate` runs asynchronously" in capsys.readouterr().err
     assert not (tmp_path / "cluster").exists()
+
+
+@pytest.mark.parametrize("settings", [
+    {"compress": "int8"},
+    {"compress": "topk:0.5"},  # sparse messages: each receiver reads the newest values it heard where one is silent
+    {"byzantine": 1, "attack": "scale", "aggregator": "trimmed-mean"},
+    {"sampler": "oracle", "aggregator": "clipped"},
+], ids=["int8", "topk", "trimmed-mean-against-a-liar", "oracle-clipped"])
+def test_codecs_robust_rules_and_attackers_work_as_in_the_barrier_mode(tmp_path: Path, settings: dict) -> None:
+    first, again = (simulated(tmp_path, name, eval_every=3, **settings) for name in ("a", "b"))
+    plain = simulated(tmp_path, "plain", eval_every=0)
+    assert first["status"] == "finished" and first["models_sha256"] == again["models_sha256"]
+    assert first["models_sha256"] != plain["models_sha256"]  # the setting changed the run
+    table = rows(tmp_path / "a")
+    assert [r["round"] for r in table] == ["2", "5"]
+    assert float(table[1]["node_average"]) < float(table[0]["node_average"])  # it learns (honest nodes only)
