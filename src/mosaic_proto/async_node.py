@@ -296,13 +296,15 @@ class AsyncNodeState:
         return AsyncMessage(peer, step, batch, nbytes, pair)
 
     # -- what comes in --------------------------------------------------------------------------------------
-    def receive(self, batch: FragmentBatch, now: float) -> AsyncOutcome:
+    def receive(self, batch: FragmentBatch, now: float, sender: int | None = None) -> AsyncOutcome:
         """A fragment message: each fragment kept in the inbox if it is newer than the copy held from its sender
-        (TAKEN), else dropped (STALE); REFUSED if it is not this run's, not from another member, or (with
-        `planned_only`) not what the sender's plan of its step sends here; IGNORED once the node is finished."""
+        (TAKEN), else dropped (STALE); REFUSED if it is not this run's, not from another member (or not from
+        `sender`, the member its transport proved), or (with `planned_only`) not what the sender's plan of its step
+        sends here; IGNORED once the node is finished."""
         if self.phases.finished:
             outcome = Out.IGNORED
         elif (batch.run_id != self.run_id or batch.sender == self.rank or batch.sender not in self._member_set
+              or (sender is not None and batch.sender != sender)
               or batch.k != self.fragmentation.k or batch.fingerprint != self.fragmentation.fingerprint
               or batch.codec != self.codec or not self._planned(batch)):
             outcome = Out.REFUSED

@@ -80,7 +80,8 @@ def test_a_message_of_another_run_or_an_unplanned_fragment_is_refused_and_nothin
     assert state.receive(FragmentBatch("other-run", 0, 3, 2, fr.fingerprint, {}), now=0) is AsyncOutcome.REFUSED
     assert state.receive(batch(0, 0, {0: [1, 1]}), now=0) is AsyncOutcome.REFUSED  # from itself
     assert state.receive(batch(3, 0, {other[0]: [1, 1]}), now=0) is AsyncOutcome.REFUSED  # not its to send here
-    assert state.inbox_depth() == 0 and state.counts["refused"] == 3
+    assert state.receive(batch(3, 0, {0: [1, 1]}), now=0, sender=2) is AsyncOutcome.REFUSED  # not who sent it
+    assert state.inbox_depth() == 0 and state.counts["refused"] == 4
     if mine:
         assert state.receive(batch(3, 0, {mine[0]: [1, 1]}), now=0) is AsyncOutcome.TAKEN
 
