@@ -1,12 +1,13 @@
 """`AsyncNetwork`: asynchronous nodes (`AsyncNodeState`) in one process, a discrete-event simulation on a virtual
 clock driven by the node profiles (docs/spec.md, "Asynchronous mode").
 
-Each node trains an iteration in slowdown x compute_s seconds, then its state aggregates and queues its sends and
-it trains the next at once. Its uplink sends one queued message at a time, each for bytes / bandwidth seconds
-(all at once where the bandwidth is unlimited), and a message arrives its sender's latency after it left. Events
-at the same time run in a fixed order (arrivals, then links, then training, each by node, then by when they were
-scheduled), so the same inputs give the same models, bit for bit. With --exchange pairwise a request's arrival is
-the pair's atomic event: both nodes keep the average of their models at that moment.
+Each node trains an iteration in slowdown x compute_s seconds, then its state aggregates and queues its sends and it
+trains the next at once. Its uplink sends one queued message at a time, each for bytes / bandwidth seconds (all at
+once where the bandwidth is unlimited), and a message arrives its sender's latency after it left. Events at the same
+time run in a fixed order (training, then links, then arrivals, each by node, then by when they were scheduled), so
+the same inputs give the same models, bit for bit, and no rank is favoured: nodes that end an iteration at the same
+moment aggregate what arrived before it, none what another sent at that moment. With --exchange pairwise a request's
+arrival is the pair's atomic event: both nodes keep the average of their models at that moment.
 
     network = AsyncNetwork(states, train, profiles, compute_s)
     network.run_until(t)        # every event up to virtual time t; `network.now`, `network.done`
@@ -26,7 +27,7 @@ from .profiles import NodeProfile
 
 __all__ = ["AsyncNetwork", "OnIteration"]
 
-_ARRIVE, _LINK, _TRAINED = 0, 1, 2  # the order of events at the same time
+_TRAINED, _LINK, _ARRIVE = 0, 1, 2  # the order of events at the same time
 OnIteration = Callable[[int, Iteration, float, float, float], None]  # node, iteration, loss, train_s, now
 
 
