@@ -125,6 +125,21 @@ def test_sequential_grads_are_autograds_for_every_elementwise_layer(builtin_loss
     assert torch.allclose(losses, want_losses.detach(), rtol=1e-6)
 
 
+def test_sequential_grads_name_samples_of_more_than_one_dimension() -> None:
+    """The stacked products run features first, (models, features, samples): samples that are still more than one
+    dimension after the leading Flattens are refused in words, not by a product's shape error."""
+    from torch import nn
+
+    from mosaicd.learning.tasks.stacked import sequential_grads, unstack
+
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    task = build_task(Settings.load(task="teacher", nodes=4))
+    vectors = [np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])] * 2
+    with pytest.raises(ValueError, match="samples of one dimension"):
+        sequential_grads(task, model, unstack(model, vectors, torch.device("cpu")), torch.randn(2, 5, 3, 4),
+                         torch.zeros(2, 5, dtype=torch.int64), None)
+
+
 def test_batched_gnlenet_with_small_shards_matches(tmp_path: Path) -> None:
     """GN-LeNet (the CIFAR-10 model), with shards smaller than the batch on some nodes (their own batch size)."""
     write_synthetic("cifar10", tmp_path / "data", train=60, test=20)
