@@ -227,7 +227,7 @@ def sequential_grads(task: TorchModelTask, model: nn.Sequential, params: dict[st
             elif not isinstance(layer, nn.Flatten):
                 x = layer(x)
     losses, g = task.loss_grad_many(x.transpose(1, 2), y, counts)
-    g = g.transpose(1, 2)
+    g = g.transpose(1, 2).contiguous()  # no copy for the built-in loss's; autograd's may be an expanded constant
     first = min(k for k, (_, layer) in enumerate(layers) if isinstance(layer, nn.Linear))  # no gradient before it
     grads: dict[str, torch.Tensor] = {}
     with torch.no_grad():
