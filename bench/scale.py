@@ -10,8 +10,11 @@ the teacher task at 1,000 nodes, K=4, s=4, H=5, 20 rounds (evaluated at rounds 9
 and the largest gap of the final metrics (node-average and average-model accuracy).
 
 Usage: python bench/scale.py [--sizes 1000,10000,100000] [--rounds 20] [--no-batched] [--no-scale] [--repeat N]
-(--repeat: each batched case N times, exact and batched alternating; the medians and their ratio are printed.)
-The last line printed is JSON.
+[--cases digits,teacher] [--threads N]
+(--repeat: each batched case N times, exact and batched alternating; the medians and their ratio are printed.
+--threads: the runs' --threads; without it each run takes the setting's default, what a user's run gets. Every run
+reports the threads its summary.json records, and its CPU seconds beside its wall: on a loaded machine the CPU ratio
+moves less than the wall ratio.) The last line printed is JSON.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ from pathlib import Path
 from mosaicd.settings import Settings
 from mosaicd.experiments.simulate import run_simulation
 out, settings = sys.argv[1], json.loads(sys.argv[2])
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 summary = run_simulation(Settings.load(**settings, out=out), progress=False)
-wall = time.perf_counter() - started
+wall, cpu = time.perf_counter() - started, time.process_time() - cpu
 peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
 size = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
 final = summary["final"]
-print(json.dumps({"wall_s": round(wall, 2), "peak_mb": round(peak, 1), "folder_bytes": size,
+print(json.dumps({"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "threads": summary["settings"]["threads"],
+                  "peak_mb": round(peak, 1), "folder_bytes": size,
                   "node_average": final.get("node_average"), "average_model": final.get("average_model")}))
 """
 
@@ -73,29 +77,41 @@ def scale(sizes: list[int], rounds: int, root: Path) -> list[dict]:
     return rows
 
 
-def batched(root: Path, rounds: int, repeat: int) -> list[dict]:
-    cases = {"digits n=32": dict(task="digits", nodes=32, fragments=8, fanout=4, rounds=rounds),
-             "teacher n=1000": dict(task="teacher", nodes=1000, fragments=4, fanout=4, rounds=rounds, local_steps=5,
-                                    lr=0.1, partition="dirichlet", alpha=0.3, eval_every=10)}
+CASES = {"digits": dict(task="digits", nodes=32, fragments=8, fanout=4),
+         "teacher": dict(task="teacher", nodes=1000, fragments=4, fanout=4, local_steps=5, lr=0.1,
+                         partition="dirichlet", alpha=0.3, eval_every=10)}
+
+
+def batched(root: Path, rounds: int, repeat: int, cases: list[str], threads: int | None) -> list[dict]:
     rows = []
-    print(f"\n{'case':<16} {'exact':>8} {'batched':>8} {'exact/batched':>14} {'gap node-avg':>13} "
-          f"{'gap avg-model':>14}")
-    for name, settings in cases.items():
-        walls: dict[str, list[float]] = {"exact": [], "batched": []}
+    pinned = {} if threads is None else {"threads": threads}
+    print(f"\n{'case':<16} {'threads':>7} {'exact':>8} {'batched':>8} {'exact/batched':>14} {'CPU ratio':>10} "
+          f"{'gap node-avg':>13} {'gap avg-model':>14}")
+    for case in cases:
+        settings = {**CASES[case], "rounds": rounds, "device": "cpu", **pinned}
+        name = f"{case} n={settings['nodes']}"
+        runs: dict[str, list[dict]] = {"exact": [], "batched": []}
         for r in range(repeat):  # interleaved, so that a change of load falls on both
-            exact = run(root / f"{name.split()[0]}-exact-{r}", **settings, device="cpu")
-            fast = run(root / f"{name.split()[0]}-batched-{r}", **settings, device="cpu", batched=True)
-            walls["exact"].append(exact["wall_s"])
-            walls["batched"].append(fast["wall_s"])
+            exact = run(root / f"{case}-exact-{r}", **settings)
+            fast = run(root / f"{case}-batched-{r}", **settings, batched=True)
+            runs["exact"].append(exact)
+            runs["batched"].append(fast)
+        walls = {kind: [got["wall_s"] for got in each] for kind, each in runs.items()}
+        cpus = {kind: [got["cpu_s"] for got in each] for kind, each in runs.items()}
+        used = sorted({got["threads"] for each in runs.values() for got in each})
         exact_s, batched_s = statistics.median(walls["exact"]), statistics.median(walls["batched"])
-        row = {"case": name, "exact_s": exact_s, "batched_s": batched_s, "ratio": round(exact_s / batched_s, 2),
-               "exact_walls": walls["exact"], "batched_walls": walls["batched"],
+        cpu_ratio = statistics.median(cpus["exact"]) / statistics.median(cpus["batched"])
+        row = {"case": name, "threads": used, "exact_s": exact_s, "batched_s": batched_s,
+               "ratio": round(exact_s / batched_s, 2), "cpu_ratio": round(cpu_ratio, 2),
+               "exact_walls": walls["exact"], "batched_walls": walls["batched"], "exact_cpus": cpus["exact"],
+               "batched_cpus": cpus["batched"],
                "gap_node_average": abs(exact["node_average"] - fast["node_average"]),
                "gap_average_model": abs(exact["average_model"] - fast["average_model"])}
         rows.append(row)
         each = f"  (exact {walls['exact']}, batched {walls['batched']})" if repeat > 1 else ""
-        print(f"{name:<16} {exact_s:>7.1f}s {batched_s:>7.1f}s {row['ratio']:>13.2f}x "
-              f"{row['gap_node_average']:>13.2e} {row['gap_average_model']:>14.2e}{each}", flush=True)
+        print(f"{name:<16} {','.join(map(str, used)):>7} {exact_s:>7.1f}s {batched_s:>7.1f}s {row['ratio']:>13.2f}x "
+              f"{row['cpu_ratio']:>9.2f}x {row['gap_node_average']:>13.2e} {row['gap_average_model']:>14.2e}{each}",
+              flush=True)
     return rows
 
 
@@ -107,12 +123,20 @@ def main() -> None:
     parser.add_argument("--no-scale", action="store_true")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each batched case (exact and batched "
                         "alternating); the medians are compared")
+    parser.add_argument("--cases", default=",".join(CASES), help="batched cases to run: " + ", ".join(CASES))
+    parser.add_argument("--threads", type=int, default=None, help="--threads of every run (default: the setting's "
+                        "default, as a user's run)")
     args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    if not cases or any(c not in CASES for c in cases):
+        parser.error(f"--cases: choose from {', '.join(CASES)}, comma-separated (got {args.cases!r})")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads: at least 1 (got {args.threads})")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mosaic-scale-") as tmp:
         root = Path(tmp)
         sizes = [] if args.no_scale else scale([int(n) for n in args.sizes.split(",")], args.rounds, root)
-        fast = [] if args.no_batched else batched(root, args.rounds, args.repeat)
+        fast = [] if args.no_batched else batched(root, args.rounds, args.repeat, cases, args.threads)
     print(json.dumps({"rounds": args.rounds, "scale": sizes, "batched": fast,
                       "bench_s": round(time.perf_counter() - started, 1)}))
 

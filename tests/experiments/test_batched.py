@@ -125,6 +125,49 @@ def test_sequential_grads_are_autograds_for_every_elementwise_layer(builtin_loss
     assert torch.allclose(losses, want_losses.detach(), rtol=1e-6)
 
 
+def test_sequential_grads_take_a_loss_whose_gradient_is_one_constant() -> None:
+    """A loss linear in the outputs has autograd's gradient as one expanded constant; the ReLU after it writes its
+    gradient in place, so the loss's gradient is made the step's own first (same gradients as autograd)."""
+    from torch import nn
+
+    from mosaicd.learning.tasks.stacked import sequential_forward, sequential_grads, unstack
+    from mosaicd.learning.tasks.torch_task import TorchTask
+
+    class SumOfOutputs(TorchTask):
+        def loss_many(self, outputs: torch.Tensor, targets: torch.Tensor,
+                      counts: torch.Tensor | None = None) -> torch.Tensor:
+            return outputs.sum(dim=(1, 2))  # autograd's gradient: ones, expanded from one value
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    task = SumOfOutputs(Settings.load(task="teacher", nodes=4).run_config(), model=lambda: model,
+                        train=(np.zeros((4, 4), np.float32), np.zeros(4, np.int64)),
+                        loss=lambda out, y: out.sum(dim=-1).mean())
+    vectors = [np.concatenate([p.detach().numpy().ravel() * (1 + j) for p in model.parameters()]) for j in range(2)]
+    params = unstack(model, vectors, torch.device("cpu"))
+    x, y = torch.randn(2, 5, 4), torch.zeros(2, 5, dtype=torch.int64)
+    got, _ = sequential_grads(task, model, params, x, y, None)
+    leaves = {name: t.detach().requires_grad_(True) for name, t in params.items()}
+    want = torch.autograd.grad(task.loss_many(sequential_forward(model, leaves, x), y).sum(), list(leaves.values()))
+    for name, expected in zip(leaves, want, strict=True):
+        assert torch.allclose(got[name], expected, rtol=1e-6, atol=1e-8), name
+
+
+def test_sequential_grads_name_samples_of_more_than_one_dimension() -> None:
+    """The stacked products run features first, (models, features, samples): samples that are still more than one
+    dimension after the leading Flattens are refused in words, not by a product's shape error."""
+    from torch import nn
+
+    from mosaicd.learning.tasks.stacked import sequential_grads, unstack
+
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    task = build_task(Settings.load(task="teacher", nodes=4))
+    vectors = [np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])] * 2
+    with pytest.raises(ValueError, match="samples of one dimension"):
+        sequential_grads(task, model, unstack(model, vectors, torch.device("cpu")), torch.randn(2, 5, 3, 4),
+                         torch.zeros(2, 5, dtype=torch.int64), None)
+
+
 def test_batched_gnlenet_with_small_shards_matches(tmp_path: Path) -> None:
     """GN-LeNet (the CIFAR-10 model), with shards smaller than the batch on some nodes (their own batch size)."""
     write_synthetic("cifar10", tmp_path / "data", train=60, test=20)

@@ -180,7 +180,7 @@ def _features_first(layers: list[tuple[int, nn.Module]], params: dict[str, torch
     one matrix product of every model's weights with x's transpose, each later one a batched product
     (m, out, in) @ (m, in, B); reductions over a few classes then run along contiguous samples. On the CPU this
     evaluates 1,001 teacher models faster than samples first (bench/README.md, issue #48's third pass)."""
-    x = x.T
+    given = x = x.T
     for i, layer in layers:
         if isinstance(layer, nn.Linear):
             weight, bias = params[f"{i}.weight"], params.get(f"{i}.bias")
@@ -190,6 +190,8 @@ def _features_first(layers: list[tuple[int, nn.Module]], params: dict[str, torch
                 x = (flat @ x if bias is None else torch.addmm(bias.reshape(m * out, 1), flat, x)).view(m, out, -1)
             else:
                 x = torch.bmm(weight, x) if bias is None else torch.baddbmm(bias.unsqueeze(-1), weight, x)
+        elif isinstance(layer, nn.ReLU) and x is not given:
+            x = x.clamp_min_(0)  # in place: no gradient reads this output (a 1,001-model evaluation ~25% faster)
         elif not isinstance(layer, nn.Flatten):  # a sample's features are one dimension: flattening keeps them
             x = layer(x)
     return x
@@ -198,47 +200,56 @@ def _features_first(layers: list[tuple[int, nn.Module]], params: dict[str, torch
 def sequential_grads(task: TorchModelTask, model: nn.Sequential, params: dict[str, torch.Tensor], x: torch.Tensor,
                      y: torch.Tensor, counts: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """m models' gradients (name -> (m, *shape)) and losses (m,) on their own batches x (m, B, ...): the forward pass
-    of `sequential_forward` keeping each layer's input, then the backward pass written out, each Linear two or three
-    batched matrix products and each elementwise layer its derivative (on the CPU about a quarter faster than autograd
-    over the same products; bench/scale.py). The loss's own gradient is `task.loss_grad_many`'s."""
+    keeping each layer's input, then the backward pass written out, each Linear two or three batched matrix products
+    and each elementwise layer its derivative (on the CPU about a quarter faster than autograd over the same
+    products; bench/scale.py). The loss's own gradient is `task.loss_grad_many`'s.
+    Features first past the leading Flattens, as evaluation (`_features_first`): activations (m, features, B), each
+    Linear W @ x, so that the products' inner sizes are the features (on the CPU ~15% less time in the products
+    than x @ W^T for the teacher's MLP; bench/README.md, issue 59)."""
+    layers = list(enumerate(model))
+    while layers and isinstance(layers[0][1], nn.Flatten):  # each sample flattened (samples first still)
+        i, layer = layers.pop(0)
+        x = x.flatten(layer.start_dim + 1, layer.end_dim if layer.end_dim < 0 else layer.end_dim + 1)
+    if x.dim() != 3:
+        raise ValueError(f"stacked matrix products take samples of one dimension after the leading Flattens; "
+                         f"got samples of shape {tuple(x.shape[2:])}")
+    x = x.transpose(1, 2)  # (m, features, B): a view; every later Flatten leaves one-dimensional samples as they are
     inputs = []
     with torch.no_grad():
-        for i, layer in enumerate(model):
+        for i, layer in layers:
             inputs.append(x)
             if isinstance(layer, nn.Linear):
                 bias = params.get(f"{i}.bias")
-                x = torch.bmm(x, params[f"{i}.weight"].transpose(1, 2))
-                x = x if bias is None else x.add_(bias.unsqueeze(1))
-            elif isinstance(layer, nn.Flatten):
-                x = x.flatten(layer.start_dim + 1, layer.end_dim if layer.end_dim < 0 else layer.end_dim + 1)
+                x = torch.bmm(params[f"{i}.weight"], x)  # then the bias: baddbmm is slower on the CPU
+                x = x if bias is None else x.add_(bias.unsqueeze(-1))
             elif isinstance(layer, nn.ReLU) and i > 0 and isinstance(model[i - 1], nn.Linear):
                 x = x.clamp_min_(0)  # in place: a Linear's own output, which ReLU's gradient does not read
-            else:
+            elif not isinstance(layer, nn.Flatten):
                 x = layer(x)
-    losses, g = task.loss_grad_many(x, y, counts)
-    first = min(i for i, layer in enumerate(model) if isinstance(layer, nn.Linear))  # no gradient before it
+    losses, g = task.loss_grad_many(x.transpose(1, 2), y, counts)
+    g = g.transpose(1, 2).contiguous()  # no copy for the built-in loss's; autograd's may be an expanded constant
+    first = min(k for k, (_, layer) in enumerate(layers) if isinstance(layer, nn.Linear))  # no gradient before it
     grads: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for i in range(len(model) - 1, first - 1, -1):
-            layer, before, after = model[i], inputs[i], (inputs[i + 1] if i + 1 < len(model) else x)
+        for k in range(len(layers) - 1, first - 1, -1):
+            (i, layer), before = layers[k], inputs[k]
+            after = inputs[k + 1] if k + 1 < len(layers) else x
             if isinstance(layer, nn.Linear):
-                grads[f"{i}.weight"] = torch.bmm(g.transpose(1, 2), before)
+                grads[f"{i}.weight"] = torch.bmm(g, before.transpose(1, 2))
                 if layer.bias is not None:
-                    grads[f"{i}.bias"] = g.sum(dim=1)
-                if i > first:
-                    g = torch.bmm(g, params[f"{i}.weight"])
-            elif isinstance(layer, nn.Flatten):
-                g = g.reshape(before.shape)
-            else:
+                    grads[f"{i}.bias"] = g.sum(dim=2)
+                if k > first:
+                    g = torch.bmm(params[f"{i}.weight"].transpose(1, 2), g)
+            elif not isinstance(layer, nn.Flatten):
                 g = _elementwise_grad(layer, g, before, after)
     return grads, losses
 
 
 def _elementwise_grad(layer: nn.Module, g: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """The gradient through one of ELEMENTWISE_LAYERS, from its input (`before`) or output (`after`): the kernels
-    autograd runs for them."""
-    if isinstance(layer, nn.ReLU):
-        return torch.ops.aten.threshold_backward(g, after, 0)
+    autograd runs for them. `g` is the caller's to overwrite."""
+    if isinstance(layer, nn.ReLU):  # into g, which no one else holds
+        return torch.ops.aten.threshold_backward.grad_input(g, after, 0, grad_input=g)
     if isinstance(layer, nn.Tanh):
         return torch.ops.aten.tanh_backward(g, after)
     if isinstance(layer, nn.Sigmoid):
@@ -277,9 +288,9 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
     losses = []
     for h in range(s.local_steps):
         flat = rows[:, h].reshape(-1)  # one transfer per step; the same rows and values as node by node
-        x = task.x(split.x_train[flat])
+        x = task.x(np.take(split.x_train, flat, axis=0))  # take: a few times faster than indexing with `flat`
         x = x.reshape(len(nodes), rows.shape[2], *x.shape[1:])
-        y = task.y(split.y_train[flat])
+        y = task.y(np.take(split.y_train, flat, axis=0))
         y = y.reshape(len(nodes), rows.shape[2], *y.shape[1:])
         grads, loss = step({name: p.detach() for name, p in params.items()}, x, y)
         losses.append(loss.detach())

@@ -12,6 +12,7 @@ alone overfits its own at ~31% test accuracy; 16 nodes (Dirichlet 0.3, s=4) reac
 from __future__ import annotations
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 from torch import nn
 
 from mosaic_proto import Purpose, keyed_rng
@@ -28,7 +29,15 @@ _TRAIN, _TEST, _TEACHER = 0, 1, 2  # the keyed streams (the `round` of the key: 
 
 def teacher_split(seed: int, train: int) -> Split:
     """`train` training and TEST_SAMPLES test samples of the seed's teacher (the same first samples whatever
-    `train`: a larger network adds samples)."""
+    `train`: a larger network adds samples).
+    numpy's BLAS on one thread, whatever --threads: its products here are small (milliseconds for 64,000 samples),
+    and its other threads spun past them, ~0.1-0.3 CPU-s of a 1,000-node run on 2 loaded cores (bench/README.md,
+    issue 59). The same values on any number of threads (its rows split among threads, each summed alike)."""
+    with threadpool_limits(1, user_api="blas"):
+        return _split(seed, train)
+
+
+def _split(seed: int, train: int) -> Split:
     rng = keyed_rng(seed, Purpose.DATA, _TEACHER)
     w1 = rng.standard_normal((DIM, HIDDEN)) / np.sqrt(DIM)
     b1 = 0.5 * rng.standard_normal(HIDDEN)
