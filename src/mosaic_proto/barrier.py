@@ -266,6 +266,7 @@ class Joined:
     address: str
     round: int
     release: Release | None
+    incarnation: bool = False  # a member's new process (restarted, with or without state), placed by this call
     journaled: ClassVar[bool] = True
 
     @property
@@ -371,9 +372,11 @@ class BarrierState:
         """Every expected node has registered and the roster is not made yet: call close()."""
         return self.phases.registering and 0 < self.expected <= len(self.pending)
 
-    def register(self, address: str, now: float) -> int | None:
-        """Record a registration; its rank once the roster is made, else None (ask again after close())."""
+    def register(self, address: str, now: float, allow_new: bool = False, waited: bool = False) -> int | Joined | None:
+        """A registration: None until the roster is made, then (`waited`) its rank; once the run goes on, `join`."""
         _checked(address)
+        if not waited and self.phases.goes_on and (allow_new or address in self.addresses):
+            return self.join(address, now, allow_new)
         if self.addresses:
             if address in self.addresses:
                 return self.addresses.index(address)
@@ -437,12 +440,10 @@ class BarrierState:
                                f"of {self.rounds}: no round is left to join")
         if address not in self.addresses and not allow_new:
             raise _closed_to(address)
-        if address in self.addresses:
-            rank = self.addresses.index(address)
-        else:
-            rank = len(self.addresses)
-            self.addresses = (*self.addresses, address)
-            self.members[rank] = Member(address, last_contact=now)
+        rank = self.addresses.index(address) if address in self.addresses else len(self.addresses)
+        incarnation = rank < len(self.addresses) and rank not in self.joining  # a member's, in round 0 too
+        if rank == len(self.addresses):
+            self.addresses, self.members[rank] = (*self.addresses, address), Member(address, last_contact=now)
         if rank in self.live:
             self.live.remove(rank)
             self._open.arrivals.pop(rank, None)
@@ -454,7 +455,7 @@ class BarrierState:
         round, (release, outcome) = self.round, self._release(now) if set(self.live) <= set(self._open.arrivals) \
             else (None, Out.NOTED)
         self.phases.fire(In.JOIN, outcome)
-        return Joined(rank, address, round, release)
+        return Joined(rank, address, round, release, incarnation)
 
     def fail(self, reason: str, registration: bool = False) -> Failure:
         """The run ends now, failed, for `reason` (`registration`: the registration could not complete)."""

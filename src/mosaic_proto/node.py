@@ -54,6 +54,7 @@ class NodePhase(StrEnum):
     WAITING = "waiting"
     FINISHING = "finishing"  # the final arrival waits at the barrier
     REJOINING = "rejoining"
+    SITTING_OUT = "sitting_out"  # a member's new incarnation the barrier placed from a later round: it waits for it
     LEAVING = "leaving"
     LEFT = "left"
     DROPPED = "dropped"
@@ -70,6 +71,7 @@ class NodeInput(StrEnum):
     RELEASED = "released"  # the barrier released the round
     DROPPED = "dropped"  # the barrier refused an arrival: dropped (or too far behind)
     REJOIN = "rejoin"  # a dropped node registers again
+    SIT_OUT = "sit_out"  # the barrier answered: a member's new incarnation, which sits out the open round
     FINISHING = "finishing"  # the final arrival
     FINISHED = "finished"  # the barrier answered the final arrival
     LEAVE = "leave"  # a signal, or a loop that failed: tell the barrier, then stop
@@ -96,9 +98,14 @@ _LEAVES = {In.LEAVE: {Out.NOTED: P.LEAVING}}
 # only a training node has a round to send in: `outgoing` elsewhere is refused, and nothing changes.
 NODE_TRANSITIONS: dict[NodePhase, dict[NodeInput, dict[NodeOutcome, NodePhase]]] = {
     P.REGISTERING: {In.REGISTERED: {Out.NOTED: P.REGISTERING}, In.STARTED: {Out.NOTED: P.TRAINING},
-                    In.LEAVE: {Out.NOTED: P.LEAVING, Out.IGNORED: P.REGISTERING}},
+                    In.LEAVE: {Out.NOTED: P.LEAVING, Out.IGNORED: P.REGISTERING},
+                    In.SIT_OUT: {Out.NOTED: P.SITTING_OUT}},
     P.REJOINING: {In.REGISTERED: {Out.NOTED: P.REJOINING, Out.READMITTED: P.TRAINING, Out.NEW_RUN: P.REGISTERING},
-                  In.STARTED: {Out.NOTED: P.TRAINING}, In.LEAVE: {Out.NOTED: P.LEAVING, Out.IGNORED: P.REJOINING}},
+                  In.STARTED: {Out.NOTED: P.TRAINING}, In.LEAVE: {Out.NOTED: P.LEAVING, Out.IGNORED: P.REJOINING},
+                  In.SIT_OUT: {Out.NOTED: P.SITTING_OUT}},
+    P.SITTING_OUT: {In.REGISTERED: {Out.NOTED: P.SITTING_OUT, Out.READMITTED: P.TRAINING},
+                    In.STARTED: {Out.NOTED: P.TRAINING}, In.SIT_OUT: {Out.NOTED: P.SITTING_OUT},
+                    In.LEAVE: {Out.NOTED: P.LEAVING, Out.IGNORED: P.SITTING_OUT}},
     P.TRAINING: {In.OUTGOING: {Out.NOTED: P.SENDING}, In.FINISHING: {Out.NOTED: P.FINISHING}, **_LEAVES},
     P.SENDING: {In.SENT: {Out.NOTED: P.WAITING}, **_LEAVES},
     P.WAITING: {In.RELEASED: {Out.AGGREGATED: P.TRAINING, Out.LEFT_OUT: P.DROPPED, Out.FAILED: P.FINISHED},
@@ -157,10 +164,15 @@ class Advance(NamedTuple):
         return self.outcome is NodeOutcome.LEFT_OUT
 
 
-def rejoining_refusal() -> NodeRefused:
+def rejoining_refusal(sits_out: bool = False) -> NodeRefused:
     """A node that came back (restarted, or dropped and registering again) refuses fragments until it takes part
     again, with reason `rejoining`: it is no member of the round it lost, so a sender gives that round's fragments
-    up at once unless the node is one of its round's `starting` members (docs/spec.md, step 7)."""
+    up at once unless the node is one of its round's `starting` members (docs/spec.md, step 7). `sits_out`: the
+    barrier told it that it sits out the open round (a member's new incarnation, with or without state): no
+    sender may try again (409), starting or not."""
+    if sits_out:
+        return NodeRefused(REASON_REJOINING, "node started again: the barrier placed it from the next round on, and "
+                           "it takes no fragment of this one", retry=False)
     return NodeRefused(REASON_REJOINING, "node is rejoining the run: a member again from the round the barrier "
                        "places it at", retry=True)
 
@@ -255,8 +267,9 @@ class NodePhases:
 
     @property
     def restarting(self) -> bool:
-        """It took over a checkpoint and is not registered again yet: the run's open round goes on without it."""
-        return self._phase is P.REJOINING
+        """It took over a checkpoint (or the barrier placed it later) and is not registered again yet: the run's open
+        round goes on without it."""
+        return self._phase in (P.REJOINING, P.SITTING_OUT)
 
     @property
     def waits_for_model(self) -> bool:
@@ -274,6 +287,8 @@ class NodePhases:
             return NodeRefused(REASON_FINISHED, f"node is {self._phase.value}: it takes no more fragments", retry=False)
         if self._phase is P.REJOINING:
             return rejoining_refusal()
+        if self._phase is P.SITTING_OUT:
+            return rejoining_refusal(sits_out=True)
         return NodeRefused("not_ready", f"node is {self._phase.value}", retry=True)
 
 
@@ -313,6 +328,7 @@ class NodeState:
     gone = property(lambda self: self.phases.gone, doc="the run is over for this node, or it tells the barrier so")
     takes_fragments = property(lambda self: self.phases.takes_fragments)
     restarting = property(lambda self: self.phases.restarting, doc="`NodePhases.restarting`")
+    refusal = property(lambda self: self.phases.refusal(), doc="why it takes no fragment now: `NodePhases.refusal`")
     waits_for_model = property(lambda self: self.phases.waits_for_model, doc="`NodePhases.waits_for_model`")
 
     @property
@@ -365,6 +381,12 @@ class NodeState:
         self.vector = vector
         if kept_as is not None:
             self.snapshots.resumed(kept_as, vector, before)
+
+    def sitting_out(self) -> None:
+        """The barrier answered this node's registration that it is a member's new incarnation (it restarted, with
+        its state or none), which sits out the open round: until it is registered again it refuses that round's
+        fragments for good (`rejoining`, 409), so that no sender waits for it, then it asks again for its place."""
+        self.phases.fire(In.SIT_OUT, Out.NOTED, self.rank)
 
     def rejoining(self) -> None:
         """A dropped node registers again (--rejoin-dropped)."""

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -607,3 +608,54 @@ def test_a_barrier_stopped_while_it_lingers_after_the_end_exits_as_the_run_ended
         assert json.loads((lab.out / "summary.json").read_text()) == summary
     finally:
         lab.stop()
+
+
+@pytest.mark.parametrize("state", ["note", "none"])
+def test_node_killed_in_round_0_and_restarted_at_the_default_deadline_costs_its_round_seconds(
+        tmp_path: Path, kit: Any, state: str) -> None:
+    """Issue #61 item 5: a node SIGKILLed during round 0 and started again at the same address, at the default
+    --round-deadline (120 s): the barrier takes its registration as the member's restart (a new incarnation: it sits
+    round 0 out and is a member from round 1), the node refuses its peers' round-0 fragments with `rejoining`, and
+    they give them up at once, so round 0 costs seconds, not the deadline. `note`: its state directory holds the note
+    its registration left (member.json); `none`: it comes back with no state at all (its state directory gone, as a
+    container's without a volume, or a `--port 0` node's, which has none)."""
+    (tmp_path / "slow.toml").write_text("compute_s = 2.0\n")
+    run = {**RUN, "rounds": 8, "eval_every": 0, "node_profile": str(tmp_path / "slow.toml"), "checkpoint_every": 0}
+    assert "round_deadline" not in run and "request_timeout" not in run and "retries" not in run  # the defaults
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.start()
+        members = kit.wait_until(lambda: (s := lab.status()) and s["phase"] == "running" and s["members"], 60,
+                                 "the roster", interval=0.01)
+        victim = next(m["rank"] for m in members if m["address"] == f"127.0.0.1:{lab.node_ports[2]}")
+        kit.wait_until(lambda: list((tmp_path / "node-2").glob("state/*/member.json")), 30, "node-2 to register",
+                       interval=0.01)
+        lab.procs["node-2"].kill()  # in round 0: the others train, then send to it while it restarts
+        assert lab.procs["node-2"].wait(timeout=10) == -signal.SIGKILL
+        assert (lab.status() or {}).get("round") == 0, "round 0 ended before the kill"
+        if state == "none":
+            import shutil
+            shutil.rmtree(tmp_path / "node-2" / "state")
+        lab.node(2)
+        lab.kit.wait_until(lambda: (s := lab.status()) and victim in s["live"] and s["round"] >= 1, 150,
+                           "the node to be a member again")
+        summary = lab.summary(timeout=240)
+        lab.exited_cleanly()
+    finally:
+        lab.stop()
+    said = lab.log("barrier")
+    (closed,) = [e["timestamp"] for e in said if e["event"] == "registration_closed"]
+    released = {e["round"]: e for e in said if e["event"] == "released"}
+    durations = [(datetime.fromisoformat(released[0]["timestamp"]) - datetime.fromisoformat(closed)).total_seconds(),
+                 released[1]["duration_s"]]
+    print(f"\nnode {victim} SIGKILLed in round 0, started again at once with state {state!r} (round deadline 120 s): "
+          f"round 0 took {durations[0]:.2f} s, round 1 {durations[1]:.2f} s")
+    assert max(durations) < 15, released
+    (joined,) = [e for e in summary["events"] if victim in e["joined"]]
+    assert joined["round"] == 0, summary["events"]  # it sat round 0 out, and took part from round 1
+    assert summary["status"] == "finished" and summary["members"] == list(range(5)) and summary["dropped"] == []
+    assert set(range(1, run["rounds"])) <= node_rounds(lab.out)[victim]
+    told = [e for i in range(5) if i != 2 for e in lab.log(f"node-{i}") if e["event"] == "receiver_rejoining"]
+    assert all(e["level"] == "info" and e["peer"] == victim for e in told), told
+    (back,) = [e for e in lab.log("node-2") if e["event"] == "rejoined"]
+    assert back["model"] == "peer" and back["round"] == 1, back

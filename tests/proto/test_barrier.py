@@ -23,6 +23,7 @@ from mosaic_proto import (
     Fragmentation,
     Held,
     InMemoryNetwork,
+    Joined,
     Layout,
     Left,
     NodeReport,
@@ -51,7 +52,11 @@ def test_registration_ranks_are_sorted_addresses_and_closes_once() -> None:
         assert state.register(address, 0.0) is None
     assert state.complete
     assert state.close(1.0).addresses == ("10.0.0.9:1", "10.0.0.10:1", "host-b:1")
-    assert state.register("10.0.0.10:1", 2.0) == 1 and not state.complete
+    assert state.register("10.0.0.10:1", 2.0, waited=True) == 1 and not state.complete  # the long poll's answer
+    again = state.register("10.0.0.10:1", 2.0)  # once the run goes on: the member started again, in round 0 too
+    assert isinstance(again, Joined) and again.incarnation and (again.rank, again.round, again.from_round) == (1, 0, 1)
+    assert state.live == [0, 2] and state.joining == [1]
+    assert not state.register("10.0.0.10:1", 2.5).incarnation  # asked again: it waits for its place
     with pytest.raises(BarrierError) as err:
         state.register("10.0.0.11:1", 2.0)
     assert err.value.reason == "registration_closed"

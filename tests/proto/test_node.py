@@ -135,6 +135,24 @@ def test_a_node_not_yet_taking_fragments_refuses_with_a_retry_reason() -> None:
         assert refused.value.reason == reason and refused.value.retry
 
 
+@pytest.mark.parametrize("rejoining", [False, True])
+def test_a_node_the_barrier_places_later_refuses_its_open_rounds_fragments_for_good(rejoining: bool) -> None:
+    """Issue #61: a node started again with no state (or with its member note) that the barrier answers is a member's
+    new incarnation sits out the open round: it refuses fragments with `rejoining`, not to be retried (409), so that
+    senders who count it as starting (round 0) give them up too; then it registers from the next round."""
+    state = NodeState(rejoining=rejoining)
+    state.sitting_out()
+    assert state.phase is NodePhase.SITTING_OUT and state.restarting
+    with pytest.raises(NodeRefused) as refused:
+        state.receive(b"\xa0")
+    assert refused.value.reason == "rejoining" and not refused.value.retry
+    assert state.refusal.reason == "rejoining" and not state.refusal.retry
+    addresses = [f"h:{i + 1}" for i in range(N)]
+    assert state.registered(2, addresses, range(N), 1, "node-test", 0.0) is NodeOutcome.NOTED
+    state.start(FR, SAMPLER, Q.initial(0))
+    assert state.phase is NodePhase.TRAINING and state.round == 1
+
+
 def test_a_checkpoint_found_by_a_node_of_a_run_at_round_0_is_an_earlier_runs_and_it_starts_anew() -> None:
     """A restarted node with a checkpoint refuses fragments at once (retry) until it is ready: they are of rounds it
     lost. A run at round 0 has lost none (its own checkpoints are of round 1 on): the node registers like the rest,

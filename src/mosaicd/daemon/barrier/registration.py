@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
-from mosaic_proto import BarrierError, BarrierReason, BarrierState, Registration
+from mosaic_proto import BarrierError, BarrierReason, BarrierState, Joined, Registration
 from mosaicd.daemon.barrier.comeback import Comeback, NotExact
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.daemon.barrier.runner import Asked
@@ -81,10 +81,10 @@ class Registrar:
             return await self._come_back(self.comeback, address, held or [])
         if rank is not None:
             return await self._rebind(address, rank)
-        if state.phases.goes_on and (state.round > 0 or address not in state.addresses
-                                     or state.addresses.index(address) in state.dropped):
-            return await self._join(address)
-        if (given := host.decide(lambda s, now: s.register(address, now))) is None:
+        given = host.decide(lambda s, now: s.register(address, now, allow_new=host.options.allow_join))
+        if isinstance(given, Joined):
+            return await self._join(given)
+        if given is None:
             host.metrics.registered.set(len(state.pending))
             host.log.info("registered", address=address, registered=len(state.pending), expected=state.expected,
                           **({"not_yet": missing} if (missing := unregistered(host.options, state.pending)) else {}))
@@ -93,7 +93,7 @@ class Registrar:
                 await asyncio.wait_for(self.registered.wait(), timeout=host.options.register_deadline)
             except TimeoutError:
                 pass
-            if (given := host.decide(lambda s, now: s.register(address, now))) is None:
+            if (given := host.decide(lambda s, now: s.register(address, now, waited=True))) is None:
                 raise BarrierError(BarrierReason.REGISTRATION_FAILED, state.failure or "registration did not complete")
         return self._reply(given, 0, state.live)
 
@@ -102,10 +102,15 @@ class Registrar:
         return Registration(rank, host.state.addresses, host.run.model_dump(mode="json"), round, tuple(live),
                             resumed).to_json()
 
-    async def _join(self, address: str) -> dict[str, Any]:
-        """A member that comes back (or a newcomer, with --allow-join): it joins from the next round."""
+    async def _join(self, joined: Joined) -> dict[str, Any]:
+        """A member that comes back (or a newcomer, with --allow-join): it joins from the next round. A member's new
+        incarnation hears so at once (409 `joining`), so that it refuses the open round's fragments for good while
+        it waits, then asks again for its place (docs/spec.md, step 7)."""
         host = self.host
-        joined = host.decide(lambda s, now: s.join(address, now, allow_new=host.options.allow_join))
+        if joined.incarnation:
+            raise BarrierError(BarrierReason.JOINING, f"{joined.address} is rank {joined.rank} started again: it sits "
+                               f"out round {joined.round} and is a member from round {joined.from_round}; register "
+                               "again for its place")
         told = await host.wait_published(joined.round, join_wait(host.run.round_deadline))
         return self._reply(joined.rank, joined.from_round, told["members"])
 

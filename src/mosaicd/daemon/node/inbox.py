@@ -20,7 +20,6 @@ from typing import Any
 
 from mosaic_proto import FragmentBatch, Layout, NodeRefused, NodeState, Reason, WireError
 from mosaic_proto.compression import Compression
-from mosaic_proto.node import rejoining_refusal
 from mosaic_proto.round import decoded
 from mosaic_proto.wire import max_message_bytes
 from mosaicd.daemon.http.auth import Keyring
@@ -100,7 +99,7 @@ class Inbox:
         that came back refuses at once (`rejoining`) instead: the barrier answers its registration only once the
         round it lost is released, and that round's senders must not wait for it (docs/spec.md, step 7)."""
         if not self.registered.is_set() and self.state.restarting:
-            raise rejoining_refusal()
+            raise self.state.refusal
         if not self.registered.is_set():
             try:
                 await asyncio.wait_for(self.registered.wait(), self.options.request_timeout)

@@ -78,7 +78,7 @@ async def send_all(client: Client, round: int, messages: Sequence[OutgoingMessag
                                      give_up=REJOINING)
                 return
             except Refused as exc:
-                if exc.reason != REASON_REJOINING or message.peer not in starting:
+                if exc.reason != REASON_REJOINING or exc.status != 503 or message.peer not in starting:
                     raise
             if delay == STARTING_RETRY_S:
                 log.debug("receiver_starting", round=round, peer=message.peer)

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from mosaic_proto import Advance, Fragmentation, Layout, NodeOutcome, NodeState, PeerSampler
+from mosaic_proto import Advance, BarrierReason, Fragmentation, Layout, NodeOutcome, NodeState, PeerSampler
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost, HostedBarrier
 from mosaicd.daemon.http.auth import REGISTER_RUN, Secret, check_listen, signer
-from mosaicd.daemon.http.client import Client, HttpError
+from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.membership import embedded_barrier_url, listed_addresses, own_address
 from mosaicd.daemon.http.server import serve
 from mosaicd.daemon.http.tls import client_context, scheme
@@ -163,8 +163,7 @@ class Peer:
         body = {"address": self.address, **({"rank": self._resume_rank} if self._resume_rank is not None else {}),
                 **({"checkpoints": list(self._checkpoints)} if self._checkpoints is not None else {})}
         try:
-            reply = await self._client.post_json_until(f"{self.inbox.barrier_url}/v1/register", body,
-                                                       self.options.register_deadline, "--register-deadline", self.log)
+            reply = await self._ask_place(body)
         except asyncio.CancelledError:  # told to stop while waiting for the roster: not counted in it
             await self.withdraw("it was told to stop while it waited for the other nodes to register")
             raise
@@ -184,6 +183,23 @@ class Peer:
             reason = f"its run settings differ from rank 0's: {differ}"
             await self.leave(reason)
             raise SettingsError(f"--peer-list: {reason} (give every member the same run settings)")
+
+    async def _ask_place(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The barrier's answer to this node's registration (a long poll). Where it answers that this node is a
+        member started again (`joining`: it sits out the open round), the node says so to its peers from now on
+        (`NodeState.sitting_out`) and asks again for its place, which comes with the open round's release."""
+        url = f"{self.inbox.barrier_url}/v1/register"
+        try:
+            return await self._client.post_json_until(url, body, self.options.register_deadline,
+                                                      "--register-deadline", self.log)
+        except Refused as exc:
+            if exc.reason != BarrierReason.JOINING:
+                raise
+            said = exc.detail
+        self.state.sitting_out()
+        self.log.info("sitting_out", detail=said)
+        return await self._client.post_json_until(url, body, self.options.register_deadline, "--register-deadline",
+                                                  self.log)
 
     async def withdraw(self, reason: str) -> None:
         """Withdraw this node's registration (one try); once the roster is made, leave as the member it is."""
