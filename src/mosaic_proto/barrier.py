@@ -441,7 +441,7 @@ class BarrierState:
         if address not in self.addresses and not allow_new:
             raise _closed_to(address)
         rank = self.addresses.index(address) if address in self.addresses else len(self.addresses)
-        incarnation = rank < len(self.addresses) and rank not in self.joining  # a member's, in round 0 too
+        incarnation = rank < len(self.addresses) and _new_incarnation(self, rank)
         if rank == len(self.addresses):
             self.addresses, self.members[rank] = (*self.addresses, address), Member(address, last_contact=now)
         if rank in self.live:
@@ -645,6 +645,16 @@ def _saved(state: BarrierState) -> dict[str, Any]:
             "members": [[m.missed, m.last_round] for m in state.members.values()],
             "released": [r.to_json() for _, r in sorted(state.released.items())],
             "events": [e.to_json() for e in state.events]}
+
+
+def _new_incarnation(state: BarrierState, rank: int) -> bool:
+    """A member's registration while the run goes on (in round 0 too) is a new process of it, unless it is the one
+    told so asking again for its place: joining, or placed by the release that opened the open round (it came while
+    that round was being released) and not arrived since."""
+    if rank in state.joining:
+        return False
+    placed = state.released.get(state.round - 1)
+    return placed is None or rank not in placed.joined or rank in state._open.arrivals
 
 
 def _check_arrival(state: BarrierState, rank: int, round: int) -> None:

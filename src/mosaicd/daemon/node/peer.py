@@ -189,17 +189,15 @@ class Peer:
         member started again (`joining`: it sits out the open round), the node says so to its peers from now on
         (`NodeState.sitting_out`) and asks again for its place, which comes with the open round's release."""
         url = f"{self.inbox.barrier_url}/v1/register"
-        try:
-            return await self._client.post_json_until(url, body, self.options.register_deadline,
-                                                      "--register-deadline", self.log)
-        except Refused as exc:
-            if exc.reason != BarrierReason.JOINING:
-                raise
-            said = exc.detail
-        self.state.sitting_out()
-        self.log.info("sitting_out", detail=said)
-        return await self._client.post_json_until(url, body, self.options.register_deadline, "--register-deadline",
-                                                  self.log)
+        while True:
+            try:
+                return await self._client.post_json_until(url, body, self.options.register_deadline,
+                                                          "--register-deadline", self.log)
+            except Refused as exc:
+                if exc.reason != BarrierReason.JOINING:
+                    raise
+                self.state.sitting_out()
+                self.log.info("sitting_out", detail=exc.detail)
 
     async def withdraw(self, reason: str) -> None:
         """Withdraw this node's registration (one try); once the roster is made, leave as the member it is."""
