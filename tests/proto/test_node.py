@@ -149,6 +149,7 @@ def test_a_node_the_barrier_places_later_refuses_its_open_rounds_fragments_for_g
     assert state.refusal.reason == "rejoining" and not state.refusal.retry
     addresses = [f"h:{i + 1}" for i in range(N)]
     assert state.registered(2, addresses, range(N), 1, "node-test", 0.0) is NodeOutcome.NOTED
+    assert state.phase is NodePhase.REJOINING and state.refusal.retry  # placed: starting in its round, as any member
     state.start(FR, SAMPLER, Q.initial(0))
     assert state.phase is NodePhase.TRAINING and state.round == 1
 
