@@ -35,7 +35,7 @@ values (`deadline`, `held.until`), so the daemon runs decisions and decides noth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -323,6 +323,7 @@ class Member:
     missed: int = 0
     last_contact: float = 0.0
     last_round: int = -1  # the last round it finished sending (the final arrival at `rounds` is not one)
+    placed_from: int = 0  # the round its last join placed it from (not journaled: a resumed run rebinds them all)
 
 
 @dataclass
@@ -449,7 +450,7 @@ class BarrierState:
             self._open.arrivals.pop(rank, None)
         self.dropped, self.left = [r for r in self.dropped if r != rank], [r for r in self.left if r != rank]
         self._gone.discard(rank)
-        self.members[rank].missed, self.members[rank].last_contact = 0, now
+        self.members[rank] = replace(self.members[rank], missed=0, last_contact=now, placed_from=self.round + 1)
         if rank not in self.joining:
             self.joining.append(rank)
         round, (release, outcome) = self.round, self._release(now) if set(self.live) <= set(self._open.arrivals) \
@@ -649,12 +650,10 @@ def _saved(state: BarrierState) -> dict[str, Any]:
 
 def _new_incarnation(state: BarrierState, rank: int) -> bool:
     """A member's registration while the run goes on (in round 0 too) is a new process of it, unless it is the one
-    told so asking again for its place: joining, or placed by the release that opened the open round (it came while
-    that round was being released) and not arrived since."""
-    if rank in state.joining:
-        return False
-    placed = state.released.get(state.round - 1)
-    return placed is None or rank not in placed.joined or rank in state._open.arrivals
+    told so asking again for its place: placed by a join (`joining`, or a member again from a round since) and not
+    done sending a round since."""
+    member = state.members[rank]
+    return rank not in state.joining and (member.placed_from == 0 or member.last_round >= member.placed_from)
 
 
 def _check_arrival(state: BarrierState, rank: int, round: int) -> None:
