@@ -195,3 +195,29 @@ def test_slow_connects_are_logged(capsys: pytest.CaptureFixture[str]) -> None:
     assert SlowConnects.seen == before
     SlowConnects()("127.0.0.1:1", SlowConnects.SLOW_CONNECT_S + 1)
     assert SlowConnects.seen == before + 1
+
+
+async def test_a_body_in_pieces_arrives_as_them_joined_and_is_signed_as_them_joined(kit: Any) -> None:
+    """A body given as pieces (a fragment message's framing and views of its values, `Payload.parts`) is written one
+    piece after the other, small ones joined to the head, large ones not copied; it arrives, and is hashed for its
+    signature, as the pieces joined."""
+    import numpy as np
+
+    from mosaic_proto.auth import body_digest
+    from mosaicd.daemon.http.client import hash_body
+
+    seen: list[tuple[Any, bytes, dict[str, str]]] = []
+    runner, base = await kit.serve_on_loopback(app_with(seen))
+    values = np.arange(3 << 18, dtype=np.float32)  # 3 MiB
+    try:
+        async with Client(5, 0) as client:
+            for parts in ((b"head", memoryview(values[:100]).cast("B")), (b"\x82", memoryview(values).cast("B"),
+                                                                          b"tail", memoryview(values[::-1].copy()))):
+                joined = b"".join(parts)
+                status, answer, _ = await client.request("POST", f"{base}/echo", data=parts,
+                                                         headers={"Content-Type": "application/cbor"})
+                assert (status, answer) == (200, joined)
+                assert seen[-1][2]["Content-Length"] == str(len(joined))
+                assert await hash_body(parts) == body_digest(joined)
+    finally:
+        await runner.cleanup()
