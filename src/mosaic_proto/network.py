@@ -26,7 +26,7 @@ def consensus_distance(vectors: np.ndarray | Sequence[np.ndarray]) -> float:
 
     Row by row, with the float64 operations of `norm(v - v.mean(axis=0), axis=1).mean()` over the stack in float64
     (the rows added in order, each row's squares summed pairwise: the same value to the bit), holding two float64
-    rows instead of n: a 50M-value model on 8 nodes needs 0.8 GB, not 6.4."""
+    rows instead of n (the barrier's final collection of a large model; bench/README.md, Speed 5)."""
     rows = list(vectors)
     if not rows:
         raise ValueError("consensus_distance of no vectors")
