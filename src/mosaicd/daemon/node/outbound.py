@@ -34,6 +34,7 @@ from mosaicd.settings import DaemonOptions
 
 STARTING_RETRY_S = 0.05  # the first pause before a starting member that answered `rejoining` is tried again (doubling)
 REJOINING = frozenset({REASON_REJOINING})  # the refusal a sender decides on itself (`send_all`)
+REASON_BUSY = "busy"  # a 503 of `http/limits.py` or the inbox's decoding slots: try again
 
 
 class Link:
@@ -65,7 +66,9 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
     digests: dict[int, asyncio.Future[str]] = {}  # by body: peers sent the same fragments share its bytes
 
     async def post(message: OutgoingMessage, url: str) -> None:
-        """POST `message`, again while its peer is one of the `starting` that answers `rejoining`."""
+        """POST `message`, again while its peer is one of the `starting` that answers `rejoining`, or answers
+        `busy` after the client's retries (its bodies' or decodes' budget is taken by other large messages: at a
+        50M-value model, one 200 MB message at a time)."""
         if client.signer is not None and id(message.body) not in digests:
             digests[id(message.body)] = asyncio.ensure_future(hash_body(message.body.parts))
         digest = await asyncio.shield(digests[id(message.body)]) if client.signer is not None else None
@@ -77,10 +80,11 @@ async def send_all(client: Client, round: int, messages: list[OutgoingMessage], 
                                      give_up=REJOINING)
                 return
             except Refused as exc:
-                if exc.reason != REASON_REJOINING or message.peer not in starting:
+                busy = exc.reason == REASON_BUSY  # the receiver takes no more large bodies now: later, it will
+                if not busy and (exc.reason != REASON_REJOINING or message.peer not in starting):
                     raise
             if delay == STARTING_RETRY_S:
-                log.debug("receiver_starting", round=round, peer=message.peer)
+                log.debug("receiver_busy" if busy else "receiver_starting", round=round, peer=message.peer)
             await asyncio.sleep(delay)
             delay = min(2 * delay, 1.0)
 
