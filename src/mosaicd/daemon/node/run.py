@@ -47,7 +47,8 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     if options.resume_round is None and directory is not None:
         held = checkpoint.rounds_of(kept, run.run_id if run is not None else None)
     came_back = saved is not None or checkpoint.was_member(directory)  # a run's member before, started again
-    peer = Peer(options, run=run, host=host, rejoining=came_back, resume_rank=resume_rank, checkpoints=held)
+    peer = Peer(options, run=run, host=host, rejoining=came_back, resume_rank=resume_rank, checkpoints=held,
+                runs_task=True)
     registering = asyncio.ensure_future(peer.__aenter__())
     told = on_signals(registering) if options.leave_on_signal else None
     try:
