@@ -65,7 +65,7 @@ def occupant(out: Path | str) -> Occupant:
         at = f" at round {rounds_done(summary)} of {rounds}" if rounds_done(summary) is not None else ""
         text = (f"{status}{at}: {summary.get('error') or 'no reason given'}" if status != "running"
                 else f"running{at}: still going, or killed")
-        resumable = (resumable_journal if mode == "cluster" else mode == "simulate")
+        resumable = (resumable_journal if mode in ("cluster", "barrier") else mode == "simulate")
         return Occupant("unfinished", mode, text, resumable, files)
     if journal_running:
         assert journal is not None

@@ -56,10 +56,11 @@ class Barrier(DecisionRunner):
 
     def __init__(self, run: RunConfig, options: DaemonOptions, *, secret: Secret,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None, hold_out: bool = False,
-                 members_return: bool = False) -> None:
+                 members_return: bool = False, mode: str = "barrier") -> None:
         """`secret`: the run's, as its entry point resolved it (none: --insecure); `evaluate(run, vectors)`: the
         models' network metrics (None: final models only); `hold_out`: take --out (`open_outputs`);
-        `members_return`: its members start again with it (rank 0 of a peer list: comeback.py). ResumeError: OUT
+        `members_return`: its members start again with it (rank 0 of a peer list: comeback.py); `mode`: summary.json's
+        ("cluster" where `mosaicd cluster` started it, else "barrier": by hand, a peer list's rank 0). ResumeError: OUT
         holds another run in progress (or not the round asked for)."""
         self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
         stopped = read_summary(options.out) if self.resumed else None  # how the run ended before: kept in `resumed`
@@ -77,7 +78,7 @@ class Barrier(DecisionRunner):
                                  task=run_task(run, evaluate is not None))
         log = get_logger(role="barrier", run=run.run_id)
         rebinding = state.phases.rebinding
-        recorder = open_outputs(options, run, self.resumed, state.round if rebinding else None, log, hold_out)
+        recorder = open_outputs(options, run, self.resumed, state.round if rebinding else None, log, hold_out, mode)
         self.comeback = Comeback(options, run, bool(secret)) if choose and rebinding else None
         ending = RunEnd(recorder, log, state.round if self.resumed and not self.comeback else None, stopped,
                         state.round)
@@ -240,7 +241,7 @@ def count_rule(options: DaemonOptions, fanout: int) -> CountRule | None:
 
 
 def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any] | None, rebind_round: int | None,
-                 log: Any, hold_out: bool = False) -> RunRecorder:
+                 log: Any, hold_out: bool = False, mode: str = "barrier") -> RunRecorder:
     """The run's files in --out: a new run keeps the run there before aside (never replaced unasked), a run resumed
     with --resume-round drops the rows from `rebind_round` on, and the recorder opens them. A folder that cannot be
     written (read-only, full) ends the barrier in one line naming --out, not a traceback. `hold_out`: one barrier
@@ -257,7 +258,7 @@ def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any]
         if rebind_round is not None:
             drop_rows_from(options.out, nodes=rebind_round, rounds=rebind_round - 1)
         return RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
-                           mode="cluster", resume_from=resumed["started"] if resumed else None)
+                           mode=mode, resume_from=resumed["started"] if resumed else None)
     except OSError as exc:
         raise OutputError(f"--out {options.out}: cannot write {exc.filename or options.out}: "
                           f"{exc.strerror or exc}") from None
