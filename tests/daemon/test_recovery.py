@@ -126,7 +126,8 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
             said_how = "Ctrl-C" if how == signal.SIGINT else "SIGTERM"
             assert stopped["status"] == "interrupted" and stopped["error"] == f"interrupted ({said_how})", stopped
             said = (tmp_path / "barrier.log").read_text()
-            assert f"interrupted at round {saved['round']} of {run['rounds']}; the same command" in said, said[-2000:]
+            done = f"interrupted with {saved['round']} of {run['rounds']} rounds done; the same command"
+            assert done in said, said[-2000:]
         assert 10 <= saved["round"] < run["rounds"] - 50, "the run went too fast to kill the barrier mid-run"
         time.sleep(1.0)  # the nodes find it gone and retry (--barrier-grace)
         lab.barrier()
@@ -201,7 +202,7 @@ def test_restarted_barrier_takes_the_journals_node_count_only_where_it_counts_th
         counting.wait(timeout=30)
     assert time.monotonic() - stopped < 2  # SIGTERM: out within 2 s
     text = console.read_text()
-    assert f"resumed at round 0 of 5 from the journal in {run.out}/" in text, text
+    assert f"resumed with 0 of 5 rounds done, from the journal in {run.out}/" in text, text
     assert "registration closed" not in text and "round 0 starts" not in text, text
 
 
@@ -587,7 +588,7 @@ def test_a_barrier_told_to_stop_while_a_node_waits_decides_nothing_more_and_exit
     assert (answer.status, json.loads(answer.body)["reason"]) == (503, "barrier_stopping"), answer
     assert (lab.out / "barrier-state.json").read_text() == journal  # nothing decided after Ctrl-C
     said = (tmp_path / "barrier.log").read_text()
-    assert "interrupted at round 0 of 5; the same command" in said, said[-2000:]
+    assert "interrupted with 0 of 5 rounds done; the same command" in said, said[-2000:]
     print(f"\nthe barrier exited {took:.2f} s after Ctrl-C (its round deadline: {run['round_deadline']} s)")
 
 

@@ -185,8 +185,8 @@ class Cluster:
         with ProgressPrinter(enabled=self.progress) as printer:
             printer.message(f"run folder {self.out}")
             if self.resumed_at is not None:
-                printer.message(f"resuming {self.out} at round {self.resumed_at} of {s.rounds} (from the barrier's "
-                                "journal and the nodes' checkpoints)", always=True)
+                printer.message(f"resuming {self.out} with {self.resumed_at} of {s.rounds} rounds done (from the "
+                                "barrier's journal and the nodes' checkpoints)", always=True)
             printer.message(f"barrier {url}: dashboard in a browser, or `mosaicd status {url}`")
             printer.start_run("", s.rounds)
             reported = _Reported(s.rounds, [printer.on_round] + ([self.on_round] if self.on_round else []),

@@ -125,6 +125,6 @@ def interrupted(barrier: Barrier, how: str) -> None:
         say(f"mosaicd barrier: {options.out}: interrupted while nodes registered; the same command starts the run "
             "again", "interrupted")
         return
-    say(f"mosaicd barrier: {options.out}: interrupted at round {state.round} of {barrier.run.rounds}; the same "
+    say(f"mosaicd barrier: {options.out}: interrupted with {state.round} of {barrier.run.rounds} rounds done; the same "
         f"command (--out {options.out}) resumes the run; its nodes wait for it --barrier-grace "
         f"{options.barrier_grace:g}s", "interrupted", round=state.round)

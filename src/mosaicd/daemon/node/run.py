@@ -283,9 +283,9 @@ def resumed_checkpoint(peer: Peer, options: DaemonOptions, round: int) -> checkp
     holds it): FileNotFoundError, plainly, where it is not there (or not this run's and rank's) any more."""
     saved = checkpoint.load(checkpoint.state_dir(options), round)
     if saved is None or (saved.run_id, saved.rank) != (peer.run.run_id, peer.rank):
-        raise FileNotFoundError(f"the run {peer.run.run_id} was resumed at round {round}, but "
+        raise FileNotFoundError(f"the run {peer.run.run_id} was resumed with {round} rounds done, but "
                                 f"{checkpoint.state_dir(options)} (--state-dir) holds no checkpoint of this member "
-                                f"(rank {peer.rank}) of that round now: it cannot go on exactly")
+                                f"(rank {peer.rank}) of round {round} now: it cannot go on exactly")
     return saved
 
 
