@@ -195,7 +195,7 @@ def test_restarted_barrier_takes_the_journals_node_count_only_where_it_counts_th
         port = kit.wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 30, "the port file")
         status = kit.wait_until(lambda: _status(kit, int(port)), 30, "the barrier's status")
         assert status["phase"] == "running" and status["live"] == [0, 1, 2] and status["settings"]["nodes"] == 3
-        kit.wait_until(lambda: "resumed at" in console.read_text(), 10, "the resumed banner")
+        kit.wait_until(lambda: "resumed with" in console.read_text(), 10, "the resumed banner")
     finally:
         counting.terminate()
         stopped = time.monotonic()
