@@ -207,8 +207,8 @@ class RunTask:
 
     def ran(self) -> dict[str, Any]:
         """What the run records it ran where that is not what the barrier was started for (its settings): the nodes'
-        own loops, at a barrier that evaluates nothing."""
-        if self.claimed is not None and self.claimed.own_loop and not self.own_loop:
+        own loops, at a barrier that does not evaluate with its task."""
+        if self.claimed is not None and self.claimed.own_loop and not self.own_loop and not self.evaluates:
             return {"own_loop": True, "task": self.claimed.name or OWN_LOOP}
         return {}
 

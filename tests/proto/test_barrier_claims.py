@@ -33,6 +33,8 @@ def test_a_barrier_that_evaluates_nothing_records_the_own_loops_that_ran() -> No
     assert state.task.differs("a:1", OWN) is None
     state.register("a:1", 0.0)
     assert state.close(0.0).ran == {"own_loop": True, "task": "digits-loop"}
+    evaluating = RunTask("quadratic", own_loop=False, evaluates=True, values=8)  # the loops' size: it evaluates them
+    assert evaluating.differs("a:1", OWN) is None and evaluating.ran() == {}  # with its task: the task is what ran
 
 
 @pytest.mark.parametrize("bad", [None, {}, {"own_loop": "yes"}, {"own_loop": True, "values": 0},

@@ -39,6 +39,7 @@ from mosaic_proto import (
 from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.daemon.barrier.comeback import Comeback
 from mosaicd.daemon.barrier.ending import RunEnd
+from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.refusals import WHY, Refusals
 from mosaicd.daemon.barrier.registration import Registrar
 from mosaicd.daemon.barrier.runner import DecisionRunner
@@ -75,7 +76,7 @@ class Barrier(DecisionRunner):
             state = BarrierState(rounds=run.rounds, round_deadline=run.round_deadline,
                                  drop_after=options.drop_after, expected=0 if counted else run.nodes,
                                  min_members=run.min_members, count_rule=count_rule(options, run.fanout),
-                                 task=run_task(run, evaluate is not None))
+                                 task=run_task(run, isinstance(evaluate, NetworkEvaluation)))
         log = get_logger(role="barrier", run=run.run_id)
         rebinding = state.phases.rebinding
         recorder = open_outputs(options, run, self.resumed, state.round if rebinding else None, log, hold_out, mode)
@@ -222,8 +223,10 @@ class Barrier(DecisionRunner):
 
 
 def run_task(run: RunConfig, evaluates: bool) -> RunTask:
-    """What the barrier runs (`RunTask`): its task, or its nodes' own loops; the size of the model it evaluates, where
-    it knows it without building the task (the quadratic task's)."""
+    """What the barrier runs (`RunTask`): its task, or its nodes' own loops; `evaluates`: it evaluates the average
+    model with the run's task (a `NetworkEvaluation`; a function of a program's own, `mosaicd.Barrier(evaluate=)`,
+    evaluates what that program's loops build); the size of that model where it is known without building the task
+    (the quadratic task's)."""
     quadratic = not run.own_loop and str(run.task) == "quadratic"
     return RunTask(str(run.task), run.own_loop, evaluates, run.dim if quadratic else None)
 
