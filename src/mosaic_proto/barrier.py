@@ -39,14 +39,25 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from .barrier_rules import STOP_HOLD_S, CountRule, HeldStops, LayoutClaim, NodeCount, resume_point, too_few_reason
+from .barrier_rules import (
+    STOP_HOLD_S,
+    CountRule,
+    HeldStops,
+    LayoutClaim,
+    NodeCount,
+    RunTask,
+    TaskClaim,
+    resume_point,
+    too_few_reason,
+)
 from .membership import MembershipError, parse_address, rank_addresses
 from .messages import Release, ReleaseNotice
 from .report import NodeReport
 
 __all__ = ["BARRIER_TRANSITIONS", "STOP_HOLD_S", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome",
            "BarrierPhase", "BarrierPhases", "BarrierReason", "BarrierState", "BarrierStateError", "CountRule",
-           "Failure", "Held", "Joined", "Left", "Member", "Rebound", "Release", "Roster", "Withdrawal", "resume_point"]
+           "Failure", "Held", "Joined", "Left", "Member", "Rebound", "Release", "Roster", "RunTask", "TaskClaim",
+           "Withdrawal", "resume_point"]
 
 
 class BarrierPhase(StrEnum):
@@ -200,6 +211,9 @@ class BarrierReason(StrEnum):
     BARRIER_STOPPING = "barrier_stopping"
     LEFT = "left"
     RUN_FAILED = "run_failed"
+    LAYOUT_CHANGED = "layout_changed"
+    TASK_DIFFERS = "task_differs"
+    NOT_FROM_MEMBER = "not_from_member"
 
 
 class BarrierError(Exception):
@@ -221,6 +235,7 @@ class Roster:
 
     addresses: tuple[str, ...]
     min_members: int
+    ran: dict[str, Any] = field(default_factory=dict)  # what the nodes said they run (`RunTask.ran`)
     journaled: ClassVar[bool] = True  # saved before anyone hears of it (`DecisionRunner.apply`)
 
 
@@ -334,9 +349,10 @@ class _Round:
 
 class BarrierState:
     def __init__(self, *, rounds: int, round_deadline: float, drop_after: int, expected: int = 0,
-                 kept: int = 3, min_members: int = 1, count_rule: CountRule | None = None) -> None:
-        """`min_members`: the fewest live members the run can go on with (fanout s needs s + 1; with fewer, it ends
-        at once, failed); `count_rule`: the node count is read as nodes register, taken once it holds still."""
+                 kept: int = 3, min_members: int = 1, count_rule: CountRule | None = None,
+                 task: RunTask | None = None) -> None:
+        """`min_members`: the fewest live members the run can go on with (fanout s needs s + 1; fewer: it fails);
+        `count_rule`: the node count, taken once it holds still; `task`: what it runs (each registration must fit)."""
         self.rounds, self.round_deadline, self.drop_after, self.kept = rounds, round_deadline, drop_after, kept
         self.min_members, self.expected = min_members, expected
         self.phases = BarrierPhases()  # the phase and its table, apart from the roster and rounds below
@@ -360,10 +376,9 @@ class BarrierState:
         self._count = NodeCount(count_rule) if count_rule is not None else None  # read as nodes register
         self.held = HeldStops()  # the leaves of members told to stop (`stop`), until `held.until`
         self._layout = LayoutClaim()  # the model every member must build
+        self.task = task or RunTask("", own_loop=False, evaluates=False)
 
-    @property
-    def phase(self) -> BarrierPhase:
-        return self.phases.phase
+    phase = property(lambda self: self.phases.phase, doc="the barrier's phase (`BarrierPhases`)")
 
     # -- registration ------------------------------------------------------------------------------
     @property
@@ -385,9 +400,8 @@ class BarrierState:
         return None
 
     def withdraw(self, address: str, reason: str = "") -> Withdrawal | None:
-        """A node that registered withdraws before the roster is made (it was told to stop): the roster is made
-        without it. None where there is nothing to withdraw: it never registered, or the roster is made (it is a
-        member then, and leaves as one)."""
+        """A node that registered withdraws before the roster is made (told to stop): the roster is made without it.
+        None where there is nothing to withdraw: it never registered, or the roster is made (it leaves, a member)."""
         if not self.phases.allows(In.WITHDRAW) or address not in self.pending:
             return None
         self.phases.fire(In.WITHDRAW, Out.NOTED)
@@ -409,7 +423,7 @@ class BarrierState:
         self.members = {r: Member(a, last_contact=now) for r, a in enumerate(self.addresses)}
         self.live = list(self.members)
         self._open = _Round(opened=now)
-        return Roster(self.addresses, self.min_members)
+        return Roster(self.addresses, self.min_members, self.task.ran())
 
     def rebind(self, rank: int, address: str, now: float) -> Rebound:
         """A member of a resumed run started again at another address: it keeps its rank (ranks never move). Once
@@ -429,8 +443,8 @@ class BarrierState:
 
     def join(self, address: str, now: float, allow_new: bool = False) -> Joined:
         """A member that lost its round (it restarted) or, with `allow_new`, a new node: its rank, and the release if
-        nobody else is awaited now. It sits out the open round (nobody waits for it there) and is a member again from
-        the next round on. New nodes get the next free rank, so no member's rank moves."""
+        nobody else is awaited now. It sits out the open round and is a member again from the next round on; new
+        nodes get the next free rank, so no member's rank moves."""
         _checked(address)
         if not self.phases.allows(In.JOIN) or self.round + 1 >= self.rounds:
             raise BarrierError(BarrierReason.RUN_NOT_JOINABLE, f"the run is {self.phase.value}, at round {self.round} "
@@ -484,8 +498,7 @@ class BarrierState:
         return self._stopped(self.held.interruption(len(self.addresses)))
 
     def _stopped(self, why: tuple[str, tuple[int, ...]] | None) -> Failure | None:
-        if why is not None:
-            self.failure = why[0]
+        self.failure = why[0] if why is not None else self.failure
         return Failure(why[0], self.round, stopped=why[1]) if why is not None else None
 
     def leave_held(self, now: float) -> Left | None:
@@ -544,9 +557,10 @@ class BarrierState:
         """Raise the BarrierError that an arrival of `rank` at `round` would get now (changes nothing)."""
         _check_arrival(self, rank, round)
 
-    def claim_layout(self, rank: int, claim: tuple[int, str] | None) -> str | None:
-        """Why `rank`'s claimed layout (values, fingerprint) cannot take part in the run (it ends then: `end`)."""
-        return self._layout.differs(rank, claim)
+    def claim_layout(self, rank: int, claim: tuple[int, str] | None, round: int | None = None) -> str | None:
+        """Why `rank`'s claimed layout (values, fingerprint) cannot take part in the run (it ends then: `end`); a
+        stale `round` claims nothing, a changed claim is not that member's (BarrierError layout_changed)."""
+        return _layout_claimed(self._layout, rank, claim, round is not None and round < self.round)
 
     def tick(self, now: float) -> Release | None:
         """The clock moved: the release if the open round's deadline has passed."""
@@ -669,6 +683,15 @@ def _check_arrival(state: BarrierState, rank: int, round: int) -> None:
     if round < state.round and round not in state.released:
         raise BarrierError(BarrierReason.STALE_ROUND,
                            f"round {round} was released long ago (the barrier is at {state.round})")
+
+
+def _layout_claimed(layout: LayoutClaim, rank: int, claim: tuple[int, str] | None, stale: bool) -> str | None:
+    """`BarrierState.claim_layout`: a `stale` arrival claims nothing; a changed claim is refused alone."""
+    if stale:
+        return None
+    if (changed := layout.changed(rank, claim)) is not None:
+        raise BarrierError(BarrierReason.LAYOUT_CHANGED, changed)
+    return layout.differs(rank, claim)
 
 
 def _checked(address: str) -> None:

@@ -306,8 +306,8 @@ def _main(argv: list[str] | None) -> None:
     from mosaicd.logs import configure_logging, json_logs
 
     level = settings.log_level
-    if args.command == "barrier" and not json_logs(settings.log_json) and level in ("debug", "info"):
-        level = "warning"  # its console says what happens (daemon/barrier/console.py); the log only what goes wrong
+    if args.command in ("barrier", "node") and not json_logs(settings.log_json) and level in ("debug", "info"):
+        level = "warning"  # its console says what happens (barrier/ and node/console.py); the log, what goes wrong
     configure_logging(level, settings.log_json, log_files(args.command, settings))
     task = checked if args.command == "simulate" else None  # other commands' processes build their own
     del checked

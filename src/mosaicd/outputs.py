@@ -65,6 +65,9 @@ ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s",
 # what np.load raises on a checkpoint (.npz: a node's or simulate's) that is cut short, damaged (a flipped bit: the
 # zip's CRC), empty or another file
 NPZ_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+# summary.json's "mode" of a barrier that a launcher started, where it says so (`mosaicd cluster`: "cluster"); a
+# barrier started by hand, or a peer list's rank 0, records "barrier" (docs/reference/outputs.md)
+MODE_ENV = "MOSAICD_MODE"
 ROWS_KEPT = 2000          # evaluation rows a recorder keeps in memory (for /v1/history and the dashboard)
 SUMMARY_EVERY_S = 2.0     # between evaluations, summary.json's progress is refreshed at most this often
 LISTED_NODES = 1_000      # summary.json lists each node (its model hash, the newest row's metric, the roster) up to

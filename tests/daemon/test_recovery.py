@@ -126,7 +126,8 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
             said_how = "Ctrl-C" if how == signal.SIGINT else "SIGTERM"
             assert stopped["status"] == "interrupted" and stopped["error"] == f"interrupted ({said_how})", stopped
             said = (tmp_path / "barrier.log").read_text()
-            assert f"interrupted at round {saved['round']} of {run['rounds']}; the same command" in said, said[-2000:]
+            done = f"interrupted with {saved['round']} of {run['rounds']} rounds done; the same command"
+            assert done in said, said[-2000:]
         assert 10 <= saved["round"] < run["rounds"] - 50, "the run went too fast to kill the barrier mid-run"
         time.sleep(1.0)  # the nodes find it gone and retry (--barrier-grace)
         lab.barrier()
@@ -194,14 +195,14 @@ def test_restarted_barrier_takes_the_journals_node_count_only_where_it_counts_th
         port = kit.wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 30, "the port file")
         status = kit.wait_until(lambda: _status(kit, int(port)), 30, "the barrier's status")
         assert status["phase"] == "running" and status["live"] == [0, 1, 2] and status["settings"]["nodes"] == 3
-        kit.wait_until(lambda: "resumed at" in console.read_text(), 10, "the resumed banner")
+        kit.wait_until(lambda: "resumed with" in console.read_text(), 10, "the resumed banner")
     finally:
         counting.terminate()
         stopped = time.monotonic()
         counting.wait(timeout=30)
     assert time.monotonic() - stopped < 2  # SIGTERM: out within 2 s
     text = console.read_text()
-    assert f"resumed at round 0 of 5 from the journal in {run.out}/" in text, text
+    assert f"resumed with 0 of 5 rounds done, from the journal in {run.out}/" in text, text
     assert "registration closed" not in text and "round 0 starts" not in text, text
 
 
@@ -587,7 +588,7 @@ def test_a_barrier_told_to_stop_while_a_node_waits_decides_nothing_more_and_exit
     assert (answer.status, json.loads(answer.body)["reason"]) == (503, "barrier_stopping"), answer
     assert (lab.out / "barrier-state.json").read_text() == journal  # nothing decided after Ctrl-C
     said = (tmp_path / "barrier.log").read_text()
-    assert "interrupted at round 0 of 5; the same command" in said, said[-2000:]
+    assert "interrupted with 0 of 5 rounds done; the same command" in said, said[-2000:]
     print(f"\nthe barrier exited {took:.2f} s after Ctrl-C (its round deadline: {run['round_deadline']} s)")
 
 

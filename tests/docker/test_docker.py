@@ -459,9 +459,9 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     kit.wait_until(lambda: status().get("round", 0) >= at + 3, 300, "3 rounds after the barrier's restart",
                    interval=1)
     said = said_since(before)
-    assert not said, said  # the barrier's own "resumed at round" line is the one line of that event
+    assert not said, said  # the barrier's own "resumed with" line is the one line of that event
     barrier_logs = project("logs", "--no-color", "barrier")
-    resumed = re.search(r"resumed at round (\d+) of (\d+) from the journal in /results/", barrier_logs)
+    resumed = re.search(r"resumed with (\d+) of (\d+) rounds done, from the journal in /results/", barrier_logs)
     assert resumed and int(resumed[1]) >= at and int(resumed[2]) == rounds, barrier_logs[-3000:]
 
     down_at = kit.wait_until(lambda: (r := status().get("round", 0)) >= 16 and r, 600, "round 16", interval=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from typing import Any
 
@@ -18,6 +19,7 @@ from mosaicd.daemon.http.server import check_port, serve
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import loop_name
 from mosaicd.logs import also_log_to, get_logger, json_logs, say
+from mosaicd.outputs import MODE_ENV
 from mosaicd.rundir import BARRIER_LOCK, release
 from mosaicd.settings import Settings
 
@@ -73,7 +75,7 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
     if evaluate is not None:
         evaluate.import_modules(settings.task)  # while the nodes start: their training leaves it little CPU later
     barrier = Barrier(settings.run_config(), settings.daemon_options(), secret=secret, evaluate=evaluate,
-                      hold_out=True)
+                      hold_out=True, mode=os.environ.get(MODE_ENV, "barrier"))
     if settings.log_file is None:  # by hand too, its log where `cluster` leaves it, once OUT is its own
         also_log_to(settings.out / "logs" / "barrier.log")
     check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours
@@ -123,6 +125,6 @@ def interrupted(barrier: Barrier, how: str) -> None:
         say(f"mosaicd barrier: {options.out}: interrupted while nodes registered; the same command starts the run "
             "again", "interrupted")
         return
-    say(f"mosaicd barrier: {options.out}: interrupted at round {state.round} of {barrier.run.rounds}; the same "
+    say(f"mosaicd barrier: {options.out}: interrupted with {state.round} of {barrier.run.rounds} rounds done; the same "
         f"command (--out {options.out}) resumes the run; its nodes wait for it --barrier-grace "
         f"{options.barrier_grace:g}s", "interrupted", round=state.round)

@@ -151,6 +151,7 @@ class DecisionRunner:
         state = self.state
         if isinstance(decision, Roster):
             self.recorder.settings["nodes"] = len(decision.addresses)
+            self.recorder.settings.update(decision.ran)  # what the nodes said they run
             self.metrics.members.set(len(decision.addresses))
             self.log.info("registration_closed", members=len(decision.addresses))
             self.evaluator.prepare(self.run)

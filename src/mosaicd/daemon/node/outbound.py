@@ -32,6 +32,11 @@ from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.settings import DaemonOptions
 
+# a peer list's run stopped at rank 0: how to go on, said on every member, as `mosaicd cluster` says "--resume"
+# (`cluster_resume.next_step`)
+SAME_COMMANDS = ("the same commands, started again on every member, resume it from the newest point every member "
+                 "holds a checkpoint of")
+
 STARTING_RETRY_S = 0.05  # the first pause before a starting member that answered `rejoining` is tried again (doubling)
 REJOINING = frozenset({REASON_REJOINING})  # the refusal a sender decides on itself (`send_all`)
 REASON_BUSY = "busy"  # a 503 of `http/limits.py` or the inbox's decoding slots: try again
@@ -156,7 +161,7 @@ async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: 
                                               hopeless=None if peers is None else lambda: everyone_gone(
                                                   [address_of(barrier_url), *peers]))
     except Abandoned as exc:
-        raise RunEnded(f"the run ended without this node: {exc.detail}") from None
+        raise RunEnded(f"the run ended without this node: {exc.detail}{resume_hint(options)}") from None
     except Refused as exc:
         if exc.reason == BarrierReason.DROPPED:
             raise PeerDropped(f"node {rank} was dropped from the run: {exc.detail}") from None
@@ -165,6 +170,15 @@ async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: 
         if exc.reason in (BarrierReason.RUN_FAILED, BarrierReason.LEFT):
             raise RunEnded(exc.detail) from None
         raise
+    except HttpError as exc:  # rank 0 of a peer list, which hosts the barrier, is gone: how to go on
+        if exc.status is None and options.peer_list is not None:
+            raise HttpError(None, f"{exc.detail}{resume_hint(options)}", exc.closed) from None
+        raise
+
+
+def resume_hint(options: DaemonOptions) -> str:
+    """What a peer list's member says where rank 0 is gone without a word (stopped at once, or unreachable)."""
+    return f"; if rank 0 was stopped, {SAME_COMMANDS}" if options.peer_list is not None else ""
 
 
 def address_of(url: str) -> str:
