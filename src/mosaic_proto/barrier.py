@@ -49,6 +49,10 @@ __all__ = ["BARRIER_TRANSITIONS", "STOP_HOLD_S", "BarrierDecision", "BarrierErro
            "Failure", "Held", "Joined", "Left", "Member", "Rebound", "Release", "Roster", "Withdrawal", "resume_point"]
 
 
+LATE_TICK_S = 1.0  # a deadline's timer taken this much later than due: the barrier was frozen (`tick`)
+LATE_GRACE_S = 1.0  # ... and then reads what arrived meanwhile for this long before it releases the round
+
+
 class BarrierPhase(StrEnum):
     REGISTERING = "registering"
     REBINDING = "rebinding"  # a resumed run (--resume-round, a peer list's) waits for its members to come back
@@ -330,6 +334,7 @@ class _Round:
 
     opened: float = 0.0
     arrivals: dict[int, tuple[float, NodeReport | None]] = field(default_factory=dict)
+    woke: float | None = None  # the clock came late to its deadline (the process was frozen): when it did
 
 
 class BarrierState:
@@ -521,8 +526,12 @@ class BarrierState:
     # -- rounds ------------------------------------------------------------------------------------
     @property
     def deadline(self) -> float | None:
-        """When the open round is released whoever has arrived."""
-        return self._open.opened + self.round_deadline if self.phases.running else None
+        """When the open round is released whoever has arrived: its deadline, or, where the clock came to it late
+        (`tick`), `LATE_GRACE_S` after it did."""
+        if not self.phases.running:
+            return None
+        due = self._open.opened + self.round_deadline
+        return due if self._open.woke is None else max(due, self._open.woke + LATE_GRACE_S)
 
     def arrive(self, rank: int, round: int, now: float, report: NodeReport | None = None) -> Release | None:
         """`rank` is done sending `round`; the release if this arrival completes the round. An arrival at a round
@@ -548,10 +557,16 @@ class BarrierState:
         """Why `rank`'s claimed layout (values, fingerprint) cannot take part in the run (it ends then: `end`)."""
         return self._layout.differs(rank, claim)
 
-    def tick(self, now: float) -> Release | None:
-        """The clock moved: the release if the open round's deadline has passed."""
+    def tick(self, now: float, due: float | None = None) -> Release | None:
+        """The clock moved: the release if the open round's deadline has passed. `due`: when the timer that brings
+        this tick was due; taken more than `LATE_TICK_S` after it, the process was frozen (SIGSTOP, a suspended
+        host) and the arrivals sent meanwhile wait unread: they are read first (the release comes `LATE_GRACE_S`
+        later, or with the last arrival), so that a frozen barrier makes nobody a straggler."""
         deadline = self.deadline
         if deadline is None or now < deadline:
+            return None
+        if self._open.woke is None and due is not None and now - due > LATE_TICK_S:
+            self._open.woke = now
             return None
         release, outcome = self._release(now)
         self.phases.fire(In.TICK, outcome)

@@ -568,3 +568,24 @@ def test_the_resume_rule_takes_the_newest_round_every_live_member_holds() -> Non
     assert resume_point(kept, {0: {7, 6}, 1: {7, 6}, 2: {6}}) == (6, {0, 1})
     assert resume_point(kept, {0: {7}, 1: {7}, 2: {7}}) == (7, {0, 1, 2})
     assert resume_point(kept, {0: {5}, 1: {7, 6}}) is None
+
+
+def test_a_barrier_frozen_past_its_deadline_reads_what_arrived_before_it_releases() -> None:
+    """The deadline's timer taken 15 s late (the process was SIGSTOPped): the arrivals sent meanwhile are read
+    first, and the round is released with them, nobody a straggler; taken on time, the deadline releases as ever."""
+    from mosaic_proto.barrier import LATE_GRACE_S, LATE_TICK_S
+
+    state = running(3, deadline=5.0)
+    assert state.tick(20.0, due=5.0) is None and state.round == 0  # woke late: nothing released yet
+    assert state.deadline == 20.0 + LATE_GRACE_S
+    assert state.arrive(0, 0, 20.01) is None and state.arrive(1, 0, 20.02) is None
+    release = state.arrive(2, 0, 20.03)
+    assert release is not None and release.stragglers == () and state.deadline == 25.03
+    # one that really did not come: released at the grace's end, a straggler as at any deadline
+    state.arrive(0, 1, 21.0)
+    state.arrive(1, 1, 21.0)
+    assert state.tick(40.0, due=25.03) is None
+    assert state.tick(40.0 + LATE_GRACE_S, due=40.0 + LATE_GRACE_S).stragglers == (2,)
+    # on time (late by less than LATE_TICK_S): released at the deadline
+    late = state.deadline + LATE_TICK_S / 2
+    assert state.tick(late, due=state.deadline).stragglers == (0, 1, 2)

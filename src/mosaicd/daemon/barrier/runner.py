@@ -252,12 +252,13 @@ class DecisionRunner:
             return BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
         return None
 
-    def _on_deadline(self) -> None:
-        """The clock reached the open round's deadline: the state releases it (or, early, `apply` re-arms)."""
+    def _on_deadline(self, due: float) -> None:
+        """The clock reached the open round's deadline (the timer was `due` then): the state releases it (or, early,
+        or taken late by a barrier that was frozen, `apply` re-arms: `BarrierState.tick`)."""
         with _nobody_waits():
-            self.decide(lambda state, now: state.tick(now))
+            self.decide(lambda state, now: state.tick(now, due))
 
-    def _on_held(self) -> None:
+    def _on_held(self, due: float) -> None:
         """The clock reached `held.until`: the held leaves apply, one decision each."""
         with _nobody_waits():
             while not self.stopping and self.decide(lambda state, now: state.leave_held(now)) is not None:
@@ -317,7 +318,8 @@ class _Timer:
     """One timer of the runner's (`DecisionRunner._arm_timers`, step 2 of `apply`): armed at the time the state
     says, re-armed where it moved, none at None."""
 
-    def __init__(self, fire: Callable[[], None]) -> None:
+    def __init__(self, fire: Callable[[float], None]) -> None:
+        """`fire(due)`: called with the time the timer was due (the loop may take it later: a frozen process)."""
         self._fire = fire
         self._when: float | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -332,8 +334,8 @@ class _Timer:
             self._handle = asyncio.get_running_loop().call_at(when, self._fired)
 
     def _fired(self) -> None:
-        self._when, self._handle = None, None
-        self._fire()
+        due, self._when, self._handle = self._when, None, None
+        self._fire(due)
 
 
 def stopping() -> BarrierError:
