@@ -8,6 +8,8 @@ Each test prints how long the recovery took (pytest -s shows it); nothing here a
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -607,3 +609,42 @@ def test_a_barrier_stopped_while_it_lingers_after_the_end_exits_as_the_run_ended
         assert json.loads((lab.out / "summary.json").read_text()) == summary
     finally:
         lab.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")
+def test_a_by_hand_run_restarted_after_a_full_disk_ends_with_the_reference_models(tmp_path: Path, kit: Any) -> None:
+    """The barrier's --out fills: the barrier and every node exit 1. Space grown, the barrier (same --out) and its
+    nodes (same addresses, same state) started again go on exactly, as a peer list's comeback does: every member
+    from its checkpoint of the newest round all hold. Every node row and every evaluation row is there once, and the
+    models are the uninterrupted run's."""
+    run = {**RUN, "nodes": 6, "rounds": 200, "round_deadline": 20, "request_timeout": 5, "retries": 1,
+           "eval_every": 5}
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)], check=True)
+    lab = Lab(tmp_path, kit, run)
+    lab.out = disk / "run"
+    try:
+        lab.start()
+        codes = {name: proc.wait(timeout=120) for name, proc in lab.procs.items()}
+        assert set(codes.values()) == {1}, codes
+        said = (tmp_path / "barrier.log").read_text()
+        assert "No space left" in said, said[-2000:]
+        stopped_at = json.loads((lab.out / "barrier-state.json").read_text())["state"]["round"]
+        assert stopped_at < run["rounds"] - 20, "the disk did not fill mid-run"
+        subprocess.run(["mount", "-o", "remount,size=20m", str(disk)], check=True)  # room again
+        lab.start()
+        summary = lab.summary()
+        lab.exited_cleanly()
+        nodes, rows = node_rounds(lab.out), read_rounds(lab.out)
+    finally:
+        lab.stop()
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    restarted = lab.log("barrier")
+    said = [(e["event"], e.get("round")) for e in restarted if e["event"] in ("members_restarted", "resumed")]
+    print(f"\nfull disk at round {stopped_at}: {said}")
+    assert ("members_restarted", stopped_at) in said
+    assert summary["status"] == "finished", summary
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+    assert all(rounds == set(range(run["rounds"])) for rounds in nodes.values())
+    assert [r["round"] for r in rows] == list(range(4, run["rounds"], 5))

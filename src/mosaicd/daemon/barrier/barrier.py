@@ -115,12 +115,25 @@ class Barrier(DecisionRunner):
         self.ending.resumed(round)
         self._resume()
 
+    def members_restarted(self, address: str) -> None:
+        """A member registered again with its checkpoints as the first word of the run this barrier resumed
+        (`BarrierState.returned`): they all stopped with it (a full disk, a failure), and the run goes on as a peer
+        list's comeback does, every member from its checkpoint of the newest round all hold (or says why not)."""
+        self.comeback = Comeback(self.options, self.run, bool(self.keyring))
+        self.registrar.members_return(self.comeback)
+        self.log.warning("members_restarted", address=address, round=self.state.round,
+                         waiting_for=sorted(self.state.awaited),
+                         detail="a member came back started again: the run waits for every live member and goes "
+                         "on exactly from the newest round all hold a checkpoint of")
+
     # -- registration (registration.py: its long polls) -----------------------------------------------------
     async def register(self, address: str, rank: int | None = None, held: list[int] | None = None
                        ) -> dict[str, Any]:
         """Long poll until the roster is made (`Registrar.register`). A member told to stop that is back already
-        does not leave (`BarrierState.returned`)."""
-        self.decide(lambda state, now: state.returned(address))
+        does not leave; one started again (its checkpoints `held`) as the resumed run's first word stopped with the
+        barrier, as all did: all are awaited back (`BarrierState.returned`, `members_restarted`)."""
+        if self.decide(lambda state, now: state.returned(address, restarted=held is not None)) is not None:
+            self.members_restarted(address)
         return await self.registrar.register(address, rank, held)
 
     async def withdraw(self, address: str, reason: str) -> dict[str, Any]:
