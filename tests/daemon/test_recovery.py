@@ -648,3 +648,23 @@ def test_a_by_hand_run_restarted_after_a_full_disk_ends_with_the_reference_model
     assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
     assert all(rounds == set(range(run["rounds"])) for rounds in nodes.values())
     assert [r["round"] for r in rows] == list(range(4, run["rounds"], 5))
+
+
+def test_a_barrier_frozen_past_the_deadline_reads_the_arrivals_before_it_releases(tmp_path: Path, kit: Any) -> None:
+    """SIGSTOP the barrier for 20 s with a 5 s round deadline: woken, it reads the arrivals sent meanwhile before it
+    acts on the deadline it slept through (`LateClock`), so nobody straggles and the models are the reference's."""
+    run = {**RUN, "nodes": 6, "rounds": 40, "round_deadline": 5, "request_timeout": 5, "retries": 2,
+           "barrier_grace": 60}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.start()
+        lab.at_round(8)
+        lab.procs["barrier"].send_signal(signal.SIGSTOP)
+        time.sleep(20.0)
+        lab.procs["barrier"].send_signal(signal.SIGCONT)
+        summary = lab.summary()
+        lab.exited_cleanly()
+    finally:
+        lab.stop()
+    assert summary["status"] == "finished" and summary["events"] == [], summary["events"]
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
