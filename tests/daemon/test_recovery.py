@@ -668,3 +668,54 @@ def test_a_barrier_frozen_past_the_deadline_reads_the_arrivals_before_it_release
         lab.stop()
     assert summary["status"] == "finished" and summary["events"] == [], summary["events"]
     assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+
+
+ROW_KEYS = ("metric", "node_average", "average_model", "consensus_distance", "node_spread", "per_node")
+
+
+@pytest.mark.parametrize("how", ["barrier_killed", "run_interrupted"])
+@pytest.mark.parametrize("after", [1, 2, 3])
+def test_every_evaluation_round_has_its_row_once_whatever_stops_it(tmp_path: Path, kit: Any, how: str,
+                                                                   after: int) -> None:
+    """The barrier SIGKILLed (and started again), or the whole run stopped (SIGTERM to every process, as `docker
+    compose down`) and started again, `after` rounds past an evaluation round (its models released, being
+    collected, being evaluated...): every evaluation round has its row in rounds.csv exactly once, simulate's row, or
+    (its models gone) a row saying why, named by the barrier's `resumed` warning; the models are the reference's."""
+    run = {**RUN, "rounds": 60, "round_deadline": 20, "request_timeout": 5, "retries": 1, "barrier_grace": 60,
+           "eval_every": 5}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.start()
+        status = lab.at_round(24 + after)  # evaluation round 24: released at 24, collected with 25's release
+        if how == "barrier_killed":
+            lab.procs["barrier"].kill()
+            lab.procs["barrier"].wait(timeout=10)
+            time.sleep(1.0)
+            lab.barrier()
+        else:
+            for proc in lab.procs.values():
+                proc.send_signal(signal.SIGTERM)
+            codes = {name: proc.wait(timeout=30) for name, proc in lab.procs.items()}
+            assert codes["barrier"] == 130, codes
+            lab.start()
+        lab.at_round(status["round"] + 2, timeout=120)  # the restarted barrier's run (its summary says running)
+        summary = lab.summary()
+        lab.exited_cleanly()
+    finally:
+        lab.stop()
+    subprocess.run([*kit.by_hand, "simulate", *kit.role_flags("simulate", run), "--out", str(tmp_path / "sim"),
+                    "--quiet"], check=True, capture_output=True, timeout=120)
+    expected = {r["round"]: r for r in read_rounds(tmp_path / "sim")}
+    rows = read_rounds(lab.out)
+    lost = sorted(e for w in lab.log("barrier") if w["event"] == "resumed" for e in w.get("evaluations_lost", []))
+    print(f"\n{how} at round {status['round']}: rows lost {lost}")
+    assert [r["round"] for r in rows] == sorted(expected) == list(range(4, run["rounds"], 5))
+    for row in rows:
+        if row["round"] in lost:
+            assert row["lost"] and row["average_model"] is None, row
+        else:
+            assert not row.get("lost") and {k: row[k] for k in ROW_KEYS} == \
+                {k: expected[row["round"]][k] for k in ROW_KEYS}, (row, expected[row["round"]])
+    warned = [w for w in lab.log("barrier") if w["event"] == "resumed" and w.get("evaluations_lost")]
+    assert all(w["level"] == "warning" for w in warned)
+    assert summary["status"] == "finished" and summary["model_sha256"] == kit.reference_hashes(Settings(**run))

@@ -45,7 +45,7 @@ from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.auth import Secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
-from mosaicd.rundir import EARLIER, hold_barrier, keep_earlier_run, occupant, read_summary
+from mosaicd.rundir import EARLIER, hold_barrier, keep_earlier_run, occupant, read_rounds, read_summary
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
 
 
@@ -101,9 +101,17 @@ class Barrier(DecisionRunner):
         self.metrics.members.set(len(state.live))
         self.apply(None)  # its timers, at the times the state says (rebinding: none until every member is back)
         missing, lost = evaluations_cut_short(state.round, self.run, self.recorder, rebinding)
-        self.collect_again(missing, rebinding)
-        self.log.info("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
-                         evaluations_recollected=missing, **({"evaluations_lost": lost} if lost else {}))
+        self.collect_again(missing)
+        reason = "its models were gone when the barrier resumed the run (nodes started again keep only their " \
+                 "checkpoints; running ones their last snapshots)"
+        try:
+            for e in lost:
+                self.recorder.lost_round(e, reason)
+        except OSError as exc:
+            self.fail_output(exc)
+        (self.log.warning if lost else self.log.info)(
+            "resumed", round=state.round, live=len(state.live), dropped=state.dropped,
+            evaluations_recollected=missing, **({"evaluations_lost": lost, "detail": reason} if lost else {}))
 
     def resume_at(self, round: int) -> None:
         """Its members back, the run goes on at `round` (comeback.py): the journal's state of that round."""
@@ -265,12 +273,13 @@ def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any]
 
 def evaluations_cut_short(round: int, run: RunConfig, recorder: RunRecorder,
                           rebinding: bool) -> tuple[list[int], list[int]]:
-    """The evaluations a barrier resuming the run at `round` collects again, and those it cannot: the rounds whose
-    models the nodes may still keep (`SNAPSHOTS_KEPT`) and rounds.csv has no row of. Nodes started again at new
-    addresses (`rebinding`) keep only their two checkpoints: the models after `round` - 1 and `round` - 2."""
-    done = {row.get("round") for row in recorder.rounds}
-    missing = [e for e in range(max(0, round - SNAPSHOTS_KEPT), round - 1) if is_eval_round(e, run) and e not in done]
-    kept = [e for e in missing if not rebinding or e >= round - 2]
+    """The evaluations a barrier resuming the run at `round` collects again, and those it cannot (lost): the
+    evaluation rounds before `round` - 1 (whose models the release of `round` collects) that rounds.csv has no row
+    of; collected again where the nodes may still keep their models (`SNAPSHOTS_KEPT`; nodes started again at new
+    addresses, `rebinding`, keep only their two checkpoints: the models after `round` - 1 and `round` - 2)."""
+    done = {row.get("round") for row in read_rounds(recorder.out)}
+    missing = [e for e in range(round - 1) if is_eval_round(e, run) and e not in done]
+    kept = [e for e in missing if e >= round - (2 if rebinding else SNAPSHOTS_KEPT)]
     return kept, [e for e in missing if e not in kept]
 
 

@@ -76,15 +76,10 @@ class DecisionRunner:
         self.state = state
         self.notices.heard = {t: state.notice(r).to_json() for t, r in state.released.items()}
 
-    def collect_again(self, missing: list[int], rebinding: bool) -> None:
-        """Evaluations a crash cut short: collected now, or (`rebinding`: the nodes are not at the addresses the
-        journal keeps) with the next release's."""
-        if rebinding:
-            self.recollect = missing
-            return
-        live = {r: self.state.addresses[r] for r in self.state.live}
-        for e in missing:
-            self._collections[e] = self._spawn(self.evaluator.collect(self.run, e, live, False))
+    def collect_again(self, missing: list[int]) -> None:
+        """Evaluations a crash cut short: collected with the next release's (its members are back and running then,
+        whether they kept running or started again)."""
+        self.recollect = missing
 
     def heard(self, decision: BarrierDecision) -> None:
         """Those waiting for a `Roster` or every member back hear it (the registration's long polls: `Barrier`)."""
@@ -296,6 +291,12 @@ class DecisionRunner:
             except OSError as exc:
                 self.fail_output(exc)
         self.interrupt()
+
+    async def settle(self, limit: float) -> None:
+        """The run stopped before its end (failed, interrupted, the process told to stop): the evaluations whose models
+        were collected get up to `limit` seconds to write their rows, which a restart could not have again."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(self.evaluator.drain()), limit)
 
     def interrupt(self) -> None:
         """Decide nothing more; every waiting arrival is answered 503 barrier_stopping now. On Ctrl-C the journal so
