@@ -719,3 +719,35 @@ def test_every_evaluation_round_has_its_row_once_whatever_stops_it(tmp_path: Pat
     warned = [w for w in lab.log("barrier") if w["event"] == "resumed" and w.get("evaluations_lost")]
     assert all(w["level"] == "warning" for w in warned)
     assert summary["status"] == "finished" and summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+
+
+def test_an_evaluation_whose_models_are_gone_gets_a_row_saying_why_and_a_warning(tmp_path: Path, kit: Any) -> None:
+    """The rows from round 9 on never written (evaluations lagging behind, each waits for the one before) and the
+    barrier SIGKILLed long after, so no node keeps round 9's or 14's models: the resumed barrier writes their rows
+    with the reason (`lost`), in round order, names them in its `resumed` warning (logs/barrier.log too), collects
+    again those the nodes still keep, and every row is there once."""
+    run = {**RUN, "rounds": 60, "round_deadline": 20, "request_timeout": 5, "retries": 1, "barrier_grace": 60,
+           "eval_every": 5}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.start()
+        lab.at_round(20)
+        lab.procs["barrier"].kill()
+        lab.procs["barrier"].wait(timeout=10)
+        lines = (lab.out / "rounds.csv").read_text().splitlines(keepends=True)
+        (lab.out / "rounds.csv").write_text("".join(lines[:1] + [r for r in lines[1:] if int(r.split(",")[0]) < 9]))
+        lab.barrier()
+        summary = lab.summary()
+        lab.exited_cleanly()
+    finally:
+        lab.stop()
+    rows = read_rounds(lab.out)
+    assert [r["round"] for r in rows] == list(range(4, run["rounds"], 5))
+    lost = [r for r in rows if r.get("lost")]
+    said = [e for e in lab.log("barrier") if e["event"] == "resumed"]
+    assert said and said[-1]["level"] == "warning" and said[-1]["evaluations_lost"] == [r["round"] for r in lost]
+    assert {9, 14} <= {r["round"] for r in lost} and all(r["average_model"] is None and "gone" in r["lost"]
+                                                         for r in lost)
+    assert all(r["average_model"] is not None for r in rows if not r.get("lost"))
+    assert "evaluations_lost" in (lab.out / "logs" / "barrier.log").read_text()
+    assert summary["status"] == "finished" and summary["model_sha256"] == kit.reference_hashes(Settings(**run))

@@ -93,9 +93,9 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         await asyncio.sleep(max(settings.linger, STOP_HOLD_S if barrier.stopped_by_members() else 1.0))
     except asyncio.CancelledError:  # Ctrl-C, or SIGTERM
         barrier.interrupt()
-        await barrier.settle(EXIT_WITHIN_S * 2 / 3)  # the rows of evaluations under way, before the process ends
         if not barrier.done.is_set():
             interrupted(barrier, stopped[0] if stopped else "Ctrl-C")
+            await barrier.settle(EXIT_WITHIN_S * 2 / 3)  # the rows of evaluations under way, before the process ends
             raise
         if not stopped or console is not None and not console.done():
             raise
