@@ -43,6 +43,7 @@ from .barrier_rules import (
     STOP_HOLD_S,
     CountRule,
     HeldStops,
+    LateClock,
     LayoutClaim,
     NodeCount,
     RunTask,
@@ -345,6 +346,8 @@ class _Round:
 
     opened: float = 0.0
     arrivals: dict[int, tuple[float, NodeReport | None]] = field(default_factory=dict)
+    clock: LateClock = field(default_factory=LateClock)
+    resumed: bool = False  # reopened from the journal (`BarrierState.returned`)
 
 
 class BarrierState:
@@ -508,9 +511,15 @@ class BarrierState:
                 return self.leave(due[0], now, due[1])
         return None
 
-    def returned(self, address: str) -> None:
-        """`address` registers again: a member told to stop that is back already does not leave."""
-        self.held.drop(self.addresses.index(address) if address in self.addresses else -1)
+    def returned(self, address: str, restarted: bool = False) -> tuple[int, ...] | None:
+        """`address` registers again: a member told to stop that is back does not leave; one `restarted` as a resumed
+        run's first word stopped with the barrier (a full disk) as all did: all awaited back (returned; `rebind`)."""
+        self.held.drop(rank := self.addresses.index(address) if address in self.addresses else -1)
+        if not (restarted and _untouched(self, rank) and self.phases.allows(In.RESTART)):
+            return None
+        self.phases.fire(In.RESTART, Out.AWAITING)
+        self.awaited = set(self.live) | set(self.joining)
+        return tuple(sorted(self.awaited))
 
     def leave(self, rank: int, now: float, reason: str = "") -> Left:
         """`rank` leaves the run (it was told to stop, or it failed): nobody waits for it from now on and it is
@@ -534,8 +543,8 @@ class BarrierState:
     # -- rounds ------------------------------------------------------------------------------------
     @property
     def deadline(self) -> float | None:
-        """When the open round is released whoever has arrived."""
-        return self._open.opened + self.round_deadline if self.phases.running else None
+        """When the open round is released whoever has arrived (a little later where the clock came late: `tick`)."""
+        return self._open.clock.deadline(self._open.opened + self.round_deadline) if self.phases.running else None
 
     def arrive(self, rank: int, round: int, now: float, report: NodeReport | None = None) -> Release | None:
         """`rank` is done sending `round`; the release if this arrival completes the round. An arrival at a round
@@ -562,10 +571,9 @@ class BarrierState:
         stale `round` claims nothing, a changed claim is not that member's (BarrierError layout_changed)."""
         return _layout_claimed(self._layout, rank, claim, round is not None and round < self.round)
 
-    def tick(self, now: float) -> Release | None:
-        """The clock moved: the release if the open round's deadline has passed."""
-        deadline = self.deadline
-        if deadline is None or now < deadline:
+    def tick(self, now: float, due: float | None = None) -> Release | None:
+        """The clock moved: the release if the open round's deadline passed (`due`: the timer's; late: `LateClock`)."""
+        if (deadline := self.deadline) is None or now < deadline or self._open.clock.woke_late(now, due):
             return None
         release, outcome = self._release(now)
         self.phases.fire(In.TICK, outcome)
@@ -575,11 +583,7 @@ class BarrierState:
         """Release the open round: the release, and how it moves the phase (the caller's input fires it, once)."""
         t, arrivals = self.round, self._open.arrivals
         stragglers = tuple(r for r in self.live if r not in arrivals)
-        newly = []
-        for r in stragglers:
-            self.members[r].missed += 1
-            if self.members[r].missed >= self.drop_after:
-                newly.append(r)
+        newly = _missed([self.members[r] for r in stragglers], stragglers, self.drop_after)
         self.dropped += newly
         self._gone.update(newly)
         joined = tuple(sorted(self.joining))
@@ -593,8 +597,7 @@ class BarrierState:
         if stragglers or joined or left:
             self.events.append(release)
         self.closed[t] = {r: (now - at, report) for r, (at, report) in sorted(arrivals.items())}
-        self.released.pop(t - self.kept, None)
-        self.closed.pop(t - self.kept, None)
+        self.released.pop(t - self.kept, None), self.closed.pop(t - self.kept, None)
         self.round = t + 1
         self._open = _Round(opened=now)
         if too_few and (t < self.rounds or not self.live):
@@ -640,7 +643,7 @@ class BarrierState:
         state._gone = set(state.dropped) | set(state.left)
         state.released = {r["round"]: Release.from_json(r) for r in data["released"]}
         state.events = [Release.from_json(e) for e in data["events"]]
-        state._open = _Round(opened=now)
+        state._open = _Round(opened=now, resumed=True)
         awaited = set(state.live) | set(state.joining)
         if rebind and awaited and state.phases.allows(In.RESTART):
             state.phases.fire(In.RESTART, Out.AWAITING)
@@ -692,6 +695,19 @@ def _layout_claimed(layout: LayoutClaim, rank: int, claim: tuple[int, str] | Non
     if (changed := layout.changed(rank, claim)) is not None:
         raise BarrierError(BarrierReason.LAYOUT_CHANGED, changed)
     return layout.differs(rank, claim)
+
+
+def _missed(members: list[Member], ranks: tuple[int, ...], drop_after: int) -> list[int]:
+    """The stragglers `ranks` (`members`) missed one more round: those that missed `drop_after` in a row."""
+    for member in members:
+        member.missed += 1
+    return [r for r, m in zip(ranks, members, strict=True) if m.missed >= drop_after]
+
+
+def _untouched(state: BarrierState, rank: int) -> bool:
+    """`rank` is a live member of a resumed run's reopened round, and no member was heard from since it reopened."""
+    return state._open.resumed and rank in (*state.live, *state.joining) and \
+        all(m.last_contact <= state._open.opened for m in state.members.values())
 
 
 def _checked(address: str) -> None:

@@ -9,14 +9,36 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["STOP_HOLD_S", "CountRule", "HeldStops", "LayoutClaim", "NodeCount", "RunTask", "TaskClaim", "resume_point",
-           "too_few_reason"]
+__all__ = ["LATE_GRACE_S", "LATE_TICK_S", "STOP_HOLD_S", "CountRule", "HeldStops", "LateClock", "LayoutClaim",
+           "NodeCount", "RunTask", "TaskClaim", "resume_point", "too_few_reason"]
 
 OWN_LOOP = "own loop"  # what an own loop's run is called where it gives no name
 
 # a member told to stop (a signal) has its leave held until no member was told to stop for this long: longer than the
 # spread of the signals of one `docker compose down`, short for one `docker stop`
 STOP_HOLD_S = 3.0
+LATE_TICK_S = 1.0  # a deadline's timer taken this much later than due: the barrier was frozen (`LateClock`)
+LATE_GRACE_S = 1.0  # ... and then reads what arrived meanwhile for this long before it releases the round
+
+
+class LateClock:
+    """The open round's deadline where the clock came to it late: a barrier frozen past it (SIGSTOP, a suspended
+    host) reads the arrivals sent meanwhile, still unread, before it releases the round (`LATE_GRACE_S` after it
+    woke, or with the last arrival), so that its freeze makes nobody a straggler."""
+
+    def __init__(self) -> None:
+        self.woke: float | None = None  # when the clock came late to the deadline
+
+    def deadline(self, due: float) -> float:
+        """The deadline `due`, or the grace after a late wake."""
+        return due if self.woke is None else max(due, self.woke + LATE_GRACE_S)
+
+    def woke_late(self, now: float, fired: float | None) -> bool:
+        """The timer due at `fired` is taken at `now`: whether it is more than `LATE_TICK_S` late (the first time)."""
+        if self.woke is not None or fired is None or now - fired <= LATE_TICK_S:
+            return False
+        self.woke = now
+        return True
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.auth import Secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
-from mosaicd.rundir import EARLIER, hold_barrier, keep_earlier_run, occupant, read_summary
+from mosaicd.rundir import EARLIER, hold_barrier, keep_earlier_run, occupant, read_rounds, read_summary
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
 
 
@@ -106,9 +106,17 @@ class Barrier(DecisionRunner):
         self.metrics.members.set(len(state.live))
         self.apply(None)  # its timers, at the times the state says (rebinding: none until every member is back)
         missing, lost = evaluations_cut_short(state.round, self.run, self.recorder, rebinding)
-        self.collect_again(missing, rebinding)
-        self.log.info("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
-                         evaluations_recollected=missing, **({"evaluations_lost": lost} if lost else {}))
+        self.collect_again(missing)
+        reason = "its models were gone when the barrier resumed the run (nodes started again keep only their " \
+                 "checkpoints; running ones their last snapshots)"
+        try:
+            for e in lost:
+                self.recorder.lost_round(e, reason)
+        except OSError as exc:
+            self.fail_output(exc)
+        (self.log.warning if lost else self.log.info)(
+            "resumed", round=state.round, live=len(state.live), dropped=state.dropped,
+            evaluations_recollected=missing, **({"evaluations_lost": lost, "detail": reason} if lost else {}))
 
     def resume_at(self, round: int) -> None:
         """Its members back, the run goes on at `round` (comeback.py): the journal's state of that round."""
@@ -120,12 +128,26 @@ class Barrier(DecisionRunner):
         self.ending.resumed(round)
         self._resume()
 
+    def members_restarted(self, address: str) -> None:
+        """A member registered again with its checkpoints as the first word of the run this barrier resumed
+        (`BarrierState.returned`): they all stopped with it (a full disk, a failure), and the run goes on as a peer
+        list's comeback does, every member from its checkpoint of the newest round all hold (or says why not)."""
+        self.comeback = Comeback(self.options, self.run, bool(self.keyring))
+        self.registrar.members_return(self.comeback)
+        self.log.warning("members_restarted", address=address, round=self.state.round,
+                         waiting_for=sorted(self.state.awaited),
+                         detail="a member came back started again: the run waits for every live member and goes "
+                         "on exactly from the newest round all hold a checkpoint of")
+
     # -- registration (registration.py: its long polls) -----------------------------------------------------
     async def register(self, address: str, rank: int | None = None, held: list[int] | None = None,
                        runs: TaskClaim | None = None) -> dict[str, Any]:
         """Long poll until the roster is made (`Registrar.register`; `runs`: what the node says it runs). A member
-        told to stop that is back already does not leave (`BarrierState.returned`)."""
-        self.decide(lambda state, now: state.returned(address))
+        told to stop that is back already does not leave; one started again (its checkpoints `held`) as the resumed
+        run's first word stopped with the barrier, as all did: all are awaited back (`BarrierState.returned`,
+        `members_restarted`)."""
+        if self.decide(lambda state, now: state.returned(address, restarted=held is not None)) is not None:
+            self.members_restarted(address)
         return await self.registrar.register(address, rank, held, runs)
 
     async def withdraw(self, address: str, reason: str) -> dict[str, Any]:
@@ -269,12 +291,13 @@ def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any]
 
 def evaluations_cut_short(round: int, run: RunConfig, recorder: RunRecorder,
                           rebinding: bool) -> tuple[list[int], list[int]]:
-    """The evaluations a barrier resuming the run at `round` collects again, and those it cannot: the rounds whose
-    models the nodes may still keep (`SNAPSHOTS_KEPT`) and rounds.csv has no row of. Nodes started again at new
-    addresses (`rebinding`) keep only their two checkpoints: the models after `round` - 1 and `round` - 2."""
-    done = {row.get("round") for row in recorder.rounds}
-    missing = [e for e in range(max(0, round - SNAPSHOTS_KEPT), round - 1) if is_eval_round(e, run) and e not in done]
-    kept = [e for e in missing if not rebinding or e >= round - 2]
+    """The evaluations a barrier resuming the run at `round` collects again, and those it cannot (lost): the
+    evaluation rounds before `round` - 1 (whose models the release of `round` collects) that rounds.csv has no row
+    of; collected again where the nodes may still keep their models (`SNAPSHOTS_KEPT`; nodes started again at new
+    addresses, `rebinding`, keep only their two checkpoints: the models after `round` - 1 and `round` - 2)."""
+    done = {row.get("round") for row in read_rounds(recorder.out)}
+    missing = [e for e in range(round - 1) if is_eval_round(e, run) and e not in done]
+    kept = [e for e in missing if e >= round - (2 if rebinding else SNAPSHOTS_KEPT)]
     return kept, [e for e in missing if e not in kept]
 
 

@@ -66,6 +66,10 @@ class Registrar:
         waiting hears its rank."""
         self.registered.set()
 
+    def members_return(self, comeback: Comeback) -> None:
+        """The members of the run resumed are all awaited back (`Barrier.members_restarted`): they come back so."""
+        self.comeback = comeback
+
     def all_back(self) -> None:
         """Every member of a resumed run is back (`Barrier.apply`): each waiting hears the run goes on."""
         self.rebound.set()

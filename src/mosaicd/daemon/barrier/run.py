@@ -12,7 +12,7 @@ from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.console import BarrierConsole, local_url
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
-from mosaicd.daemon.entry import exit_within
+from mosaicd.daemon.entry import EXIT_WITHIN_S, exit_within
 from mosaicd.daemon.errors import RunEnded
 from mosaicd.daemon.http.auth import Secret, check_listen, own_secret_file
 from mosaicd.daemon.http.server import check_port, serve
@@ -22,6 +22,8 @@ from mosaicd.logs import also_log_to, get_logger, json_logs, say
 from mosaicd.outputs import MODE_ENV
 from mosaicd.rundir import BARRIER_LOCK, release
 from mosaicd.settings import Settings
+
+EVALUATION_SETTLE_S = 10.0  # a run that stopped early waits this long at most for the rows of evaluations under way
 
 
 async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) -> int:
@@ -86,6 +88,7 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         BarrierConsole(barrier, local_url(settings.host, port, scheme(settings))).run())
     try:
         await barrier.done.wait()
+        await barrier.settle(EVALUATION_SETTLE_S)  # failed or interrupted: the rows of evaluations under way
         if console is not None:
             await console
         # a run its members stopped stays a moment, so that every member told to stop is heard and counted
@@ -94,6 +97,7 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         barrier.interrupt()
         if not barrier.done.is_set():
             interrupted(barrier, stopped[0] if stopped else "Ctrl-C")
+            await barrier.settle(EXIT_WITHIN_S * 2 / 3)  # the rows of evaluations under way, before the process ends
             raise
         if not stopped or console is not None and not console.done():
             raise
