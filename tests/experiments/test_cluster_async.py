@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,20 @@ def test_an_asynchronous_cluster_finishes_with_each_node_s_model_and_the_async_b
     start = network_metrics(task, [task.initial(i) for i in range(5)])
     assert summary["final"]["node_average"] < start["node_average"] / 2  # trained and gossiped
     assert summary["final"]["consensus_distance"] < start["consensus_distance"] / 2
+    with open(tmp_path / "run" / "rounds.csv", newline="") as f:  # evaluated on the time grid, then at the end
+        rows = list(csv.DictReader(f))
+    times = [float(r["time_s"]) for r in rows]
+    assert len(rows) >= 5 and times[:3] == [0.05, 0.1, 0.15] and times == sorted(times)
+    assert [int(r["round"]) for r in rows[:3]] == [0, 1, 2] and int(rows[-1]["round"]) >= 14
+    assert times[-1] == max(block["elapsed_s"].values())
+    assert float(rows[-1]["node_average"]) < float(rows[0]["node_average"])
 
 
 @pytest.mark.slow
 def test_a_node_slowed_ten_times_does_not_slow_the_others(tmp_path: Path) -> None:
-    alike = clustered(tmp_path, "alike", "compute_s = 0.05\n", nodes=4, rounds=20)["asynchronous"]
-    slowed = clustered(tmp_path, "slowed", "compute_s = 0.05\n[nodes.3]\nslowdown = 10\n", nodes=4,
-                       rounds=20)["asynchronous"]
+    alike = clustered(tmp_path, "alike", "compute_s = 0.05\n", nodes=4, rounds=20, eval_every=5)["asynchronous"]
+    slowed = clustered(tmp_path, "slowed", "compute_s = 0.05\n[nodes.3]\nslowdown = 10\n", nodes=4, rounds=20,
+                       eval_every=5)["asynchronous"]
     assert slowed["steps"] == alike["steps"] == {str(i): 20 for i in range(4)}
     reference = sum(alike["steps_per_s"][str(i)] for i in range(3)) / 3
     for i in range(3):  # each of the others trains at its pace, as without the slow node (within 20%)

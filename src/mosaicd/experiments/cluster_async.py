@@ -12,13 +12,14 @@ secret is the cluster's (`run_secret.py`): every message is signed.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mosaicd.daemon.node.async_run import MODEL, PAIRWISE_REFUSAL, REPORT, ROSTER_ENV
+from mosaicd.daemon.node.async_run import GRID, MODEL, PAIRWISE_REFUSAL, REPORT, ROSTER_ENV
 from mosaicd.experiments.cluster import POLL_S, ClusterFailed, free_ports, settings_env
 from mosaicd.experiments.processes import Processes, exit_reason
 from mosaicd.experiments.run_secret import RunSecret
@@ -104,6 +105,15 @@ class AsyncCluster:
                 time.sleep(POLL_S)
         return reports
 
+    def _grid(self, finals: dict[int, np.ndarray]) -> list[dict[int, np.ndarray]]:
+        """Each point of the time grid: every node's model then (a node finished before it: its final model)."""
+        grids = {}
+        for rank in finals:
+            with np.load(self.out / "nodes" / str(rank) / GRID) as kept:
+                grids[rank] = kept["models"]
+        points = max((len(g) for g in grids.values()), default=0)
+        return [{r: grids[r][k] if k < len(grids[r]) else finals[r] for r in finals} for k in range(points)]
+
     def _finish(self, recorder: RunRecorder, reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
         """The final models evaluated: the last row of rounds.csv and summary.json."""
         from mosaicd.learning.evaluation import network_metrics
@@ -114,13 +124,22 @@ class AsyncCluster:
         task = build_task(run, s.data_dir)
         vectors = {rank: np.load(self.out / "nodes" / str(rank) / MODEL) for rank in range(s.nodes)}
         honest, says = honest_nodes(run, range(s.nodes))
-        recorder.network_round(s.rounds - 1, {**network_metrics(task, [vectors[i] for i in honest]),
-                                              "nodes": honest, **says}, time.time())
+        period = max(n["eval_period_s"] for n in reports.values())
+        last = -1
+        for k, models in enumerate(self._grid(vectors), start=1):  # rows as simulate's: `round` the iterations
+            last = k * s.eval_every - 1  # an unslowed node has done by then, less one; `time_s` the grid's time
+            recorder.network_round(last, {**network_metrics(task, [models[i] for i in honest]), "nodes": honest,
+                                          **says, "time_s": round(k * period, 6)}, time.time())
+        end = max(n["elapsed_s"] for n in reports.values())
+        nominal = max(s.rounds - 1, last + 1, math.ceil(end / period - 1e-9) * s.eval_every - 1 if period else 0)
+        recorder.network_round(nominal, {**network_metrics(task, [vectors[i] for i in honest]),
+                                         "nodes": honest, **says, "time_s": round(end, 6)}, time.time())
         per_node = {str(r): {k: v for k, v in reports[r].items() if k != "rank"} for r in sorted(reports)}
         return recorder.finish(vectors, members=list(range(s.nodes)), dropped=[], events=[],
                                asynchronous={"steps": {r: n["steps"] for r, n in per_node.items()},
                                              "elapsed_s": {r: n["elapsed_s"] for r, n in per_node.items()},
                                              "steps_per_s": {r: n["steps_per_s"] for r, n in per_node.items()},
+                                             "eval_period_s": period,
                                              "signed": all(n["signed"] for n in per_node.values()),
                                              "messages_sent": sum(n["sent"] for n in per_node.values()),
                                              "messages_unsent": sum(n["unsent"] for n in per_node.values()),

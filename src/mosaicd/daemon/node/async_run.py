@@ -38,6 +38,7 @@ from aiohttp import web
 from mosaic_proto import CONTENT_TYPE, WireError
 from mosaic_proto.async_node import AsyncOutcome, Exchange
 from mosaic_proto.compression import Compression
+from mosaic_proto.profiles import DEFAULT_COMPUTE_S
 from mosaic_proto.wire import decode, encode_parts, max_message_bytes
 from mosaicd.daemon.http.auth import SENDER, Secret, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
@@ -55,6 +56,7 @@ from mosaicd.settings import Settings
 ROSTER_ENV = "MOSAICD_ASYNC_ROSTER"  # the launcher's roster file: {"addresses": [...]} in rank order
 REPORT = "async.json"
 MODEL = "model.npy"
+GRID = "grid.npz"  # the node's models on the time grid: steps done and model at each point
 LINGER_S = 600.0  # a finished node serves this long at most, waiting to be stopped
 PAIRWISE_REFUSAL = ("--exchange pairwise: the daemons do not run AD-PSGD yet (its pair is an atomic two-way "
                     "exchange); `mosaicd simulate --sync async --exchange pairwise` runs it")
@@ -78,6 +80,9 @@ class AsyncNode:
         self.metrics = NodeMetrics()
         self._newest: dict[int, int] = {}  # sender -> the newest step taken from it
         self._queued = asyncio.Event()
+        # the time grid: every --eval-every x compute_s seconds of training, the model then (none: --eval-every 0)
+        self.eval_period_s = settings.eval_every * (spec.compute_s if spec is not None else DEFAULT_COMPUTE_S)
+        self.grid: list[tuple[int, np.ndarray]] = []  # (steps done, model) at each point of the grid
         self.sent = self.unsent = self.replays = 0
         self.started_at = self.finished_at = math.nan
 
@@ -165,13 +170,28 @@ class AsyncNode:
                 self.unsent += 1
                 self.log.info("send_failed", step=message.step, peer=message.peer, error=str(exc))
 
+    async def snapshots(self) -> None:
+        """The model at each point of the time grid (from the training's start), until the node is finished."""
+        k = 1
+        while self.eval_period_s > 0 and not self.state.finished:
+            await sleep_at_least(self.started_at + k * self.eval_period_s - time.monotonic())
+            if not self.state.finished:
+                self.grid.append((self.state.step, self.state.vector.copy()))
+            k += 1
+
+    def save_grid(self, path: Path) -> None:
+        models = np.stack([v for _, v in self.grid]) if self.grid else np.zeros((0, self.state.vector.size),
+                                                                               np.float32)
+        with replacing(path) as f:
+            np.savez(f, steps=np.array([n for n, _ in self.grid], np.int64), models=models)
+
     def report(self) -> dict[str, Any]:
         s = self.state
         elapsed = self.finished_at - self.started_at
         return {"rank": self.rank, "steps": s.step, "elapsed_s": round(elapsed, 6),
                 "steps_per_s": round(s.step / elapsed, 6) if elapsed > 0 else None,
                 "sent": self.sent, "unsent": self.unsent, "replays_refused": self.replays,
-                "signed": self.keyring is not None,
+                "signed": self.keyring is not None, "eval_period_s": self.eval_period_s,
                 "fragments_superseded": s.queue.superseded, "fragments_stale": s.counts["stale"],
                 "refused": s.counts["refused"], "ignored": s.counts["ignored"]}
 
@@ -213,11 +233,16 @@ async def run_async_node(settings: Settings, roster: Path) -> int:
         async with Client(settings.request_timeout, 0, signer=sign) as client:
             await wait_for_peers(client, addresses, rank, settings.register_deadline)
             sending = asyncio.ensure_future(node.send(client))
-            await node.train()
+            training = asyncio.ensure_future(node.train())
+            await asyncio.sleep(0)  # its start is set: the grid counts from it
+            grid = asyncio.ensure_future(node.snapshots())
+            await training
+            grid.cancel()
             await sending
         out.mkdir(parents=True, exist_ok=True)
         with replacing(out / MODEL) as f:
             np.save(f, node.state.vector)
+        node.save_grid(out / GRID)
         write_whole(out / REPORT, json.dumps(node.report()))  # last: the launcher reads the model once it is there
         await asyncio.sleep(LINGER_S)  # the others may still send; the launcher stops this process
     finally:
