@@ -407,7 +407,8 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
         from mosaicd.experiments.cluster import ClusterFailed
         from mosaicd.experiments.cluster_async import run_cluster_async
         try:
-            _print_final(run_cluster_async(settings, progress=not args.quiet, replace=settings.replace))
+            _print_final(run_cluster_async(settings, progress=not args.quiet, replace=settings.replace,
+                                           fail_fast=args.fail_fast))
         except ClusterFailed as exc:
             print(f"mosaicd cluster: error: {exc}", file=sys.stderr)
             return 1

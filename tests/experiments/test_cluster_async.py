@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from mosaic_proto.wire import encode
 from mosaicd.cli import main
 from mosaicd.daemon.http.auth import Secret
 from mosaicd.daemon.node.async_run import AsyncNode
-from mosaicd.experiments.cluster_async import run_cluster_async
+from mosaicd.experiments.cluster_async import AsyncCluster, run_cluster_async
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
 from mosaicd.settings import Settings
@@ -86,3 +87,44 @@ def test_a_replayed_or_misattributed_message_is_refused(tmp_path: Path) -> None:
     assert receiver.receive(body, 1) == ({"outcome": "taken"}, 200)
     answer, status = receiver.receive(body, 1)  # the same message again: refused, whatever the nonce
     assert status == 409 and answer["reason"] == "replayed_step"
+
+
+@pytest.mark.slow
+def test_a_node_killed_mid_run_costs_the_others_nothing(tmp_path: Path) -> None:
+    """Node 3 is SIGKILLed once it has trained a few iterations: the others finish at their pace, as without it."""
+    import json
+    import threading
+    import urllib.request
+
+    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    alike = run_cluster_async(Settings.load(**RUN, nodes=4, rounds=40, eval_every=10, node_profile=tmp_path / "p.toml",
+                                            out=tmp_path / "alike"), progress=False, timeout=120)["asynchronous"]
+    settings = Settings.load(**RUN, nodes=4, rounds=40, eval_every=10, node_profile=tmp_path / "p.toml",
+                             out=tmp_path / "killed")
+    cluster = AsyncCluster(settings, progress=False)
+    done: dict = {}
+    running = threading.Thread(target=lambda: done.update(cluster.run(120)))
+    running.start()
+    killed = False
+    for _ in range(600):
+        roster = tmp_path / "killed" / "roster.json"
+        if roster.exists() and "node-3" in cluster.processes.procs:
+            address = json.loads(roster.read_text())["addresses"][3]
+            try:
+                with urllib.request.urlopen(f"http://{address}/v1/status", timeout=1) as answer:
+                    steps = json.loads(answer.read())["steps"]
+            except OSError:
+                steps = 0
+            if steps >= 5:
+                cluster.processes.procs["node-3"].kill()
+                killed = True
+                break
+        time.sleep(0.05)
+    running.join(150)
+    assert killed and done["status"] == "finished" and done["dropped"] == [3], done
+    block = done["asynchronous"]
+    assert sorted(block["steps"]) == ["0", "1", "2"] and set(block["steps"].values()) == {40}
+    assert block["messages_unsent"] > 0  # what went to node 3 after it died
+    reference = sum(alike["steps_per_s"][str(i)] for i in range(3)) / 3
+    for i in range(3):
+        assert abs(block["steps_per_s"][str(i)] / reference - 1) < 0.2, (block, alike)

@@ -5,8 +5,9 @@ the roster (every node's address in rank order, a file the nodes read; each wait
 it trains). The end: each node reports (its `async.json` and final model, in OUT/nodes/<rank>) when it has done its
 --rounds iterations and sent its queue; the run ends when every node has, and this launcher evaluates the final
 models and writes summary.json (the models' hashes, the metrics, the `asynchronous` block: each node's steps,
-training time and step rate, and what it counted). A node process that dies fails the run (no rejoin yet). The
-secret is the cluster's (`run_secret.py`): every message is signed.
+training time and step rate, and what it counted). A node process that dies is left out (`dropped`): the others
+go on, never waiting for it, and the run ends when each of them has reported (no rejoin yet; --fail-fast fails the
+run instead). The secret is the cluster's (`run_secret.py`): every message is signed.
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ def async_deadline(settings: Settings) -> float:
 
 
 class AsyncCluster:
-    def __init__(self, settings: Settings, progress: bool = True) -> None:
-        self.settings, self.progress = settings, progress
+    def __init__(self, settings: Settings, progress: bool = True, fail_fast: bool = False) -> None:
+        """`fail_fast`: a node process that dies fails the run; by default the others go on without it, and the
+        run ends when every other node has reported."""
+        self.settings, self.progress, self.fail_fast = settings, progress, fail_fast
+        self.lost: list[int] = []  # the ranks whose process died before they reported
         self.out = Path(settings.out)
         self.processes = Processes(self.out)
         self.secret = RunSecret(settings)
@@ -85,18 +89,24 @@ class AsyncCluster:
         reports: dict[int, dict[str, Any]] = {}
         with ProgressPrinter(enabled=self.progress) as printer:
             printer.message(f"run folder {self.out}: {s.nodes} asynchronous nodes, {s.rounds} iterations each")
-            while len(reports) < s.nodes:
-                failed, _ = self.processes.failures()
-                if failed:
-                    name, code = next(iter(failed.items()))
-                    raise ClusterFailed(f"{name} exited with status {code}: "
-                                        f"{exit_reason(self.out, name, code, self.processes.said_by(name))} "
-                                        f"(see {self.out / 'logs' / name}.log)")
+            while len(reports) + len(self.lost) < s.nodes:
+                _, new = self.processes.failures()
+                for name in new:  # a node that dies costs the others nothing: they go on without it
+                    code = self.processes.dead[name]
+                    why = f"{name} exited with status {code}: " \
+                          f"{exit_reason(self.out, name, code, self.processes.said_by(name))} " \
+                          f"(see {self.out / 'logs' / name}.log)"
+                    if self.fail_fast:
+                        raise ClusterFailed(why)
+                    self.lost.append(int(name.removeprefix("node-")))
+                    printer.message(f"{why}; the others go on without it (--fail-fast to stop instead)", always=True)
+                if len(self.lost) == s.nodes:
+                    raise ClusterFailed(f"every node exited before its end; see {self.out / 'logs'}")
                 if time.monotonic() > deadline:
                     raise ClusterFailed(f"the run did not finish in {timeout:g} s: nodes "
-                                        f"{sorted(set(range(s.nodes)) - set(reports))} did not report; see "
-                                        f"{self.out / 'logs'}")
-                for rank in set(range(s.nodes)) - set(reports):
+                                        f"{sorted(set(range(s.nodes)) - set(reports) - set(self.lost))} did not "
+                                        f"report; see {self.out / 'logs'}")
+                for rank in set(range(s.nodes)) - set(reports) - set(self.lost):
                     path = self.out / "nodes" / str(rank) / REPORT
                     if path.exists():
                         reports[rank] = json.loads(path.read_text())
@@ -122,8 +132,8 @@ class AsyncCluster:
         s = self.settings
         run = s.run_config()
         task = build_task(run, s.data_dir)
-        vectors = {rank: np.load(self.out / "nodes" / str(rank) / MODEL) for rank in range(s.nodes)}
-        honest, says = honest_nodes(run, range(s.nodes))
+        vectors = {rank: np.load(self.out / "nodes" / str(rank) / MODEL) for rank in sorted(reports)}
+        honest, says = honest_nodes(run, sorted(reports))
         period = max(n["eval_period_s"] for n in reports.values())
         last = -1
         for k, models in enumerate(self._grid(vectors), start=1):  # rows as simulate's: `round` the iterations
@@ -135,7 +145,7 @@ class AsyncCluster:
         recorder.network_round(nominal, {**network_metrics(task, [vectors[i] for i in honest]),
                                          "nodes": honest, **says, "time_s": round(end, 6)}, time.time())
         per_node = {str(r): {k: v for k, v in reports[r].items() if k != "rank"} for r in sorted(reports)}
-        return recorder.finish(vectors, members=list(range(s.nodes)), dropped=[], events=[],
+        return recorder.finish(vectors, members=sorted(reports), dropped=sorted(self.lost), events=[],
                                asynchronous={"steps": {r: n["steps"] for r, n in per_node.items()},
                                              "elapsed_s": {r: n["elapsed_s"] for r, n in per_node.items()},
                                              "steps_per_s": {r: n["steps_per_s"] for r, n in per_node.items()},
@@ -151,7 +161,7 @@ class AsyncCluster:
 
 
 def run_cluster_async(settings: Settings, progress: bool = True, timeout: float | None = None, *,
-                      replace: bool = False) -> dict[str, Any]:
+                      replace: bool = False, fail_fast: bool = False) -> dict[str, Any]:
     """`run_cluster` for --sync async: summary.json's content. The folder is claimed as `run_cluster` claims it
     (`rundir.claim_out`); ClusterFailed where the run fails or the settings are not run yet (`refusal`)."""
     if (refused := refusal(settings)) is not None:
@@ -160,7 +170,7 @@ def run_cluster_async(settings: Settings, progress: bool = True, timeout: float 
     check_requirements(settings.task, settings.data_dir)  # before any folder is made or process starts
     out = claim_out(given, "cluster", replace=replace, run_id=settings.run_id)
     try:
-        return AsyncCluster(settings.model_copy(update={"out": out}), progress).run(timeout)
+        return AsyncCluster(settings.model_copy(update={"out": out}), progress, fail_fast).run(timeout)
     finally:
         release(out)
 
