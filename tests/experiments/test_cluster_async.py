@@ -60,10 +60,22 @@ def test_a_node_slowed_ten_times_does_not_slow_the_others(tmp_path: Path) -> Non
     assert slowed["steps_per_s"]["3"] < reference / 5  # and the slow node is slow
 
 
-def test_ad_psgd_and_resume_are_refused_in_the_daemons_naming_the_flag(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    for flags, said in ((["--exchange", "pairwise"], "--exchange pairwise: the daemons do not run AD-PSGD yet"),
-                        (["--resume"], "--resume: the asynchronous daemons save no checkpoint yet")):
+@pytest.mark.slow
+@pytest.mark.parametrize("secret", [True, False])
+def test_ad_psgd_runs_in_the_daemons_from_the_same_flag(tmp_path: Path, secret: bool) -> None:
+    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    summary = run_cluster_async(Settings.load(sync="async", task="quadratic", exchange="pairwise", nodes=4, rounds=15,
+                                              eval_every=5, insecure=not secret, node_profile=tmp_path / "p.toml",
+                                              out=tmp_path / "adpsgd"), progress=False, timeout=120)
+    block = summary["asynchronous"]
+    assert summary["status"] == "finished" and block["steps"] == {str(i): 15 for i in range(4)}
+    assert block["signed"] is secret and block["pairs_averaged"] >= 4 * 15  # each pair counts on both sides
+    assert block["replays_refused"] == 0 and summary["final"]["consensus_distance"] < 1.0
+
+
+def test_resume_is_refused_in_the_daemons_naming_the_flag(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    for flags, said in ((["--resume"], "--resume: the asynchronous daemons save no checkpoint yet"),):
         with pytest.raises(SystemExit) as stopped:
             main(["cluster", "--sync", "async", *flags, "--nodes", "3", "--out", str(tmp_path / "run")])
         err = capsys.readouterr().err

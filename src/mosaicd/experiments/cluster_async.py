@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from mosaicd.daemon.node.async_run import GRID, MODEL, PAIRWISE_REFUSAL, REPORT, ROSTER_ENV
+from mosaicd.daemon.node.async_run import GRID, MODEL, REPORT, ROSTER_ENV
 from mosaicd.experiments.cluster import POLL_S, ClusterFailed, free_ports, settings_env
 from mosaicd.experiments.processes import Processes, exit_reason
 from mosaicd.experiments.run_secret import RunSecret
@@ -156,6 +156,7 @@ class AsyncCluster:
                                              "replays_refused": sum(n["replays_refused"] for n in per_node.values()),
                                              "fragments_superseded": sum(n["fragments_superseded"]
                                                                          for n in per_node.values()),
+                                             "pairs_averaged": sum(n["averaged"] for n in per_node.values()),
                                              "fragments_stale": sum(n["fragments_stale"] for n in per_node.values())},
                                **robustness_summary(run))
 
@@ -177,8 +178,6 @@ def run_cluster_async(settings: Settings, progress: bool = True, timeout: float 
 
 def refusal(settings: Settings, resume: bool = False) -> str | None:
     """Why `cluster --sync async` cannot run these settings yet (one line naming the flag), or None."""
-    if str(settings.exchange) == "pairwise":
-        return PAIRWISE_REFUSAL
     if resume:
         return "--resume: the asynchronous daemons save no checkpoint yet: run it again from the start"
     return None

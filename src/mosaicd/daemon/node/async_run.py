@@ -8,7 +8,9 @@ things run at once on the event loop, none waiting for another node:
 - the sender: the node's link, as the simulator's: the oldest queued message goes (`state.next_send`), one at a
   time, paced by the profile's bandwidth and latency (`outbound.Link`), signed with the run's key, its step in the
   header's round; a message not taken (a peer down or finished) is dropped, never retried (a newer one follows);
-- POST /v1/fragments: decoded (`wire.decode`) and fed to `state.receive` with the sender the signature proved.
+- POST /v1/fragments: decoded (`wire.decode`) and fed to `state.receive` with the sender the signature proved;
+  POST /v1/pair (--exchange pairwise, AD-PSGD): a peer's whole model, averaged at once (`state.paired`) and the
+  average answered, which the asking node keeps too (`state.averaged`).
 
 Replays: the signature's nonce is taken once within its time window (`http.auth`), and beyond it a sender's message
 whose step is not newer than the newest taken from it is refused (409 `replayed_step`): a sender's messages to one
@@ -57,9 +59,8 @@ ROSTER_ENV = "MOSAICD_ASYNC_ROSTER"  # the launcher's roster file: {"addresses":
 REPORT = "async.json"
 MODEL = "model.npy"
 GRID = "grid.npz"  # the node's models on the time grid: steps done and model at each point
+PAIR_STEP, PAIR_SENDER = "X-Mosaic-Pair-Step", "X-Mosaic-Pair-Sender"  # a pair's step (also the signed round)
 LINGER_S = 600.0  # a finished node serves this long at most, waiting to be stopped
-PAIRWISE_REFUSAL = ("--exchange pairwise: the daemons do not run AD-PSGD yet (its pair is an atomic two-way "
-                    "exchange); `mosaicd simulate --sync async --exchange pairwise` runs it")
 
 
 class AsyncNode:
@@ -95,6 +96,15 @@ class AsyncNode:
             answer, status = self.receive(body, request.get(SENDER))
             return web.json_response(answer, status=status)
 
+        async def pair(request: web.Request) -> web.Response:
+            body = await read_body(request, 4 * self.state.vector.size)
+            said = request.headers.get(PAIR_SENDER, "")  # who it is, where no signature proves it (--insecure)
+            proved = request.get(SENDER, int(said) if self.keyring is None and said.isdigit() else None)
+            answer, status = self.pair(body, request.headers.get(PAIR_STEP, ""), proved)
+            if isinstance(answer, bytes):
+                return web.Response(body=answer, content_type="application/octet-stream")
+            return web.json_response(answer, status=status)
+
         async def status(request: web.Request) -> web.Response:
             s = self.state
             return web.json_response({"rank": self.rank, "phase": s.phase.value, "steps": s.step,
@@ -103,7 +113,8 @@ class AsyncNode:
 
         async def run_of(request: web.Request) -> str | None:
             return self.run.run_id
-        return member_app([web.post("/v1/fragments", fragments), web.get("/v1/status", status)],
+        return member_app([web.post("/v1/fragments", fragments), web.post("/v1/pair", pair),
+                           web.get("/v1/status", status)],
                           options=self.options, keyring=self.keyring, run_of=run_of, registry=self.metrics.registry,
                           limits=Limits(self.options, self.metrics.registry), max_body=self.options.max_body_bytes,
                           openapi=Path(__file__).parent / "openapi.json")
@@ -127,6 +138,26 @@ class AsyncNode:
         if outcome in (AsyncOutcome.TAKEN, AsyncOutcome.STALE):
             self._newest[batch.sender] = batch.round
         return {"outcome": outcome.value}, 200
+
+    def pair(self, body: bytes, step: str, proved: int | str | None) -> tuple[dict[str, Any] | bytes, int]:
+        """--exchange pairwise: a peer's whole model (float32, little-endian) of its step `step`; this node keeps
+        the pair's average and answers it (the peer keeps it too): (the average's bytes or a JSON refusal, status)."""
+        sender = -1 if proved is None else int(proved)
+        if sender == self.rank or sender not in range(self.run.nodes) or self.run.exchange is not Exchange.PAIRWISE:
+            return {"reason": "refused", "detail": "not a pair this node takes (its sender proved by its signature "
+                    "is no other member, or the run does not average pairwise)"}, 403
+        if len(body) != 4 * self.state.vector.size or not step.isdigit():
+            return {"reason": "malformed", "detail": f"expected {self.state.vector.size} float32 values and a "
+                    "step"}, 400
+        if int(step) <= self._newest.get(sender, -1):
+            self.replays += 1
+            return {"reason": "replayed_step", "detail": f"step {step} of node {sender} is not newer than its step "
+                    f"{self._newest[sender]} taken already"}, 409
+        self._newest[sender] = int(step)
+        average = self.state.paired(np.frombuffer(body, "<f4"), time.monotonic())
+        if average is None:
+            return {"reason": "finished", "detail": "this node has done its iterations: the pair does not happen"}, 409
+        return average.astype("<f4").tobytes(), 200
 
     # -- the node's own loop ---------------------------------------------------------------------------------
     async def train(self) -> None:
@@ -161,10 +192,19 @@ class AsyncNode:
                 continue
             if link is not None:
                 await link(message.nbytes)
-            url = f"http://{self.addresses[message.peer]}/v1/fragments"
+            route = "pair" if message.pair else "fragments"
+            url = f"http://{self.addresses[message.peer]}/v1/{route}"
             try:
-                await client.request("POST", url, data=tuple(encode_parts(message.batch)), round=message.step,
-                                     headers={"Content-Type": CONTENT_TYPE}, retries=0)
+                if message.pair:  # AD-PSGD: the peer answers the pair's average, which this node keeps too
+                    vector = np.asarray(message.batch.fragments[0], "<f4")
+                    _, average, _ = await client.request("POST", url, data=vector.tobytes(), round=message.step,
+                                                         headers={"Content-Type": "application/octet-stream",
+                                                                  PAIR_STEP: str(message.step),
+                                                                  PAIR_SENDER: str(self.rank)}, retries=0)
+                    self.state.averaged(np.frombuffer(average, "<f4").astype(np.float32), time.monotonic())
+                else:
+                    await client.request("POST", url, data=tuple(encode_parts(message.batch)), round=message.step,
+                                         headers={"Content-Type": CONTENT_TYPE}, retries=0)
                 self.sent += 1
             except (Refused, HttpError) as exc:
                 self.unsent += 1
@@ -193,7 +233,7 @@ class AsyncNode:
                 "sent": self.sent, "unsent": self.unsent, "replays_refused": self.replays,
                 "signed": self.keyring is not None, "eval_period_s": self.eval_period_s,
                 "fragments_superseded": s.queue.superseded, "fragments_stale": s.counts["stale"],
-                "refused": s.counts["refused"], "ignored": s.counts["ignored"]}
+                "refused": s.counts["refused"], "ignored": s.counts["ignored"], "averaged": s.counts["averaged"]}
 
 
 async def wait_for_peers(client: Client, addresses: list[str], rank: int, deadline_s: float) -> None:
@@ -217,8 +257,6 @@ async def run_async_node(settings: Settings, roster: Path) -> int:
     from mosaicd.learning.tasks import build_task
 
     run = settings.run_config()
-    if run.exchange is Exchange.PAIRWISE:
-        raise SystemExit(f"mosaicd node: error: {PAIRWISE_REFUSAL}")
     addresses = json.loads(roster.read_text())["addresses"]
     own = settings.advertise or f"{settings.host}:{settings.port}"
     rank = addresses.index(own)
