@@ -62,7 +62,8 @@ ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s",
                  "higher_is_better", "node_average_test_loss", "average_model_test_loss", "eval_samples",
                  "test_size", "nodes", "per_node", "reported",  # reported: a training loop's metrics, a JSON object
                  "virtual_s",  # simulate --node-profile: the virtual clock at the round's release (s since the start)
-                 "lost"]  # why the round's evaluation could not be had (a restart: its models were gone), else empty
+                 "lost",  # why the round's evaluation could not be had (a restart: its models were gone), else empty
+                 "time_s"]  # cluster --sync async: the point of the time grid (s of training since the start)
 # what np.load raises on a checkpoint (.npz: a node's or simulate's) that is cut short, damaged (a flipped bit: the
 # zip's CRC), empty or another file
 NPZ_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)

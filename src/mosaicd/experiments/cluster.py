@@ -297,6 +297,8 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
     go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints). `advise`: a run that
     stops says on stderr how to go on with it (`cluster_resume.next_step`); a sweep, which goes on its own way, says
     it instead."""
+    if str(settings.sync) == "async":  # before any folder is made
+        raise ClusterFailed("--sync async: experiments/cluster_async.py's run_cluster_async runs it")
     given = settings.out if "out" in settings.model_fields_set else None
     check_requirements(settings.task, settings.data_dir)  # before any folder is made or process starts
     out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)
