@@ -397,7 +397,9 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     run is recorded interrupted, not failed, and resumes from the nodes' checkpoints on their volume to its end. Each
     event costs at most one line on the console; every container ends 0; results are root's again after the
     kill; a barrier started again on the finished run refuses to wait."""
-    nodes, rounds, port = 16, 40, free_ports(1)[0]
+    # 80 rounds: the run must outlast the steps before the barrier's kill (docker commands at load 20+ took longer
+    # than 40 rounds once: the barrier was killed and started again on a finished run)
+    nodes, rounds, port = 16, 80, free_ports(1)[0]
     project = Project(compose, f"mosaictestday{os.getpid()}", "compose.yaml", environment(
         MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS=str(rounds),
         MOSAIC_EVAL_EVERY="10", MOSAIC_EXPECT_SETTLE="10", MOSAIC_BARRIER_LINGER="3", MOSAIC_ROUND_DEADLINE="60",
