@@ -78,6 +78,12 @@ class Lab:
         return self.kit.wait_until(lambda: (s := self.status()) and s["round"] >= round and s, timeout,
                                    f"the barrier at round {round}", interval=0.01)
 
+    def freeze(self, name: str, seconds: float) -> None:
+        """SIGSTOP process `name` for `seconds`, then SIGCONT."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+        time.sleep(seconds)
+        self.procs[name].send_signal(signal.SIGCONT)
+
     def summary(self, timeout: float = 120) -> dict:
         path = self.out / "summary.json"
         self.kit.wait_until(lambda: path.exists() and json.loads(path.read_text())["status"] != "running", timeout,
@@ -425,9 +431,7 @@ def test_frozen_node_resumed_within_the_round_costs_nothing(tmp_path: Path, kit:
     try:
         lab.start()
         lab.at_round(8)
-        lab.procs["node-3"].send_signal(signal.SIGSTOP)
-        time.sleep(3.0)
-        lab.procs["node-3"].send_signal(signal.SIGCONT)
+        lab.freeze("node-3", 3.0)
         summary = lab.summary()
         lab.exited_cleanly()
     finally:
@@ -660,9 +664,7 @@ def test_a_barrier_frozen_past_the_deadline_reads_the_arrivals_before_it_release
     try:
         lab.start()
         lab.at_round(8)
-        lab.procs["barrier"].send_signal(signal.SIGSTOP)
-        time.sleep(20.0)
-        lab.procs["barrier"].send_signal(signal.SIGCONT)
+        lab.freeze("barrier", 20.0)
         summary = lab.summary()
         lab.exited_cleanly()
     finally:
