@@ -314,7 +314,7 @@ SECRET_READERS = {"mosaicd.daemon.http.auth"}  # `load_secret`, the one reader o
 # where a role starts: the secret is resolved here once (`Secret.of`, `Secret.new`), then handed down
 SECRET_RESOLVERS = {
     "mosaicd.daemon.barrier.run", "mosaicd.daemon.node.peer", "mosaicd.daemon.embedded",
-    "mosaicd.experiments.run_secret"}
+    "mosaicd.experiments.run_secret", "mosaicd.daemon.node.async_run"}
 
 
 def test_a_secret_file_has_one_reader_and_each_entry_point_resolves_it_once() -> None:

@@ -22,6 +22,8 @@ from .barrier import (
     Left,
     Rebound,
     Roster,
+    RunTask,
+    TaskClaim,
     Withdrawal,
     resume_point,
 )
@@ -54,7 +56,8 @@ __all__ = [
     "NODE_COLUMNS", "NODE_TRANSITIONS", "SNAPSHOTS_KEPT", "Advance", "Aggregator", "Attack", "AttackKind",
     "BARRIER_TRANSITIONS", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome", "BarrierPhase",
     "BarrierPhases", "BarrierReason", "BarrierStateError", "CountRule", "Held", "STOP_HOLD_S", "resume_point",
-    "Failure", "Joined", "Left", "Rebound", "Registration", "ReleaseNotice", "Roster", "Withdrawal", "byzantine_ranks",
+    "Failure", "Joined", "Left", "Rebound", "Registration", "ReleaseNotice", "Roster", "RunTask", "TaskClaim",
+    "Withdrawal", "byzantine_ranks",
     "BarrierState", "CONTENT_TYPE", "Curvature", "EarlyMessage", "FragmentBatch", "Fragmentation", "InMemoryNetwork",
     "Layout", "MembershipError", "NodeInput", "NodeOutcome", "NodePhase", "NodeRefused", "NodeReport", "NodeState",
     "NodeStateError", "Sending",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,14 @@ def body_hasher() -> Any:
 def body_digest(body: bytes | bytearray | memoryview) -> str:
     """The hex digest (BLAKE3, 256 bits) a request signs its body with."""
     return blake3(body).hexdigest()
+
+
+def parts_digest(parts: Iterable[bytes | bytearray | memoryview]) -> str:
+    """`body_digest` of a body sent as pieces one after the other (the digest of them joined, without joining)."""
+    hasher = blake3()
+    for part in parts:
+        hasher.update(memoryview(part).cast("B"))
+    return hasher.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -39,14 +39,26 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from .barrier_rules import STOP_HOLD_S, CountRule, HeldStops, LayoutClaim, NodeCount, resume_point, too_few_reason
+from .barrier_rules import (
+    STOP_HOLD_S,
+    CountRule,
+    HeldStops,
+    LateClock,
+    LayoutClaim,
+    NodeCount,
+    RunTask,
+    TaskClaim,
+    resume_point,
+    too_few_reason,
+)
 from .membership import MembershipError, parse_address, rank_addresses
 from .messages import Release, ReleaseNotice
 from .report import NodeReport
 
 __all__ = ["BARRIER_TRANSITIONS", "STOP_HOLD_S", "BarrierDecision", "BarrierError", "BarrierInput", "BarrierOutcome",
            "BarrierPhase", "BarrierPhases", "BarrierReason", "BarrierState", "BarrierStateError", "CountRule",
-           "Failure", "Held", "Joined", "Left", "Member", "Rebound", "Release", "Roster", "Withdrawal", "resume_point"]
+           "Failure", "Held", "Joined", "Left", "Member", "Rebound", "Release", "Roster", "RunTask", "TaskClaim",
+           "Withdrawal", "resume_point"]
 
 
 class BarrierPhase(StrEnum):
@@ -200,6 +212,9 @@ class BarrierReason(StrEnum):
     BARRIER_STOPPING = "barrier_stopping"
     LEFT = "left"
     RUN_FAILED = "run_failed"
+    LAYOUT_CHANGED = "layout_changed"
+    TASK_DIFFERS = "task_differs"
+    NOT_FROM_MEMBER = "not_from_member"
 
 
 class BarrierError(Exception):
@@ -221,6 +236,7 @@ class Roster:
 
     addresses: tuple[str, ...]
     min_members: int
+    ran: dict[str, Any] = field(default_factory=dict)  # what the nodes said they run (`RunTask.ran`)
     journaled: ClassVar[bool] = True  # saved before anyone hears of it (`DecisionRunner.apply`)
 
 
@@ -332,13 +348,16 @@ class _Round:
 
     opened: float = 0.0
     arrivals: dict[int, tuple[float, NodeReport | None]] = field(default_factory=dict)
+    clock: LateClock = field(default_factory=LateClock)
+    resumed: bool = False  # reopened from the journal (`BarrierState.returned`)
 
 
 class BarrierState:
     def __init__(self, *, rounds: int, round_deadline: float, drop_after: int, expected: int = 0,
-                 kept: int = 3, min_members: int = 1, count_rule: CountRule | None = None) -> None:
-        """`min_members`: the fewest live members the run can go on with (fanout s needs s + 1; with fewer, it ends
-        at once, failed); `count_rule`: the node count is read as nodes register, taken once it holds still."""
+                 kept: int = 3, min_members: int = 1, count_rule: CountRule | None = None,
+                 task: RunTask | None = None) -> None:
+        """`min_members`: the fewest live members the run can go on with (fanout s needs s + 1; fewer: it fails);
+        `count_rule`: the node count, taken once it holds still; `task`: what it runs (each registration must fit)."""
         self.rounds, self.round_deadline, self.drop_after, self.kept = rounds, round_deadline, drop_after, kept
         self.min_members, self.expected = min_members, expected
         self.phases = BarrierPhases()  # the phase and its table, apart from the roster and rounds below
@@ -362,10 +381,9 @@ class BarrierState:
         self._count = NodeCount(count_rule) if count_rule is not None else None  # read as nodes register
         self.held = HeldStops()  # the leaves of members told to stop (`stop`), until `held.until`
         self._layout = LayoutClaim()  # the model every member must build
+        self.task = task or RunTask("", own_loop=False, evaluates=False)
 
-    @property
-    def phase(self) -> BarrierPhase:
-        return self.phases.phase
+    phase = property(lambda self: self.phases.phase, doc="the barrier's phase (`BarrierPhases`)")
 
     # -- registration ------------------------------------------------------------------------------
     @property
@@ -389,9 +407,8 @@ class BarrierState:
         return None
 
     def withdraw(self, address: str, reason: str = "") -> Withdrawal | None:
-        """A node that registered withdraws before the roster is made (it was told to stop): the roster is made
-        without it. None where there is nothing to withdraw: it never registered, or the roster is made (it is a
-        member then, and leaves as one)."""
+        """A node that registered withdraws before the roster is made (told to stop): the roster is made without it.
+        None where there is nothing to withdraw: it never registered, or the roster is made (it leaves, a member)."""
         if not self.phases.allows(In.WITHDRAW) or address not in self.pending:
             return None
         self.phases.fire(In.WITHDRAW, Out.NOTED)
@@ -413,7 +430,7 @@ class BarrierState:
         self.members = {r: Member(a, last_contact=now) for r, a in enumerate(self.addresses)}
         self.live = list(self.members)
         self._open = _Round(opened=now)
-        return Roster(self.addresses, self.min_members)
+        return Roster(self.addresses, self.min_members, self.task.ran())
 
     def rebind(self, rank: int, address: str, now: float) -> Rebound:
         """A member of a resumed run started again at another address: it keeps its rank (ranks never move). Once
@@ -433,8 +450,8 @@ class BarrierState:
 
     def join(self, address: str, now: float, allow_new: bool = False) -> Joined:
         """A member that lost its round (it restarted) or, with `allow_new`, a new node: its rank, and the release if
-        nobody else is awaited now. It sits out the open round (nobody waits for it there) and is a member again from
-        the next round on. New nodes get the next free rank, so no member's rank moves."""
+        nobody else is awaited now. It sits out the open round and is a member again from the next round on; new
+        nodes get the next free rank, so no member's rank moves."""
         _checked(address)
         if not self.phases.allows(In.JOIN) or self.round + 1 >= self.rounds:
             raise BarrierError(BarrierReason.RUN_NOT_JOINABLE, f"the run is {self.phase.value}, at round {self.round} "
@@ -486,8 +503,7 @@ class BarrierState:
         return self._stopped(self.held.interruption(len(self.addresses)))
 
     def _stopped(self, why: tuple[str, tuple[int, ...]] | None) -> Failure | None:
-        if why is not None:
-            self.failure = why[0]
+        self.failure = why[0] if why is not None else self.failure
         return Failure(why[0], self.round, stopped=why[1]) if why is not None else None
 
     def leave_held(self, now: float) -> Left | None:
@@ -497,9 +513,15 @@ class BarrierState:
                 return self.leave(due[0], now, due[1])
         return None
 
-    def returned(self, address: str) -> None:
-        """`address` registers again: a member told to stop that is back already does not leave."""
-        self.held.drop(self.addresses.index(address) if address in self.addresses else -1)
+    def returned(self, address: str, restarted: bool = False) -> tuple[int, ...] | None:
+        """`address` registers again: a member told to stop that is back does not leave; one `restarted` as a resumed
+        run's first word stopped with the barrier (a full disk) as all did: all awaited back (returned; `rebind`)."""
+        self.held.drop(rank := self.addresses.index(address) if address in self.addresses else -1)
+        if not (restarted and _untouched(self, rank) and self.phases.allows(In.RESTART)):
+            return None
+        self.phases.fire(In.RESTART, Out.AWAITING)
+        self.awaited = set(self.live) | set(self.joining)
+        return tuple(sorted(self.awaited))
 
     def leave(self, rank: int, now: float, reason: str = "") -> Left:
         """`rank` leaves the run (it was told to stop, or it failed): nobody waits for it from now on and it is
@@ -523,8 +545,8 @@ class BarrierState:
     # -- rounds ------------------------------------------------------------------------------------
     @property
     def deadline(self) -> float | None:
-        """When the open round is released whoever has arrived."""
-        return self._open.opened + self.round_deadline if self.phases.running else None
+        """When the open round is released whoever has arrived (a little later where the clock came late: `tick`)."""
+        return self._open.clock.deadline(self._open.opened + self.round_deadline) if self.phases.running else None
 
     def arrive(self, rank: int, round: int, now: float, report: NodeReport | None = None) -> Release | None:
         """`rank` is done sending `round`; the release if this arrival completes the round. An arrival at a round
@@ -546,14 +568,14 @@ class BarrierState:
         """Raise the BarrierError that an arrival of `rank` at `round` would get now (changes nothing)."""
         _check_arrival(self, rank, round)
 
-    def claim_layout(self, rank: int, claim: tuple[int, str] | None) -> str | None:
-        """Why `rank`'s claimed layout (values, fingerprint) cannot take part in the run (it ends then: `end`)."""
-        return self._layout.differs(rank, claim)
+    def claim_layout(self, rank: int, claim: tuple[int, str] | None, round: int | None = None) -> str | None:
+        """Why `rank`'s claimed layout (values, fingerprint) cannot take part in the run (it ends then: `end`); a
+        stale `round` claims nothing, a changed claim is not that member's (BarrierError layout_changed)."""
+        return _layout_claimed(self._layout, rank, claim, round is not None and round < self.round)
 
-    def tick(self, now: float) -> Release | None:
-        """The clock moved: the release if the open round's deadline has passed."""
-        deadline = self.deadline
-        if deadline is None or now < deadline:
+    def tick(self, now: float, due: float | None = None) -> Release | None:
+        """The clock moved: the release if the open round's deadline passed (`due`: the timer's; late: `LateClock`)."""
+        if (deadline := self.deadline) is None or now < deadline or self._open.clock.woke_late(now, due):
             return None
         release, outcome = self._release(now)
         self.phases.fire(In.TICK, outcome)
@@ -563,11 +585,7 @@ class BarrierState:
         """Release the open round: the release, and how it moves the phase (the caller's input fires it, once)."""
         t, arrivals = self.round, self._open.arrivals
         stragglers = tuple(r for r in self.live if r not in arrivals)
-        newly = []
-        for r in stragglers:
-            self.members[r].missed += 1
-            if self.members[r].missed >= self.drop_after:
-                newly.append(r)
+        newly = _missed([self.members[r] for r in stragglers], stragglers, self.drop_after)
         self.dropped += newly
         self._gone.update(newly)
         joined = tuple(sorted(self.joining))
@@ -581,8 +599,7 @@ class BarrierState:
         if stragglers or joined or left:
             self.events.append(release)
         self.closed[t] = {r: (now - at, report) for r, (at, report) in sorted(arrivals.items())}
-        self.released.pop(t - self.kept, None)
-        self.closed.pop(t - self.kept, None)
+        self.released.pop(t - self.kept, None), self.closed.pop(t - self.kept, None)
         self.round = t + 1
         self._open = _Round(opened=now)
         if too_few and (t < self.rounds or not self.live):
@@ -628,7 +645,7 @@ class BarrierState:
         state._gone = set(state.dropped) | set(state.left)
         state.released = {r["round"]: Release.from_json(r) for r in data["released"]}
         state.events = [Release.from_json(e) for e in data["events"]]
-        state._open = _Round(opened=now)
+        state._open = _Round(opened=now, resumed=True)
         awaited = set(state.live) | set(state.joining)
         if rebind and awaited and state.phases.allows(In.RESTART):
             state.phases.fire(In.RESTART, Out.AWAITING)
@@ -679,6 +696,28 @@ def _check_arrival(state: BarrierState, rank: int, round: int) -> None:
     if round < state.round and round not in state.released:
         raise BarrierError(BarrierReason.STALE_ROUND,
                            f"round {round} was released long ago (the barrier is at {state.round})")
+
+
+def _layout_claimed(layout: LayoutClaim, rank: int, claim: tuple[int, str] | None, stale: bool) -> str | None:
+    """`BarrierState.claim_layout`: a `stale` arrival claims nothing; a changed claim is refused alone."""
+    if stale:
+        return None
+    if (changed := layout.changed(rank, claim)) is not None:
+        raise BarrierError(BarrierReason.LAYOUT_CHANGED, changed)
+    return layout.differs(rank, claim)
+
+
+def _missed(members: list[Member], ranks: tuple[int, ...], drop_after: int) -> list[int]:
+    """The stragglers `ranks` (`members`) missed one more round: those that missed `drop_after` in a row."""
+    for member in members:
+        member.missed += 1
+    return [r for r, m in zip(ranks, members, strict=True) if m.missed >= drop_after]
+
+
+def _untouched(state: BarrierState, rank: int) -> bool:
+    """`rank` is a live member of a resumed run's reopened round, and no member was heard from since it reopened."""
+    return state._open.resumed and rank in (*state.live, *state.joining) and \
+        all(m.last_contact <= state._open.opened for m in state.members.values())
 
 
 def _checked(address: str) -> None:

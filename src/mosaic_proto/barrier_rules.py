@@ -9,11 +9,36 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["STOP_HOLD_S", "CountRule", "HeldStops", "LayoutClaim", "NodeCount", "resume_point", "too_few_reason"]
+__all__ = ["LATE_GRACE_S", "LATE_TICK_S", "STOP_HOLD_S", "CountRule", "HeldStops", "LateClock", "LayoutClaim",
+           "NodeCount", "RunTask", "TaskClaim", "resume_point", "too_few_reason"]
+
+OWN_LOOP = "own loop"  # what an own loop's run is called where it gives no name
 
 # a member told to stop (a signal) has its leave held until no member was told to stop for this long: longer than the
 # spread of the signals of one `docker compose down`, short for one `docker stop`
 STOP_HOLD_S = 3.0
+LATE_TICK_S = 1.0  # a deadline's timer taken this much later than due: the barrier was frozen (`LateClock`)
+LATE_GRACE_S = 1.0  # ... and then reads what arrived meanwhile for this long before it releases the round
+
+
+class LateClock:
+    """The open round's deadline where the clock came to it late: a barrier frozen past it (SIGSTOP, a suspended
+    host) reads the arrivals sent meanwhile, still unread, before it releases the round (`LATE_GRACE_S` after it
+    woke, or with the last arrival), so that its freeze makes nobody a straggler."""
+
+    def __init__(self) -> None:
+        self.woke: float | None = None  # when the clock came late to the deadline
+
+    def deadline(self, due: float) -> float:
+        """The deadline `due`, or the grace after a late wake."""
+        return due if self.woke is None else max(due, self.woke + LATE_GRACE_S)
+
+    def woke_late(self, now: float, fired: float | None) -> bool:
+        """The timer due at `fired` is taken at `now`: whether it is more than `LATE_TICK_S` late (the first time)."""
+        if self.woke is not None or fired is None or now - fired <= LATE_TICK_S:
+            return False
+        self.woke = now
+        return True
 
 
 @dataclass(frozen=True)
@@ -111,10 +136,13 @@ class HeldStops:
 
 
 class LayoutClaim:
-    """Every member must build the same model: the layout the first arrival claimed (rank, values, fingerprint)."""
+    """Every member must build the same model: the layout the first arrival claimed (rank, values, fingerprint), and
+    the ranks whose claim matched it. A member's model never changes, so a rank that claimed the run's layout and
+    then another is not that member speaking (an unsigned request under --insecure): refused, blaming nobody."""
 
     def __init__(self) -> None:
         self.first: tuple[int, int, str] | None = None
+        self.matched: set[int] = set()
 
     def differs(self, rank: int, claim: tuple[int, str] | None) -> str | None:
         """Why `rank`'s layout (values, fingerprint; None: it claims none) cannot take part in the run, or None."""
@@ -122,14 +150,89 @@ class LayoutClaim:
             return None
         if self.first is None:
             self.first = (rank, *claim)
+            self.matched.add(rank)
             return None
         first, values, fingerprint = self.first
         if claim[1] == fingerprint:
+            self.matched.add(rank)
             return None
         how = (f"a model of {claim[0]} values, rank {first}'s of {values}" if claim[0] != values else
                f"the same {values} values as rank {first}, in another layout (tensor names or shapes)")
         return (f"the members build different models: rank {rank} fragments {how} (fingerprints {claim[1][:12]} and "
                 f"{fingerprint[:12]}); every member must build the same model")
+
+    def changed(self, rank: int, claim: tuple[int, str] | None) -> str | None:
+        """Why `rank`'s request is not that member's: it claimed the run's layout before and another now (refuse the
+        request alone, fail nothing, blame no rank), or None."""
+        if claim is None or self.first is None or rank not in self.matched or claim[1] == self.first[2]:
+            return None
+        return (f"rank {rank} claimed the run's layout before: this arrival's is another, so it is not that "
+                "member's (refused; the run goes on)")
+
+
+@dataclass(frozen=True)
+class TaskClaim:
+    """What a node says it runs when it registers: a training loop of its own (`own_loop`, called `name`), or the run's
+    task, which the node daemon builds from the run the barrier hands out (`name` empty); `values`: its model's size,
+    where it knows it then (an own loop's `Peer` given its model)."""
+
+    own_loop: bool
+    name: str = ""
+    values: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"own_loop": self.own_loop, "name": self.name, "values": self.values}
+
+    @classmethod
+    def from_json(cls, data: Any) -> TaskClaim:
+        """A registration's "task"; ValueError naming what is wrong."""
+        if not isinstance(data, dict) or not isinstance(data.get("own_loop"), bool) \
+                or not isinstance(data.get("name", ""), str) or len(data.get("name", "")) > 200 \
+                or not (data.get("values") is None or type(data["values"]) is int and 0 < data["values"] < 2**63):
+            raise ValueError("field 'task' must be {\"own_loop\": a boolean, \"name\": a string of at most 200 "
+                             "characters, \"values\": a positive integer or null}")
+        return cls(data["own_loop"], data.get("name", ""), data.get("values"))
+
+    @property
+    def said(self) -> str:
+        return (f"a training loop of its own ({self.name or OWN_LOOP}" + (f", a model of {self.values} values)"
+                if self.values else ")")) if self.own_loop else "the run's task (mosaicd node)"
+
+
+class RunTask:
+    """The task a barrier runs (`name`; `own_loop`: its nodes' own loops), whether it evaluates the average model with
+    it (`evaluates`) and that model's size where it knows it (`values`: the quadratic task's dim). A node that runs
+    something else is refused at its registration, naming the barrier's flag that would fit, and what the nodes said
+    they run is what the run records (`claimed`)."""
+
+    def __init__(self, name: str, own_loop: bool, evaluates: bool, values: int | None = None) -> None:
+        self.name, self.own_loop, self.evaluates, self.values = name, own_loop, evaluates, values
+        self.claimed: TaskClaim | None = None  # the first registration's (None: it said nothing, an older node)
+
+    def differs(self, address: str, claim: TaskClaim | None) -> str | None:
+        """Why the node at `address`, which runs `claim` (None: an older node, which says nothing), cannot take part in
+        this barrier's run, or None (and the claim is kept, the first one, as what ran)."""
+        if claim is None:
+            return None
+        why = None
+        if self.own_loop and not claim.own_loop:
+            why = (f"{address} runs the run's task (mosaicd node), but this barrier was started --own-loop (its nodes "
+                   f"are training loops of their own): start the barrier with --task NAME, the task to run, instead")
+        elif not self.own_loop and claim.own_loop and self.evaluates and (claim.values is None
+                                                                           or claim.values != self.values):
+            size = f"a model of {self.values} values" if self.values else "its model"
+            why = (f"{address} is {claim.said}, but this barrier runs --task {self.name} and would evaluate the "
+                   f"average model with it ({size}): start the barrier with --own-loop (--task NAME names the loop)")
+        if why is None and self.claimed is None:
+            self.claimed = claim
+        return why
+
+    def ran(self) -> dict[str, Any]:
+        """What the run records it ran where that is not what the barrier was started for (its settings): the nodes'
+        own loops, at a barrier that does not evaluate with its task."""
+        if self.claimed is not None and self.claimed.own_loop and not self.own_loop and not self.evaluates:
+            return {"own_loop": True, "task": self.claimed.name or OWN_LOOP}
+        return {}
 
 
 def resume_point(kept: Iterable[dict[str, Any]], held: Mapping[int, Collection[int]]) -> tuple[int, set[int]] | None:

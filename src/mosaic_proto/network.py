@@ -29,10 +29,26 @@ _NONE_JOINED: Mapping[int, str] = {}  # in memory, nobody joins a run
 TrainFn = Callable[[int, int, np.ndarray], tuple[np.ndarray, float]]
 
 
-def consensus_distance(vectors: np.ndarray) -> float:
-    """Mean over nodes of ||x_i - mean_j x_j|| (the spec's metric)."""
-    v = np.asarray(vectors, dtype=np.float64)
-    return float(np.linalg.norm(v - v.mean(axis=0), axis=1).mean())
+def consensus_distance(vectors: np.ndarray | Sequence[np.ndarray]) -> float:
+    """Mean over nodes of ||x_i - mean_j x_j|| (the spec's metric).
+
+    Row by row, with the float64 operations of `norm(v - v.mean(axis=0), axis=1).mean()` over the stack in float64
+    (the rows added in order, each row's squares summed pairwise: the same value to the bit), holding two float64
+    rows instead of n (the barrier's final collection of a large model; bench/README.md, Speed 5)."""
+    rows = list(vectors)
+    if not rows:
+        raise ValueError("consensus_distance of no vectors")
+    mean = np.array(rows[0], dtype=np.float64)
+    for row in rows[1:]:
+        np.add(mean, row, out=mean, dtype=np.float64)
+    np.divide(mean, len(rows), out=mean)
+    gap = np.empty_like(mean)
+    norms = np.empty(len(rows), dtype=np.float64)
+    for i, row in enumerate(rows):
+        np.subtract(row, mean, out=gap, dtype=np.float64)
+        np.multiply(gap, gap, out=gap)
+        norms[i] = np.sqrt(np.add.reduce(gap))
+    return float(norms.mean())
 
 
 def consensus_error(vectors: np.ndarray) -> float:

@@ -5,7 +5,7 @@ The daemon (or the in-memory network) feeds it bytes and gets bytes and decision
     state = RoundState(node=3, round=t, members=[...], fragmentation=C, sampler=S, run_id="r")
     state.receive(data)                 # any time during the round: accept, buffer (later round) or WireError
     for msg in state.outgoing(x_half):  # after local training: one message per receiving peer
-        send(msg.peer, msg.payload)
+        send(msg.peer, msg.payload)     # or msg.body.parts, written one after the other (no copy)
     outcome = state.finish()            # after the barrier: new vector, report, and the buffered messages
     next_state = RoundState(..., round=t + 1, early=outcome.early)
 """
@@ -25,7 +25,7 @@ from .compression import Compressed, Compression, Compressor
 from .fragmentation import Fragmentation
 from .robust import Aggregator
 from .sampling import PeerSampler
-from .wire import DEFAULT_MAX_BYTES, FragmentBatch, Reason, WireError, decode, encode
+from .wire import DEFAULT_MAX_BYTES, FragmentBatch, Reason, WireError, decode, encode_parts
 
 DEFAULT_WINDOW = 2
 
@@ -35,12 +35,42 @@ class Receipt(StrEnum):
     BUFFERED = "buffered"
 
 
+class Payload:
+    """One encoded message as `wire.encode_parts` gives it: its framing and views of the fragments' values, which a
+    transport writes one after the other (no copy of the values); `joined` is its bytes in one buffer, made once
+    and only when asked for. Peers sent the same fragments share one."""
+
+    __slots__ = ("parts", "nbytes", "_joined")
+
+    def __init__(self, parts: Iterable[bytes | memoryview]) -> None:
+        self.parts = tuple(parts)
+        self.nbytes = sum(memoryview(part).nbytes for part in self.parts)
+        self._joined: bytes | None = None
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def joined(self) -> bytes:
+        if self._joined is None:
+            self._joined = b"".join(self.parts)
+        return self._joined
+
+
 @dataclass(frozen=True)
 class OutgoingMessage:
     peer: int
     fragments: tuple[int, ...]
-    payload: bytes
+    body: Payload
     raw_bytes: int = 0  # the fragments' float32 bytes before compression (4 per coordinate)
+
+    @property
+    def payload(self) -> bytes:
+        """The message's bytes, as `wire.encode` writes them (joined once per `Payload`)."""
+        return self.body.joined()
+
+    @property
+    def nbytes(self) -> int:
+        return self.body.nbytes
 
 
 @dataclass(frozen=True)
@@ -80,14 +110,14 @@ class Traffic:
     def sending(self, messages: Sequence[OutgoingMessage]) -> None:
         self.messages_out = len(messages)
         self.fragments_out = sum(len(m.fragments) for m in messages)
-        self.bytes_out = sum(len(m.payload) for m in messages)
+        self.bytes_out = sum(m.nbytes for m in messages)
         self.raw_bytes_out = sum(m.raw_bytes for m in messages)
 
     def unsent(self, message: OutgoingMessage) -> None:
         """The transport gave up on `message`: it counts as unsent, not sent."""
         self.messages_out -= 1
         self.fragments_out -= len(message.fragments)
-        self.bytes_out -= len(message.payload)
+        self.bytes_out -= message.nbytes
         self.raw_bytes_out -= message.raw_bytes
         self.fragments_unsent += len(message.fragments)
 
@@ -253,9 +283,9 @@ class RoundState:
         for peer, frags in self.sampler.planned(self.round, self.node, self.fragmentation.k, self.members).items():
             payload = payloads.get(frags)
             if payload is None:
-                payload = payloads[frags] = encode(FragmentBatch(
+                payload = payloads[frags] = Payload(encode_parts(FragmentBatch(
                     self.run_id, self.round, self.node, self.fragmentation.k, self.fragmentation.fingerprint,
-                    {f: sent[f] for f in frags}, codec))
+                    {f: sent[f] for f in frags}, codec)))
             messages.append(OutgoingMessage(peer, tuple(frags), payload, 4 * sum(sizes[f] for f in frags)))
         self.report.sending(messages)
         return messages

@@ -8,7 +8,8 @@ A run with `--compress` names its codec in "dtype" and sends each fragment as th
 (float32)], "topk" [index, 85(float32 LE values), 70(uint32 LE indices, ascending)]. A receiver takes only its
 run's codec; dense codecs decode to float32 fragments, topk to a `Compressed` (the coordinates it carries).
 
-Encoding writes the CBOR framing by hand around the fragments' own buffers (one copy into the message): canonical
+Encoding writes the CBOR framing by hand around the fragments' own buffers (`encode_parts`: the pieces, the
+values not copied; `encode`: them joined, one copy into the message): canonical
 CBOR (shortest heads, definite lengths), the keys in the order above. Decoding trusts nothing, raises only
 `WireError`, and reads exactly what `encode` writes (`_Reader`), no other CBOR: it stops at the first byte that
 departs from the message's shape. A value of another type or out of range gets its field's reason; what CBOR
@@ -146,6 +147,12 @@ def _framing(run_id: str, k: int, fingerprint: bytes, dtype: str = DTYPE) -> tup
 
 
 def encode(batch: FragmentBatch) -> bytes:
+    return b"".join(encode_parts(batch))
+
+
+def encode_parts(batch: FragmentBatch) -> list[bytes | memoryview]:
+    """`encode`'s bytes as the pieces they are written from, in order: the framing (`bytes`) and each fragment's
+    values (a view of its array, not copied), for a transport that writes them one after the other."""
     dtype = CODEC_DTYPE[batch.codec]
     if type(batch.run_id) is str and type(batch.k) is int and type(batch.fingerprint) is bytes:
         before_round, sender_key, after_sender = _framing(batch.run_id, batch.k, batch.fingerprint, dtype)
@@ -162,7 +169,7 @@ def encode(batch: FragmentBatch) -> bytes:
         for index in sorted(batch.fragments):
             values = np.ascontiguousarray(batch.fragments[index], dtype=DTYPE)
             parts += [b"\x82", _head(0, index), b"\xd8\x55", _head(2, values.nbytes), memoryview(values).cast("B")]
-        return b"".join(parts)
+        return parts
     tag = _head(6, _CODEC_TAG[batch.codec])
     for index in sorted(batch.fragments):
         message = batch.fragments[index]
@@ -177,7 +184,7 @@ def encode(batch: FragmentBatch) -> bytes:
             assert message.indices is not None
             indices = np.ascontiguousarray(message.indices, dtype="<u4")
             parts += [_head(6, TAG_UINT32_LE), _head(2, indices.nbytes), memoryview(indices).cast("B")]
-    return b"".join(parts)
+    return parts
 
 
 def encoded_sizes(run_id: str, round: int, k: int, fingerprint: bytes, senders: Sequence[int],

@@ -293,9 +293,14 @@ def _main(argv: list[str] | None) -> None:
         if settings.own_loop and args.command != "barrier":
             raise SettingsError("--own-loop: the nodes of an own loop's run are mosaicd.Peer in your program; "
                                 "`mosaicd barrier --own-loop` serves its barrier")
-        if args.command != "simulate" and str(settings.sync) != "barrier":  # from --config: the flag is simulate's
-            raise SettingsError(f"--sync {settings.sync}: only `mosaicd simulate` runs asynchronously so far; the "
-                                "daemons run --sync barrier")
+        if args.command not in ("simulate", "cluster") and str(settings.sync) != "barrier":  # from --config
+            raise SettingsError(f"--sync {settings.sync}: only `mosaicd simulate` and `mosaicd cluster` run "
+                                "asynchronously so far; `mosaicd node` and `barrier` run --sync barrier")
+        if args.command == "cluster" and str(settings.sync) == "async":
+            from mosaicd.experiments.cluster_async import refusal
+
+            if (refused := refusal(settings, resume=args.resume)) is not None:
+                raise SettingsError(refused)
         if args.command != "node" or settings.barrier_url is None:  # a node of a barrier takes the barrier's task
             from mosaicd.learning.tasks import check_task
 
@@ -306,8 +311,8 @@ def _main(argv: list[str] | None) -> None:
     from mosaicd.logs import configure_logging, json_logs
 
     level = settings.log_level
-    if args.command == "barrier" and not json_logs(settings.log_json) and level in ("debug", "info"):
-        level = "warning"  # its console says what happens (daemon/barrier/console.py); the log only what goes wrong
+    if args.command in ("barrier", "node") and not json_logs(settings.log_json) and level in ("debug", "info"):
+        level = "warning"  # its console says what happens (barrier/ and node/console.py); the log, what goes wrong
     configure_logging(level, settings.log_json, log_files(args.command, settings))
     task = checked if args.command == "simulate" else None  # other commands' processes build their own
     del checked
@@ -398,6 +403,16 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
         import signal
 
         signal.signal(signal.SIGTERM, _interrupt)  # ends as Ctrl-C does: a failed summary, a resumable folder
+    if args.command == "cluster" and str(settings.sync) == "async":
+        from mosaicd.experiments.cluster import ClusterFailed
+        from mosaicd.experiments.cluster_async import run_cluster_async
+        try:
+            _print_final(run_cluster_async(settings, progress=not args.quiet, replace=settings.replace,
+                                           fail_fast=args.fail_fast))
+        except ClusterFailed as exc:
+            print(f"mosaicd cluster: error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if args.command == "cluster":
         from mosaicd.experiments.cluster import ClusterFailed, run_cluster
         try:

@@ -61,10 +61,15 @@ SUMMARY_KEYS = ("metric", *NETWORK_METRICS, "train_loss")  # what a person reads
 ROUND_COLUMNS = ["round", "metric", *NETWORK_METRICS, "train_loss", "elapsed_s",  # the first eight: as before
                  "higher_is_better", "node_average_test_loss", "average_model_test_loss", "eval_samples",
                  "test_size", "nodes", "per_node", "reported",  # reported: a training loop's metrics, a JSON object
-                 "virtual_s"]  # simulate --node-profile: the virtual clock at the round's release (s since the start)
+                 "virtual_s",  # simulate --node-profile: the virtual clock at the round's release (s since the start)
+                 "lost",  # why the round's evaluation could not be had (a restart: its models were gone), else empty
+                 "time_s"]  # cluster --sync async: the point of the time grid (s of training since the start)
 # what np.load raises on a checkpoint (.npz: a node's or simulate's) that is cut short, damaged (a flipped bit: the
 # zip's CRC), empty or another file
 NPZ_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+# summary.json's "mode" of a barrier that a launcher started, where it says so (`mosaicd cluster`: "cluster"); a
+# barrier started by hand, or a peer list's rank 0, records "barrier" (docs/reference/outputs.md)
+MODE_ENV = "MOSAICD_MODE"
 ROWS_KEPT = 2000          # evaluation rows a recorder keeps in memory (for /v1/history and the dashboard)
 SUMMARY_EVERY_S = 2.0     # between evaluations, summary.json's progress is refreshed at most this often
 LISTED_NODES = 1_000      # summary.json lists each node (its model hash, the newest row's metric, the roster) up to
@@ -361,6 +366,12 @@ class RunRecorder:
         self.trackers.round(round, row)
         self._running()  # a crash loses at most this round's summary
         return row
+
+    def lost_round(self, round: int, reason: str) -> None:
+        """An evaluation round whose models could not be had (a restart): its row, in round order, says why and has
+        no metrics (`lost`); the newest evaluation stays the one before."""
+        with open(self.out / "rounds.csv", "a", newline="") as f:
+            csv.writer(f).writerow([_cell({"round": round, "lost": reason}.get(c)) for c in self.round_columns])
 
     def _base(self, status: str) -> dict[str, Any]:
         return {"mode": self.mode, "status": status, "settings": self.settings,

@@ -4,8 +4,11 @@ from the same run the same way, so that a rank is the same node in both."""
 
 from __future__ import annotations
 
-from mosaic_proto import Aggregator, Attack
+from typing import Any
+
+from mosaic_proto import Aggregator, Attack, Fragmentation, PeerSampler
 from mosaic_proto import byzantine_ranks as _drawn_ranks
+from mosaic_proto.async_node import AsyncNodeState, Exchange
 from mosaic_proto.compression import Compression, Compressor
 from mosaic_proto.profiles import NodeProfile, NodeProfiles
 from mosaicd.settings import RunConfig
@@ -42,3 +45,15 @@ def node_profiles(run: RunConfig) -> tuple[NodeProfile, ...] | None:
     """Each rank's profile (draws from --seed), the same on every node and in simulate; None without one."""
     spec = profile_spec(run)
     return None if spec is None else spec.resolve(run.seed, run.nodes)
+
+
+def async_node_state(run: RunConfig, task: Any, rank: int, planned_only: bool = True) -> AsyncNodeState:
+    """Node `rank`'s state at the start of an asynchronous run, the same in `simulate --sync async` and in the
+    daemons (pairwise: one fragment, a sampler of fanout 1). `planned_only`: refuse what the sender's plan does not
+    send here (the daemons; the simulator's messages are all honest)."""
+    pairwise = run.exchange is Exchange.PAIRWISE
+    fragmentation = Fragmentation.build(task.layout, 1 if pairwise else run.fragments, run.seed, run.strategy)
+    sampler = PeerSampler("local", 1, run.seed) if pairwise else PeerSampler(run.sampler, run.fanout, run.seed)
+    return AsyncNodeState(rank, tuple(range(run.nodes)), fragmentation, sampler, run.rounds, task.initial(rank),
+                          run_id=run.run_id, exchange=run.exchange, aggregator=aggregator_rule(run),
+                          compressor=compressor_of(run, rank), attack=attack_of(run, rank), planned_only=planned_only)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -195,3 +196,70 @@ def test_slow_connects_are_logged(capsys: pytest.CaptureFixture[str]) -> None:
     assert SlowConnects.seen == before
     SlowConnects()("127.0.0.1:1", SlowConnects.SLOW_CONNECT_S + 1)
     assert SlowConnects.seen == before + 1
+
+
+async def test_a_body_in_pieces_arrives_as_them_joined_and_is_signed_as_them_joined(kit: Any) -> None:
+    """A body given as pieces (a fragment message's framing and views of its values, `Payload.parts`) is written one
+    piece after the other, small ones joined to the head, large ones not copied; it arrives, and is hashed for its
+    signature, as the pieces joined."""
+    import numpy as np
+
+    from mosaic_proto.auth import body_digest
+    from mosaicd.daemon.http.client import hash_body
+
+    seen: list[tuple[Any, bytes, dict[str, str]]] = []
+    runner, base = await kit.serve_on_loopback(app_with(seen))
+    values = np.arange(3 << 18, dtype=np.float32)  # 3 MiB
+    try:
+        async with Client(5, 0) as client:
+            for parts in ((b"head", memoryview(values[:100]).cast("B")), (b"\x82", memoryview(values).cast("B"),
+                                                                          b"tail", memoryview(values[::-1].copy()))):
+                joined = b"".join(parts)
+                status, answer, _ = await client.request("POST", f"{base}/echo", data=parts,
+                                                         headers={"Content-Type": "application/cbor"})
+                assert (status, answer) == (200, joined)
+                assert seen[-1][2]["Content-Length"] == str(len(joined))
+                assert await hash_body(parts) == body_digest(joined)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_message_answered_busy_past_the_clients_retries_is_sent_again_within_the_budget(kit: Any) -> None:
+    """A receiver whose large-body budget is taken answers 503 `busy` (http/limits.py, the inbox's decoding slots):
+    `send_all` tries again, backing off, until it is taken or the round's budget is spent; not given up after the
+    client's few quick retries (which lost a 200 MB message of a 50M-value model: not the models `simulate` gives)."""
+    from mosaic_proto import Fragmentation, Layout, PeerSampler, RoundState
+    from mosaicd.daemon.node.outbound import send_all
+    from mosaicd.logs import get_logger
+
+    answers = {"busy": 5}
+    bodies: list[bytes] = []
+
+    async def fragments(request: web.Request) -> web.Response:
+        body = await request.read()
+        if answers["busy"]:
+            answers["busy"] -= 1
+            return web.json_response({"reason": "busy", "detail": "try again"}, status=503)
+        bodies.append(body)
+        return web.json_response({"status": "accepted"})
+
+    app = web.Application(client_max_size=1 << 24)
+    app.add_routes([web.post("/v1/fragments", fragments)])
+    runner, base = await kit.serve_on_loopback(app)
+    fr = Fragmentation.build(Layout.flat(1000), 1, seed=1)
+    state = RoundState(node=1, round=0, members=[0, 1], fragmentation=fr, sampler=PeerSampler("local", 1, seed=1),
+                       run_id="busy")
+    messages = state.outgoing(np.arange(1000, dtype=np.float32))
+    try:
+        async with Client(timeout=5, retries=1, backoff=0.01) as client:
+            delivered, unsent = await send_all(client, 0, messages, [f"{base}/v1/fragments"], get_logger(role="node"),
+                                               budget=20.0)
+        assert list(delivered) == [0] and unsent == [] and bodies == [messages[0].payload]
+
+        answers["busy"] = 1000  # busy for good: given up when the budget is spent
+        async with Client(timeout=5, retries=1, backoff=0.01) as client:
+            delivered, unsent = await send_all(client, 0, messages, [f"{base}/v1/fragments"], get_logger(role="node"),
+                                               budget=0.5)
+        assert delivered == {} and unsent == messages
+    finally:
+        await runner.cleanup()

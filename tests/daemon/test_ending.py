@@ -220,8 +220,9 @@ def test_the_same_commands_again_resume_the_run_exactly_and_every_member_says_so
     assert set(codes) == {0}, {p: s[-1500:] for p, s in said.items()}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished", summary
-    resumed = [re.search(r"^mosaicd node: run \S+ goes on at round (\d+) of 40: this node resumes from its "
-                         r"checkpoint of round (\d+)$", s, re.MULTILINE) for s in said.values()]
+    resumed = [re.search(r"^mosaicd node: run \S+ goes on with (\d+) of 40 rounds done, the newest point every "
+                         r"member holds a checkpoint of: this node resumes from its checkpoint of round (\d+)$", s,
+                         re.MULTILINE) for s in said.values()]
     assert all(resumed), {p: s[-1500:] for (p, s), m in zip(said.items(), resumed, strict=True) if m is None}
     rounds = {(int(m[1]), int(m[2])) for m in resumed if m}
     assert len(rounds) == 1, [m[0] for m in resumed if m]

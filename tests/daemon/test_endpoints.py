@@ -435,3 +435,26 @@ def test_valid_rounds_after_the_bad_input_give_the_reference(net: Net, kit: Any)
     assert mine[0] == 0 and mine[1] == 0 and mine[2] > 0
     wire_refusals = sum(1 for make, _, _, counted in BAD_FRAGMENTS.values() if counted)
     assert mine[2] >= wire_refusals and refused_by_daemon >= wire_refusals
+
+
+@pytest.mark.parametrize("d", [1, 23, 24, 256, 65536, 70_000])
+@pytest.mark.parametrize("metrics", [None, {"values": {"accuracy": 0.5}, "metric": "accuracy",
+                                            "higher_is_better": True, "source": "task"}])
+def test_a_model_body_is_cbor2s_map_with_its_values_copied_once(d: int, metrics: dict | None) -> None:
+    """GET /v1/model's body, written around the vector's own buffer, is byte for byte what cbor2 writes of the
+    documented map, and reads back."""
+    import cbor2
+
+    from mosaic_proto.wire import TAG_FLOAT32_LE
+    from mosaicd.daemon.http.model_codec import decode_model, encode_model
+
+    layout = Layout.flat(d)
+    vector = np.random.default_rng(d).standard_normal(d).astype(np.float32)
+    for rank, round in ((0, 0), (3, 24), (300, 70_000)):
+        mapped = {"rank": rank, "round": round, "layout": layout.to_json(),
+                  "vector": cbor2.CBORTag(TAG_FLOAT32_LE, vector.tobytes()),
+                  **({"metrics": metrics} if metrics is not None else {})}
+        body = encode_model(rank, round, layout, vector, metrics)
+        assert body == cbor2.dumps(mapped)
+        model = decode_model(body)
+        assert (model["rank"], model["round"]) == (rank, round) and np.array_equal(model["vector"], vector)

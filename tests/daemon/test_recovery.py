@@ -8,6 +8,8 @@ Each test prints how long the recovery took (pytest -s shows it); nothing here a
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,6 +79,12 @@ class Lab:
         return self.kit.wait_until(lambda: (s := self.status()) and s["round"] >= round and s, timeout,
                                    f"the barrier at round {round}", interval=0.01)
 
+    def freeze(self, name: str, seconds: float) -> None:
+        """SIGSTOP process `name` for `seconds`, then SIGCONT."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+        time.sleep(seconds)
+        self.procs[name].send_signal(signal.SIGCONT)
+
     def summary(self, timeout: float = 120) -> dict:
         path = self.out / "summary.json"
         self.kit.wait_until(lambda: path.exists() and json.loads(path.read_text())["status"] != "running", timeout,
@@ -127,7 +135,8 @@ def test_barrier_killed_at_round_10_and_restarted_resumes_the_run_to_the_referen
             said_how = "Ctrl-C" if how == signal.SIGINT else "SIGTERM"
             assert stopped["status"] == "interrupted" and stopped["error"] == f"interrupted ({said_how})", stopped
             said = (tmp_path / "barrier.log").read_text()
-            assert f"interrupted at round {saved['round']} of {run['rounds']}; the same command" in said, said[-2000:]
+            done = f"interrupted with {saved['round']} of {run['rounds']} rounds done; the same command"
+            assert done in said, said[-2000:]
         assert 10 <= saved["round"] < run["rounds"] - 50, "the run went too fast to kill the barrier mid-run"
         time.sleep(1.0)  # the nodes find it gone and retry (--barrier-grace)
         lab.barrier()
@@ -195,14 +204,14 @@ def test_restarted_barrier_takes_the_journals_node_count_only_where_it_counts_th
         port = kit.wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 30, "the port file")
         status = kit.wait_until(lambda: _status(kit, int(port)), 30, "the barrier's status")
         assert status["phase"] == "running" and status["live"] == [0, 1, 2] and status["settings"]["nodes"] == 3
-        kit.wait_until(lambda: "resumed at" in console.read_text(), 10, "the resumed banner")
+        kit.wait_until(lambda: "resumed with" in console.read_text(), 10, "the resumed banner")
     finally:
         counting.terminate()
         stopped = time.monotonic()
         counting.wait(timeout=30)
     assert time.monotonic() - stopped < 2  # SIGTERM: out within 2 s
     text = console.read_text()
-    assert f"resumed at round 0 of 5 from the journal in {run.out}/" in text, text
+    assert f"resumed with 0 of 5 rounds done, from the journal in {run.out}/" in text, text
     assert "registration closed" not in text and "round 0 starts" not in text, text
 
 
@@ -423,9 +432,7 @@ def test_frozen_node_resumed_within_the_round_costs_nothing(tmp_path: Path, kit:
     try:
         lab.start()
         lab.at_round(8)
-        lab.procs["node-3"].send_signal(signal.SIGSTOP)
-        time.sleep(3.0)
-        lab.procs["node-3"].send_signal(signal.SIGCONT)
+        lab.freeze("node-3", 3.0)
         summary = lab.summary()
         lab.exited_cleanly()
     finally:
@@ -588,7 +595,7 @@ def test_a_barrier_told_to_stop_while_a_node_waits_decides_nothing_more_and_exit
     assert (answer.status, json.loads(answer.body)["reason"]) == (503, "barrier_stopping"), answer
     assert (lab.out / "barrier-state.json").read_text() == journal  # nothing decided after Ctrl-C
     said = (tmp_path / "barrier.log").read_text()
-    assert "interrupted at round 0 of 5; the same command" in said, said[-2000:]
+    assert "interrupted with 0 of 5 rounds done; the same command" in said, said[-2000:]
     print(f"\nthe barrier exited {took:.2f} s after Ctrl-C (its round deadline: {run['round_deadline']} s)")
 
 
@@ -608,6 +615,146 @@ def test_a_barrier_stopped_while_it_lingers_after_the_end_exits_as_the_run_ended
         assert json.loads((lab.out / "summary.json").read_text()) == summary
     finally:
         lab.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")
+def test_a_by_hand_run_restarted_after_a_full_disk_ends_with_the_reference_models(tmp_path: Path, kit: Any) -> None:
+    """The barrier's --out fills: the barrier and every node exit 1. Space grown, the barrier (same --out) and its
+    nodes (same addresses, same state) started again go on exactly, as a peer list's comeback does: every member
+    from its checkpoint of the newest round all hold. Every node row and every evaluation row is there once, and the
+    models are the uninterrupted run's."""
+    run = {**RUN, "nodes": 6, "rounds": 200, "round_deadline": 20, "request_timeout": 5, "retries": 1,
+           "eval_every": 5}
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)], check=True)
+    lab = Lab(tmp_path, kit, run)
+    lab.out = disk / "run"
+    try:
+        lab.start()
+        codes = {name: proc.wait(timeout=120) for name, proc in lab.procs.items()}
+        assert set(codes.values()) == {1}, codes
+        said = (tmp_path / "barrier.log").read_text()
+        assert "No space left" in said, said[-2000:]
+        stopped_at = json.loads((lab.out / "barrier-state.json").read_text())["state"]["round"]
+        assert stopped_at < run["rounds"] - 20, "the disk did not fill mid-run"
+        subprocess.run(["mount", "-o", "remount,size=20m", str(disk)], check=True)  # room again
+        lab.start()
+        summary = lab.summary()
+        lab.exited_cleanly()
+        nodes, rows = node_rounds(lab.out), read_rounds(lab.out)
+    finally:
+        lab.stop()
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    restarted = lab.log("barrier")
+    said = [(e["event"], e.get("round")) for e in restarted if e["event"] in ("members_restarted", "resumed")]
+    print(f"\nfull disk at round {stopped_at}: {said}")
+    assert ("members_restarted", stopped_at) in said
+    assert summary["status"] == "finished", summary
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+    assert all(rounds == set(range(run["rounds"])) for rounds in nodes.values())
+    assert [r["round"] for r in rows] == list(range(4, run["rounds"], 5))
+
+
+def test_a_barrier_frozen_past_the_deadline_reads_the_arrivals_before_it_releases(tmp_path: Path, kit: Any) -> None:
+    """SIGSTOP the barrier for 20 s with a 5 s round deadline: woken, it reads the arrivals sent meanwhile before it
+    acts on the deadline it slept through (`LateClock`), so nobody straggles and the models are the reference's."""
+    run = {**RUN, "nodes": 6, "rounds": 40, "round_deadline": 5, "request_timeout": 5, "retries": 2,
+           "barrier_grace": 60}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.start()
+        lab.at_round(8)
+        lab.freeze("barrier", 20.0)
+        summary = lab.summary()
+        lab.exited_cleanly()
+    finally:
+        lab.stop()
+    assert summary["status"] == "finished" and summary["events"] == [], summary["events"]
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+
+
+ROW_KEYS = ("metric", "node_average", "average_model", "consensus_distance", "node_spread", "per_node")
+
+
+@pytest.mark.parametrize("how", ["barrier_killed", "run_interrupted"])
+@pytest.mark.parametrize("after", [1, 2, 3])
+def test_every_evaluation_round_has_its_row_once_whatever_stops_it(tmp_path: Path, kit: Any, how: str,
+                                                                   after: int) -> None:
+    """The barrier SIGKILLed (and started again), or the whole run stopped (SIGTERM to every process, as `docker
+    compose down`) and started again, `after` rounds past an evaluation round (its models released, being
+    collected, being evaluated...): every evaluation round has its row in rounds.csv exactly once, simulate's row, or
+    (its models gone) a row saying why, named by the barrier's `resumed` warning; the models are the reference's."""
+    run = {**RUN, "rounds": 60, "round_deadline": 20, "request_timeout": 5, "retries": 1, "barrier_grace": 60,
+           "eval_every": 5}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.start()
+        status = lab.at_round(24 + after)  # evaluation round 24: released at 24, collected with 25's release
+        if how == "barrier_killed":
+            lab.procs["barrier"].kill()
+            lab.procs["barrier"].wait(timeout=10)
+            time.sleep(1.0)
+            lab.barrier()
+        else:
+            for proc in lab.procs.values():
+                proc.send_signal(signal.SIGTERM)
+            codes = {name: proc.wait(timeout=30) for name, proc in lab.procs.items()}
+            assert codes["barrier"] == 130, codes
+            lab.start()
+        lab.at_round(status["round"] + 2, timeout=120)  # the restarted barrier's run (its summary says running)
+        summary = lab.summary()
+        lab.exited_cleanly()
+    finally:
+        lab.stop()
+    subprocess.run([*kit.by_hand, "simulate", *kit.role_flags("simulate", run), "--out", str(tmp_path / "sim"),
+                    "--quiet"], check=True, capture_output=True, timeout=120)
+    expected = {r["round"]: r for r in read_rounds(tmp_path / "sim")}
+    rows = read_rounds(lab.out)
+    lost = sorted(e for w in lab.log("barrier") if w["event"] == "resumed" for e in w.get("evaluations_lost", []))
+    print(f"\n{how} at round {status['round']}: rows lost {lost}")
+    assert [r["round"] for r in rows] == sorted(expected) == list(range(4, run["rounds"], 5))
+    for row in rows:
+        if row["round"] in lost:
+            assert row["lost"] and row["average_model"] is None, row
+        else:
+            assert not row.get("lost") and {k: row[k] for k in ROW_KEYS} == \
+                {k: expected[row["round"]][k] for k in ROW_KEYS}, (row, expected[row["round"]])
+    warned = [w for w in lab.log("barrier") if w["event"] == "resumed" and w.get("evaluations_lost")]
+    assert all(w["level"] == "warning" for w in warned)
+    assert summary["status"] == "finished" and summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+
+
+def test_an_evaluation_whose_models_are_gone_gets_a_row_saying_why_and_a_warning(tmp_path: Path, kit: Any) -> None:
+    """The rows from round 9 on never written (evaluations lagging behind, each waits for the one before) and the
+    barrier SIGKILLed long after, so no node keeps round 9's or 14's models: the resumed barrier writes their rows
+    with the reason (`lost`), in round order, names them in its `resumed` warning (logs/barrier.log too), collects
+    again those the nodes still keep, and every row is there once."""
+    run = {**RUN, "rounds": 60, "round_deadline": 20, "request_timeout": 5, "retries": 1, "barrier_grace": 60,
+           "eval_every": 5}
+    lab = Lab(tmp_path, kit, run)
+    try:
+        lab.start()
+        lab.at_round(20)
+        lab.procs["barrier"].kill()
+        lab.procs["barrier"].wait(timeout=10)
+        lines = (lab.out / "rounds.csv").read_text().splitlines(keepends=True)
+        (lab.out / "rounds.csv").write_text("".join(lines[:1] + [r for r in lines[1:] if int(r.split(",")[0]) < 9]))
+        lab.barrier()
+        summary = lab.summary()
+        lab.exited_cleanly()
+    finally:
+        lab.stop()
+    rows = read_rounds(lab.out)
+    assert [r["round"] for r in rows] == list(range(4, run["rounds"], 5))
+    lost = [r for r in rows if r.get("lost")]
+    said = [e for e in lab.log("barrier") if e["event"] == "resumed"]
+    assert said and said[-1]["level"] == "warning" and said[-1]["evaluations_lost"] == [r["round"] for r in lost]
+    assert {9, 14} <= {r["round"] for r in lost} and all(r["average_model"] is None and "gone" in r["lost"]
+                                                         for r in lost)
+    assert all(r["average_model"] is not None for r in rows if not r.get("lost"))
+    assert "evaluations_lost" in (lab.out / "logs" / "barrier.log").read_text()
+    assert summary["status"] == "finished" and summary["model_sha256"] == kit.reference_hashes(Settings(**run))
 
 
 @pytest.mark.parametrize("state", ["note", "none"])
@@ -636,7 +783,6 @@ def test_node_killed_in_round_0_and_restarted_at_the_default_deadline_costs_its_
         assert lab.procs["node-2"].wait(timeout=10) == -signal.SIGKILL
         assert (lab.status() or {}).get("round") == 0, "round 0 ended before the kill"
         if state == "none":
-            import shutil
             shutil.rmtree(tmp_path / "node-2" / "state")
         lab.node(2)
         lab.kit.wait_until(lambda: (s := lab.status()) and victim in s["live"] and s["round"] >= 1, 150,

@@ -43,7 +43,7 @@ def resume(kit: Any, out: Path, run: list[str]) -> dict[str, Any]:
     done = subprocess.run([*kit.mosaicd, "cluster", *run, "--out", str(out), "--resume"], capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
-    at = int(re.search(r"resuming .* at round (\d+) of", done.stderr).group(1))  # type: ignore[union-attr]
+    at = int(re.search(r"resuming .* with (\d+) of \d+ rounds done", done.stderr).group(1))  # type: ignore[union-attr]
     reported = [int(m) for m in re.findall(r"^round (\d+) \(", done.stderr, re.MULTILINE)]
     assert all(r >= at for r in reported) and len(reported) == len(set(reported)), (at, reported[:5])
     assert max(reported, default=at - 1) == at - 1 + len(reported)  # each round from there once (none: at the end)
@@ -65,7 +65,7 @@ def test_sigterm_to_the_launcher_ends_the_run_as_ctrl_c_does(tmp_path: Path, kit
     assert ended["status"] == "interrupted" and "interrupted" in ended["error"], ended
     stopped = [line for line in err.splitlines() if "the same command with --resume continues it" in line]
     assert stopped and str(out) in stopped[0], err[-2000:]
-    at = int(stopped[0].split("stopped at round ")[1].split()[0])
+    at = int(stopped[0].split("stopped with ")[1].split()[0])
     assert ended["progress"]["rounds_done"] == at  # the summary and the console name the same round
     whole = subprocess.run([*kit.mosaicd, "simulate", *run, "--out", str(tmp_path / "whole"), "--quiet"],
                            capture_output=True, text=True, timeout=120)
@@ -99,7 +99,7 @@ def test_ctrl_c_while_the_final_models_are_evaluated_leaves_a_run_that_ends_as_t
     else:  # the run is resumable at its last round, and ends with the uninterrupted run's models
         assert ended["status"] == "interrupted" and "interrupted" in ended["error"], ended
         assert ended["progress"]["rounds_done"] == 6 and not ended.get("model_sha256")
-        assert "stopped at round 6 of 6; the same command with --resume continues it" in err, err[-2000:]
+        assert "stopped with 6 of 6 rounds done; the same command with --resume continues it" in err, err[-2000:]
         resumed = resume(kit, out, DIGITS)
         assert resumed["status"] == "finished" and resumed["model_sha256"] == reference
 

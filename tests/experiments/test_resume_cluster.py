@@ -84,7 +84,7 @@ def test_ctrl_c_then_resume_gives_the_uninterrupted_models(tmp_path: Path, kit: 
     if all(at - 1 in kept for kept in checkpoints(out)):  # (unless a round was released just before Ctrl-C)
         cut_evaluations_from(out, at - 2)  # the nodes keep their models of round at - 2 in their earlier checkpoints
     done, console = resume(kit, out, *RUN, *every)
-    assert "resuming" in done.stderr and "at round" in done.stderr, done.stderr[-2000:]
+    assert "resuming" in done.stderr and "rounds done" in done.stderr, done.stderr[-2000:]
     assert console["status"] == "finished" and console["model_sha256"] == reference(kit, tmp_path, "60", *every)
     rows = [r.split(",")[:2] for r in (out / "nodes.csv").read_text().splitlines()[1:]]
     assert sorted(map(tuple, rows)) == sorted((str(t), str(n)) for t in range(60) for n in range(6))  # each once

@@ -80,13 +80,13 @@ def test_sigint_then_the_same_command_is_refused_and_resume_ends_as_the_uninterr
     again = mosaicd(*command[3:], cwd=tmp_path)
     assert again.returncode == 2 and again.stdout == ""
     assert again.stderr.count("\n") == 1 and "Traceback" not in again.stderr
-    assert f"--out {out} holds an unfinished run (interrupted at round" in again.stderr
+    assert f"--out {out} holds an unfinished run (interrupted with" in again.stderr
     assert "--resume" in again.stderr and "--replace" in again.stderr
     assert listing(out) == before
 
     resumed = mosaicd(*command[3:], "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert re.search(r"resuming at round (1[05]|[2-9]\d|\d{3}) of 400", resumed.stderr), resumed.stderr
+    assert re.search(r"resuming with (1[05]|[2-9]\d|\d{3}) of 400 rounds done", resumed.stderr), resumed.stderr
     finished = read_summary(out)
     assert finished is not None and finished["status"] == "finished"
     assert not (out / SIMULATE_CHECKPOINT).exists()
@@ -120,7 +120,7 @@ def test_a_run_going_on_in_a_folder_is_not_resumed_or_replaced_beside_it(tmp_pat
         proc.communicate(timeout=60)
     assert proc.returncode == 130
     after = mosaicd(*command, cwd=tmp_path)  # the folder is free again: the refusal is the usual one
-    assert after.returncode == 2 and f"--out {out} holds an unfinished run (interrupted at round" in after.stderr
+    assert after.returncode == 2 and f"--out {out} holds an unfinished run (interrupted with" in after.stderr
 
 
 def test_resume_is_exact_from_a_checkpoint_and_from_none(tmp_path: Path) -> None:
@@ -324,7 +324,7 @@ def test_ctrl_c_before_the_first_round_says_how_to_go_on(tmp_path: Path, kit: An
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     summary = read_summary(out)
     assert summary is not None and summary["status"] == "interrupted" and summary["progress"]["rounds_done"] == 0
-    assert f"{out}: the run stopped at round 0 of 3; the same command with --resume continues it" in err, err
+    assert f"{out}: the run stopped with 0 of 3 rounds done; the same command with --resume continues it" in err, err
 
 
 def test_a_barrier_started_by_hand_holds_its_out(tmp_path: Path, kit: Any) -> None:

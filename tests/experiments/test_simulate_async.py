@@ -95,10 +95,10 @@ def test_resume_and_the_daemons_refuse_an_asynchronous_run(tmp_path: Path,
     config = tmp_path / "run.toml"
     config.write_text('sync = "async"\n')
     with pytest.raises(SystemExit) as stopped:
-        main(["cluster", "--config", str(config), "--nodes", "3", "--out", str(tmp_path / "cluster")])
+        main(["barrier", "--config", str(config), "--nodes", "3", "--out", str(tmp_path / "barrier")])
     assert stopped.value.code == 2
-    assert "only `mosaicd simulate` runs asynchronously" in capsys.readouterr().err
-    assert not (tmp_path / "cluster").exists()
+    assert "only `mosaicd simulate` and `mosaicd cluster` run asynchronously" in capsys.readouterr().err
+    assert not (tmp_path / "barrier").exists()
 
 
 @pytest.mark.parametrize("settings", [

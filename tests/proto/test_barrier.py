@@ -576,3 +576,49 @@ def test_the_resume_rule_takes_the_newest_round_every_live_member_holds() -> Non
     assert resume_point(kept, {0: {7, 6}, 1: {7, 6}, 2: {6}}) == (6, {0, 1})
     assert resume_point(kept, {0: {7}, 1: {7}, 2: {7}}) == (7, {0, 1, 2})
     assert resume_point(kept, {0: {5}, 1: {7, 6}}) is None
+
+
+def test_a_barrier_frozen_past_its_deadline_reads_what_arrived_before_it_releases() -> None:
+    """The deadline's timer taken 15 s late (the process was SIGSTOPped): the arrivals sent meanwhile are read
+    first, and the round is released with them, nobody a straggler; taken on time, the deadline releases as ever."""
+    from mosaic_proto.barrier_rules import LATE_GRACE_S, LATE_TICK_S
+
+    state = running(3, deadline=5.0)
+    assert state.tick(20.0, due=5.0) is None and state.round == 0  # woke late: nothing released yet
+    assert state.deadline == 20.0 + LATE_GRACE_S
+    assert state.arrive(0, 0, 20.01) is None and state.arrive(1, 0, 20.02) is None
+    release = state.arrive(2, 0, 20.03)
+    assert release is not None and release.stragglers == () and state.deadline == 25.03
+    # one that really did not come: released at the grace's end, a straggler as at any deadline
+    state.arrive(0, 1, 21.0)
+    state.arrive(1, 1, 21.0)
+    assert state.tick(40.0, due=25.03) is None
+    assert state.tick(40.0 + LATE_GRACE_S, due=40.0 + LATE_GRACE_S).stragglers == (2,)
+    # on time (late by less than LATE_TICK_S): released at the deadline
+    late = state.deadline + LATE_TICK_S / 2
+    assert state.tick(late, due=state.deadline).stragglers == (0, 1, 2)
+
+
+def test_a_resumed_run_whose_first_word_is_a_member_started_again_waits_for_them_all() -> None:
+    """Resumed from the journal, the run's first word a live member registering again with its checkpoints (its
+    members stopped with the barrier: a full disk): it waits for every live member to come back (the comeback). Once
+    any member spoke otherwise (an arrival, a join), a member started again is an ordinary rejoin."""
+    state = running(3)
+    state.arrive(0, 0, 1.0), state.arrive(1, 0, 1.0), state.arrive(2, 0, 1.0)
+    saved = state.to_json()
+    resumed = BarrierState.from_json(saved, 10.0)
+    assert resumed.returned("10.0.0.9:9000", restarted=True) is None  # not a member
+    assert resumed.returned("10.0.0.2:9000") is None  # no checkpoints said: a rejoin, not a restart
+    assert resumed.returned("10.0.0.2:9000", restarted=True) == (0, 1, 2)
+    assert resumed.phase is BarrierPhase.REBINDING and resumed.deadline is None and resumed.awaited == {0, 1, 2}
+    for rank in (0, 1, 2):
+        resumed.rebind(rank, resumed.addresses[rank], 12.0)
+    assert resumed.phase is BarrierPhase.RUNNING and resumed.returned("10.0.0.2:9000", restarted=True) is None
+    spoken = BarrierState.from_json(saved, 10.0)
+    spoken.arrive(0, 1, 10.5)
+    assert spoken.returned("10.0.0.2:9000", restarted=True) is None and spoken.phase is BarrierPhase.RUNNING
+    joined = BarrierState.from_json(saved, 10.0)
+    joined.join("10.0.0.3:9000", 10.5)
+    assert joined.returned("10.0.0.2:9000", restarted=True) is None
+    assert state.returned("10.0.0.2:9000", restarted=True) is None  # never resumed: a restarted node rejoins
+    assert BarrierState.from_json(saved, 10.0, rebind=True).returned("10.0.0.2:9000", restarted=True) is None

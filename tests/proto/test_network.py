@@ -141,3 +141,13 @@ def test_consensus_metrics() -> None:
     assert consensus_error(x) == pytest.approx(1 + 1 + 9 + 9)
     assert consensus_distance(x) == pytest.approx((1 + 1 + 3 + 3) / 4)
     assert consensus_error(np.ones((5, 3))) == 0.0
+
+
+@pytest.mark.parametrize(("n", "d"), [(1, 5), (3, 1), (8, 1000), (5, 70_001)])
+def test_consensus_distance_row_by_row_is_the_stacked_formula_to_the_bit(n: int, d: int) -> None:
+    """Row by row (two float64 rows held, not n), the same value as over the float64 stack at once."""
+    rows = [np.random.default_rng([n, d, i]).standard_normal(d).astype(np.float32) * 10 ** (i % 3) for i in range(n)]
+    v = np.asarray(np.stack(rows), dtype=np.float64)
+    stacked = float(np.linalg.norm(v - v.mean(axis=0), axis=1).mean())
+    assert consensus_distance(rows) == stacked
+    assert consensus_distance(np.stack(rows)) == stacked

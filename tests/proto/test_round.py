@@ -260,6 +260,27 @@ def test_peers_sent_the_same_fragments_share_one_encoding(k: int, kind: str) -> 
         for b in messages:
             assert (a.payload is b.payload) == (a.fragments == b.fragments)
     assert state.report.bytes_out == sum(len(m.payload) for m in messages)
+    for a in messages:
+        for b in messages:
+            assert (a.body is b.body) == (a.fragments == b.fragments)
+
+
+@pytest.mark.parametrize(("k", "strategy"), [(1, "random"), (4, "random"), (4, "contiguous")])
+def test_a_message_is_sent_as_pieces_that_view_the_values_and_join_to_its_encoding(k: int, strategy: str) -> None:
+    """`OutgoingMessage.body.parts`: the framing and views of the fragments' values (no copy of them into a
+    message), which join to `wire.encode`'s bytes of the same batch."""
+    fr = Fragmentation.build(Layout.flat(D), k, seed=3, strategy=strategy)
+    state = RoundState(node=1, round=2, members=MEMBERS, fragmentation=fr, sampler=PeerSampler("local", 3, seed=3),
+                       run_id=RUN)
+    local = vec(1, 2)
+    views = fr.views(local)
+    for m in state.outgoing(local):
+        batch = FragmentBatch(RUN, 2, 1, k, fr.fingerprint, {f: views[f] for f in m.fragments})
+        assert m.payload == encode(batch) and m.nbytes == len(m.payload) == m.body.nbytes
+        values = [p for p in m.body.parts if len(p) >= 4 * min(fr.sizes)]
+        assert len(values) == len(m.fragments)
+        if k == 1 or strategy == "contiguous":
+            assert all(np.shares_memory(np.frombuffer(p, np.uint8), local) for p in values)
 
 
 def sent_by(node: int, k: int, d: int, n: int, s: int, kind: str = "local") -> tuple[int, int, int, int]:

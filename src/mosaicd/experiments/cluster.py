@@ -36,7 +36,7 @@ from mosaicd.experiments import barrier_client, cluster_resume
 from mosaicd.experiments.processes import STOP_GRACE_S, Processes, exit_reason, exit_text, last_error
 from mosaicd.experiments.run_secret import RunSecret
 from mosaicd.learning.tasks import check_requirements, require_task
-from mosaicd.outputs import failure_text, mark_failed, remove_summary
+from mosaicd.outputs import MODE_ENV, failure_text, mark_failed, remove_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.rundir import claim_out, read_summary, release
 from mosaicd.settings import Settings
@@ -160,7 +160,8 @@ class Cluster:
         url = barrier_client.barrier_url(s, barrier_port)
         secret = self.secret.make()
         resume, names = ({}, [f"node-{i}" for i in range(s.nodes)]) if not self.resume else self._resume_point()
-        barrier_env = settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True, **secret, **resume)
+        barrier_env = {**settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True, **secret, **resume),
+                       MODE_ENV: "cluster"}
         # every node checkpoints every round (unless told otherwise), in OUT/state/node-<i>: what --resume needs
         every = s.checkpoint_every if "checkpoint_every" in s.model_fields_set else 1
         self.addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, node_ports, strict=False)}
@@ -184,8 +185,8 @@ class Cluster:
         with ProgressPrinter(enabled=self.progress) as printer:
             printer.message(f"run folder {self.out}")
             if self.resumed_at is not None:
-                printer.message(f"resuming {self.out} at round {self.resumed_at} of {s.rounds} (from the barrier's "
-                                "journal and the nodes' checkpoints)", always=True)
+                printer.message(f"resuming {self.out} with {self.resumed_at} of {s.rounds} rounds done (from the "
+                                "barrier's journal and the nodes' checkpoints)", always=True)
             printer.message(f"barrier {url}: dashboard in a browser, or `mosaicd status {url}`")
             printer.start_run("", s.rounds)
             reported = _Reported(s.rounds, [printer.on_round] + ([self.on_round] if self.on_round else []),
@@ -296,6 +297,8 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
     go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints). `advise`: a run that
     stops says on stderr how to go on with it (`cluster_resume.next_step`); a sweep, which goes on its own way, says
     it instead."""
+    if str(settings.sync) == "async":  # before any folder is made
+        raise ClusterFailed("--sync async: experiments/cluster_async.py's run_cluster_async runs it")
     given = settings.out if "out" in settings.model_fields_set else None
     check_requirements(settings.task, settings.data_dir)  # before any folder is made or process starts
     out = claim_out(given, "cluster", resume=resume, replace=replace, run_id=settings.run_id)

@@ -72,11 +72,11 @@ def next_step(out: Path, settings: Settings, exc: BaseException) -> str | None:
         return "the run had finished before it was interrupted: its results are there"
     kept = barrier_journal.rounds(out)
     if kept and _resumable(out, settings, kept):
-        return f"the run stopped at round {kept[0]} of {settings.rounds}; the same command with --resume continues " \
-            f"it (--out {out})"
+        return f"the run stopped with {kept[0]} of {settings.rounds} rounds done; the same command with --resume " \
+            f"continues it (--out {out})"
     if kept:
-        return f"the run stopped at round {kept[0]} of {settings.rounds}, before every node had a checkpoint of a " \
-            f"round its journal keeps, so it cannot be resumed exactly; --replace starts it again (--out {out})"
+        return f"the run stopped with {kept[0]} of {settings.rounds} rounds done, before every node had a checkpoint " \
+            f"of a round its journal keeps, so it cannot be resumed exactly; --replace starts it again (--out {out})"
     if isinstance(exc, KeyboardInterrupt):
         return f"the run was stopped before its first round; --replace starts it again (--out {out})"
     return None

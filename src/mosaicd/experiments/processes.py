@@ -163,10 +163,11 @@ class Processes:
         logs.mkdir(parents=True, exist_ok=True)
         return logs / f"{name}.log"
 
-    def spawn(self, name: str, command: str, env: dict[str, str]) -> None:
-        """`mosaicd COMMAND` as a fresh interpreter, with `env`."""
+    def spawn(self, name: str, command: str, env: dict[str, str], module: str | None = None) -> None:
+        """`mosaicd COMMAND` as a fresh interpreter, with `env` (`module`: `python -m MODULE` instead)."""
         log = open(self._log(name), "ab" if self.append else "wb")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "mosaicd", command], env=env, stdout=log,
+        argv = ["-m", "mosaicd", command] if module is None else ["-m", module]
+        self.procs[name] = subprocess.Popen([sys.executable, *argv], env=env, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=die_with_parent)
         log.close()

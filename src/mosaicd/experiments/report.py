@@ -368,6 +368,8 @@ def time_key(sweep: Sweep) -> str | None:
     rows = [row for run in sweep.runs for row in run.rounds]
     if rows and all(math.isfinite(_num(row.get("virtual_s"))) for row in rows):
         return "virtual_s"
+    if rows and all(math.isfinite(_num(row.get("time_s"))) for row in rows):  # cluster --sync async's time grid
+        return "time_s"
     if rows and sweep.info.get("mode") == "cluster" and all(math.isfinite(_num(row.get("elapsed_s"))) for row in rows):
         return "elapsed_s"
     return None
@@ -405,7 +407,8 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
             ylabel = {"node_average": unit.label, "average_model": unit.label, "node_spread": unit.spread_label,
                       "consensus_distance": "consensus distance (mean L2 to the average model)"}[key]
             ax.set_xlabel({"round": "round", "virtual_s": "virtual time (s, simulate's clock of --node-profile)",
-                           "elapsed_s": "elapsed time (s)"}.get(x_key, x_key))
+                           "elapsed_s": "elapsed time (s)", "time_s": "time (s, since the asynchronous nodes' start)"
+                           }.get(x_key, x_key))
             ax.set_ylabel(ylabel)
             metric_name = {"accuracy": "accuracy", "rmse": "RMSE", "loss": "loss"}.get(unit.metric, unit.metric)
             ax.set_title(title.format(metric=metric_name) + (f" ({_panel_title(sweep, where)})" if where else ""))

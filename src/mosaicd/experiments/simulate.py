@@ -90,7 +90,8 @@ def _say_unfinished(out: Path) -> None:
     summary = read_summary(out) or {}
     done = (summary.get("progress") or {}).get("rounds_done")
     saved = " from its last checkpoint" if (out / SIMULATE_CHECKPOINT).exists() else " from round 0"
-    print(f"mosaicd simulate: {out}: the run stopped at round {done} of {summary.get('settings', {}).get('rounds')}; "
+    print(f"mosaicd simulate: {out}: the run stopped with {done} of {summary.get('settings', {}).get('rounds')} rounds "
+          "done; "
           f"the same command with --resume continues it{saved} (--out {out})", file=sys.stderr)
 
 
@@ -158,7 +159,7 @@ def _simulate(settings: Settings, recorder: RunRecorder, progress: bool, on_roun
         printer.message(f"run folder {settings.out}")
         if start is not None:
             again = f"; {start.redone} round{'s' * (start.redone != 1)} after it run again" if start.redone else ""
-            printer.message(f"resuming at round {network.round} of {settings.rounds} (" + (
+            printer.message(f"resuming with {network.round} of {settings.rounds} rounds done (" + (
                 "its checkpoint" if network.round else "no checkpoint was saved: from the start") + f"{again})")
         printer.start_run("", settings.rounds)
         for _ in range(network.round, settings.rounds):

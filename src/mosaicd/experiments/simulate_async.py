@@ -18,29 +18,22 @@ import math
 import time
 from typing import Any
 
-from mosaic_proto import Fragmentation, NodeReport, PeerSampler
+from mosaic_proto import NodeReport
 from mosaic_proto.async_network import AsyncNetwork
-from mosaic_proto.async_node import AsyncNodeState, Exchange, Iteration
+from mosaic_proto.async_node import AsyncNodeState, Iteration
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import Task, build_task
 from mosaicd.outputs import RunRecorder, honest_nodes, robustness_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
-from mosaicd.protocol import aggregator_rule, attack_of, compressor_of, node_profiles, profile_spec
+from mosaicd.protocol import async_node_state, node_profiles, profile_spec
 from mosaicd.settings import Settings
 
 
 def async_states(settings: Settings, task: Task) -> list[AsyncNodeState]:
     """Every node's state at the start of an asynchronous run (pairwise: one fragment, a sampler of fanout 1)."""
     run = settings.run_config()
-    pairwise = run.exchange is Exchange.PAIRWISE
-    fragmentation = Fragmentation.build(task.layout, 1 if pairwise else run.fragments, run.seed, run.strategy)
-    sampler = PeerSampler("local", 1, run.seed) if pairwise else PeerSampler(run.sampler, run.fanout, run.seed)
-    members = tuple(range(run.nodes))
-    return [AsyncNodeState(i, members, fragmentation, sampler, run.rounds, task.initial(i), run_id=run.run_id,
-                           exchange=run.exchange, aggregator=aggregator_rule(run), compressor=compressor_of(run, i),
-                           attack=attack_of(run, i), planned_only=False)  # honest messages: nothing to refuse
-            for i in members]
+    return [async_node_state(run, task, i, planned_only=False) for i in range(run.nodes)]  # honest: none refused
 
 
 class _Iterations:

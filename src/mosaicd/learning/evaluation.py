@@ -65,7 +65,7 @@ def network_metrics(task: Task, vectors: Sequence[np.ndarray]) -> dict[str, Any]
         "higher_is_better": bool(task.higher_is_better),
         "node_average": float(np.mean(per_node)),
         "average_model": float(avg[name]),
-        "consensus_distance": consensus_distance(np.stack([np.asarray(v) for v in vectors])),
+        "consensus_distance": consensus_distance([np.asarray(v) for v in vectors]),
         "node_spread": float(np.std(per_node)),
         "per_node": per_node,
     }

@@ -105,7 +105,8 @@ def _claimed(out: Path, mode: str, resume: bool, replace: bool) -> Path:
                        "or stop it (Ctrl-C), then try again")
     held = occupant(out)
     other = f"`mosaicd {held.mode}` " if held.mode not in (None, mode) else ""
-    how = f"`mosaicd {held.mode} --resume`" if other else "--resume"
+    how = ("the same `mosaicd barrier` command" if held.mode == "barrier" else f"`mosaicd {held.mode} --resume`") \
+        if other else "--resume"
     if resume:
         if held.kind == "none":
             raise refused(f"--resume: {out} holds no run to continue" if out.exists()

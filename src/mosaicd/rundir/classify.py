@@ -36,7 +36,7 @@ class Occupant:
 
     kind: str               # "none", "finished", "unfinished", or "leftovers" (a run's files, no summary of it)
     mode: str | None        # "simulate" or "cluster", where known
-    text: str               # how it ended, for a person: "failed at round 17 of 60: a write failed"
+    text: str               # how it ended, for a person: "failed with 17 of 60 rounds done: a write failed"
     resumable: bool         # its mode's --resume can continue it (simulate: its summary; cluster: its journal)
     files: tuple[str, ...]  # its files (`run_files`)
 
@@ -62,10 +62,10 @@ def occupant(out: Path | str) -> Occupant:
         return Occupant("finished", mode, text, False, files)
     if summary is not None and status in ("running", "failed", "interrupted"):
         rounds = (summary.get("settings") or {}).get("rounds")
-        at = f" at round {rounds_done(summary)} of {rounds}" if rounds_done(summary) is not None else ""
+        at = f" with {rounds_done(summary)} of {rounds} rounds done" if rounds_done(summary) is not None else ""
         text = (f"{status}{at}: {summary.get('error') or 'no reason given'}" if status != "running"
                 else f"running{at}: still going, or killed")
-        resumable = (resumable_journal if mode == "cluster" else mode == "simulate")
+        resumable = (resumable_journal if mode in ("cluster", "barrier") else mode == "simulate")
         return Occupant("unfinished", mode, text, resumable, files)
     if journal_running:
         assert journal is not None

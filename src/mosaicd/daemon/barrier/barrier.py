@@ -33,10 +33,13 @@ from mosaic_proto import (
     NodeReport,
     Rebound,
     Roster,
+    RunTask,
+    TaskClaim,
 )
 from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.daemon.barrier.comeback import Comeback
 from mosaicd.daemon.barrier.ending import RunEnd
+from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.refusals import WHY, Refusals
 from mosaicd.daemon.barrier.registration import Registrar
 from mosaicd.daemon.barrier.runner import DecisionRunner
@@ -45,7 +48,7 @@ from mosaicd.daemon.errors import OutputError
 from mosaicd.daemon.http.auth import Secret
 from mosaicd.logs import get_logger
 from mosaicd.outputs import RunRecorder, drop_rows_from, is_eval_round
-from mosaicd.rundir import EARLIER, hold_barrier, keep_earlier_run, occupant, read_summary
+from mosaicd.rundir import EARLIER, hold_barrier, keep_earlier_run, occupant, read_rounds, read_summary
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
 
 
@@ -54,10 +57,11 @@ class Barrier(DecisionRunner):
 
     def __init__(self, run: RunConfig, options: DaemonOptions, *, secret: Secret,
                  evaluate: Callable[[RunConfig, list[np.ndarray]], dict] | None = None, hold_out: bool = False,
-                 members_return: bool = False) -> None:
+                 members_return: bool = False, mode: str = "barrier") -> None:
         """`secret`: the run's, as its entry point resolved it (none: --insecure); `evaluate(run, vectors)`: the
         models' network metrics (None: final models only); `hold_out`: take --out (`open_outputs`);
-        `members_return`: its members start again with it (rank 0 of a peer list: comeback.py). ResumeError: OUT
+        `members_return`: its members start again with it (rank 0 of a peer list: comeback.py); `mode`: summary.json's
+        ("cluster" where `mosaicd cluster` started it, else "barrier": by hand, a peer list's rank 0). ResumeError: OUT
         holds another run in progress (or not the round asked for)."""
         self.resumed = barrier_journal.load(options.out, run, options.resume_round, options.nodes_counted, bool(secret))
         stopped = read_summary(options.out) if self.resumed else None  # how the run ended before: kept in `resumed`
@@ -71,10 +75,11 @@ class Barrier(DecisionRunner):
             counted = options.expect_dns or options.expect_settle  # the count is known once nodes register
             state = BarrierState(rounds=run.rounds, round_deadline=run.round_deadline,
                                  drop_after=options.drop_after, expected=0 if counted else run.nodes,
-                                 min_members=run.min_members, count_rule=count_rule(options, run.fanout))
+                                 min_members=run.min_members, count_rule=count_rule(options, run.fanout),
+                                 task=run_task(run, isinstance(evaluate, NetworkEvaluation)))
         log = get_logger(role="barrier", run=run.run_id)
         rebinding = state.phases.rebinding
-        recorder = open_outputs(options, run, self.resumed, state.round if rebinding else None, log, hold_out)
+        recorder = open_outputs(options, run, self.resumed, state.round if rebinding else None, log, hold_out, mode)
         self.comeback = Comeback(options, run, bool(secret)) if choose and rebinding else None
         ending = RunEnd(recorder, log, state.round if self.resumed and not self.comeback else None, stopped,
                         state.round)
@@ -101,9 +106,17 @@ class Barrier(DecisionRunner):
         self.metrics.members.set(len(state.live))
         self.apply(None)  # its timers, at the times the state says (rebinding: none until every member is back)
         missing, lost = evaluations_cut_short(state.round, self.run, self.recorder, rebinding)
-        self.collect_again(missing, rebinding)
-        self.log.info("resumed", round=state.round, live=len(state.live), dropped=state.dropped,
-                         evaluations_recollected=missing, **({"evaluations_lost": lost} if lost else {}))
+        self.collect_again(missing)
+        reason = "its models were gone when the barrier resumed the run (nodes started again keep only their " \
+                 "checkpoints; running ones their last snapshots)"
+        try:
+            for e in lost:
+                self.recorder.lost_round(e, reason)
+        except OSError as exc:
+            self.fail_output(exc)
+        (self.log.warning if lost else self.log.info)(
+            "resumed", round=state.round, live=len(state.live), dropped=state.dropped,
+            evaluations_recollected=missing, **({"evaluations_lost": lost, "detail": reason} if lost else {}))
 
     def resume_at(self, round: int) -> None:
         """Its members back, the run goes on at `round` (comeback.py): the journal's state of that round."""
@@ -115,13 +128,27 @@ class Barrier(DecisionRunner):
         self.ending.resumed(round)
         self._resume()
 
+    def members_restarted(self, address: str) -> None:
+        """A member registered again with its checkpoints as the first word of the run this barrier resumed
+        (`BarrierState.returned`): they all stopped with it (a full disk, a failure), and the run goes on as a peer
+        list's comeback does, every member from its checkpoint of the newest round all hold (or says why not)."""
+        self.comeback = Comeback(self.options, self.run, bool(self.keyring))
+        self.registrar.members_return(self.comeback)
+        self.log.warning("members_restarted", address=address, round=self.state.round,
+                         waiting_for=sorted(self.state.awaited),
+                         detail="a member came back started again: the run waits for every live member and goes "
+                         "on exactly from the newest round all hold a checkpoint of")
+
     # -- registration (registration.py: its long polls) -----------------------------------------------------
-    async def register(self, address: str, rank: int | None = None, held: list[int] | None = None
-                       ) -> dict[str, Any]:
-        """Long poll until the roster is made (`Registrar.register`). A member told to stop that is back already
-        does not leave (`BarrierState.returned`)."""
-        self.decide(lambda state, now: state.returned(address))
-        return await self.registrar.register(address, rank, held)
+    async def register(self, address: str, rank: int | None = None, held: list[int] | None = None,
+                       runs: TaskClaim | None = None) -> dict[str, Any]:
+        """Long poll until the roster is made (`Registrar.register`; `runs`: what the node says it runs). A member
+        told to stop that is back already does not leave; one started again (its checkpoints `held`) as the resumed
+        run's first word stopped with the barrier, as all did: all are awaited back (`BarrierState.returned`,
+        `members_restarted`)."""
+        if self.decide(lambda state, now: state.returned(address, restarted=held is not None)) is not None:
+            self.members_restarted(address)
+        return await self.registrar.register(address, rank, held, runs)
 
     async def withdraw(self, address: str, reason: str) -> dict[str, Any]:
         """`address` withdraws its registration, or leaves if it is a member (`Registrar.withdraw`)."""
@@ -158,11 +185,13 @@ class Barrier(DecisionRunner):
         """The BarrierError an arrival of `rank` at `round` would get now (`BarrierState.check`: changes nothing)."""
         self.state.check(rank, round)
 
-    def check_layout(self, rank: int, claim: tuple[int, str] | None) -> None:
+    def check_layout(self, rank: int, round: int, claim: tuple[int, str] | None, sender: str) -> None:
         """An arrival's layout against the run's (`BarrierState.claim_layout`): one that differs ends the run
-        (BarrierError run_failed, its reason)."""
-        why = self.decide(lambda state, now: state.claim_layout(rank, claim))
+        (BarrierError run_failed, its reason and the `sender`'s host:port: an unsigned request may claim any rank);
+        a stale one fails nothing, a rank's changed one is refused alone (layout_changed)."""
+        why = self.decide(lambda state, now: state.claim_layout(rank, claim, round))
         if why is not None:
+            why = f"{why} (the arrival came from {sender})"
             self.end_failed(why)
             raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {why}")
 
@@ -171,16 +200,17 @@ class Barrier(DecisionRunner):
         self.decide(lambda state, now: state.arrive(rank, round, now, report))  # a retry: its release, kept
         return await self.wait_published(round, release_wait(self.run.round_deadline, self.options.request_timeout))
 
-    async def leave(self, rank: int, reason: str, ends_run: bool = False, stopped: bool = False) -> dict[str, Any]:
+    async def leave(self, rank: int, reason: str, ends_run: bool = False, stopped: bool = False,
+                    sender: str = "?") -> dict[str, Any]:
         """`rank` leaves the run (a signal, or an error it could not go on after): nobody waits for it from now
         on, it is not sampled from the next round, and a round that waited only for it is released now.
         `ends_run`: the run cannot go on exactly without it (its checkpoint could not be written): the run ends,
         failed, at its last saved decision (the leave is not saved), so that it can be resumed. `stopped`: it was
         told to stop (a signal): its leave is held a moment, and the run interrupted if too many are
-        (`BarrierState.stop`)."""
+        (`BarrierState.stop`). `sender`: the host:port the request came from, which a run it ended names."""
         if ends_run:
             self.state.check(rank, self.state.round)
-            self.end_failed(f"rank {rank}: {reason}")
+            self.end_failed(f"rank {rank} left, asked by {sender} with ends_run" + (f": {reason}" if reason else ""))
         elif stopped:
             self.decide(lambda state, now: state.stop(rank, reason, now))
         else:
@@ -214,6 +244,15 @@ class Barrier(DecisionRunner):
 
 
 
+def run_task(run: RunConfig, evaluates: bool) -> RunTask:
+    """What the barrier runs (`RunTask`): its task, or its nodes' own loops; `evaluates`: it evaluates the average
+    model with the run's task (a `NetworkEvaluation`; a function of a program's own, `mosaicd.Barrier(evaluate=)`,
+    evaluates what that program's loops build); the size of that model where it is known without building the task
+    (the quadratic task's)."""
+    quadratic = not run.own_loop and str(run.task) == "quadratic"
+    return RunTask(str(run.task), run.own_loop, evaluates, run.dim if quadratic else None)
+
+
 def count_rule(options: DaemonOptions, fanout: int) -> CountRule | None:
     """How the node count is taken where it is not given (`BarrierState.count`): the addresses --expect-dns resolves
     to once they hold still for --dns-settle seconds; the nodes registered once none new came for --expect-settle
@@ -227,7 +266,7 @@ def count_rule(options: DaemonOptions, fanout: int) -> CountRule | None:
 
 
 def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any] | None, rebind_round: int | None,
-                 log: Any, hold_out: bool = False) -> RunRecorder:
+                 log: Any, hold_out: bool = False, mode: str = "barrier") -> RunRecorder:
     """The run's files in --out: a new run keeps the run there before aside (never replaced unasked), a run resumed
     with --resume-round drops the rows from `rebind_round` on, and the recorder opens them. A folder that cannot be
     written (read-only, full) ends the barrier in one line naming --out, not a traceback. `hold_out`: one barrier
@@ -244,7 +283,7 @@ def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any]
         if rebind_round is not None:
             drop_rows_from(options.out, nodes=rebind_round, rounds=rebind_round - 1)
         return RunRecorder(options.out, {**options.model_dump(mode="json"), **run.model_dump(mode="json")},
-                           mode="cluster", resume_from=resumed["started"] if resumed else None)
+                           mode=mode, resume_from=resumed["started"] if resumed else None)
     except OSError as exc:
         raise OutputError(f"--out {options.out}: cannot write {exc.filename or options.out}: "
                           f"{exc.strerror or exc}") from None
@@ -252,12 +291,13 @@ def open_outputs(options: DaemonOptions, run: RunConfig, resumed: dict[str, Any]
 
 def evaluations_cut_short(round: int, run: RunConfig, recorder: RunRecorder,
                           rebinding: bool) -> tuple[list[int], list[int]]:
-    """The evaluations a barrier resuming the run at `round` collects again, and those it cannot: the rounds whose
-    models the nodes may still keep (`SNAPSHOTS_KEPT`) and rounds.csv has no row of. Nodes started again at new
-    addresses (`rebinding`) keep only their two checkpoints: the models after `round` - 1 and `round` - 2."""
-    done = {row.get("round") for row in recorder.rounds}
-    missing = [e for e in range(max(0, round - SNAPSHOTS_KEPT), round - 1) if is_eval_round(e, run) and e not in done]
-    kept = [e for e in missing if not rebinding or e >= round - 2]
+    """The evaluations a barrier resuming the run at `round` collects again, and those it cannot (lost): the
+    evaluation rounds before `round` - 1 (whose models the release of `round` collects) that rounds.csv has no row
+    of; collected again where the nodes may still keep their models (`SNAPSHOTS_KEPT`; nodes started again at new
+    addresses, `rebinding`, keep only their two checkpoints: the models after `round` - 1 and `round` - 2)."""
+    done = {row.get("round") for row in read_rounds(recorder.out)}
+    missing = [e for e in range(round - 1) if is_eval_round(e, run) and e not in done]
+    kept = [e for e in missing if e >= round - (2 if rebinding else SNAPSHOTS_KEPT)]
     return kept, [e for e in missing if e not in kept]
 
 

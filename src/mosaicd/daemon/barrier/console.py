@@ -52,7 +52,7 @@ def resumed_line(barrier: Barrier) -> str | None:
         return None
     ran = time.time() - barrier.recorder.origin  # the time the run ran before (summary.json's wall_s)
     before = f", after {clock(ran)} of it before" if ran >= 1 else ""
-    return (f"resumed at round {barrier.state.round} of {barrier.run.rounds} from the journal in "
+    return (f"resumed with {barrier.state.round} of {barrier.run.rounds} rounds done, from the journal in "
             f"{barrier.options.out}/{before}: the nodes still waiting for the barrier go on with it")
 
 

@@ -127,7 +127,7 @@ def combine(run: RunConfig, ranks: list[int], vectors: dict[int, np.ndarray], no
     loss, a training loop's reported metrics (`reported`: each one's node average), the consensus distance of the
     vectors, and the average model's metric where the barrier has the run's task (`evaluate`)."""
     models = [vectors[r] for r in ranks]
-    out: dict[str, Any] = {"consensus_distance": consensus_distance(np.stack([np.asarray(v) for v in models]))}
+    out: dict[str, Any] = {"consensus_distance": consensus_distance([np.asarray(v) for v in models])}
     average = evaluate(run, models) if evaluate is not None else {}
     have = [r for r in ranks if r in node_metrics]
     name = next((node_metrics[r]["metric"] for r in have if node_metrics[r]["metric"]), average.get("metric"))

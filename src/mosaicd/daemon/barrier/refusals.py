@@ -19,6 +19,7 @@ WHY = {
     "run_not_joinable": "the run takes no new members",
     "bad_address": "an address the other nodes cannot reach",
     "registration_failed": "the registration had failed",
+    "task_differs": "the node runs another task than this barrier: start the barrier with --own-loop or --task",
 }
 SOURCES_KEPT = 20  # distinct (source, reason) pairs named; the counts count them all
 

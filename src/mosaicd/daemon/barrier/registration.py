@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
-from mosaic_proto import BarrierError, BarrierReason, BarrierState, Joined, Registration
+from mosaic_proto import BarrierError, BarrierReason, BarrierState, Joined, Registration, TaskClaim
 from mosaicd.daemon.barrier.comeback import Comeback, NotExact
 from mosaicd.daemon.barrier.metrics import BarrierMetrics
 from mosaicd.daemon.barrier.runner import Asked
@@ -66,17 +66,27 @@ class Registrar:
         waiting hears its rank."""
         self.registered.set()
 
+    def members_return(self, comeback: Comeback) -> None:
+        """The members of the run resumed are all awaited back (`Barrier.members_restarted`): they come back so."""
+        self.comeback = comeback
+
     def all_back(self) -> None:
         """Every member of a resumed run is back (`Barrier.apply`): each waiting hears the run goes on."""
         self.rebound.set()
 
-    async def register(self, address: str, rank: int | None = None, held: list[int] | None = None
-                       ) -> dict[str, Any]:
+    async def register(self, address: str, rank: int | None = None, held: list[int] | None = None,
+                       runs: TaskClaim | None = None) -> dict[str, Any]:
         """Long poll until the roster is made: the `Registration` as JSON. A node that comes back (or, with
         --allow-join, a new one) waits for the open round's release and joins the next round; a member of a resumed
         run (`rank`; or, where every member starts again, its address and the rounds of its checkpoints, `held`)
-        waits for every member to be back. BarrierError if refused."""
+        waits for every member to be back. `runs`: what the node runs; one the barrier's task does not fit is
+        refused (task_differs), and, while nodes register, ends the run: the barrier was started for another.
+        BarrierError if refused."""
         host, state = self.host, self.host.state
+        if (differs := host.decide(lambda s, now: s.task.differs(address, runs))) is not None:
+            if state.phases.registering:
+                self._fail(differs, 422)
+            raise BarrierError(BarrierReason.TASK_DIFFERS, differs)
         if self.comeback is not None and self.comeback.waits(state, address):
             return await self._come_back(self.comeback, address, held or [])
         if rank is not None:

@@ -1,9 +1,11 @@
 """The barrier's HTTP API (JSON): input checks and status codes; the decisions live in `Barrier`.
 
-    POST /v1/register {"address"}               -> long poll until every expected node registered:
+    POST /v1/register {"address", "task"}       -> long poll until every expected node registered:
                                                    {"rank", "members": [addresses], "run": {...}}; a member
                                                    started again says "checkpoints": [rounds] (a peer list's
-                                                   run resumed: "resumed": true, at "round")
+                                                   run resumed: "resumed": true, at "round"); "task" says
+                                                   what it runs ({"own_loop", "name", "values"}): one the
+                                                   barrier's task does not fit is refused (422 task_differs)
     POST /v1/arrive {"rank", "round", "report"} -> long poll until the round is released:
                                                    {"round", "members", "stragglers", "dropped", "finished"}
     POST /v1/leave {"rank", "reason"}           -> this member leaves: not waited for, not sampled from the next
@@ -29,13 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from mosaic_proto import BarrierError, BarrierReason, NodeReport, ReportError
+from mosaic_proto import BarrierError, BarrierReason, NodeReport, ReportError, TaskClaim
 from mosaicd.daemon.barrier.layouts import claimed_layout
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
 from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.errors import bad_request, read_json
 from mosaicd.daemon.http.limits import Limits
+from mosaicd.daemon.http.membership import same_host
 from mosaicd.daemon.loop import loop_name
 from mosaicd.outputs import clean_json
 
@@ -51,19 +54,26 @@ STATUS_OF_REASON = {BarrierReason.BAD_ADDRESS: 400, BarrierReason.BAD_ROUND: 400
                     BarrierReason.REGISTRATION_CLOSED: 409, BarrierReason.BARRIER_TIMEOUT: 503,
                     BarrierReason.BARRIER_STOPPING: 503,
                     BarrierReason.JOINING: 409, BarrierReason.RUN_NOT_JOINABLE: 409, BarrierReason.LEFT: 410,
-                    BarrierReason.RUN_FAILED: 410}
+                    BarrierReason.RUN_FAILED: 410, BarrierReason.LAYOUT_CHANGED: 409,
+                    BarrierReason.TASK_DIFFERS: 422, BarrierReason.NOT_FROM_MEMBER: 403}
 
 
 CHECKPOINTS_SAID = 16  # the most checkpoint rounds a registration may name (a node keeps three)
 
 # a registration refused for what the node is or brings (not one told to wait or retry): the barrier says so
 REFUSED_REGISTRATIONS = {BarrierReason.BAD_ADDRESS, BarrierReason.REGISTRATION_CLOSED, BarrierReason.RUN_NOT_JOINABLE,
-                         "registration_failed"}
+                         "registration_failed", BarrierReason.TASK_DIFFERS}
 
 
 def source_of(request: web.Request) -> str:
     """Where a request came from, as the barrier names it: the peer's address (its claimed one is not proven)."""
     return request.remote or "?"
+
+
+def sender_of(request: web.Request) -> str:
+    """The host:port a request came from (its TCP peer), as a failure it caused names it."""
+    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else source_of(request)
 
 
 def reason_of(body: dict[str, Any]) -> str:
@@ -87,6 +97,17 @@ def checkpoints_of(body: dict[str, Any]) -> list[int] | None:
     return held
 
 
+def task_of(body: dict[str, Any]) -> TaskClaim | None:
+    """What a registering node says it runs ("task"); None where it says nothing (a node of an earlier version);
+    400 naming the field where it is malformed."""
+    if "task" not in body:
+        return None
+    try:
+        return TaskClaim.from_json(body["task"])
+    except ValueError as exc:
+        raise bad_request("bad_field", str(exc)) from None
+
+
 def checked_report(report: Any, round: int) -> NodeReport | None:
     """A node's report of round `round`, sent with its arrival; 400 (nothing recorded) if malformed."""
     if report is None:
@@ -104,6 +125,17 @@ def proven(request: web.Request, who: str) -> None:
         raise bad_request("sender_mismatch", f"signed by {sender!r}, but speaks for {who!r}", 403)
 
 
+async def from_member(request: web.Request, address: str, signed: bool) -> None:
+    """Under --insecure (`signed` False: no signature proves who speaks), a request that ends a member's part in the
+    run (its leave, its withdrawal) is taken only from the host of that member's `address` (ports are not compared:
+    a node's requests leave from ephemeral ports); 403 not_from_member otherwise, naming both. With a secret,
+    `proven` checks the signer instead."""
+    if signed or (request.remote and await same_host(request.remote, address)):
+        return
+    raise bad_request(BarrierReason.NOT_FROM_MEMBER, f"under --insecure, only the host of {address} may ask this "
+                      f"for it; this request came from {sender_of(request)}", 403)
+
+
 class BarrierRoutes:
     """The API's handlers: a request's checks and status codes; every decision is the `Barrier`'s."""
 
@@ -117,7 +149,8 @@ class BarrierRoutes:
             rank = body.get("rank")  # a member of a resumed run, back at a new address
             if rank is not None and (type(rank) is not int or rank < 0):
                 raise bad_request("bad_field", "field 'rank' must be a non-negative integer")
-            return web.json_response(await self.barrier.register(body["address"], rank, checkpoints_of(body)))
+            return web.json_response(await self.barrier.register(body["address"], rank, checkpoints_of(body),
+                                                                 task_of(body)))
         except BarrierError as exc:
             status = (self.barrier.registration_status if exc.reason == "registration_failed"
                       else STATUS_OF_REASON[exc.reason])
@@ -131,7 +164,7 @@ class BarrierRoutes:
         try:
             self.barrier.check(body["rank"], body["round"])
             report = checked_report(body.get("report"), body["round"])
-            self.barrier.check_layout(body["rank"], claimed_layout(body))
+            self.barrier.check_layout(body["rank"], body["round"], claimed_layout(body), sender_of(request))
             return web.json_response(await self.barrier.arrive(body["rank"], body["round"], report))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
@@ -141,6 +174,7 @@ class BarrierRoutes:
     async def withdraw(self, request: web.Request) -> web.Response:
         body = await read_json(request, {"address": str})
         proven(request, body["address"])
+        await from_member(request, body["address"], bool(self.barrier.keyring))
         try:
             return web.json_response(await self.barrier.withdraw(body["address"], reason_of(body)))
         except BarrierError as exc:
@@ -153,9 +187,11 @@ class BarrierRoutes:
         for flag in ("ends_run", "stopped"):
             if not isinstance(body.get(flag, False), bool):
                 raise bad_request("bad_field", f"field '{flag}' must be a boolean")
+        if 0 <= body["rank"] < len(addresses := self.barrier.state.addresses):
+            await from_member(request, addresses[body["rank"]], bool(self.barrier.keyring))
         try:
             return web.json_response(await self.barrier.leave(body["rank"], reason, body.get("ends_run", False),
-                                                              body.get("stopped", False)))
+                                                              body.get("stopped", False), sender_of(request)))
         except BarrierError as exc:
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from typing import Any
 
@@ -11,15 +12,18 @@ from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.console import BarrierConsole, local_url
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
-from mosaicd.daemon.entry import exit_within
+from mosaicd.daemon.entry import EXIT_WITHIN_S, exit_within
 from mosaicd.daemon.errors import RunEnded
 from mosaicd.daemon.http.auth import Secret, check_listen, own_secret_file
 from mosaicd.daemon.http.server import check_port, serve
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import loop_name
 from mosaicd.logs import also_log_to, get_logger, json_logs, say
+from mosaicd.outputs import MODE_ENV
 from mosaicd.rundir import BARRIER_LOCK, release
 from mosaicd.settings import Settings
+
+EVALUATION_SETTLE_S = 10.0  # a run that stopped early waits this long at most for the rows of evaluations under way
 
 
 async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) -> int:
@@ -73,7 +77,7 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
     if evaluate is not None:
         evaluate.import_modules(settings.task)  # while the nodes start: their training leaves it little CPU later
     barrier = Barrier(settings.run_config(), settings.daemon_options(), secret=secret, evaluate=evaluate,
-                      hold_out=True)
+                      hold_out=True, mode=os.environ.get(MODE_ENV, "barrier"))
     if settings.log_file is None:  # by hand too, its log where `cluster` leaves it, once OUT is its own
         also_log_to(settings.out / "logs" / "barrier.log")
     check_listen(settings, barrier.keyring, barrier=True)  # its warning, once the run in --out is known to be ours
@@ -84,6 +88,7 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         BarrierConsole(barrier, local_url(settings.host, port, scheme(settings))).run())
     try:
         await barrier.done.wait()
+        await barrier.settle(EVALUATION_SETTLE_S)  # failed or interrupted: the rows of evaluations under way
         if console is not None:
             await console
         # a run its members stopped stays a moment, so that every member told to stop is heard and counted
@@ -92,6 +97,7 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
         barrier.interrupt()
         if not barrier.done.is_set():
             interrupted(barrier, stopped[0] if stopped else "Ctrl-C")
+            await barrier.settle(EXIT_WITHIN_S * 2 / 3)  # the rows of evaluations under way, before the process ends
             raise
         if not stopped or console is not None and not console.done():
             raise
@@ -123,6 +129,6 @@ def interrupted(barrier: Barrier, how: str) -> None:
         say(f"mosaicd barrier: {options.out}: interrupted while nodes registered; the same command starts the run "
             "again", "interrupted")
         return
-    say(f"mosaicd barrier: {options.out}: interrupted at round {state.round} of {barrier.run.rounds}; the same "
+    say(f"mosaicd barrier: {options.out}: interrupted with {state.round} of {barrier.run.rounds} rounds done; the same "
         f"command (--out {options.out}) resumes the run; its nodes wait for it --barrier-grace "
         f"{options.barrier_grace:g}s", "interrupted", round=state.round)

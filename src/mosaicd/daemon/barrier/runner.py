@@ -76,15 +76,10 @@ class DecisionRunner:
         self.state = state
         self.notices.heard = {t: state.notice(r).to_json() for t, r in state.released.items()}
 
-    def collect_again(self, missing: list[int], rebinding: bool) -> None:
-        """Evaluations a crash cut short: collected now, or (`rebinding`: the nodes are not at the addresses the
-        journal keeps) with the next release's."""
-        if rebinding:
-            self.recollect = missing
-            return
-        live = {r: self.state.addresses[r] for r in self.state.live}
-        for e in missing:
-            self._collections[e] = self._spawn(self.evaluator.collect(self.run, e, live, False))
+    def collect_again(self, missing: list[int]) -> None:
+        """Evaluations a crash cut short: collected with the next release's (its members are back and running then,
+        whether they kept running or started again)."""
+        self.recollect = missing
 
     def heard(self, decision: BarrierDecision) -> None:
         """Those waiting for a `Roster` or every member back hear it (the registration's long polls: `Barrier`)."""
@@ -151,6 +146,7 @@ class DecisionRunner:
         state = self.state
         if isinstance(decision, Roster):
             self.recorder.settings["nodes"] = len(decision.addresses)
+            self.recorder.settings.update(decision.ran)  # what the nodes said they run
             self.metrics.members.set(len(decision.addresses))
             self.log.info("registration_closed", members=len(decision.addresses))
             self.evaluator.prepare(self.run)
@@ -252,12 +248,13 @@ class DecisionRunner:
             return BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
         return None
 
-    def _on_deadline(self) -> None:
-        """The clock reached the open round's deadline: the state releases it (or, early, `apply` re-arms)."""
+    def _on_deadline(self, due: float) -> None:
+        """The clock reached the open round's deadline (the timer was `due` then): the state releases it (or, early,
+        or taken late by a barrier that was frozen, `apply` re-arms: `BarrierState.tick`)."""
         with _nobody_waits():
-            self.decide(lambda state, now: state.tick(now))
+            self.decide(lambda state, now: state.tick(now, due))
 
-    def _on_held(self) -> None:
+    def _on_held(self, due: float) -> None:
         """The clock reached `held.until`: the held leaves apply, one decision each."""
         with _nobody_waits():
             while not self.stopping and self.decide(lambda state, now: state.leave_held(now)) is not None:
@@ -296,6 +293,12 @@ class DecisionRunner:
                 self.fail_output(exc)
         self.interrupt()
 
+    async def settle(self, limit: float) -> None:
+        """The run stopped before its end (failed, interrupted, the process told to stop): the evaluations whose models
+        were collected get up to `limit` seconds to write their rows, which a restart could not have again."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(self.evaluator.drain()), limit)
+
     def interrupt(self) -> None:
         """Decide nothing more; every waiting arrival is answered 503 barrier_stopping now. On Ctrl-C the journal so
         stays where the console says (as after a SIGKILL): the nodes retry against the barrier started again."""
@@ -317,7 +320,8 @@ class _Timer:
     """One timer of the runner's (`DecisionRunner._arm_timers`, step 2 of `apply`): armed at the time the state
     says, re-armed where it moved, none at None."""
 
-    def __init__(self, fire: Callable[[], None]) -> None:
+    def __init__(self, fire: Callable[[float], None]) -> None:
+        """`fire(due)`: called with the time the timer was due (the loop may take it later: a frozen process)."""
         self._fire = fire
         self._when: float | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -332,8 +336,8 @@ class _Timer:
             self._handle = asyncio.get_running_loop().call_at(when, self._fired)
 
     def _fired(self) -> None:
-        self._when, self._handle = None, None
-        self._fire()
+        due, self._when, self._handle = self._when, None, None
+        self._fire(due)
 
 
 def stopping() -> BarrierError:

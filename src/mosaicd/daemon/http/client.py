@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mosaic_proto import BarrierReason
-from mosaicd.daemon.http.body import hash_bytes
-from mosaicd.daemon.http.connections import Connections, SlowConnects
+from mosaic_proto.auth import parts_digest
+from mosaicd.daemon.http.body import OFF_LOOP_BYTES, hash_bytes
+from mosaicd.daemon.http.connections import Body, Connections, SlowConnects, body_size
 from mosaicd.logs import get_logger
 
 HOPELESS_AFTER_S = 2.0  # failures this long before a retried request asks whether there is any point
@@ -57,6 +58,16 @@ def refusal(status: int, body: bytes) -> HttpError:
     return HttpError(status, body.decode(errors="replace")[:300])
 
 
+async def hash_body(body: Body) -> str:
+    """The hex `body_digest` of a request's body (pieces: of them one after the other, not joined), in a worker
+    thread when it is large."""
+    if type(body) is not tuple:
+        return await hash_bytes(body)
+    if body_size(body) < OFF_LOOP_BYTES:
+        return parts_digest(body)
+    return await asyncio.to_thread(parts_digest, body)
+
+
 class Client:
     """Kept-alive connections shared by all requests; per-request deadlines; retries with exponential backoff on
     5xx/network errors."""
@@ -80,10 +91,11 @@ class Client:
             self._connections.close()
 
     async def request(self, method: str, url: str, *, timeout: float | None = None, retries: int | None = None,
-                      round: int = 0, data: bytes = b"", json_body: Any = None,
+                      round: int = 0, data: Body = b"", json_body: Any = None,
                       headers: dict[str, str] | None = None, digest: str | None = None,
                       give_up: frozenset[str] = frozenset()) -> tuple[int, bytes, str]:
-        """`digest`: `data`'s body digest where the caller has it (one body sent to several peers is hashed once);
+        """`data`: the body, one buffer or pieces sent one after the other (`connections.Body`, never joined);
+        `digest`: `data`'s body digest where the caller has it (one body sent to several peers is hashed once);
         `give_up`: the reasons of 5xx answers not retried (raised at once as `Refused`)."""
         assert self._connections is not None, "Client used outside 'async with'"
         headers = dict(headers or {})
@@ -91,7 +103,7 @@ class Client:
             data = json.dumps(json_body).encode()
             headers["Content-Type"] = "application/json"
         if self.signer and digest is None:
-            digest = await hash_bytes(data)  # once per request, off the loop when large
+            digest = await hash_body(data)  # once per request, off the loop when large
         attempts = 1 + (self.retries if retries is None else retries)
         last, refused, closed = "no attempt", None, False
         for attempt in range(attempts):

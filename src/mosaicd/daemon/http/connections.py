@@ -29,6 +29,14 @@ JOIN_BELOW = 1 << 18  # a body up to this size is sent in one piece with its hea
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # Content-Length: 0 when sent without a body
 
 
+Body = bytes | memoryview | tuple[bytes | memoryview, ...]  # a request's body: one buffer, or pieces sent in turn
+
+
+def body_size(body: Body) -> int:
+    """Its bytes (a view's, whatever its item size)."""
+    return sum(memoryview(part).nbytes for part in body) if type(body) is tuple else memoryview(body).nbytes
+
+
 class Answer:
     """An answer: its status, body and content type (lower case, parameters dropped; RFC 9110's
     application/octet-stream when it names none)."""
@@ -129,16 +137,16 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return not self.closed and self._keep and self.transport is not None and not self.transport.is_closing()
 
-    async def exchange(self, head: bytes, body: bytes | memoryview) -> Answer:
-        """Send one request (its head, then its body as it is: no copy) and wait for the whole answer."""
+    async def exchange(self, head: bytes, body: Body, size: int) -> Answer:
+        """Send one request (its head, then its body of `size` bytes as it is, pieces in turn: no copy) and wait
+        for the whole answer."""
         assert self.transport is not None and self._answer is None
         self._answer = asyncio.get_running_loop().create_future()
         self._started, self._content_type, self._chunks, self._framed, self._headed = False, b"", [], False, False
-        if len(body) <= JOIN_BELOW:  # one write, one system call: the copy costs less
-            self.transport.write(head + body if body else head)
-        else:
-            self.transport.write(head)
-            self.transport.write(body)
+        if size <= JOIN_BELOW:  # one write, one system call: the copy costs less
+            self.transport.write(b"".join((head, *body)) if type(body) is tuple else head + body if body else head)
+        else:  # the transport keeps the pieces it could not write at once, not a copy of them (uvloop)
+            self.transport.writelines((head, *body) if type(body) is tuple else (head, body))
         return await self._answer
 
     @property
@@ -156,6 +164,13 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def abort(self) -> None:
+        """Close at once, dropping what is not written yet: a request that failed leaves no body behind, whose
+        pieces may be views of arrays the caller goes on with."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
 
 class Connections:
     """Kept-alive connections per (host, port, tls): a request takes an idle one or opens one (at most
@@ -171,11 +186,11 @@ class Connections:
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._open: set[_Connection] = set()
 
-    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | memoryview) -> Answer:
+    async def request(self, method: str, url: str, headers: dict[str, str], body: Body) -> Answer:
         """One request and its answer. A connection that fails is closed; a kept-alive one that its server closed
         before it answered is replaced by a new one once (the request had not reached the server's handler)."""
         peer, target, host = _target(url)
-        length = len(body)
+        length = body_size(body)
         head = b"".join((method.encode("ascii"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n",
                          (b"Content-Length: %d\r\n" % length) if length or method in _BODY_METHODS else b"",
                          _header_bytes(headers), b"\r\n"))
@@ -183,9 +198,9 @@ class Connections:
             conn, reused = await self._take(peer)
             while True:
                 try:
-                    answer = await conn.exchange(head, body)
+                    answer = await conn.exchange(head, body, length)
                 except BaseException as exc:  # failed, timed out or cancelled: the connection's state is unknown
-                    conn.close()
+                    conn.abort()
                     self._open.discard(conn)
                     if reused and isinstance(exc, ConnectionError) and conn.answered_nothing:
                         conn, reused = await self._open_one(peer), False

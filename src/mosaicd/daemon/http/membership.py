@@ -16,7 +16,7 @@ from mosaicd.daemon.http.tls import enabled, scheme
 from mosaicd.settings import DaemonOptions
 
 __all__ = ["MembershipError", "address_key", "parse_address", "rank_addresses", "read_peer_list",
-           "resolve_all", "embedded_barrier_url", "own_address", "listed_addresses", "route_ip"]
+           "resolve_all", "same_host", "embedded_barrier_url", "own_address", "listed_addresses", "route_ip"]
 
 
 def read_peer_list(path: Path, tls: bool | None = None) -> list[str]:
@@ -65,6 +65,35 @@ def resolve_all(name: str, port: int = 0) -> list[str]:
     except socket.gaierror:
         return []
     return sorted({info[4][0] for info in infos}, key=lambda a: int(ipaddress.ip_address(a)))
+
+
+async def same_host(remote: str, address: str, limit: float = 2.0) -> bool:
+    """Whether a request from the IP `remote` comes from the host of the member at `address` (host:port; its host an
+    IP or a name, resolved within `limit` seconds). Ports are not compared: a node's requests leave from ephemeral
+    ports, never from the one it listens at."""
+    import asyncio
+
+    try:
+        host = parse_address(address)[0]
+        ip = _plain_ip(remote)
+    except (MembershipError, ValueError):
+        return False
+    try:
+        return _plain_ip(host) == ip
+    except ValueError:  # a name: the addresses it resolves to
+        pass
+    try:
+        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM),
+                                       limit)
+    except (OSError, TimeoutError):
+        return False
+    return any(_plain_ip(info[4][0]) == ip for info in infos)
+
+
+def _plain_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IP as compared: an IPv4-mapped IPv6 address is its IPv4 one (a dual-stack socket's peer)."""
+    ip = ipaddress.ip_address(text.split("%", 1)[0])
+    return ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
 
 
 def embedded_barrier_url(options: DaemonOptions) -> str:

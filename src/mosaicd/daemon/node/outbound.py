@@ -26,15 +26,20 @@ from mosaic_proto.node import REASON_FINISHED, REASON_REJOINING
 from mosaic_proto.profiles import NodeProfile, TokenBucket
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded
-from mosaicd.daemon.http.body import hash_bytes
-from mosaicd.daemon.http.client import Abandoned, Client, HttpError, Refused
+from mosaicd.daemon.http.client import Abandoned, Client, HttpError, Refused, hash_body
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.settings import DaemonOptions
 
+# a peer list's run stopped at rank 0: how to go on, said on every member, as `mosaicd cluster` says "--resume"
+# (`cluster_resume.next_step`)
+SAME_COMMANDS = ("the same commands, started again on every member, resume it from the newest point every member "
+                 "holds a checkpoint of")
+
 STARTING_RETRY_S = 0.05  # the first pause before a starting member that answered `rejoining` is tried again (doubling)
 REJOINING = frozenset({REASON_REJOINING})  # the refusal a sender decides on itself (`send_all`)
+REASON_BUSY = "busy"  # a 503 of `http/limits.py` or the inbox's decoding slots: try again
 
 
 class Link:
@@ -63,25 +68,29 @@ async def send_all(client: Client, round: int, messages: Sequence[OutgoingMessag
     members (`NodeState.starting`), which take part once up: those are tried again within the budget."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    digests: dict[int, asyncio.Future[str | None]] = {}  # by payload: peers sent the same fragments share its bytes
+    digests: dict[int, asyncio.Future[str]] = {}  # by body: peers sent the same fragments share its bytes
 
     async def post(message: OutgoingMessage, url: str) -> None:
-        """POST `message`, again while its peer is one of the `starting` that answers `rejoining`."""
-        if client.signer is not None and id(message.payload) not in digests:
-            digests[id(message.payload)] = asyncio.ensure_future(hash_bytes(message.payload))
-        digest = await asyncio.shield(digests[id(message.payload)]) if client.signer is not None else None
+        """POST `message`, again while its peer is one of the `starting` that answers `rejoining`, or answers
+        `busy` after the client's retries (its bodies' or decodes' budget is taken by other large messages: at a
+        50M-value model, one 200 MB message at a time)."""
+        if client.signer is not None and id(message.body) not in digests:
+            digests[id(message.body)] = asyncio.ensure_future(hash_body(message.body.parts))
+        digest = await asyncio.shield(digests[id(message.body)]) if client.signer is not None else None
         delay = STARTING_RETRY_S
         while True:
             try:
-                await client.request("POST", url, data=message.payload, round=round,
+                await client.request("POST", url, data=message.body.parts, round=round,
                                      headers={"Content-Type": CONTENT_TYPE}, digest=digest,
                                      give_up=REJOINING)
                 return
             except Refused as exc:
-                if exc.reason != REASON_REJOINING or exc.status != 503 or message.peer not in starting:
+                busy = exc.reason == REASON_BUSY  # the receiver takes no more large bodies now: later, it will
+                starts = exc.reason == REASON_REJOINING and exc.status == 503 and message.peer in starting
+                if not busy and not starts:
                     raise
             if delay == STARTING_RETRY_S:
-                log.debug("receiver_starting", round=round, peer=message.peer)
+                log.debug("receiver_busy" if busy else "receiver_starting", round=round, peer=message.peer)
             await asyncio.sleep(delay)
             delay = min(2 * delay, 1.0)
 
@@ -89,7 +98,7 @@ async def send_all(client: Client, round: int, messages: Sequence[OutgoingMessag
         routine = False  # the peer is down, leaving or starting again: the barrier's round line says so, once
         try:
             if pace is not None:
-                await pace(len(message.payload))
+                await pace(message.nbytes)
             await post(message, url)
             ok = True
         except Refused as exc:
@@ -109,7 +118,7 @@ async def send_all(client: Client, round: int, messages: Sequence[OutgoingMessag
         took = loop.time() - started
         if took > max(budget / 4, 1.0) and not routine:
             log.warning("slow_send", round=round, peer=message.peer, url=url, seconds=round_(took),
-                        bytes=len(message.payload), budget_s=round_(budget), taken=ok)
+                        bytes=message.nbytes, budget_s=round_(budget), taken=ok)
         return ok
 
     tasks = [asyncio.ensure_future(send(m, u)) for m, u in zip(messages, urls, strict=True)]
@@ -122,7 +131,7 @@ async def send_all(client: Client, round: int, messages: Sequence[OutgoingMessag
     unsent = []
     for message, url, task in zip(messages, urls, tasks, strict=True):
         if not task.cancelled() and task.result():
-            delivered[message.peer] = (len(message.fragments), len(message.payload))
+            delivered[message.peer] = (len(message.fragments), message.nbytes)
             continue
         if task.cancelled():
             log.warning("send_abandoned", round=round, peer=message.peer, url=url, budget_s=round_(budget),
@@ -153,7 +162,7 @@ async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: 
                                               hopeless=None if peers is None else lambda: everyone_gone(
                                                   [address_of(barrier_url), *peers]))
     except Abandoned as exc:
-        raise RunEnded(f"the run ended without this node: {exc.detail}") from None
+        raise RunEnded(f"the run ended without this node: {exc.detail}{resume_hint(options)}") from None
     except Refused as exc:
         if exc.reason == BarrierReason.DROPPED:
             raise PeerDropped(f"node {rank} was dropped from the run: {exc.detail}") from None
@@ -162,6 +171,15 @@ async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: 
         if exc.reason in (BarrierReason.RUN_FAILED, BarrierReason.LEFT):
             raise RunEnded(exc.detail) from None
         raise
+    except HttpError as exc:  # rank 0 of a peer list, which hosts the barrier, is gone: how to go on
+        if exc.status is None and options.peer_list is not None:
+            raise HttpError(None, f"{exc.detail}{resume_hint(options)}", exc.closed) from None
+        raise
+
+
+def resume_hint(options: DaemonOptions) -> str:
+    """What a peer list's member says where rank 0 is gone without a word (stopped at once, or unreachable)."""
+    return f"; if rank 0 was stopped, {SAME_COMMANDS}" if options.peer_list is not None else ""
 
 
 def address_of(url: str) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from mosaic_proto import Advance, BarrierReason, Fragmentation, Layout, NodeOutcome, NodeState, PeerSampler
+from mosaic_proto import Advance, BarrierReason, Fragmentation, Layout, NodeOutcome, NodeState, PeerSampler, TaskClaim
 from mosaicd.daemon.errors import PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost, HostedBarrier
 from mosaicd.daemon.http.auth import REGISTER_RUN, Secret, check_listen, signer
@@ -53,7 +53,8 @@ __all__ = ["Peer", "PeerDropped", "RunEnded"]
 class Peer:
     def __init__(self, options: DaemonOptions, model: Layout | Any = None, *, run: RunConfig | None = None,
                  host: BarrierHost | None = None, rejoining: bool = False, resume_rank: int | None = None,
-                 secret: Secret | None = None, checkpoints: Sequence[int] | None = None) -> None:
+                 secret: Secret | None = None, checkpoints: Sequence[int] | None = None,
+                 runs_task: bool = False) -> None:
         """`model`: the model's Layout, or a torch module whose float state is the gossiped vector; None to
         give it after registration (`set_model`). `run` and `host` are needed only where this peer hosts the
         barrier (rank 0 of a --peer-list): `host` builds it (`mosaicd.Peer` gives `mosaicd.daemon.embedded`'s,
@@ -63,9 +64,11 @@ class Peer:
         run (`--resume-round`), wherever it listens now. `secret`: the run's (a `mosaicd.Barrier`'s of the same
         program: `barrier.secret`); none given: --secret-file's, read here. `checkpoints`: the rounds of this
         member's checkpoints of the run (a peer list's member started again): where rank 0 resumes the run, it goes
-        on at one of them, said by `resumed_at`."""
+        on at one of them, said by `resumed_at`. `runs_task`: this peer builds the run's task (`mosaicd node`); else
+        it is a training loop of its own, and its registration says so (a barrier with a task refuses it)."""
         self.options, self._model, self._host, self._hosted_run = options, model, host, run
         self._resume_rank, self._checkpoints = resume_rank, checkpoints
+        self._runs = TaskClaim(False) if runs_task else TaskClaim(True, own_loop_name(options), values_of(model))
         self.resumed_at: int | None = None  # the round a resumed run goes on at, from this member's checkpoint of it
         self._paced: tuple[int, Link] | None = None  # (rank, its link) under --node-profile
         self._aggregate_s = 0.0  # how long the last release's aggregation took, for the next round's report
@@ -160,7 +163,8 @@ class Peer:
                 "--register-deadline)")
 
     async def _register(self) -> None:
-        body = {"address": self.address, **({"rank": self._resume_rank} if self._resume_rank is not None else {}),
+        body = {"address": self.address, "task": self._runs.to_json(),
+                **({"rank": self._resume_rank} if self._resume_rank is not None else {}),
                 **({"checkpoints": list(self._checkpoints)} if self._checkpoints is not None else {})}
         try:
             reply = await self._ask_place(body)
@@ -389,3 +393,18 @@ def hosted_barrier(options: DaemonOptions, run: RunConfig | None, host: BarrierH
     if host is None:
         raise ValueError("rank 0 of a --peer-list hosts the barrier: it needs a host (mosaicd.Peer has one)")
     return host(run.with_nodes(len(addresses)), options, secret)
+
+
+def own_loop_name(options: DaemonOptions) -> str:
+    """What an own loop calls itself: its settings' task where they say --own-loop (a name, not a task), else none."""
+    return str(getattr(options, "task", "")) if getattr(options, "own_loop", False) else ""
+
+
+def values_of(model: Layout | Any) -> int | None:
+    """The size of the model a peer was given (None: given later, `set_model`)."""
+    if model is None:
+        return None
+    if isinstance(model, Layout):
+        return model.dim
+    from mosaicd.learning.tasks.torch_util import layout_of
+    return layout_of(model).dim

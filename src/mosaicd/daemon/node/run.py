@@ -18,9 +18,11 @@ from mosaicd.daemon.hosting import BarrierHost
 from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.daemon.node import checkpoint
+from mosaicd.daemon.node.console import NodeConsole
+from mosaicd.daemon.node.outbound import SAME_COMMANDS
 from mosaicd.daemon.node.peer import Peer
 from mosaicd.daemon.node.warmup import prefetch_in_background
-from mosaicd.logs import get_logger
+from mosaicd.logs import get_logger, json_logs
 from mosaicd.outputs import is_eval_round
 from mosaicd.protocol import profile_spec
 from mosaicd.settings import DaemonOptions, Settings
@@ -47,7 +49,8 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     if options.resume_round is None and directory is not None:
         held = checkpoint.rounds_of(kept, run.run_id if run is not None else None)
     came_back = saved is not None or checkpoint.was_member(directory)  # a run's member before, started again
-    peer = Peer(options, run=run, host=host, rejoining=came_back, resume_rank=resume_rank, checkpoints=held)
+    peer = Peer(options, run=run, host=host, rejoining=came_back, resume_rank=resume_rank, checkpoints=held,
+                runs_task=True)
     registering = asyncio.ensure_future(peer.__aenter__())
     told = on_signals(registering) if options.leave_on_signal else None
     try:
@@ -126,14 +129,14 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     if task is None or task.run != run:
         task = await asyncio.to_thread(build_task, run, settings.data_dir)
     peer.set_model(task.layout)
-    log = get_logger(role="node", run=run.run_id, node=peer.rank)
     resume_round = options.resume_round if options.resume_round is not None else peer.resumed_at
     if peer.resumed_at and options.resume_round is None:  # rank 0 resumed the peer list's run at this round
         saved = resumed_checkpoint(peer, options, peer.resumed_at)
     vector = await starting_model(peer, task, saved, options)
     if peer.round > 0 and saved is not None and saved.run_id == run.run_id and settings.peer_list is not None:
-        print(f"mosaicd node: run {run.run_id} goes on at round {peer.round} of {run.rounds}: this node resumes from "
-              f"its checkpoint of round {saved.round}", file=sys.stderr, flush=True)
+        print(f"mosaicd node: run {run.run_id} goes on with {peer.round} of {run.rounds} rounds done, the newest point "
+              f"every member holds a checkpoint of: this node resumes from its checkpoint of round {saved.round}",
+              file=sys.stderr, flush=True)
     if resume_round:  # its models after the two rounds before, for the barrier's evaluations
         before = model_before(peer, options, resume_round)
         peer.begin(vector, kept_as=peer.round - 1, before=before)
@@ -151,6 +154,20 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     if saved is not None and vector is saved.vector and run.train:  # its model from the checkpoint, and its optimizer
         task.load_node_state(data_rank, saved.trained)
     saving = Checkpoints(options, peer, lambda: task.node_state(data_rank) if run.train else {})
+    with NodeConsole(f"rank {peer.rank}", run.rounds, enabled=not json_logs(settings.log_json)) as console:
+        await rounds_of(peer, task, vector, options, saving, data_rank, console)
+    await saving.drain()
+    await peer.finish()
+    if peer.barrier is not None:
+        await peer.barrier.wait_done()
+
+
+async def rounds_of(peer: Peer, task: Any, vector: np.ndarray, options: DaemonOptions, saving: Checkpoints,
+                    data_rank: int, console: NodeConsole) -> None:
+    """This node's rounds, from the one it is in to the run's last: train, gossip, evaluate, checkpoint; each round
+    done is a line on its `console`."""
+    run = peer.run
+    log = get_logger(role="node", run=run.run_id, node=peer.rank)
     spec = profile_spec(run)
     profile = spec.of(peer.rank, run.seed, run.nodes) if spec is not None else None
     while peer.round < run.rounds:
@@ -179,13 +196,10 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
             peer.evaluated(t, None)
             raise
         log.info("round", round=t, loss=loss)
+        console.round_done(t, loss, len(peer.members), len(peer.state.addresses))
         if evaluates:  # its own model after round t, on its own task, before it trains round t + 1
             peer.evaluated(t, await evaluate_own(task, vector, peer, t))
         await saving.after(t, vector)
-    await saving.drain()
-    await peer.finish()
-    if peer.barrier is not None:
-        await peer.barrier.wait_done()
 
 
 async def evaluate_own(task: Any, vector: np.ndarray, peer: Peer, t: int) -> dict[str, Any] | None:
@@ -237,10 +251,12 @@ async def leave_for(peer: Peer, reason: str, ends_run: bool = False, within: flo
     if peer.barrier is None:
         await peer.leave(reason, ends_run, within, stopped)
         return
-    peer.barrier.fail(f"rank {peer.rank}, which hosts the barrier, stopped: {reason}")
+    done = f"{peer.round} of {peer.run.rounds} rounds done"  # rounds are counted done, in every line of a stop
+    peer.barrier.fail(f"rank {peer.rank}, which hosts the barrier, stopped with {done}: {reason}"
+                      + (f"; {SAME_COMMANDS}" if stopped else ""))  # every member's error says how to go on
     if stopped:  # a person stopped it: how to go on (checkpoints: exactly)
-        print(f"mosaicd node: rank 0 stopped the run at round {peer.round} of {peer.run.rounds} (it hosts the "
-              "barrier); start the same commands again, on every member, to resume it", file=sys.stderr, flush=True)
+        print(f"mosaicd node: rank 0 stopped the run with {done} (it hosts the barrier); start the same commands "
+              "again, on every member, to resume it", file=sys.stderr, flush=True)
     await linger_for_the_others(peer)
 
 
@@ -267,9 +283,9 @@ def resumed_checkpoint(peer: Peer, options: DaemonOptions, round: int) -> checkp
     holds it): FileNotFoundError, plainly, where it is not there (or not this run's and rank's) any more."""
     saved = checkpoint.load(checkpoint.state_dir(options), round)
     if saved is None or (saved.run_id, saved.rank) != (peer.run.run_id, peer.rank):
-        raise FileNotFoundError(f"the run {peer.run.run_id} was resumed at round {round}, but "
+        raise FileNotFoundError(f"the run {peer.run.run_id} was resumed with {round} rounds done, but "
                                 f"{checkpoint.state_dir(options)} (--state-dir) holds no checkpoint of this member "
-                                f"(rank {peer.rank}) of that round now: it cannot go on exactly")
+                                f"(rank {peer.rank}) of round {round} now: it cannot go on exactly")
     return saved
 
 

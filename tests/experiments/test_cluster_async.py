@@ -1,0 +1,142 @@
+"""`mosaicd cluster --sync async` (issue 60, item 4): asynchronous node daemons on loopback, each driving the
+`AsyncNodeState` that `simulate --sync async` runs; no barrier on the data path; signed messages, replays refused."""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+
+import pytest
+
+from mosaic_proto.wire import encode
+from mosaicd.cli import main
+from mosaicd.daemon.http.auth import Secret
+from mosaicd.daemon.node.async_run import AsyncNode
+from mosaicd.experiments.cluster_async import AsyncCluster, run_cluster_async
+from mosaicd.learning.evaluation import network_metrics
+from mosaicd.learning.tasks import build_task
+from mosaicd.settings import Settings
+
+RUN = {"sync": "async", "task": "quadratic", "fragments": 4, "fanout": 2}
+
+
+def clustered(tmp_path: Path, name: str, profile: str, **settings) -> dict:
+    (tmp_path / f"{name}.toml").write_text(profile)
+    return run_cluster_async(Settings.load(**{**RUN, **settings}, node_profile=tmp_path / f"{name}.toml",
+                                     out=tmp_path / name), progress=False, timeout=120)
+
+
+@pytest.mark.slow
+def test_an_asynchronous_cluster_finishes_with_each_node_s_model_and_the_async_block(tmp_path: Path) -> None:
+    summary = clustered(tmp_path, "run", "compute_s = 0.05\n", nodes=5, rounds=15)
+    assert summary["status"] == "finished" and sorted(summary["model_sha256"]) == [str(i) for i in range(5)]
+    block = summary["asynchronous"]
+    assert block["steps"] == {str(i): 15 for i in range(5)} and block["signed"] is True
+    assert block["messages_sent"] >= 5 * 15 and block["messages_unsent"] == 0 and block["replays_refused"] == 0
+    run = Settings.load(**RUN, nodes=5, rounds=15).run_config()
+    task = build_task(run)
+    start = network_metrics(task, [task.initial(i) for i in range(5)])
+    assert summary["final"]["node_average"] < start["node_average"] / 2  # trained and gossiped
+    assert summary["final"]["consensus_distance"] < start["consensus_distance"] / 2
+    with open(tmp_path / "run" / "rounds.csv", newline="") as f:  # evaluated on the time grid, then at the end
+        rows = list(csv.DictReader(f))
+    times = [float(r["time_s"]) for r in rows]
+    assert len(rows) >= 5 and times[:3] == [0.05, 0.1, 0.15] and times == sorted(times)
+    assert [int(r["round"]) for r in rows[:3]] == [0, 1, 2] and int(rows[-1]["round"]) >= 14
+    assert times[-1] == max(block["elapsed_s"].values())
+    assert float(rows[-1]["node_average"]) < float(rows[0]["node_average"])
+
+
+@pytest.mark.slow
+def test_a_node_slowed_ten_times_does_not_slow_the_others(tmp_path: Path) -> None:
+    alike = clustered(tmp_path, "alike", "compute_s = 0.05\n", nodes=4, rounds=20, eval_every=5)["asynchronous"]
+    slowed = clustered(tmp_path, "slowed", "compute_s = 0.05\n[nodes.3]\nslowdown = 10\n", nodes=4, rounds=20,
+                       eval_every=5)["asynchronous"]
+    assert slowed["steps"] == alike["steps"] == {str(i): 20 for i in range(4)}
+    reference = sum(alike["steps_per_s"][str(i)] for i in range(3)) / 3
+    for i in range(3):  # each of the others trains at its pace, as without the slow node (within 20%)
+        assert abs(slowed["steps_per_s"][str(i)] / reference - 1) < 0.2, (slowed, alike)
+    assert slowed["steps_per_s"]["3"] < reference / 5  # and the slow node is slow
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("secret", [True, False])
+def test_ad_psgd_runs_in_the_daemons_from_the_same_flag(tmp_path: Path, secret: bool) -> None:
+    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    summary = run_cluster_async(Settings.load(sync="async", task="quadratic", exchange="pairwise", nodes=4, rounds=15,
+                                              eval_every=5, insecure=not secret, node_profile=tmp_path / "p.toml",
+                                              out=tmp_path / "adpsgd"), progress=False, timeout=120)
+    block = summary["asynchronous"]
+    assert summary["status"] == "finished" and block["steps"] == {str(i): 15 for i in range(4)}
+    assert block["signed"] is secret and block["pairs_averaged"] >= 4 * 15  # each pair counts on both sides
+    assert block["replays_refused"] == 0 and summary["final"]["consensus_distance"] < 1.0
+
+
+def test_resume_is_refused_in_the_daemons_naming_the_flag(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    for flags, said in ((["--resume"], "--resume: the asynchronous daemons save no checkpoint yet"),):
+        with pytest.raises(SystemExit) as stopped:
+            main(["cluster", "--sync", "async", *flags, "--nodes", "3", "--out", str(tmp_path / "run")])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_replayed_or_misattributed_message_is_refused(tmp_path: Path) -> None:
+    settings = Settings.load(**RUN, nodes=4, rounds=3, out=tmp_path / "n")
+    task = build_task(settings.run_config())
+    addresses = [f"127.0.0.1:{9000 + i}" for i in range(4)]
+    sender, receiver = AsyncNode(settings, task, 1, addresses, Secret(None)), AsyncNode(settings, task, 0, addresses,
+                                                                                  Secret(None))
+    sender.state.trained(task.initial(1), 0.0)
+    messages = [m for m in iter(lambda: sender.state.next_send(0.0), None) if m.peer == 0]
+    if not messages:  # step 0's plan sends node 0 nothing from node 1: the next step's does (seed 0)
+        sender.state.trained(sender.state.start, 1.0)
+        messages = [m for m in iter(lambda: sender.state.next_send(1.0), None) if m.peer == 0]
+    body = encode(messages[0].batch)
+    assert receiver.receive(body, 2)[1] == 403  # signed by node 2, but says it is node 1's
+    assert receiver.receive(body, 1) == ({"outcome": "taken"}, 200)
+    answer, status = receiver.receive(body, 1)  # the same message again: refused, whatever the nonce
+    assert status == 409 and answer["reason"] == "replayed_step"
+
+
+@pytest.mark.slow
+def test_a_node_killed_mid_run_costs_the_others_nothing(tmp_path: Path) -> None:
+    """Node 3 is SIGKILLed once it has trained a few iterations: the others finish at their pace, as without it."""
+    import json
+    import threading
+    import urllib.request
+
+    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    alike = run_cluster_async(Settings.load(**RUN, nodes=4, rounds=40, eval_every=10, node_profile=tmp_path / "p.toml",
+                                            out=tmp_path / "alike"), progress=False, timeout=120)["asynchronous"]
+    settings = Settings.load(**RUN, nodes=4, rounds=40, eval_every=10, node_profile=tmp_path / "p.toml",
+                             out=tmp_path / "killed")
+    cluster = AsyncCluster(settings, progress=False)
+    done: dict = {}
+    running = threading.Thread(target=lambda: done.update(cluster.run(120)))
+    running.start()
+    killed = False
+    for _ in range(600):
+        roster = tmp_path / "killed" / "roster.json"
+        if roster.exists() and "node-3" in cluster.processes.procs:
+            address = json.loads(roster.read_text())["addresses"][3]
+            try:
+                with urllib.request.urlopen(f"http://{address}/v1/status", timeout=1) as answer:
+                    steps = json.loads(answer.read())["steps"]
+            except OSError:
+                steps = 0
+            if steps >= 5:
+                cluster.processes.procs["node-3"].kill()
+                killed = True
+                break
+        time.sleep(0.05)
+    running.join(150)
+    assert killed and done["status"] == "finished" and done["dropped"] == [3], done
+    block = done["asynchronous"]
+    assert sorted(block["steps"]) == ["0", "1", "2"] and set(block["steps"].values()) == {40}
+    assert block["messages_unsent"] > 0  # what went to node 3 after it died
+    reference = sum(alike["steps_per_s"][str(i)] for i in range(3)) / 3
+    for i in range(3):
+        assert abs(block["steps_per_s"][str(i)] / reference - 1) < 0.2, (block, alike)
