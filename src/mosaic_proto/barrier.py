@@ -392,10 +392,11 @@ class BarrierState:
         return self.phases.registering and 0 < self.expected <= len(self.pending)
 
     def register(self, address: str, now: float, allow_new: bool = False, waited: bool = False) -> int | Joined | None:
-        """A registration: None until the roster is made, then (`waited`) its rank; once the run goes on, `join`."""
+        """None until the roster is made, then (`waited`) its rank; while the run goes on, `join`, or `_placed`."""
         _checked(address)
         if not waited and self.phases.goes_on and (allow_new or address in self.addresses):
-            return self.join(address, now, allow_new)
+            placed = address in self.addresses and _placed(self, rank := self.addresses.index(address))
+            return rank if placed else self.join(address, now, allow_new)
         if self.addresses:
             if address in self.addresses:
                 return self.addresses.index(address)
@@ -663,6 +664,13 @@ def _saved(state: BarrierState) -> dict[str, Any]:
             "members": [[m.missed, m.last_round] for m in state.members.values()],
             "released": [r.to_json() for _, r in sorted(state.released.items())],
             "events": [e.to_json() for e in state.events]}
+
+
+def _placed(state: BarrierState, rank: int) -> bool:
+    """`rank` joined (told so: 409 `joining`), and asks again for its place once the release that placed it opened
+    the round: a live member of the open round that has sent nothing since, as every member starting a round."""
+    member = state.members[rank]
+    return state.phases.running and rank in state.live and 0 < member.placed_from == state.round > member.last_round
 
 
 def _new_incarnation(state: BarrierState, rank: int) -> bool:

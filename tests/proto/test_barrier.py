@@ -59,7 +59,7 @@ def test_registration_ranks_are_sorted_addresses_and_closes_once() -> None:
     assert not state.register("10.0.0.10:1", 2.5).incarnation  # asked again: it waits for its place
     state.arrive(0, 0, 3.0)
     assert state.arrive(2, 0, 3.0).joined == (1,)  # round 0 released while it asked again: placed from round 1
-    assert not state.register("10.0.0.10:1", 3.1).incarnation  # then asked: the one told, not a new process
+    assert state.register("10.0.0.10:1", 3.1) == 1 and state.round == 1 and 1 in state.live  # asked: there it is
     with pytest.raises(BarrierError) as err:
         state.register("10.0.0.11:1", 2.0)
     assert err.value.reason == "registration_closed"

@@ -94,6 +94,8 @@ class Registrar:
         given = host.decide(lambda s, now: s.register(address, now, allow_new=host.options.allow_join))
         if isinstance(given, Joined):
             return await self._join(given)
+        if given is not None and state.phases.goes_on:  # told it sits out, it asks again once placed: the open round
+            return self._reply(given, state.round, state.live)
         if given is None:
             host.metrics.registered.set(len(state.pending))
             host.log.info("registered", address=address, registered=len(state.pending), expected=state.expected,
