@@ -48,6 +48,7 @@ from .barrier_rules import (
     NodeCount,
     RunTask,
     TaskClaim,
+    ended_line,
     resume_point,
     too_few_reason,
 )
@@ -686,7 +687,7 @@ def _check_arrival(state: BarrierState, rank: int, round: int) -> None:
     if not state.members or rank not in state.members:
         raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
     if state.phases.failed:
-        raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {state.failure}")
+        raise BarrierError(BarrierReason.RUN_FAILED, ended_line(str(state.failure)))
     if state.phases.rebinding:
         raise BarrierError(BarrierReason.BAD_ROUND, f"the resumed run waits for members {sorted(state.awaited)} "
                            "to come back, started again: no round is open (one running from before: restart it)")

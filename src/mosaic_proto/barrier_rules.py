@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["LATE_GRACE_S", "LATE_TICK_S", "STOP_HOLD_S", "CountRule", "HeldStops", "LateClock", "LayoutClaim",
-           "NodeCount", "RunTask", "TaskClaim", "resume_point", "too_few_reason"]
+           "NodeCount", "RunTask", "TaskClaim", "ended_line", "ended_status", "resume_point", "too_few_reason"]
 
 OWN_LOOP = "own loop"  # what an own loop's run is called where it gives no name
 
@@ -244,6 +244,19 @@ def resume_point(kept: Iterable[dict[str, Any]], held: Mapping[int, Collection[i
         if all(state["round"] in held.get(rank, ()) for rank in members):
             return state["round"], members
     return None
+
+
+def ended_status(reason: str) -> str:
+    """How a run that did not finish ended, by its one-line reason: "interrupted" (a person stopped it: Ctrl-C,
+    SIGTERM, its members or a peer list's rank 0 told to stop; resumable) or "failed". The one rule: summary.json,
+    /v1/status and every member's last line read it."""
+    return "interrupted" if str(reason).startswith("interrupted (") else "failed"
+
+
+def ended_line(reason: str) -> str:
+    """What a member hears of a run that ended early for `reason` (410 `run_failed`): "the run failed: ...", or the
+    reason itself where a person stopped it ("interrupted (...": the member says so, not an error)."""
+    return reason if ended_status(reason) == "interrupted" else f"the run failed: {reason}"
 
 
 def too_few_reason(t: int, live: Collection[int], dropped: list[int], left: list[int], min_members: int,

@@ -50,6 +50,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from mosaic_proto import NODE_COLUMNS, NodeReport
+from mosaic_proto.barrier_rules import ended_status  # the one rule, which the barrier's state says too
 from mosaicd.files import write_whole
 from mosaicd.protocol import byzantine_ranks
 from mosaicd.rundir import LIST_COLUMNS, MODEL_HASHES, node_losses_after, read_rounds, read_summary  # read_rounds: all
@@ -139,12 +140,6 @@ def failure_text(exc: BaseException) -> str:
         return f"interrupted ({exc.args[0] if exc.args else 'Ctrl-C'})"
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
-
-
-def ended_status(reason: str) -> str:
-    """How a run that did not finish ended, by its one-line reason: "interrupted" (a person stopped it: Ctrl-C,
-    SIGTERM, its members told to stop; resumable) or "failed"."""
-    return "interrupted" if str(reason).startswith("interrupted (") else "failed"
 
 
 def write_summary(out: Path, summary: dict[str, Any], indent: int | None = 2) -> dict[str, Any]:

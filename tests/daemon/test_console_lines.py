@@ -81,3 +81,23 @@ def test_a_log_line_goes_out_with_its_end_in_one_write() -> None:
     for line in lines:
         logger.info(line)
     assert raw.seen == [f"{line}\n".encode() for line in lines]
+
+
+@pytest.mark.parametrize(("reason", "code", "line"), [
+    ("interrupted (2 of 3 members were told to stop (SIGTERM), ranks [1, 2]: the run was stopped, not failed)", 130,
+     "mosaicd node: the run ended after round 7: interrupted (2 of 3 members were told to stop (SIGTERM)"),
+    ("rank 1 left, asked by 127.0.0.1:9 with ends_run", 1,
+     "mosaicd node: error: the run failed after round 7: rank 1 left"),
+])
+def test_a_run_a_person_stopped_ends_a_member_without_an_error_line(reason: str, code: int, line: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #61: a member that hears its run was interrupted (`outputs.ended_status`) says so and exits 130, as
+    docs/faults.md says; one that hears it failed says `error:` and exits 1."""
+    from mosaicd.daemon.entry import run_entry
+    from mosaicd.daemon.errors import run_ended
+
+    def ends() -> int:
+        raise run_ended(reason, " after round 7")
+    assert run_entry("node", ends) == code
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith(line), said

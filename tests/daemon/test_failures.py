@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -365,7 +366,7 @@ def test_a_stand_alone_barrier_whose_members_are_stopped_says_interrupted_and_ex
     """4 nodes, fanout 2, a barrier of its own (compose's shape): three members told to stop at once leave too few,
     so a person stopped the run. The barrier counts every member stopped (the third after the interruption too),
     says so at warning (`interrupted`, no `run_failed` error), and exits 130 as docs/faults.md says, not 1 with
-    "error: interrupted"."""
+    "error: interrupted"; so does the member that was not told to stop, which hears it (no `error` line)."""
     run = dict(nodes=4, rounds=40, fanout=2, dim=8, round_deadline=60)
     barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
     try:
@@ -373,15 +374,23 @@ def test_a_stand_alone_barrier_whose_members_are_stopped_says_interrupted_and_ex
         for i, port in enumerate(node_ports):
             spawn(f"node-{i}", port, "node", "--barrier-url", f"http://127.0.0.1:{barrier_port}")
         view = kit.wait_until(lambda: (s := status(kit, barrier_port)) and s["round"] >= 3 and s, 60, "round 3")
-        for member in view["members"]:
-            if member["rank"] != 0:
-                procs[int(member["address"].rsplit(":", 1)[1])].send_signal(signal.SIGTERM)
+        ports = {m["rank"]: int(m["address"].rsplit(":", 1)[1]) for m in view["members"]}
+        for rank, port in ports.items():
+            if rank != 0:
+                procs[port].send_signal(signal.SIGTERM)
         code = procs[barrier_port].wait(timeout=30)
+        nodes = {rank: procs[port].wait(timeout=30) for rank, port in ports.items()}
     finally:
         kit.stop_all(procs)
     lines = (tmp_path / "barrier.log").read_text().splitlines()
     events = [json.loads(line) for line in lines if line.startswith("{")]
     assert code == 130, lines[-5:]
+    # the member not told to stop hears the run was interrupted: it says so, not an error, and exits 130 too
+    said0 = (tmp_path / f"node-{node_ports.index(ports[0])}.log").read_text()
+    assert nodes == {0: 130, 1: 0, 2: 0, 3: 0}, (nodes, said0[-2000:])
+    ended = re.search(r"^mosaicd node: the run ended(?: after round \d+)?: interrupted \(3 of 4 members", said0, re.M)
+    assert ended, said0[-2000:]
+    assert "mosaicd node: error" not in said0 and '"level": "error"' not in said0, said0[-2000:]
     said = [e for e in events if e.get("event") == "interrupted"]
     assert said and all(e["level"] == "warning" for e in said) and said[-1]["ranks"] == [1, 2, 3], said
     assert not [e for e in events if e.get("level") == "error"], [e for e in events if e.get("level") == "error"]

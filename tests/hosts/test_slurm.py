@@ -4,7 +4,8 @@ machine (tests/hosts/slurmlab.py), one node `localhost` running several tasks.
 - a run as one job: `sbatch --wait` returns 0, rank 0 (the first peer in sorted order) wrote the results to the
   shared MOSAIC_OUT, and the model hashes equal `mosaicd simulate`'s with the same settings;
 - a run that cannot start (--fanout too large): `sbatch --wait` returns non-zero and summary.json says why;
-- `scancel` mid-run: `sbatch --wait` returns non-zero, summary.json says "failed" (cancelled), no task is left.
+- `scancel` mid-run: `sbatch --wait` returns non-zero, summary.json says "interrupted" (a person stopped it, not a
+  failure: resumable), no task is left.
 
 Root, slurm-wlm and munge are needed; without them the tests skip, or fail under MOSAIC_REQUIRE_SLURM=1 (.ci/run).
 """
@@ -115,7 +116,7 @@ def test_a_run_that_cannot_start_fails_the_job(slurm: SlurmLab, tmp_path: Path) 
     assert slurm.job_state(done.stdout.strip().split(";")[0]) == "FAILED"
 
 
-def test_scancel_ends_the_run_with_a_failed_summary(slurm: SlurmLab, tmp_path: Path) -> None:
+def test_scancel_ends_the_run_with_an_interrupted_summary(slurm: SlurmLab, tmp_path: Path) -> None:
     out = tmp_path / "run"
     out.mkdir()
     waiting = subprocess.Popen(sbatch(slurm, out, [*RUN, "--rounds", "1000000", "--eval-every", "2"], "--wait"),
@@ -136,7 +137,7 @@ def test_scancel_ends_the_run_with_a_failed_summary(slurm: SlurmLab, tmp_path: P
         waiting.wait(timeout=10)
     assert code != 0
     summary = read_summary(out)
-    assert summary["status"] == "failed" and "SIGTERM" in summary["error"], summary  # rank 0 ended the run
+    assert summary["status"] == "interrupted" and "SIGTERM" in summary["error"], summary  # rank 0 stopped the run
     assert summary["model_sha256"] == {} and summary["final"] and summary["progress"]["rounds_done"] > 0, summary
     assert slurm.job_state(jobs[0]) == "CANCELLED"
     assert not list(out.glob(".secret-*"))

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
-from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
+from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded, RunInterrupted
 from mosaicd.daemon.http.client import HttpError
 from mosaicd.daemon.http.server import ListenError
 from mosaicd.settings import SettingsError
@@ -21,11 +21,15 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, T
 
 
 def run_entry(command: str, main: Callable[[], int], tell: Callable[[str], None] | None = None) -> int:
-    """`main()`'s exit code, or the one its error means (printed as `mosaicd COMMAND: error: ...`). `tell`: the
-    same line also goes there (a launcher's pipe: the log the line is printed to may be on a full disk)."""
+    """`main()`'s exit code, or the one its error means (printed as `mosaicd COMMAND: error: ...`; a run a person
+    stopped, `RunInterrupted`, as `mosaicd COMMAND: ...` and 130). `tell`: the same line also goes there (a
+    launcher's pipe: the log the line is printed to may be on a full disk)."""
     try:
         return main()
     except KeyboardInterrupt:
+        return 130
+    except RunInterrupted as exc:  # stopped, not failed: no error, and the run resumes (docs/faults.md)
+        _say(f"mosaicd {command}: {exc}", tell)
         return 130
     except SettingsError as exc:  # the settings or the peer list the user wrote: a usage error
         _say(f"mosaicd {command}: error: {exc}", tell)

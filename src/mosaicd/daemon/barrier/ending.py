@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from mosaic_proto import BarrierState, Release
+from mosaic_proto.barrier_rules import ended_status
 from mosaicd.outputs import RunRecorder, robustness_summary
 from mosaicd.settings import RunConfig
 
@@ -84,11 +85,15 @@ class RunEnd:
         self.done.set()
 
     def ended_early(self, reason: str, left: list[int]) -> bool:
-        """The run ends now, failed, for `reason` (False: it has ended already): summary.json says why, then `done`."""
+        """The run ends now, failed, for `reason` (False: it has ended already): summary.json says why, then `done`.
+        Interrupted (a peer list's rank 0 told to stop: `ended_status`) is said at warning, not an error."""
         if self.output_error is not None or self.done.is_set():
             return False
         self.output_error = reason
-        self.log.error("run_failed", detail=reason)
+        if ended_status(reason) == "interrupted":
+            self.log.warning("interrupted", detail=reason)
+        else:
+            self.log.error("run_failed", detail=reason)
         try:
             self.recorder.fail(reason, left=list(left))
         except OSError:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from mosaic_proto import BarrierError, BarrierReason, NodeReport, ReportError, TaskClaim
+from mosaic_proto.barrier_rules import ended_status
 from mosaicd.daemon.barrier.layouts import claimed_layout
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
 from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
@@ -266,8 +267,11 @@ def barrier_status(barrier: Barrier) -> dict[str, Any]:
 
 def status_phase(barrier: Barrier) -> str:
     """The run's phase as /v1/status says it: finished only once its last row and summary.json are written;
-    interrupted where its members were told to stop (a person stopped it, as summary.json says)."""
-    return "interrupted" if barrier.stopped_by_members() else barrier.state.phases.said(barrier.done.is_set()).value
+    interrupted where a person stopped it (its members, or the rank 0 hosting it, told to stop), as summary.json
+    says (`ended_status`)."""
+    if barrier.state.phases.failed and ended_status(str(barrier.failure)) == "interrupted":
+        return "interrupted"
+    return barrier.state.phases.said(barrier.done.is_set()).value
 
 
 def latest_per_node(rounds: list[dict[str, Any]]) -> dict[str, float]:

@@ -35,6 +35,7 @@ from mosaic_proto import (
     Roster,
     Withdrawal,
 )
+from mosaic_proto.barrier_rules import ended_line
 from mosaicd.daemon.barrier import journal as barrier_journal
 from mosaicd.daemon.barrier.ending import RunEnd
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluator
@@ -224,12 +225,12 @@ class DecisionRunner:
         if self.stopping:
             raise stopping()
         if self.output_error is not None:  # the journal stays at the last decision that could be saved
-            raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}")
+            raise BarrierError(BarrierReason.RUN_FAILED, ended_line(self.output_error))
         try:
             barrier_journal.save(self.options.out, self.run, self.state, self.recorder.started, bool(self.keyring))
         except OSError as exc:
             self.fail_output(exc)
-            raise BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.output_error}") from None
+            raise BarrierError(BarrierReason.RUN_FAILED, ended_line(str(self.output_error))) from None
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -245,7 +246,7 @@ class DecisionRunner:
         if self.stopping:
             return stopping()
         if self.state.phases.failed:
-            return BarrierError(BarrierReason.RUN_FAILED, f"the run failed: {self.failure}")
+            return BarrierError(BarrierReason.RUN_FAILED, ended_line(str(self.failure)))
         return None
 
     def _on_deadline(self, due: float) -> None:

@@ -36,7 +36,7 @@ class Refused(HttpError):
 
     def __init__(self, status: int, reason: str, detail: str) -> None:
         super().__init__(status, f"{reason}: {detail}")
-        self.reason = reason
+        self.reason, self.told = reason, detail  # `told`: its detail alone, as the peer wrote it
 
 
 class Abandoned(HttpError):

@@ -22,10 +22,11 @@ from mosaic_proto import (
     Release,
     parse_address,
 )
+from mosaic_proto.barrier_rules import ended_status
 from mosaic_proto.node import REASON_FINISHED, REASON_REJOINING
 from mosaic_proto.profiles import NodeProfile, TokenBucket
 from mosaicd.daemon.deadlines import arrival_timeout
-from mosaicd.daemon.errors import PeerDropped, RunEnded
+from mosaicd.daemon.errors import PeerDropped, RunEnded, run_ended
 from mosaicd.daemon.http.client import Abandoned, Client, HttpError, Refused, hash_body
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import scheme
@@ -168,8 +169,8 @@ async def arrive(client: Client, barrier_url: str, body: dict[str, Any], final: 
             raise PeerDropped(f"node {rank} was dropped from the run: {exc.detail}") from None
         if exc.reason == BarrierReason.STALE_ROUND:  # it fell behind further than the barrier keeps
             raise PeerDropped(f"node {rank} fell behind the run: {exc.detail}") from None
-        if exc.reason in (BarrierReason.RUN_FAILED, BarrierReason.LEFT):
-            raise RunEnded(exc.detail) from None
+        if exc.reason in (BarrierReason.RUN_FAILED, BarrierReason.LEFT):  # interrupted: told its reason (`ended_line`)
+            raise (run_ended(exc.told) if ended_status(exc.told) == "interrupted" else RunEnded(exc.detail)) from None
         raise
     except HttpError as exc:  # rank 0 of a peer list, which hosts the barrier, is gone: how to go on
         if exc.status is None and options.peer_list is not None:

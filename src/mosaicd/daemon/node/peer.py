@@ -31,7 +31,7 @@ import numpy as np
 from aiohttp import web
 
 from mosaic_proto import Advance, BarrierReason, Fragmentation, Layout, NodeOutcome, NodeState, PeerSampler, TaskClaim
-from mosaicd.daemon.errors import PeerDropped, RunEnded
+from mosaicd.daemon.errors import PeerDropped, RunEnded, run_ended
 from mosaicd.daemon.hosting import BarrierHost, HostedBarrier
 from mosaicd.daemon.http.auth import REGISTER_RUN, Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
@@ -293,7 +293,7 @@ class Peer:
         if advance.outcome is NodeOutcome.LEFT_OUT:
             raise PeerDropped(f"node {self.rank} was dropped from the run after round {t}")
         if advance.outcome is NodeOutcome.FAILED:
-            raise RunEnded(f"the run failed after round {t}: {advance.failure}")
+            raise run_ended(advance.failure, f" after round {t}")
         self.metrics.taken(advance.taken)
         self.metrics.round_done(t + 1, loss, advance.report)
         return advance.vector

@@ -66,14 +66,14 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
             peer.log.warning("member_note_unwritten", state_dir=str(directory), error=str(exc))
     try:
         rounds = asyncio.ensure_future(train_and_gossip(peer, settings, task, saved, prefetched))
-        stopped = on_signals(rounds, 0 if peer.barrier is None else 1) if options.leave_on_signal else None
+        stopped = on_signals(rounds, 0 if peer.barrier is None else 130) if options.leave_on_signal else None
         try:
             await rounds
         except asyncio.CancelledError:
             if stopped is None or not stopped:
                 raise
             await leave_for(peer, f"it was told to stop ({stopped[0]})", within=LEAVE_WITHIN_S, stopped=True)
-            code = 0 if peer.barrier is None else 1  # rank 0 of a peer list ended the run it hosts: failed
+            code = 0 if peer.barrier is None else 130  # rank 0 of a peer list interrupted the run it hosts
         except Exception as exc:
             if not isinstance(exc, PeerDropped | RunEnded):  # the barrier knows of those already
                 await leave_for(peer, f"error: {exc}", ends_run=isinstance(exc, OutputError | OSError))
@@ -247,13 +247,15 @@ async def leave_for(peer: Peer, reason: str, ends_run: bool = False, within: flo
                     stopped: bool = False) -> None:
     """Tell the barrier this node leaves, and why (`ends_run`: the run cannot go on exactly without it: a write it
     could not make; `within`: how long the barrier has to answer). Rank 0 of a peer list ends the run it hosts
-    (failed), and serves until the others have heard it (`linger_for_the_others`)."""
+    (failed; interrupted where it was told to stop: a person stopped it, `scancel`), and serves until the others
+    have heard it (`linger_for_the_others`)."""
     if peer.barrier is None:
         await peer.leave(reason, ends_run, within, stopped)
         return
     done = f"{peer.round} of {peer.run.rounds} rounds done"  # rounds are counted done, in every line of a stop
-    peer.barrier.fail(f"rank {peer.rank}, which hosts the barrier, stopped with {done}: {reason}"
-                      + (f"; {SAME_COMMANDS}" if stopped else ""))  # every member's error says how to go on
+    why = f"rank {peer.rank}, which hosts the barrier, stopped with {done}: {reason}"
+    # every member says how to go on; told to stop, it is the run's interruption (`ended_status`)
+    peer.barrier.fail(f"interrupted ({why}; {SAME_COMMANDS})" if stopped else why)
     if stopped:  # a person stopped it: how to go on (checkpoints: exactly)
         print(f"mosaicd node: rank 0 stopped the run with {done} (it hosts the barrier); start the same commands "
               "again, on every member, to resume it", file=sys.stderr, flush=True)
