@@ -19,18 +19,25 @@ from aiohttp import web
 
 import mosaicd.daemon
 from mosaic_proto import Layout, Reason
+from mosaic_proto.async_node import SyncMode
 from mosaicd import Peer, Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.http.auth import Secret
+from mosaicd.daemon.node.async_run import AsyncNode
 from mosaicd.daemon.node.inbox import STATUS_OF_REASON
-from mosaicd.daemon.node.routes import node_app
+from mosaicd.daemon.node.routes import node_app, node_document
+from mosaicd.learning.tasks import build_task
 
 DAEMON = Path(mosaicd.daemon.__file__).parent
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
 def document(name: str) -> dict[str, Any]:
+    """The document as the daemon `name` serves it ("async": an asynchronous node's, the node's without the paths
+    of barrier nodes)."""
+    if name in ("node", "async"):
+        return json.loads(node_document(SyncMode.ASYNC if name == "async" else SyncMode.BARRIER))
     return json.loads((DAEMON / name / "openapi.json").read_text())
 
 
@@ -50,17 +57,21 @@ def apps(tmp_path: Path) -> dict[str, web.Application]:
     settings = Settings(nodes=2, rounds=1, fanout=1, out=tmp_path / "barrier", barrier_url="http://127.0.0.1:9",
                         insecure=True)
     barrier = Barrier(settings.run_config(), settings.daemon_options(), secret=Secret(None))
-    return {"node": node_app(Peer(settings.daemon_options(), Layout.flat(4)).inbox), "barrier": barrier_app(barrier)}
+    run = Settings.load(sync="async", task="quadratic", nodes=2, rounds=1, fanout=1, dim=4, insecure=True,
+                        out=tmp_path / "async")
+    node = AsyncNode(run, build_task(run.run_config()), 0, ["127.0.0.1:9", "127.0.0.1:10"], Secret(None))
+    return {"node": node_app(Peer(settings.daemon_options(), Layout.flat(4)).inbox), "barrier": barrier_app(barrier),
+            "async": node.app()}
 
 
-@pytest.mark.parametrize("name", ["node", "barrier"])
+@pytest.mark.parametrize("name", ["node", "barrier", "async"])
 def test_documents_name_exactly_the_routes(tmp_path: Path, name: str) -> None:
     doc = document(name)
     assert doc["openapi"].startswith("3.") and doc["info"]["title"]
     assert served(apps(tmp_path)[name]) == documented(doc)
 
 
-@pytest.mark.parametrize("name", ["node", "barrier"])
+@pytest.mark.parametrize("name", ["node", "barrier", "async"])
 def test_every_error_is_the_json_error_object(name: str) -> None:
     doc = document(name)
     error = doc["components"]["schemas"]["Error"]

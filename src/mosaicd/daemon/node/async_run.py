@@ -31,6 +31,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ import numpy as np
 from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE, WireError
-from mosaic_proto.async_node import AsyncOutcome, Exchange
+from mosaic_proto.async_node import AsyncOutcome, Exchange, SyncMode
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
 from mosaic_proto.wire import decode, encode_parts, max_message_bytes
@@ -46,12 +47,14 @@ from mosaicd.daemon.http.auth import SENDER, Secret, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.limits import Limits
+from mosaicd.daemon.http.pages import dashboard_routes
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.daemon.node.metrics import NodeMetrics
 from mosaicd.daemon.node.outbound import Link
-from mosaicd.daemon.node.routes import read_body
+from mosaicd.daemon.node.routes import node_document, read_body
 from mosaicd.files import replacing, write_whole
 from mosaicd.logs import get_logger
+from mosaicd.outputs import clean_json
 from mosaicd.protocol import async_node_state, profile_spec
 from mosaicd.settings import Settings
 
@@ -105,19 +108,29 @@ class AsyncNode:
                 return web.Response(body=answer, content_type="application/octet-stream")
             return web.json_response(answer, status=status)
 
-        async def status(request: web.Request) -> web.Response:
-            s = self.state
-            return web.json_response({"rank": self.rank, "phase": s.phase.value, "steps": s.step,
-                                      "inbox": s.inbox_depth(), "queue": len(s.queue), "sent": self.sent,
-                                      "superseded": s.queue.superseded, **s.counts})
+        async def status(request: web.Request) -> web.Response:  # any origin may read it: the dashboard of a member
+            return web.json_response(self.status(), headers={"Access-Control-Allow-Origin": "*"})
 
         async def run_of(request: web.Request) -> str | None:
             return self.run.run_id
         return member_app([web.post("/v1/fragments", fragments), web.post("/v1/pair", pair),
-                           web.get("/v1/status", status)],
+                           web.get("/v1/status", status), *dashboard_routes()],
                           options=self.options, keyring=self.keyring, run_of=run_of, registry=self.metrics.registry,
                           limits=Limits(self.options, self.metrics.registry), max_body=self.options.max_body_bytes,
-                          openapi=Path(__file__).parent / "openapi.json")
+                          openapi=node_document(SyncMode.ASYNC))
+
+    def status(self) -> dict[str, Any]:
+        """GET /v1/status: the state's `AsyncNodeStatus` and what the daemon counted; `addresses` (rank order) lets
+        `mosaicd status` and the dashboard find every member from any one."""
+        now = time.monotonic()
+        end = self.finished_at if math.isfinite(self.finished_at) else now
+        elapsed = end - self.started_at if math.isfinite(self.started_at) else None
+        return clean_json({"role": "node", "sync": SyncMode.ASYNC.value, "run_id": self.run.run_id,
+                           "exchange": self.run.exchange.value, "address": self.addresses[self.rank],
+                           "addresses": self.addresses, **asdict(self.state.status(now)), "sent": self.sent,
+                           "unsent": self.unsent, "replays_refused": self.replays, "elapsed_s": elapsed,
+                           "steps_per_s": self.state.step / elapsed if elapsed else None,
+                           "settings": self.run.model_dump(mode="json")})
 
     def receive(self, body: bytes, proved: int | str | None) -> tuple[dict[str, Any], int]:
         """One fragment message: (JSON answer, HTTP status)."""
