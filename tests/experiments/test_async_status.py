@@ -85,3 +85,42 @@ def test_status_of_an_asynchronous_run_moves_while_it_trains(running: str, kit: 
     done = kit.wait_until(lambda: (v := cluster_view(running, timeout=5)) and all(
         r["phase"] == "finished" for r in v["nodes"]) and v, 120, "every node to finish")
     assert [r["steps"] for r in done["nodes"]] == [80, 80, 80] and all(r["queue"] == 0 for r in done["nodes"])
+
+
+PAGE_STATE = """
+const d = window.mosaicDashboard, table = document.getElementById("node-table");
+if (!d || !d.status) return null;
+const points = (name) => (d.charts[name] ? d.charts[name].data[0].length : 0);
+return {rows: table.tBodies[0].rows.length, ranks: [...table.tBodies[0].rows].map((r) => Number(r.dataset.rank)),
+        header: [...document.getElementById("node-header").cells].map((c) => c.textContent),
+        slowest: Number(document.getElementById("round").textContent) || 0,
+        phase: document.getElementById("phase").textContent,
+        barrierCharts: document.getElementById("barrier-charts").hidden,
+        steps: points("steps"), depths: points("depths"), lag: points("lag"),
+        series: d.charts.steps ? d.charts.steps.series.length : 0,
+        cells: [...table.tBodies[0].rows].map((r) => [...r.cells].map((c) => c.textContent))};
+"""
+
+
+@pytest.mark.browser
+@pytest.mark.slow  # a 4-process loopback run and a browser: ~20 s on 2 idle cores
+def test_the_dashboard_of_an_asynchronous_node_shows_every_node(browser: Any, running: str, kit: Any) -> None:
+    """Node 0 serves the page; the page reads every member's /v1/status (another origin: another port)."""
+    browser.get(f"{running}/")
+    assert browser.title == "Mosaic run"
+
+    def page() -> dict[str, Any] | None:
+        return browser.execute_script(PAGE_STATE)
+
+    first = kit.wait_until(lambda: (v := page()) and v["rows"] == 3 and v["steps"] > 0
+                           and all(c[2] == "training" for c in v["cells"]) and v, 120,
+                           "a table of 3 training nodes and a steps chart", interval=0.2)
+    assert first["ranks"] == [0, 1, 2] and first["barrierCharts"] is True and first["series"] == 4  # x + 3 nodes
+    assert first["header"][:7] == ["rank", "address", "state", "steps", "steps/s", "inbox (oldest)",
+                                   "queue (fragments)"] and "lag mean / max" in first["header"]
+    later = kit.wait_until(lambda: (v := page()) and v["slowest"] > first["slowest"] and v["steps"] > first["steps"]
+                           and v, 120, "the page to follow the nodes' steps", interval=0.2)
+    assert later["depths"] == later["lag"] == later["steps"]
+    assert all(c[7] != "–" for c in later["cells"]), later["cells"]  # each node's last aggregation's copies
+    errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE" and e.get("source") == "javascript"]
+    assert not errors, errors
