@@ -94,7 +94,8 @@ class AsyncNode:
     def app(self) -> web.Application:
         async def fragments(request: web.Request) -> web.Response:
             if request.content_type != CONTENT_TYPE:
-                return web.json_response({"reason": "unsupported_media_type"}, status=415)
+                return web.json_response({"reason": "unsupported_media_type", "detail": f"expected {CONTENT_TYPE}, "
+                                          f"got {request.content_type}"}, status=415)
             body = await read_body(request, self.max_bytes)
             answer, status = self.receive(body, request.get(SENDER))
             return web.json_response(answer, status=status)
