@@ -147,6 +147,9 @@ def folder_view(folder: Path) -> dict[str, Any]:
     final = summary.get("final") or {}
     progress = summary.get("progress") or {}
     done = progress.get("rounds_done")
+    steps = (summary.get("asynchronous") or {}).get("steps") or {}  # an asynchronous run: each node's iterations
+    if steps:
+        done = min(steps.values())
     nodes = int(settings.get("nodes") or 0)
     addresses = summary.get("addresses") or []
     dropped = list(summary.get("dropped") or [])
@@ -168,7 +171,8 @@ def folder_view(folder: Path) -> dict[str, Any]:
         row = last.get(rank) or {}
         rows.append({
             "rank": rank, "address": addresses[rank] if rank < len(addresses) else "-", "reachable": False,
-            "phase": "left" if rank in left else "dropped" if rank in dropped else status, "round": row.get("round"),
+            "phase": "left" if rank in left else "dropped" if rank in dropped else status,
+            "round": steps.get(str(rank), row.get("round")),
             "last_contact_s": None,
             "missed": 0, "straggler": False, "dropped": rank in dropped, "bytes_out": row.get("bytes_out"),
             "bytes_in": row.get("bytes_in"), "loss": row.get("loss"), "metric": latest.get(str(rank))})

@@ -14,7 +14,7 @@ import pytest
 from mosaicd.cli import main
 from mosaicd.experiments.cluster_async import AsyncCluster
 from mosaicd.settings import Settings
-from mosaicd.status import cluster_view
+from mosaicd.status import cluster_view, folder_view
 
 # ~0.1 s an iteration (the profile's compute_s): 80 iterations are about 8 s of training, so that a status read
 # mid-run sees the fields move even on a loaded host
@@ -52,7 +52,7 @@ def running(tmp_path: Path, kit: Any) -> Iterator[str]:
 
 
 @pytest.mark.slow  # a 4-process loopback run: ~15 s on 2 idle cores
-def test_status_of_an_asynchronous_run_moves_while_it_trains(running: str, kit: Any,
+def test_status_of_an_asynchronous_run_moves_while_it_trains(running: str, kit: Any, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     views: list[dict[str, Any]] = []
 
@@ -85,6 +85,12 @@ def test_status_of_an_asynchronous_run_moves_while_it_trains(running: str, kit: 
     done = kit.wait_until(lambda: (v := cluster_view(running, timeout=5)) and all(
         r["phase"] == "finished" for r in v["nodes"]) and v, 120, "every node to finish")
     assert [r["steps"] for r in done["nodes"]] == [80, 80, 80] and all(r["queue"] == 0 for r in done["nodes"])
+    # the run's folder, once it is over: each node's iterations in the rounds' place
+    summary = tmp_path / "run" / "summary.json"
+    kit.wait_until(lambda: summary.exists() and json.loads(summary.read_text()).get("status") == "finished", 120,
+                   "the run's summary")
+    over = folder_view(tmp_path / "run")
+    assert over["barrier"]["round"] == 80 and [r["round"] for r in over["nodes"]] == [80, 80, 80]
 
 
 PAGE_STATE = """
