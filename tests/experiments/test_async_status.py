@@ -16,9 +16,9 @@ from mosaicd.experiments.cluster_async import AsyncCluster
 from mosaicd.settings import Settings
 from mosaicd.status import cluster_view, folder_view
 
-# ~0.1 s an iteration (the profile's compute_s): 80 iterations are about 8 s of training, so that a status read
+# ~0.1 s an iteration (the profile's compute_s): 120 iterations are about 12 s of training, so that a status read
 # mid-run sees the fields move even on a loaded host
-RUN = dict(sync="async", task="quadratic", nodes=3, rounds=80, fragments=4, fanout=2, eval_every=10, seed=1)
+RUN = dict(sync="async", task="quadratic", nodes=3, rounds=120, fragments=4, fanout=2, eval_every=10, seed=1)
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def running(tmp_path: Path, kit: Any) -> Iterator[str]:
     assert result["summary"]["status"] == "finished"
 
 
-@pytest.mark.slow  # a 4-process loopback run: ~15 s on 2 idle cores
+@pytest.mark.slow  # a 4-process loopback run: ~20 s on 2 busy cores
 def test_status_of_an_asynchronous_run_moves_while_it_trains(running: str, kit: Any, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     views: list[dict[str, Any]] = []
@@ -66,7 +66,7 @@ def test_status_of_an_asynchronous_run_moves_while_it_trains(running: str, kit: 
     assert first["sync"] == "async" and [r["rank"] for r in first["nodes"]] == [0, 1, 2]
     assert first["run"]["settings"]["fragments"] == 4 and first["run"]["exchange"] == "push"
     for row in first["nodes"]:
-        assert row["iterations"] == 80 and len(row["inbox_per_fragment"]) == 4
+        assert row["iterations"] == 120 and len(row["inbox_per_fragment"]) == 4
         assert row["inbox"] == sum(row["inbox_per_fragment"]) and row["queue"] >= 0 and row["queue_fragments"] >= 0
         assert row["copies"] is not None and row["steps_per_s"] > 0  # it has aggregated (its step >= 2)
     with pytest.raises(SystemExit) as exited:  # the table, from any node
@@ -84,13 +84,13 @@ def test_status_of_an_asynchronous_run_moves_while_it_trains(running: str, kit: 
     assert any(r["inbox"] for v in views for r in v["nodes"]) or any(r["queue"] for v in views for r in v["nodes"])
     done = kit.wait_until(lambda: (v := cluster_view(running, timeout=5)) and all(
         r["phase"] == "finished" for r in v["nodes"]) and v, 120, "every node to finish")
-    assert [r["steps"] for r in done["nodes"]] == [80, 80, 80] and all(r["queue"] == 0 for r in done["nodes"])
+    assert [r["steps"] for r in done["nodes"]] == [120, 120, 120] and all(r["queue"] == 0 for r in done["nodes"])
     # the run's folder, once it is over: each node's iterations in the rounds' place
     summary = tmp_path / "run" / "summary.json"
     kit.wait_until(lambda: summary.exists() and json.loads(summary.read_text()).get("status") == "finished", 120,
                    "the run's summary")
     over = folder_view(tmp_path / "run")
-    assert over["barrier"]["round"] == 80 and [r["round"] for r in over["nodes"]] == [80, 80, 80]
+    assert over["barrier"]["round"] == 120 and [r["round"] for r in over["nodes"]] == [120] * 3
 
 
 PAGE_STATE = """
@@ -109,7 +109,7 @@ return {rows: table.tBodies[0].rows.length, ranks: [...table.tBodies[0].rows].ma
 
 
 @pytest.mark.browser
-@pytest.mark.slow  # a 4-process loopback run and a browser: ~20 s on 2 idle cores
+@pytest.mark.slow  # a 4-process loopback run and a browser: ~20 s on 2 busy cores
 def test_the_dashboard_of_an_asynchronous_node_shows_every_node(browser: Any, running: str, kit: Any) -> None:
     """Node 0 serves the page; the page reads every member's /v1/status (another origin: another port)."""
     browser.get(f"{running}/")
