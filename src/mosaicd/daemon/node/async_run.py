@@ -10,7 +10,9 @@ things run at once on the event loop, none waiting for another node:
   header's round; a message not taken (a peer down or finished) is dropped, never retried (a newer one follows);
 - POST /v1/fragments: decoded (`wire.decode`) and fed to `state.receive` with the sender the signature proved;
   POST /v1/pair (--exchange pairwise, AD-PSGD): a peer's whole model, averaged at once (`state.paired`) and the
-  average answered, which the asking node keeps too (`state.averaged`).
+  average answered, which the asking node keeps too (`state.averaged`);
+- GET /v1/status: the state's `AsyncNodeStatus` (steps, inbox and queue depths, staleness), what this module
+  counted, and every member's address; GET / the dashboard, which reads every member's status.
 
 Replays: the signature's nonce is taken once within its time window (`http.auth`), and beyond it a sender's message
 whose step is not newer than the newest taken from it is refused (409 `replayed_step`): a sender's messages to one
