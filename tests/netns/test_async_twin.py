@@ -79,7 +79,7 @@ def real_cluster(tmp: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         for host, rate in SHAPED.items():
             lab.shape(host, f"{rate}bit")
         hosts = [NodeHost(f"{lab.ip(k)}:9000", ("ip", "netns", "exec", lab.hosts[k])) for k in range(NODES)]
-        summary = AsyncCluster(settings, progress=False, fail_fast=True, hosts=hosts).run(timeout=150)
+        summary = AsyncCluster(settings, progress=False, fail_fast=True, hosts=hosts).run(timeout=240)
         shaped = {host: lab.shaped(host) for host in SHAPED}
     assert all(s["overlimits"] > 0 for s in shaped.values()), shaped  # the shaped links did hold packets back
     reports = [json.loads((tmp / "cluster" / "nodes" / str(r) / "async.json").read_text()) for r in range(NODES)]
