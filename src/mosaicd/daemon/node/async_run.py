@@ -90,6 +90,7 @@ class AsyncNode:
         self.eval_period_s = settings.eval_every * (spec.compute_s if spec is not None else DEFAULT_COMPUTE_S)
         self.grid: list[tuple[int, np.ndarray]] = []  # (steps done, model) at each point of the grid
         self.sent = self.unsent = self.replays = 0
+        self.sent_bytes, self.link_s = 0, 0.0  # what the taken messages counted (nbytes), the link's busy seconds
         self.started_at = self.finished_at = math.nan
 
     # -- what comes in ---------------------------------------------------------------------------------------
@@ -206,6 +207,7 @@ class AsyncNode:
                 self._queued.clear()
                 await self._queued.wait()
                 continue
+            took = time.perf_counter()
             if link is not None:
                 await link(message.nbytes)
             route = "pair" if message.pair else "fragments"
@@ -222,9 +224,11 @@ class AsyncNode:
                     await client.request("POST", url, data=tuple(encode_parts(message.batch)), round=message.step,
                                          headers={"Content-Type": CONTENT_TYPE}, retries=0)
                 self.sent += 1
+                self.sent_bytes += message.nbytes
             except (Refused, HttpError) as exc:
                 self.unsent += 1
                 self.log.info("send_failed", step=message.step, peer=message.peer, error=str(exc))
+            self.link_s += time.perf_counter() - took
 
     async def snapshots(self) -> None:
         """The model at each point of the time grid (from the training's start), until the node is finished."""
@@ -247,6 +251,7 @@ class AsyncNode:
         return {"rank": self.rank, "steps": s.step, "elapsed_s": round(elapsed, 6),
                 "steps_per_s": round(s.step / elapsed, 6) if elapsed > 0 else None,
                 "sent": self.sent, "unsent": self.unsent, "replays_refused": self.replays,
+                "sent_bytes": self.sent_bytes, "link_s": round(self.link_s, 6),
                 "signed": self.keyring is not None, "eval_period_s": self.eval_period_s,
                 "fragments_superseded": s.queue.superseded, "fragments_stale": s.counts["stale"],
                 "refused": s.counts["refused"], "ignored": s.counts["ignored"], "averaged": s.counts["averaged"]}
