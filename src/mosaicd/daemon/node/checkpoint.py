@@ -66,7 +66,8 @@ def save(directory: Path, checkpoint: Checkpoint) -> None:
 class Slots:
     """One writer's view of a state directory's slots: when each was written, read from their files at the first
     save (and again after a save that failed), then kept as this writer writes them. A node saves every round: the
-    three slots' metas read back each time cost 0.5 ms of its 1.2 ms save (bench/README.md, issue 59 item 3)."""
+    three slots' metas read back each time were half of a save's CPU time (bench/README.md, issue 59 item 3). The
+    one writer of its directory: another process's saves there are not seen."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
