@@ -65,7 +65,8 @@ def test_the_reference_lists_every_route_of_the_openapi_documents(site: Path) ->
     for package in ("mosaicd.daemon.node", "mosaicd.daemon.barrier"):
         document = json.loads(resources.files(package).joinpath("openapi.json").read_text())
         for path, methods in document["paths"].items():
-            missing += [f"{m.upper()} {path}" for m in methods if f"<code>{m.upper()} {path}</code>" not in text]
+            missing += [f"{m.upper()} {path}" for m in methods if not m.startswith("x-")  # x-mosaic-sync
+                        and f"<code>{m.upper()} {path}</code>" not in text]
     assert not missing, missing
 
 

@@ -146,7 +146,10 @@ def rest() -> str:
             for method, op in methods.items():
                 if method not in ("get", "post", "put", "delete", "patch"):
                     continue
-                text = f"### `{method.upper()} {path}`\n\n**{op.get('summary', '')}**\n\n{op.get('description', '')}"
+                only = {"barrier": " (a `--sync barrier` node only)", "async": " (an asynchronous node only: "
+                        "`cluster --sync async`)"}.get(methods.get("x-mosaic-sync", ""), "")
+                text = (f"### `{method.upper()} {path}`\n\n**{op.get('summary', '')}**{only}\n\n"
+                        f"{op.get('description', '')}")
                 params = [(f"`{p['name']}`", p["in"], "yes" if p.get("required") else "no", p.get("description", ""))
                           for p in op.get("parameters", [])]
                 if params:

@@ -18,6 +18,7 @@ arrive and the link's turn, and gets the model to train next and the messages to
     state.receive(batch, now)                    # any time: into the inbox (newest per sender and fragment)
     average = state.paired(other, now)           # --exchange pairwise: a peer's model came; both keep the average
     state.averaged(average, now)                 # ... and the node that asked keeps it too
+    view = state.status(now)                     # a read-only `AsyncNodeStatus`: steps, inbox, queue, staleness
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from .round import RoundReport
 from .sampling import PeerSampler
 from .wire import FragmentBatch
 
-__all__ = ["ASYNC_TRANSITIONS", "AsyncInput", "AsyncMessage", "AsyncNodeState", "AsyncOutcome", "AsyncPhase",
-           "AsyncPhases", "AsyncStateError", "Exchange", "Iteration", "SendQueue", "SyncMode", "pairwise_average"]
+__all__ = ["ASYNC_TRANSITIONS", "AsyncInput", "AsyncMessage", "AsyncNodeState", "AsyncNodeStatus", "AsyncOutcome",
+           "AsyncPhase", "AsyncPhases", "AsyncStateError", "Exchange", "Iteration", "SendQueue", "Staleness",
+           "SyncMode", "pairwise_average"]
 
 
 class SyncMode(StrEnum):
@@ -152,6 +154,10 @@ class SendQueue:
     def __len__(self) -> int:
         return len(self._queued)
 
+    def fragments(self) -> int:
+        """Fragments waiting in the queued messages (a pair's whole model counts as one)."""
+        return sum(len(message[2]) for message in self._queued.values())
+
     def put(self, peer: int, step: int, values: dict[int, object], nbytes: dict[int, int], pair: bool = False) -> None:
         mine = self._by_peer.setdefault(peer, [])
         for seq in list(mine):
@@ -187,6 +193,45 @@ class Iteration:
     partner: int = -1
 
 
+@dataclass(frozen=True)
+class Staleness:
+    """How old the copies were that one aggregation averaged (docs/spec.md, "Asynchronous mode"): `lag_steps`, the
+    receiver's step less the copy's (how far its sender was behind; negative: ahead), and `wait_s`, the time the
+    copy waited in the inbox (the receiver's clock, from its arrival to the aggregation). The means and maxima are
+    None when no copy came."""
+
+    step: int  # the receiver's step whose aggregation this was
+    at: float  # when (the driver's clock)
+    copies: int  # fragment copies averaged with the node's own values
+    senders: int
+    lag_steps_mean: float | None
+    lag_steps_max: int | None
+    wait_s_mean: float | None
+    wait_s_max: float | None
+
+
+@dataclass(frozen=True)
+class AsyncNodeStatus:
+    """A read-only view of an asynchronous node for status pages: its steps, its inbox and outgoing queue, what it
+    counted, and the staleness of its last aggregation (None before the first, and with --exchange pairwise)."""
+
+    rank: int
+    phase: str
+    steps: int  # iterations done
+    iterations: int  # of --rounds
+    inbox: int  # fragments waiting in the inbox
+    inbox_per_fragment: tuple[int, ...]  # ... of each fragment index
+    inbox_oldest_s: float | None  # how long the oldest of them has waited (None: the inbox is empty)
+    queue: int  # messages in the outgoing queue
+    queue_fragments: int  # fragments in them
+    superseded: int  # fragments dropped unsent for a newer copy (since the start)
+    stale: int  # fragments received older than the copy held (since the start)
+    refused: int
+    ignored: int
+    averaged: int  # pairwise averages kept
+    last_aggregation: Staleness | None
+
+
 def pairwise_average(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(a + b) / 2 in float64, rounded to float32 once: the same bits whichever node computes it."""
     return ((np.asarray(a, np.float64) + np.asarray(b, np.float64)) / 2).astype(np.float32)
@@ -218,10 +263,12 @@ class AsyncNodeState:
         self.vector = np.ascontiguousarray(vector, dtype=np.float32)  # the node's model now
         self.start = self.vector  # what the iteration in training started from
         self._moved = False  # a pairwise average replaced the model during the iteration's training
-        self._inbox: dict[int, dict[int, tuple[int, object]]] = {}  # sender -> fragment -> (step, values)
+        # sender -> fragment -> (step, values, arrived at)
+        self._inbox: dict[int, dict[int, tuple[int, object, float]]] = {}
         self.queue = SendQueue()
         self.counts: Counter[str] = Counter()  # stale, refused, ignored, averaged: since the start
         self._arrived = [0, 0, 0]  # messages, fragments, bytes taken since the last aggregation
+        self._staleness: Staleness | None = None  # of the last aggregation
 
     phase = property(lambda self: self.phases.phase)
     finished = property(lambda self: self.phases.finished)
@@ -229,6 +276,22 @@ class AsyncNodeState:
     def inbox_depth(self) -> int:
         """Fragments waiting in the inbox."""
         return sum(len(frags) for frags in self._inbox.values())
+
+    def status(self, now: float) -> AsyncNodeStatus:
+        """What the node is doing, as of `now` (the driver's clock): a read-only view."""
+        per_fragment = [0] * self.fragmentation.k
+        arrivals = []
+        for frags in self._inbox.values():
+            for f, (_, _, arrived) in frags.items():
+                per_fragment[f] += 1
+                arrivals.append(arrived)
+        return AsyncNodeStatus(
+            rank=self.rank, phase=self.phase.value, steps=self.step, iterations=self.iterations,
+            inbox=len(arrivals), inbox_per_fragment=tuple(per_fragment),
+            inbox_oldest_s=now - min(arrivals) if arrivals else None, queue=len(self.queue),
+            queue_fragments=self.queue.fragments(), superseded=self.queue.superseded, stale=self.counts["stale"],
+            refused=self.counts["refused"], ignored=self.counts["ignored"], averaged=self.counts["averaged"],
+            last_aggregation=self._staleness)
 
     # -- the node's own loop -----------------------------------------------------------------------------------
     def trained(self, local: np.ndarray, now: float) -> Iteration:
@@ -246,7 +309,7 @@ class AsyncNodeState:
             self.queue.put(partner, step, {0: vector}, {0: vector.nbytes}, pair=True)
             out = (1, 1, vector.nbytes)
         else:
-            vector, cut = self._aggregated(local)
+            vector, cut = self._aggregated(local, step, now)
             out = self._queue_fragments(vector, step)
         (messages_in, fragments_in, bytes_in), self._arrived = self._arrived, [0, 0, 0]
         report = RoundReport(round=step, messages_out=out[0], fragments_out=out[1], bytes_out=out[2],
@@ -256,11 +319,17 @@ class AsyncNodeState:
         self.step, self.vector, self.start, self._moved = step + 1, vector, vector, False
         return Iteration(outcome, vector, report, partner)
 
-    def _aggregated(self, local: np.ndarray) -> tuple[np.ndarray, Counter]:
+    def _aggregated(self, local: np.ndarray, step: int, now: float) -> tuple[np.ndarray, Counter]:
         """The inbox's newest copies (one per sender and fragment) averaged with `local` by the run's rule, in
-        ascending sender order; the inbox is empty afterwards."""
-        received = {sender: {f: values for f, (_, values) in sorted(frags.items())}
+        ascending sender order; the inbox is empty afterwards (and `_staleness` says how old its copies were)."""
+        received = {sender: {f: values for f, (_, values, _) in sorted(frags.items())}
                     for sender, frags in sorted(self._inbox.items())}
+        copies = [(step - copy_step, now - arrived) for frags in self._inbox.values()
+                  for copy_step, _, arrived in frags.values()]
+        lags, waits = [lag for lag, _ in copies], [wait for _, wait in copies]
+        self._staleness = Staleness(step, now, len(copies), len(self._inbox),
+                                    sum(lags) / len(lags) if lags else None, max(lags) if lags else None,
+                                    sum(waits) / len(waits) if waits else None, max(waits) if waits else None)
         self._inbox = {}
         stand_in = None if self.compressor is None else self.compressor.stand_in(local)
         vector, cut = self.aggregator.aggregate(local, self.fragmentation, received, stand_in=stand_in)
@@ -312,7 +381,7 @@ class AsyncNodeState:
             held = self._inbox.setdefault(batch.sender, {})
             fresh = {f: v for f, v in batch.fragments.items() if f not in held or held[f][0] < batch.round}
             for f, values in fresh.items():
-                held[f] = (batch.round, values)
+                held[f] = (batch.round, values, now)
             self.counts["stale"] += len(batch.fragments) - len(fresh)
             outcome = Out.TAKEN if fresh else Out.STALE
             if fresh:

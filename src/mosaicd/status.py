@@ -1,7 +1,9 @@
 """`mosaicd status URL|FOLDER`: a cluster as a table, from its barrier or any of its nodes, or a run from its folder.
 
 The barrier's `/v1/status` names every member; each node's `/v1/status` says its phase, round, bytes and
-loss; the barrier's newest evaluation gives each node's latest metric. A run's folder (its --out: a finished,
+loss; the barrier's newest evaluation gives each node's latest metric. An asynchronous run (`cluster --sync async`)
+has no barrier: any of its nodes names every member (`addresses`), and each says its steps, inbox and outgoing
+queue depths and the staleness of its last aggregation (`AsyncNodeStatus`). A run's folder (its --out: a finished,
 failed or crashed run, or one still going) gives the same view from its files: summary.json, the newest rows
 of nodes.csv, the per-node metrics of its newest evaluation. `--watch` redraws in place, `--json` prints the
 same view for scripts. Piped, the table is plain text, one line per row.
@@ -59,6 +61,8 @@ def cluster_view(url: str, timeout: float = REQUEST_TIMEOUT_S, context: ssl.SSLC
     how https:// members are verified (and this client shows itself to mutual-TLS ones)."""
     url = base_url(url)
     status = fetch_json(f"{url}/v1/status", timeout, context)
+    if status.get("sync") == "async":
+        return async_view(url, status, timeout, context)
     if status.get("role") != "barrier":
         barrier_url = status.get("barrier_url")
         if not barrier_url:
@@ -94,6 +98,41 @@ def cluster_view(url: str, timeout: float = REQUEST_TIMEOUT_S, context: ssl.SSLC
     return {"url": url, "barrier": status, "nodes": rows}
 
 
+def async_view(url: str, status: dict[str, Any], timeout: float = REQUEST_TIMEOUT_S,
+               context: ssl.SSLContext | None = None) -> dict[str, Any]:
+    """{"sync": "async", "run": the settings and counts, "nodes": [one row per member]} of an asynchronous run,
+    from the /v1/status of one of its nodes (`status`), which names them all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    addresses = list(status.get("addresses") or [])
+    scheme = urlsplit(url).scheme
+
+    def node(address: str) -> dict[str, Any] | None:
+        try:
+            return fetch_json(f"{scheme}://{address}/v1/status", timeout, context)
+        except StatusError:
+            return None
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(addresses)))) as pool:
+        views = list(pool.map(node, addresses))
+    rows = []
+    for rank, (address, view) in enumerate(zip(addresses, views, strict=True)):
+        v = view or {}
+        last = v.get("last_aggregation") or {}
+        rows.append({"rank": rank, "address": address, "reachable": view is not None,
+                     "phase": v.get("phase", "unreachable"), "steps": v.get("steps"), "iterations": v.get("iterations"),
+                     "steps_per_s": v.get("steps_per_s"), "inbox": v.get("inbox"),
+                     "inbox_per_fragment": v.get("inbox_per_fragment"), "inbox_oldest_s": v.get("inbox_oldest_s"),
+                     "queue": v.get("queue"), "queue_fragments": v.get("queue_fragments"),
+                     "copies": last.get("copies"), "lag_steps_mean": last.get("lag_steps_mean"),
+                     "lag_steps_max": last.get("lag_steps_max"), "wait_s_mean": last.get("wait_s_mean"),
+                     "wait_s_max": last.get("wait_s_max"), "sent": v.get("sent"), "unsent": v.get("unsent"),
+                     "stale": v.get("stale"), "superseded": v.get("superseded"), "averaged": v.get("averaged")})
+    run = {"run_id": status.get("run_id"), "exchange": status.get("exchange"), "settings": status.get("settings") or {},
+           "finished": sum(r["phase"] == "finished" for r in rows), "reachable": sum(r["reachable"] for r in rows)}
+    return {"url": url, "sync": "async", "run": run, "nodes": rows}
+
+
 def folder_view(folder: Path) -> dict[str, Any]:
     """The view of `cluster_view` from a run's files: its summary (status, settings, progress, the newest
     evaluation), each node's newest row of nodes.csv and its metric in the newest evaluation."""
@@ -108,6 +147,9 @@ def folder_view(folder: Path) -> dict[str, Any]:
     final = summary.get("final") or {}
     progress = summary.get("progress") or {}
     done = progress.get("rounds_done")
+    steps = (summary.get("asynchronous") or {}).get("steps") or {}  # an asynchronous run: each node's iterations
+    if steps:
+        done = min(steps.values())
     nodes = int(settings.get("nodes") or 0)
     addresses = summary.get("addresses") or []
     dropped = list(summary.get("dropped") or [])
@@ -129,7 +171,8 @@ def folder_view(folder: Path) -> dict[str, Any]:
         row = last.get(rank) or {}
         rows.append({
             "rank": rank, "address": addresses[rank] if rank < len(addresses) else "-", "reachable": False,
-            "phase": "left" if rank in left else "dropped" if rank in dropped else status, "round": row.get("round"),
+            "phase": "left" if rank in left else "dropped" if rank in dropped else status,
+            "round": steps.get(str(rank), row.get("round")),
             "last_contact_s": None,
             "missed": 0, "straggler": False, "dropped": rank in dropped, "bytes_out": row.get("bytes_out"),
             "bytes_in": row.get("bytes_in"), "loss": row.get("loss"), "metric": latest.get(str(rank))})
@@ -163,11 +206,44 @@ def _ago(seconds: Any) -> str:
     return "-" if seconds is None else f"{_num(seconds, '.1f')}s ago"
 
 
+def render_async(view: dict[str, Any]) -> Any:
+    """An asynchronous run's renderable: its line and one row per node (steps, depths, staleness)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    run, s = view["run"], view["run"]["settings"]
+    n = len(view["nodes"])
+    head = Text(f"run {run['run_id']}  asynchronous ({run['exchange']})  finished {run['finished']}/{n}"
+                f"  reachable {run['reachable']}/{n}  | task {s.get('task')} K={s.get('fragments')} "
+                f"s={s.get('fanout')} sampler {s.get('sampler')} | node {view['url']}")
+    note = Text("inbox: fragments waiting (oldest's wait); queue: messages to send (their fragments); lag: the node's "
+                "step less the step of the copies its last aggregation averaged (mean/max); wait: their time in the "
+                "inbox (mean/max)")
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("rank", "address", "phase", "steps", "steps/s", "inbox", "queue", "copies", "lag", "wait", "sent",
+                 "stale", "superseded"):
+        table.add_column(name, justify="right" if name not in ("address", "phase") else "left")
+    for r in view["nodes"]:
+        steps = "-" if r["steps"] is None else f"{r['steps']}/{r['iterations']}"
+        oldest = f" ({_num(r['inbox_oldest_s'], '.2f')}s)" if r["inbox_oldest_s"] is not None else ""
+        queue = "-" if r["queue"] is None else f"{r['queue']} ({r['queue_fragments']})"
+        table.add_row(str(r["rank"]), r["address"], r["phase"], steps, _num(r["steps_per_s"], ".2f"),
+                      _num(r["inbox"], "d") + oldest, queue, _num(r["copies"], "d"),
+                      f"{_num(r['lag_steps_mean'], '.1f')}/{_num(r['lag_steps_max'], 'd')}",
+                      f"{_num(r['wait_s_mean'], '.3f')}/{_num(r['wait_s_max'], '.3f')}s", _num(r["sent"], "d"),
+                      _num(r["stale"], "d"), _num(r["superseded"], "d"))
+    return Group(head, note, table)
+
+
 def render(view: dict[str, Any]) -> Any:
     """A rich renderable: the run's line, its metrics, and the node table."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+
+    if view.get("sync") == "async":
+        return render_async(view)
 
     b = view["barrier"]
     s = b.get("settings") or {}

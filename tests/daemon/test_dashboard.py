@@ -22,8 +22,9 @@ from aiohttp import web
 from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.release_log import HISTORY_KEPT
-from mosaicd.daemon.barrier.routes import DASHBOARD, barrier_app
+from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.http.auth import Secret
+from mosaicd.daemon.http.pages import DASHBOARD
 from mosaicd.experiments.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from mosaic_proto.wire import encode
 from mosaicd.cli import main
 from mosaicd.daemon.http.auth import Secret
 from mosaicd.daemon.node.async_run import AsyncNode
-from mosaicd.experiments.cluster_async import AsyncCluster, run_cluster_async
+from mosaicd.experiments.cluster_async import AsyncCluster, NodeHost, run_cluster_async
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
 from mosaicd.settings import Settings
@@ -140,3 +140,11 @@ def test_a_node_killed_mid_run_costs_the_others_nothing(tmp_path: Path) -> None:
     reference = sum(alike["steps_per_s"][str(i)] for i in range(3)) / 3
     for i in range(3):
         assert abs(block["steps_per_s"][str(i)] / reference - 1) < 0.2, (block, alike)
+
+
+def test_placed_nodes_need_one_host_each(tmp_path: Path) -> None:
+    """`hosts` (the netns lab's placement, tests/netns/test_async_twin.py) names one address per node."""
+    settings = Settings.load(**RUN, nodes=3, out=tmp_path / "run")
+    with pytest.raises(ValueError, match="2 hosts for 3 nodes"):
+        AsyncCluster(settings, hosts=[NodeHost("10.213.0.1:9000"), NodeHost("10.213.0.2:9000")])
+    assert not (tmp_path / "run").exists()

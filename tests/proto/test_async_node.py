@@ -153,3 +153,28 @@ def test_ad_psgd_converges_too() -> None:
     start = consensus_distance(np.stack([Quadratic.build(10, 16, "correlated", 0).initial(i) for i in range(10)]))
     assert consensus_distance(np.stack(network.vectors)) < start / 4
     assert all(s.counts["averaged"] >= 10 for s in network.states)  # its own 10 pairs, and those it was asked for
+
+
+def test_the_status_counts_the_inbox_the_queue_and_the_staleness_of_the_last_aggregation() -> None:
+    """`AsyncNodeStatus` on a case checked by hand: lag = the receiver's step less the copy's, wait = aggregation
+    time less arrival time (docs/spec.md)."""
+    state = node(rank=0, n=3)
+    before = state.status(now=0.0)
+    assert (before.steps, before.inbox, before.queue, before.last_aggregation) == (0, 0, 0, None)
+    assert before.inbox_oldest_s is None and before.inbox_per_fragment == (0, 0)
+    state.receive(batch(2, 1, {0: [6, 6]}), now=0.1)  # a sender one step ahead
+    state.receive(batch(1, 0, {0: [0, 3], 1: [4, 4]}), now=0.3)
+    waiting = state.status(now=0.5)
+    assert (waiting.inbox, waiting.inbox_per_fragment) == (3, (2, 1))
+    assert waiting.inbox_oldest_s == pytest.approx(0.4)
+    state.trained(np.zeros(4, np.float32), now=1.0)
+    after = state.status(now=1.0)
+    assert (after.steps, after.inbox, after.inbox_oldest_s) == (1, 0, None)
+    assert after.queue == 2 and after.queue_fragments == 2  # each fragment to one peer (fanout 1, local sampler)
+    last = after.last_aggregation
+    assert (last.step, last.copies, last.senders, last.lag_steps_max) == (0, 3, 2, 0)
+    assert last.lag_steps_mean == pytest.approx(-1 / 3)
+    assert (last.wait_s_mean, last.wait_s_max) == (pytest.approx((0.9 + 0.7 + 0.7) / 3), pytest.approx(0.9))
+    state.trained(np.zeros(4, np.float32), now=2.0)  # nothing came: no copy, no age
+    empty = state.status(now=2.0).last_aggregation
+    assert (empty.step, empty.copies, empty.lag_steps_mean, empty.wait_s_max) == (1, 0, None, None)

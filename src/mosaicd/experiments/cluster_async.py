@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +48,24 @@ def async_deadline(settings: Settings) -> float:
     return START_S + settings.register_deadline + 4 * settings.rounds * slowest
 
 
+@dataclass(frozen=True)
+class NodeHost:
+    """Where a node runs when not on this machine's loopback: the host:port it listens on and is reached at (its
+    roster entry), and the command that starts it there (a netns lab's `ip netns exec NS`)."""
+
+    address: str
+    prefix: tuple[str, ...] = ()
+
+
 class AsyncCluster:
-    def __init__(self, settings: Settings, progress: bool = True, fail_fast: bool = False) -> None:
+    def __init__(self, settings: Settings, progress: bool = True, fail_fast: bool = False,
+                 hosts: Sequence[NodeHost] | None = None) -> None:
         """`fail_fast`: a node process that dies fails the run; by default the others go on without it, and the
-        run ends when every other node has reported."""
-        self.settings, self.progress, self.fail_fast = settings, progress, fail_fast
+        run ends when every other node has reported. `hosts`: node i runs at hosts[i] (rank = roster order; by
+        default every node on 127.0.0.1, at a free port)."""
+        if hosts is not None and len(hosts) != settings.nodes:
+            raise ValueError(f"{len(hosts)} hosts for {settings.nodes} nodes")
+        self.settings, self.progress, self.fail_fast, self.hosts = settings, progress, fail_fast, hosts
         self.lost: list[int] = []  # the ranks whose process died before they reported
         self.out = Path(settings.out)
         self.processes = Processes(self.out)
@@ -75,16 +90,18 @@ class AsyncCluster:
     def _run(self, timeout: float) -> dict[int, dict[str, Any]]:
         s = self.settings
         require_task(s.task)
-        ports = sorted(free_ports(s.nodes))
-        addresses = [f"127.0.0.1:{p}" for p in ports]  # rank i is address i, as the barrier's roster orders them
+        hosts = self.hosts or [NodeHost(f"127.0.0.1:{p}") for p in sorted(free_ports(s.nodes))]
+        addresses = [h.address for h in hosts]  # rank i is address i, as the barrier's roster orders them
         roster = self.out / "roster.json"
         write_whole(roster, json.dumps({"addresses": addresses}))
         secret = self.secret.make()
-        for rank, port in enumerate(ports):
-            env = {**settings_env(s, host="127.0.0.1", port=port, advertise=addresses[rank], log_json=True,
+        for rank, host in enumerate(hosts):
+            ip, port = host.address.rsplit(":", 1)
+            env = {**settings_env(s, host=ip, port=int(port), advertise=host.address, log_json=True,
                                   out=str(self.out / "nodes" / str(rank)), **secret),
                    MODE_ENV: "cluster", ROSTER_ENV: str(roster)}
-            self.processes.spawn(f"node-{rank}", "node", env, module="mosaicd.daemon.node.async_run")
+            self.processes.spawn(f"node-{rank}", "node", env, module="mosaicd.daemon.node.async_run",
+                                 prefix=host.prefix)
         deadline = time.monotonic() + timeout
         reports: dict[int, dict[str, Any]] = {}
         with ProgressPrinter(enabled=self.progress) as printer:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -163,11 +163,13 @@ class Processes:
         logs.mkdir(parents=True, exist_ok=True)
         return logs / f"{name}.log"
 
-    def spawn(self, name: str, command: str, env: dict[str, str], module: str | None = None) -> None:
-        """`mosaicd COMMAND` as a fresh interpreter, with `env` (`module`: `python -m MODULE` instead)."""
+    def spawn(self, name: str, command: str, env: dict[str, str], module: str | None = None,
+              prefix: Sequence[str] = ()) -> None:
+        """`mosaicd COMMAND` as a fresh interpreter, with `env` (`module`: `python -m MODULE` instead); `prefix`:
+        the command that runs it elsewhere (`ip netns exec NS`: a lab's host)."""
         log = open(self._log(name), "ab" if self.append else "wb")
         argv = ["-m", "mosaicd", command] if module is None else ["-m", module]
-        self.procs[name] = subprocess.Popen([sys.executable, *argv], env=env, stdout=log,
+        self.procs[name] = subprocess.Popen([*prefix, sys.executable, *argv], env=env, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=die_with_parent)
         log.close()

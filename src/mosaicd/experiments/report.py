@@ -10,9 +10,13 @@ sweep spec); they are written in the folders' common parent's report/ by default
 --out):
 
     metric_vs_rounds.png      node-average and average-model metric vs rounds
-    metric_vs_time.png        the same vs time: simulate's virtual clock (--node-profile: `virtual_s`), or a
-                              cluster's elapsed seconds
+    metric_vs_time.png        the same vs time, where every run has a clock (each run's own, `clock_of`):
+                              simulate's virtual clock (--node-profile or --sync async: `virtual_s`), an asynchronous
+                              cluster's time grid (`time_s`), or a cluster's elapsed seconds (`elapsed_s`); runs of
+                              different clocks (a barrier run beside an asynchronous one) share the figure
     consensus_vs_rounds.png   consensus distance and node spread vs rounds
+    consensus_vs_time.png     the same vs time (as metric_vs_time.png)
+    curves_vs_time.csv        the time figures' lines as numbers: line, clock, time, the four metrics
     best_vs_fanout.png        best node-average metric over rounds vs the degree s (when the grid varies fanout)
     best_vs_alpha.png         the same vs the Dirichlet alpha (when the grid varies alpha)
     accuracy_vs_bytes.png     final node-average metric vs bytes sent per node (when the grid varies compress)
@@ -71,6 +75,12 @@ class RunData:
     rounds: list[dict[str, Any]]
     wall_s: float | None
     sent_per_node: float = math.nan  # bytes on the wire each node sent over the run, on average (nodes.csv)
+    mode: str | None = None  # summary.json's: simulate, cluster, ...
+
+    @property
+    def clock(self) -> str | None:
+        """The column its time axis reads (`clock_of`)."""
+        return clock_of(self.rounds, self.mode)
 
     @property
     def metric(self) -> str:
@@ -147,7 +157,8 @@ def load(folder: Path | str) -> Sweep:
             continue
         runs.append(RunData(entry["name"], entry["point"], summary.get("settings", {}),
                             read_rounds(folder / entry["dir"]), summary.get("wall_s"),
-                            sent_per_node(folder / entry["dir"], summary.get("settings", {}).get("nodes"))))
+                            sent_per_node(folder / entry["dir"], summary.get("settings", {}).get("nodes")),
+                            summary.get("mode", info.get("mode"))))
     if not runs:
         raise FileNotFoundError(f"{folder}: none of the {len(info['runs'])} runs has finished (no summary.json)")
     return Sweep(folder, info, info.get("grid", {}), runs, missing)
@@ -170,7 +181,7 @@ def load_run(folder: Path | str) -> Sweep:
         raise ValueError(f"{folder}: rounds.csv holds no evaluated round{why}")
     info = {"single": True, "mode": summary.get("mode"), "status": status, "error": summary.get("error")}
     run = RunData(folder.resolve().name, {}, summary.get("settings", {}), rounds, summary.get("wall_s"),
-                  sent_per_node(folder, summary.get("settings", {}).get("nodes")))
+                  sent_per_node(folder, summary.get("settings", {}).get("nodes")), summary.get("mode"))
     return Sweep(folder, info, {}, [run], [])
 
 
@@ -187,7 +198,7 @@ def load_many(folders: Sequence[Path | str]) -> Sweep:
     for sweep in map(load, given):
         for run in sweep.runs:
             name = str(sweep.folder) if sweep.single else f"{sweep.folder}/{run.name}"
-            runs.append(RunData(name, {}, run.settings, run.rounds, run.wall_s, run.sent_per_node))
+            runs.append(RunData(name, {}, run.settings, run.rounds, run.wall_s, run.sent_per_node, run.mode))
             modes[name] = sweep.info.get("mode")
         missing += [f"{sweep.folder}/{name}" for name in sweep.missing]
     metrics = {run.name: run.metric for run in runs}
@@ -270,6 +281,9 @@ def best_of(run: RunData, unit: Unit) -> float:
 
 def _label(key: str, value: Any) -> str:
     names = {"fragments": "K", "fanout": "s", "alpha": "alpha", "nodes": "n", "local_steps": "H"}
+    if isinstance(value, dict):  # a --node-profile, a task's options: its file's name, or its JSON cut short
+        text = str(value.get("source") or json.dumps(value, sort_keys=True))
+        value = text if len(text) <= 32 else text[:31] + "…"
     return f"{names.get(key, key)}={value}"
 
 
@@ -302,8 +316,8 @@ def aggregate(runs: list[RunData], key: str, x_key: str = "round") -> tuple[np.n
     common = sorted(set.intersection(*(set(s) for s in series))) if series else []
     values = np.array([[s[t] for t in common] for s in series], dtype=float).reshape(len(series), len(common))
     x = np.array(common, dtype=float)  # the round, 0-based, as in rounds.csv and on the console
-    if x_key != "round":
-        times = [r.series(x_key) for r in runs]
+    if x_key != "round":  # each run's own clock
+        times = [r.series(r.clock or x_key) for r in runs]
         x = np.array([np.mean([t[c] for t in times]) for c in common], dtype=float)
     with np.errstate(all="ignore"):
         return x, np.nanmean(values, 0), np.nanmin(values, 0), np.nanmax(values, 0), np.nanstd(values, 0)
@@ -363,16 +377,30 @@ def _wants_log(ax: Any, unit: Unit, key: str) -> bool:
     return bool(values.size) and values.min() > 0 and values.max() / values.min() > 100
 
 
+CLOCKS = {"virtual_s": "virtual time (s, simulate's clock of --node-profile)",
+          "time_s": "time (s, since the asynchronous nodes' start)", "elapsed_s": "elapsed time (s, since the start)"}
+MIXED = "time"  # a figure whose runs have different clocks
+CLOCK_NAMES = {"virtual_s": "virtual", "time_s": "async wall", "elapsed_s": "wall"}
+
+
+def clock_of(rounds: list[dict[str, Any]], mode: str | None) -> str | None:
+    """The column a run's time axis reads: simulate's virtual clock where every row has one (--node-profile, or
+    --sync async), an asynchronous cluster's time grid (`time_s`), a cluster's elapsed seconds; else None."""
+    def every(key: str) -> bool:
+        return bool(rounds) and all(math.isfinite(_num(row.get(key))) for row in rounds)
+
+    for key in ("virtual_s", "time_s"):
+        if every(key):
+            return key
+    return "elapsed_s" if mode == "cluster" and every("elapsed_s") else None
+
+
 def time_key(sweep: Sweep) -> str | None:
-    """The column a time axis reads: simulate's virtual clock where every run has one, a cluster's elapsed_s."""
-    rows = [row for run in sweep.runs for row in run.rounds]
-    if rows and all(math.isfinite(_num(row.get("virtual_s"))) for row in rows):
-        return "virtual_s"
-    if rows and all(math.isfinite(_num(row.get("time_s"))) for row in rows):  # cluster --sync async's time grid
-        return "time_s"
-    if rows and sweep.info.get("mode") == "cluster" and all(math.isfinite(_num(row.get("elapsed_s"))) for row in rows):
-        return "elapsed_s"
-    return None
+    """The time axis of a sweep's figures: its runs' one clock, MIXED where they differ, None where one has none."""
+    clocks = {run.clock for run in sweep.runs}
+    if not clocks or None in clocks:
+        return None
+    return next(iter(clocks)) if len(clocks) == 1 else MIXED
 
 
 def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str], path: Path,
@@ -399,15 +427,15 @@ def figure_vs_rounds(sweep: Sweep, keys: tuple[str, str], titles: tuple[str, str
                 if not runs:
                     continue
                 x, mean, lo, hi, _ = aggregate(runs, key, x_key)
+                clock = f" [{CLOCK_NAMES[runs[0].clock or '']}]" if x_key == MIXED else ""
                 ax.plot(x, mean * scale, color=color, lw=1.8, marker="o" if len(x) <= 12 else None, ms=3,
-                        label=_line_label(sweep, k, runs)
+                        label=_line_label(sweep, k, runs) + clock
                         + (f" ({len(runs)} seeds)" if len(runs) != sweep.seeds else ""))
                 if len(runs) > 1:
                     ax.fill_between(x, lo * scale, hi * scale, color=color, alpha=0.18, lw=0)
             ylabel = {"node_average": unit.label, "average_model": unit.label, "node_spread": unit.spread_label,
                       "consensus_distance": "consensus distance (mean L2 to the average model)"}[key]
-            ax.set_xlabel({"round": "round", "virtual_s": "virtual time (s, simulate's clock of --node-profile)",
-                           "elapsed_s": "elapsed time (s)", "time_s": "time (s, since the asynchronous nodes' start)"
+            ax.set_xlabel({"round": "round", **CLOCKS, MIXED: "time (s, each run's clock in brackets)"
                            }.get(x_key, x_key))
             ax.set_ylabel(ylabel)
             metric_name = {"accuracy": "accuracy", "rmse": "RMSE", "loss": "loss"}.get(unit.metric, unit.metric)
@@ -595,6 +623,32 @@ def write_results_csv(sweep: Sweep, path: Path) -> Path:
     return path
 
 
+CURVE_COLUMNS = ("line", "clock", "time", *SERIES)
+
+
+def write_curves_vs_time(sweep: Sweep, path: Path) -> Path:
+    """The time figures' lines as numbers (each line the mean over its seeds, at the rounds they all have): one row
+    per line and point, its clock (the rounds.csv column its time is) and its time."""
+    with replacing(path) as raw, io.TextIOWrapper(raw, newline="") as f:
+        _write_curves(sweep, csv.writer(f))
+    return path
+
+
+def _write_curves(sweep: Sweep, writer: Any) -> None:
+    writer.writerow(CURVE_COLUMNS)
+    for where in panels(sweep, sweep.panel_keys):
+        chosen = select(sweep, where)
+        for k in line_values(sweep):
+            runs = [r for r in chosen if in_line(r, k, sweep.line_key)]
+            if not runs:
+                continue
+            x, *_ = aggregate(runs, SERIES[0], MIXED)
+            means = [aggregate(runs, key, MIXED)[1] for key in SERIES]
+            label = _line_label(sweep, k, runs) + (f" ({_panel_title(sweep, where)})" if where else "")
+            for i, t in enumerate(x):
+                writer.writerow([label, runs[0].clock, f"{t:.9g}", *(f"{m[i]:.9g}" for m in means)])
+
+
 def settings_line(settings: dict[str, Any], leave_out: Sequence[str] = ()) -> str:
     """A run's settings that the report lists (RUN_KEYS), less those at their quiet defaults and `leave_out`."""
     return ", ".join(f"{k}={settings[k]}" for k in RUN_KEYS if k in settings and k not in leave_out and not (
@@ -625,6 +679,9 @@ def write_report(folder: Path | str | Sequence[Path | str], out: Path | str | No
         figures.append(("Node-average and average-model metric vs time", figure_vs_rounds(
             sweep, ("node_average", "average_model"), ("node-average {metric}", "average-model {metric}"),
             out / "metric_vs_time.png", x_key=clock)))
+        figures.append(("Consensus distance and node spread vs time", figure_vs_rounds(
+            sweep, ("consensus_distance", "node_spread"), ("consensus distance", "node spread"),
+            out / "consensus_vs_time.png", x_key=clock)))
     if len(sweep.grid.get("fanout", [])) > 1:
         figures.append(("Best node-average metric vs degree s", figure_best_vs(
             sweep, "fanout", "degree s (receivers per fragment)", out / "best_vs_fanout.png")))
@@ -676,7 +733,10 @@ def write_report(folder: Path | str | Sequence[Path | str], out: Path | str | No
         "averaged over the evaluated rounds (how fast it learns); both then mean ± std over seeds. Consensus "
         "distance: mean over nodes of ||x_i - mean_j x_j||. Node spread: std over nodes of the node metric. "
         "MiB sent per node: the fragment messages' bytes on the wire over the run (nodes.csv). Wall: seconds per run.",
-        "Each run's figures, as recorded: [results.csv](results.csv).",
+        "Each run's figures, as recorded: [results.csv](results.csv)."
+        + (" The time figures' lines: [curves_vs_time.csv](curves_vs_time.csv); a run's clock is simulate's virtual "
+           "one (virtual), an asynchronous cluster's seconds since its nodes' start (async wall), or a cluster's "
+           "seconds since its start (wall)." if clock is not None else ""),
         "",
         "## Figures",
         "",
@@ -685,7 +745,9 @@ def write_report(folder: Path | str | Sequence[Path | str], out: Path | str | No
         lines += [f"### {title}", "", f"![{title}]({path.name})", ""]
     write_whole(out / "report.md", "\n".join(lines))
     results = write_results_csv(sweep, out / "results.csv")
+    curves = write_curves_vs_time(sweep, out / "curves_vs_time.csv") if clock is not None else None
     return {"out": str(out), "report": str(out / "report.md"), "results": str(results),
+            **({"curves_vs_time": str(curves)} if curves is not None else {}),
             "figures": [str(p) for _, p in figures],
             "runs": len(sweep.runs), "missing": len(sweep.missing),
             **({"status": sweep.info.get("status")} if sweep.single else {})}

@@ -20,7 +20,7 @@ describes round t as the node saw it by then (null for the final arrival).
     GET /v1/history?since=R                     -> {"rounds": per released round >= R (durations, phases,
                                                    stragglers), "evaluations": evaluation rows >= R}, each
                                                    list at most the last HISTORY_KEPT entries
-    GET /, GET /dashboard/{name}                -> the live dashboard (dashboard/index.html polls the two above)
+    GET /, GET /dashboard/{name}                -> the live dashboard (http/dashboard/index.html polls the two above)
 """
 
 from __future__ import annotations
@@ -40,16 +40,13 @@ from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.errors import bad_request, read_json
 from mosaicd.daemon.http.limits import Limits
 from mosaicd.daemon.http.membership import same_host
+from mosaicd.daemon.http.pages import dashboard_routes
 from mosaicd.daemon.loop import loop_name
 from mosaicd.outputs import clean_json
 
 if TYPE_CHECKING:
     from mosaicd.daemon.barrier.barrier import Barrier
 
-DASHBOARD = Path(__file__).parent / "dashboard"
-# the files /dashboard/{name} serves, and nothing else: name -> content type
-DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css",
-                   "uPlot.iife.min.js": "text/javascript", "uPlot.min.css": "text/css", "uPlot.LICENSE": "text/plain"}
 STATUS_OF_REASON = {BarrierReason.BAD_ADDRESS: 400, BarrierReason.BAD_ROUND: 400, BarrierReason.UNKNOWN_RANK: 404,
                     BarrierReason.DROPPED: 410, BarrierReason.FUTURE_ROUND: 409, BarrierReason.STALE_ROUND: 409,
                     BarrierReason.REGISTRATION_CLOSED: 409, BarrierReason.BARRIER_TIMEOUT: 503,
@@ -207,15 +204,6 @@ class BarrierRoutes:
             raise bad_request("bad_since", f"since must be a non-negative integer (a round), got {raw!r}")
         return web.json_response(barrier_history(self.barrier, int(raw)))
 
-    async def dashboard(self, request: web.Request) -> web.Response:
-        return dashboard_file("index.html", "text/html")
-
-    async def dashboard_asset(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        if name not in DASHBOARD_FILES:
-            raise bad_request("not_found", f"no dashboard file {name!r}", 404)
-        return dashboard_file(name, DASHBOARD_FILES[name])
-
     async def run_of(self, request: web.Request) -> str:
         """The run a request is signed for: registrations are signed with the registration key."""
         return REGISTER_RUN if request.path.endswith("/v1/register") else self.barrier.run.run_id
@@ -239,8 +227,7 @@ def barrier_app(barrier: Barrier) -> web.Application:
         web.delete("/v1/register", routes.withdraw),
         web.get("/v1/status", routes.status),
         web.get("/v1/history", routes.history),
-        web.get("/", routes.dashboard),
-        web.get("/dashboard/{name}", routes.dashboard_asset),
+        *dashboard_routes(),
     ], options=barrier.options, keyring=barrier.keyring, run_of=routes.run_of, registry=barrier.metrics.registry,
         limits=limits, max_body=1024 * 1024, openapi=Path(__file__).parent / "openapi.json",
         on_refused=lambda reason, request: barrier.refused(reason, source_of(request), request.path))
@@ -289,9 +276,3 @@ def barrier_history(barrier: Barrier, since: int) -> dict[str, Any]:
         return rows[start:]
 
     return clean_json({"rounds": tail(barrier.history), "evaluations": tail(barrier.recorder.rounds)})
-
-
-def dashboard_file(name: str, content_type: str) -> web.Response:
-    """One file of the dashboard folder (tens of kB at most; read per request, so an edit shows on reload)."""
-    return web.Response(body=(DASHBOARD / name).read_bytes(), content_type=content_type, charset="utf-8",
-                        headers={"Cache-Control": "no-cache"})

@@ -42,9 +42,9 @@ def metrics_handler(registry: CollectorRegistry) -> Handler:
     return metrics
 
 
-def openapi_handler(document: Path) -> Handler:
-    """GET /openapi.json: the API's OpenAPI 3 document (package data beside the role's routes)."""
-    body = document.read_bytes()
+def openapi_handler(document: Path | bytes) -> Handler:
+    """GET /openapi.json: the API's OpenAPI 3 document (package data beside the role's routes, or its bytes)."""
+    body = document if isinstance(document, bytes) else document.read_bytes()
 
     async def openapi(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")
@@ -57,7 +57,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 def member_app(routes: list[web.RouteDef], *, options: DaemonOptions, keyring: Keyring | None,
                run_of: Callable[[web.Request], Awaitable[str | None]], registry: CollectorRegistry, limits: Limits,
-               max_body: int, openapi: Path,
+               max_body: int, openapi: Path | bytes,
                on_refused: Callable[[str, web.Request], None] | None = None) -> web.Application:
     """A member's application: its `routes` and the endpoints every member serves, behind the middlewares in
     their order: errors as JSON, then the limits (bodies, before the guard reads them), then the cluster secret's

@@ -10,7 +10,9 @@ things run at once on the event loop, none waiting for another node:
   header's round; a message not taken (a peer down or finished) is dropped, never retried (a newer one follows);
 - POST /v1/fragments: decoded (`wire.decode`) and fed to `state.receive` with the sender the signature proved;
   POST /v1/pair (--exchange pairwise, AD-PSGD): a peer's whole model, averaged at once (`state.paired`) and the
-  average answered, which the asking node keeps too (`state.averaged`).
+  average answered, which the asking node keeps too (`state.averaged`);
+- GET /v1/status: the state's `AsyncNodeStatus` (steps, inbox and queue depths, staleness), what this module
+  counted, and every member's address; GET / the dashboard, which reads every member's status.
 
 Replays: the signature's nonce is taken once within its time window (`http.auth`), and beyond it a sender's message
 whose step is not newer than the newest taken from it is refused (409 `replayed_step`): a sender's messages to one
@@ -31,6 +33,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,7 @@ import numpy as np
 from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE, WireError
-from mosaic_proto.async_node import AsyncOutcome, Exchange
+from mosaic_proto.async_node import AsyncOutcome, Exchange, SyncMode
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
 from mosaic_proto.wire import decode, encode_parts, max_message_bytes
@@ -46,12 +49,14 @@ from mosaicd.daemon.http.auth import SENDER, Secret, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.limits import Limits
+from mosaicd.daemon.http.pages import dashboard_routes
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.daemon.node.metrics import NodeMetrics
 from mosaicd.daemon.node.outbound import Link
-from mosaicd.daemon.node.routes import read_body
+from mosaicd.daemon.node.routes import node_document, read_body
 from mosaicd.files import replacing, write_whole
 from mosaicd.logs import get_logger
+from mosaicd.outputs import clean_json
 from mosaicd.protocol import async_node_state, profile_spec
 from mosaicd.settings import Settings
 
@@ -85,13 +90,15 @@ class AsyncNode:
         self.eval_period_s = settings.eval_every * (spec.compute_s if spec is not None else DEFAULT_COMPUTE_S)
         self.grid: list[tuple[int, np.ndarray]] = []  # (steps done, model) at each point of the grid
         self.sent = self.unsent = self.replays = 0
+        self.sent_bytes, self.link_s = 0, 0.0  # what the taken messages counted (nbytes), the link's busy seconds
         self.started_at = self.finished_at = math.nan
 
     # -- what comes in ---------------------------------------------------------------------------------------
     def app(self) -> web.Application:
         async def fragments(request: web.Request) -> web.Response:
             if request.content_type != CONTENT_TYPE:
-                return web.json_response({"reason": "unsupported_media_type"}, status=415)
+                return web.json_response({"reason": "unsupported_media_type", "detail": f"expected {CONTENT_TYPE}, "
+                                          f"got {request.content_type}"}, status=415)
             body = await read_body(request, self.max_bytes)
             answer, status = self.receive(body, request.get(SENDER))
             return web.json_response(answer, status=status)
@@ -105,19 +112,29 @@ class AsyncNode:
                 return web.Response(body=answer, content_type="application/octet-stream")
             return web.json_response(answer, status=status)
 
-        async def status(request: web.Request) -> web.Response:
-            s = self.state
-            return web.json_response({"rank": self.rank, "phase": s.phase.value, "steps": s.step,
-                                      "inbox": s.inbox_depth(), "queue": len(s.queue), "sent": self.sent,
-                                      "superseded": s.queue.superseded, **s.counts})
+        async def status(request: web.Request) -> web.Response:  # any origin may read it: the dashboard of a member
+            return web.json_response(self.status(), headers={"Access-Control-Allow-Origin": "*"})
 
         async def run_of(request: web.Request) -> str | None:
             return self.run.run_id
         return member_app([web.post("/v1/fragments", fragments), web.post("/v1/pair", pair),
-                           web.get("/v1/status", status)],
+                           web.get("/v1/status", status), *dashboard_routes()],
                           options=self.options, keyring=self.keyring, run_of=run_of, registry=self.metrics.registry,
                           limits=Limits(self.options, self.metrics.registry), max_body=self.options.max_body_bytes,
-                          openapi=Path(__file__).parent / "openapi.json")
+                          openapi=node_document(SyncMode.ASYNC))
+
+    def status(self) -> dict[str, Any]:
+        """GET /v1/status: the state's `AsyncNodeStatus` and what the daemon counted; `addresses` (rank order) lets
+        `mosaicd status` and the dashboard find every member from any one."""
+        now = time.monotonic()
+        end = self.finished_at if math.isfinite(self.finished_at) else now
+        elapsed = end - self.started_at if math.isfinite(self.started_at) else None
+        return clean_json({"role": "node", "sync": SyncMode.ASYNC.value, "run_id": self.run.run_id,
+                           "exchange": self.run.exchange.value, "address": self.addresses[self.rank],
+                           "addresses": self.addresses, **asdict(self.state.status(now)), "sent": self.sent,
+                           "unsent": self.unsent, "replays_refused": self.replays, "elapsed_s": elapsed,
+                           "steps_per_s": self.state.step / elapsed if elapsed else None,
+                           "settings": self.run.model_dump(mode="json")})
 
     def receive(self, body: bytes, proved: int | str | None) -> tuple[dict[str, Any], int]:
         """One fragment message: (JSON answer, HTTP status)."""
@@ -190,6 +207,7 @@ class AsyncNode:
                 self._queued.clear()
                 await self._queued.wait()
                 continue
+            took = time.perf_counter()
             if link is not None:
                 await link(message.nbytes)
             route = "pair" if message.pair else "fragments"
@@ -206,9 +224,11 @@ class AsyncNode:
                     await client.request("POST", url, data=tuple(encode_parts(message.batch)), round=message.step,
                                          headers={"Content-Type": CONTENT_TYPE}, retries=0)
                 self.sent += 1
+                self.sent_bytes += message.nbytes
             except (Refused, HttpError) as exc:
                 self.unsent += 1
                 self.log.info("send_failed", step=message.step, peer=message.peer, error=str(exc))
+            self.link_s += time.perf_counter() - took
 
     async def snapshots(self) -> None:
         """The model at each point of the time grid (from the training's start), until the node is finished."""
@@ -231,6 +251,7 @@ class AsyncNode:
         return {"rank": self.rank, "steps": s.step, "elapsed_s": round(elapsed, 6),
                 "steps_per_s": round(s.step / elapsed, 6) if elapsed > 0 else None,
                 "sent": self.sent, "unsent": self.unsent, "replays_refused": self.replays,
+                "sent_bytes": self.sent_bytes, "link_s": round(self.link_s, 6),
                 "signed": self.keyring is not None, "eval_period_s": self.eval_period_s,
                 "fragments_superseded": s.queue.superseded, "fragments_stale": s.counts["stale"],
                 "refused": s.counts["refused"], "ignored": s.counts["ignored"], "averaged": s.counts["averaged"]}

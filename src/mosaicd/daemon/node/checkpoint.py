@@ -60,25 +60,43 @@ def state_dir(options: DaemonOptions) -> Path | None:
 
 def save(directory: Path, checkpoint: Checkpoint) -> None:
     """Write `checkpoint` over the slot written longest ago (or a missing or unreadable one), in place."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written = {name: _written(directory / name) for name in SLOTS}
-    slot = min(SLOTS, key=lambda name: -1 if written[name] is None else written[name])
-    meta = {"run_id": checkpoint.run_id, "rank": checkpoint.rank, "address": checkpoint.address,
-            "round": checkpoint.round, "written": max((w for w in written.values() if w is not None), default=-1) + 1}
-    arrays = {"vector": np.asarray(checkpoint.vector, dtype="<f4"),
-              **{f"carried_{f}": np.asarray(v, dtype="<f4") for f, v in checkpoint.carried.items()},
-              **{f"trained_{k}": np.asarray(v) for k, v in checkpoint.trained.items()},
-              "meta": np.array(json.dumps(meta))}  # last: a slot whose new meta can be read holds its new model
-    path = directory / slot
-    with open(path, "r+b" if path.exists() else "wb") as f:  # not truncated first: its blocks are reused
-        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as archive:
-            for name, array in arrays.items():
-                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:  # an .npy, its bytes not copied
-                    npy.write_array_header_1_0(member, npy.header_data_from_array_1_0(array))
-                    member.write(memoryview(np.ascontiguousarray(array)).cast("B"))
-        f.truncate()
-        f.flush()
-        os.fsync(f.fileno())
+    Slots(directory).save(checkpoint)
+
+
+class Slots:
+    """One writer's view of a state directory's slots: when each was written, read from their files at the first
+    save (and again after a save that failed), then kept as this writer writes them. A node saves every round: the
+    three slots' metas read back each time were half of a save's CPU time (bench/README.md, issue 59 item 3). The
+    one writer of its directory: another process's saves there are not seen."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._written: dict[str, int | None] | None = None
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        directory = self.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        written = self._written if self._written is not None else {name: _written(directory / name) for name in SLOTS}
+        self._written = None  # until this save is done: one that fails is read back from the files next time
+        slot = min(SLOTS, key=lambda name: -1 if written[name] is None else written[name])
+        count = max((w for w in written.values() if w is not None), default=-1) + 1
+        meta = {"run_id": checkpoint.run_id, "rank": checkpoint.rank, "address": checkpoint.address,
+                "round": checkpoint.round, "written": count}
+        arrays = {"vector": np.asarray(checkpoint.vector, dtype="<f4"),
+                  **{f"carried_{f}": np.asarray(v, dtype="<f4") for f, v in checkpoint.carried.items()},
+                  **{f"trained_{k}": np.asarray(v) for k, v in checkpoint.trained.items()},
+                  "meta": np.array(json.dumps(meta))}  # last: a slot whose new meta can be read holds its new model
+        path = directory / slot
+        with open(path, "r+b" if path.exists() else "wb") as f:  # not truncated first: its blocks are reused
+            with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as archive:
+                for name, array in arrays.items():
+                    with archive.open(f"{name}.npy", "w", force_zip64=True) as member:  # an .npy, bytes not copied
+                        npy.write_array_header_1_0(member, npy.header_data_from_array_1_0(array))
+                        member.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
+        self._written = {**written, slot: count}
 
 
 def load(directory: Path | None, round: int | None = None) -> Checkpoint | None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE
+from mosaic_proto.async_node import SyncMode
 from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
 from mosaicd.daemon.http.body import read_body as _read_body
 from mosaicd.daemon.http.endpoints import member_app
@@ -23,6 +25,16 @@ async def read_body(request: web.Request, limit: int | None = None) -> bytes:
     """The request's body as one `bytes`, held once (`http.body.read_body`), read up to `limit` bytes at most; a
     body the cluster secret's check read and hashed already comes from aiohttp's cache, not copied again."""
     return await _read_body(request, limit=limit)
+
+
+def node_document(sync: SyncMode) -> bytes:
+    """The node's OpenAPI document as a node of `sync` serves it: without the paths marked for the other kind
+    (`x-mosaic-sync`, left out too), so that it names exactly that node's routes."""
+    document = json.loads((Path(__file__).parent / "openapi.json").read_text())
+    document["paths"] = {path: {k: v for k, v in item.items() if k != "x-mosaic-sync"}
+                         for path, item in document["paths"].items()
+                         if item.get("x-mosaic-sync", sync.value) == sync.value}
+    return json.dumps(document, indent=2).encode()
 
 
 def node_app(inbox: Inbox) -> web.Application:
@@ -66,4 +78,4 @@ def node_app(inbox: Inbox) -> web.Application:
                        web.get("/v1/model", model)],
                       options=inbox.options, keyring=inbox.keyring, run_of=run_of, registry=inbox.metrics.registry,
                       limits=Limits(inbox.options, inbox.metrics.registry), max_body=inbox.options.max_body_bytes,
-                      openapi=Path(__file__).parent / "openapi.json")
+                      openapi=node_document(SyncMode.BARRIER))

@@ -328,15 +328,16 @@ class Checkpoints:
     def __init__(self, options: DaemonOptions, peer: Peer, trained: Callable[[], dict[str, np.ndarray]]) -> None:
         self.every, self.peer, self.trained = options.checkpoint_every, peer, trained
         self.directory = checkpoint.state_dir(options)
+        self.slots = checkpoint.Slots(self.directory) if self.directory is not None else None
         self._writing: asyncio.Future | None = None
 
     async def after(self, t: int, vector: np.ndarray) -> None:
-        if not self.every or self.directory is None or (t + 1) % self.every:
+        if not self.every or self.slots is None or (t + 1) % self.every:
             return
         await self.drain()
         saved = checkpoint.Checkpoint(self.peer.run.run_id, self.peer.rank, self.peer.address, t + 1, vector,
                                       self.peer.compression_state(), self.trained())  # before round t + 1 trains
-        self._writing = asyncio.ensure_future(asyncio.to_thread(checkpoint.save, self.directory, saved))
+        self._writing = asyncio.ensure_future(asyncio.to_thread(self.slots.save, saved))
 
     async def drain(self) -> None:
         """Wait for the checkpoint being written. One that cannot be written ends the run (OutputError), at its

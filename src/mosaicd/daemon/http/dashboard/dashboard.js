@@ -1,5 +1,8 @@
 // The barrier's live dashboard: polls /v1/status and /v1/history about once a second and redraws.
 // URLs are relative to the page: the barrier may be served under a prefix (rank 0's /barrier/ with --peer-list).
+// Served by a node of an asynchronous run (`sync: "async"` in its /v1/status; no barrier, no rounds), the page polls
+// every member's /v1/status instead (their addresses are in it) and shows each node's steps, inbox and queue depths
+// and the staleness of its last aggregation, over the time since the page opened.
 // No build step, no network: uPlot (vendored beside this file) draws the charts.
 "use strict";
 
@@ -12,6 +15,8 @@ const COLORS = {
   stragglers: "#f97316", dropped: "#991b1b",
 };
 const PHASES = ["train", "send", "wait", "aggregate"];
+const NODE_COLORS = ["#2563eb", "#ea580c", "#16a34a", "#7c3aed", "#db2777", "#0d9488", "#ca8a04", "#4b5563"];
+const ASYNC_SAMPLES_KEPT = 3600;  // an hour of polls
 
 const state = {
   runId: null,
@@ -22,6 +27,8 @@ const state = {
   status: null,
   lastSeen: null,
   charts: {},
+  asyncStart: null,   // an asynchronous run: when the page first heard from it (Date.now())
+  asyncSamples: [],   // ... and one sample per poll: {t: s since then, nodes: [{steps, inbox, queue, lag} or null]}
 };
 window.mosaicDashboard = state;  // for tests and curious people: state.charts.accuracy.data, ...
 
@@ -47,6 +54,11 @@ async function poll() {
   let delay = POLL_MS;
   try {
     const status = await getJSON("v1/status");
+    if (status.sync === "async") {
+      await pollAsync(status);
+      setTimeout(poll, delay);
+      return;
+    }
     if (state.runId !== null && (status.run_id !== state.runId || status.round < (state.status?.round ?? 0))) {
       location.reload();  // another run on this port
       return;
@@ -65,6 +77,28 @@ async function poll() {
   setTimeout(poll, delay);
 }
 
+async function pollAsync(own) {
+  if (state.runId !== null && own.run_id !== state.runId) {
+    location.reload();  // another run on this port
+    return;
+  }
+  state.runId = own.run_id;
+  // the other members answer from their own host:port (their /v1/status lets any origin read it)
+  const nodes = await Promise.all(own.addresses.map((address, rank) => (rank === own.rank ? Promise.resolve(own)
+    : getJSON(`${location.protocol}//${address}/v1/status`).catch(() => null))));
+  state.asyncStart ??= Date.now();
+  state.asyncSamples.push({
+    t: (Date.now() - state.asyncStart) / 1000,
+    nodes: nodes.map((n) => n && { steps: n.steps, inbox: n.inbox, queue: n.queue_fragments,
+                                   lag: n.last_aggregation ? n.last_aggregation.lag_steps_mean : null }),
+  });
+  if (state.asyncSamples.length > ASYNC_SAMPLES_KEPT) state.asyncSamples.shift();
+  const finished = nodes.every((n) => n && n.phase === "finished");
+  state.status = { ...own, nodes, phase: finished ? "finished" : "training" };
+  state.lastSeen = Date.now();
+  renderAsync();
+}
+
 function absorb(history) {
   for (const r of history.rounds || []) {
     if (r.round >= state.nextRound) { state.rounds.push(r); state.nextRound = r.round + 1; }
@@ -77,12 +111,14 @@ function absorb(history) {
 function showOffline(err) {
   const badge = $("phase");
   if (state.status && state.status.phase === "finished") {
-    $("connection").textContent = "the barrier has exited; showing the run as it ended";
+    $("connection").textContent = state.status.sync === "async" ? "the nodes have exited; showing the run as it ended"
+      : "the barrier has exited; showing the run as it ended";
   } else {
     badge.textContent = "offline";
     badge.className = "badge offline";
     const ago = state.lastSeen ? ` (last answer ${Math.round((Date.now() - state.lastSeen) / 1000)} s ago)` : "";
-    $("connection").textContent = `barrier not reachable${ago}: ${err.message}`;
+    const who = state.status && state.status.sync === "async" ? "node" : "barrier";
+    $("connection").textContent = `${who} not reachable${ago}: ${err.message}`;
   }
 }
 
@@ -161,6 +197,83 @@ function renderNodes(s) {
   table.dataset.rows = rows.length;
 }
 
+// -- an asynchronous run ----------------------------------------------------------------------------------
+function renderAsync() {
+  const s = state.status, nodes = s.nodes, live = nodes.filter(Boolean);
+  $("run-id").textContent = `run ${s.run_id} (asynchronous, ${s.exchange})`;
+  const badge = $("phase");
+  badge.textContent = s.phase;
+  badge.className = `badge ${s.phase === "training" ? "running" : s.phase}`;
+  $("progress-label").textContent = "steps of the slowest node";
+  const slowest = live.length ? Math.min(...live.map((n) => n.steps)) : 0;
+  $("round").textContent = slowest;
+  $("rounds").textContent = s.iterations;
+  $("progress").max = s.iterations;
+  $("progress").value = slowest;
+  $("membership").textContent = `reachable ${live.length} / ${nodes.length}, finished `
+    + `${live.filter((n) => n.phase === "finished").length}`;
+  $("connection").textContent = "";
+  $("barrier-charts").hidden = true;
+  $("async-charts").hidden = false;
+  renderSettings(s.settings);
+  renderAsyncNodes(s);
+  renderAsyncCharts(nodes.length);
+}
+
+const ASYNC_COLUMNS = ["rank", "address", "state", "steps", "steps/s", "inbox (oldest)", "queue (fragments)",
+                       "copies", "lag mean / max", "wait mean / max", "sent", "stale", "superseded"];
+
+function renderAsyncNodes(s) {
+  const header = $("node-header");
+  if (header.dataset.async !== "1") {
+    header.dataset.async = "1";
+    header.replaceChildren(...ASYNC_COLUMNS.map((name) => {
+      const th = document.createElement("th"); th.textContent = name; return th;
+    }));
+    $("latest-eval").textContent = "(lag: the node's step less the step of the copies its last aggregation "
+      + "averaged; wait: their time in its inbox, s)";
+  }
+  const rows = s.addresses.map((address, rank) => {
+    const n = s.nodes[rank], last = n && n.last_aggregation;
+    const tr = document.createElement("tr");
+    tr.dataset.rank = rank;
+    if (!n) tr.className = "dropped";
+    const cells = !n ? [rank, address, "unreachable", ...ASYNC_COLUMNS.slice(3).map(() => "–")] : [
+      rank, address, n.phase, `${n.steps} / ${n.iterations}`, fmt(n.steps_per_s, 3),
+      n.inbox + (n.inbox_oldest_s === null ? "" : ` (${fmt(n.inbox_oldest_s, 2)} s)`),
+      `${n.queue} (${n.queue_fragments})`, last ? last.copies : "–",
+      last ? `${fmt(last.lag_steps_mean, 2)} / ${fmt(last.lag_steps_max)}` : "–",
+      last ? `${fmt(last.wait_s_mean, 2)} / ${fmt(last.wait_s_max, 2)}` : "–", n.sent, n.stale, n.superseded,
+    ];
+    for (const c of cells) {
+      const td = document.createElement("td");
+      td.textContent = c;
+      tr.appendChild(td);
+    }
+    return tr;
+  });
+  const table = $("node-table");
+  table.tBodies[0].replaceChildren(...rows);
+  table.dataset.rows = rows.length;
+}
+
+function renderAsyncCharts(n) {
+  const samples = state.asyncSamples, x = samples.map((p) => p.t), ranks = [...Array(n).keys()];
+  const perNode = (key) => ranks.map((r) => samples.map((p) => (p.nodes[r] ? num(p.nodes[r][key]) : null)));
+  const nodeSeries = ranks.map((r) => ({ label: `node ${r}`, stroke: NODE_COLORS[r % NODE_COLORS.length], width: 1.5,
+                                         value: (u, v) => fmt(v) }));
+  const xLabel = "seconds since the page opened";
+  update("steps", "chart-steps", (data) => makeChart("chart-steps", nodeSeries, data,
+    { xLabel, yLabel: "steps" }), [x, ...perNode("steps")]);
+  const total = (key) => samples.map((p) => p.nodes.reduce((acc, v) => acc + (v ? v[key] : 0), 0));
+  update("depths", "chart-depths", (data) => makeChart("chart-depths", [
+    { label: "inbox", stroke: COLORS.nodeAverage, width: 2, value: (u, v) => fmt(v) },
+    { label: "queue", stroke: COLORS.averageModel, width: 2, value: (u, v) => fmt(v) },
+  ], data, { xLabel, yLabel: "fragments" }), [x, total("inbox"), total("queue")]);
+  update("lag", "chart-lag", (data) => makeChart("chart-lag", nodeSeries, data,
+    { xLabel, yLabel: "steps behind" }), [x, ...perNode("lag")]);
+}
+
 // -- charts ---------------------------------------------------------------------------------------------
 function chartWidth(el) { return Math.max(300, el.clientWidth); }
 
@@ -170,10 +283,10 @@ function makeChart(id, series, data, opts = {}) {
   const chart = new uPlot({
     width: chartWidth(el), height: CHART_HEIGHT,
     scales: { x: { time: false }, y: opts.y || {} },
-    axes: [{ label: "round" }, { label: opts.yLabel || "", size: 60 }],
+    axes: [{ label: opts.xLabel || "round" }, { label: opts.yLabel || "", size: 60 }],
     legend: { live: true },
     cursor: { drag: { x: true, y: false } },
-    series: [{ label: "round" }, ...series],
+    series: [{ label: opts.xLabel || "round" }, ...series],
     bands: opts.bands,
   }, data, el);
   chart.mosaicIdle = true;
