@@ -26,6 +26,7 @@ and end, what it counted) and its model `model.npy` in its --out, and serves unt
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
 import os
@@ -42,23 +43,21 @@ from mosaic_proto.async_node import AsyncOutcome, Exchange
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
 from mosaic_proto.wire import decode, encode_parts, max_message_bytes
-from mosaicd.daemon.http.auth import SENDER, Secret, signer
+from mosaicd.daemon.http.auth import SENDER, Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.limits import Limits
 from mosaicd.daemon.loop import sleep_at_least
+from mosaicd.daemon.node.async_end import GRID, node_folder, summarize, write_report
 from mosaicd.daemon.node.metrics import NodeMetrics
 from mosaicd.daemon.node.outbound import Link
 from mosaicd.daemon.node.routes import read_body
-from mosaicd.files import replacing, write_whole
 from mosaicd.logs import get_logger
+from mosaicd.outputs import MODE_ENV, RunRecorder, failure_text, remove_summary
 from mosaicd.protocol import async_node_state, profile_spec
 from mosaicd.settings import Settings
 
 ROSTER_ENV = "MOSAICD_ASYNC_ROSTER"  # the launcher's roster file: {"addresses": [...]} in rank order
-REPORT = "async.json"
-MODEL = "model.npy"
-GRID = "grid.npz"  # the node's models on the time grid: steps done and model at each point
 PAIR_STEP, PAIR_SENDER = "X-Mosaic-Pair-Step", "X-Mosaic-Pair-Sender"  # a pair's step (also the signed round)
 LINGER_S = 600.0  # a finished node serves this long at most, waiting to be stopped
 
@@ -86,6 +85,8 @@ class AsyncNode:
         self.grid: list[tuple[int, np.ndarray]] = []  # (steps done, model) at each point of the grid
         self.sent = self.unsent = self.replays = 0
         self.started_at = self.finished_at = math.nan
+        self.result: bytes | None = None  # the report, once written (`save_report`): what rank 0 of a peer list fetches
+        self.ended = asyncio.Event()  # rank 0 of a peer list said the run's summary is written
 
     # -- what comes in ---------------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -111,10 +112,27 @@ class AsyncNode:
                                       "inbox": s.inbox_depth(), "queue": len(s.queue), "sent": self.sent,
                                       "superseded": s.queue.superseded, **s.counts})
 
+        async def result(request: web.Request) -> web.Response:
+            """Rank 0 of a peer list fetches the node's report (POST: signed, only members may read its model)."""
+            if self.keyring is not None and str(request.get(SENDER)) != "0":
+                return web.json_response({"reason": "refused", "detail": "only rank 0 collects reports"}, status=403)
+            if self.result is None:
+                return web.json_response({"reason": "running", "detail": f"{self.state.step} of "
+                                          f"{self.run.rounds} iterations done"}, status=409)
+            return web.Response(body=self.result, content_type="application/octet-stream")
+
+        async def end(request: web.Request) -> web.Response:
+            """Rank 0 of a peer list wrote the run's summary: this node may exit."""
+            if self.keyring is not None and str(request.get(SENDER)) != "0":
+                return web.json_response({"reason": "refused", "detail": "only rank 0 ends the run"}, status=403)
+            self.ended.set()
+            return web.json_response({"ended": True})
+
         async def run_of(request: web.Request) -> str | None:
             return self.run.run_id
         return member_app([web.post("/v1/fragments", fragments), web.post("/v1/pair", pair),
-                           web.get("/v1/status", status)],
+                           web.get("/v1/status", status), web.post("/v1/async/result", result),
+                           web.post("/v1/async/end", end)],
                           options=self.options, keyring=self.keyring, run_of=run_of, registry=self.metrics.registry,
                           limits=Limits(self.options, self.metrics.registry), max_body=self.options.max_body_bytes,
                           openapi=Path(__file__).parent / "openapi.json")
@@ -219,11 +237,14 @@ class AsyncNode:
                 self.grid.append((self.state.step, self.state.vector.copy()))
             k += 1
 
-    def save_grid(self, path: Path) -> None:
+    def save_report(self, folder: Path) -> None:
+        """The node's report (`async_end.write_report`) in `folder`; its grid.npz, which holds it all, is what rank 0
+        of a peer list fetches."""
         models = np.stack([v for _, v in self.grid]) if self.grid else np.zeros((0, self.state.vector.size),
                                                                                np.float32)
-        with replacing(path) as f:
-            np.savez(f, steps=np.array([n for n, _ in self.grid], np.int64), models=models)
+        steps = np.array([n for n, _ in self.grid], np.int64)
+        write_report(folder, self.report(), self.state.vector, steps, models)
+        self.result = (folder / GRID).read_bytes()
 
     def report(self) -> dict[str, Any]:
         s = self.state
@@ -252,20 +273,23 @@ async def wait_for_peers(client: Client, addresses: list[str], rank: int, deadli
             await asyncio.sleep(0.05)
 
 
-async def run_async_node(settings: Settings, roster: Path) -> int:
-    """Serve, wait for the others, train --rounds iterations, send what is queued, report; serve until stopped."""
+async def run_async_node(settings: Settings, addresses: list[str], rank: int, folder: Path,
+                         peer_list: bool = False) -> int:
+    """Serve, wait for the others, train --rounds iterations, send what is queued, report into `folder`. Then, in
+    `cluster`, serve until the launcher stops the process; in a peer list, rank 0 collects the others' reports and
+    writes the summary (`end_run`), and every other member serves until rank 0 says the run ended (`await_end`)."""
     from mosaicd.learning.tasks import build_task
 
     run = settings.run_config()
-    addresses = json.loads(roster.read_text())["addresses"]
-    own = settings.advertise or f"{settings.host}:{settings.port}"
-    rank = addresses.index(own)
+    secret = Secret.of(settings.daemon_options())
+    check_listen(settings.daemon_options(), secret.keyring())
     task = await asyncio.to_thread(build_task, run, settings.data_dir)
-    node = AsyncNode(settings, task, rank, addresses, Secret.of(settings.daemon_options()))
+    node = AsyncNode(settings, task, rank, addresses, secret)
+    recorder = open_recorder(settings) if peer_list and rank == 0 else None
     runner = web.AppRunner(node.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port).start()
-    out = Path(settings.out)
+    code = 0
     try:
         sign = None if node.keyring is None else signer(lambda: node.keyring.credentials(run.run_id), lambda: str(rank))
         async with Client(settings.request_timeout, 0, signer=sign) as client:
@@ -277,15 +301,124 @@ async def run_async_node(settings: Settings, roster: Path) -> int:
             await training
             grid.cancel()
             await sending
-        out.mkdir(parents=True, exist_ok=True)
-        with replacing(out / MODEL) as f:
-            np.save(f, node.state.vector)
-        node.save_grid(out / GRID)
-        write_whole(out / REPORT, json.dumps(node.report()))  # last: the launcher reads the model once it is there
-        await asyncio.sleep(LINGER_S)  # the others may still send; the launcher stops this process
+            node.save_report(folder)  # the launcher reads the model once the report is there
+            if recorder is not None:
+                await end_run(node, client, settings, recorder)
+            elif peer_list:
+                code = await await_end(node, client, settings)
+            else:
+                await asyncio.sleep(LINGER_S)  # the others may still send; the launcher stops this process
+    except BaseException as exc:
+        if recorder is not None:
+            recorder.fail(failure_text(exc))
+        raise
     finally:
         await runner.cleanup()
+    return code
+
+
+def open_recorder(settings: Settings) -> RunRecorder:
+    """Rank 0 of a peer list's run record in its --out (summary.json says "running" from the first row on)."""
+    out = Path(settings.out)
+    remove_summary(out)
+    return RunRecorder(out, settings, mode=os.environ.get(MODE_ENV, "node"))
+
+
+async def end_run(node: AsyncNode, client: Client, settings: Settings, recorder: RunRecorder) -> None:
+    """Rank 0 of a peer list: every member's report fetched into OUT/nodes/<rank> (`collect`), the summary written
+    (`async_end.summarize`), then each member told that the run ended."""
+    out = Path(settings.out)
+    reports, lost = await collect(node, client, out, settings)
+    summary = await asyncio.to_thread(summarize, out, settings, recorder, reports, lost,
+                                      addresses=node.addresses)
+    node.log.info("async_run_ended", members=sorted(reports), dropped=lost, status=summary.get("status"))
+    await asyncio.gather(*(client.request("POST", f"http://{node.addresses[r]}/v1/async/end", retries=1,
+                                          timeout=5.0) for r in sorted(reports) if r != node.rank),
+                         return_exceptions=True)
+
+
+async def collect(node: AsyncNode, client: Client, out: Path, settings: Settings,
+                  poll_s: float = 0.2) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    """Every member's report, fetched (POST /v1/async/result) and written into OUT/nodes/<rank>: (reports by rank,
+    the ranks given up). A member is given up once it has not answered for --register-deadline seconds in a row
+    (it may be down for good; one restarted meanwhile answers again), or when the run's deadline is past."""
+    loop = asyncio.get_running_loop()
+    reports = {node.rank: node.report()}
+    waiting = set(range(len(node.addresses))) - {node.rank}
+    heard = {r: loop.time() for r in waiting}
+    until = loop.time() + run_deadline(settings)
+    lost: list[int] = []
+    while waiting:
+        for rank in sorted(waiting):
+            try:
+                _, body, _ = await client.request("POST", f"http://{node.addresses[rank]}/v1/async/result",
+                                                  retries=0, timeout=max(5.0, settings.request_timeout))
+            except HttpError as exc:
+                if isinstance(exc, Refused) and exc.reason == "running":
+                    heard[rank] = loop.time()
+                elif loop.time() - heard[rank] > settings.register_deadline:
+                    lost.append(rank)
+                    waiting.discard(rank)
+                    node.log.warning("member_given_up", member=rank, error=str(exc), detail="it did not answer "
+                                     f"for {settings.register_deadline:g} s (--register-deadline): left out")
+                continue
+            with np.load(io.BytesIO(body), allow_pickle=False) as kept:
+                report = json.loads(str(kept["report"]))
+                write_report(node_folder(out, rank), report, kept["model"], kept["steps"], kept["models"])
+            reports[rank] = report
+            waiting.discard(rank)
+        if waiting and loop.time() > until:
+            node.log.warning("members_given_up", members=sorted(waiting), detail="the run's deadline passed")
+            lost += sorted(waiting)
+            break
+        if waiting:
+            await asyncio.sleep(poll_s)
+    return reports, sorted(lost)
+
+
+async def await_end(node: AsyncNode, client: Client, settings: Settings, poll_s: float = 1.0) -> int:
+    """A member of a peer list other than rank 0, reported: serve until rank 0 says the run ended (0), or until
+    rank 0 has not answered for --register-deadline seconds in a row (1: the summary will not come from it)."""
+    loop = asyncio.get_running_loop()
+    heard = loop.time()
+    while not node.ended.is_set():
+        try:
+            await client.request("GET", f"http://{node.addresses[0]}/healthz", retries=0, timeout=2.0)
+            heard = loop.time()
+        except HttpError:
+            if loop.time() - heard > settings.register_deadline:
+                print(f"mosaicd node: error: rank 0 ({node.addresses[0]}) did not answer for "
+                      f"{settings.register_deadline:g} s (--register-deadline): no summary will come from it; this "
+                      f"node's report is in {node_folder(Path(settings.out), node.rank)}", file=sys.stderr, flush=True)
+                return 1
+        try:
+            await asyncio.wait_for(node.ended.wait(), poll_s)
+        except TimeoutError:
+            pass
     return 0
+
+
+def run_deadline(settings: Settings) -> float:
+    """How long rank 0 of a peer list waits for the last report at most: every iteration at the slowest node's
+    pace with a wide margin (a second an iteration at least), from its own end."""
+    spec = profile_spec(settings.run_config())
+    slowest = 1.0
+    if spec is not None:
+        slowest = max(1.0, max(p.train_s(spec.compute_s) for p in spec.resolve(settings.seed, settings.nodes)))
+    return settings.register_deadline + 4 * settings.rounds * slowest
+
+
+async def run_peer_list_node(settings: Settings) -> int:
+    """`mosaicd node --peer-list FILE --sync async`: this node is the member the file lists at its address (rank:
+    the file's order, as in --sync barrier); its report goes into OUT/nodes/<rank>, and rank 0 writes the run's
+    summary into its OUT."""
+    from mosaicd.daemon.http.membership import listed_addresses, own_address
+
+    options = settings.daemon_options()
+    addresses = listed_addresses(options)
+    rank = addresses.index(own_address(options, options.port))
+    settings = settings.model_copy(update={"nodes": len(addresses)})
+    return await run_async_node(settings, addresses, rank, node_folder(Path(settings.out), rank), peer_list=True)
 
 
 def main() -> None:
@@ -294,7 +427,9 @@ def main() -> None:
     settings = Settings.load()
     configure_logging(settings.log_level, settings.log_json)
     try:
-        code = asyncio.run(run_async_node(settings, Path(os.environ[ROSTER_ENV])))
+        roster = json.loads(Path(os.environ[ROSTER_ENV]).read_text())["addresses"]
+        rank = roster.index(settings.advertise or f"{settings.host}:{settings.port}")
+        code = asyncio.run(run_async_node(settings, roster, rank, Path(settings.out)))
     except TimeoutError as exc:
         print(f"mosaicd node: error: {exc}", file=sys.stderr, flush=True)
         code = 1

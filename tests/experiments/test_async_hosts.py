@@ -1,0 +1,89 @@
+"""Asynchronous runs on every host set-up (issue 60, items 4 and 5): a peer list's members run `--sync async`
+for real, with no barrier process; faults cost the other nodes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mosaicd.daemon.http.auth import write_new_secret
+from mosaicd.experiments.cluster import free_ports, settings_env
+from mosaicd.settings import Settings
+
+ASYNC = {"sync": "async", "task": "quadratic", "fragments": 4, "fanout": 2}
+
+
+def start_peer_list(kit: Any, tmp_path: Path, run: dict[str, Any], ports: list[int], shared: bool = False,
+                    logs: str = "node") -> dict[int, subprocess.Popen]:
+    """Every member of the peer list in tmp_path/peers.txt: by hand with flags, each its own --out; or (`shared`)
+    as a sweep's Slurm task starts a cluster run's members (`sweep_slurm.cluster_task`): `mosaicd node` given the
+    run's settings as MOSAIC_* variables and one --out for all."""
+    procs = {}
+    for port in ports:
+        with open(tmp_path / f"{logs}-{port}.log", "wb") as log:
+            if shared:
+                env = settings_env(Settings.load(**run), out=str(tmp_path / "out"), peer_list=str(tmp_path /
+                                   "peers.txt"), port=port, advertise=f"127.0.0.1:{port}", host="127.0.0.1",
+                                   log_json=True)
+                procs[port] = subprocess.Popen([*kit.mosaicd, "node"], env=env, stdout=log,
+                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                continue
+            procs[port] = subprocess.Popen(
+                [*kit.mosaicd, "node", "--peer-list", str(tmp_path / "peers.txt"), "--port", str(port), "--host",
+                 "127.0.0.1", "--out", str(tmp_path / f"out-{port}"), "--log-json", *kit.flags(run)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return procs
+
+
+def wait_all(tmp_path: Path, procs: dict[int, subprocess.Popen], within: float, logs: str = "node") -> None:
+    try:
+        for port, proc in procs.items():
+            code = proc.wait(timeout=within)
+            assert code == 0, (tmp_path / f"{logs}-{port}.log").read_text()[-3000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.mark.slow  # about 10 s on 2 idle cores
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_peer_list_runs_asynchronously_and_rank_0_writes_the_summary(tmp_path: Path, kit: Any,
+                                                                        shared: bool) -> None:
+    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    ports = sorted(free_ports(4))
+    (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
+    run = {**ASYNC, "nodes": 4, "rounds": 15, "eval_every": 5, "node_profile": tmp_path / "p.toml",
+           "secret_file": write_new_secret(tmp_path / "run.secret")}
+    wait_all(tmp_path, start_peer_list(kit, tmp_path, run, ports, shared), 120)
+    rank0 = tmp_path / ("out" if shared else f"out-{ports[0]}")
+    summary = json.loads((rank0 / "summary.json").read_text())
+    block = summary["asynchronous"]
+    assert summary["status"] == "finished" and summary["dropped"] == [] and summary["mode"] == "node"
+    assert summary["addresses"] == [f"127.0.0.1:{p}" for p in ports]
+    assert block["steps"] == {str(i): 15 for i in range(4)} and block["signed"] is True
+    assert block["messages_sent"] >= 4 * 15 and block["replays_refused"] == 0
+    assert summary["final"]["consensus_distance"] < 1.0
+    for rank, port in enumerate(ports):  # each member's report in its own --out, and in rank 0's
+        mine = tmp_path / ("out" if shared else f"out-{port}") / "nodes" / str(rank)
+        assert json.loads((mine / "async.json").read_text())["steps"] == 15
+        fetched = rank0 / "nodes" / str(rank)
+        assert np.array_equal(np.load(fetched / "model.npy"), np.load(mine / "model.npy"))
+        assert shared or rank == 0 or not (tmp_path / f"out-{port}" / "summary.json").exists()
+
+
+def test_a_node_of_a_barrier_is_refused_async_naming_the_flag(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from mosaicd.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["node", "--sync", "async", "--port", "0", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "--sync async" in err and "node --peer-list" in err, err
+    assert not (tmp_path / "run").exists()
