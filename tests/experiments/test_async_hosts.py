@@ -4,7 +4,11 @@ for real, with no barrier process; faults cost the other nodes nothing."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import threading
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,7 @@ import pytest
 
 from mosaicd.daemon.http.auth import write_new_secret
 from mosaicd.experiments.cluster import free_ports, settings_env
+from mosaicd.experiments.cluster_async import AsyncCluster, run_cluster_async
 from mosaicd.settings import Settings
 
 ASYNC = {"sync": "async", "task": "quadratic", "fragments": 4, "fanout": 2}
@@ -87,3 +92,91 @@ def test_a_node_of_a_barrier_is_refused_async_naming_the_flag(tmp_path: Path,
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and "--sync async" in err and "node --peer-list" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def _steps_of(address: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{address}/v1/status", timeout=1) as answer:
+            return int(json.loads(answer.read())["steps"])
+    except OSError:
+        return 0
+
+
+def _when(predicate: Any, within: float, what: str) -> None:
+    until = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > until:
+            pytest.fail(f"timed out after {within:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], float]:
+    """The settings of the fault tests (4 nodes of 40 iterations of 0.05 s; a send not answered in 2 s is
+    dropped), and the mean step rate of nodes 0-2 in such a cluster where nothing happens to node 3."""
+    folder = tmp_path_factory.mktemp("faults")
+    (folder / "p.toml").write_text("compute_s = 0.05\n")
+    run = {**ASYNC, "nodes": 4, "rounds": 40, "eval_every": 10, "node_profile": folder / "p.toml",
+           "request_timeout": 2}
+    alike = run_cluster_async(Settings.load(**run, out=folder / "alike"), progress=False,
+                              timeout=120)["asynchronous"]
+    return run, sum(alike["steps_per_s"][str(i)] for i in range(3)) / 3
+
+
+def _with_a_fault(out: Path, run: dict[str, Any], fault: Any) -> dict[str, Any]:
+    """A cluster of `run` in `out`; once node 3 has done 8 iterations, `fault(cluster, node 3's process)`; the
+    run's summary."""
+    cluster = AsyncCluster(Settings.load(**run, out=out), progress=False)
+    done: dict = {}
+    running = threading.Thread(target=lambda: done.update(cluster.run(120)))
+    running.start()
+    try:
+        roster = out / "roster.json"
+        _when(lambda: roster.exists() and "node-3" in cluster.processes.procs, 60, "node 3's start")
+        address = json.loads(roster.read_text())["addresses"][3]
+        _when(lambda: _steps_of(address) >= 8, 60, "node 3's 8th iteration")  # a checkpoint every iteration
+        fault(cluster, cluster.processes.procs["node-3"])
+    finally:
+        running.join(150)
+    assert done.get("status") == "finished" and done["dropped"] == [], done
+    return done
+
+
+def _others_unslowed(block: dict[str, Any], reference: float) -> None:
+    for i in range(3):  # the others trained at their pace meanwhile, as in a run without the fault (within 20%)
+        assert abs(block["steps_per_s"][str(i)] / reference - 1) < 0.2, (block, reference)
+
+
+@pytest.mark.slow  # about 15 s on 2 idle cores with the fixture's run
+def test_a_node_killed_and_restarted_resumes_from_its_checkpoint_and_costs_the_others_nothing(
+        tmp_path: Path, faults: tuple[dict[str, Any], float]) -> None:
+    run, reference = faults
+
+    def kill_and_restart(cluster: AsyncCluster, process: Any) -> None:
+        process.kill()
+        process.wait(10)
+        cluster.restart(3)
+
+    block = _with_a_fault(tmp_path / "killed", run, kill_and_restart)["asynchronous"]
+    assert block["steps"] == {str(i): 40 for i in range(4)}
+    assert set(block["resumed"]) == {"3"} and 1 <= block["resumed"]["3"] < 40, block  # from its checkpoint
+    assert block["resume_exact"] is False and "not those of an uninterrupted run" in block["resume_note"]
+    _others_unslowed(block, reference)
+    assert (tmp_path / "killed" / "logs" / "node-3.log").read_text().count("async_resumed") == 1
+
+
+@pytest.mark.slow  # about 10 s on 2 idle cores with the fixture's run
+def test_a_frozen_node_never_stalls_the_others(tmp_path: Path, faults: tuple[dict[str, Any], float]) -> None:
+    """Node 3 stopped (SIGSTOP) for 4 s: sends to it time out (--request-timeout 2) and are dropped, not retried;
+    the others train at their pace and finish; node 3 goes on when continued and finishes too."""
+    run, reference = faults
+
+    def freeze(cluster: AsyncCluster, process: Any) -> None:
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(4)
+        process.send_signal(signal.SIGCONT)
+
+    block = _with_a_fault(tmp_path / "frozen", run, freeze)["asynchronous"]
+    assert block["steps"] == {str(i): 40 for i in range(4)} and "resumed" not in block
+    assert block["messages_unsent"] > 0  # what went to node 3 while it was frozen: timed out, dropped
+    _others_unslowed(block, reference)

@@ -75,7 +75,7 @@ def test_ad_psgd_runs_in_the_daemons_from_the_same_flag(tmp_path: Path, secret: 
 
 def test_resume_is_refused_in_the_daemons_naming_the_flag(tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    for flags, said in ((["--resume"], "--resume: the asynchronous daemons save no checkpoint yet"),):
+    for flags, said in ((["--resume"], "--resume: an asynchronous cluster is not resumed as a whole"),):
         with pytest.raises(SystemExit) as stopped:
             main(["cluster", "--sync", "async", *flags, "--nodes", "3", "--out", str(tmp_path / "run")])
         err = capsys.readouterr().err

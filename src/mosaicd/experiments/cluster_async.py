@@ -6,8 +6,8 @@ it trains). The end: each node reports (its `async.json` and final model, in OUT
 --rounds iterations and sent its queue; the run ends when every node has, and this launcher evaluates the final
 models and writes summary.json (the models' hashes, the metrics, the `asynchronous` block: each node's steps,
 training time and step rate, and what it counted). A node process that dies is left out (`dropped`): the others
-go on, never waiting for it, and the run ends when each of them has reported (no rejoin yet; --fail-fast fails the
-run instead). The secret is the cluster's (`run_secret.py`): every message is signed.
+go on, never waiting for it, and the run ends when each of them has reported (--fail-fast fails the run instead);
+one started again (`restart`) goes on from its checkpoint and is waited for again. The secret is the cluster's (`run_secret.py`): every message is signed.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class AsyncCluster:
         """`fail_fast`: a node process that dies fails the run; by default the others go on without it, and the
         run ends when every other node has reported."""
         self.settings, self.progress, self.fail_fast = settings, progress, fail_fast
-        self.lost: list[int] = []  # the ranks whose process died before they reported
+        self.lost: list[int] = []  # the ranks whose process died before they reported (and was not restarted)
+        self.envs: dict[int, dict[str, str]] = {}  # each node's process environment, for `restart`
         self.out = Path(settings.out)
         self.processes = Processes(self.out)
         self.secret = RunSecret(settings)
@@ -75,6 +76,7 @@ class AsyncCluster:
             env = {**settings_env(s, host="127.0.0.1", port=port, advertise=addresses[rank], log_json=True,
                                   out=str(node_folder(self.out, rank)), **secret),
                    MODE_ENV: "cluster", ROSTER_ENV: str(roster)}
+            self.envs[rank] = env
             self.processes.spawn(f"node-{rank}", "node", env, module="mosaicd.daemon.node.async_run")
         deadline = time.monotonic() + timeout
         reports: dict[int, dict[str, Any]] = {}
@@ -105,6 +107,18 @@ class AsyncCluster:
                 time.sleep(POLL_S)
         return reports
 
+    def restart(self, rank: int) -> None:
+        """Start node `rank`'s process again, the same member (address, --out, state directory): it goes on from its
+        checkpoint and the run waits for its report again (what an operator's supervisor does; the others never
+        wait for it meanwhile)."""
+        name = f"node-{rank}"
+        if self.processes.ended(name) is None:
+            raise RuntimeError(f"{name} still runs")
+        self.processes.failures()  # its death seen here first, not taken for a new one after the restart
+        self.processes.respawn(name, "node", self.envs[rank], module="mosaicd.daemon.node.async_run")
+        if rank in self.lost:
+            self.lost.remove(rank)
+
     def _finish(self, recorder: RunRecorder, reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
         """The reports evaluated: rounds.csv and summary.json (`async_end.summarize`)."""
         return summarize(self.out, self.settings, recorder, reports, self.lost)
@@ -128,5 +142,6 @@ def run_cluster_async(settings: Settings, progress: bool = True, timeout: float 
 def refusal(settings: Settings, resume: bool = False) -> str | None:
     """Why `cluster --sync async` cannot run these settings yet (one line naming the flag), or None."""
     if resume:
-        return "--resume: the asynchronous daemons save no checkpoint yet: run it again from the start"
+        return ("--resume: an asynchronous cluster is not resumed as a whole (a node started again within the run "
+                "goes on from its own checkpoint, not bit-exact): run it again from the start")
     return None

@@ -81,7 +81,7 @@ def summarize(out: Path, settings: Settings, recorder: RunRecorder, reports: dic
     recorder.network_round(nominal, {**network_metrics(task, [vectors[i] for i in honest]),
                                      "nodes": honest, **says, "time_s": round(end, 6)}, time.time())
     per_node = {str(r): {k: v for k, v in reports[r].items() if k != "rank"} for r in sorted(reports)}
-    resumed = {r: n["resumed"] for r, n in per_node.items() if n.get("resumed")}
+    resumed = {r: n["resumed"] for r, n in per_node.items() if n.get("resumed") is not None}
     return recorder.finish(vectors, members=sorted(reports), dropped=sorted(lost), events=[],
                            asynchronous={"steps": {r: n["steps"] for r, n in per_node.items()},
                                          "elapsed_s": {r: n["elapsed_s"] for r, n in per_node.items()},
@@ -96,8 +96,9 @@ def summarize(out: Path, settings: Settings, recorder: RunRecorder, reports: dic
                                          "pairs_averaged": sum(n["averaged"] for n in per_node.values()),
                                          "fragments_stale": sum(n["fragments_stale"] for n in per_node.values()),
                                          **({"resumed": resumed, "resume_exact": False,
-                                             "resume_note": "a node restarted from its checkpoint: what it had "
-                                             "received or queued since then was lost, and the others went on "
-                                             "meanwhile; the run is not the one an uninterrupted run gives"}
+                                             "resume_note": "nodes started again went on from their checkpoints "
+                                             "(`resumed`: the step each went on from): what they had received or "
+                                             "queued since was lost and the others went on meanwhile, so the "
+                                             "models are not those of an uninterrupted run"}
                                             if resumed else {})},
                            **notes, **robustness_summary(run))

@@ -48,6 +48,7 @@ from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.limits import Limits
 from mosaicd.daemon.loop import sleep_at_least
+from mosaicd.daemon.node import checkpoint
 from mosaicd.daemon.node.async_end import GRID, node_folder, summarize, write_report
 from mosaicd.daemon.node.metrics import NodeMetrics
 from mosaicd.daemon.node.outbound import Link
@@ -86,6 +87,9 @@ class AsyncNode:
         self.sent = self.unsent = self.replays = 0
         self.started_at = self.finished_at = math.nan
         self.result: bytes | None = None  # the report, once written (`save_report`): what rank 0 of a peer list fetches
+        self.state_dir = checkpoint.state_dir(self.options)  # its checkpoints (--state-dir; none with --port 0)
+        self.resumed_from: int | None = None  # started again: the step it went on from (0: it had no checkpoint)
+        self._saving: asyncio.Future | None = None  # the checkpoint being written, in a worker thread
         self.ended = asyncio.Event()  # rank 0 of a peer list said the run's summary is written
 
     # -- what comes in ---------------------------------------------------------------------------------------
@@ -194,7 +198,53 @@ class AsyncNode:
             iteration = state.trained(local, time.monotonic())
             self.log.debug("iteration", step=iteration.report.round, loss=loss, queue=len(state.queue))
             self._queued.set()
+            every = self.options.checkpoint_every
+            if every and not state.finished and state.step % every == 0:
+                self.checkpoint()
         self.finished_at = time.monotonic()
+        if self._saving is not None:
+            await self._saving
+
+    # -- checkpoints: a node started again goes on from its newest ---------------------------------------------
+    def restore(self) -> None:
+        """Started with the state directory of an earlier process of this run and rank: go on from its newest
+        checkpoint (its model, step, optimizer and compressor state). Not bit-exact: what its inbox and queue held
+        died with the process, and the others went on meanwhile. Then note this process as the run's member."""
+        if self.state_dir is None:
+            return
+        address, run_id = self.addresses[self.rank], self.run.run_id
+        member = self.state_dir / checkpoint.MEMBER
+        came_back = member.is_file() and json.loads(member.read_text()).get("run_id") == run_id
+        saved = next((c for c in checkpoint.kept(self.state_dir) if c.run_id == run_id and c.rank == self.rank
+                      and c.round < self.run.rounds), None)
+        if saved is not None:
+            self.state.resumed(saved.round, saved.vector)
+            if saved.carried and self.state.compressor is not None:
+                self.state.compressor.restore(saved.carried)
+            if saved.trained:
+                self.task.load_node_state(self.rank, saved.trained)
+        self.resumed_from = saved.round if saved is not None else 0 if came_back else None
+        if self.resumed_from is not None:
+            self.log.warning("async_resumed", step=self.resumed_from, detail="started again: it goes on from its "
+                             "checkpoint (not bit-exact: what it had received or queued since was lost)")
+        checkpoint.note_member(self.state_dir, run_id, self.rank, address)
+
+    def checkpoint(self) -> None:
+        """Save the node's model, step, optimizer and compressor state, in a worker thread (training never waits
+        for it; a checkpoint still being written when the next is due: the next is skipped)."""
+        if self.state_dir is None or (self._saving is not None and not self._saving.done()):
+            return
+        s = self.state
+        point = checkpoint.Checkpoint(self.run.run_id, self.rank, self.addresses[self.rank], s.step, s.vector.copy(),
+                                      s.compressor.state() if s.compressor is not None else {},
+                                      self.task.node_state(self.rank) if self.run.train else {})
+
+        async def save() -> None:
+            try:
+                await asyncio.to_thread(checkpoint.save, self.state_dir, point)
+            except OSError as exc:  # it only makes a restart go on from an older one
+                self.log.warning("checkpoint_unwritten", state_dir=str(self.state_dir), error=str(exc))
+        self._saving = asyncio.ensure_future(save())
 
     async def send(self, client: Client) -> None:
         """The node's link: queued messages leave one at a time, oldest first, until the state is finished and
@@ -249,8 +299,9 @@ class AsyncNode:
     def report(self) -> dict[str, Any]:
         s = self.state
         elapsed = self.finished_at - self.started_at
-        return {"rank": self.rank, "steps": s.step, "elapsed_s": round(elapsed, 6),
-                "steps_per_s": round(s.step / elapsed, 6) if elapsed > 0 else None,
+        done = s.step - (self.resumed_from or 0)  # by this process
+        return {"rank": self.rank, "steps": s.step, "elapsed_s": round(elapsed, 6), "resumed": self.resumed_from,
+                "steps_per_s": round(done / elapsed, 6) if elapsed > 0 else None,
                 "sent": self.sent, "unsent": self.unsent, "replays_refused": self.replays,
                 "signed": self.keyring is not None, "eval_period_s": self.eval_period_s,
                 "fragments_superseded": s.queue.superseded, "fragments_stale": s.counts["stale"],
@@ -285,6 +336,7 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
     check_listen(settings.daemon_options(), secret.keyring())
     task = await asyncio.to_thread(build_task, run, settings.data_dir)
     node = AsyncNode(settings, task, rank, addresses, secret)
+    await asyncio.to_thread(node.restore)
     recorder = open_recorder(settings) if peer_list and rank == 0 else None
     runner = web.AppRunner(node.app(), access_log=None)
     await runner.setup()
