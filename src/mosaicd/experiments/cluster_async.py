@@ -7,7 +7,8 @@ it trains). The end: each node reports (its `async.json` and final model, in OUT
 models and writes summary.json (the models' hashes, the metrics, the `asynchronous` block: each node's steps,
 training time and step rate, and what it counted). A node process that dies is left out (`dropped`): the others
 go on, never waiting for it, and the run ends when each of them has reported (--fail-fast fails the run instead);
-one started again (`restart`) goes on from its checkpoint and is waited for again. The secret is the cluster's (`run_secret.py`): every message is signed.
+one started again (`restart`) goes on from its checkpoint and is waited for again. The secret is the cluster's
+(`run_secret.py`): every message is signed.
 """
 
 from __future__ import annotations
