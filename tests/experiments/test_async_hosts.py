@@ -3,6 +3,7 @@ for real, with no barrier process; faults cost the other nodes nothing."""
 
 from __future__ import annotations
 
+import csv
 import json
 import signal
 import subprocess
@@ -18,7 +19,8 @@ import pytest
 from mosaicd.daemon.http.auth import write_new_secret
 from mosaicd.experiments.cluster import free_ports, settings_env
 from mosaicd.experiments.cluster_async import AsyncCluster, run_cluster_async
-from mosaicd.settings import Settings
+from mosaicd.experiments.simulate import run_simulation
+from mosaicd.settings import Settings, SettingsError
 
 ASYNC = {"sync": "async", "task": "quadratic", "fragments": 4, "fanout": 2}
 
@@ -180,3 +182,59 @@ def test_a_frozen_node_never_stalls_the_others(tmp_path: Path, faults: tuple[dic
     assert block["steps"] == {str(i): 40 for i in range(4)} and "resumed" not in block
     assert block["messages_unsent"] > 0  # what went to node 3 while it was frozen: timed out, dropped
     _others_unslowed(block, reference)
+
+
+def _stop_at(round: int) -> Any:
+    def stop(done: object) -> None:  # Ctrl-C lands in the main thread as this does, between two events
+        if getattr(done, "round", None) == round:
+            raise KeyboardInterrupt
+    return stop
+
+
+def _csv(out: Path, name: str) -> str:
+    return (out / name).read_text()
+
+
+@pytest.mark.parametrize("flags", [
+    # slow links: queues superseding and messages in flight at every checkpoint; int8 with error feedback
+    {"task": "quadratic", "compress": "int8", "node_profile": "compute_s = 0.5\n[default]\nlatency = 0.02\n"
+     "[[draw]]\nshare = 0.25\nbandwidth = 64\n"},
+    {"task": "teacher", "optimizer": "adam", "lr": 0.01, "samples_per_node": 16},  # the optimizer's moments
+    {"task": "quadratic", "exchange": "pairwise"},  # AD-PSGD's pairs
+])
+def test_ctrl_c_then_resume_gives_the_uninterrupted_models_bit_for_bit(tmp_path: Path, flags: dict) -> None:
+    flags = dict(flags)
+    if "node_profile" in flags:
+        (tmp_path / "p.toml").write_text(flags["node_profile"])
+        flags["node_profile"] = tmp_path / "p.toml"
+    run = {"sync": "async", "nodes": 6, "rounds": 12, "eval_every": 2, "checkpoint_rounds": 4,
+           **({} if flags.get("exchange") else {"fragments": 4, "fanout": 2}), **flags}
+    whole = run_simulation(Settings.load(**run, out=tmp_path / "whole"), progress=False)
+    settings = Settings.load(**run, out=tmp_path / "stopped")
+    with pytest.raises(KeyboardInterrupt):  # checkpointed at round 3 (grid point 2), stopped after round 5
+        run_simulation(settings, progress=False, on_round=_stop_at(5), advise=False)
+    assert (tmp_path / "stopped" / "simulate-checkpoint.npz").exists()
+    seen: list[int] = []
+    resumed = run_simulation(settings, progress=False, resume=True, on_round=lambda done: seen.append(done.round))
+    assert seen[0] == 5  # it went on from the checkpoint: the grid point after it (round 3) is its first row
+    assert resumed["status"] == "finished" and resumed["models_sha256"] == whole["models_sha256"]
+    assert resumed["asynchronous"] == whole["asynchronous"] and resumed["virtual_s"] == whole["virtual_s"]
+    assert _csv(tmp_path / "stopped", "nodes.csv") == _csv(tmp_path / "whole", "nodes.csv")
+    keep = ("round", "virtual_s", "node_average", "consensus_distance")
+    with open(tmp_path / "stopped" / "rounds.csv") as a, open(tmp_path / "whole" / "rounds.csv") as b:
+        assert [{k: r[k] for k in keep} for r in csv.DictReader(a)] == \
+            [{k: r[k] for k in keep} for r in csv.DictReader(b)]
+
+
+def test_a_resume_stopped_before_its_first_checkpoint_starts_over_and_another_setting_is_refused(
+        tmp_path: Path) -> None:
+    run = {"sync": "async", "task": "quadratic", "nodes": 5, "rounds": 8, "eval_every": 2, "fragments": 2,
+           "fanout": 2, "checkpoint_rounds": 100}
+    whole = run_simulation(Settings.load(**run, out=tmp_path / "whole"), progress=False)
+    settings = Settings.load(**run, out=tmp_path / "stopped")
+    with pytest.raises(KeyboardInterrupt):
+        run_simulation(settings, progress=False, on_round=_stop_at(3), advise=False)
+    assert not (tmp_path / "stopped" / "simulate-checkpoint.npz").exists()
+    with pytest.raises(SettingsError, match="--seed"):
+        run_simulation(Settings.load(**run, seed=9, out=tmp_path / "stopped"), progress=False, resume=True)
+    assert run_simulation(settings, progress=False, resume=True)["models_sha256"] == whole["models_sha256"]
