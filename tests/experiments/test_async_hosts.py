@@ -199,7 +199,8 @@ def _csv(out: Path, name: str) -> str:
     # slow links: queues superseding and messages in flight at every checkpoint; int8 with error feedback
     {"task": "quadratic", "compress": "int8", "node_profile": "compute_s = 0.5\n[default]\nlatency = 0.02\n"
      "[[draw]]\nshare = 0.25\nbandwidth = 64\n"},
-    {"task": "teacher", "optimizer": "adam", "lr": 0.01, "samples_per_node": 16},  # the optimizer's moments
+    pytest.param({"task": "teacher", "optimizer": "adam", "lr": 0.01, "samples_per_node": 16},  # its moments
+                 marks=pytest.mark.slow),  # about 6 s: torch's import and the task's build
     {"task": "quadratic", "exchange": "pairwise"},  # AD-PSGD's pairs
 ])
 def test_ctrl_c_then_resume_gives_the_uninterrupted_models_bit_for_bit(tmp_path: Path, flags: dict) -> None:
