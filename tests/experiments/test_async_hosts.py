@@ -85,6 +85,30 @@ def test_a_peer_list_runs_asynchronously_and_rank_0_writes_the_summary(tmp_path:
         assert shared or rank == 0 or not (tmp_path / f"out-{port}" / "summary.json").exists()
 
 
+@pytest.mark.slow  # about 10 s on 2 idle cores
+def test_a_peer_list_member_killed_and_started_again_goes_on_from_its_checkpoint(tmp_path: Path, kit: Any) -> None:
+    """The same `mosaicd node` command again: the member resumes from its checkpoint, rank 0 waits for its report."""
+    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    ports = sorted(free_ports(4))
+    (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
+    run = {**ASYNC, "rounds": 40, "eval_every": 10, "node_profile": tmp_path / "p.toml",
+           "secret_file": write_new_secret(tmp_path / "run.secret")}
+    procs = start_peer_list(kit, tmp_path, run, ports)
+    try:
+        _when(lambda: _steps_of(f"127.0.0.1:{ports[3]}") >= 8, 60, "rank 3's 8th iteration")
+        procs[ports[3]].kill()
+        procs[ports[3]].wait(10)
+        procs |= start_peer_list(kit, tmp_path, run, ports[3:], logs="again")
+    finally:
+        wait_all(tmp_path, {p: procs[p] for p in ports[:3]}, 120)
+        wait_all(tmp_path, {ports[3]: procs[ports[3]]}, 60, logs="again")
+    summary = json.loads((tmp_path / f"out-{ports[0]}" / "summary.json").read_text())
+    block = summary["asynchronous"]
+    assert summary["status"] == "finished" and summary["dropped"] == [] and block["resume_exact"] is False
+    assert block["steps"] == {str(i): 40 for i in range(4)} and set(block["resumed"]) == {"3"}, block
+    assert 1 <= block["resumed"]["3"] < 40
+
+
 def test_a_node_of_a_barrier_is_refused_async_naming_the_flag(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     from mosaicd.cli import main
