@@ -1,4 +1,5 @@
-"""An asynchronous node daemon (`mosaicd cluster --sync async`): `AsyncNodeState` driven for real, on loopback.
+"""An asynchronous node daemon (`mosaicd cluster --sync async`, `mosaicd node --peer-list --sync async`):
+`AsyncNodeState` driven for real.
 
 The state is the one `simulate --sync async` runs (`mosaic_proto.async_node`); this module only feeds it. Three
 things run at once on the event loop, none waiting for another node:
@@ -16,11 +17,15 @@ Replays: the signature's nonce is taken once within its time window (`http.auth`
 whose step is not newer than the newest taken from it is refused (409 `replayed_step`): a sender's messages to one
 receiver leave in step order, so an honest one never is.
 
-The roster comes from the launcher (`experiments/cluster_async.py`): every member's address, in rank order (the
-start's barrier: each node waits, up to --register-deadline, for the others to answer /healthz). When its
---rounds iterations are done and its queue is sent, the node writes `async.json` (its steps, its training's start
-and end, what it counted) and its model `model.npy` in its --out, and serves until it is stopped (at most
---linger-async seconds, `LINGER_S`): the launcher ends the run once every node has reported.
+The roster comes from the launcher (`experiments/cluster_async.py`) or the --peer-list file: every member's
+address, in rank order (the start's barrier: each node waits, up to --register-deadline, for the others to answer
+/healthz). Every --checkpoint-every iterations the node checkpoints (`daemon/node/checkpoint.py`, in a worker
+thread); started again with the same state directory, it goes on from its newest checkpoint (`restore`; not
+bit-exact). When its --rounds iterations are done and its queue is sent, the node writes its report
+(`async_end.write_report`: `async.json`, `model.npy`, `grid.npz`). In `cluster` it then serves until it is stopped
+(at most `LINGER_S`): the launcher ends the run once every node has reported. In a peer list, rank 0 fetches every
+member's report (`collect`), writes the summary and tells them the run ended (`end_run`); the others serve until
+then (`await_end`).
 """
 
 from __future__ import annotations
