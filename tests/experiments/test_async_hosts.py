@@ -136,15 +136,16 @@ def _when(predicate: Any, within: float, what: str) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def faults(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], float]:
-    """The settings of the fault tests (4 nodes of 40 iterations of 0.05 s; a send not answered in 2 s is
-    dropped), and the mean step rate of nodes 0-2 in such a cluster where nothing happens to node 3."""
-    folder = tmp_path_factory.mktemp("faults")
-    (folder / "p.toml").write_text("compute_s = 0.05\n")
-    run = {**ASYNC, "nodes": 4, "rounds": 40, "eval_every": 10, "node_profile": folder / "p.toml",
+@pytest.fixture
+def faults(tmp_path: Path) -> tuple[dict[str, Any], float]:
+    """The settings of the fault tests (4 nodes of 40 iterations of 0.1 s, long enough that a restarted process's
+    start, which takes the others' CPU on a small host, weighs little; a send not answered in 2 s is dropped), and
+    the mean step rate of nodes 0-2 in such a cluster where nothing happens to node 3 (measured just before the
+    test's own run: a loaded host's pace drifts)."""
+    (tmp_path / "p.toml").write_text("compute_s = 0.1\n")
+    run = {**ASYNC, "nodes": 4, "rounds": 40, "eval_every": 10, "node_profile": tmp_path / "p.toml",
            "request_timeout": 2}
-    alike = run_cluster_async(Settings.load(**run, out=folder / "alike"), progress=False,
+    alike = run_cluster_async(Settings.load(**run, out=tmp_path / "alike"), progress=False,
                               timeout=120)["asynchronous"]
     return run, sum(alike["steps_per_s"][str(i)] for i in range(3)) / 3
 
@@ -169,11 +170,11 @@ def _with_a_fault(out: Path, run: dict[str, Any], fault: Any) -> dict[str, Any]:
 
 
 def _others_unslowed(block: dict[str, Any], reference: float) -> None:
-    for i in range(3):  # the others trained at their pace meanwhile, as in a run without the fault (within 20%)
-        assert abs(block["steps_per_s"][str(i)] / reference - 1) < 0.2, (block, reference)
+    for i in range(3):  # the others trained at their pace meanwhile: no slower than without the fault (by 20%)
+        assert block["steps_per_s"][str(i)] > 0.8 * reference, (block, reference)
 
 
-@pytest.mark.slow  # about 15 s on 2 idle cores with the fixture's run
+@pytest.mark.slow  # about 25 s on 2 idle cores, the fixture's run included
 def test_a_node_killed_and_restarted_resumes_from_its_checkpoint_and_costs_the_others_nothing(
         tmp_path: Path, faults: tuple[dict[str, Any], float]) -> None:
     run, reference = faults
@@ -191,7 +192,7 @@ def test_a_node_killed_and_restarted_resumes_from_its_checkpoint_and_costs_the_o
     assert (tmp_path / "killed" / "logs" / "node-3.log").read_text().count("async_resumed") == 1
 
 
-@pytest.mark.slow  # about 10 s on 2 idle cores with the fixture's run
+@pytest.mark.slow  # about 25 s on 2 idle cores, the fixture's run included
 def test_a_frozen_node_never_stalls_the_others(tmp_path: Path, faults: tuple[dict[str, Any], float]) -> None:
     """Node 3 stopped (SIGSTOP) for 4 s: sends to it time out (--request-timeout 2) and are dropped, not retried;
     the others train at their pace and finish; node 3 goes on when continued and finishes too."""
