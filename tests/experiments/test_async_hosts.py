@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -107,6 +108,42 @@ def test_a_peer_list_member_killed_and_started_again_goes_on_from_its_checkpoint
     assert summary["status"] == "finished" and summary["dropped"] == [] and block["resume_exact"] is False
     assert block["steps"] == {str(i): 40 for i in range(4)} and set(block["resumed"]) == {"3"}, block
     assert 1 <= block["resumed"]["3"] < 40
+
+
+@pytest.mark.slow  # about 8 s on 2 idle cores
+def test_an_asynchronous_peer_list_runs_over_mutual_tls(tmp_path: Path, kit: Any) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    member = ca.issue_cert("127.0.0.1", "localhost")
+    member.private_key_pem.write_to_path(str(tmp_path / "member.key"))
+    for i, blob in enumerate(member.cert_chain_pems):
+        blob.write_to_path(str(tmp_path / "member.crt"), append=i > 0)
+    ports = sorted(free_ports(3))
+    (tmp_path / "peers.txt").write_text("".join(f"https://127.0.0.1:{p}\n" for p in ports))
+    (tmp_path / "p.toml").write_text("compute_s = 0.1\n")
+    run = {**ASYNC, "rounds": 30, "fanout": 1, "eval_every": 10, "secret_file": write_new_secret(tmp_path / "s"),
+           "node_profile": tmp_path / "p.toml", "tls_cert": tmp_path / "member.crt", "tls_key": tmp_path /
+           "member.key", "tls_ca": tmp_path / "ca.crt", "tls_client_auth": True}
+    procs = start_peer_list(kit, tmp_path, run, ports)
+    member_tls = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    member_tls.load_cert_chain(str(tmp_path / "member.crt"), str(tmp_path / "member.key"))
+
+    def answers(url: str, context: ssl.SSLContext | None = None) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+    try:
+        _when(lambda: answers(f"https://127.0.0.1:{ports[1]}/healthz", member_tls), 60, "rank 1 over TLS")
+        assert not answers(f"http://127.0.0.1:{ports[1]}/healthz")  # no plain HTTP
+    finally:
+        wait_all(tmp_path, procs, 120)
+    summary = json.loads((tmp_path / f"out-{ports[0]}" / "summary.json").read_text())
+    block = summary["asynchronous"]
+    assert summary["status"] == "finished" and block["steps"] == {str(i): 30 for i in range(3)}
+    assert block["signed"] is True and block["messages_sent"] >= 3 * 30 and block["messages_unsent"] == 0
 
 
 def test_a_node_of_a_barrier_is_refused_async_naming_the_flag(tmp_path: Path,

@@ -52,6 +52,7 @@ from mosaicd.daemon.http.auth import SENDER, Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.limits import Limits
+from mosaicd.daemon.http.tls import client_context, scheme, server_context
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.daemon.node import checkpoint
 from mosaicd.daemon.node.async_end import GRID, node_folder, summarize, write_report
@@ -96,6 +97,10 @@ class AsyncNode:
         self.resumed_from: int | None = None  # started again: the step it went on from (0: it had no checkpoint)
         self._saving: asyncio.Future | None = None  # the checkpoint being written, in a worker thread
         self.ended = asyncio.Event()  # rank 0 of a peer list said the run's summary is written
+        self.scheme = scheme(self.options)  # https with --tls-cert: every member speaks TLS
+
+    def url(self, rank: int, path: str) -> str:
+        return f"{self.scheme}://{self.addresses[rank]}{path}"
 
     # -- what comes in ---------------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -266,7 +271,7 @@ class AsyncNode:
             if link is not None:
                 await link(message.nbytes)
             route = "pair" if message.pair else "fragments"
-            url = f"http://{self.addresses[message.peer]}/v1/{route}"
+            url = self.url(message.peer, f"/v1/{route}")
             try:
                 if message.pair:  # AD-PSGD: the peer answers the pair's average, which this node keeps too
                     vector = np.asarray(message.batch.fragments[0], "<f4")
@@ -314,13 +319,13 @@ class AsyncNode:
 
 
 async def wait_for_peers(client: Client, addresses: list[str], rank: int, deadline_s: float) -> None:
-    """The start: every other member answers /healthz, within `deadline_s` (TimeoutError naming those that did
-    not)."""
+    """The start: every other member (`addresses`: their base URLs) answers /healthz, within `deadline_s`
+    (TimeoutError naming those that did not)."""
     loop = asyncio.get_running_loop()
     until = loop.time() + deadline_s
     waiting = [a for i, a in enumerate(addresses) if i != rank]
     while waiting:
-        answers = await asyncio.gather(*(client.request("GET", f"http://{a}/healthz", retries=0, timeout=1.0)
+        answers = await asyncio.gather(*(client.request("GET", f"{a}/healthz", retries=0, timeout=1.0)
                                          for a in waiting), return_exceptions=True)
         waiting = [a for a, r in zip(waiting, answers, strict=True) if isinstance(r, BaseException)]
         if waiting and loop.time() > until:
@@ -345,12 +350,13 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
     recorder = open_recorder(settings) if peer_list and rank == 0 else None
     runner = web.AppRunner(node.app(), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port).start()
+    await web.TCPSite(runner, settings.host, settings.port, ssl_context=server_context(node.options)).start()
     code = 0
     try:
         sign = None if node.keyring is None else signer(lambda: node.keyring.credentials(run.run_id), lambda: str(rank))
-        async with Client(settings.request_timeout, 0, signer=sign) as client:
-            await wait_for_peers(client, addresses, rank, settings.register_deadline)
+        async with Client(settings.request_timeout, 0, signer=sign, ssl_context=client_context(node.options)) as client:
+            await wait_for_peers(client, [node.url(r, "") for r in range(len(addresses))], rank,
+                                 settings.register_deadline)
             sending = asyncio.ensure_future(node.send(client))
             training = asyncio.ensure_future(node.train())
             await asyncio.sleep(0)  # its start is set: the grid counts from it
@@ -389,7 +395,7 @@ async def end_run(node: AsyncNode, client: Client, settings: Settings, recorder:
     summary = await asyncio.to_thread(summarize, out, settings, recorder, reports, lost,
                                       addresses=node.addresses)
     node.log.info("async_run_ended", members=sorted(reports), dropped=lost, status=summary.get("status"))
-    await asyncio.gather(*(client.request("POST", f"http://{node.addresses[r]}/v1/async/end", retries=1,
+    await asyncio.gather(*(client.request("POST", node.url(r, "/v1/async/end"), retries=1,
                                           timeout=5.0) for r in sorted(reports) if r != node.rank),
                          return_exceptions=True)
 
@@ -408,7 +414,7 @@ async def collect(node: AsyncNode, client: Client, out: Path, settings: Settings
     while waiting:
         for rank in sorted(waiting):
             try:
-                _, body, _ = await client.request("POST", f"http://{node.addresses[rank]}/v1/async/result",
+                _, body, _ = await client.request("POST", node.url(rank, "/v1/async/result"),
                                                   retries=0, timeout=max(5.0, settings.request_timeout))
             except HttpError as exc:
                 if isinstance(exc, Refused) and exc.reason == "running":
@@ -440,7 +446,7 @@ async def await_end(node: AsyncNode, client: Client, settings: Settings, poll_s:
     heard = loop.time()
     while not node.ended.is_set():
         try:
-            await client.request("GET", f"http://{node.addresses[0]}/healthz", retries=0, timeout=2.0)
+            await client.request("GET", node.url(0, "/healthz"), retries=0, timeout=2.0)
             heard = loop.time()
         except HttpError:
             if loop.time() - heard > settings.register_deadline:
