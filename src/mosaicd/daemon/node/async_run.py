@@ -67,6 +67,7 @@ from mosaicd.settings import Settings
 ROSTER_ENV = "MOSAICD_ASYNC_ROSTER"  # the launcher's roster file: {"addresses": [...]} in rank order
 PAIR_STEP, PAIR_SENDER = "X-Mosaic-Pair-Step", "X-Mosaic-Pair-Sender"  # a pair's step (also the signed round)
 LINGER_S = 600.0  # a finished node serves this long at most, waiting to be stopped
+SILENCE_S, SILENCE_MAX_S = 1.0, 10.0  # how long a peer that gave no answer is not sent to: first, at most
 
 
 class AsyncNode:
@@ -96,6 +97,10 @@ class AsyncNode:
         self.state_dir = checkpoint.state_dir(self.options)  # its checkpoints (--state-dir; none with --port 0)
         self.resumed_from: int | None = None  # started again: the step it went on from (0: it had no checkpoint)
         self._saving: asyncio.Future | None = None  # the checkpoint being written, in a worker thread
+        # a peer that gave no answer is not sent to for a while (SILENCE_S, doubling up to SILENCE_MAX_S while it
+        # stays silent): a frozen peer would otherwise hold this node's link for --request-timeout at every message
+        self._silence: dict[int, float] = {}
+        self._silent_until: dict[int, float] = {}
         self.ended = asyncio.Event()  # rank 0 of a peer list said the run's summary is written
         self.scheme = scheme(self.options)  # https with --tls-cert: every member speaks TLS
 
@@ -268,6 +273,9 @@ class AsyncNode:
                 self._queued.clear()
                 await self._queued.wait()
                 continue
+            if time.monotonic() < self._silent_until.get(message.peer, -math.inf):
+                self.unsent += 1  # it did not answer lately: dropped unsent, and the link takes the next one
+                continue
             if link is not None:
                 await link(message.nbytes)
             route = "pair" if message.pair else "fragments"
@@ -284,9 +292,15 @@ class AsyncNode:
                     await client.request("POST", url, data=tuple(encode_parts(message.batch)), round=message.step,
                                          headers={"Content-Type": CONTENT_TYPE}, retries=0)
                 self.sent += 1
+                self._silence.pop(message.peer, None)
+                self._silent_until.pop(message.peer, None)
             except (Refused, HttpError) as exc:
                 self.unsent += 1
                 self.log.info("send_failed", step=message.step, peer=message.peer, error=str(exc))
+                if exc.status is None:  # no answer at all (down, frozen, unreachable): not tried for a while
+                    silence = min(2 * self._silence.get(message.peer, SILENCE_S / 2), SILENCE_MAX_S)
+                    self._silence[message.peer] = silence
+                    self._silent_until[message.peer] = time.monotonic() + silence
 
     async def snapshots(self) -> None:
         """The model at each point of the time grid (from the training's start), until the node is finished."""
