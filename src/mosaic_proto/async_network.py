@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from .profiles import NodeProfile
 __all__ = ["AsyncNetwork", "OnIteration"]
 
 _TRAINED, _LINK, _ARRIVE = 0, 1, 2  # the order of events at the same time
+_NOT_SAVED = ("train", "on_iteration")
 OnIteration = Callable[[int, Iteration, float, float, float], None]  # node, iteration, loss, train_s, now
 
 
@@ -48,6 +50,21 @@ class AsyncNetwork:
         self.delivered = self.superseded = 0
         for i in range(len(self.states)):
             self._push(self._train_s(i), _TRAINED, i, None)
+
+    def saved(self) -> dict[str, Any]:
+        """Everything the run goes on from between two events (the nodes' states, the pending events and messages,
+        the links, the clock), without the training function and the listener: what `resumed` takes back. The
+        caller serializes it (its nodes' training state apart: the task's)."""
+        return {k: v for k, v in vars(self).items() if k not in _NOT_SAVED}
+
+    @classmethod
+    def resumed(cls, saved: dict[str, Any], train: TrainFn | None,
+                on_iteration: OnIteration | None = None) -> AsyncNetwork:
+        """The network `saved` was taken of, going on with `train` and `on_iteration`: the same events follow."""
+        network = cls.__new__(cls)
+        vars(network).update(saved)
+        network.train, network.on_iteration = train, on_iteration
+        return network
 
     @property
     def vectors(self) -> list[np.ndarray]:

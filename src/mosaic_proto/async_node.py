@@ -293,6 +293,16 @@ class AsyncNodeState:
             refused=self.counts["refused"], ignored=self.counts["ignored"], averaged=self.counts["averaged"],
             last_aggregation=self._staleness)
 
+    def resumed(self, step: int, vector: np.ndarray) -> None:
+        """A node started again from its checkpoint: it goes on with iteration `step` from `vector`, its inbox and
+        queue empty (what they held died with its process). Only before its first iteration, and `step` must be
+        one still to do (a node checkpoints no finished run)."""
+        if self.step != 0 or not 0 <= step < self.iterations:
+            raise AsyncStateError(f"node {self.rank}: cannot resume at step {step} after {self.step} of "
+                                  f"{self.iterations} iterations")
+        self.step, self.vector = step, np.ascontiguousarray(vector, dtype=np.float32)
+        self.start = self.vector
+
     # -- the node's own loop -----------------------------------------------------------------------------------
     def trained(self, local: np.ndarray, now: float) -> Iteration:
         """H local steps from `start` gave `local`: apply them to the model (as they are, unless a pairwise average

@@ -293,9 +293,11 @@ def _main(argv: list[str] | None) -> None:
         if settings.own_loop and args.command != "barrier":
             raise SettingsError("--own-loop: the nodes of an own loop's run are mosaicd.Peer in your program; "
                                 "`mosaicd barrier --own-loop` serves its barrier")
-        if args.command not in ("simulate", "cluster") and str(settings.sync) != "barrier":  # from --config
-            raise SettingsError(f"--sync {settings.sync}: only `mosaicd simulate` and `mosaicd cluster` run "
-                                "asynchronously so far; `mosaicd node` and `barrier` run --sync barrier")
+        async_node = args.command == "node" and settings.peer_list is not None and settings.barrier_url is None
+        if args.command not in ("simulate", "cluster") and not async_node and str(settings.sync) != "barrier":
+            raise SettingsError(f"--sync {settings.sync}: only `mosaicd simulate`, `mosaicd cluster` and `mosaicd "
+                                "node --peer-list` run asynchronously so far; `mosaicd node --barrier-url` and "
+                                "`barrier` run --sync barrier")
         if args.command == "cluster" and str(settings.sync) == "async":
             from mosaicd.experiments.cluster_async import refusal
 
@@ -392,6 +394,10 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
     if args.command == "node":
         if settings.peer_list is not None:
             check_peer_list(settings)
+        if str(settings.sync) == "async":  # a peer list's member (main refuses any other node)
+            from mosaicd.daemon.loop import run
+            from mosaicd.daemon.node.async_run import run_peer_list_node
+            return run(run_peer_list_node(settings), settings.event_loop)
         from mosaicd.daemon.embedded import run_node  # the node role, hosting the barrier as a peer list's rank 0
         from mosaicd.daemon.loop import run
         return run(run_node(settings), settings.event_loop)

@@ -55,8 +55,9 @@ def test_a_node_slowed_ten_times_does_not_slow_the_others(tmp_path: Path) -> Non
                        eval_every=5)["asynchronous"]
     assert slowed["steps"] == alike["steps"] == {str(i): 20 for i in range(4)}
     reference = sum(alike["steps_per_s"][str(i)] for i in range(3)) / 3
-    for i in range(3):  # each of the others trains at its pace, as without the slow node (within 20%)
-        assert abs(slowed["steps_per_s"][str(i)] / reference - 1) < 0.2, (slowed, alike)
+    for i in range(3):  # each of the others trains at its pace, as without the slow node: never 20% slower (a run
+        # measured at another moment of a loaded host may be faster, which is no fault of the slow node)
+        assert slowed["steps_per_s"][str(i)] > 0.8 * reference, (slowed, alike)
     assert slowed["steps_per_s"]["3"] < reference / 5  # and the slow node is slow
 
 
@@ -75,7 +76,7 @@ def test_ad_psgd_runs_in_the_daemons_from_the_same_flag(tmp_path: Path, secret: 
 
 def test_resume_is_refused_in_the_daemons_naming_the_flag(tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    for flags, said in ((["--resume"], "--resume: the asynchronous daemons save no checkpoint yet"),):
+    for flags, said in ((["--resume"], "--resume: an asynchronous cluster is not resumed as a whole"),):
         with pytest.raises(SystemExit) as stopped:
             main(["cluster", "--sync", "async", *flags, "--nodes", "3", "--out", str(tmp_path / "run")])
         err = capsys.readouterr().err
@@ -138,8 +139,8 @@ def test_a_node_killed_mid_run_costs_the_others_nothing(tmp_path: Path) -> None:
     assert sorted(block["steps"]) == ["0", "1", "2"] and set(block["steps"].values()) == {40}
     assert block["messages_unsent"] > 0  # what went to node 3 after it died
     reference = sum(alike["steps_per_s"][str(i)] for i in range(3)) / 3
-    for i in range(3):
-        assert abs(block["steps_per_s"][str(i)] / reference - 1) < 0.2, (block, alike)
+    for i in range(3):  # never 20% slower than without the kill (faster is the host's load, not the kill's doing)
+        assert block["steps_per_s"][str(i)] > 0.8 * reference, (block, alike)
 
 
 def test_placed_nodes_need_one_host_each(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from mosaicd.cli import main
 from mosaicd.experiments.simulate import run_simulation
-from mosaicd.settings import Settings, SettingsError
+from mosaicd.settings import Settings
 
 # a quarter of the nodes on a link too slow for what they send (their queues supersede), and latency for all
 PROFILE = "compute_s = 0.5\n[default]\nlatency = 0.02\n[[draw]]\nshare = 0.25\nbandwidth = 64\n"
@@ -74,7 +74,6 @@ def test_ad_psgd_and_asynchronous_el_run_from_the_flags(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("flags", "said"), [
     (["--sync", "async", "--round-deadline", "30"], "--round-deadline needs --sync barrier"),
-    (["--sync", "async", "--checkpoint-rounds", "3"], "--checkpoint-rounds needs --sync barrier"),
     (["--sync", "async", "--batched"], "--batched needs --sync barrier"),
     (["--exchange", "pairwise"], "--exchange needs --sync async"),
     (["--sync", "async", "--exchange", "pairwise", "--fragments", "8"], "--fragments needs --exchange push"),
@@ -88,16 +87,14 @@ def test_a_setting_void_in_the_mode_is_refused_before_any_folder_is_made(
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_and_the_daemons_refuse_an_asynchronous_run(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SettingsError, match="--resume"):
-        run_simulation(Settings.load(**RUN, out=tmp_path / "run"), progress=False, resume=True)
+def test_the_barrier_refuses_an_asynchronous_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "run.toml"
     config.write_text('sync = "async"\n')
     with pytest.raises(SystemExit) as stopped:
         main(["barrier", "--config", str(config), "--nodes", "3", "--out", str(tmp_path / "barrier")])
     assert stopped.value.code == 2
-    assert "only `mosaicd simulate` and `mosaicd cluster` run asynchronously" in capsys.readouterr().err
+    assert "only `mosaicd simulate`, `mosaicd cluster` and `mosaicd node --peer-list` run asynchronously" in \
+        capsys.readouterr().err
     assert not (tmp_path / "barrier").exists()
 
 

@@ -6,29 +6,28 @@ it trains). The end: each node reports (its `async.json` and final model, in OUT
 --rounds iterations and sent its queue; the run ends when every node has, and this launcher evaluates the final
 models and writes summary.json (the models' hashes, the metrics, the `asynchronous` block: each node's steps,
 training time and step rate, and what it counted). A node process that dies is left out (`dropped`): the others
-go on, never waiting for it, and the run ends when each of them has reported (no rejoin yet; --fail-fast fails the
-run instead). The secret is the cluster's (`run_secret.py`): every message is signed.
+go on, never waiting for it, and the run ends when each of them has reported (--fail-fast fails the run instead);
+one started again (`restart`) goes on from its checkpoint and is waited for again. The secret is the cluster's
+(`run_secret.py`): every message is signed.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from mosaicd.daemon.node.async_run import GRID, MODEL, REPORT, ROSTER_ENV
+from mosaicd.daemon.node.async_end import node_folder, read_report, summarize
+from mosaicd.daemon.node.async_run import ROSTER_ENV, run_deadline
 from mosaicd.experiments.cluster import POLL_S, ClusterFailed, free_ports, settings_env
 from mosaicd.experiments.processes import Processes, exit_reason
 from mosaicd.experiments.run_secret import RunSecret
 from mosaicd.files import write_whole
 from mosaicd.learning.tasks import check_requirements, require_task
-from mosaicd.outputs import MODE_ENV, RunRecorder, failure_text, honest_nodes, remove_summary, robustness_summary
+from mosaicd.outputs import MODE_ENV, RunRecorder, failure_text, remove_summary
 from mosaicd.progress import ProgressPrinter
 from mosaicd.rundir import claim_out, release
 from mosaicd.settings import Settings
@@ -37,15 +36,8 @@ START_S = 60.0  # on top of --register-deadline: the processes' imports and the 
 
 
 def async_deadline(settings: Settings) -> float:
-    """How long a whole run may take: the start, then every iteration at its slowest node's pace with a wide
-    margin (a second an iteration at least)."""
-    from mosaicd.protocol import profile_spec
-
-    spec = profile_spec(settings.run_config())
-    slowest = 1.0
-    if spec is not None:
-        slowest = max(1.0, max(p.train_s(spec.compute_s) for p in spec.resolve(settings.seed, settings.nodes)))
-    return START_S + settings.register_deadline + 4 * settings.rounds * slowest
+    """How long a whole run may take: the processes' start, then `async_run.run_deadline`."""
+    return START_S + run_deadline(settings)
 
 
 @dataclass(frozen=True)
@@ -66,7 +58,8 @@ class AsyncCluster:
         if hosts is not None and len(hosts) != settings.nodes:
             raise ValueError(f"{len(hosts)} hosts for {settings.nodes} nodes")
         self.settings, self.progress, self.fail_fast, self.hosts = settings, progress, fail_fast, hosts
-        self.lost: list[int] = []  # the ranks whose process died before they reported
+        self.lost: list[int] = []  # the ranks whose process died before they reported (and was not restarted)
+        self.envs: dict[int, dict[str, str]] = {}  # each node's process environment, for `restart`
         self.out = Path(settings.out)
         self.processes = Processes(self.out)
         self.secret = RunSecret(settings)
@@ -98,8 +91,9 @@ class AsyncCluster:
         for rank, host in enumerate(hosts):
             ip, port = host.address.rsplit(":", 1)
             env = {**settings_env(s, host=ip, port=int(port), advertise=host.address, log_json=True,
-                                  out=str(self.out / "nodes" / str(rank)), **secret),
+                                  out=str(node_folder(self.out, rank)), **secret),
                    MODE_ENV: "cluster", ROSTER_ENV: str(roster)}
+            self.envs[rank] = env
             self.processes.spawn(f"node-{rank}", "node", env, module="mosaicd.daemon.node.async_run",
                                  prefix=host.prefix)
         deadline = time.monotonic() + timeout
@@ -124,58 +118,29 @@ class AsyncCluster:
                                         f"{sorted(set(range(s.nodes)) - set(reports) - set(self.lost))} did not "
                                         f"report; see {self.out / 'logs'}")
                 for rank in set(range(s.nodes)) - set(reports) - set(self.lost):
-                    path = self.out / "nodes" / str(rank) / REPORT
-                    if path.exists():
-                        reports[rank] = json.loads(path.read_text())
+                    if (report := read_report(self.out, rank)) is not None:
+                        reports[rank] = report
                         printer.message(f"node {rank} finished its {reports[rank]['steps']} iterations in "
                                         f"{reports[rank]['elapsed_s']:.2f} s")
                 time.sleep(POLL_S)
         return reports
 
-    def _grid(self, finals: dict[int, np.ndarray]) -> list[dict[int, np.ndarray]]:
-        """Each point of the time grid: every node's model then (a node finished before it: its final model)."""
-        grids = {}
-        for rank in finals:
-            with np.load(self.out / "nodes" / str(rank) / GRID) as kept:
-                grids[rank] = kept["models"]
-        points = max((len(g) for g in grids.values()), default=0)
-        return [{r: grids[r][k] if k < len(grids[r]) else finals[r] for r in finals} for k in range(points)]
+    def restart(self, rank: int) -> None:
+        """Start node `rank`'s process again, the same member (address, --out, state directory): it goes on from its
+        checkpoint and the run waits for its report again (what an operator's supervisor does; the others never
+        wait for it meanwhile)."""
+        name = f"node-{rank}"
+        if self.processes.ended(name) is None:
+            raise RuntimeError(f"{name} still runs")
+        self.processes.failures()  # its death seen here first, not taken for a new one after the restart
+        prefix = self.hosts[rank].prefix if self.hosts is not None else ()
+        self.processes.respawn(name, "node", self.envs[rank], module="mosaicd.daemon.node.async_run", prefix=prefix)
+        if rank in self.lost:
+            self.lost.remove(rank)
 
     def _finish(self, recorder: RunRecorder, reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        """The final models evaluated: the last row of rounds.csv and summary.json."""
-        from mosaicd.learning.evaluation import network_metrics
-        from mosaicd.learning.tasks import build_task
-
-        s = self.settings
-        run = s.run_config()
-        task = build_task(run, s.data_dir)
-        vectors = {rank: np.load(self.out / "nodes" / str(rank) / MODEL) for rank in sorted(reports)}
-        honest, says = honest_nodes(run, sorted(reports))
-        period = max(n["eval_period_s"] for n in reports.values())
-        last = -1
-        for k, models in enumerate(self._grid(vectors), start=1):  # rows as simulate's: `round` the iterations
-            last = k * s.eval_every - 1  # an unslowed node has done by then, less one; `time_s` the grid's time
-            recorder.network_round(last, {**network_metrics(task, [models[i] for i in honest]), "nodes": honest,
-                                          **says, "time_s": round(k * period, 6)}, time.time())
-        end = max(n["elapsed_s"] for n in reports.values())
-        nominal = max(s.rounds - 1, last + 1, math.ceil(end / period - 1e-9) * s.eval_every - 1 if period else 0)
-        recorder.network_round(nominal, {**network_metrics(task, [vectors[i] for i in honest]),
-                                         "nodes": honest, **says, "time_s": round(end, 6)}, time.time())
-        per_node = {str(r): {k: v for k, v in reports[r].items() if k != "rank"} for r in sorted(reports)}
-        return recorder.finish(vectors, members=sorted(reports), dropped=sorted(self.lost), events=[],
-                               asynchronous={"steps": {r: n["steps"] for r, n in per_node.items()},
-                                             "elapsed_s": {r: n["elapsed_s"] for r, n in per_node.items()},
-                                             "steps_per_s": {r: n["steps_per_s"] for r, n in per_node.items()},
-                                             "eval_period_s": period,
-                                             "signed": all(n["signed"] for n in per_node.values()),
-                                             "messages_sent": sum(n["sent"] for n in per_node.values()),
-                                             "messages_unsent": sum(n["unsent"] for n in per_node.values()),
-                                             "replays_refused": sum(n["replays_refused"] for n in per_node.values()),
-                                             "fragments_superseded": sum(n["fragments_superseded"]
-                                                                         for n in per_node.values()),
-                                             "pairs_averaged": sum(n["averaged"] for n in per_node.values()),
-                                             "fragments_stale": sum(n["fragments_stale"] for n in per_node.values())},
-                               **robustness_summary(run))
+        """The reports evaluated: rounds.csv and summary.json (`async_end.summarize`)."""
+        return summarize(self.out, self.settings, recorder, reports, self.lost)
 
 
 def run_cluster_async(settings: Settings, progress: bool = True, timeout: float | None = None, *,
@@ -196,5 +161,6 @@ def run_cluster_async(settings: Settings, progress: bool = True, timeout: float 
 def refusal(settings: Settings, resume: bool = False) -> str | None:
     """Why `cluster --sync async` cannot run these settings yet (one line naming the flag), or None."""
     if resume:
-        return "--resume: the asynchronous daemons save no checkpoint yet: run it again from the start"
+        return ("--resume: an asynchronous cluster is not resumed as a whole (a node started again within the run "
+                "goes on from its own checkpoint, not bit-exact): run it again from the start")
     return None

@@ -174,6 +174,16 @@ class Processes:
                                             preexec_fn=die_with_parent)
         log.close()
 
+    def respawn(self, name: str, command: str, env: dict[str, str], module: str | None = None,
+                prefix: Sequence[str] = ()) -> None:
+        """`name` started again (after it ended): as `spawn`, its log appended to, its death forgotten."""
+        self.dead.pop(name, None)
+        append, self.append = self.append, True
+        try:
+            self.spawn(name, command, env, module, prefix)
+        finally:
+            self.append = append
+
     def spawn_warm(self, barrier_env: dict[str, str], node_envs: dict[str, dict[str, str]]) -> None:
         """The barrier as the warm fork server, told the nodes to fork on its stdin; their pids and exit statuses
         come back on a pipe (read by a thread into `ForkedProcess` handles)."""

@@ -137,6 +137,12 @@ def _cut(path: Path, size: int | None) -> None:
         os.truncate(path, size)
 
 
+def cut_back(out: Path, sizes: dict[str, int] | None) -> None:
+    """Cut rounds.csv and nodes.csv back to `sizes` (a checkpoint's; None: to their header lines)."""
+    for name in CSV_FILES:
+        _cut(out / name, None if sizes is None else sizes[name])
+
+
 def resume_point(out: Path, settings: Settings) -> Resumed:
     """Where `simulate --resume` goes on in OUT (claimed by `claim_out`): the checkpoint, its settings checked
     against `settings` (a refusal changes no file), then the CSVs cut back to what it had written."""

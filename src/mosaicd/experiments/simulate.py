@@ -31,6 +31,7 @@ from mosaic_proto.network import RoundRecord
 from mosaic_proto.profiles import RoundPlan, VirtualClock
 from mosaicd.experiments import resume as checkpoint
 from mosaicd.experiments.batched import BatchedTraining
+from mosaicd.experiments.simulate_async import resume_point as async_resume_point
 from mosaicd.experiments.simulate_async import simulate_async
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import Task, build_task, check_requirements
@@ -38,7 +39,7 @@ from mosaicd.outputs import RunRecorder, failure_text, honest_nodes, is_eval_rou
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.protocol import aggregator_rule, attack_of, byzantine_ranks, compressor_of, node_profiles, profile_spec
 from mosaicd.rundir import SIMULATE_CHECKPOINT, claim_out, read_summary, release
-from mosaicd.settings import RunConfig, Settings, SettingsError
+from mosaicd.settings import RunConfig, Settings
 
 
 def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound | None = None, *,
@@ -47,8 +48,6 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
     `replace`: remove the run that --out holds first (see `claim_out`: nothing is written before it agrees).
     `advise`: a run that stops says on stderr how to go on with it, --quiet or not (a sweep says it instead).
     `task`: the run's task already built (`check_task`'s: a user's data is not loaded twice), else built here."""
-    if resume and settings.sync == "async":
-        raise SettingsError("--resume: simulate --sync async saves no checkpoint yet: run it again from the start")
     if task is None:  # a run that cannot start leaves no folder, as `cluster`'s does not
         check_requirements(settings.task, settings.data_dir)
     given = settings.out if "out" in settings.model_fields_set else None
@@ -62,15 +61,18 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
 def _run(settings: Settings, progress: bool, on_round: OnRound | None, resume: bool, advise: bool,
          task: Task | None) -> dict:
     out = settings.out
-    start = checkpoint.resume_point(out, settings) if resume else None
+    asynchronous = settings.sync == "async"  # no rounds: a discrete-event simulation (docs/spec.md, Asynchronous mode)
+    start = checkpoint.resume_point(out, settings) if resume and not asynchronous else None
+    resumed = async_resume_point(out, settings) if resume and asynchronous else None
     def open_outputs() -> RunRecorder:
-        return RunRecorder(out, settings, mode="simulate", resume_from=start.started if start else None)
+        began = start.started if start else resumed.started if resumed else None
+        return RunRecorder(out, settings, mode="simulate", resume_from=began)
 
     recorder = None
     try:
         recorder = open_outputs()
-        if settings.sync == "async":  # no rounds: a discrete-event simulation (docs/spec.md, Asynchronous mode)
-            return simulate_async(settings, recorder, progress, on_round, task)
+        if asynchronous:
+            return simulate_async(settings, recorder, progress, on_round, task, resumed)
         return _simulate(settings, recorder, progress, on_round, start, task)
     except BaseException as exc:
         if recorder is None and isinstance(exc, KeyboardInterrupt):  # Ctrl-C while its files were being made

@@ -14,20 +14,30 @@ The same seed and settings give the same models, bit for bit.
 
 from __future__ import annotations
 
+import io
+import json
 import math
+import pickle
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from mosaic_proto import NodeReport
 from mosaic_proto.async_network import AsyncNetwork
 from mosaic_proto.async_node import AsyncNodeState, Iteration
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
+from mosaicd.experiments.resume import check_settings, cut_back
+from mosaicd.files import replacing
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import Task, build_task
-from mosaicd.outputs import RunRecorder, honest_nodes, robustness_summary
+from mosaicd.outputs import NPZ_READ_ERRORS, RunRecorder, honest_nodes, robustness_summary
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
 from mosaicd.protocol import async_node_state, node_profiles, profile_spec
-from mosaicd.settings import Settings
+from mosaicd.rundir import SIMULATE_CHECKPOINT, read_summary
+from mosaicd.settings import Settings, SettingsError
 
 
 def async_states(settings: Settings, task: Task) -> list[AsyncNodeState]:
@@ -57,7 +67,9 @@ class _Iterations:
 
 
 def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on_round: OnRound | None,
-                   task: Task | None) -> dict[str, Any]:
+                   task: Task | None, resumed: Resumed | None = None) -> dict[str, Any]:
+    """The run from its start, or from `resumed` (`resume_point`: the checkpoint's network, grid point and the
+    nodes' training state, the CSVs already cut back to it)."""
     if task is None or task.run != settings.run_config():
         task = build_task(settings)
     run = settings.run_config()
@@ -65,9 +77,16 @@ def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on
     compute_s = spec.compute_s if spec is not None else DEFAULT_COMPUTE_S
     iterations = _Iterations()
     train = task.train if settings.train else None
-    network = AsyncNetwork(async_states(settings, task), train, node_profiles(run) or (), compute_s, iterations)
+    if resumed is not None and resumed.network is not None:
+        network = AsyncNetwork.resumed(resumed.network, train, iterations)
+        for node, state in resumed.trained.items():
+            task.load_node_state(node, state)
+        grid = resumed.grid
+    else:
+        network = AsyncNetwork(async_states(settings, task), train, node_profiles(run) or (), compute_s, iterations)
+        grid = 0
     step = settings.eval_every * compute_s
-    grid = 0
+    saver = _GridSaver(settings, grid)
     with ProgressPrinter(enabled=progress) as printer:
         printer.message(f"run folder {settings.out}")
         printer.start_run("", settings.rounds)
@@ -89,8 +108,12 @@ def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on
                 on_round(done)
             if network.done:
                 break
+            if saver.due(grid):
+                save(Path(settings.out), network, grid, task, settings, recorder.started)
+                saver.saved(grid)
     states = network.states
     steps = {str(i): s.step for i, s in enumerate(states)}
+    (Path(settings.out) / SIMULATE_CHECKPOINT).unlink(missing_ok=True)  # a finished run is not continued
     return recorder.finish({i: s.vector for i, s in enumerate(states)}, members=list(range(run.nodes)),
                            dropped=[], events=[], virtual_s=round(network.now, 6),
                            asynchronous={"steps": steps if run.nodes <= 1000 else {},
@@ -101,3 +124,86 @@ def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on
                                          "fragments_superseded": sum(s.queue.superseded for s in states),
                                          "fragments_stale": sum(s.counts["stale"] for s in states)},
                            **robustness_summary(run))
+
+
+# -- checkpoints: Ctrl-C then --resume ends with the uninterrupted run's models, bit for bit ----------------------
+
+VERSION = 1
+CSV_FILES = ("rounds.csv", "nodes.csv")
+
+
+class _GridSaver:
+    """When to checkpoint, at a point of the evaluation grid (the only place the DES stops between events): after
+    --checkpoint-rounds iterations of an unslowed node (grid points of --eval-every), or --checkpoint-seconds after
+    the last save, whichever comes first; never with --checkpoint-rounds 0 or --eval-every 0."""
+
+    def __init__(self, settings: Settings, grid: int) -> None:
+        self.rounds, self.seconds, self.eval_every = settings.checkpoint_rounds, settings.checkpoint_seconds, \
+            settings.eval_every
+        self.last_grid, self.last_at = grid, time.monotonic()
+
+    def due(self, grid: int) -> bool:
+        if self.rounds == 0 or self.eval_every == 0:
+            return False
+        return (grid - self.last_grid) * self.eval_every >= self.rounds or \
+            (self.seconds > 0 and time.monotonic() - self.last_at >= self.seconds)
+
+    def saved(self, grid: int) -> None:
+        self.last_grid, self.last_at = grid, time.monotonic()
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a resumed asynchronous simulation goes on: `network` None means from the start (no checkpoint)."""
+
+    started: float  # the wall-clock start of the run it continues
+    grid: int = 0  # the grid points done
+    network: dict[str, Any] | None = None  # `AsyncNetwork.saved()`
+    trained: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # node -> `Task.node_state`
+
+
+def save(out: Path, network: AsyncNetwork, grid: int, task: Task, settings: Settings, started: float) -> None:
+    """Checkpoint the simulation at grid point `grid` (its rows written): OUT/simulate-checkpoint.npz, replaced
+    atomically, the network's state pickled (`AsyncNetwork.saved`) and read back by `_Unpickler` alone."""
+    meta = {"version": VERSION, "sync": "async", "settings": settings.model_dump(mode="json"), "started": started,
+            "grid": grid, "sizes": {name: (out / name).stat().st_size for name in CSV_FILES}}
+    trained = {node: task.node_state(node) for node in range(settings.nodes)} if settings.train else {}
+    meta["trained"] = {str(node): sorted(state) for node, state in trained.items() if state}
+    arrays = {f"trained_{node}_{key}": np.asarray(values) for node, state in trained.items()
+              for key, values in state.items()}
+    blob = np.frombuffer(pickle.dumps(network.saved(), protocol=5), np.uint8)
+    with replacing(out / SIMULATE_CHECKPOINT, durable=True) as f:
+        np.savez(f, meta=np.array(json.dumps(meta)), network=blob, **arrays)
+
+
+class _Unpickler(pickle.Unpickler):
+    """Only the classes an `AsyncNetwork` is made of: the protocol's, numpy's arrays, `collections.Counter`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.split(".")[0] in ("mosaic_proto", "numpy") or (module, name) == ("collections", "Counter"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of an asynchronous simulation's state")
+
+
+def resume_point(out: Path, settings: Settings) -> Resumed:
+    """Where `simulate --sync async --resume` goes on in OUT: the checkpoint, its settings checked against
+    `settings` (a refusal changes no file), then the CSVs cut back to what it had written."""
+    path = out / SIMULATE_CHECKPOINT
+    summary = read_summary(out) or {}
+    if not path.exists():
+        check_settings(out, summary.get("settings") or {}, settings)
+        cut_back(out, None)
+        return Resumed(time.time())
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            if meta.get("version") != VERSION or meta.get("sync") != "async":
+                raise ValueError("not an asynchronous simulation's checkpoint of this version")
+            network = _Unpickler(io.BytesIO(data["network"].tobytes())).load()
+            trained = {int(node): {key: data[f"trained_{node}_{key}"] for key in keys}
+                       for node, keys in meta.get("trained", {}).items()}
+    except (*NPZ_READ_ERRORS, pickle.UnpicklingError) as exc:
+        raise SettingsError(f"--resume: {path} cannot be read ({exc}): start afresh with --replace") from None
+    check_settings(out, meta["settings"], settings)
+    cut_back(out, {name: int(meta["sizes"][name]) for name in CSV_FILES})
+    return Resumed(float(meta["started"]), int(meta["grid"]), network, trained)

@@ -114,7 +114,8 @@ class DaemonOptions(BaseModel):
     state_dir: Path | None = Field(None, description="node: where it checkpoints its model and round (default: "
                                    "OUT/state/<host_port>); a node started again with it rejoins the run",
                                    **cli("network", "node"))
-    checkpoint_every: int = Field(1, ge=0, description="node: checkpoint every N rounds (0: never)",
+    checkpoint_every: int = Field(1, ge=0, description="node: checkpoint every N rounds (--sync async: N "
+                                  "iterations; 0: never)",
                                   **cli("network", "node", "cluster"))
     rejoin_max_age: int = Field(2, ge=0, description="node: a rejoining node takes its checkpoint if it is at most "
                                 "this many rounds old, else a live peer's model", **cli("network", "node"))

@@ -42,8 +42,7 @@ QUADRATIC = Need("--task quadratic", lambda s: s.own_loop or str(s.task) == Task
 OPTIMIZER = (TASK, TRAINS, STEPS, NOT_QUADRATIC)  # what every optimizer setting needs: a task's local steps
 # --sync (a run setting: a node's own options, without it, are of a barrier run)
 BARRIER = Need("--sync barrier", lambda s: str(getattr(s, "sync", "barrier")) == "barrier",
-               "asynchronous nodes never wait for a round, and simulate --sync async saves no checkpoint and trains "
-               "node by node")
+               "asynchronous nodes never wait for a round, and simulate --sync async trains node by node")
 ASYNC = Need("--sync async", lambda s: str(s.sync) == "async", "a barrier's rounds push fragments to sampled peers")
 PUSH = Need("--exchange push", lambda s: str(getattr(s, "exchange", "push")) == "push",
             "--exchange pairwise averages whole models with one peer (AD-PSGD): no fragment, sampler, codec or rule")
@@ -76,7 +75,11 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
     "strategy": (Need("--fragments 2 or more", lambda s: s.fragments > 1,
                       "with one fragment the whole model travels as one, however it is cut"), PUSH),
     # asynchronous runs (--sync async): what only a barrier's rounds use, and what pairwise averaging leaves out
-    "round_deadline": (BARRIER,), "checkpoint_rounds": (BARRIER,), "max_norm": (BARRIER,),
+    "round_deadline": (BARRIER,), "max_norm": (BARRIER,),
+    "checkpoint_rounds": (Need("--eval-every 1 or more, or --sync barrier",
+                               lambda s: str(getattr(s, "sync", "barrier")) == "barrier" or s.eval_every > 0,
+                               "simulate --sync async checkpoints at the points of its evaluation grid, and "
+                               "--eval-every 0 has none"),),
     "exchange": (ASYNC,),
     "fragments": (PUSH,), "fanout": (PUSH,), "sampler": (PUSH,), "compress": (PUSH,), "aggregator": (PUSH,),
     "byzantine": (PUSH,),

@@ -46,7 +46,8 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
                           "close to, not bit-identical with, the exact run", **cli("learning", "simulate"))
     data_dir: Path = Field(Path("data"), description="where data sets live", **cli("outputs"))
     checkpoint_rounds: int = Field(10, ge=0, description="simulate: save what --resume continues from (every "
-                                   "node's model, the barrier's state) after every N rounds (0: never)",
+                                   "node's model, the barrier's state) after every N rounds (0: never; --sync "
+                                   "async: at the first point of the --eval-every grid N iterations on)",
                                    **cli("outputs", "simulate"))
     checkpoint_seconds: float = Field(30.0, ge=0, description="simulate: ... and after a round that ends this many "
                                       "seconds after the last save, if that comes first (0: by rounds only)",

@@ -1,4 +1,5 @@
-"""An asynchronous node daemon (`mosaicd cluster --sync async`): `AsyncNodeState` driven for real, on loopback.
+"""An asynchronous node daemon (`mosaicd cluster --sync async`, `mosaicd node --peer-list --sync async`):
+`AsyncNodeState` driven for real.
 
 The state is the one `simulate --sync async` runs (`mosaic_proto.async_node`); this module only feeds it. Three
 things run at once on the event loop, none waiting for another node:
@@ -18,16 +19,21 @@ Replays: the signature's nonce is taken once within its time window (`http.auth`
 whose step is not newer than the newest taken from it is refused (409 `replayed_step`): a sender's messages to one
 receiver leave in step order, so an honest one never is.
 
-The roster comes from the launcher (`experiments/cluster_async.py`): every member's address, in rank order (the
-start's barrier: each node waits, up to --register-deadline, for the others to answer /healthz). When its
---rounds iterations are done and its queue is sent, the node writes `async.json` (its steps, its training's start
-and end, what it counted) and its model `model.npy` in its --out, and serves until it is stopped (at most
---linger-async seconds, `LINGER_S`): the launcher ends the run once every node has reported.
+The roster comes from the launcher (`experiments/cluster_async.py`) or the --peer-list file: every member's
+address, in rank order (the start's barrier: each node waits, up to --register-deadline, for the others to answer
+/healthz). Every --checkpoint-every iterations the node checkpoints (`daemon/node/checkpoint.py`, in a worker
+thread); started again with the same state directory, it goes on from its newest checkpoint (`restore`; not
+bit-exact). When its --rounds iterations are done and its queue is sent, the node writes its report
+(`async_end.write_report`: `async.json`, `model.npy`, `grid.npz`). In `cluster` it then serves until it is stopped
+(at most `LINGER_S`): the launcher ends the run once every node has reported. In a peer list, rank 0 fetches every
+member's report (`collect`), writes the summary and tells them the run ended (`end_run`); the others serve until
+then (`await_end`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
 import os
@@ -45,27 +51,27 @@ from mosaic_proto.async_node import AsyncOutcome, Exchange, SyncMode
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
 from mosaic_proto.wire import decode, encode_parts, max_message_bytes
-from mosaicd.daemon.http.auth import SENDER, Secret, signer
+from mosaicd.daemon.http.auth import SENDER, Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.limits import Limits
 from mosaicd.daemon.http.pages import dashboard_routes
+from mosaicd.daemon.http.tls import client_context, scheme, server_context
 from mosaicd.daemon.loop import sleep_at_least
+from mosaicd.daemon.node import checkpoint
+from mosaicd.daemon.node.async_end import GRID, node_folder, summarize, write_report
 from mosaicd.daemon.node.metrics import NodeMetrics
 from mosaicd.daemon.node.outbound import Link
 from mosaicd.daemon.node.routes import node_document, read_body
-from mosaicd.files import replacing, write_whole
 from mosaicd.logs import get_logger
-from mosaicd.outputs import clean_json
+from mosaicd.outputs import MODE_ENV, RunRecorder, clean_json, failure_text, remove_summary
 from mosaicd.protocol import async_node_state, profile_spec
 from mosaicd.settings import Settings
 
 ROSTER_ENV = "MOSAICD_ASYNC_ROSTER"  # the launcher's roster file: {"addresses": [...]} in rank order
-REPORT = "async.json"
-MODEL = "model.npy"
-GRID = "grid.npz"  # the node's models on the time grid: steps done and model at each point
 PAIR_STEP, PAIR_SENDER = "X-Mosaic-Pair-Step", "X-Mosaic-Pair-Sender"  # a pair's step (also the signed round)
 LINGER_S = 600.0  # a finished node serves this long at most, waiting to be stopped
+SILENCE_S, SILENCE_MAX_S = 1.0, 10.0  # how long a peer that gave no answer is not sent to: first, at most
 
 
 class AsyncNode:
@@ -92,6 +98,19 @@ class AsyncNode:
         self.sent = self.unsent = self.replays = 0
         self.sent_bytes, self.link_s = 0, 0.0  # what the taken messages counted (nbytes), the link's busy seconds
         self.started_at = self.finished_at = math.nan
+        self.result: bytes | None = None  # the report, once written (`save_report`): what rank 0 of a peer list fetches
+        self.state_dir = checkpoint.state_dir(self.options)  # its checkpoints (--state-dir; none with --port 0)
+        self.resumed_from: int | None = None  # started again: the step it went on from (0: it had no checkpoint)
+        self._saving: asyncio.Future | None = None  # the checkpoint being written, in a worker thread
+        # a peer that gave no answer is not sent to for a while (SILENCE_S, doubling up to SILENCE_MAX_S while it
+        # stays silent): a frozen peer would otherwise hold this node's link for --request-timeout at every message
+        self._silence: dict[int, float] = {}
+        self._silent_until: dict[int, float] = {}
+        self.ended = asyncio.Event()  # rank 0 of a peer list said the run's summary is written
+        self.scheme = scheme(self.options)  # https with --tls-cert: every member speaks TLS
+
+    def url(self, rank: int, path: str) -> str:
+        return f"{self.scheme}://{self.addresses[rank]}{path}"
 
     # -- what comes in ---------------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -115,10 +134,27 @@ class AsyncNode:
         async def status(request: web.Request) -> web.Response:  # any origin may read it: the dashboard of a member
             return web.json_response(self.status(), headers={"Access-Control-Allow-Origin": "*"})
 
+        async def result(request: web.Request) -> web.Response:
+            """Rank 0 of a peer list fetches the node's report (POST: signed, only members may read its model)."""
+            if self.keyring is not None and str(request.get(SENDER)) != "0":
+                return web.json_response({"reason": "refused", "detail": "only rank 0 collects reports"}, status=403)
+            if self.result is None:
+                return web.json_response({"reason": "running", "detail": f"{self.state.step} of "
+                                          f"{self.run.rounds} iterations done"}, status=409)
+            return web.Response(body=self.result, content_type="application/octet-stream")
+
+        async def end(request: web.Request) -> web.Response:
+            """Rank 0 of a peer list wrote the run's summary: this node may exit."""
+            if self.keyring is not None and str(request.get(SENDER)) != "0":
+                return web.json_response({"reason": "refused", "detail": "only rank 0 ends the run"}, status=403)
+            self.ended.set()
+            return web.json_response({"ended": True})
+
         async def run_of(request: web.Request) -> str | None:
             return self.run.run_id
         return member_app([web.post("/v1/fragments", fragments), web.post("/v1/pair", pair),
-                           web.get("/v1/status", status), *dashboard_routes()],
+                           web.get("/v1/status", status), web.post("/v1/async/result", result),
+                           web.post("/v1/async/end", end), *dashboard_routes()],
                           options=self.options, keyring=self.keyring, run_of=run_of, registry=self.metrics.registry,
                           limits=Limits(self.options, self.metrics.registry), max_body=self.options.max_body_bytes,
                           openapi=node_document(SyncMode.ASYNC))
@@ -193,7 +229,53 @@ class AsyncNode:
             iteration = state.trained(local, time.monotonic())
             self.log.debug("iteration", step=iteration.report.round, loss=loss, queue=len(state.queue))
             self._queued.set()
+            every = self.options.checkpoint_every
+            if every and not state.finished and state.step % every == 0:
+                self.checkpoint()
         self.finished_at = time.monotonic()
+        if self._saving is not None:
+            await self._saving
+
+    # -- checkpoints: a node started again goes on from its newest ---------------------------------------------
+    def restore(self) -> None:
+        """Started with the state directory of an earlier process of this run and rank: go on from its newest
+        checkpoint (its model, step, optimizer and compressor state). Not bit-exact: what its inbox and queue held
+        died with the process, and the others went on meanwhile. Then note this process as the run's member."""
+        if self.state_dir is None:
+            return
+        address, run_id = self.addresses[self.rank], self.run.run_id
+        member = self.state_dir / checkpoint.MEMBER
+        came_back = member.is_file() and json.loads(member.read_text()).get("run_id") == run_id
+        saved = next((c for c in checkpoint.kept(self.state_dir) if c.run_id == run_id and c.rank == self.rank
+                      and c.round < self.run.rounds), None)
+        if saved is not None:
+            self.state.resumed(saved.round, saved.vector)
+            if saved.carried and self.state.compressor is not None:
+                self.state.compressor.restore(saved.carried)
+            if saved.trained:
+                self.task.load_node_state(self.rank, saved.trained)
+        self.resumed_from = saved.round if saved is not None else 0 if came_back else None
+        if self.resumed_from is not None:
+            self.log.warning("async_resumed", step=self.resumed_from, detail="started again: it goes on from its "
+                             "checkpoint (not bit-exact: what it had received or queued since was lost)")
+        checkpoint.note_member(self.state_dir, run_id, self.rank, address)
+
+    def checkpoint(self) -> None:
+        """Save the node's model, step, optimizer and compressor state, in a worker thread (training never waits
+        for it; a checkpoint still being written when the next is due: the next is skipped)."""
+        if self.state_dir is None or (self._saving is not None and not self._saving.done()):
+            return
+        s = self.state
+        point = checkpoint.Checkpoint(self.run.run_id, self.rank, self.addresses[self.rank], s.step, s.vector.copy(),
+                                      s.compressor.state() if s.compressor is not None else {},
+                                      self.task.node_state(self.rank) if self.run.train else {})
+
+        async def save() -> None:
+            try:
+                await asyncio.to_thread(checkpoint.save, self.state_dir, point)
+            except OSError as exc:  # it only makes a restart go on from an older one
+                self.log.warning("checkpoint_unwritten", state_dir=str(self.state_dir), error=str(exc))
+        self._saving = asyncio.ensure_future(save())
 
     async def send(self, client: Client) -> None:
         """The node's link: queued messages leave one at a time, oldest first, until the state is finished and
@@ -207,11 +289,14 @@ class AsyncNode:
                 self._queued.clear()
                 await self._queued.wait()
                 continue
+            if time.monotonic() < self._silent_until.get(message.peer, -math.inf):
+                self.unsent += 1  # it did not answer lately: dropped unsent, and the link takes the next one
+                continue
             took = time.perf_counter()
             if link is not None:
                 await link(message.nbytes)
             route = "pair" if message.pair else "fragments"
-            url = f"http://{self.addresses[message.peer]}/v1/{route}"
+            url = self.url(message.peer, f"/v1/{route}")
             try:
                 if message.pair:  # AD-PSGD: the peer answers the pair's average, which this node keeps too
                     vector = np.asarray(message.batch.fragments[0], "<f4")
@@ -225,9 +310,15 @@ class AsyncNode:
                                          headers={"Content-Type": CONTENT_TYPE}, retries=0)
                 self.sent += 1
                 self.sent_bytes += message.nbytes
+                self._silence.pop(message.peer, None)
+                self._silent_until.pop(message.peer, None)
             except (Refused, HttpError) as exc:
                 self.unsent += 1
                 self.log.info("send_failed", step=message.step, peer=message.peer, error=str(exc))
+                if exc.status is None:  # no answer at all (down, frozen, unreachable): not tried for a while
+                    silence = min(2 * self._silence.get(message.peer, SILENCE_S / 2), SILENCE_MAX_S)
+                    self._silence[message.peer] = silence
+                    self._silent_until[message.peer] = time.monotonic() + silence
             self.link_s += time.perf_counter() - took
 
     async def snapshots(self) -> None:
@@ -239,17 +330,21 @@ class AsyncNode:
                 self.grid.append((self.state.step, self.state.vector.copy()))
             k += 1
 
-    def save_grid(self, path: Path) -> None:
+    def save_report(self, folder: Path) -> None:
+        """The node's report (`async_end.write_report`) in `folder`; its grid.npz, which holds it all, is what rank 0
+        of a peer list fetches."""
         models = np.stack([v for _, v in self.grid]) if self.grid else np.zeros((0, self.state.vector.size),
                                                                                np.float32)
-        with replacing(path) as f:
-            np.savez(f, steps=np.array([n for n, _ in self.grid], np.int64), models=models)
+        steps = np.array([n for n, _ in self.grid], np.int64)
+        write_report(folder, self.report(), self.state.vector, steps, models)
+        self.result = (folder / GRID).read_bytes()
 
     def report(self) -> dict[str, Any]:
         s = self.state
         elapsed = self.finished_at - self.started_at
-        return {"rank": self.rank, "steps": s.step, "elapsed_s": round(elapsed, 6),
-                "steps_per_s": round(s.step / elapsed, 6) if elapsed > 0 else None,
+        done = s.step - (self.resumed_from or 0)  # by this process
+        return {"rank": self.rank, "steps": s.step, "elapsed_s": round(elapsed, 6), "resumed": self.resumed_from,
+                "steps_per_s": round(done / elapsed, 6) if elapsed > 0 else None,
                 "sent": self.sent, "unsent": self.unsent, "replays_refused": self.replays,
                 "sent_bytes": self.sent_bytes, "link_s": round(self.link_s, 6),
                 "signed": self.keyring is not None, "eval_period_s": self.eval_period_s,
@@ -258,13 +353,13 @@ class AsyncNode:
 
 
 async def wait_for_peers(client: Client, addresses: list[str], rank: int, deadline_s: float) -> None:
-    """The start: every other member answers /healthz, within `deadline_s` (TimeoutError naming those that did
-    not)."""
+    """The start: every other member (`addresses`: their base URLs) answers /healthz, within `deadline_s`
+    (TimeoutError naming those that did not)."""
     loop = asyncio.get_running_loop()
     until = loop.time() + deadline_s
     waiting = [a for i, a in enumerate(addresses) if i != rank]
     while waiting:
-        answers = await asyncio.gather(*(client.request("GET", f"http://{a}/healthz", retries=0, timeout=1.0)
+        answers = await asyncio.gather(*(client.request("GET", f"{a}/healthz", retries=0, timeout=1.0)
                                          for a in waiting), return_exceptions=True)
         waiting = [a for a, r in zip(waiting, answers, strict=True) if isinstance(r, BaseException)]
         if waiting and loop.time() > until:
@@ -273,24 +368,29 @@ async def wait_for_peers(client: Client, addresses: list[str], rank: int, deadli
             await asyncio.sleep(0.05)
 
 
-async def run_async_node(settings: Settings, roster: Path) -> int:
-    """Serve, wait for the others, train --rounds iterations, send what is queued, report; serve until stopped."""
+async def run_async_node(settings: Settings, addresses: list[str], rank: int, folder: Path,
+                         peer_list: bool = False) -> int:
+    """Serve, wait for the others, train --rounds iterations, send what is queued, report into `folder`. Then, in
+    `cluster`, serve until the launcher stops the process; in a peer list, rank 0 collects the others' reports and
+    writes the summary (`end_run`), and every other member serves until rank 0 says the run ended (`await_end`)."""
     from mosaicd.learning.tasks import build_task
 
     run = settings.run_config()
-    addresses = json.loads(roster.read_text())["addresses"]
-    own = settings.advertise or f"{settings.host}:{settings.port}"
-    rank = addresses.index(own)
+    secret = Secret.of(settings.daemon_options())
+    check_listen(settings.daemon_options(), secret.keyring())
     task = await asyncio.to_thread(build_task, run, settings.data_dir)
-    node = AsyncNode(settings, task, rank, addresses, Secret.of(settings.daemon_options()))
+    node = AsyncNode(settings, task, rank, addresses, secret)
+    await asyncio.to_thread(node.restore)
+    recorder = open_recorder(settings) if peer_list and rank == 0 else None
     runner = web.AppRunner(node.app(), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port).start()
-    out = Path(settings.out)
+    await web.TCPSite(runner, settings.host, settings.port, ssl_context=server_context(node.options)).start()
+    code = 0
     try:
         sign = None if node.keyring is None else signer(lambda: node.keyring.credentials(run.run_id), lambda: str(rank))
-        async with Client(settings.request_timeout, 0, signer=sign) as client:
-            await wait_for_peers(client, addresses, rank, settings.register_deadline)
+        async with Client(settings.request_timeout, 0, signer=sign, ssl_context=client_context(node.options)) as client:
+            await wait_for_peers(client, [node.url(r, "") for r in range(len(addresses))], rank,
+                                 settings.register_deadline)
             sending = asyncio.ensure_future(node.send(client))
             training = asyncio.ensure_future(node.train())
             await asyncio.sleep(0)  # its start is set: the grid counts from it
@@ -298,15 +398,124 @@ async def run_async_node(settings: Settings, roster: Path) -> int:
             await training
             grid.cancel()
             await sending
-        out.mkdir(parents=True, exist_ok=True)
-        with replacing(out / MODEL) as f:
-            np.save(f, node.state.vector)
-        node.save_grid(out / GRID)
-        write_whole(out / REPORT, json.dumps(node.report()))  # last: the launcher reads the model once it is there
-        await asyncio.sleep(LINGER_S)  # the others may still send; the launcher stops this process
+            node.save_report(folder)  # the launcher reads the model once the report is there
+            if recorder is not None:
+                await end_run(node, client, settings, recorder)
+            elif peer_list:
+                code = await await_end(node, client, settings)
+            else:
+                await asyncio.sleep(LINGER_S)  # the others may still send; the launcher stops this process
+    except BaseException as exc:
+        if recorder is not None:
+            recorder.fail(failure_text(exc))
+        raise
     finally:
         await runner.cleanup()
+    return code
+
+
+def open_recorder(settings: Settings) -> RunRecorder:
+    """Rank 0 of a peer list's run record in its --out (summary.json says "running" from the first row on)."""
+    out = Path(settings.out)
+    remove_summary(out)
+    return RunRecorder(out, settings, mode=os.environ.get(MODE_ENV, "node"))
+
+
+async def end_run(node: AsyncNode, client: Client, settings: Settings, recorder: RunRecorder) -> None:
+    """Rank 0 of a peer list: every member's report fetched into OUT/nodes/<rank> (`collect`), the summary written
+    (`async_end.summarize`), then each member told that the run ended."""
+    out = Path(settings.out)
+    reports, lost = await collect(node, client, out, settings)
+    summary = await asyncio.to_thread(summarize, out, settings, recorder, reports, lost,
+                                      addresses=node.addresses)
+    node.log.info("async_run_ended", members=sorted(reports), dropped=lost, status=summary.get("status"))
+    await asyncio.gather(*(client.request("POST", node.url(r, "/v1/async/end"), retries=1,
+                                          timeout=5.0) for r in sorted(reports) if r != node.rank),
+                         return_exceptions=True)
+
+
+async def collect(node: AsyncNode, client: Client, out: Path, settings: Settings,
+                  poll_s: float = 0.2) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    """Every member's report, fetched (POST /v1/async/result) and written into OUT/nodes/<rank>: (reports by rank,
+    the ranks given up). A member is given up once it has not answered for --register-deadline seconds in a row
+    (it may be down for good; one restarted meanwhile answers again), or when the run's deadline is past."""
+    loop = asyncio.get_running_loop()
+    reports = {node.rank: node.report()}
+    waiting = set(range(len(node.addresses))) - {node.rank}
+    heard = {r: loop.time() for r in waiting}
+    until = loop.time() + run_deadline(settings)
+    lost: list[int] = []
+    while waiting:
+        for rank in sorted(waiting):
+            try:
+                _, body, _ = await client.request("POST", node.url(rank, "/v1/async/result"),
+                                                  retries=0, timeout=max(5.0, settings.request_timeout))
+            except HttpError as exc:
+                if isinstance(exc, Refused) and exc.reason == "running":
+                    heard[rank] = loop.time()
+                elif loop.time() - heard[rank] > settings.register_deadline:
+                    lost.append(rank)
+                    waiting.discard(rank)
+                    node.log.warning("member_given_up", member=rank, error=str(exc), detail="it did not answer "
+                                     f"for {settings.register_deadline:g} s (--register-deadline): left out")
+                continue
+            with np.load(io.BytesIO(body), allow_pickle=False) as kept:
+                report = json.loads(str(kept["report"]))
+                write_report(node_folder(out, rank), report, kept["model"], kept["steps"], kept["models"])
+            reports[rank] = report
+            waiting.discard(rank)
+        if waiting and loop.time() > until:
+            node.log.warning("members_given_up", members=sorted(waiting), detail="the run's deadline passed")
+            lost += sorted(waiting)
+            break
+        if waiting:
+            await asyncio.sleep(poll_s)
+    return reports, sorted(lost)
+
+
+async def await_end(node: AsyncNode, client: Client, settings: Settings, poll_s: float = 1.0) -> int:
+    """A member of a peer list other than rank 0, reported: serve until rank 0 says the run ended (0), or until
+    rank 0 has not answered for --register-deadline seconds in a row (1: the summary will not come from it)."""
+    loop = asyncio.get_running_loop()
+    heard = loop.time()
+    while not node.ended.is_set():
+        try:
+            await client.request("GET", node.url(0, "/healthz"), retries=0, timeout=2.0)
+            heard = loop.time()
+        except HttpError:
+            if loop.time() - heard > settings.register_deadline:
+                print(f"mosaicd node: error: rank 0 ({node.addresses[0]}) did not answer for "
+                      f"{settings.register_deadline:g} s (--register-deadline): no summary will come from it; this "
+                      f"node's report is in {node_folder(Path(settings.out), node.rank)}", file=sys.stderr, flush=True)
+                return 1
+        try:
+            await asyncio.wait_for(node.ended.wait(), poll_s)
+        except TimeoutError:
+            pass
     return 0
+
+
+def run_deadline(settings: Settings) -> float:
+    """How long rank 0 of a peer list waits for the last report at most: every iteration at the slowest node's
+    pace with a wide margin (a second an iteration at least), from its own end."""
+    spec = profile_spec(settings.run_config())
+    slowest = 1.0
+    if spec is not None:
+        slowest = max(1.0, max(p.train_s(spec.compute_s) for p in spec.resolve(settings.seed, settings.nodes)))
+    return settings.register_deadline + 4 * settings.rounds * slowest
+
+
+async def run_peer_list_node(settings: Settings) -> int:
+    """`mosaicd node --peer-list FILE --sync async`: this node is the member the file lists at its address (rank:
+    the file's order, as in --sync barrier); its report goes into OUT/nodes/<rank>, and rank 0 writes the run's
+    summary into its OUT."""
+    from mosaicd.daemon.http.membership import listed_addresses, own_address
+
+    options = settings.daemon_options()
+    addresses = listed_addresses(options)
+    rank = addresses.index(own_address(options, options.port))
+    settings = settings.model_copy(update={"nodes": len(addresses)})
+    return await run_async_node(settings, addresses, rank, node_folder(Path(settings.out), rank), peer_list=True)
 
 
 def main() -> None:
@@ -315,7 +524,9 @@ def main() -> None:
     settings = Settings.load()
     configure_logging(settings.log_level, settings.log_json)
     try:
-        code = asyncio.run(run_async_node(settings, Path(os.environ[ROSTER_ENV])))
+        roster = json.loads(Path(os.environ[ROSTER_ENV]).read_text())["addresses"]
+        rank = roster.index(settings.advertise or f"{settings.host}:{settings.port}")
+        code = asyncio.run(run_async_node(settings, roster, rank, Path(settings.out)))
     except TimeoutError as exc:
         print(f"mosaicd node: error: {exc}", file=sys.stderr, flush=True)
         code = 1
