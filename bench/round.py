@@ -291,6 +291,7 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
     node_round = statistics.fmean(sum(float(r[c]) for c in ("train_s", "send_s", "wait_s", "aggregate_s"))
                                   for r in rows)
     bytes_node = statistics.fmean(per_row)
+    summary = json.loads((out / "summary.json").read_text())
     return {
         "n": n, "d": d, "K": k, "s": s, "mode": mode, "event_loop": event_loop,
         "rounds_measured": len(intervals),
@@ -306,6 +307,7 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
         "send_s": mean("send_s"), "wait_s": mean("wait_s"), "aggregate_s": mean("aggregate_s"),
         "cluster_wall_s": wall,
         "load1": load_before,
+        "models_sha256": summary.get("models_sha256"),
     }
 
 
@@ -377,7 +379,8 @@ def main() -> None:
                     note = f"  (s capped at n-1={s})" if s != args.fanout else ""
                     print(f"  done n={n:>3} K={k:>3} s={s} {mode} {loop}: {row['seconds_per_round']:.3f} s/round, "
                           f"{row['cpu_s_per_round']:.3f} CPU-s/round, cluster "
-                          f"wall {row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}{note}{flag}",
+                          f"wall {row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}, models_sha256 "
+                          f"{str(row['models_sha256'])[:12]}{note}{flag}",
                           flush=True)
     finally:
         if args.keep is None:
@@ -467,7 +470,7 @@ def main() -> None:
     keys = ("n", "d", "K", "s", "mode", "seconds_per_round", "cpu_s_per_round", "bytes_per_node_round",
             "expected_bytes", "bytes_ratio",
             "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket", "compute_seconds",
-            "bound_seconds", "vs_bound", "load1", "event_loop", "tls_cipher_cpu_s")
+            "bound_seconds", "vs_bound", "load1", "event_loop", "tls_cipher_cpu_s", "models_sha256")
     keys += ("vs_plain", "cpu_vs_plain") if len(modes) > 1 else ()
     keys += ("vs_last_loop", "cpu_vs_last_loop") if len(loops) > 1 else ()
     print(json.dumps([{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in keys} for r in rows]))
