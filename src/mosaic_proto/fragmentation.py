@@ -198,6 +198,7 @@ class Fragmentation:
         self._check(vector)
         if self.k > 1 and self.dim >= PACK_FROM and all(span is None for span in self.spans):
             packed, starts = self.packed(vector), self.starts
+            self.positions  # noqa: B018 (made now, at a node's first send, not in its first aggregation)
             return [packed[starts[f]:starts[f + 1]] for f in range(self.k)]
         out = []
         for ix, span in zip(self.indices, self.spans, strict=True):
