@@ -23,14 +23,17 @@ GRID = ((16, 1, 2, 50), (16, 16, 2, 50), (1000, 16, 4, 16), (14890, 1, 4, 16), (
         (100000, 16, 4, 16), (1000000, 1, 8, 16), (1000000, 16, 8, 16))  # 14890: about the digits CNN
 
 
-def per_round(dim: int, k: int, fanout: int, nodes: int, rounds: int, messages: bool) -> tuple[float, np.ndarray]:
-    """Seconds per round after two warm-up rounds, and the final models."""
+def per_round(dim: int, k: int, fanout: int, nodes: int, rounds: int, messages: bool,
+              cpu: list[float] | None = None) -> tuple[float, np.ndarray]:
+    """Seconds per round after two warm-up rounds, and the final models; `cpu` gets the CPU seconds per round."""
     vectors = [np.random.default_rng(i).standard_normal(dim).astype(np.float32) for i in range(nodes)]
     net = InMemoryNetwork(vectors, Fragmentation.build(Layout.flat(dim), k, 0), PeerSampler("local", fanout, 0), None,
                           run_id="exchange", messages=messages)
     net.run(2)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     net.run(rounds)
+    if cpu is not None:
+        cpu.append((time.process_time() - cpu_started) / rounds)
     return (time.perf_counter() - started) / rounds, net.matrix()
 
 

@@ -17,7 +17,10 @@ for --rounds rounds and reports, over the rounds after the --warmup first ones:
   byte count) and the slowdown of a cluster round against it;
 - the bound of the computation itself: the socket's seconds plus the same round's gossip computed in this
   process by `InMemoryNetwork` (plans and fragment-wise averaging of the same n, K, s, d: what `simulate` does,
-  no bytes moved; `exchange.py`'s `per_round`) spread over the machine's cores, and the cluster against it.
+  no bytes moved; `exchange.py`'s `per_round`) spread over the machine's cores, and the cluster against it;
+- the same bound in CPU seconds (`bound_cpu_s`: the socket transfer's CPU seconds, both ends, plus the in-memory
+  round's) and the cluster's CPU seconds per round against it (`cpu_vs_bound`): on a machine shared with other
+  work, where wall seconds swing with the load, the figure that still says what the cluster adds.
 
 Security modes (what authentication and encryption cost): `--secret-file PATH` signs every request with the
 cluster secret (HMAC, `--secret-file` of mosaicd); `--tls` adds mutual TLS with certificates trustme makes for
@@ -84,10 +87,11 @@ def _loops(text: str) -> list[str]:
 
 
 # -- the reference: a plain loopback socket pair -------------------------------------------------------------
-def socket_seconds(total: int, chunk: int, repeats: int) -> float:
-    """Best time to push `total` bytes (as sendall()s of `chunk`-byte buffers) through TCP on 127.0.0.1."""
+def socket_seconds(total: int, chunk: int, repeats: int) -> tuple[float, float]:
+    """Best time to push `total` bytes (as sendall()s of `chunk`-byte buffers) through TCP on 127.0.0.1, and the
+    least CPU seconds it took (this process: the sending and the reading thread, the kernel's copies included)."""
     payload = os.urandom(chunk)
-    best = float("inf")
+    best = best_cpu = float("inf")
     for _ in range(repeats):
         with socket.create_server(("127.0.0.1", 0)) as server:
             sender = socket.create_connection(server.getsockname())
@@ -103,7 +107,7 @@ def socket_seconds(total: int, chunk: int, repeats: int) -> float:
                 got[0] += n
 
         reader = threading.Thread(target=read)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         reader.start()
         sent = 0
         while sent < total:
@@ -111,12 +115,21 @@ def socket_seconds(total: int, chunk: int, repeats: int) -> float:
             sender.sendall(piece)
             sent += len(piece)
         reader.join()
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         sender.close()
         receiver.close()
         assert got[0] == total, (got[0], total)
-        best = min(best, elapsed)
-    return best
+        best, best_cpu = min(best, elapsed), min(best_cpu, cpu)
+    return best, best_cpu
+
+
+def compute_cpu(d: int, k: int, s: int, n: int) -> tuple[float, float]:
+    """The in-memory round (`exchange.py`'s `per_round`), best of 2: (seconds, CPU seconds) per round. It runs on one
+    thread, so its CPU seconds are its seconds on an idle core, whatever else the machine is doing."""
+    seconds, cpu = [], []
+    for _ in range(2):
+        seconds.append(per_round(d, k, s, n, 3, False, cpu)[0])
+    return min(seconds), min(cpu)
 
 
 # -- CPU seconds of the cluster's processes, sampled while it runs ------------------------------------------
@@ -291,6 +304,7 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
     node_round = statistics.fmean(sum(float(r[c]) for c in ("train_s", "send_s", "wait_s", "aggregate_s"))
                                   for r in rows)
     bytes_node = statistics.fmean(per_row)
+    summary = json.loads((out / "summary.json").read_text())
     return {
         "n": n, "d": d, "K": k, "s": s, "mode": mode, "event_loop": event_loop,
         "rounds_measured": len(intervals),
@@ -306,6 +320,7 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
         "send_s": mean("send_s"), "wait_s": mean("wait_s"), "aggregate_s": mean("aggregate_s"),
         "cluster_wall_s": wall,
         "load1": load_before,
+        "models_sha256": summary.get("models_sha256"),
     }
 
 
@@ -346,9 +361,9 @@ def main() -> None:
     secret = args.secret_file or (make_secret(root) if any("secret" in m for m in modes) else None)
     certs = make_certs(root) if any("tls" in m for m in modes) else None
     rows = []
-    sockets: dict[int, float] = {}  # total bytes -> seconds (K does not change the bytes: measured once per n)
+    sockets: dict[int, tuple[float, float]] = {}  # total bytes -> (seconds, CPU seconds), measured once per n
     ciphers: dict[int, float] = {}  # total bytes -> CPU seconds of TLS's encryption and decryption of them
-    computes: dict[tuple[int, int], float] = {}  # (n, K) -> seconds of the in-memory round on one core
+    computes: dict[tuple[int, int], tuple[float, float]] = {}  # (n, K) -> the in-memory round: seconds, CPU-s
     try:
         for n in args.nodes:
             s = min(args.fanout, n - 1)
@@ -361,23 +376,26 @@ def main() -> None:
                     total = n * s * args.dim * 4
                     if total not in sockets:
                         sockets[total] = socket_seconds(total, args.dim * 4, args.socket_repeats)
-                    row["socket_seconds"] = sockets[total]
+                    row["socket_seconds"], row["socket_cpu_s"] = sockets[total]
                     row["slowdown_vs_socket"] = row["seconds_per_round"] / row["socket_seconds"]
                     if "tls" in mode and total not in ciphers:
                         assert certs is not None
                         ciphers[total] = cipher_cpu_seconds(total, args.dim * 4, certs)
                     row["tls_cipher_cpu_s"] = ciphers.get(total)
                     if (n, k) not in computes:
-                        computes[n, k] = min(per_round(args.dim, k, s, n, 3, False)[0] for _ in range(2))
-                    row["compute_seconds"] = computes[n, k]
-                    row["bound_seconds"] = row["socket_seconds"] + computes[n, k] / (os.cpu_count() or 1)
+                        computes[n, k] = compute_cpu(args.dim, k, s, n)
+                    row["compute_seconds"], row["compute_cpu_s"] = computes[n, k]
+                    row["bound_seconds"] = row["socket_seconds"] + row["compute_seconds"] / (os.cpu_count() or 1)
                     row["vs_bound"] = row["seconds_per_round"] / row["bound_seconds"]
+                    row["bound_cpu_s"] = row["socket_cpu_s"] + row["compute_cpu_s"]
+                    row["cpu_vs_bound"] = row["cpu_s_per_round"] / row["bound_cpu_s"]
                     rows.append(row)
                     flag = "" if row["bytes_rows_off"] == 0 else f"  !! {row['bytes_rows_off']} rows off by >1%"
                     note = f"  (s capped at n-1={s})" if s != args.fanout else ""
                     print(f"  done n={n:>3} K={k:>3} s={s} {mode} {loop}: {row['seconds_per_round']:.3f} s/round, "
                           f"{row['cpu_s_per_round']:.3f} CPU-s/round, cluster "
-                          f"wall {row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}{note}{flag}",
+                          f"wall {row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}, models_sha256 "
+                          f"{str(row['models_sha256'])[:12]}{note}{flag}",
                           flush=True)
     finally:
         if args.keep is None:
@@ -399,6 +417,9 @@ def main() -> None:
               f"{r['slowdown_vs_socket']:>8.1f} {mbps:>6.0f} {r['compute_seconds']:>9.3f} {r['bound_seconds']:>7.3f} "
               f"{r['vs_bound']:>8.2f} {r['load1']:>5.1f}")
     for r in rows:
+        print(f"n={r['n']} K={r['K']} {r['mode']} {r['event_loop']}: CPU seconds / the bound's "
+              f"{r['cpu_s_per_round']:.3f} / {r['bound_cpu_s']:.3f} = {r['cpu_vs_bound']:.2f}x (socket "
+              f"{r['socket_cpu_s']:.3f} + compute {r['compute_cpu_s']:.3f} CPU-s)")
         print(f"n={r['n']} K={r['K']} {r['mode']} {r['event_loop']}: round / its bound {r['vs_bound']:.2f}x, target "
               f"<= {TARGET_VS_BOUND}x (issue #38): {'met' if r['vs_bound'] <= TARGET_VS_BOUND else 'not met'}")
     off = [r for r in rows if r["bytes_rows_off"] or abs(r["bytes_ratio"] - 1) > BYTES_TOLERANCE]
@@ -467,7 +488,8 @@ def main() -> None:
     keys = ("n", "d", "K", "s", "mode", "seconds_per_round", "cpu_s_per_round", "bytes_per_node_round",
             "expected_bytes", "bytes_ratio",
             "send_s", "wait_s", "aggregate_s", "socket_seconds", "slowdown_vs_socket", "compute_seconds",
-            "bound_seconds", "vs_bound", "load1", "event_loop", "tls_cipher_cpu_s")
+            "bound_seconds", "vs_bound", "socket_cpu_s", "compute_cpu_s", "bound_cpu_s", "cpu_vs_bound", "load1",
+            "event_loop", "tls_cipher_cpu_s", "models_sha256")
     keys += ("vs_plain", "cpu_vs_plain") if len(modes) > 1 else ()
     keys += ("vs_last_loop", "cpu_vs_last_loop") if len(loops) > 1 else ()
     print(json.dumps([{k: (round(r[k], 6) if isinstance(r[k], float) else r[k]) for k in keys} for r in rows]))

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .compression import Compressed, sparse_average, stand_in_average
-from .fragmentation import Fragmentation
+from .fragmentation import PACK_FROM, Fragmentation
 
 # Coordinates summed at a time: the float64 accumulator (256 KiB) and the blocks it reads stay in the CPU's
 # cache while every sender's values are added, instead of streaming a d-long float64 array once per sender.
@@ -51,6 +51,8 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
         for f, values in received[sender].items():
             parts_of[f].append(values)
     plan = list(zip(range(fragmentation.k), fragmentation.indices, parts_of, strict=True))
+    if fragmentation.k > 1 and fragmentation.dim >= PACK_FROM and all(span is None for span in fragmentation.spans):
+        return _packed(own, fragmentation, plan, own_fragments, block)  # random fragments, a large model
     if all(parts for _, _, parts in plan):
         out = np.empty(own.shape, dtype=np.float32)  # every coordinate is written below
     else:
@@ -65,17 +67,44 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
         else:
             mine = own[ix] if own_fragments is None else own_fragments[f]
             target = np.empty(len(ix), dtype=np.float32)
-        count = 1 + len(parts)
-        for lo in range(0, len(ix), block):
-            hi = min(lo + block, len(ix))
-            buf = acc[:hi - lo]
-            np.add(mine[lo:hi], parts[0][lo:hi], out=buf, dtype=np.float64)
-            for values in parts[1:]:
-                np.add(buf, values[lo:hi], out=buf)
-            np.divide(buf, count, out=target[lo:hi], casting="same_kind")
+        _average(mine, parts, target, acc, block)
         if span is None:
             out[ix] = target
     return out
+
+
+def _average(mine: np.ndarray, parts: Sequence[np.ndarray], target: np.ndarray, acc: np.ndarray,
+             block: int) -> None:
+    """target = (mine + parts[0] + parts[1] + ...) / (1 + len(parts)), summed in float64 in that order, a block
+    of coordinates at a time (`acc`: the float64 accumulator of at least a block)."""
+    count = 1 + len(parts)
+    for lo in range(0, len(mine), block):
+        hi = min(lo + block, len(mine))
+        buf = acc[:hi - lo]
+        np.add(mine[lo:hi], parts[0][lo:hi], out=buf, dtype=np.float64)
+        for values in parts[1:]:
+            np.add(buf, values[lo:hi], out=buf)
+        np.divide(buf, count, out=target[lo:hi], casting="same_kind")
+
+
+def _packed(own: np.ndarray, fragmentation: Fragmentation, plan: list, own_fragments: Sequence[np.ndarray] | None,
+            block: int) -> np.ndarray:
+    """`aggregate` where no fragment is a contiguous range: each fragment's average (or the node's own values,
+    where nobody sent it) written to its slice of one array laid out fragment after fragment, which
+    `Fragmentation.unpack` puts back in coordinate order in one gather, instead of K scatters through the index
+    arrays. The same float64 operations per coordinate, so the same bits."""
+    starts = fragmentation.starts
+    mine_all = fragmentation.packed(own) if own_fragments is None else None
+    averaged = np.empty(fragmentation.dim, dtype=np.float32)
+    acc = np.empty(min(block, max(fragmentation.sizes, default=0)), dtype=np.float64)
+    for f, _, parts in plan:
+        target = averaged[starts[f]:starts[f + 1]]
+        mine = mine_all[starts[f]:starts[f + 1]] if own_fragments is None else own_fragments[f]
+        if parts:
+            _average(mine, parts, target, acc, block)
+        else:
+            target[...] = mine
+    return fragmentation.unpack(averaged)
 
 
 def scattered(own: np.ndarray, fragmentation: Fragmentation,

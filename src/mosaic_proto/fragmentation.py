@@ -65,6 +65,13 @@ class Layout:
         return hashlib.sha256(repr(self.to_json()).encode()).digest()
 
 
+# Coordinates `unpack` gathers at a time: their positions, widened to intp by np.take (512 KiB), stay in the cache.
+UNPACK_BLOCK = 1 << 16
+# A model of at least this many coordinates gathers its random fragments in one pass (`views`, `aggregate`); below,
+# K small gathers cost less than building `order` and `positions` once.
+PACK_FROM = 1 << 16
+
+
 def _deal(n: int, k: int) -> np.ndarray:
     """Part index of each of n positions dealt into k near-equal contiguous parts (sizes differ by <= 1)."""
     return (np.arange(n, dtype=np.int64) * k // max(n, 1)).astype(np.int32) if n else np.zeros(0, np.int32)
@@ -132,6 +139,52 @@ class Fragmentation:
                 out.append(None)
         return tuple(out)
 
+    @cached_property
+    def order(self) -> np.ndarray:
+        """Every coordinate, fragment after fragment: the K index arrays laid end to end (fragment f is
+        `order[starts[f]:starts[f + 1]]`), the array `build` split them from, not a copy."""
+        base = self.indices[0].base if self.indices else None
+        if isinstance(base, np.ndarray) and base.shape == (self.dim,) and base.dtype == np.int64 \
+                and base.flags.c_contiguous:
+            at = base.ctypes.data
+            if all(ix.base is base and ix.ctypes.data == at + 8 * lo
+                   for ix, lo in zip(self.indices, self.starts, strict=False)):
+                return base
+        return np.concatenate(self.indices) if self.indices else np.zeros(0, np.int64)
+
+    @cached_property
+    def starts(self) -> tuple[int, ...]:
+        """Where each fragment begins in `order` (K + 1 values: the last is d)."""
+        return tuple(int(x) for x in np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]))
+
+    @cached_property
+    def positions(self) -> np.ndarray:
+        """Where each coordinate sits in `order` (its inverse; int32 below 2**31 coordinates): a vector laid out
+        fragment after fragment is put back in coordinate order by one gather (`unpack`), streaming from K places at
+        once, several times faster at d=11M, K=16 than K scatters through the index arrays. Made when first asked
+        for (4 bytes a coordinate)."""
+        dtype = np.int32 if self.dim < 2**31 else np.int64
+        positions = np.empty(self.dim, dtype=dtype)
+        positions[self.order] = np.arange(self.dim, dtype=dtype)
+        positions.flags.writeable = False
+        return positions
+
+    def packed(self, vector: np.ndarray) -> np.ndarray:
+        """`vector`'s values fragment after fragment (`order`'s order), one new array: fragment f is the slice
+        `[starts[f]:starts[f + 1]]`."""
+        self._check(vector)
+        return np.take(vector, self.order)
+
+    def unpack(self, packed: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The inverse of `packed`: `packed`'s values back in coordinate order (into `out`, else a new array),
+        gathered through `positions` a block at a time (the block's indices widened to intp stay in the cache)."""
+        positions = self.positions
+        if out is None:
+            out = np.empty(self.dim, dtype=packed.dtype)
+        for lo in range(0, self.dim, UNPACK_BLOCK):
+            np.take(packed, positions[lo:lo + UNPACK_BLOCK], out=out[lo:lo + UNPACK_BLOCK])
+        return out
+
     def split(self, vector: np.ndarray) -> list[np.ndarray]:
         """The K fragments of a flat vector, each a new contiguous array."""
         self._check(vector)
@@ -139,8 +192,14 @@ class Fragmentation:
 
     def views(self, vector: np.ndarray) -> list[np.ndarray]:
         """The K fragments of a flat vector without copying where a fragment is a contiguous range (a read-only
-        view of `vector` then), gathered into a new array elsewhere: for reading, e.g. encoding."""
+        view of `vector` then), gathered into a new array elsewhere: for reading, e.g. encoding. Where no fragment
+        is a range (random fragments), all K are gathered at once into one array (`packed`), of which they are
+        slices."""
         self._check(vector)
+        if self.k > 1 and self.dim >= PACK_FROM and all(span is None for span in self.spans):
+            packed, starts = self.packed(vector), self.starts
+            self.positions  # noqa: B018 (made now, at a node's first send, not in its first aggregation)
+            return [packed[starts[f]:starts[f + 1]] for f in range(self.k)]
         out = []
         for ix, span in zip(self.indices, self.spans, strict=True):
             if span is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,42 @@ async def test_python_api_peers_match_in_memory_network(tmp_path: Path, kit: Any
         assert summary["model_sha256"] == {str(r): kit.sha256_f32(v) for r, v in enumerate(reference)}
         with pytest.raises(RuntimeError):
             await peers[0].gossip(vectors[peers[0].rank])
+    finally:
+        await asyncio.gather(*(p.close() for p in peers))
+        await runner.cleanup()
+
+
+async def test_gossip_awaits_before_arrival_after_its_sends_and_before_the_barrier_releases(tmp_path: Path,
+                                                                                            kit: Any) -> None:
+    """`Peer.gossip(before_arrival=...)` (the node daemon's checkpoint wait): awaited once per round, after the
+    round's fragments are delivered and before the node arrives, so the round is not released meanwhile; the models
+    are those of the in-memory network."""
+    run = dict(nodes=3, rounds=2, fragments=2, fanout=2, dim=24, seed=5, train=False, eval_every=0,
+               host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10)
+    barrier, runner, settings = await kit.served_barrier(run, tmp_path / "barrier")
+    peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
+    seen: list[tuple[int, int, str, int]] = []
+
+    def hook(peer: Peer, t: int) -> Callable[[], Awaitable[None]]:
+        async def before_arrival() -> None:
+            await asyncio.sleep(0.2)  # a slow checkpoint: nobody's round is released while this one waits
+            seen.append((peer.rank, peer.round, peer.phase.value, sum(q.round for q in peers)))
+        return before_arrival
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
+        reference = kit.reference_vectors(settings)
+        vectors = dict(enumerate(kit.reference_vectors(settings.model_copy(update={"rounds": 0}))))
+        for t in range(settings.rounds):
+            results = await asyncio.wait_for(asyncio.gather(*(
+                p.gossip(vectors[p.rank], before_arrival=hook(p, t)) for p in peers)), 30)
+            vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
+            # each peer's sends were over (waiting for its arrival) in round t, and none was released meanwhile
+            assert [(rnd, phase, total) for _, rnd, phase, total in seen[-3:]] == [(t, "waiting", 3 * t)] * 3
+        assert len(seen) == 3 * settings.rounds
+        await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 30)
+        for rank, vector in vectors.items():
+            assert kit.sha256_f32(vector) == kit.sha256_f32(reference[rank]), rank
     finally:
         await asyncio.gather(*(p.close() for p in peers))
         await runner.cleanup()

@@ -8,6 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from mosaic_proto import Fragmentation, Layout, Strategy
+from mosaic_proto.fragmentation import PACK_FROM
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -214,3 +215,19 @@ def test_spans_and_views_agree_with_the_index_arrays(fr: Fragmentation, seed: in
         assert np.array_equal(view, piece)
     if fr.strategy is Strategy.CONTIGUOUS or fr.k == 1:
         assert all(span is not None for span in fr.spans)
+
+
+@pytest.mark.parametrize("layout, k", [(Layout.flat(PACK_FROM + 1234), 16),
+                                       (Layout.from_pairs([("w", (300, 250)), ("b", (PACK_FROM,))]), 5)])
+def test_a_large_random_fragmentation_gathers_its_fragments_in_one_pass(layout: Layout, k: int) -> None:
+    fr = Fragmentation.build(layout, k, 3)
+    vector = np.random.default_rng(0).standard_normal(fr.dim).astype(np.float32)
+    views, packed = fr.views(vector), fr.packed(vector)
+    assert all(span is None for span in fr.spans)
+    assert fr.order is fr.indices[0].base  # the array the index arrays are slices of: not a copy
+    assert [len(v) for v in views] == list(fr.sizes) and fr.starts[-1] == fr.dim
+    for f, (view, piece) in enumerate(zip(views, fr.split(vector), strict=True)):
+        assert np.array_equal(view, piece) and view.base is views[0].base is not None
+        assert np.array_equal(packed[fr.starts[f]:fr.starts[f + 1]], piece)
+    assert np.array_equal(fr.unpack(packed), vector)
+    assert np.array_equal(fr.order[fr.positions], np.arange(fr.dim)) and not fr.positions.flags.writeable

@@ -495,3 +495,22 @@ def test_outgoing_encodes_contiguous_fragments_straight_from_the_vector() -> Non
             pieces = fr.split(local)
             want = encode(FragmentBatch(RUN, 1, 0, fr.k, fr.fingerprint, {f: pieces[f] for f in m.fragments}))
             assert m.payload == want
+
+
+@pytest.mark.parametrize("block", [1000, 1 << 15])
+def test_a_large_model_of_random_fragments_is_averaged_fragment_after_fragment_to_the_same_bits(block: int) -> None:
+    """From PACK_FROM coordinates on, random fragments are averaged into one array laid out fragment after fragment
+    and put back in place by one gather (`Fragmentation.unpack`): the plain aggregation's bits, with and without the
+    own fragments gathered for sending, and a fragment nobody sent keeps the node's own values."""
+    from mosaic_proto.fragmentation import PACK_FROM
+
+    fr = Fragmentation.build(Layout.from_pairs([("w", (PACK_FROM // 100, 100)), ("b", (999,))]), 6, seed=9)
+    assert all(span is None for span in fr.spans)
+    rng = np.random.default_rng(3)
+    own = cancelling(rng, fr.dim)
+    received = {s: {f: cancelling(rng, fr.sizes[f]) for f in range(fr.k) if f != 4 and (s + f) % 3} for s in (0, 2, 7)}
+    expected = reference_aggregate(own, fr, received)
+    for own_fragments in (None, fr.views(own)):
+        got = aggregate(own, fr, received, block=block, own_fragments=own_fragments)
+        assert np.array_equal(bits(got), bits(expected))
+    assert np.array_equal(bits(fr.take(got, 4)), bits(fr.take(own, 4)))

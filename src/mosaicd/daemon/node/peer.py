@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -257,16 +257,20 @@ class Peer:
 
     # -- one round: train (the caller) -> fragment -> send -> barrier -> aggregate ------------------
     async def gossip(self, local: np.ndarray | Any, *, loss: float = math.nan, train_s: float = 0.0,
-                     metrics: Mapping[str, float] | None = None, higher_is_better: bool | None = None) -> np.ndarray:
+                     metrics: Mapping[str, float] | None = None, higher_is_better: bool | None = None,
+                     before_arrival: Callable[[], Awaitable[object]] | None = None) -> np.ndarray:
         """Send this round's fragments of `local`, wait at the barrier, and return the aggregated vector.
 
         `local` is a flat float32 vector, or a torch module: then its state is gossiped and overwritten in place.
         `metrics`: your own metrics of this round (name -> number): kept with the round's snapshot, the barrier
         collects them at evaluation rounds into rounds.csv (`metric`: the first name; all of them under `reported`).
         `higher_is_better`: whether the first is better higher (None: as its name says, a loss or error lower).
+        `before_arrival`: awaited once the fragments are sent and before this node arrives at the barrier: what
+        must be done before the round can be released (the node daemon's checkpoint being written, whose disk
+        writes then overlap the sends instead of delaying them).
         """
         if not isinstance(local, np.ndarray) and hasattr(local, "state_dict"):
-            return await _gossip_module(self, local, loss, train_s, metrics, higher_is_better)
+            return await _gossip_module(self, local, loss, train_s, metrics, higher_is_better, before_arrival)
         state, t = self.state, self.state.round
         kept = reported(metrics, higher_is_better) if metrics is not None else None
         sending = state.outgoing(local, self.now())
@@ -279,6 +283,8 @@ class Peer:
                                            state.send_budget(self.run.round_deadline, self.now()), self._link(),
                                            starting=state.starting)
         report = state.sent(delivered, unsent, self.now(), loss, train_s, self._aggregate_s)
+        if before_arrival is not None:
+            await before_arrival()
         release, joined, failure = read_release(await self._arrive(arrival(state, report)))
         started = self.now()
         advance = state.released(release.members, joined, release.stragglers, started, failure)
@@ -362,12 +368,13 @@ def reported(metrics: Mapping[str, float], higher_is_better: bool | None = None)
 
 
 async def _gossip_module(peer: Peer, module: Any, loss: float, train_s: float,
-                         metrics: Mapping[str, float] | None, higher_is_better: bool | None) -> np.ndarray:
+                         metrics: Mapping[str, float] | None, higher_is_better: bool | None,
+                         before_arrival: Callable[[], Awaitable[object]] | None) -> np.ndarray:
     """`Peer.gossip` of a torch module: its state is gossiped, then overwritten in place by the aggregate."""
     from mosaicd.learning.tasks.torch_util import load_vector, to_vector
 
     vector = await peer.gossip(to_vector(module), loss=loss, train_s=train_s, metrics=metrics,
-                               higher_is_better=higher_is_better)
+                               higher_is_better=higher_is_better, before_arrival=before_arrival)
     load_vector(module, vector)
     return vector
 

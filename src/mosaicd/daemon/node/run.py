@@ -180,12 +180,12 @@ async def rounds_of(peer: Peer, task: Any, vector: np.ndarray, options: DaemonOp
         if profile is not None and spec is not None:  # --node-profile: train as slowly as such a node would
             took = time.perf_counter() - started
             await sleep_at_least(profile.train_s(max(spec.compute_s, took)) - took)
-        await saving.drain()  # the checkpoint of round t is on disk before this node arrives at t
         evaluates = is_eval_round(t, run)
         if evaluates:  # the barrier's collection of round t waits for this node's metrics of it
             peer.evaluating(t)
-        try:
-            vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started)
+        try:  # the checkpoint of round t is on disk before this node arrives at t: written while it sends
+            vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started,
+                                       before_arrival=saving.drain)
         except PeerDropped as exc:
             peer.evaluated(t, None)
             if not options.rejoin_dropped:
