@@ -161,6 +161,14 @@ class Barrier(DecisionRunner):
         elif isinstance(decision, Rebound) and decision.all_back:
             self.registrar.all_back()
 
+    async def await_roster(self) -> None:
+        """Until the roster is made, or the registration failed (the registration's long polls hear the same)."""
+        await self.registrar.registered.wait()
+
+    def reported(self, summary: dict[str, Any]) -> None:
+        """--sync async: the members' reports are collected and summary.json written (collector.py): the run ended."""
+        self.ending.reported(summary)
+
     @property
     def registration_status(self) -> int:
         """What a failed registration answers (`Registrar.status`)."""

@@ -60,6 +60,12 @@ def end_line(barrier: Barrier, started: float) -> str:
     """`started`: when the run began (time.time(); a resumed run's: its first start, less the time it stood)."""
     state, out = barrier.state, barrier.options.out
     files = f"results in {out}/ (summary.json, rounds.csv, nodes.csv)"
+    if (summary := barrier.ending.collected) is not None:  # --sync async: the members' reports collected
+        steps = (summary.get("asynchronous") or {}).get("steps") or {}
+        dropped = f", {len(summary['dropped'])} left out" if summary.get("dropped") else ""
+        row = barrier.recorder.rounds[-1] if barrier.recorder.rounds else None
+        return (f"{summary.get('status')}: {len(steps)} nodes reported {sum(steps.values())} iterations in "
+                f"{clock(time.time() - started)}{dropped}; {metrics_text(row) or 'no evaluation'}; {files}")
     if state.phases.finished:
         row = barrier.recorder.rounds[-1] if barrier.recorder.rounds else None
         return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.time() - started)}, "
