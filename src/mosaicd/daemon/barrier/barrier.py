@@ -145,7 +145,10 @@ class Barrier(DecisionRunner):
         """Long poll until the roster is made (`Registrar.register`; `runs`: what the node says it runs). A member
         told to stop that is back already does not leave; one started again (its checkpoints `held`) as the resumed
         run's first word stopped with the barrier, as all did: all are awaited back (`BarrierState.returned`,
-        `members_restarted`)."""
+        `members_restarted`). In an asynchronous run a member started again hears its place at once
+        (`Registrar.member_again`)."""
+        if str(self.run.sync) == "async" and address in self.state.addresses:
+            return self.registrar.member_again(address)
         if self.decide(lambda state, now: state.returned(address, restarted=held is not None)) is not None:
             self.members_restarted(address)
         return await self.registrar.register(address, rank, held, runs)
