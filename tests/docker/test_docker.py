@@ -1,4 +1,5 @@
-"""Containers, for real: the image from deploy/Dockerfile, compose.yaml with 8 scaled nodes, the multi-host
+"""Containers, for real: the image from deploy/Dockerfile, compose.yaml with 8 scaled nodes (and asynchronous, with
+MOSAIC_SYNC=async: the barrier only counts and collects; a node's container restarted mid-run), the multi-host
 compose files (each under Compose v2 and v1), and the Swarm stack on a one-host swarm. Each signs its requests
 with a cluster secret, prepared as the deploy files document: none for compose.yaml (its one-shot service makes
 one), a file for the multi-host files, a Docker secret for the stack; none of them may leak it.
