@@ -294,10 +294,14 @@ def _main(argv: list[str] | None) -> None:
             raise SettingsError("--own-loop: the nodes of an own loop's run are mosaicd.Peer in your program; "
                                 "`mosaicd barrier --own-loop` serves its barrier")
         async_node = args.command == "node" and settings.peer_list is not None and settings.barrier_url is None
-        if args.command not in ("simulate", "cluster") and not async_node and str(settings.sync) != "barrier":
-            raise SettingsError(f"--sync {settings.sync}: only `mosaicd simulate`, `mosaicd cluster` and `mosaicd "
-                                "node --peer-list` run asynchronously so far; `mosaicd node --barrier-url` and "
-                                "`barrier` run --sync barrier")
+        if args.command not in ("simulate", "cluster", "barrier") and not async_node \
+                and str(settings.sync) != "barrier":
+            raise SettingsError(f"--sync {settings.sync}: a node of a barrier takes the barrier's run (`mosaicd "
+                                "barrier --sync async`); `mosaicd node --peer-list` runs asynchronously with no "
+                                "barrier")
+        if args.command == "barrier" and str(settings.sync) == "async" and settings.own_loop:
+            raise SettingsError("--sync async: `mosaicd barrier --own-loop` serves Peers that gossip in rounds; an "
+                                "asynchronous barrier collects the reports of `mosaicd node` daemons")
         if args.command == "cluster" and str(settings.sync) == "async":
             from mosaicd.experiments.cluster_async import refusal
 

@@ -1,4 +1,5 @@
-"""Containers, for real: the image from deploy/Dockerfile, compose.yaml with 8 scaled nodes, the multi-host
+"""Containers, for real: the image from deploy/Dockerfile, compose.yaml with 8 scaled nodes (and asynchronous, with
+MOSAIC_SYNC=async: the barrier only counts and collects; a node's container restarted mid-run), the multi-host
 compose files (each under Compose v2 and v1), and the Swarm stack on a one-host swarm. Each signs its requests
 with a cluster secret, prepared as the deploy files document: none for compose.yaml (its one-shot service makes
 one), a file for the multi-host files, a Docker secret for the stack; none of them may leak it.
@@ -683,3 +684,88 @@ def test_swarm_stack_discovers_nodes_through_tasks_dns(kit, swarm: None, results
                        not sh("docker", "secret", "ls", "-q", "-f", f"name={secret_name}").stdout.strip(),
                        timeout=120, what="the stack's secret to go", interval=1)
         time.sleep(1)
+
+
+@pytest.mark.parametrize("compose", ["v2"], indirect=True)  # the barrier's settings: the CLI plays no part
+def test_compose_runs_asynchronously_with_the_barrier_off_the_data_path(
+        kit, image: str, compose: list[str], results: Path, projects: list[Project]) -> None:
+    """MOSAIC_SYNC=async: the nodes register and hear the run and the roster, train never waiting for each other,
+    and the barrier collects their reports into ./results; then every container exits 0 (issue 60, item 4)."""
+    nodes, iterations, port = 5, 20, free_ports(1)[0]
+    project = Project(compose, f"mosaictesta{os.getpid()}", "compose.yaml", environment(
+        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_SYNC="async", MOSAIC_ROUND_DEADLINE="120",
+        MOSAIC_ROUNDS=str(iterations), MOSAIC_FANOUT="2", MOSAIC_EVAL_EVERY="5", MOSAIC_BARRIER_LINGER="1"))
+    projects.append(project)
+    project("up", "-d", "--no-build", "--scale", f"node={nodes}")
+    containers = project("ps", "-q", "barrier", "node").split()
+    assert len(containers) == nodes + 1
+
+    def exit_codes() -> list[int] | None:
+        states = [sh("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c).stdout.split()
+                  for c in containers]
+        return [int(code) for _, code in states] if all(status == "exited" for status, _ in states) else None
+
+    assert kit.wait_until(exit_codes, timeout=300, what="every container to exit", interval=2) == [0] * (nodes + 1)
+    summary = final_summary(kit, results)
+    block = summary["asynchronous"]
+    assert summary["status"] == "finished" and summary["dropped"] == [], summary.get("error")
+    assert block["steps"] == {str(i): iterations for i in range(nodes)} and block["signed"] is True
+    assert block["messages_sent"] > 0 and block["replays_refused"] == 0
+    assert sorted(summary["model_sha256"], key=int) == [str(i) for i in range(nodes)]
+    assert all(a.startswith("127.0.0.1:") for a in summary["addresses"]) and len(summary["addresses"]) == nodes
+    with open(results / "rounds.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(row["time_s"] for row in rows) and float(rows[-1]["node_average"]) > 0.5
+    assert {p.name for p in (results / "nodes").iterdir()} == {str(i) for i in range(nodes)}
+    assert "finished: 5 nodes reported 100 iterations" in project("logs", "--no-color", "barrier")
+
+
+@pytest.mark.parametrize("compose", ["v2"], indirect=True)
+def test_compose_asynchronous_node_restarted_goes_on_and_nobody_waits(
+        kit, image: str, compose: list[str], results: Path, projects: list[Project]) -> None:
+    """MOSAIC_SYNC=async: a node's container killed mid-run and started again takes its slot, port and place back
+    (the barrier answers its registration at once) and goes on from its checkpoint; the run finishes."""
+    nodes, iterations, port = 4, 300, free_ports(1)[0]
+    project = Project(compose, f"mosaictestr{os.getpid()}", "compose.yaml", environment(
+        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_SYNC="async", MOSAIC_ROUND_DEADLINE="120",
+        MOSAIC_ROUNDS=str(iterations), MOSAIC_FANOUT="2", MOSAIC_EVAL_EVERY="100", MOSAIC_BARRIER_LINGER="1"))
+    projects.append(project)
+    project("up", "-d", "--no-build", "--scale", f"node={nodes}")
+    barrier = f"http://127.0.0.1:{port}"
+
+    def last_member() -> str | None:
+        try:
+            members = kit.http("GET", f"{barrier}/v1/status", timeout=5).json().get("members") or []
+        except OSError:
+            return None
+        return members[-1]["address"] if len(members) == nodes else None
+
+    address = kit.wait_until(last_member, timeout=300, what="the roster", interval=1)
+
+    def steps() -> int | None:
+        try:
+            done = kit.http("GET", f"http://{address}/v1/status", timeout=5).json()["steps"]
+        except (OSError, KeyError, ValueError):
+            return None
+        return done if done >= 10 else None
+
+    kit.wait_until(steps, timeout=300, what=f"{address}'s 10th iteration", interval=0.1)
+    ports = {sh("docker", "exec", c, "cat", "/tmp/mosaic/slot/port").stdout.strip(): c
+             for c in project("ps", "-q", "node").split()}
+    victim = ports[address.rsplit(":", 1)[1]]
+    sh("docker", "kill", victim)
+    sh("docker", "start", victim)
+    containers = project("ps", "-aq", "barrier", "node").split()
+
+    def exit_codes() -> list[int] | None:
+        states = [sh("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c).stdout.split()
+                  for c in containers]
+        return [int(code) for _, code in states] if all(status == "exited" for status, _ in states) else None
+
+    assert kit.wait_until(exit_codes, timeout=300, what="every container to exit", interval=2) == [0] * (nodes + 1)
+    summary = final_summary(kit, results)
+    block = summary["asynchronous"]
+    rank = str(summary["addresses"].index(address))
+    assert summary["status"] == "finished" and summary["dropped"] == [], summary.get("error")
+    assert block["steps"] == {str(i): iterations for i in range(nodes)} and set(block["resumed"]) == {rank}, block
+    assert 1 <= block["resumed"][rank] < iterations

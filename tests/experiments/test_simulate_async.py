@@ -87,15 +87,16 @@ def test_a_setting_void_in_the_mode_is_refused_before_any_folder_is_made(
     assert not (tmp_path / "run").exists()
 
 
-def test_the_barrier_refuses_an_asynchronous_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_node_of_a_barrier_refuses_a_sync_of_its_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node of a barrier takes the barrier's run: `--sync async` is the barrier's to give (`mosaicd barrier
+    --sync async`, tests/experiments/test_async_barrier.py)."""
     config = tmp_path / "run.toml"
     config.write_text('sync = "async"\n')
     with pytest.raises(SystemExit) as stopped:
-        main(["barrier", "--config", str(config), "--nodes", "3", "--out", str(tmp_path / "barrier")])
+        main(["node", "--config", str(config), "--barrier-url", "http://127.0.0.1:9", "--out", str(tmp_path / "n")])
     assert stopped.value.code == 2
-    assert "only `mosaicd simulate`, `mosaicd cluster` and `mosaicd node --peer-list` run asynchronously" in \
-        capsys.readouterr().err
-    assert not (tmp_path / "barrier").exists()
+    assert "a node of a barrier takes the barrier's run (`mosaicd barrier --sync async`)" in capsys.readouterr().err
+    assert not (tmp_path / "n").exists()
 
 
 @pytest.mark.parametrize("settings", [

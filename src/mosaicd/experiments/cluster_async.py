@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mosaicd.daemon.node.async_end import node_folder, read_report, summarize
-from mosaicd.daemon.node.async_run import ROSTER_ENV, run_deadline
+from mosaicd.daemon.async_end import node_folder, read_report, run_deadline, summarize
+from mosaicd.daemon.node.async_run import ROSTER_ENV
 from mosaicd.experiments.cluster import POLL_S, ClusterFailed, free_ports, settings_env
 from mosaicd.experiments.processes import Processes, exit_reason
 from mosaicd.experiments.run_secret import RunSecret
@@ -36,7 +36,7 @@ START_S = 60.0  # on top of --register-deadline: the processes' imports and the 
 
 
 def async_deadline(settings: Settings) -> float:
-    """How long a whole run may take: the processes' start, then `async_run.run_deadline`."""
+    """How long a whole run may take: the processes' start, then `async_end.run_deadline`."""
     return START_S + run_deadline(settings)
 
 

@@ -74,11 +74,11 @@ class RunConfig(BaseModel):
     sync: SyncMode = Field(SyncMode.BARRIER, description="barrier: rounds the barrier releases (the paper's); async: "
                            "no rounds, each node trains, aggregates what arrived and sends, never waiting "
                            "(docs/spec.md, Asynchronous mode; --rounds counts each node's own iterations)",
-                           **cli("run", "simulate", "cluster", "node"))
+                           **cli("run", "simulate", "cluster", "node", "barrier"))
     exchange: Exchange = Field(Exchange.PUSH, description="asynchronous runs: push (each fragment to --fanout sampled "
                                "peers: Mosaic, or EL with --fragments 1) or pairwise (AD-PSGD: the whole model "
                                "averaged with one random peer, atomically)",
-                               **cli("run", "simulate", "cluster", "node"))
+                               **cli("run", "simulate", "cluster", "node", "barrier"))
     # robustness (docs/security.md): how nodes aggregate, and members that lie
     aggregator: str = Field(  # a name registered in mosaic_proto.rules (`_aggregator`)
         "mean", description=f"fragment-wise aggregation: {rules.rules_help()}",

@@ -145,7 +145,10 @@ class Barrier(DecisionRunner):
         """Long poll until the roster is made (`Registrar.register`; `runs`: what the node says it runs). A member
         told to stop that is back already does not leave; one started again (its checkpoints `held`) as the resumed
         run's first word stopped with the barrier, as all did: all are awaited back (`BarrierState.returned`,
-        `members_restarted`)."""
+        `members_restarted`). In an asynchronous run a member started again hears its place at once
+        (`Registrar.member_again`)."""
+        if str(self.run.sync) == "async" and address in self.state.addresses:
+            return self.registrar.member_again(address)
         if self.decide(lambda state, now: state.returned(address, restarted=held is not None)) is not None:
             self.members_restarted(address)
         return await self.registrar.register(address, rank, held, runs)
@@ -160,6 +163,14 @@ class Barrier(DecisionRunner):
             self.registrar.roster_made()
         elif isinstance(decision, Rebound) and decision.all_back:
             self.registrar.all_back()
+
+    async def await_roster(self) -> None:
+        """Until the roster is made, or the registration failed (the registration's long polls hear the same)."""
+        await self.registrar.registered.wait()
+
+    def reported(self, summary: dict[str, Any]) -> None:
+        """--sync async: the members' reports are collected and summary.json written (collector.py): the run ended."""
+        self.ending.reported(summary)
 
     @property
     def registration_status(self) -> int:

@@ -32,7 +32,8 @@ def where_lines(barrier: Barrier, url: str) -> list[str]:
            "longest pause between them)"
            if barrier.options.expect_settle else f"the nodes {barrier.options.expect_dns} resolves to"
            if barrier.options.expect_dns else f"{run.nodes} nodes")
-    return [f"mosaic barrier: run {run.run_id}: {str(run.task)}, {run.rounds} rounds, K={run.fragments} "
+    rounds = f"{run.rounds} rounds" if str(run.sync) == "barrier" else f"{run.rounds} iterations each, asynchronous"
+    return [f"mosaic barrier: run {run.run_id}: {str(run.task)}, {rounds}, K={run.fragments} "
             f"fragments, s={run.fanout} peers each, over {how}",
             f"  dashboard: {url}/   status: mosaicd status {url}   results: {barrier.options.out}/"]
 
@@ -60,6 +61,12 @@ def end_line(barrier: Barrier, started: float) -> str:
     """`started`: when the run began (time.time(); a resumed run's: its first start, less the time it stood)."""
     state, out = barrier.state, barrier.options.out
     files = f"results in {out}/ (summary.json, rounds.csv, nodes.csv)"
+    if (summary := barrier.ending.collected) is not None:  # --sync async: the members' reports collected
+        steps = (summary.get("asynchronous") or {}).get("steps") or {}
+        dropped = f", {len(summary['dropped'])} left out" if summary.get("dropped") else ""
+        row = barrier.recorder.rounds[-1] if barrier.recorder.rounds else None
+        return (f"{summary.get('status')}: {len(steps)} nodes reported {sum(steps.values())} iterations in "
+                f"{clock(time.time() - started)}{dropped}; {metrics_text(row) or 'no evaluation'}; {files}")
     if state.phases.finished:
         row = barrier.recorder.rounds[-1] if barrier.recorder.rounds else None
         return (f"finished: {min(state.round, barrier.run.rounds)} rounds in {clock(time.time() - started)}, "
@@ -92,7 +99,9 @@ class BarrierConsole:
             return
         if self.said_round < 0 and state.addresses:
             if self.resumed_at is None:
-                self.printer.message(f"registration closed: {len(state.addresses)} nodes; round 0 starts")
+                self.printer.message(f"registration closed: {len(state.addresses)} nodes; " + (
+                    "round 0 starts" if str(barrier.run.sync) == "barrier" else "they train asynchronously, and "
+                    "the barrier collects their reports once they are done"))
             # one clock: the round lines' elapsed counts from the run's start, as the end line's time does
             self.printer.start_run("", barrier.run.rounds, time.monotonic() - (time.time() - barrier.recorder.origin))
             self.said_round = now - ROUND_EVERY_S

@@ -33,6 +33,7 @@ class RunEnd:
         self.output_error: str | None = None  # why the run was ended early (`ended_early`): nothing more is saved
         self.leave_reasons: dict[int, str] = {}  # rank -> why it left, in the order they left
         self.interrupted_by: list[int] = []  # the members whose stop interrupted the run (`interrupted`)
+        self.collected: dict[str, Any] | None = None  # --sync async: the summary the collector wrote (`reported`)
         if resumed_at is not None:
             self.resumed(resumed_at)
 
@@ -100,6 +101,14 @@ class RunEnd:
             pass
         self.done.set()
         return True
+
+    def reported(self, summary: dict[str, Any]) -> None:
+        """--sync async: the members' reports collected and summary.json written (`daemon/barrier/collector.py`):
+        the run ended, as that summary says; then `done`."""
+        if self.done.is_set():
+            return
+        self.collected = summary
+        self.done.set()
 
     def registration_failed(self, reason: str) -> None:
         """Registration could not complete: the run ends (summary.json says why). OSError: it could not be written."""

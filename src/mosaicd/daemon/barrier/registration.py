@@ -109,6 +109,13 @@ class Registrar:
                 raise BarrierError(BarrierReason.REGISTRATION_FAILED, state.failure or "registration did not complete")
         return self._reply(given, 0, state.live)
 
+    def member_again(self, address: str) -> dict[str, Any]:
+        """--sync async, the roster made: a member started again (its container restarted) hears its rank and the
+        roster at once; it goes on from its own checkpoint, and nobody waits for it (no round to join)."""
+        state = self.host.state
+        self.host.log.warning("member_again", address=address, rank=state.addresses.index(address))
+        return self._reply(state.addresses.index(address), 0, list(range(len(state.addresses))))
+
     def _reply(self, rank: int, round: int, live: list[int], resumed: bool = False) -> dict[str, Any]:
         host = self.host
         return Registration(rank, host.state.addresses, host.run.model_dump(mode="json"), round, tuple(live),

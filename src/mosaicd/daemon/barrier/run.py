@@ -9,6 +9,7 @@ from typing import Any
 
 from mosaic_proto import STOP_HOLD_S
 from mosaicd.daemon.barrier.barrier import Barrier
+from mosaicd.daemon.barrier.collector import collect_run
 from mosaicd.daemon.barrier.console import BarrierConsole, local_url
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.routes import barrier_app
@@ -86,6 +87,8 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
                                     event_loop=loop_name())
     console = None if json_logs(settings.log_json) else asyncio.ensure_future(
         BarrierConsole(barrier, local_url(settings.host, port, scheme(settings))).run())
+    # --sync async: no rounds; once the roster is made the barrier collects the members' reports (collector.py)
+    collecting = asyncio.ensure_future(collect_run(barrier, settings)) if str(settings.sync) == "async" else None
     try:
         await barrier.done.wait()
         await barrier.settle(EVALUATION_SETTLE_S)  # failed or interrupted: the rows of evaluations under way
@@ -103,12 +106,15 @@ async def serve_barrier(settings: Settings, secret: Secret, task: Any, sock: Any
             raise
         # SIGTERM while it lingered after the run's end (`compose down`): it exits as the run ended, not 130
     finally:
+        if collecting is not None:
+            collecting.cancel()
         await runner.cleanup()
     if barrier.stopped_by_members():  # its members were told to stop: interrupted, as by Ctrl-C, resumable
         return 130
     if barrier.output_error is not None:  # ended early (a write that failed): one line, naming the path
         raise RunEnded(barrier.output_error)
-    return 0 if barrier.state.phases.finished else 1
+    collected = barrier.ending.collected
+    return 0 if barrier.state.phases.finished or collected and collected.get("status") == "finished" else 1
 
 
 def evaluates(settings: Settings, task: Any = None) -> bool:

@@ -138,8 +138,9 @@ class DecisionRunner:
 
     def _arm_timers(self) -> None:
         """Step 2 of `apply`: the timers at the times the state says (the open round's deadline: every wait ends,
-        whether or not anyone arrives; when the held leaves apply), none once the barrier stops."""
-        self._deadline.at(None if self.stopping else self.state.deadline)
+        whether or not anyone arrives; when the held leaves apply), none once the barrier stops. An asynchronous
+        run (--sync async) opens no round: its roster is the membership only, and no deadline runs."""
+        self._deadline.at(None if self.stopping or str(self.run.sync) == "async" else self.state.deadline)
         self._held.at(None if self.stopping else self.state.held.until)
 
     def _record(self, decision: BarrierDecision) -> None:

@@ -33,7 +33,6 @@ then (`await_end`).
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import math
 import os
@@ -51,6 +50,7 @@ from mosaic_proto.async_node import AsyncOutcome, Exchange, SyncMode
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
 from mosaic_proto.wire import decode, encode_parts, max_message_bytes
+from mosaicd.daemon.async_end import GRID, collect_reports, node_folder, summarize, write_report
 from mosaicd.daemon.http.auth import SENDER, Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.endpoints import member_app
@@ -59,14 +59,13 @@ from mosaicd.daemon.http.pages import dashboard_routes
 from mosaicd.daemon.http.tls import client_context, scheme, server_context
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.daemon.node import checkpoint
-from mosaicd.daemon.node.async_end import GRID, node_folder, summarize, write_report
 from mosaicd.daemon.node.metrics import NodeMetrics
 from mosaicd.daemon.node.outbound import Link
 from mosaicd.daemon.node.routes import node_document, read_body
 from mosaicd.logs import get_logger
 from mosaicd.outputs import MODE_ENV, RunRecorder, clean_json, failure_text, remove_summary
 from mosaicd.protocol import async_node_state, profile_spec
-from mosaicd.settings import Settings
+from mosaicd.settings import RunConfig, Settings
 
 ROSTER_ENV = "MOSAICD_ASYNC_ROSTER"  # the launcher's roster file: {"addresses": [...]} in rank order
 PAIR_STEP, PAIR_SENDER = "X-Mosaic-Pair-Step", "X-Mosaic-Pair-Sender"  # a pair's step (also the signed round)
@@ -77,8 +76,13 @@ SILENCE_S, SILENCE_MAX_S = 1.0, 10.0  # how long a peer that gave no answer is n
 class AsyncNode:
     """One node's asynchronous run: its state, its training loop, its link, its fragments route."""
 
-    def __init__(self, settings: Settings, task: Any, rank: int, addresses: list[str], secret: Secret) -> None:
+    def __init__(self, settings: Settings, task: Any, rank: int, addresses: list[str], secret: Secret,
+                 barrier_url: str | None = None) -> None:
+        """`barrier_url`: the barrier this node registered with (compose), which collects the reports and ends the
+        run; none: rank 0 does (a peer list)."""
         self.settings, self.task, self.rank, self.addresses = settings, task, rank, addresses
+        self.barrier_url = barrier_url
+        self.collector = "0" if barrier_url is None else "barrier"  # the signed sender that fetches and ends
         self.run = settings.run_config()
         self.options = settings.daemon_options()
         self.state = async_node_state(self.run, task, rank, planned_only=True)
@@ -112,6 +116,15 @@ class AsyncNode:
     def url(self, rank: int, path: str) -> str:
         return f"{self.scheme}://{self.addresses[rank]}{path}"
 
+    @property
+    def collector_name(self) -> str:
+        return "rank 0" if self.barrier_url is None else "the barrier"
+
+    @property
+    def collector_url(self) -> str:
+        """Where the collector answers /healthz: rank 0, or the barrier."""
+        return self.url(0, "") if self.barrier_url is None else self.barrier_url.rstrip("/")
+
     # -- what comes in ---------------------------------------------------------------------------------------
     def app(self) -> web.Application:
         async def fragments(request: web.Request) -> web.Response:
@@ -135,18 +148,21 @@ class AsyncNode:
             return web.json_response(self.status(), headers={"Access-Control-Allow-Origin": "*"})
 
         async def result(request: web.Request) -> web.Response:
-            """Rank 0 of a peer list fetches the node's report (POST: signed, only members may read its model)."""
-            if self.keyring is not None and str(request.get(SENDER)) != "0":
-                return web.json_response({"reason": "refused", "detail": "only rank 0 collects reports"}, status=403)
+            """The collector (rank 0 of a peer list, or the barrier) fetches the node's report (POST: signed, only
+            it may read its model)."""
+            if self.keyring is not None and str(request.get(SENDER)) != self.collector:
+                return web.json_response({"reason": "refused", "detail": f"only {self.collector_name} collects "
+                                          "reports"}, status=403)
             if self.result is None:
                 return web.json_response({"reason": "running", "detail": f"{self.state.step} of "
                                           f"{self.run.rounds} iterations done"}, status=409)
             return web.Response(body=self.result, content_type="application/octet-stream")
 
         async def end(request: web.Request) -> web.Response:
-            """Rank 0 of a peer list wrote the run's summary: this node may exit."""
-            if self.keyring is not None and str(request.get(SENDER)) != "0":
-                return web.json_response({"reason": "refused", "detail": "only rank 0 ends the run"}, status=403)
+            """The collector wrote the run's summary: this node may exit."""
+            if self.keyring is not None and str(request.get(SENDER)) != self.collector:
+                return web.json_response({"reason": "refused", "detail": f"only {self.collector_name} ends the "
+                                          "run"}, status=403)
             self.ended.set()
             return web.json_response({"ended": True})
 
@@ -369,19 +385,20 @@ async def wait_for_peers(client: Client, addresses: list[str], rank: int, deadli
 
 
 async def run_async_node(settings: Settings, addresses: list[str], rank: int, folder: Path,
-                         peer_list: bool = False) -> int:
+                         peer_list: bool = False, barrier_url: str | None = None) -> int:
     """Serve, wait for the others, train --rounds iterations, send what is queued, report into `folder`. Then, in
     `cluster`, serve until the launcher stops the process; in a peer list, rank 0 collects the others' reports and
-    writes the summary (`end_run`), and every other member serves until rank 0 says the run ended (`await_end`)."""
+    writes the summary (`end_run`), and every other member serves until rank 0 says the run ended (`await_end`);
+    registered with a barrier (`barrier_url`), every member serves until the barrier, which collects, says so."""
     from mosaicd.learning.tasks import build_task
 
     run = settings.run_config()
     secret = Secret.of(settings.daemon_options())
     check_listen(settings.daemon_options(), secret.keyring())
     task = await asyncio.to_thread(build_task, run, settings.data_dir)
-    node = AsyncNode(settings, task, rank, addresses, secret)
+    node = AsyncNode(settings, task, rank, addresses, secret, barrier_url)
     await asyncio.to_thread(node.restore)
-    recorder = open_recorder(settings) if peer_list and rank == 0 else None
+    recorder = open_recorder(settings) if peer_list and rank == 0 and barrier_url is None else None
     runner = web.AppRunner(node.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port, ssl_context=server_context(node.options)).start()
@@ -401,7 +418,7 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
             node.save_report(folder)  # the launcher reads the model once the report is there
             if recorder is not None:
                 await end_run(node, client, settings, recorder)
-            elif peer_list:
+            elif peer_list or barrier_url is not None:
                 code = await await_end(node, client, settings)
             else:
                 await asyncio.sleep(LINGER_S)  # the others may still send; the launcher stops this process
@@ -436,55 +453,25 @@ async def end_run(node: AsyncNode, client: Client, settings: Settings, recorder:
 
 async def collect(node: AsyncNode, client: Client, out: Path, settings: Settings,
                   poll_s: float = 0.2) -> tuple[dict[int, dict[str, Any]], list[int]]:
-    """Every member's report, fetched (POST /v1/async/result) and written into OUT/nodes/<rank>: (reports by rank,
-    the ranks given up). A member is given up once it has not answered for --register-deadline seconds in a row
-    (it may be down for good; one restarted meanwhile answers again), or when the run's deadline is past."""
-    loop = asyncio.get_running_loop()
-    reports = {node.rank: node.report()}
-    waiting = set(range(len(node.addresses))) - {node.rank}
-    heard = {r: loop.time() for r in waiting}
-    until = loop.time() + run_deadline(settings)
-    lost: list[int] = []
-    while waiting:
-        for rank in sorted(waiting):
-            try:
-                _, body, _ = await client.request("POST", node.url(rank, "/v1/async/result"),
-                                                  retries=0, timeout=max(5.0, settings.request_timeout))
-            except HttpError as exc:
-                if isinstance(exc, Refused) and exc.reason == "running":
-                    heard[rank] = loop.time()
-                elif loop.time() - heard[rank] > settings.register_deadline:
-                    lost.append(rank)
-                    waiting.discard(rank)
-                    node.log.warning("member_given_up", member=rank, error=str(exc), detail="it did not answer "
-                                     f"for {settings.register_deadline:g} s (--register-deadline): left out")
-                continue
-            with np.load(io.BytesIO(body), allow_pickle=False) as kept:
-                report = json.loads(str(kept["report"]))
-                write_report(node_folder(out, rank), report, kept["model"], kept["steps"], kept["models"])
-            reports[rank] = report
-            waiting.discard(rank)
-        if waiting and loop.time() > until:
-            node.log.warning("members_given_up", members=sorted(waiting), detail="the run's deadline passed")
-            lost += sorted(waiting)
-            break
-        if waiting:
-            await asyncio.sleep(poll_s)
-    return reports, sorted(lost)
+    """Rank 0 of a peer list: its own report and every other member's (`async_end.collect_reports`)."""
+    others = [r for r in range(len(node.addresses)) if r != node.rank]
+    reports, lost = await collect_reports(client, node.url, others, out, settings, node.log, poll_s)
+    return {node.rank: node.report(), **reports}, lost
 
 
 async def await_end(node: AsyncNode, client: Client, settings: Settings, poll_s: float = 1.0) -> int:
-    """A member of a peer list other than rank 0, reported: serve until rank 0 says the run ended (0), or until
-    rank 0 has not answered for --register-deadline seconds in a row (1: the summary will not come from it)."""
+    """A member, reported, that does not collect: serve until the collector (rank 0 of a peer list, or the
+    barrier) says the run ended (0), or until it has not answered for --register-deadline seconds in a row (1: the
+    summary will not come from it)."""
     loop = asyncio.get_running_loop()
     heard = loop.time()
     while not node.ended.is_set():
         try:
-            await client.request("GET", node.url(0, "/healthz"), retries=0, timeout=2.0)
+            await client.request("GET", f"{node.collector_url}/healthz", retries=0, timeout=2.0)
             heard = loop.time()
         except HttpError:
             if loop.time() - heard > settings.register_deadline:
-                print(f"mosaicd node: error: rank 0 ({node.addresses[0]}) did not answer for "
+                print(f"mosaicd node: error: {node.collector_name} ({node.collector_url}) did not answer for "
                       f"{settings.register_deadline:g} s (--register-deadline): no summary will come from it; this "
                       f"node's report is in {node_folder(Path(settings.out), node.rank)}", file=sys.stderr, flush=True)
                 return 1
@@ -495,14 +482,14 @@ async def await_end(node: AsyncNode, client: Client, settings: Settings, poll_s:
     return 0
 
 
-def run_deadline(settings: Settings) -> float:
-    """How long rank 0 of a peer list waits for the last report at most: every iteration at the slowest node's
-    pace with a wide margin (a second an iteration at least), from its own end."""
-    spec = profile_spec(settings.run_config())
-    slowest = 1.0
-    if spec is not None:
-        slowest = max(1.0, max(p.train_s(spec.compute_s) for p in spec.resolve(settings.seed, settings.nodes)))
-    return settings.register_deadline + 4 * settings.rounds * slowest
+async def run_registered_node(settings: Settings, run: RunConfig, addresses: list[str], rank: int, port: int
+                              ) -> int:
+    """`mosaicd node --barrier-url URL` whose barrier runs --sync async (compose): registered as rank `rank` of
+    `addresses` (the barrier's roster) with the barrier's run, this node runs what a peer list's member runs, on
+    the same port; its report goes into OUT/nodes/<rank>, and the barrier collects it and ends the run."""
+    settings = settings.model_copy(update={**{k: getattr(run, k) for k in RunConfig.model_fields}, "port": port})
+    return await run_async_node(settings, addresses, rank, node_folder(Path(settings.out), rank),
+                                barrier_url=settings.barrier_url)
 
 
 async def run_peer_list_node(settings: Settings) -> int:

@@ -59,6 +59,8 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
         if not told:
             raise
         return 0
+    if str(peer.run.sync) == "async":  # the barrier is only the membership and the collector: no rounds
+        return await run_asynchronously(peer, settings)
     if directory is not None:
         try:
             checkpoint.note_member(directory, peer.run.run_id, peer.rank, peer.address)
@@ -88,6 +90,16 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     if stopped:
         told_to_stop(code)  # a command's process ends here, its round's training not waited for
     return code
+
+
+async def run_asynchronously(peer: Peer, settings: Settings) -> int:
+    """Registered with a barrier that runs --sync async (compose): the peer's part ends with the roster (its port
+    freed), and the node runs as a peer list's member does on the same port (`async_run.run_registered_node`)."""
+    from mosaicd.daemon.node.async_run import run_registered_node
+
+    run, addresses, rank, address = peer.run, list(peer.state.addresses), peer.rank, peer.address
+    await peer.close()
+    return await run_registered_node(settings, run, addresses, rank, int(address.rsplit(":", 1)[1]))
 
 
 def found_checkpoint(options: DaemonOptions, kept: list[checkpoint.Checkpoint]) -> checkpoint.Checkpoint | None:

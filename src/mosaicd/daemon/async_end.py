@@ -3,22 +3,28 @@ and summary.json, never on the data path.
 
 Each node's report lies in OUT/nodes/<rank>/: `async.json` (its steps, training time, what it counted), `model.npy`
 (its final model) and `grid.npz` (its model at each point of the time grid). `cluster --sync async`'s launcher finds
-them there (each node's --out is that folder); rank 0 of a --peer-list fetches them from the other members first
-(`async_run.collect`) and writes them there. Both then call `summarize`.
+them there (each node's --out is that folder); the collector of a run across hosts fetches them from the members
+first (`collect_reports`: rank 0 of a --peer-list, or the barrier of a compose run, `mosaicd barrier --sync async`)
+and writes them there. All then call `summarize`. Shared by the node and the barrier roles, so it sits above both.
 """
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.files import replacing, write_whole
 from mosaicd.outputs import RunRecorder, honest_nodes, robustness_summary
+from mosaicd.protocol import profile_spec
 from mosaicd.settings import Settings
 
 REPORT = "async.json"
@@ -102,3 +108,54 @@ def summarize(out: Path, settings: Settings, recorder: RunRecorder, reports: dic
                                              "models are not those of an uninterrupted run"}
                                             if resumed else {})},
                            **notes, **robustness_summary(run))
+
+
+async def collect_reports(client: Client, url: Callable[[int, str], str], ranks: list[int], out: Path,
+                          settings: Settings, log: Any, poll_s: float = 0.2,
+                          ) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    """The reports of the members `ranks`, fetched (POST /v1/async/result at `url(rank, path)`, signed by the
+    collector) and written into OUT/nodes/<rank>: (reports by rank, the ranks given up). A member answers 409
+    `running` until it has reported; it is given up once it has not answered for --register-deadline seconds in a
+    row (it may be down for good; one restarted meanwhile answers again), or when the run's deadline is past."""
+    loop = asyncio.get_running_loop()
+    reports: dict[int, dict[str, Any]] = {}
+    waiting = set(ranks)
+    heard = {r: loop.time() for r in waiting}
+    until = loop.time() + run_deadline(settings)
+    lost: list[int] = []
+    while waiting:
+        for rank in sorted(waiting):
+            try:
+                _, body, _ = await client.request("POST", url(rank, "/v1/async/result"),
+                                                  retries=0, timeout=max(5.0, settings.request_timeout))
+            except HttpError as exc:
+                if isinstance(exc, Refused) and exc.reason == "running":
+                    heard[rank] = loop.time()
+                elif loop.time() - heard[rank] > settings.register_deadline:
+                    lost.append(rank)
+                    waiting.discard(rank)
+                    log.warning("member_given_up", member=rank, error=str(exc), detail="it did not answer "
+                                f"for {settings.register_deadline:g} s (--register-deadline): left out")
+                continue
+            with np.load(io.BytesIO(body), allow_pickle=False) as kept:
+                report = json.loads(str(kept["report"]))
+                write_report(node_folder(out, rank), report, kept["model"], kept["steps"], kept["models"])
+            reports[rank] = report
+            waiting.discard(rank)
+        if waiting and loop.time() > until:
+            log.warning("members_given_up", members=sorted(waiting), detail="the run's deadline passed")
+            lost += sorted(waiting)
+            break
+        if waiting:
+            await asyncio.sleep(poll_s)
+    return reports, sorted(lost)
+
+
+def run_deadline(settings: Settings) -> float:
+    """How long the collector waits for the last report at most: every iteration at the slowest node's pace with a
+    wide margin (a second an iteration at least), from the collection's start."""
+    spec = profile_spec(settings.run_config())
+    slowest = 1.0
+    if spec is not None:
+        slowest = max(1.0, max(p.train_s(spec.compute_s) for p in spec.resolve(settings.seed, settings.nodes)))
+    return settings.register_deadline + 4 * settings.rounds * slowest
