@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import NoDecode
 
 from mosaic_proto import AttackKind, SamplerKind, Strategy, rules
-from mosaic_proto.async_node import Exchange, SyncMode
+from mosaic_proto.async_node import AsyncSend, Exchange, SyncMode
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import NodeProfiles, ProfileError
 from mosaic_proto.quadratic import CORRELATED_MAX_DIM, Curvature
@@ -79,6 +79,10 @@ class RunConfig(BaseModel):
                                "peers: Mosaic, or EL with --fragments 1) or pairwise (AD-PSGD: the whole model "
                                "averaged with one random peer, atomically)",
                                **cli("run", "simulate", "cluster", "node"))
+    async_send: AsyncSend = Field(AsyncSend.TRAINED, description="asynchronous push: which model's fragments a node "
+                                  "sends, trained (after its H local steps, before it aggregates: as a barrier "
+                                  "round) or aggregated (after it averaged what arrived)",
+                                  **cli("run", "simulate", "cluster", "node"))
     # robustness (docs/security.md): how nodes aggregate, and members that lie
     aggregator: str = Field(  # a name registered in mosaic_proto.rules (`_aggregator`)
         "mean", description=f"fragment-wise aggregation: {rules.rules_help()}",
