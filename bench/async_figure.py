@@ -22,7 +22,7 @@ time to each of --targets (80% and 90% node-average accuracy) of each curve (per
 above it, linearly interpolated from the one before), with its ratio to sync K=1 of the same scenario; the last line
 is JSON.
 
-    .venv/bin/python bench/async_figure.py                 # the figure: 36 runs
+    .venv/bin/python bench/async_figure.py                 # the figure: 36 runs, 754 CPU-s (~6 min on 2 idle cores)
     .venv/bin/python bench/async_figure.py --small         # 8 nodes, 1 seed, 10 virtual s: a quick check
 """
 
