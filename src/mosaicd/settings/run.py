@@ -72,7 +72,7 @@ class RunConfig(BaseModel):
         "content to every node: cluster applies it for real, simulate on a virtual clock",
         **cli("run", metavar="FILE"))
     sync: SyncMode = Field(SyncMode.BARRIER, description="barrier: rounds the barrier releases (the paper's); async: "
-                           "no rounds, each node trains, aggregates what arrived and sends, never waiting "
+                           "no rounds, each node trains, sends and aggregates what arrived, never waiting "
                            "(docs/spec.md, Asynchronous mode; --rounds counts each node's own iterations)",
                            **cli("run", "simulate", "cluster", "node"))
     exchange: Exchange = Field(Exchange.PUSH, description="asynchronous runs: push (each fragment to --fanout sampled "
