@@ -3,12 +3,13 @@
 digits, 32 nodes, Dirichlet alpha = 0.1, s = 4, H = 1, lr 0.05; every node trains an iteration (a round's H steps)
 in compute_s = 1 s, and its uplink moves BANDWIDTH bytes/s with LATENCY s of latency (a model of 59,304 bytes in
 0.124 s, so a round's s = 4 copies take half a compute step). Two scenarios: "slow links", a quarter of the nodes
-(8, drawn from the seed) with 10x slower uplinks, and "no slow links". Five curves, each `mosaicd simulate` with
+(8, drawn from the seed) with 10x slower uplinks, and "no slow links". Six curves, each `mosaicd simulate` with
 those node profiles, so that every time axis is the same virtual clock (compute_s x slowdown per iteration,
 bytes / bandwidth per message, latency once per message):
 
     sync K=1 (EL), sync K=8        --sync barrier (rounds: every node waits for the slowest; no deadline)
-    async K=1, async K=8           --sync async
+    async K=1, async K=8           --sync async (a node sends the model it trained: --async-send trained)
+    async K=8 (sends aggregated)   --sync async --async-send aggregated (it sends the aggregate)
     AD-PSGD                        --sync async --exchange pairwise
 
 Each curve runs for the same virtual time (--horizon; a barrier round lasts the slowest node's compute plus its
@@ -21,7 +22,7 @@ time to each of --targets (80% and 90% node-average accuracy) of each curve (per
 above it, linearly interpolated from the one before), with its ratio to sync K=1 of the same scenario; the last line
 is JSON.
 
-    .venv/bin/python bench/async_figure.py                 # the figure: 30 runs, 822 CPU-s (~7 min on 2 idle cores)
+    .venv/bin/python bench/async_figure.py                 # the figure: 36 runs, 754 CPU-s (~6 min on 2 idle cores)
     .venv/bin/python bench/async_figure.py --small         # 8 nodes, 1 seed, 10 virtual s: a quick check
 """
 
@@ -51,6 +52,7 @@ CURVES: dict[str, dict[str, Any]] = {
     "sync K=8": {"sync": "barrier", "fragments": 8, "fanout": FANOUT},
     "async K=1 (EL)": {"sync": "async", "fragments": 1, "fanout": FANOUT},
     "async K=8": {"sync": "async", "fragments": 8, "fanout": FANOUT},
+    "async K=8 (sends aggregated)": {"sync": "async", "fragments": 8, "fanout": FANOUT, "async_send": "aggregated"},
     "AD-PSGD": {"sync": "async", "exchange": "pairwise"},  # one whole model to one peer per iteration
 }
 SCENARIOS = {"slow links": 0.25, "no slow links": 0.0}  # the share of nodes with SLOW x slower uplinks
@@ -77,6 +79,11 @@ def plan(horizon: float, slow_share: float, curve: str) -> tuple[int, int]:
         each = round_s(slow_share)
         return max(1, math.floor(horizon / each + 1e-9)), max(1, round(EVAL_S / each))
     return max(1, math.floor(horizon / COMPUTE_S + 1e-9)), max(1, round(EVAL_S / COMPUTE_S))
+
+
+def run_name(curve: str) -> str:
+    """A curve's runs' folder name: "async K=8 (sends aggregated)" -> "async-K8-sends-aggregated" ("(EL)" left out)."""
+    return "-".join(curve.replace("(EL)", "").replace("=", "").replace("(", "").replace(")", "").split())
 
 
 def one_run(job: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +144,7 @@ def main() -> None:
         for curve in CURVES:
             rounds, eval_every = plan(args.horizon, share, curve)
             for seed in seeds:
-                name = f"{'slow' if share else 'even'}-{curve.split(' (')[0].replace(' ', '-').replace('=', '')}-{seed}"
+                name = f"{'slow' if share else 'even'}-{run_name(curve)}-{seed}"
                 jobs.append({"scenario": scenario, "slow_share": share, "curve": curve, "seed": seed,
                              "nodes": args.nodes, "rounds": rounds, "eval_every": eval_every,
                              "horizon": args.horizon, "out": str((args.out / "runs" / name).resolve())})
@@ -153,7 +160,7 @@ def main() -> None:
             job, rows = result["job"], result["rows"]
             results.append(result)
             last = rows[-1] if rows else {"node_average": math.nan, "virtual_s": math.nan}
-            print(f"[{n}/{len(jobs)}] {job['scenario']:<13} {job['curve']:<14} seed {job['seed']}: "
+            print(f"[{n}/{len(jobs)}] {job['scenario']:<13} {job['curve']:<28} seed {job['seed']}: "
                   f"{job['rounds']} {'rounds' if CURVES[job['curve']]['sync'] == 'barrier' else 'iterations'}, "
                   f"node-average {last['node_average']:.3f} at {last['virtual_s']:.1f} virtual s "
                   f"({result['wall_s']} s wall, {result['cpu_s']} CPU-s; {time.perf_counter() - started:.0f} s in all, "
@@ -176,7 +183,7 @@ def main() -> None:
                     f"{len(seeds)} seeds reach it"
                 ratio = f"{t['ratio']:.2f}x" if t["ratio"] is not None else "-"
                 mean = f"{t['mean_s']:>7.1f} s" if t["mean_s"] is not None else "    -    "
-                print(f"  {scenario:<13} {curve:<14} {mean} ({spread})  {ratio}  final {t['final']:.3f}")
+                print(f"  {scenario:<13} {curve:<28} {mean} ({spread})  {ratio}  final {t['final']:.3f}")
     wall, cpu = time.perf_counter() - started, sum(r["cpu_s"] for r in results)
     print(f"{len(jobs)} runs in {wall:.0f} s wall, {cpu:.0f} CPU-s in the runs; load {os.getloadavg()[0]:.1f}; CSV and "
           f"PNG in {args.out}")
@@ -214,7 +221,8 @@ def plot(rows: list[dict[str, Any]], seeds: list[int], args: argparse.Namespace,
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
     styles = {"sync K=1 (EL)": ("tab:blue", "--"), "sync K=8": ("tab:orange", "--"),
-              "async K=1 (EL)": ("tab:blue", "-"), "async K=8": ("tab:orange", "-"), "AD-PSGD": ("tab:green", "-")}
+              "async K=1 (EL)": ("tab:blue", "-"), "async K=8": ("tab:orange", "-"),
+              "async K=8 (sends aggregated)": ("tab:red", ":"), "AD-PSGD": ("tab:green", "-")}
     for ax, (scenario, share) in zip(axes, SCENARIOS.items(), strict=True):
         for curve in CURVES:
             per_seed = [[r for r in rows if r["scenario"] == scenario and r["curve"] == curve and r["seed"] == s]

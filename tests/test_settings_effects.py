@@ -60,6 +60,7 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "checkpoint_rounds": (5, {"sync": "async", "eval_every": 0}, {}),
     "max_norm": (3.0, {"sync": "async"}, {}),
     "exchange": ("pairwise", {}, {"sync": "async"}),
+    "async_send": ("aggregated", {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
     "fragments": (2, {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
     "fanout": (3, {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
     "sampler": ("oracle", {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),

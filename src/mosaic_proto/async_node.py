@@ -13,7 +13,7 @@ arrive and the link's turn, and gets the model to train next and the messages to
 
     state = AsyncNodeState(rank, members, fragmentation, sampler, iterations, vector, ...)
     start = state.start                          # the vector iteration `state.step` trains from
-    done = state.trained(local, now, loss)       # aggregate the inbox, fragment, queue the sends: an `Iteration`
+    done = state.trained(local, now)             # queue the trained model's fragments, aggregate: an `Iteration`
     message = state.next_send(now)               # the link is free: the next queued message (None: none queued)
     state.receive(batch, now)                    # any time: into the inbox (newest per sender and fragment)
     average = state.paired(other, now)           # --exchange pairwise: a peer's model came; both keep the average
@@ -39,8 +39,8 @@ from .sampling import PeerSampler
 from .wire import FragmentBatch
 
 __all__ = ["ASYNC_TRANSITIONS", "AsyncInput", "AsyncMessage", "AsyncNodeState", "AsyncNodeStatus", "AsyncOutcome",
-           "AsyncPhase", "AsyncPhases", "AsyncStateError", "Exchange", "Iteration", "SendQueue", "Staleness",
-           "SyncMode", "pairwise_average"]
+           "AsyncPhase", "AsyncPhases", "AsyncSend", "AsyncStateError", "Exchange", "Iteration", "SendQueue",
+           "Staleness", "SyncMode", "pairwise_average"]
 
 
 class SyncMode(StrEnum):
@@ -56,6 +56,15 @@ class Exchange(StrEnum):
 
     PUSH = "push"
     PAIRWISE = "pairwise"
+
+
+class AsyncSend(StrEnum):
+    """--async-send (push): which model's fragments a node sends. `trained` (its model after the iteration's H local
+    steps, before it aggregates: each step reaches the receivers whole, as a barrier round sends x_trained) or
+    `aggregated` (after it averaged its inbox: the step reaches them damped by about 1 / (1 + s))."""
+
+    TRAINED = "trained"
+    AGGREGATED = "aggregated"
 
 
 class AsyncPhase(StrEnum):
@@ -238,7 +247,8 @@ def pairwise_average(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class AsyncNodeState:
-    """One asynchronous node over its whole run: `iterations` times train -> aggregate -> fragment -> send.
+    """One asynchronous node over its whole run: `iterations` times train -> send -> aggregate (`send` trained, the
+    default) or train -> aggregate -> send (`send` aggregated).
 
     `sampler`: whose plan for (step, node) names each fragment's receivers (pairwise: a sampler of fanout 1, whose
     one receiver of fragment 0 is the peer asked); `planned_only`: refuse fragments the sender's plan does not send
@@ -246,8 +256,8 @@ class AsyncNodeState:
 
     def __init__(self, rank: int, members: Sequence[int], fragmentation: Fragmentation, sampler: PeerSampler,
                  iterations: int, vector: np.ndarray, *, run_id: str = "mosaic", exchange: Exchange = Exchange.PUSH,
-                 aggregator: Aggregator | None = None, compressor: Compressor | None = None,
-                 attack: Attack | None = None, planned_only: bool = True) -> None:
+                 send: AsyncSend = AsyncSend.TRAINED, aggregator: Aggregator | None = None,
+                 compressor: Compressor | None = None, attack: Attack | None = None, planned_only: bool = True) -> None:
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         self.rank, self.members = rank, tuple(sorted(members))
@@ -255,7 +265,7 @@ class AsyncNodeState:
         if rank not in self._member_set:
             raise ValueError(f"node {rank} is not among the members")
         self.fragmentation, self.sampler, self.iterations, self.run_id = fragmentation, sampler, iterations, run_id
-        self.exchange, self.aggregator = Exchange(exchange), aggregator or Aggregator()
+        self.exchange, self.send, self.aggregator = Exchange(exchange), AsyncSend(send), aggregator or Aggregator()
         self.compressor, self.attack, self.planned_only = compressor, attack, planned_only
         self.codec = compressor.compression.codec if compressor is not None else "none"
         self.phases = AsyncPhases()
@@ -306,8 +316,9 @@ class AsyncNodeState:
     # -- the node's own loop -----------------------------------------------------------------------------------
     def trained(self, local: np.ndarray, now: float) -> Iteration:
         """H local steps from `start` gave `local`: apply them to the model (as they are, unless a pairwise average
-        replaced the model meanwhile: then their change is added to it), aggregate the inbox with it, and queue
-        its fragments for the step's receivers."""
+        replaced the model meanwhile: then their change is added to it), queue the fragments of the trained model
+        for the step's receivers and aggregate the inbox with it (`send` trained; `aggregated`: aggregate first
+        and queue the aggregate's fragments); the aggregate is the node's model from then on."""
         self.phases.expect(In.TRAINED, self.rank)
         local = np.ascontiguousarray(local, dtype=np.float32)
         if self._moved:
@@ -318,6 +329,9 @@ class AsyncNodeState:
             partner = self.sampler.receivers(step, self.rank, 0, self.members)[0]
             self.queue.put(partner, step, {0: vector}, {0: vector.nbytes}, pair=True)
             out = (1, 1, vector.nbytes)
+        elif self.send is AsyncSend.TRAINED:  # as a barrier round: send x_trained, then aggregate
+            out = self._queue_fragments(local, step)
+            vector, cut = self._aggregated(local, step, now)
         else:
             vector, cut = self._aggregated(local, step, now)
             out = self._queue_fragments(vector, step)

@@ -55,5 +55,6 @@ def async_node_state(run: RunConfig, task: Any, rank: int, planned_only: bool = 
     fragmentation = Fragmentation.build(task.layout, 1 if pairwise else run.fragments, run.seed, run.strategy)
     sampler = PeerSampler("local", 1, run.seed) if pairwise else PeerSampler(run.sampler, run.fanout, run.seed)
     return AsyncNodeState(rank, tuple(range(run.nodes)), fragmentation, sampler, run.rounds, task.initial(rank),
-                          run_id=run.run_id, exchange=run.exchange, aggregator=aggregator_rule(run),
-                          compressor=compressor_of(run, rank), attack=attack_of(run, rank), planned_only=planned_only)
+                          run_id=run.run_id, exchange=run.exchange, send=run.async_send,
+                          aggregator=aggregator_rule(run), compressor=compressor_of(run, rank),
+                          attack=attack_of(run, rank), planned_only=planned_only)

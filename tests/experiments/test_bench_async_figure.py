@@ -59,4 +59,5 @@ def test_the_small_figure_runs_every_curve_and_writes_its_csv_and_png(tmp_path: 
             else:  # the asynchronous grid: every 5 virtual s
                 assert [float(r["virtual_s"]) for r in mine] == [5.0, 10.0], (scenario, curve)
     assert (tmp_path / "fig" / "async_figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "[10/10]" in done.stdout  # the progress, one line per run
+    runs = len(module.SCENARIOS) * len(module.CURVES)
+    assert f"[{runs}/{runs}]" in done.stdout  # the progress, one line per run

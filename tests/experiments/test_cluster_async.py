@@ -7,6 +7,7 @@ import csv
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mosaic_proto.wire import encode
@@ -100,6 +101,31 @@ def test_a_replayed_or_misattributed_message_is_refused(tmp_path: Path) -> None:
     assert receiver.receive(body, 1) == ({"outcome": "taken"}, 200)
     answer, status = receiver.receive(body, 1)  # the same message again: refused, whatever the nonce
     assert status == 409 and answer["reason"] == "replayed_step"
+
+
+@pytest.mark.parametrize("send", ["trained", "aggregated"])
+def test_a_daemon_s_node_sends_what_async_send_says(tmp_path: Path, send: str) -> None:
+    """The daemon's node is `protocol.async_node_state`'s, given --async-send: after an aggregation that moved its
+    model, what it queues is the trained model's fragments (the default) or the aggregate's."""
+    settings = Settings.load(**RUN, nodes=4, rounds=3, async_send=send, out=tmp_path / "n")
+    task = build_task(settings.run_config())
+    addresses = [f"127.0.0.1:{9000 + i}" for i in range(4)]
+    nodes = [AsyncNode(settings, task, i, addresses, Secret(None)) for i in range(4)]
+    assert {node.state.send.value for node in nodes} == {send}
+    for i in (1, 2, 3):
+        nodes[i].state.trained(task.initial(i), 0.0)
+        for message in iter(lambda i=i: nodes[i].state.next_send(0.0), None):
+            if message.peer == 0:
+                nodes[0].state.receive(message.batch, 0.5, sender=i)
+    assert nodes[0].state.inbox_depth() > 0
+    local = task.initial(0)
+    kept = nodes[0].state.trained(local, 1.0).vector
+    assert not np.array_equal(kept, local)  # the inbox moved the model
+    model = local if send == "trained" else kept
+    fragmentation = nodes[0].state.fragmentation
+    for message in iter(lambda: nodes[0].state.next_send(1.0), None):
+        for f, values in message.batch.fragments.items():
+            assert np.array_equal(values, fragmentation.take(model, f)), (send, f)
 
 
 @pytest.mark.slow

@@ -72,11 +72,27 @@ def test_ad_psgd_and_asynchronous_el_run_from_the_flags(tmp_path: Path) -> None:
         assert summary["status"] == "finished" and summary["final"]["consensus_distance"] < 1.0
 
 
+def test_async_send_aggregated_sends_the_aggregate_and_gives_other_models(tmp_path: Path) -> None:
+    """--async-send (docs/spec.md, steps 2-3): the default sends the trained model, `aggregated` the aggregate; the
+    same iterations and sends (the same plan), other models, both converging."""
+    trained = simulated(tmp_path, "trained", eval_every=0)
+    aggregated = simulated(tmp_path, "aggregated", eval_every=0, async_send="aggregated")
+    assert trained["settings"]["async_send"] == "trained" and aggregated["settings"]["async_send"] == "aggregated"
+    assert trained["models_sha256"] != aggregated["models_sha256"]
+    for name in ("trained", "aggregated"):
+        assert {r["fragments_out"] for r in rows(tmp_path / name, "nodes.csv")} == {"8"}  # 4 fragments x s = 2
+    for summary in (trained, aggregated):
+        assert summary["status"] == "finished" and summary["final"]["consensus_distance"] < 1.0
+
+
 @pytest.mark.parametrize(("flags", "said"), [
     (["--sync", "async", "--round-deadline", "30"], "--round-deadline needs --sync barrier"),
     (["--sync", "async", "--batched"], "--batched needs --sync barrier"),
     (["--exchange", "pairwise"], "--exchange needs --sync async"),
     (["--sync", "async", "--exchange", "pairwise", "--fragments", "8"], "--fragments needs --exchange push"),
+    (["--async-send", "aggregated"], "--async-send needs --sync async"),
+    (["--sync", "async", "--exchange", "pairwise", "--async-send", "aggregated"],
+     "--async-send needs --exchange push"),
 ])
 def test_a_setting_void_in_the_mode_is_refused_before_any_folder_is_made(
         flags: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,10 +12,12 @@ from mosaic_proto.async_node import (
     AsyncNodeState,
     AsyncOutcome,
     AsyncPhase,
+    AsyncSend,
     AsyncStateError,
     Exchange,
     SendQueue,
 )
+from mosaic_proto.compression import Compressed, Compression, Compressor
 from mosaic_proto.profiles import NodeProfile
 
 FOUR = Fragmentation.build(Layout.flat(4), 2, 0, "contiguous")  # fragment 0: coordinates 0-1, fragment 1: 2-3
@@ -178,3 +180,54 @@ def test_the_status_counts_the_inbox_the_queue_and_the_staleness_of_the_last_agg
     state.trained(np.zeros(4, np.float32), now=2.0)  # nothing came: no copy, no age
     empty = state.status(now=2.0).last_aggregation
     assert (empty.step, empty.copies, empty.lag_steps_mean, empty.wait_s_max) == (1, 0, None, None)
+
+
+def sent(state: AsyncNodeState) -> dict[int, dict[int, object]]:
+    """What the node's queue holds, drained: receiver -> fragment -> what travels."""
+    out: dict[int, dict[int, object]] = {}
+    while (message := state.next_send(now=5.0)) is not None:
+        out.setdefault(message.peer, {}).update(message.batch.fragments)
+    return out
+
+
+def inbox_of_two(state: AsyncNodeState) -> AsyncNodeState:
+    state.receive(batch(2, 1, {0: [6, 6]}), now=0.1)
+    state.receive(batch(1, 0, {0: [0, 3], 1: [4, 4]}), now=0.3)
+    return state
+
+
+def test_a_node_sends_its_trained_model_by_default_and_the_aggregate_with_async_send_aggregated() -> None:
+    """--async-send (docs/spec.md, "Asynchronous mode", steps 2-3): the fragments queued are those of the model
+    after the local steps (`trained`, the default), or of the aggregate (`aggregated`); either way the node keeps
+    the aggregate as its model. The case of the first test: the aggregate is [2, 3, 2.5, 2.5]."""
+    local = np.asarray([0, 0, 1, 1], np.float32)
+    default, aggregated = inbox_of_two(node()), inbox_of_two(node(send=AsyncSend.AGGREGATED))
+    assert default.send is AsyncSend.TRAINED
+    kept = [default.trained(local, now=1.0).vector, aggregated.trained(local, now=1.0).vector]
+    assert [v.tolist() for v in kept] == [[2.0, 3.0, 2.5, 2.5]] * 2
+    assert default.vector.tolist() == aggregated.vector.tolist() == [2.0, 3.0, 2.5, 2.5]
+    for state, model in ((default, local), (aggregated, kept[1])):
+        queued = sent(state)
+        assert sorted(f for frags in queued.values() for f in frags) == [0, 1]  # fanout 1: each fragment once
+        for frags in queued.values():
+            for f, values in frags.items():
+                assert np.asarray(values).tolist() == FOUR.take(model, f).tolist(), (state.send, f)
+
+
+def test_sending_the_trained_model_compresses_it_and_aggregates_with_the_stand_in_as_a_barrier_round_does() -> None:
+    """topk with error feedback and `trained`: what travels is the top coordinates of the trained model (error
+    feedback runs over the models sent, as in a barrier round), and the sparse copies that came are averaged with
+    the stand-in (the newest value heard of each coordinate), whose coordinates the copies carried are theirs."""
+    compressor = Compressor(Compression.parse("topk:0.5"), seed=0, node=0, error_feedback=True)
+    state = node(compressor=compressor)
+    copy = Compressor(Compression.parse("topk:0.5"), seed=0, node=1, error_feedback=True).compress(
+        np.asarray([8, 0], np.float32), round=0, fragment=0)
+    state.receive(FragmentBatch("mosaic", 0, 1, 2, FOUR.fingerprint, {0: copy}, "topk"), now=0.5)
+    local = np.asarray([1, -3, 0.5, 2], np.float32)
+    done = state.trained(local, now=1.0)
+    queued = [values for frags in sent(state).values() for values in frags.values()]
+    assert all(isinstance(v, Compressed) for v in queued)
+    # each fragment's larger coordinate of the trained model: -3 (fragment 0), 2 (fragment 1)
+    assert sorted(float(v.values[0]) for v in queued) == [-3.0, 2.0]
+    # fragment 0: own [1, -3] and the copy [8, stand-in -3] -> [4.5, -3]; fragment 1 heard nothing: its own
+    assert done.vector.tolist() == [4.5, -3.0, 0.5, 2.0]

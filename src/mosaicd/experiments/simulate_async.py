@@ -128,7 +128,7 @@ def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on
 
 # -- checkpoints: Ctrl-C then --resume ends with the uninterrupted run's models, bit for bit ----------------------
 
-VERSION = 1
+VERSION = 2  # 2: a node keeps --async-send (`AsyncNodeState.send`)
 CSV_FILES = ("rounds.csv", "nodes.csv")
 
 

@@ -80,7 +80,7 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
                                lambda s: str(getattr(s, "sync", "barrier")) == "barrier" or s.eval_every > 0,
                                "simulate --sync async checkpoints at the points of its evaluation grid, and "
                                "--eval-every 0 has none"),),
-    "exchange": (ASYNC,),
+    "exchange": (ASYNC,), "async_send": (ASYNC, PUSH),
     "fragments": (PUSH,), "fanout": (PUSH,), "sampler": (PUSH,), "compress": (PUSH,), "aggregator": (PUSH,),
     "byzantine": (PUSH,),
     "trim": (Need("--aggregator trimmed-mean", lambda s: s.aggregator == "trimmed-mean",

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import NoDecode
 
 from mosaic_proto import AttackKind, SamplerKind, Strategy, rules
-from mosaic_proto.async_node import Exchange, SyncMode
+from mosaic_proto.async_node import AsyncSend, Exchange, SyncMode
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import NodeProfiles, ProfileError
 from mosaic_proto.quadratic import CORRELATED_MAX_DIM, Curvature
@@ -72,13 +72,17 @@ class RunConfig(BaseModel):
         "content to every node: cluster applies it for real, simulate on a virtual clock",
         **cli("run", metavar="FILE"))
     sync: SyncMode = Field(SyncMode.BARRIER, description="barrier: rounds the barrier releases (the paper's); async: "
-                           "no rounds, each node trains, aggregates what arrived and sends, never waiting "
+                           "no rounds, each node trains, sends and aggregates what arrived, never waiting "
                            "(docs/spec.md, Asynchronous mode; --rounds counts each node's own iterations)",
                            **cli("run", "simulate", "cluster", "node", "barrier"))
     exchange: Exchange = Field(Exchange.PUSH, description="asynchronous runs: push (each fragment to --fanout sampled "
                                "peers: Mosaic, or EL with --fragments 1) or pairwise (AD-PSGD: the whole model "
                                "averaged with one random peer, atomically)",
                                **cli("run", "simulate", "cluster", "node", "barrier"))
+    async_send: AsyncSend = Field(AsyncSend.TRAINED, description="asynchronous push: which model's fragments a node "
+                                  "sends, trained (after its H local steps, before it aggregates: as a barrier "
+                                  "round) or aggregated (after it averaged what arrived)",
+                                  **cli("run", "simulate", "cluster", "node", "barrier"))
     # robustness (docs/security.md): how nodes aggregate, and members that lie
     aggregator: str = Field(  # a name registered in mosaic_proto.rules (`_aggregator`)
         "mean", description=f"fragment-wise aggregation: {rules.rules_help()}",

@@ -5,7 +5,8 @@ The state is the one `simulate --sync async` runs (`mosaic_proto.async_node`); t
 things run at once on the event loop, none waiting for another node:
 
 - the training loop: H local steps of `state.start` in a worker thread (as slow as --node-profile's slowdown
-  says), then `state.trained(...)`, which aggregates the inbox and queues the step's sends; then the next at once;
+  says), then `state.trained(...)`, which queues the step's sends (--async-send) and aggregates the inbox; then
+  the next at once;
 - the sender: the node's link, as the simulator's: the oldest queued message goes (`state.next_send`), one at a
   time, paced by the profile's bandwidth and latency (`outbound.Link`), signed with the run's key, its step in the
   header's round; a message not taken (a peer down or finished) is dropped, never retried (a newer one follows);
