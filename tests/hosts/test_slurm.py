@@ -105,6 +105,23 @@ def test_a_run_as_one_job_equals_simulate(kit, slurm: SlurmLab, tmp_path: Path) 
     assert not list(out.glob(".secret-*")), "the job's own secret is removed when it ends"
 
 
+def test_an_asynchronous_run_as_one_job_finishes_with_every_member_s_steps(slurm: SlurmLab, tmp_path: Path) -> None:
+    """`--sync async` through the same script: the members run as an asynchronous peer list (no barrier), rank 0
+    collects their reports into the shared MOSAIC_OUT and writes summary.json; the job ends 0."""
+    out = tmp_path / "shared" / "async"
+    args = ["--sync", "async", "--task", "quadratic", "--fragments", "2", "--fanout", "2", "--rounds", "30",
+            "--eval-every", "10", "--seed", "3", "--dim", "64", "--request-timeout", "10", "--log-json"]
+    done = slurm.run(*sbatch(slurm, out, args, "--wait"), check=False, timeout=300, env=job_env(slurm, out))
+    assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{job_log(out)}\n{slurm.logs()}"
+    summary = read_summary(out)
+    assert summary["status"] == "finished" and summary["dropped"] == [], summary.get("error")
+    assert summary["settings"]["sync"] == "async" and summary["asynchronous"]["steps"] == {
+        str(i): 30 for i in range(TASKS)}
+    assert sorted(summary["model_sha256"], key=int) == [str(i) for i in range(TASKS)]
+    assert all((out / "nodes" / str(i) / "model.npy").exists() for i in range(TASKS))
+    assert (out / "rounds.csv").read_text().splitlines()[0].startswith("round")
+
+
 def test_a_run_that_cannot_start_fails_the_job(slurm: SlurmLab, tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = [*RUN, "--rounds", "5", "--fanout", str(TASKS)]  # the last --fanout wins: more than n - 1 peers
