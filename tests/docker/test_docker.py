@@ -159,6 +159,13 @@ def assert_unsigned_refused(kit, url: str, path: str) -> None:
     assert reply.status == 401 and reply.json()["reason"] == "unsigned", (reply.status, reply.body[:300])
 
 
+def exit_codes(containers: list[str]) -> list[int] | None:
+    """Each container's exit code once every one has exited; None while any still runs."""
+    states = [sh("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c).stdout.split()
+              for c in containers]
+    return [int(code) for _, code in states] if all(status == "exited" for status, _ in states) else None
+
+
 def final_summary(kit, folder: Path, timeout: float = 60) -> dict:
     """summary.json once the run is over: the barrier rewrites it at every evaluation ("status": "running")."""
     def read() -> dict | None:
@@ -580,13 +587,8 @@ def test_compose_with_too_few_nodes_for_the_fanout_stops_with_the_reason(
     project("up", "-d", "--no-build", "--scale", "node=3")
     containers = project("ps", "-q", "barrier", "node").split()  # not the one-shot `secret`
     assert len(containers) == 4
-
-    def exit_codes() -> list[int] | None:
-        states = [sh("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c).stdout.split()
-                  for c in containers]
-        return [int(code) for _, code in states] if all(status == "exited" for status, _ in states) else None
-
-    assert kit.wait_until(exit_codes, timeout=300, what="every container to stop", interval=2) == [1, 1, 1, 1]
+    assert kit.wait_until(lambda: exit_codes(containers), timeout=300, what="every container to stop",
+                          interval=2) == [1, 1, 1, 1]
     reason = "--fanout 4 needs at least 5 nodes, got --nodes 3"
     assert reason in project("logs", "--no-color", "barrier")
     for container in project("ps", "-q", "node").split():
@@ -700,12 +702,8 @@ def test_compose_runs_asynchronously_with_the_barrier_off_the_data_path(
     containers = project("ps", "-q", "barrier", "node").split()
     assert len(containers) == nodes + 1
 
-    def exit_codes() -> list[int] | None:
-        states = [sh("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c).stdout.split()
-                  for c in containers]
-        return [int(code) for _, code in states] if all(status == "exited" for status, _ in states) else None
-
-    assert kit.wait_until(exit_codes, timeout=300, what="every container to exit", interval=2) == [0] * (nodes + 1)
+    assert kit.wait_until(lambda: exit_codes(containers), timeout=300, what="every container to exit",
+                          interval=2) == [0] * (nodes + 1)
     summary = final_summary(kit, results)
     block = summary["asynchronous"]
     assert summary["status"] == "finished" and summary["dropped"] == [], summary.get("error")
@@ -757,12 +755,8 @@ def test_compose_asynchronous_node_restarted_goes_on_and_nobody_waits(
     sh("docker", "start", victim)
     containers = project("ps", "-aq", "barrier", "node").split()
 
-    def exit_codes() -> list[int] | None:
-        states = [sh("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", c).stdout.split()
-                  for c in containers]
-        return [int(code) for _, code in states] if all(status == "exited" for status, _ in states) else None
-
-    assert kit.wait_until(exit_codes, timeout=300, what="every container to exit", interval=2) == [0] * (nodes + 1)
+    assert kit.wait_until(lambda: exit_codes(containers), timeout=300, what="every container to exit",
+                          interval=2) == [0] * (nodes + 1)
     summary = final_summary(kit, results)
     block = summary["asynchronous"]
     rank = str(summary["addresses"].index(address))

@@ -185,13 +185,22 @@ function renderNodes(s) {
     if (st !== "live") tr.className = st;
     const cells = [m.rank, m.address, st, m.last_round, m.missed, `${fmt(m.last_contact_s, 2)} s ago`,
                    fmt(metricOf[m.rank])];
-    for (const c of cells) {
-      const td = document.createElement("td");
-      td.textContent = c;
-      tr.appendChild(td);
-    }
-    return tr;
+    return withCells(tr, cells);
   });
+  showRows(rows);
+}
+
+// a table row's cells, as text; the node table's rows, replaced whole
+function withCells(tr, cells) {
+  for (const c of cells) {
+    const td = document.createElement("td");
+    td.textContent = c;
+    tr.appendChild(td);
+  }
+  return tr;
+}
+
+function showRows(rows) {
   const table = $("node-table");
   table.tBodies[0].replaceChildren(...rows);
   table.dataset.rows = rows.length;
@@ -245,16 +254,9 @@ function renderAsyncNodes(s) {
       last ? `${fmt(last.lag_steps_mean, 2)} / ${fmt(last.lag_steps_max)}` : "–",
       last ? `${fmt(last.wait_s_mean, 2)} / ${fmt(last.wait_s_max, 2)}` : "–", n.sent, n.stale, n.superseded,
     ];
-    for (const c of cells) {
-      const td = document.createElement("td");
-      td.textContent = c;
-      tr.appendChild(td);
-    }
-    return tr;
+    return withCells(tr, cells);
   });
-  const table = $("node-table");
-  table.tBodies[0].replaceChildren(...rows);
-  table.dataset.rows = rows.length;
+  showRows(rows);
 }
 
 function renderAsyncCharts(n) {
