@@ -159,15 +159,20 @@ class BarrierRoutes:
     async def arrive(self, request: web.Request) -> web.Response:
         body = await read_json(request, {"rank": int, "round": int})
         proven(request, str(body["rank"]))
+        told = False  # whether this answer says the run failed: only then has the member heard it (`answered`)
         try:
             self.barrier.check(body["rank"], body["round"])
             report = checked_report(body.get("report"), body["round"])
             self.barrier.check_layout(body["rank"], body["round"], claimed_layout(body), sender_of(request))
-            return web.json_response(await self.barrier.arrive(body["rank"], body["round"], report))
+            answer = await self.barrier.arrive(body["rank"], body["round"], report)
+            told = answer.get("failure") is not None
+            return web.json_response(answer)
         except BarrierError as exc:
+            told = exc.reason == BarrierReason.RUN_FAILED
             raise bad_request(exc.reason, exc.detail, STATUS_OF_REASON.get(exc.reason, 400)) from None
         finally:
-            self.barrier.answered(body["rank"])
+            if told:
+                self.barrier.answered(body["rank"])
 
     async def withdraw(self, request: web.Request) -> web.Response:
         body = await read_json(request, {"address": str})
