@@ -56,6 +56,21 @@ def base_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def member_statuses(scheme: str, addresses: list[str], timeout: float,
+                    context: ssl.SSLContext | None) -> list[dict[str, Any] | None]:
+    """Each member's /v1/status, asked in parallel, in the order given; None for one that did not answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(address: str) -> dict[str, Any] | None:
+        try:
+            return fetch_json(f"{scheme}://{address}/v1/status", timeout, context)
+        except StatusError:
+            return None
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(addresses)))) as pool:
+        return list(pool.map(one, addresses))
+
+
 def cluster_view(url: str, timeout: float = REQUEST_TIMEOUT_S, context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """{"barrier": its status, "nodes": [one row per member]}; a node's URL leads to its barrier. `context`:
     how https:// members are verified (and this client shows itself to mutual-TLS ones)."""
@@ -69,17 +84,7 @@ def cluster_view(url: str, timeout: float = REQUEST_TIMEOUT_S, context: ssl.SSLC
             raise StatusError(f"{url} is not a Mosaic barrier or node (no role, no barrier_url in /v1/status)")
         url, status = barrier_url.rstrip("/"), fetch_json(f"{barrier_url.rstrip('/')}/v1/status", timeout, context)
     members = status.get("members") or []
-
-    def node(member: dict[str, Any]) -> dict[str, Any] | None:
-        try:
-            return fetch_json(f"{urlsplit(url).scheme}://{member['address']}/v1/status", timeout, context)
-        except StatusError:
-            return None
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(members)))) as pool:
-        nodes = list(pool.map(node, members))
+    nodes = member_statuses(urlsplit(url).scheme, [m["address"] for m in members], timeout, context)
     latest = status.get("latest") or {}
     rows = []
     for member, view in zip(members, nodes, strict=True):
@@ -102,19 +107,8 @@ def async_view(url: str, status: dict[str, Any], timeout: float = REQUEST_TIMEOU
                context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """{"sync": "async", "run": the settings and counts, "nodes": [one row per member]} of an asynchronous run,
     from the /v1/status of one of its nodes (`status`), which names them all."""
-    from concurrent.futures import ThreadPoolExecutor
-
     addresses = list(status.get("addresses") or [])
-    scheme = urlsplit(url).scheme
-
-    def node(address: str) -> dict[str, Any] | None:
-        try:
-            return fetch_json(f"{scheme}://{address}/v1/status", timeout, context)
-        except StatusError:
-            return None
-
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(addresses)))) as pool:
-        views = list(pool.map(node, addresses))
+    views = member_statuses(urlsplit(url).scheme, addresses, timeout, context)
     rows = []
     for rank, (address, view) in enumerate(zip(addresses, views, strict=True)):
         v = view or {}
