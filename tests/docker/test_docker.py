@@ -688,17 +688,27 @@ def test_swarm_stack_discovers_nodes_through_tasks_dns(kit, swarm: None, results
         time.sleep(1)
 
 
+def asynchronous_compose(compose: list[str], tag: str, results: Path, projects: list[Project], nodes: int,
+                         iterations: int, eval_every: int) -> tuple[Project, int]:
+    """compose.yaml up with MOSAIC_SYNC=async (and the round deadline at its default: compose's own 300 is for
+    barrier rounds, refused in a run without them): the project and the barrier's port."""
+    port = free_ports(1)[0]
+    project = Project(compose, f"mosaictest{tag}{os.getpid()}", "compose.yaml", environment(
+        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_SYNC="async", MOSAIC_ROUND_DEADLINE="120",
+        MOSAIC_ROUNDS=str(iterations), MOSAIC_FANOUT="2", MOSAIC_EVAL_EVERY=str(eval_every),
+        MOSAIC_BARRIER_LINGER="1"))
+    projects.append(project)
+    project("up", "-d", "--no-build", "--scale", f"node={nodes}")
+    return project, port
+
+
 @pytest.mark.parametrize("compose", ["v2"], indirect=True)  # the barrier's settings: the CLI plays no part
 def test_compose_runs_asynchronously_with_the_barrier_off_the_data_path(
         kit, image: str, compose: list[str], results: Path, projects: list[Project]) -> None:
     """MOSAIC_SYNC=async: the nodes register and hear the run and the roster, train never waiting for each other,
     and the barrier collects their reports into ./results; then every container exits 0 (issue 60, item 4)."""
-    nodes, iterations, port = 5, 20, free_ports(1)[0]
-    project = Project(compose, f"mosaictesta{os.getpid()}", "compose.yaml", environment(
-        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_SYNC="async", MOSAIC_ROUND_DEADLINE="120",
-        MOSAIC_ROUNDS=str(iterations), MOSAIC_FANOUT="2", MOSAIC_EVAL_EVERY="5", MOSAIC_BARRIER_LINGER="1"))
-    projects.append(project)
-    project("up", "-d", "--no-build", "--scale", f"node={nodes}")
+    nodes, iterations = 5, 20
+    project, _ = asynchronous_compose(compose, "a", results, projects, nodes, iterations, eval_every=5)
     containers = project("ps", "-q", "barrier", "node").split()
     assert len(containers) == nodes + 1
 
@@ -723,12 +733,8 @@ def test_compose_asynchronous_node_restarted_goes_on_and_nobody_waits(
         kit, image: str, compose: list[str], results: Path, projects: list[Project]) -> None:
     """MOSAIC_SYNC=async: a node's container killed mid-run and started again takes its slot, port and place back
     (the barrier answers its registration at once) and goes on from its checkpoint; the run finishes."""
-    nodes, iterations, port = 4, 300, free_ports(1)[0]
-    project = Project(compose, f"mosaictestr{os.getpid()}", "compose.yaml", environment(
-        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_SYNC="async", MOSAIC_ROUND_DEADLINE="120",
-        MOSAIC_ROUNDS=str(iterations), MOSAIC_FANOUT="2", MOSAIC_EVAL_EVERY="100", MOSAIC_BARRIER_LINGER="1"))
-    projects.append(project)
-    project("up", "-d", "--no-build", "--scale", f"node={nodes}")
+    nodes, iterations = 4, 300
+    project, port = asynchronous_compose(compose, "r", results, projects, nodes, iterations, eval_every=100)
     barrier = f"http://127.0.0.1:{port}"
 
     def last_member() -> str | None:
