@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import ssl
 import subprocess
@@ -108,6 +109,32 @@ def test_a_peer_list_member_killed_and_started_again_goes_on_from_its_checkpoint
     assert summary["status"] == "finished" and summary["dropped"] == [] and block["resume_exact"] is False
     assert block["steps"] == {str(i): 40 for i in range(4)} and set(block["resumed"]) == {"3"}, block
     assert 1 <= block["resumed"]["3"] < 40
+
+
+@pytest.mark.slow  # about 10 s on 2 idle cores
+def test_rank_0_of_an_asynchronous_peer_list_told_to_stop_records_the_run_interrupted(tmp_path: Path,
+                                                                                      kit: Any) -> None:
+    """SIGTERM to rank 0 mid-run (as `scancel` sends): its summary.json says interrupted, naming how far it got, not
+    failed with an exception's name; it exits 130."""
+    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    ports = sorted(free_ports(3))
+    (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
+    run = {**ASYNC, "nodes": 3, "rounds": 2000, "eval_every": 5, "node_profile": tmp_path / "p.toml",
+           "register_deadline": 5, "secret_file": write_new_secret(tmp_path / "run.secret")}
+    procs = start_peer_list(kit, tmp_path, run, ports)
+    try:
+        _when(lambda: _steps_of(f"127.0.0.1:{ports[0]}") >= 5, 60, "rank 0's fifth iteration")
+        procs[ports[0]].send_signal(signal.SIGTERM)
+        assert procs[ports[0]].wait(timeout=30) == 130
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    summary = json.loads((tmp_path / f"out-{ports[0]}" / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary
+    assert re.match(r"interrupted \(rank 0, which collects the run, was told to stop with \d+ of 2000 iterations",
+                    summary["error"]), summary["error"]
 
 
 @pytest.mark.slow  # about 8 s on 2 idle cores

@@ -424,8 +424,10 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
             else:
                 await asyncio.sleep(LINGER_S)  # the others may still send; the launcher stops this process
     except BaseException as exc:
-        if recorder is not None:
-            recorder.fail(failure_text(exc))
+        if recorder is not None:  # cancelled: the process was told to stop (a signal), a person stopped the run
+            recorder.fail(f"interrupted (rank 0, which collects the run, was told to stop with {node.state.step} of "
+                          f"{run.rounds} iterations done)" if isinstance(exc, asyncio.CancelledError)
+                          else failure_text(exc))
         raise
     finally:
         await runner.cleanup()
