@@ -3,7 +3,9 @@ error a user can act on is one line on stderr and exit 1, Ctrl-C is 130; only bu
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -97,3 +99,18 @@ def exit_within(code: Callable[[], int], seconds: float = EXIT_WITHIN_S) -> None
     timer = threading.Timer(seconds, end)
     timer.daemon = True
     timer.start()
+
+
+def on_signals(work: asyncio.Future, code: int = 0) -> list[str]:
+    """SIGTERM and SIGINT cancel `work` (the node then leaves the run); the list gets the signal's name. The process
+    ends within `EXIT_WITHIN_S` (with `code` if it has not ended by then)."""
+    loop, seen = asyncio.get_running_loop(), []
+
+    def stop(signum: signal.Signals) -> None:
+        if not seen:
+            seen.append(signum.name)
+            work.cancel()
+            exit_within(lambda: code)  # it leaves the run meanwhile; a round's training is not waited for
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop, signum)
+    return seen

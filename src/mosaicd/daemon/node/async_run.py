@@ -52,6 +52,7 @@ from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
 from mosaic_proto.wire import decode, encode_parts, max_message_bytes
 from mosaicd.daemon.async_end import GRID, collect_reports, node_folder, summarize, write_report
+from mosaicd.daemon.entry import on_signals, told_to_stop
 from mosaicd.daemon.http.auth import SENDER, Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.endpoints import member_app
@@ -404,6 +405,10 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
     await runner.setup()
     await web.TCPSite(runner, settings.host, settings.port, ssl_context=server_context(node.options)).start()
     code = 0
+    # a command's member told to stop (SIGTERM, as `scancel` and `docker stop` send; Ctrl-C) leaves at once, its run
+    # record saying so, and its process ends within `entry.EXIT_WITHIN_S` whatever it still waits for
+    task = asyncio.current_task()
+    stopped = on_signals(task, 130) if task is not None and (peer_list or barrier_url is not None) else None
     try:
         sign = None if node.keyring is None else signer(lambda: node.keyring.credentials(run.run_id), lambda: str(rank))
         async with Client(settings.request_timeout, 0, signer=sign, ssl_context=client_context(node.options)) as client:
@@ -424,14 +429,16 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
             else:
                 await asyncio.sleep(LINGER_S)  # the others may still send; the launcher stops this process
     except BaseException as exc:
-        if recorder is not None:  # cancelled: the process was told to stop (a signal), a person stopped the run
+        interrupted = isinstance(exc, asyncio.CancelledError | KeyboardInterrupt)
+        if recorder is not None:  # interrupted: the process was told to stop (a signal), a person stopped the run
             recorder.fail(f"interrupted (rank 0, which collects the run, was told to stop with {node.state.step} of "
-                          f"{run.rounds} iterations done)" if isinstance(exc, asyncio.CancelledError)
-                          else failure_text(exc))
-        raise
+                          f"{run.rounds} iterations done)" if interrupted else failure_text(exc))
+        if not (interrupted and stopped):
+            raise
+        code = 130
     finally:
         await runner.cleanup()
-    return code
+    return told_to_stop(code) if stopped else code
 
 
 def open_recorder(settings: Settings) -> RunRecorder:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mosaicd.daemon.entry import exit_within, told_to_stop
+from mosaicd.daemon.entry import on_signals, told_to_stop
 from mosaicd.daemon.errors import OutputError, PeerDropped, RunEnded
 from mosaicd.daemon.hosting import BarrierHost
 from mosaicd.daemon.http.server import keep_freed_memory
@@ -238,21 +237,6 @@ async def linger_for_the_others(peer: Peer, stopped: list[str] | None = None) ->
         await asyncio.sleep(0.05)
     peer.log.info("failure_told", unheard=peer.barrier.unheard(peer.rank), waited_s=round(loop.time() - started, 2))
     await asyncio.sleep(0.1)  # the last answers leave the socket
-
-
-def on_signals(work: asyncio.Future, code: int = 0) -> list[str]:
-    """SIGTERM and SIGINT cancel `work` (the node then leaves the run); the list gets the signal's name. The process
-    ends within `entry.EXIT_WITHIN_S` (with `code` if it has not ended by then)."""
-    loop, seen = asyncio.get_running_loop(), []
-
-    def stop(signum: signal.Signals) -> None:
-        if not seen:
-            seen.append(signum.name)
-            work.cancel()
-            exit_within(lambda: code)  # it leaves the run meanwhile; a round's training is not waited for
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop, signum)
-    return seen
 
 
 async def leave_for(peer: Peer, reason: str, ends_run: bool = False, within: float | None = None,
