@@ -11,7 +11,8 @@ in two calls a release apart. What it shares with the barrier node is reused as 
 A driver (`AsyncNetwork` on a virtual clock; the daemon, later) feeds the trained vector, the fragments that
 arrive and the link's turn, and gets the model to train next and the messages to send:
 
-    state = AsyncNodeState(rank, members, fragmentation, sampler, iterations, vector, ...)
+    state = AsyncNodeState(rank, members, fragmentation, sampler, iterations, vector, budget_s=..., ...)
+    state.started(now)                           # the run's start on the driver's clock (default 0): the budget's
     start = state.start                          # the vector iteration `state.step` trains from
     done = state.trained(local, now)             # queue the trained model's fragments, aggregate: an `Iteration`
     message = state.next_send(now)               # the link is free: the next queued message (None: none queued)
@@ -40,7 +41,7 @@ from .wire import FragmentBatch
 
 __all__ = ["ASYNC_TRANSITIONS", "AsyncInput", "AsyncMessage", "AsyncNodeState", "AsyncNodeStatus", "AsyncOutcome",
            "AsyncPhase", "AsyncPhases", "AsyncSend", "AsyncStateError", "Exchange", "Iteration", "SendQueue",
-           "Staleness", "SyncMode", "pairwise_average"]
+           "Staleness", "StopReason", "SyncMode", "pairwise_average"]
 
 
 class SyncMode(StrEnum):
@@ -65,6 +66,14 @@ class AsyncSend(StrEnum):
 
     TRAINED = "trained"
     AGGREGATED = "aggregated"
+
+
+class StopReason(StrEnum):
+    """What ended a node's iterations: its --rounds `iterations`, or its --time-budget (`budget`), whichever came
+    first."""
+
+    ITERATIONS = "iterations"
+    BUDGET = "budget"
 
 
 class AsyncPhase(StrEnum):
@@ -228,6 +237,8 @@ class AsyncNodeStatus:
     phase: str
     steps: int  # iterations done
     iterations: int  # of --rounds
+    budget_s: float | None  # --time-budget (None: none)
+    stopped_by: str | None  # what ended its iterations (`StopReason`; None while it trains)
     inbox: int  # fragments waiting in the inbox
     inbox_per_fragment: tuple[int, ...]  # ... of each fragment index
     inbox_oldest_s: float | None  # how long the oldest of them has waited (None: the inbox is empty)
@@ -248,18 +259,22 @@ def pairwise_average(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 class AsyncNodeState:
     """One asynchronous node over its whole run: `iterations` times train -> send -> aggregate (`send` trained, the
-    default) or train -> aggregate -> send (`send` aggregated).
+    default) or train -> aggregate -> send (`send` aggregated); with `budget_s`, no iteration starts once the
+    driver's clock is `budget_s` past the run's start (`started`), whichever comes first.
 
     `sampler`: whose plan for (step, node) names each fragment's receivers (pairwise: a sampler of fanout 1, whose
     one receiver of fragment 0 is the peer asked); `planned_only`: refuse fragments the sender's plan does not send
     here (a driver whose messages are all honest may skip the check)."""
 
     def __init__(self, rank: int, members: Sequence[int], fragmentation: Fragmentation, sampler: PeerSampler,
-                 iterations: int, vector: np.ndarray, *, run_id: str = "mosaic", exchange: Exchange = Exchange.PUSH,
+                 iterations: int, vector: np.ndarray, *, run_id: str = "mosaic", budget_s: float | None = None,
+                 exchange: Exchange = Exchange.PUSH,
                  send: AsyncSend = AsyncSend.TRAINED, aggregator: Aggregator | None = None,
                  compressor: Compressor | None = None, attack: Attack | None = None, planned_only: bool = True) -> None:
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
+        if budget_s is not None and not budget_s > 0:
+            raise ValueError(f"budget_s must be > 0, got {budget_s}")
         self.rank, self.members = rank, tuple(sorted(members))
         self._member_set = frozenset(self.members)
         if rank not in self._member_set:
@@ -269,6 +284,9 @@ class AsyncNodeState:
         self.compressor, self.attack, self.planned_only = compressor, attack, planned_only
         self.codec = compressor.compression.codec if compressor is not None else "none"
         self.phases = AsyncPhases()
+        self.budget_s = budget_s
+        self.started_at = 0.0  # the run's start on the driver's clock: the budget counts from it
+        self.stopped_by: StopReason | None = None  # what ended the iterations, once they ended
         self.step = 0  # iterations done
         self.vector = np.ascontiguousarray(vector, dtype=np.float32)  # the node's model now
         self.start = self.vector  # what the iteration in training started from
@@ -297,11 +315,24 @@ class AsyncNodeState:
                 arrivals.append(arrived)
         return AsyncNodeStatus(
             rank=self.rank, phase=self.phase.value, steps=self.step, iterations=self.iterations,
+            budget_s=self.budget_s, stopped_by=None if self.stopped_by is None else self.stopped_by.value,
             inbox=len(arrivals), inbox_per_fragment=tuple(per_fragment),
             inbox_oldest_s=now - min(arrivals) if arrivals else None, queue=len(self.queue),
             queue_fragments=self.queue.fragments(), superseded=self.queue.superseded, stale=self.counts["stale"],
             refused=self.counts["refused"], ignored=self.counts["ignored"], averaged=self.counts["averaged"],
             last_aggregation=self._staleness)
+
+    def started(self, now: float) -> None:
+        """The run started at `now` on the driver's clock (the daemons: their start's barrier; the simulator's
+        virtual clock starts at 0, the default): the time budget counts from it. A node started again (`resumed`)
+        counts it from its new start: its clock before is not kept."""
+        if self.phases.finished:
+            raise AsyncStateError(f"node {self.rank}: its iterations are over: the run's start came before")
+        self.started_at = now
+
+    def over_budget(self, now: float) -> bool:
+        """Whether the time budget is spent at `now` (never without one): no iteration starts then."""
+        return self.budget_s is not None and now - self.started_at >= self.budget_s
 
     def resumed(self, step: int, vector: np.ndarray) -> None:
         """A node started again from its checkpoint: it goes on with iteration `step` from `vector`, its inbox and
@@ -338,8 +369,11 @@ class AsyncNodeState:
         (messages_in, fragments_in, bytes_in), self._arrived = self._arrived, [0, 0, 0]
         report = RoundReport(round=step, messages_out=out[0], fragments_out=out[1], bytes_out=out[2],
                              messages_in=messages_in, fragments_in=fragments_in, bytes_in=bytes_in, cut=cut)
-        outcome = Out.DONE if step + 1 >= self.iterations else Out.ITERATED
+        stop = StopReason.ITERATIONS if step + 1 >= self.iterations else \
+            StopReason.BUDGET if self.over_budget(now) else None
+        outcome = Out.ITERATED if stop is None else Out.DONE
         self.phases.fire(In.TRAINED, outcome, self.rank)
+        self.stopped_by = stop
         self.step, self.vector, self.start, self._moved = step + 1, vector, vector, False
         return Iteration(outcome, vector, report, partner)
 

@@ -222,7 +222,12 @@ def _print_final(summary: dict) -> None:
 
     final = summary.get("final") or {}
     out = summary["settings"]["out"]
-    print(json.dumps({"out": out, **{k: final.get(k) for k in SUMMARY_KEYS}, "wall_s": summary.get("wall_s")}))
+    block = summary.get("asynchronous") or {}  # an asynchronous run: what stopped it, and each node's steps
+    stops = {"stopped": block["stopped"], "steps": block.get("steps") or None,
+             **({"stopped_by": block.get("stopped_by") or None} if " and " in str(block["stopped"]) else {})} \
+        if block.get("stopped") else {}
+    print(json.dumps({"out": out, **{k: final.get(k) for k in SUMMARY_KEYS}, "wall_s": summary.get("wall_s"),
+                      **stops}))
 
 
 def _command_of(argv: list[str]) -> str | None:

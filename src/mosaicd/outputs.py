@@ -118,6 +118,15 @@ def robustness_summary(run: RunConfig) -> dict[str, Any]:
     return {"byzantine_ranks": list(byzantine_ranks(run)), "honest_only": run.byzantine > 0}
 
 
+def stopped_summary(stopped_by: Mapping[int, str | None], listed: bool = True) -> dict[str, Any]:
+    """What ended an asynchronous run's iterations (summary.json's `asynchronous`): `stopped`, the run's (`budget`,
+    `iterations`, or `budget and iterations` where some nodes stopped by each), and `stopped_by`, each node's
+    (`listed`: up to `LISTED_NODES`)."""
+    reasons = sorted({str(r) for r in stopped_by.values() if r is not None})
+    return {"stopped": " and ".join(reasons) or None,
+            "stopped_by": {str(r): why for r, why in sorted(stopped_by.items())} if listed else {}}
+
+
 def is_eval_round(round: int, run: RunConfig) -> bool:
     return round == run.rounds - 1 or (run.eval_every > 0 and (round + 1) % run.eval_every == 0)
 

@@ -4,13 +4,14 @@ from the same run the same way, so that a rank is the same node in both."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mosaic_proto import Aggregator, Attack, Fragmentation, PeerSampler
 from mosaic_proto import byzantine_ranks as _drawn_ranks
 from mosaic_proto.async_node import AsyncNodeState, Exchange
 from mosaic_proto.compression import Compression, Compressor
-from mosaic_proto.profiles import NodeProfile, NodeProfiles
+from mosaic_proto.profiles import DEFAULT_COMPUTE_S, NodeProfile, NodeProfiles
 from mosaicd.settings import RunConfig
 
 
@@ -47,6 +48,17 @@ def node_profiles(run: RunConfig) -> tuple[NodeProfile, ...] | None:
     return None if spec is None else spec.resolve(run.seed, run.nodes)
 
 
+def nominal_iterations(run: RunConfig) -> int:
+    """The iterations an unslowed node of an asynchronous run does: --rounds, or fewer where its --time-budget ends
+    them first (an iteration takes --node-profile's compute_s, 1 s without one; the one that ends at or past the
+    budget is its last)."""
+    if run.time_budget is None:
+        return run.rounds
+    spec = profile_spec(run)
+    compute_s = spec.compute_s if spec is not None else DEFAULT_COMPUTE_S
+    return min(run.rounds, max(1, math.ceil(run.time_budget / compute_s - 1e-9)))
+
+
 def async_node_state(run: RunConfig, task: Any, rank: int, planned_only: bool = True) -> AsyncNodeState:
     """Node `rank`'s state at the start of an asynchronous run, the same in `simulate --sync async` and in the
     daemons (pairwise: one fragment, a sampler of fanout 1). `planned_only`: refuse what the sender's plan does not
@@ -55,6 +67,6 @@ def async_node_state(run: RunConfig, task: Any, rank: int, planned_only: bool = 
     fragmentation = Fragmentation.build(task.layout, 1 if pairwise else run.fragments, run.seed, run.strategy)
     sampler = PeerSampler("local", 1, run.seed) if pairwise else PeerSampler(run.sampler, run.fanout, run.seed)
     return AsyncNodeState(rank, tuple(range(run.nodes)), fragmentation, sampler, run.rounds, task.initial(rank),
-                          run_id=run.run_id, exchange=run.exchange, send=run.async_send,
+                          run_id=run.run_id, budget_s=run.time_budget, exchange=run.exchange, send=run.async_send,
                           aggregator=aggregator_rule(run), compressor=compressor_of(run, rank),
                           attack=attack_of(run, rank), planned_only=planned_only)

@@ -23,8 +23,8 @@ import numpy as np
 
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.files import replacing, write_whole
-from mosaicd.outputs import RunRecorder, honest_nodes, robustness_summary
-from mosaicd.protocol import profile_spec
+from mosaicd.outputs import RunRecorder, honest_nodes, robustness_summary, stopped_summary
+from mosaicd.protocol import nominal_iterations, profile_spec
 from mosaicd.settings import Settings
 
 REPORT = "async.json"
@@ -83,7 +83,8 @@ def summarize(out: Path, settings: Settings, recorder: RunRecorder, reports: dic
         recorder.network_round(last, {**network_metrics(task, [models[i] for i in honest]), "nodes": honest,
                                       **says, "time_s": round(k * period, 6)}, time.time())
     end = max(n["elapsed_s"] for n in reports.values())
-    nominal = max(s.rounds - 1, last + 1, math.ceil(end / period - 1e-9) * s.eval_every - 1 if period else 0)
+    nominal = max(nominal_iterations(run) - 1, last + 1,  # --time-budget: fewer than --rounds
+                  math.ceil(end / period - 1e-9) * s.eval_every - 1 if period else 0)
     recorder.network_round(nominal, {**network_metrics(task, [vectors[i] for i in honest]),
                                      "nodes": honest, **says, "time_s": round(end, 6)}, time.time())
     per_node = {str(r): {k: v for k, v in reports[r].items() if k != "rank"} for r in sorted(reports)}
@@ -93,6 +94,8 @@ def summarize(out: Path, settings: Settings, recorder: RunRecorder, reports: dic
                                          "elapsed_s": {r: n["elapsed_s"] for r, n in per_node.items()},
                                          "steps_per_s": {r: n["steps_per_s"] for r, n in per_node.items()},
                                          "eval_period_s": period,
+                                         **stopped_summary({int(r): n.get("stopped_by")
+                                                            for r, n in per_node.items()}),
                                          "signed": all(n["signed"] for n in per_node.values()),
                                          "messages_sent": sum(n["sent"] for n in per_node.values()),
                                          "messages_unsent": sum(n["unsent"] for n in per_node.values()),
@@ -153,9 +156,13 @@ async def collect_reports(client: Client, url: Callable[[int, str], str], ranks:
 
 def run_deadline(settings: Settings) -> float:
     """How long the collector waits for the last report at most: every iteration at the slowest node's pace with a
-    wide margin (a second an iteration at least), from the collection's start."""
+    wide margin (a second an iteration at least), or the --time-budget and its last iteration with as wide a one,
+    from the collection's start."""
     spec = profile_spec(settings.run_config())
     slowest = 1.0
     if spec is not None:
         slowest = max(1.0, max(p.train_s(spec.compute_s) for p in spec.resolve(settings.seed, settings.nodes)))
-    return settings.register_deadline + 4 * settings.rounds * slowest
+    iterations_s = 4 * settings.rounds * slowest
+    if settings.time_budget is not None:
+        iterations_s = min(iterations_s, 4 * (settings.time_budget + slowest))
+    return settings.register_deadline + iterations_s

@@ -99,7 +99,9 @@ class AsyncCluster:
         deadline = time.monotonic() + timeout
         reports: dict[int, dict[str, Any]] = {}
         with ProgressPrinter(enabled=self.progress) as printer:
-            printer.message(f"run folder {self.out}: {s.nodes} asynchronous nodes, {s.rounds} iterations each")
+            budget = f" or {s.time_budget:g} s of training" if s.time_budget is not None else ""
+            printer.message(f"run folder {self.out}: {s.nodes} asynchronous nodes, {s.rounds} iterations each"
+                            f"{budget}")
             while len(reports) + len(self.lost) < s.nodes:
                 _, new = self.processes.failures()
                 for name in new:  # a node that dies costs the others nothing: they go on without it
@@ -120,7 +122,8 @@ class AsyncCluster:
                 for rank in set(range(s.nodes)) - set(reports) - set(self.lost):
                     if (report := read_report(self.out, rank)) is not None:
                         reports[rank] = report
-                        printer.message(f"node {rank} finished its {reports[rank]['steps']} iterations in "
+                        by = " (its time budget spent)" if report.get("stopped_by") == "budget" else ""
+                        printer.message(f"node {rank} finished its {report['steps']} iterations{by} in "
                                         f"{reports[rank]['elapsed_s']:.2f} s")
                 time.sleep(POLL_S)
         return reports

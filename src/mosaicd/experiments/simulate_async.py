@@ -3,13 +3,14 @@
 Every node is an `AsyncNodeState`; `AsyncNetwork` runs them as discrete events timed by --node-profile (each
 iteration takes slowdown x compute_s seconds; each node's link its bandwidth and latency; without a profile every
 node is of slowdown 1 on an unlimited link, and compute_s is 1 s). The run ends when every node has done --rounds
-iterations of its own and every message has arrived.
+iterations of its own, or has spent its --time-budget (virtual seconds: it starts no iteration from then on),
+and every message has arrived.
 
 Evaluation is on a grid of virtual time: every --eval-every x compute_s seconds (the time an unslowed node takes
-for --eval-every iterations), and at the end. A rounds.csv row's `virtual_s` is its time, and its `round` the
-iterations an unslowed node has done by then, less one (so an unprofiled run's rows are numbered as a barrier run's:
-its last is round --rounds - 1); nodes.csv holds one row per node and iteration (`round`: the node's own step).
-The same seed and settings give the same models, bit for bit.
+for --eval-every iterations) up to the --time-budget, and at the end. A rounds.csv row's `virtual_s` is its time,
+and its `round` the iterations an unslowed node has done by then, less one (so an unprofiled run's rows are
+numbered as a barrier run's: its last is round --rounds - 1); nodes.csv holds one row per node and iteration
+(`round`: the node's own step). The same seed and settings give the same models, bit for bit.
 """
 
 from __future__ import annotations
@@ -33,9 +34,16 @@ from mosaicd.experiments.resume import check_settings, cut_back
 from mosaicd.files import replacing
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import Task, build_task
-from mosaicd.outputs import NPZ_READ_ERRORS, RunRecorder, honest_nodes, robustness_summary
+from mosaicd.outputs import (
+    LISTED_NODES,
+    NPZ_READ_ERRORS,
+    RunRecorder,
+    honest_nodes,
+    robustness_summary,
+    stopped_summary,
+)
 from mosaicd.progress import OnRound, ProgressPrinter, RoundProgress
-from mosaicd.protocol import async_node_state, node_profiles, profile_spec
+from mosaicd.protocol import async_node_state, node_profiles, nominal_iterations, profile_spec
 from mosaicd.rundir import SIMULATE_CHECKPOINT, read_summary
 from mosaicd.settings import Settings, SettingsError
 
@@ -87,11 +95,14 @@ def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on
         grid = 0
     step = settings.eval_every * compute_s
     saver = _GridSaver(settings, grid)
+    total = nominal_iterations(run)
     with ProgressPrinter(enabled=progress) as printer:
         printer.message(f"run folder {settings.out}")
-        printer.start_run("", settings.rounds)
+        printer.start_run("", total)
         while True:
             until = (grid + 1) * step if step > 0 else math.inf
+            if run.time_budget is not None and until > run.time_budget:  # the grid ends with the budget
+                until = math.inf
             network.run_until(until)
             if network.done:  # the end: a row of its own (on the grid's point where it falls on one)
                 at, nominal = network.now, max(math.ceil(network.now / compute_s - 1e-9) - 1, 0)
@@ -102,7 +113,7 @@ def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on
             live = [network.vectors[i] for i in honest]
             row = recorder.network_round(nominal, {**network_metrics(task, live), "nodes": honest, **says,
                                                    "virtual_s": round(at, 6)}, time.time())
-            done = RoundProgress(min(nominal, settings.rounds - 1), settings.rounds, loss, row)
+            done = RoundProgress(min(nominal, total - 1), total, loss, row)
             printer.on_round(done)
             if on_round is not None:
                 on_round(done)
@@ -113,13 +124,14 @@ def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on
                 saver.saved(grid)
     states = network.states
     steps = {str(i): s.step for i, s in enumerate(states)}
+    listed = run.nodes <= LISTED_NODES
     (Path(settings.out) / SIMULATE_CHECKPOINT).unlink(missing_ok=True)  # a finished run is not continued
     return recorder.finish({i: s.vector for i, s in enumerate(states)}, members=list(range(run.nodes)),
                            dropped=[], events=[], virtual_s=round(network.now, 6),
-                           asynchronous={"steps": steps if run.nodes <= 1000 else {},
+                           asynchronous={"steps": steps if listed else {},
                                          "finished_at": {str(i): round(t, 6) for i, t in
-                                                         sorted(network.finished_at.items())} if run.nodes <= 1000
-                                         else {},
+                                                         sorted(network.finished_at.items())} if listed else {},
+                                         **stopped_summary({i: s.stopped_by for i, s in enumerate(states)}, listed),
                                          "messages_delivered": network.delivered,
                                          "fragments_superseded": sum(s.queue.superseded for s in states),
                                          "fragments_stale": sum(s.counts["stale"] for s in states)},
@@ -128,7 +140,7 @@ def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on
 
 # -- checkpoints: Ctrl-C then --resume ends with the uninterrupted run's models, bit for bit ----------------------
 
-VERSION = 2  # 2: a node keeps --async-send (`AsyncNodeState.send`)
+VERSION = 3  # 2: a node keeps --async-send (`AsyncNodeState.send`); 3: its --time-budget and what stopped it
 CSV_FILES = ("rounds.csv", "nodes.csv")
 
 

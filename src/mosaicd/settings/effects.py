@@ -81,6 +81,8 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
                                "simulate --sync async checkpoints at the points of its evaluation grid, and "
                                "--eval-every 0 has none"),),
     "exchange": (ASYNC,), "async_send": (ASYNC, PUSH),
+    "time_budget": (Need("--sync async", lambda s: str(s.sync) == "async",
+                         "a barrier run ends after its --rounds rounds, each bounded by --round-deadline"),),
     "fragments": (PUSH,), "fanout": (PUSH,), "sampler": (PUSH,), "compress": (PUSH,), "aggregator": (PUSH,),
     "byzantine": (PUSH,),
     "trim": (Need("--aggregator trimmed-mean", lambda s: s.aggregator == "trimmed-mean",

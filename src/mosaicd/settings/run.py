@@ -83,6 +83,12 @@ class RunConfig(BaseModel):
                                   "sends, trained (after its H local steps, before it aggregates: as a barrier "
                                   "round) or aggregated (after it averaged what arrived)",
                                   **cli("run", "simulate", "cluster", "node", "barrier"))
+    time_budget: float | None = Field(None, gt=0, allow_inf_nan=False, description="asynchronous runs: the "
+                                      "seconds each node trains, on its own clock from the run's start (simulate: "
+                                      "virtual seconds; the daemons: from the start's barrier): it starts no "
+                                      "iteration once they have passed, or stops at --rounds iterations if those "
+                                      "come first", **cli("run", "simulate", "cluster", "node", "barrier",
+                                                         metavar="SECONDS"))
     # robustness (docs/security.md): how nodes aggregate, and members that lie
     aggregator: str = Field(  # a name registered in mosaic_proto.rules (`_aggregator`)
         "mean", description=f"fragment-wise aggregation: {rules.rules_help()}",

@@ -24,11 +24,12 @@ The roster comes from the launcher (`experiments/cluster_async.py`) or the --pee
 address, in rank order (the start's barrier: each node waits, up to --register-deadline, for the others to answer
 /healthz). Every --checkpoint-every iterations the node checkpoints (`daemon/node/checkpoint.py`, in a worker
 thread); started again with the same state directory, it goes on from its newest checkpoint (`restore`; not
-bit-exact). When its --rounds iterations are done and its queue is sent, the node writes its report
-(`async_end.write_report`: `async.json`, `model.npy`, `grid.npz`). In `cluster` it then serves until it is stopped
-(at most `LINGER_S`): the launcher ends the run once every node has reported. In a peer list, rank 0 fetches every
-member's report (`collect`), writes the summary and tells them the run ended (`end_run`); the others serve until
-then (`await_end`).
+bit-exact). When its --rounds iterations are done, or its --time-budget is spent (seconds from the start's
+barrier, on this node's clock: it starts no iteration from then on), and its queue is sent, the node writes its
+report (`async_end.write_report`: `async.json`, `model.npy`, `grid.npz`). In `cluster` it then serves until it
+is stopped (at most `LINGER_S`): the launcher ends the run once every node has reported. In a peer list, rank 0
+fetches every member's report (`collect`), writes the summary and tells them the run ended (`end_run`); the others
+serve until then (`await_end`).
 """
 
 from __future__ import annotations
@@ -235,6 +236,7 @@ class AsyncNode:
         """Every iteration, never waiting for another node."""
         state, data_rank = self.state, self.rank % self.run.nodes
         self.started_at = time.monotonic()
+        state.started(self.started_at)  # --time-budget counts from here: the start's barrier is behind
         while not state.finished:
             began = time.perf_counter()
             if self.run.train:
@@ -340,9 +342,11 @@ class AsyncNode:
             self.link_s += time.perf_counter() - took
 
     async def snapshots(self) -> None:
-        """The model at each point of the time grid (from the training's start), until the node is finished."""
-        k = 1
-        while self.eval_period_s > 0 and not self.state.finished:
+        """The model at each point of the time grid (from the training's start), until the node is finished or
+        the grid's points pass --time-budget (the run's evaluation stops with its budget, as in simulate)."""
+        k, budget = 1, self.run.time_budget
+        while self.eval_period_s > 0 and not self.state.finished and \
+                (budget is None or k * self.eval_period_s <= budget + 1e-9):
             await sleep_at_least(self.started_at + k * self.eval_period_s - time.monotonic())
             if not self.state.finished:
                 self.grid.append((self.state.step, self.state.vector.copy()))
@@ -362,6 +366,7 @@ class AsyncNode:
         elapsed = self.finished_at - self.started_at
         done = s.step - (self.resumed_from or 0)  # by this process
         return {"rank": self.rank, "steps": s.step, "elapsed_s": round(elapsed, 6), "resumed": self.resumed_from,
+                "stopped_by": s.stopped_by.value if s.stopped_by is not None else None,
                 "steps_per_s": round(done / elapsed, 6) if elapsed > 0 else None,
                 "sent": self.sent, "unsent": self.unsent, "replays_refused": self.replays,
                 "sent_bytes": self.sent_bytes, "link_s": round(self.link_s, 6),
@@ -388,10 +393,11 @@ async def wait_for_peers(client: Client, addresses: list[str], rank: int, deadli
 
 async def run_async_node(settings: Settings, addresses: list[str], rank: int, folder: Path,
                          peer_list: bool = False, barrier_url: str | None = None) -> int:
-    """Serve, wait for the others, train --rounds iterations, send what is queued, report into `folder`. Then, in
-    `cluster`, serve until the launcher stops the process; in a peer list, rank 0 collects the others' reports and
-    writes the summary (`end_run`), and every other member serves until rank 0 says the run ended (`await_end`);
-    registered with a barrier (`barrier_url`), every member serves until the barrier, which collects, says so."""
+    """Serve, wait for the others, train --rounds iterations (or until --time-budget), send what is queued, report
+    into `folder`. Then, in `cluster`, serve until the launcher stops the process; in a peer list, rank 0 collects
+    the others' reports and writes the summary (`end_run`), and every other member serves until rank 0 says the run
+    ended (`await_end`); registered with a barrier (`barrier_url`), every member serves until the barrier, which
+    collects, says so."""
     from mosaicd.learning.tasks import build_task
 
     run = settings.run_config()
