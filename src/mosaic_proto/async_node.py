@@ -324,8 +324,8 @@ class AsyncNodeState:
 
     def started(self, now: float) -> None:
         """The run started at `now` on the driver's clock (the daemons: their start's barrier; the simulator's
-        virtual clock starts at 0, the default): the time budget counts from it. A node started again (`resumed`)
-        counts it from its new start: its clock before is not kept."""
+        virtual clock starts at 0, the default): the time budget counts from it (a daemon started again: the run's
+        start, which may lie before its own)."""
         if self.phases.finished:
             raise AsyncStateError(f"node {self.rank}: its iterations are over: the run's start came before")
         self.started_at = now

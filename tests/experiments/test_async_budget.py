@@ -12,9 +12,13 @@ from typing import Any
 
 import pytest
 
+from mosaic_proto.async_node import StopReason
 from mosaicd.cli import main
+from mosaicd.daemon.http.auth import Secret
+from mosaicd.daemon.node.async_run import AsyncNode
 from mosaicd.experiments.cluster_async import run_cluster_async
 from mosaicd.experiments.simulate import run_simulation
+from mosaicd.learning.tasks import build_task
 from mosaicd.settings import Settings
 
 RUN = {"sync": "async", "task": "quadratic", "nodes": 6, "fragments": 4, "fanout": 2}
@@ -111,6 +115,26 @@ def test_ctrl_c_then_resume_with_a_budget_gives_the_uninterrupted_models_bit_for
     assert seen[0] == 5 and resumed["models_sha256"] == whole["models_sha256"]
     assert resumed["asynchronous"] == whole["asynchronous"] and whole["asynchronous"]["stopped"] == "budget"
     assert (tmp_path / "stopped" / "nodes.csv").read_text() == (tmp_path / "whole" / "nodes.csv").read_text()
+
+
+async def test_a_daemon_started_again_counts_its_budget_from_the_run_s_start_not_its_own(tmp_path: Path) -> None:
+    """A node's first process trains until its 0.4 s are spent (checkpointing each iteration); started again with
+    the same state directory, it goes on from its checkpoint with the budget already spent: one iteration (the
+    least a node does), not another 0.4 s of them."""
+    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    settings = Settings.load(**{**RUN, "nodes": 3}, rounds=1000, time_budget=0.4, node_profile=tmp_path / "p.toml",
+                             state_dir=tmp_path / "state", out=tmp_path / "n")
+    addresses = [f"127.0.0.1:{9000 + i}" for i in range(3)]
+    first = AsyncNode(settings, build_task(settings.run_config()), 0, addresses, Secret(None))
+    first.restore()
+    await first.train()
+    assert first.state.stopped_by is StopReason.BUDGET and 2 <= first.state.step < 1000
+    again = AsyncNode(settings, build_task(settings.run_config()), 0, addresses, Secret(None))
+    again.restore()
+    assert again.resumed_from is not None and 1 <= again.resumed_from < first.state.step
+    await again.train()
+    assert again.state.stopped_by is StopReason.BUDGET and again.state.step == again.resumed_from + 1
+    assert again.report()["stopped_by"] == "budget"
 
 
 @pytest.mark.slow

@@ -108,6 +108,7 @@ class AsyncNode:
         self.result: bytes | None = None  # the report, once written (`save_report`): what rank 0 of a peer list fetches
         self.state_dir = checkpoint.state_dir(self.options)  # its checkpoints (--state-dir; none with --port 0)
         self.resumed_from: int | None = None  # started again: the step it went on from (0: it had no checkpoint)
+        self.run_started: float | None = None  # when this member passed the run's start (wall clock), once known
         self._saving: asyncio.Future | None = None  # the checkpoint being written, in a worker thread
         # a peer that gave no answer is not sent to for a while (SILENCE_S, doubling up to SILENCE_MAX_S while it
         # stays silent): a frozen peer would otherwise hold this node's link for --request-timeout at every message
@@ -235,8 +236,11 @@ class AsyncNode:
     async def train(self) -> None:
         """Every iteration, never waiting for another node."""
         state, data_rank = self.state, self.rank % self.run.nodes
-        self.started_at = time.monotonic()
-        state.started(self.started_at)  # --time-budget counts from here: the start's barrier is behind
+        self.started_at = time.monotonic()  # the start's barrier is behind; --time-budget counts from the run's start
+        if self.run.time_budget is not None:  # (started again: as its first process passed it, by the wall clock)
+            self.run_started = await asyncio.to_thread(checkpoint.noted_start, self.state_dir, self.run.run_id,
+                                                       self.rank, self.addresses[self.rank], self.run_started)
+        state.started(self.started_at - max(0.0, time.time() - (self.run_started or time.time())))
         while not state.finished:
             began = time.perf_counter()
             if self.run.train:
@@ -265,7 +269,9 @@ class AsyncNode:
             return
         address, run_id = self.addresses[self.rank], self.run.run_id
         member = self.state_dir / checkpoint.MEMBER
-        came_back = member.is_file() and json.loads(member.read_text()).get("run_id") == run_id
+        note = json.loads(member.read_text()) if member.is_file() else {}
+        came_back = note.get("run_id") == run_id
+        self.run_started = note.get("started") if came_back and note.get("rank") == self.rank else None
         saved = next((c for c in checkpoint.kept(self.state_dir) if c.run_id == run_id and c.rank == self.rank
                       and c.round < self.run.rounds), None)
         if saved is not None:
@@ -278,7 +284,7 @@ class AsyncNode:
         if self.resumed_from is not None:
             self.log.warning("async_resumed", step=self.resumed_from, detail="started again: it goes on from its "
                              "checkpoint (not bit-exact: what it had received or queued since was lost)")
-        checkpoint.note_member(self.state_dir, run_id, self.rank, address)
+        checkpoint.note_member(self.state_dir, run_id, self.rank, address, self.run_started)
 
     def checkpoint(self) -> None:
         """Save the node's model, step, optimizer and compressor state, in a worker thread (training never waits
@@ -342,11 +348,9 @@ class AsyncNode:
             self.link_s += time.perf_counter() - took
 
     async def snapshots(self) -> None:
-        """The model at each point of the time grid (from the training's start), until the node is finished or
-        the grid's points pass --time-budget (the run's evaluation stops with its budget, as in simulate)."""
-        k, budget = 1, self.run.time_budget
-        while self.eval_period_s > 0 and not self.state.finished and \
-                (budget is None or k * self.eval_period_s <= budget + 1e-9):
+        """The model at each point of the time grid (from the training's start, up to --time-budget's end)."""
+        k, budget = 1, self.run.time_budget or math.inf
+        while self.eval_period_s > 0 and not self.state.finished and k * self.eval_period_s <= budget + 1e-9:
             await sleep_at_least(self.started_at + k * self.eval_period_s - time.monotonic())
             if not self.state.finished:
                 self.grid.append((self.state.step, self.state.vector.copy()))
@@ -366,8 +370,7 @@ class AsyncNode:
         elapsed = self.finished_at - self.started_at
         done = s.step - (self.resumed_from or 0)  # by this process
         return {"rank": self.rank, "steps": s.step, "elapsed_s": round(elapsed, 6), "resumed": self.resumed_from,
-                "stopped_by": s.stopped_by.value if s.stopped_by is not None else None,
-                "steps_per_s": round(done / elapsed, 6) if elapsed > 0 else None,
+                "stopped_by": s.stopped_by, "steps_per_s": round(done / elapsed, 6) if elapsed > 0 else None,
                 "sent": self.sent, "unsent": self.unsent, "replays_refused": self.replays,
                 "sent_bytes": self.sent_bytes, "link_s": round(self.link_s, 6),
                 "signed": self.keyring is not None, "eval_period_s": self.eval_period_s,

@@ -14,13 +14,16 @@ versions (checkpoint.npz, checkpoint-previous.npz) are still read, as older than
 
 STATE_DIR/member.json: the run and rank the node registered as (`note_member`), written at registration even
 without checkpoints (--checkpoint-every 0, or a node killed in round 0): started again, a node that finds it knows
-it came back (`was_member`), so it refuses its peers' fragments at once instead of holding them.
+it came back (`was_member`), so it refuses its peers' fragments at once instead of holding them. An asynchronous
+node with a --time-budget notes there too when it passed the start's barrier (`started`, the wall clock): started
+again, it counts its budget from the run's start, not from its own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,10 +141,23 @@ def kept(directory: Path | None) -> list[Checkpoint]:
 MEMBER = "member.json"
 
 
-def note_member(directory: Path, run_id: str, rank: int, address: str) -> None:
-    """Say in the state directory that this node is rank `rank` of run `run_id` (replaced whole: a rename)."""
+def note_member(directory: Path, run_id: str, rank: int, address: str, started: float | None = None) -> None:
+    """Say in the state directory that this node is rank `rank` of run `run_id` (replaced whole: a rename), and
+    (`started`, wall-clock seconds) when it passed the run's start, where that counts (an asynchronous budget)."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_whole(directory / MEMBER, json.dumps({"run_id": run_id, "rank": rank, "address": address}))
+    note = {"run_id": run_id, "rank": rank, "address": address}
+    write_whole(directory / MEMBER, json.dumps(note if started is None else {**note, "started": started}))
+
+
+def noted_start(directory: Path | None, run_id: str, rank: int, address: str, noted: float | None) -> float:
+    """When this member passed the run's start, by the wall clock: `noted` (what its state directory said as it
+    was started again), else now, noted there for a process started after it (`note_member`)."""
+    if noted is not None:
+        return noted
+    now = time.time()
+    if directory is not None:
+        note_member(directory, run_id, rank, address, now)
+    return now
 
 
 def was_member(directory: Path | None) -> bool:
