@@ -19,7 +19,7 @@ from mosaicd.daemon.node.async_run import AsyncNode
 from mosaicd.experiments.cluster_async import run_cluster_async
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.tasks import build_task
-from mosaicd.settings import Settings
+from mosaicd.settings import Settings, SettingsError
 
 RUN = {"sync": "async", "task": "quadratic", "nodes": 6, "fragments": 4, "fanout": 2}
 # a quarter of the nodes on a link too slow for what they send, latency for all, node 5 three times slower
@@ -110,6 +110,9 @@ def test_ctrl_c_then_resume_with_a_budget_gives_the_uninterrupted_models_bit_for
     with pytest.raises(KeyboardInterrupt):  # checkpointed at round 3 (grid point 2), stopped after round 5
         run_simulation(settings, progress=False, on_round=_stop_at(5), advise=False)
     assert (tmp_path / "stopped" / "simulate-checkpoint.npz").exists()
+    with pytest.raises(SettingsError, match="--time-budget 5.0"):  # another budget is another run
+        run_simulation(Settings.load(**{**run, "time_budget": 5.0}, out=tmp_path / "stopped"), progress=False,
+                       resume=True)
     seen: list[int] = []
     resumed = run_simulation(settings, progress=False, resume=True, on_round=lambda done: seen.append(done.round))
     assert seen[0] == 5 and resumed["models_sha256"] == whole["models_sha256"]

@@ -236,11 +236,11 @@ class AsyncNode:
     async def train(self) -> None:
         """Every iteration, never waiting for another node."""
         state, data_rank = self.state, self.rank % self.run.nodes
-        self.started_at = time.monotonic()  # the start's barrier is behind; --time-budget counts from the run's start
-        if self.run.time_budget is not None:  # (started again: as its first process passed it, by the wall clock)
+        self.started_at = time.monotonic()  # the start's barrier is behind
+        if self.run.time_budget is not None:  # from the run's start: started again, as its first process passed it
             self.run_started = await asyncio.to_thread(checkpoint.noted_start, self.state_dir, self.run.run_id,
                                                        self.rank, self.addresses[self.rank], self.run_started)
-        state.started(self.started_at - max(0.0, time.time() - (self.run_started or time.time())))
+            state.started(self.started_at - max(0.0, time.time() - self.run_started))
         while not state.finished:
             began = time.perf_counter()
             if self.run.train:
