@@ -4,6 +4,7 @@ loopback): `mosaicd barrier --sync async` is the membership point and the collec
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 import urllib.request
@@ -43,9 +44,10 @@ class Run:
         self.secret = write_new_secret(tmp_path / "run.secret")
         self.barrier_port, *self.ports = free_ports(5)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.start("barrier", "barrier", *RUN, *run, "--node-profile", str(tmp_path / "p.toml"), "--expect-settle",
-                   "2", "--register-deadline", "120", "--port", str(self.barrier_port), "--out",
-                   str(tmp_path / "results"))
+        self.barrier_args = ("barrier", *RUN, *run, "--node-profile", str(tmp_path / "p.toml"), "--expect-settle",
+                             "2", "--register-deadline", "120", "--port", str(self.barrier_port), "--out",
+                             str(tmp_path / "results"))
+        self.start("barrier", *self.barrier_args)
         for port in self.ports:
             self.node(port)
 
@@ -125,3 +127,28 @@ def test_a_node_of_an_asynchronous_barrier_started_again_goes_on_from_its_checkp
     assert summary["status"] == "finished" and summary["dropped"] == [] and block["resume_exact"] is False
     assert block["steps"] == {str(i): 40 for i in range(4)} and set(block["resumed"]) == {rank}, block
     assert 1 <= block["resumed"][rank] < 40
+
+
+@pytest.mark.slow  # about 15 s on 2 idle cores
+def test_an_asynchronous_barrier_stopped_and_started_again_collects_the_run(tmp_path: Path, kit: Any) -> None:
+    """The barrier told to stop mid-run (`docker stop`, `docker restart`): it records the run interrupted and exits
+    130, telling its members nothing: it is on no data path, they train on, and the same command started again
+    (the same --out) collects the run as if nothing had happened."""
+    run = Run(kit, tmp_path, 0.05, "--rounds", "100")
+    until = time.monotonic() + 120
+    while steps_of(run.ports[0]) < 5:
+        assert time.monotonic() < until, "the node's 5th iteration did not come"
+        time.sleep(0.05)
+    barrier = run.procs.pop("barrier")
+    barrier.send_signal(signal.SIGTERM)
+    assert barrier.wait(timeout=30) == 130
+    log = (tmp_path / "barrier.log").read_text()
+    assert "interrupted while its members train" in log and "rounds done" not in log, log[-3000:]
+    assert json.loads((tmp_path / "results" / "summary.json").read_text())["status"] == "interrupted"
+    assert all(proc.poll() is None for proc in run.procs.values())  # the members train on
+    run.start("again", *run.barrier_args)
+    ended(run.procs, tmp_path, 180)
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    block = summary["asynchronous"]
+    assert summary["status"] == "finished" and summary["dropped"] == [], summary
+    assert block["steps"] == {str(i): 100 for i in range(4)} and "resumed" not in block, block
