@@ -152,3 +152,37 @@ def test_an_asynchronous_barrier_stopped_and_started_again_collects_the_run(tmp_
     block = summary["asynchronous"]
     assert summary["status"] == "finished" and summary["dropped"] == [], summary
     assert block["steps"] == {str(i): 100 for i in range(4)} and "resumed" not in block, block
+
+
+@pytest.mark.slow  # about 8 s on 2 idle cores
+def test_mosaicd_status_of_an_asynchronous_barrier_shows_each_member_s_steps_and_depths(tmp_path: Path,
+                                                                                        kit: Any) -> None:
+    """`mosaicd status BARRIER` of an asynchronous run (compose's): one row per member, in rank order, with its
+    steps, inbox and queue depths and the staleness of what it aggregates, read from the members themselves."""
+    from mosaicd.status import cluster_view
+
+    run = Run(kit, tmp_path, 0.05, "--rounds", "400")
+    url = f"http://127.0.0.1:{run.barrier_port}"
+    try:
+        until = time.monotonic() + 120
+        while min(steps_of(p) for p in run.ports) < 3:
+            assert time.monotonic() < until, "every node's 3rd iteration did not come"
+            time.sleep(0.05)
+        view = cluster_view(url)
+        assert view["sync"] == "async" and view["barrier"]["phase"] == "running", view.get("barrier")
+        rows = view["nodes"]
+        roster = [m["address"] for m in sorted(kit.http("GET", f"{url}/v1/status").json()["members"],
+                                               key=lambda m: m["rank"])]
+        assert [r["address"] for r in rows] == roster and sorted(roster) == sorted(f"127.0.0.1:{p}" for p in run.ports)
+        for row in rows:
+            assert row["reachable"] and row["phase"] == "training" and 3 <= row["steps"] < 400, row
+            assert row["iterations"] == 400 and row["inbox"] >= 0 and row["queue"] >= 0, row
+            assert row["copies"] is not None and row["lag_steps_max"] >= 0, row  # it has aggregated
+        shown = subprocess.run([*kit.mosaicd, "status", url], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert "asynchronous" in shown.stdout and f"barrier {url} (running)" in shown.stdout, shown.stdout
+        assert all(address in shown.stdout for address in roster) and "inbox" in shown.stdout, shown.stdout
+    finally:
+        for proc in run.procs.values():
+            proc.kill()
+            proc.wait(timeout=10)
