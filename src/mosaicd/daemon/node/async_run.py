@@ -96,7 +96,7 @@ class RunStop:
             return {"ended": True}
         if not ended.is_set() and self.reason is None:
             self.reason = reason
-            if self.task is not None and not self.task.done():
+            if self.task is not None and not self.task.done() and not self.task.cancelling():  # not told already
                 self.task.cancel()
                 exit_within(lambda: 130)  # a worker thread in the middle of a step is not waited for
         return {"interrupted": True}
