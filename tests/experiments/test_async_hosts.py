@@ -175,7 +175,8 @@ async def test_a_member_told_by_its_collector_that_the_run_is_interrupted_stops_
     reason = "interrupted (rank 0 at 127.0.0.1:9, which collects the run, was told to stop with 2 of 3 iterations done)"
     try:
         async with aiohttp.ClientSession() as session:
-            for body in ([], {"interrupted": 3}, {"interrupted": "failed: x"}, {"interrupted": reason, "x": 1}):
+            for body in ([], {"interrupted": 3}, {"interrupted": "failed: x"}, {"interrupted": None},
+                         {"interrupted": reason, "x": 1}):
                 async with session.post(f"{base}/v1/async/end", json=body) as answer:
                     assert answer.status == 400 and (await answer.json())["reason"] == "malformed", body
             assert node.stop.reason is None and not running.done()

@@ -108,8 +108,10 @@ def interruption_of(body: bytes) -> str | None:
         told = json.loads(body) if body else {}
     except ValueError:
         told = None
-    reason = told.get("interrupted") if isinstance(told, dict) and set(told) <= {"interrupted"} else 0
-    if not (reason is None or isinstance(reason, str) and ended_status(reason) == "interrupted"):
+    if told == {}:
+        return None
+    reason = told.get("interrupted") if isinstance(told, dict) and set(told) == {"interrupted"} else None
+    if not (isinstance(reason, str) and ended_status(reason) == "interrupted"):
         raise ValueError('expected no body, or {"interrupted": "interrupted (...)"}')
     return reason
 
