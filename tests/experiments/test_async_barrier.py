@@ -186,3 +186,41 @@ def test_mosaicd_status_of_an_asynchronous_barrier_shows_each_member_s_steps_and
         for proc in run.procs.values():
             proc.kill()
             proc.wait(timeout=10)
+
+
+PAGE = """
+const d = window.mosaicDashboard, table = document.getElementById("node-table");
+if (!d || !d.status || !d.status.nodes) return null;
+return {cells: [...table.tBodies[0].rows].map((r) => [...r.cells].map((c) => c.textContent)),
+        barrierCharts: document.getElementById("barrier-charts").hidden,
+        steps: d.charts.steps ? d.charts.steps.data[0].length : 0};
+"""
+
+
+@pytest.mark.browser
+@pytest.mark.slow  # a barrier, 4 nodes and a browser: about 15 s on 2 idle cores
+def test_the_dashboard_of_an_asynchronous_barrier_shows_every_node(browser: Any, tmp_path: Path, kit: Any) -> None:
+    """compose's http://127.0.0.1:8000/ of an asynchronous run: the barrier's page reads its members from the
+    barrier and each member's /v1/status (another origin), and shows their steps, as a node's page does."""
+    run = Run(kit, tmp_path, 0.05, "--rounds", "400")
+    url = f"http://127.0.0.1:{run.barrier_port}"
+    try:
+        until = time.monotonic() + 120
+        while min(steps_of(p) for p in run.ports) < 3:
+            assert time.monotonic() < until, "every node's 3rd iteration did not come"
+            time.sleep(0.05)
+        roster = [m["address"] for m in sorted(kit.http("GET", f"{url}/v1/status").json()["members"],
+                                               key=lambda m: m["rank"])]
+        browser.get(f"{url}/")
+        shown = kit.wait_until(lambda: (v := browser.execute_script(PAGE)) and len(v["cells"]) == 4
+                               and v["steps"] > 0 and all(c[2] == "training" for c in v["cells"]) and v, 120,
+                               "a table of 4 training nodes and a steps chart", interval=0.2)
+        assert [c[:2] for c in shown["cells"]] == [[str(rank), a] for rank, a in enumerate(roster)]
+        assert shown["barrierCharts"] is True and all(int(c[3].split(" / ")[0]) >= 3 for c in shown["cells"])
+        errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"
+                  and e.get("source") == "javascript"]
+        assert not errors, errors
+    finally:
+        for proc in run.procs.values():
+            proc.kill()
+            proc.wait(timeout=10)
