@@ -28,7 +28,8 @@ bit-exact). When its --rounds iterations are done and its queue is sent, the nod
 (`async_end.write_report`: `async.json`, `model.npy`, `grid.npz`). In `cluster` it then serves until it is stopped
 (at most `LINGER_S`): the launcher ends the run once every node has reported. In a peer list, rank 0 fetches every
 member's report (`collect`), writes the summary and tells them the run ended (`end_run`); the others serve until
-then (`await_end`).
+then (`await_end`). Rank 0 told to stop records the run interrupted and tells them so at once (`tell_interrupted`);
+a member that hears it stops its run where it is (`RunStop`), as if it were told to stop itself, and exits 130.
 """
 
 from __future__ import annotations
@@ -491,7 +492,7 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
         code = 130
     finally:
         await runner.cleanup()
-    return told_to_stop(code) if stopped or node.stop.reason is not None else code
+    return told_to_stop(code) if stopped is not None and (stopped or node.stop.reason is not None) else code
 
 
 TELL_WITHIN_S = 0.5  # the collector told to stop tells its members in parallel, within this: it ends within 1.5 s
