@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +128,62 @@ def test_environment_applies(monkeypatch: pytest.MonkeyPatch) -> None:
     s = settings_of(["node"])
     assert (s.rounds, s.sampler.value, s.train, s.round_deadline) == (7, "oracle", False, 2.5)
     assert s.nodes == Settings.model_fields["nodes"].default  # untouched fields keep their defaults
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def deployed_environment(file: str, service: str, given: dict[str, str]) -> dict[str, str]:
+    """The MOSAIC_* variables a deploy file gives `service`, its ${VAR:-default} and ${VAR:?error} read as Compose
+    reads them with the variables `given` (a person's shell)."""
+    import re
+
+    import yaml
+
+    def value(match: re.Match) -> str:
+        name, how, fallback = match.group(1), match.group(2), match.group(3)
+        if given.get(name):
+            return given[name]
+        assert how == ":-", f"{file}: {name} is required"
+        return fallback
+    environment = yaml.safe_load((ROOT / file).read_text())["services"][service]["environment"]
+    return {k: re.sub(r"\$\{(\w+)(:-|:\?)([^}]*)\}", value, str(v)) for k, v in environment.items()}
+
+
+@pytest.mark.parametrize("file", ["compose.yaml", "deploy/stack.yaml", "deploy/multihost/barrier.yaml"])
+def test_a_deploy_file_runs_asynchronously_given_only_mosaic_sync(file: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MOSAIC_SYNC=async alone: the file's own round deadline (300 s, for dozens of containers on few cores) is a
+    default (MOSAIC_DEFAULTS), left out of a run without rounds; in a barrier run it applies; a deadline a person
+    sets applies in a barrier run and is refused, naming the flag, in an asynchronous one."""
+    def barrier(**given: str) -> Settings:
+        for key in [k for k in os.environ if k.startswith("MOSAIC_")]:
+            monkeypatch.delenv(key)
+        for key, value in deployed_environment(file, "barrier", {"MOSAIC_NODES": "8", **given}).items():
+            monkeypatch.setenv(key, value)
+        return settings_of(["barrier"])
+
+    assert (barrier(MOSAIC_SYNC="async").sync.value, barrier(MOSAIC_SYNC="async").round_deadline) == ("async", 120)
+    assert (barrier().sync.value, barrier().round_deadline) == ("barrier", 300)
+    assert barrier(MOSAIC_ROUND_DEADLINE="60").round_deadline == 60
+    with pytest.raises(SettingsError, match="--round-deadline needs --sync barrier"):
+        barrier(MOSAIC_SYNC="async", MOSAIC_ROUND_DEADLINE="60")
+
+
+def test_deployment_defaults_apply_where_nothing_else_gives_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MOSAIC_DEFAULTS: below flags, variables and --config, and left out where it has no effect; an empty MOSAIC_*
+    variable is no value; a malformed or unknown default is refused, naming MOSAIC_DEFAULTS."""
+    monkeypatch.setenv("MOSAIC_DEFAULTS", "round_deadline = 300\nrounds = 9")
+    monkeypatch.setenv("MOSAIC_ROUND_DEADLINE", "")
+    assert (settings_of(["barrier"]).round_deadline, settings_of(["barrier"]).rounds) == (300, 9)
+    assert settings_of(["barrier", "--rounds", "4"]).rounds == 4
+    monkeypatch.setenv("MOSAIC_ROUNDS", "5")
+    assert settings_of(["barrier"]).rounds == 5
+    assert settings_of(["barrier", "--sync", "async"]).round_deadline == 120
+    for text, error in (("round_deadline =", "MOSAIC_DEFAULTS: not valid TOML"),
+                        ("deadline = 3", "MOSAIC_DEFAULTS: no setting 'deadline'")):
+        monkeypatch.setenv("MOSAIC_DEFAULTS", text)
+        with pytest.raises(SettingsError, match=error):
+            settings_of(["barrier"])
 
 
 def test_config_file_applies(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 
 The barrier's `/v1/status` names every member; each node's `/v1/status` says its phase, round, bytes and
 loss; the barrier's newest evaluation gives each node's latest metric. An asynchronous run (`cluster --sync async`)
-has no barrier: any of its nodes names every member (`addresses`), and each says its steps, inbox and outgoing
-queue depths and the staleness of its last aggregation (`AsyncNodeStatus`). A run's folder (its --out: a finished,
+has no barrier on its data path: any of its nodes names every member (`addresses`), and so does the barrier that
+counts and collects one (compose's: `members`); each node says its steps, inbox and outgoing queue depths and the
+staleness of its last aggregation (`AsyncNodeStatus`). A run's folder (its --out: a finished,
 failed or crashed run, or one still going) gives the same view from its files: summary.json, the newest rows
 of nodes.csv, the per-node metrics of its newest evaluation. `--watch` redraws in place, `--json` prints the
 same view for scripts. Piped, the table is plain text, one line per row.
@@ -76,14 +77,17 @@ def cluster_view(url: str, timeout: float = REQUEST_TIMEOUT_S, context: ssl.SSLC
     how https:// members are verified (and this client shows itself to mutual-TLS ones)."""
     url = base_url(url)
     status = fetch_json(f"{url}/v1/status", timeout, context)
-    if status.get("sync") == "async":
-        return async_view(url, status, timeout, context)
+    if status.get("sync") == "async":  # a node of an asynchronous run: it names every member
+        return async_view(url, status, list(status.get("addresses") or []), timeout, context)
     if status.get("role") != "barrier":
         barrier_url = status.get("barrier_url")
         if not barrier_url:
             raise StatusError(f"{url} is not a Mosaic barrier or node (no role, no barrier_url in /v1/status)")
         url, status = barrier_url.rstrip("/"), fetch_json(f"{barrier_url.rstrip('/')}/v1/status", timeout, context)
     members = status.get("members") or []
+    if (status.get("settings") or {}).get("sync") == "async":  # the barrier of one (compose): its members' steps
+        ranked = sorted(members, key=lambda m: m["rank"])
+        return async_view(url, status, [m["address"] for m in ranked], timeout, context)
     nodes = member_statuses(urlsplit(url).scheme, [m["address"] for m in members], timeout, context)
     latest = status.get("latest") or {}
     rows = []
@@ -103,11 +107,11 @@ def cluster_view(url: str, timeout: float = REQUEST_TIMEOUT_S, context: ssl.SSLC
     return {"url": url, "barrier": status, "nodes": rows}
 
 
-def async_view(url: str, status: dict[str, Any], timeout: float = REQUEST_TIMEOUT_S,
+def async_view(url: str, status: dict[str, Any], addresses: list[str], timeout: float = REQUEST_TIMEOUT_S,
                context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """{"sync": "async", "run": the settings and counts, "nodes": [one row per member]} of an asynchronous run,
-    from the /v1/status of one of its nodes (`status`), which names them all."""
-    addresses = list(status.get("addresses") or [])
+    from the /v1/status (`status`) of one of its nodes or of its barrier (compose's, which only counts and
+    collects: "barrier", its phase), which name every member (`addresses`, in rank order)."""
     views = member_statuses(urlsplit(url).scheme, addresses, timeout, context)
     rows = []
     for rank, (address, view) in enumerate(zip(addresses, views, strict=True)):
@@ -122,9 +126,15 @@ def async_view(url: str, status: dict[str, Any], timeout: float = REQUEST_TIMEOU
                      "lag_steps_max": last.get("lag_steps_max"), "wait_s_mean": last.get("wait_s_mean"),
                      "wait_s_max": last.get("wait_s_max"), "sent": v.get("sent"), "unsent": v.get("unsent"),
                      "stale": v.get("stale"), "superseded": v.get("superseded"), "averaged": v.get("averaged")})
-    run = {"run_id": status.get("run_id"), "exchange": status.get("exchange"), "settings": status.get("settings") or {},
-           "finished": sum(r["phase"] == "finished" for r in rows), "reachable": sum(r["reachable"] for r in rows)}
-    return {"url": url, "sync": "async", "run": run, "nodes": rows}
+    settings = status.get("settings") or {}
+    run = {"run_id": status.get("run_id"), "exchange": status.get("exchange", settings.get("exchange")),
+           "settings": settings, "finished": sum(r["phase"] == "finished" for r in rows),
+           "reachable": sum(r["reachable"] for r in rows)}
+    view = {"url": url, "sync": "async", "run": run, "nodes": rows}
+    if status.get("role") == "barrier":
+        view["barrier"] = {"phase": status.get("phase"), "registered": status.get("registered"),
+                           "expected": status.get("expected"), "error": status.get("failure")}
+    return view
 
 
 def folder_view(folder: Path) -> dict[str, Any]:
@@ -208,9 +218,15 @@ def render_async(view: dict[str, Any]) -> Any:
 
     run, s = view["run"], view["run"]["settings"]
     n = len(view["nodes"])
+    barrier = view.get("barrier")
+    where = f"node {view['url']}" if barrier is None else f"barrier {view['url']} ({barrier['phase']})"
+    if barrier is not None and barrier["phase"] == "registering":  # no members yet: who has come, of how many
+        where += f", registered {barrier['registered']}/{barrier['expected'] or '?'}"
     head = Text(f"run {run['run_id']}  asynchronous ({run['exchange']})  finished {run['finished']}/{n}"
                 f"  reachable {run['reachable']}/{n}  | task {s.get('task')} K={s.get('fragments')} "
-                f"s={s.get('fanout')} sampler {s.get('sampler')} | node {view['url']}")
+                f"s={s.get('fanout')} sampler {s.get('sampler')} | {where}")
+    if barrier is not None and barrier["error"]:
+        head.append(f"\nerror: {barrier['error']}")
     note = Text("inbox: fragments waiting (oldest's wait); queue: messages to send (their fragments); lag: the node's "
                 "step less the step of the copies its last aggregation averaged (mean/max); wait: their time in the "
                 "inbox (mean/max)")

@@ -690,11 +690,11 @@ def test_swarm_stack_discovers_nodes_through_tasks_dns(kit, swarm: None, results
 
 def asynchronous_compose(compose: list[str], tag: str, results: Path, projects: list[Project], nodes: int,
                          iterations: int, eval_every: int) -> tuple[Project, int]:
-    """compose.yaml up with MOSAIC_SYNC=async (and the round deadline at its default: compose's own 300 is for
-    barrier rounds, refused in a run without them): the project and the barrier's port."""
+    """compose.yaml up with MOSAIC_SYNC=async and no round deadline (compose's own 300 s is a default that a run
+    without rounds leaves out): the project and the barrier's port."""
     port = free_ports(1)[0]
     project = Project(compose, f"mosaictest{tag}{os.getpid()}", "compose.yaml", environment(
-        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_SYNC="async", MOSAIC_ROUND_DEADLINE="120",
+        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_SYNC="async",
         MOSAIC_ROUNDS=str(iterations), MOSAIC_FANOUT="2", MOSAIC_EVAL_EVERY=str(eval_every),
         MOSAIC_BARRIER_LINGER="1"))
     projects.append(project)

@@ -4,6 +4,7 @@ loopback): `mosaicd barrier --sync async` is the membership point and the collec
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 import urllib.request
@@ -43,9 +44,10 @@ class Run:
         self.secret = write_new_secret(tmp_path / "run.secret")
         self.barrier_port, *self.ports = free_ports(5)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.start("barrier", "barrier", *RUN, *run, "--node-profile", str(tmp_path / "p.toml"), "--expect-settle",
-                   "2", "--register-deadline", "120", "--port", str(self.barrier_port), "--out",
-                   str(tmp_path / "results"))
+        self.barrier_args = ("barrier", *RUN, *run, "--node-profile", str(tmp_path / "p.toml"), "--expect-settle",
+                             "2", "--register-deadline", "120", "--port", str(self.barrier_port), "--out",
+                             str(tmp_path / "results"))
+        self.start("barrier", *self.barrier_args)
         for port in self.ports:
             self.node(port)
 
@@ -125,3 +127,100 @@ def test_a_node_of_an_asynchronous_barrier_started_again_goes_on_from_its_checkp
     assert summary["status"] == "finished" and summary["dropped"] == [] and block["resume_exact"] is False
     assert block["steps"] == {str(i): 40 for i in range(4)} and set(block["resumed"]) == {rank}, block
     assert 1 <= block["resumed"][rank] < 40
+
+
+@pytest.mark.slow  # about 15 s on 2 idle cores
+def test_an_asynchronous_barrier_stopped_and_started_again_collects_the_run(tmp_path: Path, kit: Any) -> None:
+    """The barrier told to stop mid-run (`docker stop`, `docker restart`): it records the run interrupted and exits
+    130, telling its members nothing: it is on no data path, they train on, and the same command started again
+    (the same --out) collects the run as if nothing had happened."""
+    run = Run(kit, tmp_path, 0.05, "--rounds", "100")
+    until = time.monotonic() + 120
+    while steps_of(run.ports[0]) < 5:
+        assert time.monotonic() < until, "the node's 5th iteration did not come"
+        time.sleep(0.05)
+    barrier = run.procs.pop("barrier")
+    barrier.send_signal(signal.SIGTERM)
+    assert barrier.wait(timeout=30) == 130
+    log = (tmp_path / "barrier.log").read_text()
+    assert "interrupted while its members train" in log and "rounds done" not in log, log[-3000:]
+    assert json.loads((tmp_path / "results" / "summary.json").read_text())["status"] == "interrupted"
+    assert all(proc.poll() is None for proc in run.procs.values())  # the members train on
+    run.start("again", *run.barrier_args)
+    ended(run.procs, tmp_path, 180)
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    block = summary["asynchronous"]
+    assert summary["status"] == "finished" and summary["dropped"] == [], summary
+    assert block["steps"] == {str(i): 100 for i in range(4)} and "resumed" not in block, block
+
+
+@pytest.mark.slow  # about 8 s on 2 idle cores
+def test_mosaicd_status_of_an_asynchronous_barrier_shows_each_member_s_steps_and_depths(tmp_path: Path,
+                                                                                        kit: Any) -> None:
+    """`mosaicd status BARRIER` of an asynchronous run (compose's): one row per member, in rank order, with its
+    steps, inbox and queue depths and the staleness of what it aggregates, read from the members themselves."""
+    from mosaicd.status import cluster_view
+
+    run = Run(kit, tmp_path, 0.05, "--rounds", "400")
+    url = f"http://127.0.0.1:{run.barrier_port}"
+    try:
+        until = time.monotonic() + 120
+        while min(steps_of(p) for p in run.ports) < 3:
+            assert time.monotonic() < until, "every node's 3rd iteration did not come"
+            time.sleep(0.05)
+        view = cluster_view(url)
+        assert view["sync"] == "async" and view["barrier"]["phase"] == "running", view.get("barrier")
+        rows = view["nodes"]
+        roster = [m["address"] for m in sorted(kit.http("GET", f"{url}/v1/status").json()["members"],
+                                               key=lambda m: m["rank"])]
+        assert [r["address"] for r in rows] == roster and sorted(roster) == sorted(f"127.0.0.1:{p}" for p in run.ports)
+        for row in rows:
+            assert row["reachable"] and row["phase"] == "training" and 3 <= row["steps"] < 400, row
+            assert row["iterations"] == 400 and row["inbox"] >= 0 and row["queue"] >= 0, row
+            assert row["copies"] is not None and row["lag_steps_max"] >= 0, row  # it has aggregated
+        shown = subprocess.run([*kit.mosaicd, "status", url], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert "asynchronous" in shown.stdout and f"barrier {url} (running)" in shown.stdout, shown.stdout
+        assert all(address in shown.stdout for address in roster) and "inbox" in shown.stdout, shown.stdout
+    finally:
+        for proc in run.procs.values():
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+PAGE = """
+const d = window.mosaicDashboard, table = document.getElementById("node-table");
+if (!d || !d.status || !d.status.nodes) return null;
+return {cells: [...table.tBodies[0].rows].map((r) => [...r.cells].map((c) => c.textContent)),
+        barrierCharts: document.getElementById("barrier-charts").hidden,
+        steps: d.charts.steps ? d.charts.steps.data[0].length : 0};
+"""
+
+
+@pytest.mark.browser
+@pytest.mark.slow  # a barrier, 4 nodes and a browser: about 15 s on 2 idle cores
+def test_the_dashboard_of_an_asynchronous_barrier_shows_every_node(browser: Any, tmp_path: Path, kit: Any) -> None:
+    """compose's http://127.0.0.1:8000/ of an asynchronous run: the barrier's page reads its members from the
+    barrier and each member's /v1/status (another origin), and shows their steps, as a node's page does."""
+    run = Run(kit, tmp_path, 0.05, "--rounds", "400")
+    url = f"http://127.0.0.1:{run.barrier_port}"
+    try:
+        until = time.monotonic() + 120
+        while min(steps_of(p) for p in run.ports) < 3:
+            assert time.monotonic() < until, "every node's 3rd iteration did not come"
+            time.sleep(0.05)
+        roster = [m["address"] for m in sorted(kit.http("GET", f"{url}/v1/status").json()["members"],
+                                               key=lambda m: m["rank"])]
+        browser.get(f"{url}/")
+        shown = kit.wait_until(lambda: (v := browser.execute_script(PAGE)) and len(v["cells"]) == 4
+                               and v["steps"] > 0 and all(c[2] == "training" for c in v["cells"]) and v, 120,
+                               "a table of 4 training nodes and a steps chart", interval=0.2)
+        assert [c[:2] for c in shown["cells"]] == [[str(rank), a] for rank, a in enumerate(roster)]
+        assert shown["barrierCharts"] is True and all(int(c[3].split(" / ")[0]) >= 3 for c in shown["cells"])
+        errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"
+                  and e.get("source") == "javascript"]
+        assert not errors, errors
+    finally:
+        for proc in run.procs.values():
+            proc.kill()
+            proc.wait(timeout=10)

@@ -3,6 +3,7 @@ for real, with no barrier process; faults cost the other nodes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import re
@@ -111,21 +112,25 @@ def test_a_peer_list_member_killed_and_started_again_goes_on_from_its_checkpoint
     assert 1 <= block["resumed"]["3"] < 40
 
 
-@pytest.mark.slow  # about 10 s on 2 idle cores
+@pytest.mark.slow  # about 25 s on 2 idle cores
 def test_rank_0_of_an_asynchronous_peer_list_told_to_stop_records_the_run_interrupted(tmp_path: Path,
                                                                                       kit: Any) -> None:
     """SIGTERM to rank 0 mid-run (as `scancel` sends): its summary.json says interrupted, naming how far it got, not
-    failed with an exception's name; it exits 130."""
+    failed with an exception's name; it exits 130. It tells the other members, which stop training at once, say so
+    and exit 130 too (not 1 after --register-deadline); the same commands started again resume the run from their
+    checkpoints."""
     (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
     ports = sorted(free_ports(3))
     (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
-    run = {**ASYNC, "nodes": 3, "rounds": 2000, "eval_every": 5, "node_profile": tmp_path / "p.toml",
-           "register_deadline": 5, "secret_file": write_new_secret(tmp_path / "run.secret")}
+    run = {**ASYNC, "nodes": 3, "rounds": 150, "eval_every": 5, "node_profile": tmp_path / "p.toml",
+           "register_deadline": 120, "secret_file": write_new_secret(tmp_path / "run.secret")}
     procs = start_peer_list(kit, tmp_path, run, ports)
     try:
         _when(lambda: _steps_of(f"127.0.0.1:{ports[0]}") >= 5, 60, "rank 0's fifth iteration")
         procs[ports[0]].send_signal(signal.SIGTERM)
         assert procs[ports[0]].wait(timeout=30) == 130
+        for port in ports[1:]:  # within far less than --register-deadline
+            assert procs[port].wait(timeout=60) == 130, (tmp_path / f"node-{port}.log").read_text()[-3000:]
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -133,8 +138,55 @@ def test_rank_0_of_an_asynchronous_peer_list_told_to_stop_records_the_run_interr
                 proc.wait(timeout=10)
     summary = json.loads((tmp_path / f"out-{ports[0]}" / "summary.json").read_text())
     assert summary["status"] == "interrupted", summary
-    assert re.match(r"interrupted \(rank 0, which collects the run, was told to stop with \d+ of 2000 iterations",
-                    summary["error"]), summary["error"]
+    assert re.match(rf"interrupted \(rank 0 at 127.0.0.1:{ports[0]}, which collects the run, was told to stop with "
+                    r"\d+ of 150 iterations", summary["error"]), summary["error"]
+    stopped_at = {}
+    for rank, port in enumerate(ports[1:], 1):
+        log = (tmp_path / f"node-{port}.log").read_text()
+        line = re.search(rf"mosaicd node: interrupted \(rank 0 .*\); this member \(rank {rank}\) stopped with "
+                         r"(\d+) of 150 iterations done; start the same commands again, on every member, to resume "
+                         r"it: each goes on from its newest checkpoint .*not bit-exact\)", log)
+        assert line is not None and "Traceback" not in log, log[-3000:]
+        stopped_at[rank] = int(line.group(1))
+        assert stopped_at[rank] < 150 and not (tmp_path / f"out-{port}" / "nodes" / str(rank) / "async.json").exists()
+    wait_all(tmp_path, start_peer_list(kit, tmp_path, run, ports, logs="again"), 120, logs="again")
+    block = json.loads((tmp_path / f"out-{ports[0]}" / "summary.json").read_text())["asynchronous"]
+    assert block["steps"] == {str(i): 150 for i in range(3)} and block["resume_exact"] is False, block
+    assert set(block["resumed"]) == {"0", "1", "2"} and all(1 <= block["resumed"][str(r)] <= stopped_at[r]
+                                                           for r in (1, 2)), (block, stopped_at)
+
+
+async def test_a_member_told_by_its_collector_that_the_run_is_interrupted_stops_its_run(tmp_path: Path,
+                                                                                       kit: Any) -> None:
+    """POST /v1/async/end {"interrupted": reason}: the member's run is cancelled (it then says so and exits 130);
+    a body that is not such a reason is refused (400) and changes nothing."""
+    import aiohttp
+
+    from mosaicd.daemon.http.auth import Secret
+    from mosaicd.daemon.node.async_run import AsyncNode
+    from mosaicd.learning.tasks import build_task
+
+    settings = Settings.load(**ASYNC, nodes=3, rounds=3, dim=4, insecure=True, out=tmp_path / "out")
+    node = AsyncNode(settings, build_task(settings.run_config()), 1, [f"127.0.0.1:{p}" for p in (9, 10, 11)],
+                     Secret(None))
+    runner, base = await kit.serve_on_loopback(node.app())
+    running = asyncio.ensure_future(asyncio.sleep(60))
+    node.stop.cancels(running)
+    reason = "interrupted (rank 0 at 127.0.0.1:9, which collects the run, was told to stop with 2 of 3 iterations done)"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for body in ([], {"interrupted": 3}, {"interrupted": "failed: x"}, {"interrupted": None},
+                         {"interrupted": reason, "x": 1}):
+                async with session.post(f"{base}/v1/async/end", json=body) as answer:
+                    assert answer.status == 400 and (await answer.json())["reason"] == "malformed", body
+            assert node.stop.reason is None and not running.done()
+            async with session.post(f"{base}/v1/async/end", json={"interrupted": reason}) as answer:
+                assert answer.status == 200 and await answer.json() == {"interrupted": True}
+            with pytest.raises(asyncio.CancelledError):
+                await running
+            assert node.stop.reason == reason and not node.ended.is_set()
+    finally:
+        await runner.cleanup()
 
 
 @pytest.mark.slow  # about 8 s on 2 idle cores

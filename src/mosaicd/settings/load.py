@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -11,7 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from mosaicd.settings.daemon import DaemonOptions
-from mosaicd.settings.effects import defaults, void_setting
+from mosaicd.settings.effects import defaults, void_raw, void_setting
 from mosaicd.settings.flags import SettingsError, cli, format_errors
 from mosaicd.settings.run import RunConfig
 
@@ -37,10 +38,50 @@ class _TomlSource(PydanticBaseSettingsSource):
 
 
 
+DEFAULTS_ENV = "MOSAIC_DEFAULTS"  # a deployment file's defaults, as TOML: `round_deadline = 300`
+
+
+class _DeploymentDefaults(PydanticBaseSettingsSource):
+    """MOSAIC_DEFAULTS: the defaults a deployment file gives its process (compose.yaml: 300 s rounds for dozens of
+    containers on few cores). Each is used where no flag, MOSAIC_* variable or --config gives that setting, and
+    only where it has an effect (`effects.EFFECTS`): an asynchronous run has no round, so compose's round deadline
+    is left out there, where a deadline a person gives is refused. A deployment file passes a person's own value
+    as `${MOSAIC_X:-}`: empty, it is no value."""
+
+    def __init__(self, settings_cls: type[BaseSettings], given: tuple[PydanticBaseSettingsSource, ...]) -> None:
+        super().__init__(settings_cls)
+        self.given = given
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        text = os.environ.get(DEFAULTS_ENV, "")
+        if not text.strip():
+            return {}
+        try:
+            table = {k.replace("-", "_"): v for k, v in tomllib.loads(text).items()}
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"{DEFAULTS_ENV}: not valid TOML ({exc}): e.g. {DEFAULTS_ENV}='round_deadline = "
+                                "300'") from None
+        fields = self.settings_cls.model_fields
+        if unknown := sorted(k for k in table if k not in fields):
+            raise SettingsError(f"{DEFAULTS_ENV}: no setting {unknown[0]!r}")
+        given: dict[str, Any] = {}
+        for source in reversed(self.given):
+            given.update(source())
+        field_defaults = defaults(self.settings_cls)
+        values = {**field_defaults, **given}
+        return {k: v for k, v in table.items() if k not in given
+                and not void_raw(k, {**values, k: v}, field_defaults)}
+
+
 class Settings(BaseSettings, RunConfig, DaemonOptions):
     """Every knob of a run, a node, the barrier and the tooling. Field names are the CLI flags."""
 
-    model_config = SettingsConfigDict(env_prefix="MOSAIC_", extra="forbid", validate_default=True, frozen=False)
+    # an empty MOSAIC_* variable is no value: a deployment file passes a person's own as `${MOSAIC_X:-}`
+    model_config = SettingsConfigDict(env_prefix="MOSAIC_", extra="forbid", validate_default=True, frozen=False,
+                                      env_ignore_empty=True)
 
     batched: bool = Field(False, description="simulate: train and evaluate all nodes' models together (vmap); "
                           "close to, not bit-identical with, the exact run", **cli("learning", "simulate"))
@@ -73,7 +114,8 @@ class Settings(BaseSettings, RunConfig, DaemonOptions):
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
                                    env_settings: PydanticBaseSettingsSource, **_: PydanticBaseSettingsSource) -> tuple:
-        return init_settings, env_settings, _TomlSource(settings_cls)
+        toml = _TomlSource(settings_cls)
+        return init_settings, env_settings, toml, _DeploymentDefaults(settings_cls, (init_settings, env_settings, toml))
 
     @classmethod
     def load(cls, config: Path | None = None, **flags: Any) -> Settings:

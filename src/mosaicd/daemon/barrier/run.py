@@ -127,13 +127,19 @@ def evaluates(settings: Settings, task: Any = None) -> bool:
 def interrupted(barrier: Barrier, how: str) -> None:
     """Ctrl-C before the run ended: the summary says so (not "running" for good) and the console how to go on. The
     journal stays at the last decision and the nodes are not told: started again, the barrier resumes the run, and
-    nodes still retrying (--barrier-grace) carry on with it."""
+    nodes still retrying (--barrier-grace) carry on with it; an asynchronous run's members train on meanwhile, and
+    the barrier started again collects their reports."""
     state, options = barrier.state, barrier.options
     if not barrier.interrupted(how):  # its summary says finished (or failed) already: so it stays
         return
     if not state.phases.goes_on:
         say(f"mosaicd barrier: {options.out}: interrupted while nodes registered; the same command starts the run "
             "again", "interrupted")
+        return
+    if str(barrier.run.sync) == "async":  # on no data path: its members train on, and wait for it once done
+        say(f"mosaicd barrier: {options.out}: interrupted while its members train (asynchronous: they go on without "
+            f"it); the same command (--out {options.out}) collects the run; a member that is done waits for it up "
+            "to its --register-deadline", "interrupted")
         return
     say(f"mosaicd barrier: {options.out}: interrupted with {state.round} of {barrier.run.rounds} rounds done; the same "
         f"command (--out {options.out}) resumes the run; its nodes wait for it --barrier-grace "

@@ -29,7 +29,9 @@ barrier, on this node's clock: it starts no iteration from then on), and its que
 report (`async_end.write_report`: `async.json`, `model.npy`, `grid.npz`). In `cluster` it then serves until it
 is stopped (at most `LINGER_S`): the launcher ends the run once every node has reported. In a peer list, rank 0
 fetches every member's report (`collect`), writes the summary and tells them the run ended (`end_run`); the others
-serve until then (`await_end`).
+serve until then (`await_end`). Rank 0 told to stop records the run interrupted and tells them so at once
+(`tell_interrupted`); a member that hears it stops its run where it is (`RunStop`), as if it were told to stop
+itself, and exits 130.
 """
 
 from __future__ import annotations
@@ -49,11 +51,12 @@ from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE, WireError
 from mosaic_proto.async_node import AsyncOutcome, Exchange, SyncMode
+from mosaic_proto.barrier_rules import ended_status
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
 from mosaic_proto.wire import decode, encode_parts, max_message_bytes
 from mosaicd.daemon.async_end import GRID, collect_reports, node_folder, summarize, write_report
-from mosaicd.daemon.entry import on_signals, told_to_stop
+from mosaicd.daemon.entry import exit_within, on_signals, told_to_stop
 from mosaicd.daemon.http.auth import SENDER, Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.endpoints import member_app
@@ -74,6 +77,46 @@ ROSTER_ENV = "MOSAICD_ASYNC_ROSTER"  # the launcher's roster file: {"addresses":
 PAIR_STEP, PAIR_SENDER = "X-Mosaic-Pair-Step", "X-Mosaic-Pair-Sender"  # a pair's step (also the signed round)
 LINGER_S = 600.0  # a finished node serves this long at most, waiting to be stopped
 SILENCE_S, SILENCE_MAX_S = 1.0, 10.0  # how long a peer that gave no answer is not sent to: first, at most
+
+
+class RunStop:
+    """A member's run stopped by its collector: the collector, told to stop, said so (POST /v1/async/end
+    {"interrupted": reason}); the run stops at once, as if this process were told to stop (`run_async_node` then
+    says so and exits 130)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.task: asyncio.Task | None = None  # the run it cancels (`run_async_node`'s, in a command)
+
+    def cancels(self, task: asyncio.Task) -> None:
+        self.task = task
+
+    def told(self, reason: str | None, ended: asyncio.Event) -> dict[str, bool]:
+        """The collector said the run `ended` (no `reason`), or was interrupted: the run stops, unless it ended
+        already or this node does not run it (`cluster`'s launcher ends those: it only notes it). The answer."""
+        if reason is None:
+            ended.set()
+            return {"ended": True}
+        if not ended.is_set() and self.reason is None:
+            self.reason = reason
+            if self.task is not None and not self.task.done() and not self.task.cancelling():  # not told already
+                self.task.cancel()
+                exit_within(lambda: 130)  # a worker thread in the middle of a step is not waited for
+        return {"interrupted": True}
+
+
+def interruption_of(body: bytes) -> str | None:
+    """POST /v1/async/end's body: none (the run ended), or {"interrupted": reason} (ValueError: anything else)."""
+    try:
+        told = json.loads(body) if body else {}
+    except ValueError:
+        told = None
+    if told == {}:
+        return None
+    reason = told.get("interrupted") if isinstance(told, dict) and set(told) == {"interrupted"} else None
+    if not (isinstance(reason, str) and ended_status(reason) == "interrupted"):
+        raise ValueError('expected no body, or {"interrupted": "interrupted (...)"}')
+    return reason
 
 
 class AsyncNode:
@@ -115,6 +158,7 @@ class AsyncNode:
         self._silence: dict[int, float] = {}
         self._silent_until: dict[int, float] = {}
         self.ended = asyncio.Event()  # rank 0 of a peer list said the run's summary is written
+        self.stop = RunStop()  # the collector, told to stop, said so: the node's run stops
         self.scheme = scheme(self.options)  # https with --tls-cert: every member speaks TLS
 
     def url(self, rank: int, path: str) -> str:
@@ -163,12 +207,15 @@ class AsyncNode:
             return web.Response(body=self.result, content_type="application/octet-stream")
 
         async def end(request: web.Request) -> web.Response:
-            """The collector wrote the run's summary: this node may exit."""
+            """The collector wrote the run's summary, or ({"interrupted": reason}) was told to stop (`RunStop`)."""
             if self.keyring is not None and str(request.get(SENDER)) != self.collector:
                 return web.json_response({"reason": "refused", "detail": f"only {self.collector_name} ends the "
                                           "run"}, status=403)
-            self.ended.set()
-            return web.json_response({"ended": True})
+            try:
+                reason = interruption_of(await request.read())
+            except ValueError as exc:
+                return web.json_response({"reason": "malformed", "detail": str(exc)}, status=400)
+            return web.json_response(self.stop.told(reason, self.ended))
 
         async def run_of(request: web.Request) -> str | None:
             return self.run.run_id
@@ -418,8 +465,10 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
     # record saying so, and its process ends within `entry.EXIT_WITHIN_S` whatever it still waits for
     task = asyncio.current_task()
     stopped = on_signals(task, 130) if task is not None and (peer_list or barrier_url is not None) else None
+    if stopped is not None:  # ... and so when its collector, told to stop, says so
+        node.stop.cancels(task)
+    sign = None if node.keyring is None else signer(lambda: node.keyring.credentials(run.run_id), lambda: str(rank))
     try:
-        sign = None if node.keyring is None else signer(lambda: node.keyring.credentials(run.run_id), lambda: str(rank))
         async with Client(settings.request_timeout, 0, signer=sign, ssl_context=client_context(node.options)) as client:
             await wait_for_peers(client, [node.url(r, "") for r in range(len(addresses))], rank,
                                  settings.register_deadline)
@@ -440,14 +489,40 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
     except BaseException as exc:
         interrupted = isinstance(exc, asyncio.CancelledError | KeyboardInterrupt)
         if recorder is not None:  # interrupted: the process was told to stop (a signal), a person stopped the run
-            recorder.fail(f"interrupted (rank 0, which collects the run, was told to stop with {node.state.step} of "
-                          f"{run.rounds} iterations done)" if interrupted else failure_text(exc))
-        if not (interrupted and stopped):
+            reason = (f"interrupted (rank 0 at {addresses[rank]}, which collects the run, was told to stop with "
+                      f"{node.state.step} of {run.rounds} iterations done)")
+            recorder.fail(reason if interrupted else failure_text(exc))
+            if interrupted:  # every member stops too, at once; one that does not hear it keeps waiting for rank 0
+                await tell_interrupted(node, sign, [r for r in range(len(addresses)) if r != rank], reason)
+        if interrupted and node.stop.reason is not None and not stopped:
+            print(f"mosaicd node: {node.stop.reason}; this member (rank {rank}) stopped with {node.state.step} of "
+                  f"{run.rounds} iterations done; {how_to_resume(node)}", file=sys.stderr, flush=True)
+        elif not (interrupted and stopped):
             raise
         code = 130
     finally:
         await runner.cleanup()
-    return told_to_stop(code) if stopped else code
+    return told_to_stop(code) if stopped is not None and (stopped or node.stop.reason is not None) else code
+
+
+TELL_WITHIN_S = 0.5  # the collector told to stop tells its members in parallel, within this: it ends within 1.5 s
+
+
+async def tell_interrupted(node: AsyncNode, sign: Any, ranks: list[int], reason: str) -> None:
+    """The collector (rank 0 of a peer list) told to stop: POST /v1/async/end {"interrupted": reason} to every
+    member of `ranks` at once, each given `TELL_WITHIN_S`; one that does not answer is not waited for."""
+    async with Client(TELL_WITHIN_S, 0, signer=sign, ssl_context=client_context(node.options)) as client:
+        await asyncio.gather(*(client.request("POST", node.url(r, "/v1/async/end"), json_body={"interrupted": reason},
+                                              retries=0) for r in ranks), return_exceptions=True)
+
+
+def how_to_resume(node: AsyncNode) -> str:
+    """What a member interrupted with its collector says of going on: from its checkpoints, where it keeps them."""
+    if node.state_dir is None or not node.options.checkpoint_every:
+        return ("start the same commands again, on every member, to run it again (this member keeps no checkpoint: "
+                "--checkpoint-every 0 or --port 0; it starts over)")
+    return (f"start the same commands again, on every member, to resume it: each goes on from its newest checkpoint "
+            f"(this member's in {node.state_dir}; not bit-exact)")
 
 
 def open_recorder(settings: Settings) -> RunRecorder:

@@ -1,8 +1,9 @@
 // The barrier's live dashboard: polls /v1/status and /v1/history about once a second and redraws.
 // URLs are relative to the page: the barrier may be served under a prefix (rank 0's /barrier/ with --peer-list).
-// Served by a node of an asynchronous run (`sync: "async"` in its /v1/status; no barrier, no rounds), the page polls
-// every member's /v1/status instead (their addresses are in it) and shows each node's steps, inbox and queue depths
-// and the staleness of its last aggregation, over the time since the page opened.
+// Served by a node of an asynchronous run (`sync: "async"` in its /v1/status; no barrier, no rounds), or by the
+// barrier that counts and collects one (compose's), the page polls every member's /v1/status instead (their
+// addresses are in the node's, or the barrier's `members`) and shows each node's steps, inbox and queue depths and
+// the staleness of its last aggregation, over the time since the page opened.
 // No build step, no network: uPlot (vendored beside this file) draws the charts.
 "use strict";
 
@@ -54,8 +55,9 @@ async function poll() {
   let delay = POLL_MS;
   try {
     const status = await getJSON("v1/status");
-    if (status.sync === "async") {
-      await pollAsync(status);
+    const members = asyncMembers(status);
+    if (status.sync === "async" || members) {
+      await pollAsync(members || status);
       setTimeout(poll, delay);
       return;
     }
@@ -75,6 +77,18 @@ async function poll() {
     showOffline(err);
   }
   setTimeout(poll, delay);
+}
+
+// The barrier of an asynchronous run (compose's: it counts the nodes and collects their reports, no rounds): its
+// members as a node of the run names them, so that the page shows the nodes as a node's page does; null for any
+// other status (and while the nodes register)
+function asyncMembers(status) {
+  if (status.role !== "barrier" || !status.settings || status.settings.sync !== "async" || !status.members.length) {
+    return null;
+  }
+  const ranked = [...status.members].sort((a, b) => a.rank - b.rank);
+  return { run_id: status.run_id, exchange: status.settings.exchange, settings: status.settings,
+           iterations: status.settings.rounds, addresses: ranked.map((m) => m.address), rank: -1 };
 }
 
 async function pollAsync(own) {
