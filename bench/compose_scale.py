@@ -165,7 +165,7 @@ def log_events(compose: list[str], env: dict[str, str]) -> list[dict]:
 
 def container_starts(compose: list[str], env: dict[str, str], t0: float) -> list[float]:
     """When each node container started, in seconds since `up` (Docker's StartedAt), in order."""
-    ids = subprocess.run([*compose, "ps", "-q", "node"], env=env, capture_output=True, text=True).stdout.split()
+    ids = subprocess.run([*compose, "ps", "-a", "-q", "node"], env=env, capture_output=True, text=True).stdout.split()
     out = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}}", *ids], capture_output=True,
                          text=True).stdout.split() if ids else []
     return sorted(datetime.fromisoformat(t[:26].rstrip("Z") + "+00:00").timestamp() - t0 for t in out)

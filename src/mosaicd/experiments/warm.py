@@ -83,6 +83,7 @@ def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, pa
         if os.getppid() != parent:  # the barrier died before prctl: no orphan
             os._exit(1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # not a node group's parent's
         if "log" in child:
             mode = os.O_APPEND if child.get("append") else os.O_TRUNC  # a resumed run's log goes on
             log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
@@ -151,6 +152,17 @@ def run_group(settings: Settings) -> int:
     module's docstring); the exit status one node would have had."""
     from mosaicd.learning.tasks import import_task_modules
 
+    read, write = os.pipe()
+    children = Children(write)
+    stop_by: list[float] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        if not stop_by:
+            stop_by.append(time.monotonic() + GROUP_STOP_S)
+        children.signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):  # also while importing: PID 1 of a container ignores the default
+        signal.signal(signum, stop)
     import_task_modules(settings.task)  # only its modules: the run, and so the task, is the barrier's
     import mosaicd.daemon.node.run  # noqa: F401 - imported once, here, for every member
     loop_factory(settings.event_loop)
@@ -159,20 +171,13 @@ def run_group(settings: Settings) -> int:
     gc.freeze()
     count = settings.nodes_per_process
     members = [settings.model_copy(update=settings.member_fields(i)) for i in range(count)]
-    read, write = os.pipe()
-    children = Children(write)
+    if stop_by:  # told to stop before any member started: as a node told to stop before it registered
+        return 0
     for i, member in enumerate(members):
         children.fork(str(i), partial(_child, {"name": str(i), "settings": member}, None, None))
     children.start_reaping()
-    stop_by: list[float] = []
-
-    def stop(signum: int, _frame: Any) -> None:
-        if not stop_by:
-            stop_by.append(time.monotonic() + GROUP_STOP_S)
-        children.signal(signum)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, stop)
+    if stop_by:  # told while forking: those forked since hear it too
+        children.signal(signal.SIGTERM)
     codes: dict[str, int] = {}
     said: dict[str, str] = {}
     pending = b""
@@ -191,9 +196,11 @@ def run_group(settings: Settings) -> int:
                 said[name] = str(message["error"])
             elif "exit" in message:
                 codes[name] = int(message["exit"])
-                if codes[name] != 0 and not stop_by and len(codes) < count:
+                if codes[name] != 0 and not stop_by:
+                    going = count - len(codes)
                     print(f"mosaicd node: member {name} of {count} ({member_address(members[int(name)])}) "
-                          f"ended: {said.get(name) or exit_text(codes[name])}; the other members go on",
+                          f"ended: {said.get(name) or exit_text(codes[name])}"
+                          + (f"; {going} other member{'s go' if going > 1 else ' goes'} on" if going else ""),
                           file=sys.stderr, flush=True)
     failed = next((code for code in codes.values() if code != 0), 0)
     return 128 - failed if failed < 0 else failed
