@@ -157,3 +157,25 @@ def test_a_group_told_to_stop_leaves_started_again_rejoins_and_a_member_killed_i
     port = (tmp_path / "b" / "port.1").read_text().strip()
     assert said == [f"mosaicd node: member 1 of 2 (127.0.0.1:{port}) ended: killed by SIGKILL; 1 other " \
                            "member goes on"], said
+
+
+@pytest.mark.slow
+def test_a_group_of_four_is_an_asynchronous_barriers_four_nodes(tmp_path: Path, kit: Any) -> None:
+    """compose's MOSAIC_SYNC=async: the barrier counts the group's members as nodes, each trains and reports; the
+    run finishes with four reports and both processes exit 0."""
+    (port,) = free_ports(1)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        procs["barrier"] = subprocess.Popen(
+            [*kit.by_hand, "barrier", "--sync", "async", *kit.flags({**RUN, "rounds": 20}), "--nodes", "4",
+             "--host", "127.0.0.1", "--port", str(port), "--out", str(tmp_path / "run")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        procs["group"] = subprocess.Popen(group_command(kit, port, tmp_path / "g", count=4),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        codes = {name: proc.wait(timeout=120) for name, proc in procs.items()}
+        errors = {name: proc.stderr.read().decode()[-2000:] for name, proc in procs.items() if proc.stderr}
+    finally:
+        kit.stop_all(procs)
+    assert codes == {"barrier": 0, "group": 0}, errors
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished" and sorted(summary["model_sha256"], key=int) == ["0", "1", "2", "3"]
