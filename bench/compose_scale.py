@@ -3,10 +3,14 @@ seconds per round, memory per container and in total, and whether every node too
 
     MOSAIC_BASE=mosaic-base:bookworm docker compose build        # the image (offline base: see README)
     python bench/compose_scale.py --nodes 60 --rounds 20
+    python bench/compose_scale.py --nodes 60 --per-container 4   # 15 containers of 4 nodes each
 
 It runs compose.yaml as it is (only MOSAIC_* settings through the environment, the barrier's log as JSON lines so
 that it can read them), samples every container's memory from its cgroup once a second, reads the round releases
-from the barrier's log, and keeps the run's results. compose.yaml puts the containers on the host's network, so the
+from the barrier's log, and keeps the run's results. `--per-container N`: MOSAIC_NODES_PER_CONTAINER=N and
+`--scale node=NODES/N` (`mosaicd node --nodes-per-process`: one process imports, N nodes forked from it); the memory
+figures are per container (`node_*`) and per node (`per_node_*`: a container's over N).
+compose.yaml puts the containers on the host's network, so the
 host's neighbour (ARP) table plays no part: its thresholds are printed for the record (deploy/hostcheck.py).
 `release_to_row_s`: from the last round's release to its evaluation row (bench/release_to_row.py).
 It ends with `up -> first round` against --bound (60 s: issue #38's target for 60 nodes on this 2-core host) and the
@@ -161,7 +165,7 @@ def log_events(compose: list[str], env: dict[str, str]) -> list[dict]:
 
 def container_starts(compose: list[str], env: dict[str, str], t0: float) -> list[float]:
     """When each node container started, in seconds since `up` (Docker's StartedAt), in order."""
-    ids = subprocess.run([*compose, "ps", "-q", "node"], env=env, capture_output=True, text=True).stdout.split()
+    ids = subprocess.run([*compose, "ps", "-a", "-q", "node"], env=env, capture_output=True, text=True).stdout.split()
     out = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}}", *ids], capture_output=True,
                          text=True).stdout.split() if ids else []
     return sorted(datetime.fromisoformat(t[:26].rstrip("Z") + "+00:00").timestamp() - t0 for t in out)
@@ -267,12 +271,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     compose_run_arguments(parser, "mosaicscale", "compose-scale", 3600)
     parser.add_argument("--port", type=int, default=0, help="the barrier's port on the host (0: a free one)")
+    parser.add_argument("--per-container", type=int, default=1,
+                        help="nodes in each node container (MOSAIC_NODES_PER_CONTAINER); --nodes must be a multiple")
     parser.add_argument("--bound", type=float, default=FIRST_ROUND_BOUND_S,
                         help="seconds from `up` to the first round's release that the run should keep within "
                              "(issue #38's target for 60 nodes on this host)")
     args = parser.parse_args()
     if args.nodes < 1:
         parser.error(f"--nodes {args.nodes}: must be >= 1")
+    if args.per_container < 1 or args.nodes % args.per_container:
+        parser.error(f"--per-container {args.per_container}: must be >= 1 and divide --nodes {args.nodes}")
+    containers = args.nodes // args.per_container
     neighbours = hostcheck.check_neighbour_table(args.nodes)
     thresholds = neighbours.thresholds
     print(f"compose_scale: this host's neighbour table thresholds (gc_thresh1/2/3): {thresholds}", flush=True)
@@ -280,7 +289,8 @@ def main() -> None:
     out = args.out.resolve()
     port = args.port or free_port()
     compose, env, cli_version, results = compose_run(args, "compose_scale", port, MOSAIC_BARRIER_LINGER="30",
-                                                     MOSAIC_LOG_JSON="true")
+                                                     MOSAIC_LOG_JSON="true",
+                                                     MOSAIC_NODES_PER_CONTAINER=str(args.per_container))
     peak_file = Path("/sys/fs/cgroup/memory/docker/memory.max_usage_in_bytes")
     try:
         peak_file.write_text("0")  # cgroup v1: reset the peak of all containers together
@@ -294,8 +304,9 @@ def main() -> None:
     t0 = sampler.t0
     sampler.start()
     try:
-        print(f"compose_scale: up --scale node={args.nodes}, {args.rounds} rounds", flush=True)
-        compose_up(compose, env, args.nodes, "compose_scale")
+        print(f"compose_scale: up --scale node={containers} ({args.per_container} nodes each), {args.rounds} rounds",
+              flush=True)
+        compose_up(compose, env, containers, "compose_scale")
         t_started = time.time() - t0
         url = f"http://127.0.0.1:{port}"
         status, last = None, ""
@@ -351,7 +362,8 @@ def main() -> None:
         writer.writerow(["t_s", "containers", "resident_mb", "with_page_cache_mb"])
         writer.writerows(sampler.rows)
     figures = {
-        "nodes": args.nodes, "rounds": args.rounds, "task": summary["settings"]["task"],
+        "nodes": args.nodes, "per_container": args.per_container, "node_containers": containers,
+        "rounds": args.rounds, "task": summary["settings"]["task"],
         "compose": cli_version, "file": str(args.file),
         "gc_thresh": list(thresholds) if thresholds else None,
         "up_returned_s": round(t_started, 1),
@@ -371,7 +383,7 @@ def main() -> None:
         "barrier_cpu_s_to_first_round": round(barrier_cpu[0], 2) if barrier_cpu else None,
         "node_imports_cpu_s": round(imports_cpu, 2),
         # the nodes' imports alone, spread over every core: what up -> first round cannot go below here
-        "imports_floor_s": round(args.nodes * imports_cpu / (os.cpu_count() or 1), 1),
+        "imports_floor_s": round(containers * imports_cpu / (os.cpu_count() or 1), 1),
         "largest_gap_between_registrations_s": round(max(b - a for a, b in zip(sorted(registered),
                                                          sorted(registered)[1:], strict=False)), 1)
         if len(registered) > 1 else None,
@@ -382,6 +394,8 @@ def main() -> None:
         "seconds_per_round_max": round(max(durations), 2),
         "node_rss_peak_mb_max": round(max(node_peaks) / MB, 1),
         "node_rss_peak_mb_median": round(statistics.median(node_peaks) / MB, 1),
+        "per_node_rss_peak_mb_median": round(statistics.median(node_peaks) / MB / args.per_container, 1),
+        "per_node_rss_peak_mb_max": round(max(node_peaks) / MB / args.per_container, 1),
         "barrier_rss_peak_mb": round(barrier_peak[0] / MB, 1) if barrier_peak else None,
         "total_rss_peak_mb": round(max(r[2] for r in sampler.rows), 1),
         "total_with_page_cache_peak_mb": round(max(r[3] for r in sampler.rows), 1),
@@ -403,10 +417,10 @@ def main() -> None:
     verdict = "within" if times[0] <= args.bound else "OVER"
     print(f"{'up -> first round':45s} {times[0]:.1f} s, {verdict} the bound of {args.bound:g} s ({args.nodes} nodes, "
           f"{os.cpu_count()} cores, load before {load_before[0]:.1f}, after {load_after[0]:.1f})")
-    print(f"{'up -> first round, imports alone':45s} {figures['imports_floor_s']:.1f} s ({args.nodes} x "
+    print(f"{'up -> first round, imports alone':45s} {figures['imports_floor_s']:.1f} s ({containers} x "
           f"{imports_cpu:.2f} CPU-s / {os.cpu_count()} cores): a floor of up -> first round on this host; the bound "
-          f"needs each node's whole start (imports, registration, data, first round) in "
-          f"{args.bound * (os.cpu_count() or 1) / args.nodes:.2f} CPU-s, with Docker's own work besides")
+          f"needs each container's whole start (imports, registration, data, first round) in "
+          f"{args.bound * (os.cpu_count() or 1) / containers:.2f} CPU-s per container, with Docker's own work besides")
     print(json.dumps(figures))
 
 

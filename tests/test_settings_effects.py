@@ -68,6 +68,7 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "aggregator": ("trimmed-mean", {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
     "byzantine": (1, {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
     "time_budget": (5.0, {}, {"sync": "async"}),
+    "nodes_per_process": (4, {}, {"barrier_url": "http://127.0.0.1:8000"}),
 }
 
 

@@ -401,6 +401,9 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
 
         exit_promptly()  # told to stop, it exits within 2 s (`entry.exit_within`)
     if args.command == "node":
+        if settings.nodes_per_process > 1:  # members forked after the imports, each a node of the barrier's
+            from mosaicd.experiments.warm import run_group
+            return run_group(settings)
         if settings.peer_list is not None:
             check_peer_list(settings)
         if str(settings.sync) == "async":  # a peer list's member (main refuses any other node)

@@ -769,3 +769,80 @@ def test_compose_asynchronous_node_restarted_goes_on_and_nobody_waits(
     assert summary["status"] == "finished" and summary["dropped"] == [], summary.get("error")
     assert block["steps"] == {str(i): iterations for i in range(nodes)} and set(block["resumed"]) == {rank}, block
     assert 1 <= block["resumed"][rank] < iterations
+
+
+def member_ranks(kit, barrier: str, container: str, count: int) -> list[int]:
+    """The ranks of a node container's members (MOSAIC_NODES_PER_CONTAINER): their addresses are the ports in its
+    slot's port files, port.0 ... port.N-1."""
+    ports = [sh("docker", "exec", container, "cat", f"/tmp/mosaic/slot/port.{i}").stdout.strip() for i in range(count)]
+    members = {m["address"]: m["rank"] for m in kit.http("GET", f"{barrier}/v1/status", timeout=5).json()["members"]}
+    return sorted(members[f"127.0.0.1:{port}"] for port in ports)
+
+
+@pytest.mark.parametrize("compose", ["v2"], indirect=True)  # a process's inside: the CLI plays no part
+def test_compose_with_two_nodes_per_container_runs_simulates_models_and_a_restarted_container_rejoins(
+        kit, image: str, compose: list[str], tmp_path: Path, projects: list[Project]) -> None:
+    """MOSAIC_NODES_PER_CONTAINER=2, --scale node=2: 4 nodes (the barrier counts nodes, not containers), each at
+    the address of its own port file, and the run ends with `simulate`'s models; a container is healthy while
+    both its members serve, not once one of them is gone (which its console says). Then a second run: one
+    container stopped and started mid-run (`docker restart`: both members leave, the container exits 0), its two
+    members rejoin and the run finishes."""
+    nodes, per, rounds = 4, 2, 6
+    run = dict(MOSAIC_NODES_PER_CONTAINER=str(per), MOSAIC_FANOUT="1", MOSAIC_EXPECT_SETTLE="4",
+               MOSAIC_ROUND_DEADLINE="120", MOSAIC_BARRIER_LINGER="2")
+    first, second = tmp_path / "first", tmp_path / "second"
+    port = free_ports(1)[0]
+    project = Project(compose, f"mosaictestgroup{os.getpid()}", "compose.yaml", environment(
+        **run, MOSAIC_RESULTS=str(first), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS=str(rounds),
+        MOSAIC_NODE_LINGER="60"))
+    projects.append(project)
+    first.mkdir()
+    project("up", "-d", "--no-build", "--scale", f"node={nodes // per}")
+    barrier = f"http://127.0.0.1:{port}"
+    status = kit.wait_until(lambda: barrier_finished(kit, barrier), timeout=300, what="the first run to finish",
+                            interval=1)
+    assert status["expected"] == status["registered"] == nodes and status["live"] == list(range(nodes))
+    containers = project("ps", "-q", "node").split()
+    assert sorted(r for c in containers for r in member_ranks(kit, barrier, c, per)) == list(range(nodes))
+    summary = check_results(first, nodes, rounds)
+    assert summary["model_sha256"] == simulated_hashes(kit, summary, tmp_path / "simulated")
+    healthcheck = ("docker", "exec", containers[0], "python", "-S", "/usr/local/bin/mosaic-healthcheck")
+    assert sh(*healthcheck, check=False).returncode == 0  # both members serve (they linger)
+    member = max(sh("docker", "exec", containers[0], "cat", "/proc/1/task/1/children").stdout.split(), key=int)
+    sh("docker", "exec", containers[0], "python", "-S", "-c", f"import os; os.kill({member}, 9)")  # no kill(1) there
+    assert kit.wait_until(lambda: sh(*healthcheck, check=False).returncode == 1, 30, "the container unhealthy")
+    said = kit.wait_until(lambda: [x for x in console_lines(containers[:1])[containers[0]]
+                                   if x.startswith("mosaicd node: member 1 of 2")], 30, "the member's end said")
+    assert said[0].endswith("ended: killed by SIGKILL; 1 other member goes on"), said
+    project.down()
+
+    port = free_ports(1)[0]
+    project = Project(compose, f"mosaictestregroup{os.getpid()}", "compose.yaml", environment(
+        **run, MOSAIC_RESULTS=str(second), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS="40"))
+    projects.append(project)
+    second.mkdir()
+    project("up", "-d", "--no-build", "--scale", f"node={nodes // per}")
+    barrier = f"http://127.0.0.1:{port}"
+
+    def status_now() -> dict:
+        try:
+            return kit.http("GET", f"{barrier}/v1/status", timeout=5).json()
+        except OSError:
+            return {}
+
+    kit.wait_until(lambda: status_now().get("round", 0) >= 2, 300, "round 2", interval=0.5)
+    victim = project("ps", "-q", "node").split()[0]
+    ranks, round_then = member_ranks(kit, barrier, victim, per), status_now()["round"]
+    sh("docker", "stop", victim)  # SIGTERM: each member leaves and exits; `docker restart` is this and `start`
+    assert container_states([victim]) == [("exited", 0)], console_lines([victim])[victim][-20:]
+    sh("docker", "start", victim)
+
+    def rejoined() -> bool:
+        history = kit.http("GET", f"{barrier}/v1/history?since={round_then}", timeout=5).json()["rounds"]
+        joined = {rank for e in history for rank in e.get("joined", [])}
+        return set(ranks) <= joined and set(ranks) <= set(status_now().get("live", []))
+    kit.wait_until(rejoined, 120, "both members of the restarted container to rejoin", interval=0.5)
+    status = kit.wait_until(lambda: barrier_finished(kit, barrier), timeout=300, what="the second run to finish",
+                            interval=1)
+    assert status["live"] == list(range(nodes)) and status["dropped"] == []
+    assert final_summary(kit, second)["status"] == "finished"

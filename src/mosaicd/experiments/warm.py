@@ -15,6 +15,13 @@ barrier's) and writes the nodes to start on its stdin, one JSON object: {"childr
 3. runs the barrier (`run_barrier`, evaluating with the same prebuilt task), reaps the nodes and reports each
    one's pid and exit status as JSON lines on the file descriptor named by MOSAIC_WARM_REPORT_FD; on SIGTERM it
    passes the signal to the nodes, reaps them, and dies of it.
+
+`mosaicd node --nodes-per-process N` (`run_group`: compose's MOSAIC_NODES_PER_CONTAINER) forks its nodes the same
+way, from the process that paid the node's and its task's imports: member I has its own port, port file, state
+folder and address (`DaemonOptions.member_fields`), registers with the barrier as a node of its own, and writes to
+the process's console. The parent passes SIGTERM and SIGINT on (each member leaves the run as a node does), says on
+the console which member ended with an error (the others go on: the barrier decides), and exits once all have, with
+the first error's status (0 where none), as one node would.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import gc
 import ipaddress
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -34,35 +42,39 @@ from typing import Any, NoReturn
 
 from mosaicd.daemon.entry import run_entry
 from mosaicd.daemon.loop import loop_factory, run
-from mosaicd.daemon.node.warmup import set_threads, warm_up
-from mosaicd.experiments.processes import REPORT_FD, STOP_GRACE_S, Children, die_with_parent
+from mosaicd.daemon.node.warmup import imports_done, set_threads, warm_up
+from mosaicd.experiments.processes import REPORT_FD, STOP_GRACE_S, Children, die_with_parent, exit_text
 from mosaicd.logs import configure_logging, get_logger
 from mosaicd.settings import Settings, SettingsError
 
 REAP_DEADLINE_S = 60.0  # after the barrier's end, how long nodes may take to exit before they are killed
+GROUP_STOP_S = 5.0  # a node group told to stop: how long its members may take to leave and exit (Docker waits 10)
 
 
 def run_role(command: str, task: Any = None, sock: socket.socket | None = None,
-             tell: Callable[[str], None] | None = None) -> int:
+             tell: Callable[[str], None] | None = None, settings: Settings | None = None) -> int:
     """What `mosaicd node` / `mosaicd barrier` do once the settings are in the environment, with the same errors
     and exit codes (cli.main's), given a prebuilt task (and the barrier's listening socket). `tell`: the error
-    line also goes there (the report pipe: the log it is printed to may be on the disk that filled)."""
+    line also goes there (the report pipe: the log it is printed to may be on the disk that filled). `settings`:
+    a node group's member's, its logging the parent's (configured by `mosaicd node`)."""
     from mosaicd.daemon.barrier.run import run_barrier
     from mosaicd.daemon.node.run import run_node
 
-    try:
-        settings = Settings.load()
-    except SettingsError as exc:
-        print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_level, settings.log_json)
+    if settings is None:
+        try:
+            settings = Settings.load()
+        except SettingsError as exc:
+            print(f"mosaicd {command}: error: {exc}", file=sys.stderr)
+            return 2
+        configure_logging(settings.log_level, settings.log_json)
     if command == "node":
         return run_entry(command, lambda: run(run_node(settings, task=task), settings.event_loop), tell)
     return run_entry(command, lambda: run(run_barrier(settings, task=task, sock=sock), settings.event_loop), tell)
 
 
 def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, parent: int, report: int) -> NoReturn:
-    """A forked node: never returns into the barrier's code."""
+    """A forked node: never returns into the barrier's code. `child`: a cluster's node (its log and MOSAIC_*
+    environment) or a node group's member (its `settings`; it writes to the group's console)."""
     if listening is not None:
         listening.close()  # the barrier's
     code = 1
@@ -71,17 +83,21 @@ def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, pa
         if os.getppid() != parent:  # the barrier died before prctl: no orphan
             os._exit(1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        mode = os.O_APPEND if child.get("append") else os.O_TRUNC  # a resumed run's log goes on
-        log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        for name in [n for n in os.environ if n.startswith("MOSAIC_")]:
-            del os.environ[name]
-        os.environ.update(child["env"])
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # not a node group's parent's
+        if "log" in child:
+            mode = os.O_APPEND if child.get("append") else os.O_TRUNC  # a resumed run's log goes on
+            log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+        if "env" in child:
+            for name in [n for n in os.environ if n.startswith("MOSAIC_")]:
+                del os.environ[name]
+            os.environ.update(child["env"])
         if task is not None:
             set_threads(task.run.threads)
-        code = run_role("node", task, tell=partial(Children(report).error, child["name"]))
+        code = run_role("node", task, tell=partial(Children(report).error, child["name"]),
+                        settings=child.get("settings"))
     except SystemExit as exc:
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -129,6 +145,76 @@ def listen(settings: Settings) -> socket.socket | None:
         return None
     sock.setblocking(False)
     return sock
+
+
+def run_group(settings: Settings) -> int:
+    """`mosaicd node --nodes-per-process N`: the node's imports paid here once, then N members forked (see the
+    module's docstring); the exit status one node would have had."""
+    from mosaicd.learning.tasks import import_task_modules
+
+    read, write = os.pipe()
+    children = Children(write)
+    stop_by: list[float] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        if not stop_by:
+            stop_by.append(time.monotonic() + GROUP_STOP_S)
+        children.signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):  # also while importing: PID 1 of a container ignores the default
+        signal.signal(signum, stop)
+    import_task_modules(settings.task)  # only its modules: the run, and so the task, is the barrier's
+    import mosaicd.daemon.node.run  # noqa: F401 - imported once, here, for every member
+    loop_factory(settings.event_loop)
+    imports_done()
+    gc.collect()
+    gc.freeze()
+    count = settings.nodes_per_process
+    members = [settings.model_copy(update=settings.member_fields(i)) for i in range(count)]
+    if stop_by:  # told to stop before any member started: as a node told to stop before it registered
+        return 0
+    for i, member in enumerate(members):
+        children.fork(str(i), partial(_child, {"name": str(i), "settings": member}, None, None))
+    children.start_reaping()
+    if stop_by:  # told while forking: those forked since hear it too
+        children.signal(signal.SIGTERM)
+    codes: dict[str, int] = {}
+    said: dict[str, str] = {}
+    pending = b""
+    while len(codes) < count:
+        if stop_by and time.monotonic() > stop_by[0]:
+            children.signal(signal.SIGKILL)  # past the deadline: Docker would kill the lot soon anyway
+            stop_by[0] = float("inf")
+        if not select.select([read], [], [], 1.0)[0]:
+            continue
+        pending += os.read(read, 65536)
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            message = json.loads(line)
+            name = str(message["name"])
+            if "error" in message:
+                said[name] = str(message["error"])
+            elif "exit" in message:
+                codes[name] = int(message["exit"])
+                if codes[name] != 0 and not stop_by:
+                    going = count - len(codes)
+                    print(f"mosaicd node: member {name} of {count} ({member_address(members[int(name)])}) "
+                          f"ended: {said.get(name) or exit_text(codes[name])}"
+                          + (f"; {going} other member{'s go' if going > 1 else ' goes'} on" if going else ""),
+                          file=sys.stderr, flush=True)
+    failed = next((code for code in codes.values() if code != 0), 0)
+    return 128 - failed if failed < 0 else failed
+
+
+def member_address(settings: Settings) -> str:
+    """Where a member listens, for the console: its port, or the one its port file holds."""
+    port = settings.port
+    if not port and settings.port_file is not None:
+        try:
+            port = int(settings.port_file.read_text().strip())
+        except (OSError, ValueError):
+            return f"port in {settings.port_file}: none yet"
+    return f"{settings.host}:{port}" if port else "port not yet bound"
 
 
 def main() -> NoReturn:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -130,6 +131,11 @@ class DaemonOptions(BaseModel):
     rejoin_dropped: bool = Field(False, description="node: when the barrier drops it (it was cut off or stalled), "
                                  "register again and rejoin at the next round boundary instead of exiting",
                                  **cli("network", "node"))
+    nodes_per_process: int = Field(1, ge=1, le=256, description="node: this many nodes in one process (a "
+                                   "container), forked after the imports so that they share their memory; member I "
+                                   "(from 0) listens on --port + I (0: any free port), writes --port-file.I and "
+                                   "checkpoints in --state-dir/I, and registers with the barrier as a node of its "
+                                   "own", **cli("network", "node"))
 
     @field_validator("tensorboard", "mlflow")
     @classmethod
@@ -166,12 +172,35 @@ class DaemonOptions(BaseModel):
         registered once none new come, a peer list's lines (a restarted barrier takes its journal's count)."""
         return bool(self.expect_dns or self.expect_settle or self.peer_list)
 
+    def member_fields(self, index: int) -> dict[str, Any]:
+        """The settings member `index` of --nodes-per-process has of its own (its port, port file, state folder,
+        advertised address; none where the process is one node)."""
+        if self.nodes_per_process == 1:
+            return {}
+        fields: dict[str, Any] = {"nodes_per_process": 1, "port": self.port + index if self.port else 0}
+        if self.port_file is not None:
+            fields["port_file"] = Path(f"{self.port_file}.{index}")
+        if self.state_dir is not None:
+            fields["state_dir"] = Path(self.state_dir) / str(index)
+        if self.advertise is not None:
+            host, _, port = self.advertise.rpartition(":")
+            fields["advertise"] = f"{host}:{int(port) + index}"
+        return fields
+
     @model_validator(mode="after")
     def _tls(self) -> DaemonOptions:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together (the certificate and its private key)")
         if (void := void_setting(self, DaemonOptions.model_fields, defaults(DaemonOptions))) is not None:
             raise ValueError(void)  # --tls-ca without a certificate, --dns-settle without --expect-dns, ...
+        if self.nodes_per_process > 1:
+            if self.port and self.port + self.nodes_per_process - 1 > 65535:
+                raise ValueError(f"--nodes-per-process {self.nodes_per_process}: its members listen on --port "
+                                 f"{self.port} to {self.port + self.nodes_per_process - 1}, past 65535")
+            if self.advertise is not None and (not self.port or not self.advertise.rpartition(":")[2].isdigit()):
+                raise ValueError(f"--nodes-per-process {self.nodes_per_process} with --advertise: member I "
+                                 "advertises HOST:PORT + I, so it needs --advertise HOST:PORT and a --port other "
+                                 "than 0")
         if self.barrier_url is not None:
             https = urlsplit(self.barrier_url).scheme == "https"
             if https and self.tls_cert is None:

@@ -119,6 +119,8 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
                     "members reach each other over TLS only when every member serves it"),),
     "rejoin_max_age": (Need("--checkpoint-every 1 or more", lambda s: s.checkpoint_every > 0,
                             "a rejoining node's checkpoint, and --checkpoint-every 0 writes none"),),
+    "nodes_per_process": (Need("--barrier-url", lambda s: s.barrier_url is not None,
+                               "its members register with a barrier, each as a node"),),
     "checkpoint_seconds": (Need("--checkpoint-rounds 1 or more", lambda s: s.checkpoint_rounds > 0,
                                 "simulate saves nothing with --checkpoint-rounds 0"),),
 }
