@@ -24,7 +24,8 @@ from mosaicd import Peer, Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.http.auth import Secret
-from mosaicd.daemon.node.async_run import AsyncNode
+from mosaicd.daemon.node.async_member import AsyncNode
+from mosaicd.daemon.node.async_routes import async_app
 from mosaicd.daemon.node.inbox import STATUS_OF_REASON
 from mosaicd.daemon.node.routes import node_app, node_document
 from mosaicd.learning.tasks import build_task
@@ -61,7 +62,7 @@ def apps(tmp_path: Path) -> dict[str, web.Application]:
                         out=tmp_path / "async")
     node = AsyncNode(run, build_task(run.run_config()), 0, ["127.0.0.1:9", "127.0.0.1:10"], Secret(None))
     return {"node": node_app(Peer(settings.daemon_options(), Layout.flat(4)).inbox), "barrier": barrier_app(barrier),
-            "async": node.app()}
+            "async": async_app(node)}
 
 
 @pytest.mark.parametrize("name", ["node", "barrier", "async"])
@@ -222,7 +223,7 @@ async def targets(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
                             fragments=2, dim=8, insecure=secret is None, out=tmp_path / "async")
         lone = AsyncNode(run, build_task(run.run_config()), 0, ["127.0.0.1:1", "127.0.0.1:2"],
                          secret if secret is not None else Secret(None))
-        runner = web.AppRunner(lone.app(), access_log=None, shutdown_timeout=1)
+        runner = web.AppRunner(async_app(lone), access_log=None, shutdown_timeout=1)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         try:

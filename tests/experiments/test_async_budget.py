@@ -15,7 +15,7 @@ import pytest
 from mosaic_proto.async_node import StopReason
 from mosaicd.cli import main
 from mosaicd.daemon.http.auth import Secret
-from mosaicd.daemon.node.async_run import AsyncNode
+from mosaicd.daemon.node.async_member import AsyncNode
 from mosaicd.experiments.cluster_async import run_cluster_async
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.learning.tasks import build_task

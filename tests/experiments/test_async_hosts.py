@@ -163,13 +163,14 @@ async def test_a_member_told_by_its_collector_that_the_run_is_interrupted_stops_
     import aiohttp
 
     from mosaicd.daemon.http.auth import Secret
-    from mosaicd.daemon.node.async_run import AsyncNode
+    from mosaicd.daemon.node.async_member import AsyncNode
+    from mosaicd.daemon.node.async_routes import async_app
     from mosaicd.learning.tasks import build_task
 
     settings = Settings.load(**ASYNC, nodes=3, rounds=3, dim=4, insecure=True, out=tmp_path / "out")
     node = AsyncNode(settings, build_task(settings.run_config()), 1, [f"127.0.0.1:{p}" for p in (9, 10, 11)],
                      Secret(None))
-    runner, base = await kit.serve_on_loopback(node.app())
+    runner, base = await kit.serve_on_loopback(async_app(node))
     running = asyncio.ensure_future(asyncio.sleep(60))
     node.stop.cancels(running)
     reason = "interrupted (rank 0 at 127.0.0.1:9, which collects the run, was told to stop with 2 of 3 iterations done)"

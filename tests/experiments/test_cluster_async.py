@@ -13,7 +13,7 @@ import pytest
 from mosaic_proto.wire import encode
 from mosaicd.cli import main
 from mosaicd.daemon.http.auth import Secret
-from mosaicd.daemon.node.async_run import AsyncNode
+from mosaicd.daemon.node.async_member import AsyncNode
 from mosaicd.experiments.cluster_async import AsyncCluster, NodeHost, run_cluster_async
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
