@@ -47,9 +47,6 @@ def run_role(command: str, task: Any = None, sock: socket.socket | None = None,
     """What `mosaicd node` / `mosaicd barrier` do once the settings are in the environment, with the same errors
     and exit codes (cli.main's), given a prebuilt task (and the barrier's listening socket). `tell`: the error
     line also goes there (the report pipe: the log it is printed to may be on the disk that filled)."""
-    from mosaicd.daemon.barrier.run import run_barrier
-    from mosaicd.daemon.node.run import run_node
-
     try:
         settings = Settings.load()
     except SettingsError as exc:
@@ -57,7 +54,11 @@ def run_role(command: str, task: Any = None, sock: socket.socket | None = None,
         return 2
     configure_logging(settings.log_level, settings.log_json)
     if command == "node":
+        from mosaicd.daemon.node.run import run_node
+
         return run_entry(command, lambda: run(run_node(settings, task=task), settings.event_loop), tell)
+    from mosaicd.daemon.barrier.run import run_barrier
+
     return run_entry(command, lambda: run(run_barrier(settings, task=task, sock=sock), settings.event_loop), tell)
 
 
@@ -143,7 +144,13 @@ def main() -> NoReturn:
         os._exit(2)
     configure_logging(settings.log_level, settings.log_json)
     task = prebuild(settings)
-    import mosaicd.daemon.node.run  # noqa: F401 - imported once, here, for every node
+    # imported once, here, for every node and the barrier: a module a child imported after the fork would be paid
+    # for once per node, while the run goes on (bench/README.md, issue 59 item 3); the codec its first connection to
+    # a host name needs too
+    import encodings.idna  # noqa: F401
+
+    import mosaicd.daemon.barrier.run  # noqa: F401
+    import mosaicd.daemon.node.run  # noqa: F401
     loop_factory(settings.event_loop)  # uvloop too, where it runs the roles
 
     listening = listen(settings)
