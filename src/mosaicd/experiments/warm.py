@@ -110,11 +110,23 @@ def prebuild(settings: Settings) -> Any:
         task = build_task(run, settings.data_dir)
         task.initial(0)  # the model and its initial vector
         warm_up(task)
+        warm_protocol(run, task.layout)
     except Exception as exc:  # noqa: BLE001 - the nodes build it again and say what is wrong
         log.warning("warm_start", prebuilt=False, reason=f"{type(exc).__name__}: {exc}")
         return None
     log.info("warm_start", prebuilt=True, task=str(run.task), seconds=round(time.perf_counter() - started, 3))
     return task
+
+
+def warm_protocol(run: Any, layout: Any) -> None:
+    """What every node computes alike as its run starts, once here: the fragmentation's build (its numpy paths, the
+    first time in a process) and the sampler's check of its picks against numpy's (once per process), which a forked
+    node would otherwise pay for after registering, in round 0 (bench/README.md, issue 59 item 3)."""
+    from mosaic_proto.fragmentation import Fragmentation
+    from mosaic_proto.keyed_choice import matches_numpy
+
+    Fragmentation.build(layout, run.fragments, run.seed, run.strategy)
+    matches_numpy()
 
 
 def listen(settings: Settings) -> socket.socket | None:
