@@ -110,10 +110,13 @@ def prebuild(settings: Settings) -> Any:
         task = build_task(run, settings.data_dir)
         task.initial(0)  # the model and its initial vector
         warm_up(task)
-        warm_protocol(run, task.layout)
     except Exception as exc:  # noqa: BLE001 - the nodes build it again and say what is wrong
         log.warning("warm_start", prebuilt=False, reason=f"{type(exc).__name__}: {exc}")
         return None
+    try:
+        warm_protocol(run, task.layout)
+    except ValueError:  # a run the model cannot be cut into (K above its size): each node says so as it starts
+        pass
     log.info("warm_start", prebuilt=True, task=str(run.task), seconds=round(time.perf_counter() - started, 3))
     return task
 
