@@ -159,3 +159,15 @@ def test_the_warm_parent_pays_an_optimizers_imports_and_adam_needs_none(optimize
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-3:] == ["True", str(dynamo), str(dynamo)]  # after the warm-up's log line
+
+
+def test_the_warm_parent_computes_what_every_node_computes_alike_before_the_fork(tmp_path: Path) -> None:
+    """`prebuild` leaves the sampler's check against numpy cached in the parent, so that every forked node has it
+    (issue 59 item 3: each node paid for it, and for its first fragmentation, after registering)."""
+    from mosaic_proto import keyed_choice
+    from mosaicd.experiments.warm import prebuild
+
+    keyed_choice.matches_numpy.cache_clear()
+    task = prebuild(Settings(task="quadratic", nodes=3, fragments=2, out=tmp_path / "run"))
+    assert task is not None
+    assert keyed_choice.matches_numpy.cache_info().currsize == 1

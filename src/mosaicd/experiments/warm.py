@@ -57,9 +57,6 @@ def run_role(command: str, task: Any = None, sock: socket.socket | None = None,
     and exit codes (cli.main's), given a prebuilt task (and the barrier's listening socket). `tell`: the error
     line also goes there (the report pipe: the log it is printed to may be on the disk that filled). `settings`:
     a node group's member's, its logging the parent's (configured by `mosaicd node`)."""
-    from mosaicd.daemon.barrier.run import run_barrier
-    from mosaicd.daemon.node.run import run_node
-
     if settings is None:
         try:
             settings = Settings.load()
@@ -68,7 +65,11 @@ def run_role(command: str, task: Any = None, sock: socket.socket | None = None,
             return 2
         configure_logging(settings.log_level, settings.log_json)
     if command == "node":
+        from mosaicd.daemon.node.run import run_node
+
         return run_entry(command, lambda: run(run_node(settings, task=task), settings.event_loop), tell)
+    from mosaicd.daemon.barrier.run import run_barrier
+
     return run_entry(command, lambda: run(run_barrier(settings, task=task, sock=sock), settings.event_loop), tell)
 
 
@@ -128,8 +129,23 @@ def prebuild(settings: Settings) -> Any:
     except Exception as exc:  # noqa: BLE001 - the nodes build it again and say what is wrong
         log.warning("warm_start", prebuilt=False, reason=f"{type(exc).__name__}: {exc}")
         return None
+    try:
+        warm_protocol(run, task.layout)
+    except ValueError:  # a run the model cannot be cut into (K above its size): each node says so as it starts
+        pass
     log.info("warm_start", prebuilt=True, task=str(run.task), seconds=round(time.perf_counter() - started, 3))
     return task
+
+
+def warm_protocol(run: Any, layout: Any) -> None:
+    """What every node computes alike as its run starts, once here: the fragmentation's build (its numpy paths, the
+    first time in a process) and the sampler's check of its picks against numpy's (once per process), which a forked
+    node would otherwise pay for after registering, in round 0 (bench/README.md, issue 59 item 3)."""
+    from mosaic_proto.fragmentation import Fragmentation
+    from mosaic_proto.keyed_choice import matches_numpy
+
+    Fragmentation.build(layout, run.fragments, run.seed, run.strategy)
+    matches_numpy()
 
 
 def listen(settings: Settings) -> socket.socket | None:
@@ -229,7 +245,13 @@ def main() -> NoReturn:
         os._exit(2)
     configure_logging(settings.log_level, settings.log_json)
     task = prebuild(settings)
-    import mosaicd.daemon.node.run  # noqa: F401 - imported once, here, for every node
+    # imported once, here, for every node and the barrier: a module a child imported after the fork would be paid
+    # for once per node, while the run goes on (bench/README.md, issue 59 item 3); the codec its first connection to
+    # a host name needs too
+    import encodings.idna  # noqa: F401
+
+    import mosaicd.daemon.barrier.run  # noqa: F401
+    import mosaicd.daemon.node.run  # noqa: F401
     loop_factory(settings.event_loop)  # uvloop too, where it runs the roles
 
     listening = listen(settings)
