@@ -125,7 +125,8 @@ def async_view(url: str, status: dict[str, Any], addresses: list[str], timeout: 
                      "copies": last.get("copies"), "lag_steps_mean": last.get("lag_steps_mean"),
                      "lag_steps_max": last.get("lag_steps_max"), "wait_s_mean": last.get("wait_s_mean"),
                      "wait_s_max": last.get("wait_s_max"), "sent": v.get("sent"), "unsent": v.get("unsent"),
-                     "stale": v.get("stale"), "superseded": v.get("superseded"), "averaged": v.get("averaged")})
+                     "stale": v.get("stale"), "superseded": v.get("superseded"), "averaged": v.get("averaged"),
+                     "stopped_by": v.get("stopped_by")})
     settings = status.get("settings") or {}
     run = {"run_id": status.get("run_id"), "exchange": status.get("exchange", settings.get("exchange")),
            "settings": settings, "finished": sum(r["phase"] == "finished" for r in rows),
@@ -222,9 +223,10 @@ def render_async(view: dict[str, Any]) -> Any:
     where = f"node {view['url']}" if barrier is None else f"barrier {view['url']} ({barrier['phase']})"
     if barrier is not None and barrier["phase"] == "registering":  # no members yet: who has come, of how many
         where += f", registered {barrier['registered']}/{barrier['expected'] or '?'}"
+    budget = "" if s.get("time_budget") is None else f" budget {s['time_budget']:g} s"
     head = Text(f"run {run['run_id']}  asynchronous ({run['exchange']})  finished {run['finished']}/{n}"
                 f"  reachable {run['reachable']}/{n}  | task {s.get('task')} K={s.get('fragments')} "
-                f"s={s.get('fanout')} sampler {s.get('sampler')} | {where}")
+                f"s={s.get('fanout')} sampler {s.get('sampler')}{budget} | {where}")
     if barrier is not None and barrier["error"]:
         head.append(f"\nerror: {barrier['error']}")
     note = Text("inbox: fragments waiting (oldest's wait); queue: messages to send (their fragments); lag: the node's "
@@ -238,7 +240,8 @@ def render_async(view: dict[str, Any]) -> Any:
         steps = "-" if r["steps"] is None else f"{r['steps']}/{r['iterations']}"
         oldest = f" ({_num(r['inbox_oldest_s'], '.2f')}s)" if r["inbox_oldest_s"] is not None else ""
         queue = "-" if r["queue"] is None else f"{r['queue']} ({r['queue_fragments']})"
-        table.add_row(str(r["rank"]), r["address"], r["phase"], steps, _num(r["steps_per_s"], ".2f"),
+        phase = r["phase"] if not r.get("stopped_by") else f"{r['phase']} ({r['stopped_by']})"  # budget, iterations
+        table.add_row(str(r["rank"]), r["address"], phase, steps, _num(r["steps_per_s"], ".2f"),
                       _num(r["inbox"], "d") + oldest, queue, _num(r["copies"], "d"),
                       f"{_num(r['lag_steps_mean'], '.1f')}/{_num(r['lag_steps_max'], 'd')}",
                       f"{_num(r['wait_s_mean'], '.3f')}/{_num(r['wait_s_max'], '.3f')}s", _num(r["sent"], "d"),

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from mosaicd.cli import main
 from mosaicd.experiments.cluster_async import AsyncCluster
 from mosaicd.settings import Settings
-from mosaicd.status import cluster_view, folder_view
+from mosaicd.status import cluster_view, folder_view, render_async
 
 # ~0.1 s an iteration (the profile's compute_s): 120 iterations are about 12 s of training, so that a status read
 # mid-run sees the fields move even on a loaded host
@@ -86,6 +87,10 @@ def test_status_of_an_asynchronous_run_moves_while_it_trains(running: str, kit: 
         r["phase"] == "finished" and r["queue"] == 0 for r in v["nodes"]) and v, 120, "every node to finish and "
         "send its queue")
     assert [r["steps"] for r in done["nodes"]] == [120, 120, 120]
+    assert [r["stopped_by"] for r in done["nodes"]] == ["iterations"] * 3  # not its --time-budget: it has none
+    console = Console(record=True, width=240)
+    console.print(render_async(done))
+    assert console.export_text().count("finished (iterations)") == 3
     # the run's folder, once it is over: each node's iterations in the rounds' place
     summary = tmp_path / "run" / "summary.json"
     kit.wait_until(lambda: summary.exists() and json.loads(summary.read_text()).get("status") == "finished", 120,
