@@ -154,6 +154,13 @@ def test_an_asynchronous_barrier_stopped_and_started_again_collects_the_run(tmp_
     assert block["steps"] == {str(i): 100 for i in range(4)} and "resumed" not in block, block
 
 
+def training_roster(kit: Any, run: Run, url: str) -> list[str]:
+    """The members' addresses in rank order, read from the barrier at `url` once every node has done 3 iterations."""
+    kit.wait_until(lambda: min(steps_of(p) for p in run.ports) >= 3, 120, "every node's 3rd iteration")
+    members = kit.http("GET", f"{url}/v1/status").json()["members"]
+    return [m["address"] for m in sorted(members, key=lambda m: m["rank"])]
+
+
 @pytest.mark.slow  # about 8 s on 2 idle cores
 def test_mosaicd_status_of_an_asynchronous_barrier_shows_each_member_s_steps_and_depths(tmp_path: Path,
                                                                                         kit: Any) -> None:
@@ -164,15 +171,10 @@ def test_mosaicd_status_of_an_asynchronous_barrier_shows_each_member_s_steps_and
     run = Run(kit, tmp_path, 0.05, "--rounds", "400")
     url = f"http://127.0.0.1:{run.barrier_port}"
     try:
-        until = time.monotonic() + 120
-        while min(steps_of(p) for p in run.ports) < 3:
-            assert time.monotonic() < until, "every node's 3rd iteration did not come"
-            time.sleep(0.05)
+        roster = training_roster(kit, run, url)
         view = cluster_view(url)
         assert view["sync"] == "async" and view["barrier"]["phase"] == "running", view.get("barrier")
         rows = view["nodes"]
-        roster = [m["address"] for m in sorted(kit.http("GET", f"{url}/v1/status").json()["members"],
-                                               key=lambda m: m["rank"])]
         assert [r["address"] for r in rows] == roster and sorted(roster) == sorted(f"127.0.0.1:{p}" for p in run.ports)
         for row in rows:
             assert row["reachable"] and row["phase"] == "training" and 3 <= row["steps"] < 400, row
@@ -205,12 +207,7 @@ def test_the_dashboard_of_an_asynchronous_barrier_shows_every_node(browser: Any,
     run = Run(kit, tmp_path, 0.05, "--rounds", "400")
     url = f"http://127.0.0.1:{run.barrier_port}"
     try:
-        until = time.monotonic() + 120
-        while min(steps_of(p) for p in run.ports) < 3:
-            assert time.monotonic() < until, "every node's 3rd iteration did not come"
-            time.sleep(0.05)
-        roster = [m["address"] for m in sorted(kit.http("GET", f"{url}/v1/status").json()["members"],
-                                               key=lambda m: m["rank"])]
+        roster = training_roster(kit, run, url)
         browser.get(f"{url}/")
         shown = kit.wait_until(lambda: (v := browser.execute_script(PAGE)) and len(v["cells"]) == 4
                                and v["steps"] > 0 and all(c[2] == "training" for c in v["cells"]) and v, 120,
