@@ -154,6 +154,15 @@ async def collect_reports(client: Client, url: Callable[[int, str], str], ranks:
     return reports, sorted(lost)
 
 
+
+async def tell_end(client: Client, url: Callable[[int, str], str], ranks: list[int], reason: str | None = None,
+                   timeout: float = 5.0, retries: int = 1) -> None:
+    """POST /v1/async/end to the members `ranks` at once: the run ended, its summary written (no `reason`), or it
+    was interrupted (`reason`: the collector was told to stop). One that does not answer is not waited for."""
+    body = None if reason is None else {"interrupted": reason}
+    await asyncio.gather(*(client.request("POST", url(r, "/v1/async/end"), json_body=body, retries=retries,
+                                          timeout=timeout) for r in ranks), return_exceptions=True)
+
 def run_deadline(settings: Settings) -> float:
     """How long the collector waits for the last report at most: every iteration at the slowest node's pace with a
     wide margin (a second an iteration at least), or the --time-budget and its last iteration with as wide a one,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from mosaicd.daemon.async_end import collect_reports, summarize
+from mosaicd.daemon.async_end import collect_reports, summarize, tell_end
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.http.auth import signer
 from mosaicd.daemon.http.client import Client
@@ -52,7 +52,6 @@ async def collect_run(barrier: Barrier, settings: Settings) -> None:
             barrier.end_failed(failure_text(exc))
             summary = None
         barrier.log.info("async_run_ended", members=sorted(reports), status=(summary or {}).get("status"))
-        await asyncio.gather(*(client.request("POST", url(r, "/v1/async/end"), retries=1, timeout=5.0)
-                               for r in range(len(addresses))), return_exceptions=True)
+        await tell_end(client, url, list(range(len(addresses))))
     if summary is not None:
         barrier.reported(summary)

@@ -45,7 +45,7 @@ from typing import Any
 
 from aiohttp import web
 
-from mosaicd.daemon.async_end import collect_reports, node_folder, summarize
+from mosaicd.daemon.async_end import collect_reports, node_folder, summarize, tell_end
 from mosaicd.daemon.entry import on_signals, told_to_stop
 from mosaicd.daemon.http.auth import Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError
@@ -85,8 +85,9 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
     from mosaicd.learning.tasks import build_task
 
     run = settings.run_config()
-    secret = Secret.of(settings.daemon_options())
-    check_listen(settings.daemon_options(), secret.keyring())
+    options = settings.daemon_options()
+    secret = Secret.of(options)
+    check_listen(options, secret.keyring())
     task = await asyncio.to_thread(build_task, run, settings.data_dir)
     node = AsyncNode(settings, task, rank, addresses, secret, barrier_url)
     await asyncio.to_thread(node.restore)
@@ -146,8 +147,7 @@ async def tell_interrupted(node: AsyncNode, sign: Any, ranks: list[int], reason:
     """The collector (rank 0 of a peer list) told to stop: POST /v1/async/end {"interrupted": reason} to every
     member of `ranks` at once, each given `TELL_WITHIN_S`; one that does not answer is not waited for."""
     async with Client(TELL_WITHIN_S, 0, signer=sign, ssl_context=client_context(node.options)) as client:
-        await asyncio.gather(*(client.request("POST", node.url(r, "/v1/async/end"), json_body={"interrupted": reason},
-                                              retries=0) for r in ranks), return_exceptions=True)
+        await tell_end(client, node.url, ranks, reason, timeout=TELL_WITHIN_S, retries=0)
 
 
 def how_to_resume(node: AsyncNode) -> str:
@@ -174,9 +174,7 @@ async def end_run(node: AsyncNode, client: Client, settings: Settings, recorder:
     summary = await asyncio.to_thread(summarize, out, settings, recorder, reports, lost,
                                       addresses=node.addresses)
     node.log.info("async_run_ended", members=sorted(reports), dropped=lost, status=summary.get("status"))
-    await asyncio.gather(*(client.request("POST", node.url(r, "/v1/async/end"), retries=1,
-                                          timeout=5.0) for r in sorted(reports) if r != node.rank),
-                         return_exceptions=True)
+    await tell_end(client, node.url, [r for r in sorted(reports) if r != node.rank])
 
 
 async def collect(node: AsyncNode, client: Client, out: Path, settings: Settings,
