@@ -223,14 +223,12 @@ def run_group(settings: Settings) -> int:
 
 
 def member_address(settings: Settings) -> str:
-    """Where a member listens, for the console: its port, or the one its port file holds."""
-    port = settings.port
-    if not port and settings.port_file is not None:
-        try:
-            port = int(settings.port_file.read_text().strip())
-        except (OSError, ValueError):
-            return f"port in {settings.port_file}: none yet"
-    return f"{settings.host}:{port}" if port else "port not yet bound"
+    """Where a member listens, for the console: its port, or the one its port file holds (`earlier_port`)."""
+    from mosaicd.daemon.http.server import earlier_port
+
+    if port := earlier_port(settings.daemon_options()):
+        return f"{settings.host}:{port}"
+    return "port not yet bound" if settings.port_file is None else f"port in {settings.port_file}: none yet"
 
 
 def main() -> NoReturn:
