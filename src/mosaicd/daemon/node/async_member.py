@@ -5,7 +5,6 @@ link, checkpoints and the report; `async_routes.py` is its HTTP face, `async_run
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from dataclasses import asdict
@@ -206,8 +205,7 @@ class AsyncNode:
         if self.state_dir is None:
             return
         address, run_id = self.addresses[self.rank], self.run.run_id
-        member = self.state_dir / checkpoint.MEMBER
-        note = json.loads(member.read_text()) if member.is_file() else {}
+        note = checkpoint.member_note(self.state_dir)
         came_back = note.get("run_id") == run_id
         self.run_started = note.get("started") if came_back and note.get("rank") == self.rank else None
         saved = next((c for c in checkpoint.kept(self.state_dir) if c.run_id == run_id and c.rank == self.rank

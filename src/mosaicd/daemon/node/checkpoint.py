@@ -27,6 +27,7 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy
@@ -158,6 +159,12 @@ def noted_start(directory: Path | None, run_id: str, rank: int, address: str, no
     if directory is not None:
         note_member(directory, run_id, rank, address, now)
     return now
+
+
+def member_note(directory: Path | None) -> dict[str, Any]:
+    """What `note_member` last wrote in the state directory ({} where nothing was)."""
+    path = None if directory is None else directory / MEMBER
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
 
 
 def was_member(directory: Path | None) -> bool:
