@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import shutil
 import signal
@@ -15,6 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -186,6 +188,22 @@ async def served_barrier(run: dict[str, Any], out: Path, **barrier_kwargs: Any) 
     return barrier, runner, Settings(**run, barrier_url=barrier_url)
 
 
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def bench_module(name: str) -> ModuleType:
+    """bench/NAME.py loaded as a module, its sibling scripts importable while it loads: a test of its parts."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
 def sha256_f32(vector: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(vector, dtype="<f4").tobytes()).hexdigest()
 
@@ -243,6 +261,7 @@ class Kit:
     measured = staticmethod(measured)
     stop_all = staticmethod(stop_all)
     sha256_f32 = staticmethod(sha256_f32)
+    bench_module = staticmethod(bench_module)
     reference_vectors = staticmethod(reference_vectors)
     reference_hashes = staticmethod(reference_hashes)
 

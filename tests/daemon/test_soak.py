@@ -13,28 +13,18 @@ barrier's history of releases (about 1.5 KiB per round, 0.58 MiB here) passes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 NODES, ROUNDS, EVERY, WARMUP, SLACK = 16, 600, 25, 100, 8
-
-
-def soak_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("soak", SOAK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
@@ -70,8 +60,8 @@ def samples(rounds: range, **per_round: float) -> list[dict[str, Any]]:
     return out
 
 
-def test_the_verdict_catches_a_leak_of_one_per_round_and_a_page_per_round() -> None:
-    soak, rounds = soak_module(), range(0, 500 - EVERY + 1, EVERY)  # 500 made-up rounds
+def test_the_verdict_catches_a_leak_of_one_per_round_and_a_page_per_round(kit: Any) -> None:
+    soak, rounds = kit.bench_module("soak"), range(0, 500 - EVERY + 1, EVERY)  # 500 made-up rounds
 
     def leaks(**per_round: float) -> list[str]:
         return soak.judge(samples(rounds, **per_round), WARMUP, SLACK, 3.0)["leaks"]

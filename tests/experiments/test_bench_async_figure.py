@@ -5,29 +5,20 @@ time axes it compares are the simulator's virtual clock, as the page says)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "async_figure.py"
 
 
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_async_figure", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_time_to_target_is_interpolated_from_the_evaluation_before() -> None:
-    time_to = bench().time_to
+def test_the_time_to_target_is_interpolated_from_the_evaluation_before(kit: Any) -> None:
+    time_to = kit.bench_module("async_figure").time_to
     rows = [{"virtual_s": 5.0, "node_average": 0.5}, {"virtual_s": 10.0, "node_average": 0.7},
             {"virtual_s": 15.0, "node_average": 0.9}, {"virtual_s": 20.0, "node_average": 0.6}]
     assert time_to(rows, 0.8) == pytest.approx(12.5)
@@ -36,8 +27,8 @@ def test_the_time_to_target_is_interpolated_from_the_evaluation_before() -> None
 
 
 @pytest.mark.slow
-def test_the_small_figure_runs_every_curve_and_writes_its_csv_and_png(tmp_path: Path) -> None:
-    module = bench()
+def test_the_small_figure_runs_every_curve_and_writes_its_csv_and_png(tmp_path: Path, kit: Any) -> None:
+    module = kit.bench_module("async_figure")
     done = subprocess.run([sys.executable, str(SCRIPT), "--small", "--out", str(tmp_path / "fig")],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

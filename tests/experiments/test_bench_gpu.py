@@ -3,12 +3,12 @@ size and gives its figures, and the cluster's models equal simulate's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,15 +16,8 @@ GPU = Path(__file__).resolve().parents[2] / "bench" / "gpu.py"
 CASES = ("digits", "digits-batched", "teacher", "teacher-batched", "wide", "wide-batched", "cluster")
 
 
-def test_the_wide_case_is_a_model_of_resnet18s_size() -> None:
-    spec = importlib.util.spec_from_file_location("bench_gpu", GPU)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(GPU.parent))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(GPU.parent))
+def test_the_wide_case_is_a_model_of_resnet18s_size(kit: Any) -> None:
+    module = kit.bench_module("gpu")
     assert 10_500_000 <= module.model_values(small=False) <= 11_700_000  # ResNet-18 (10 classes): 11.2M
 
 
