@@ -416,33 +416,27 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     project("up", "-d", "--no-build", "--scale", f"node={nodes}")
     barrier = f"http://127.0.0.1:{port}"
 
-    def status() -> dict:
-        try:
-            return kit.http("GET", f"{barrier}/v1/status", timeout=5).json()
-        except OSError:
-            return {}
-
-    kit.wait_until(lambda: status().get("round", 0) >= 3, 600, "round 3", interval=1)
+    kit.wait_until(lambda: kit.status(port).get("round", 0) >= 3, 600, "round 3", interval=1)
     victim = project("ps", "-q", "node").split()[0]
     containers = project("ps", "-q", "barrier", "node").split()
     address = f"127.0.0.1:{sh('docker', 'exec', victim, 'cat', '/tmp/mosaic/slot/port').stdout.strip()}"
-    rank = next(m["rank"] for m in status()["members"] if m["address"] == address)
+    rank = next(m["rank"] for m in kit.status(port)["members"] if m["address"] == address)
     before = console_lines(containers)
     told, told_at = time.monotonic(), time.time()
     sh("docker", "stop", victim)  # SIGTERM, then (after Docker's 10 s) SIGKILL: 137
     stopped = time.monotonic() - told
     assert container_states([victim]) == [("exited", 0)], f"the node told to stop did not exit 0 ({stopped:.1f} s)"
     exited = finished_at(victim) - told_at  # the engine's record of the exit: without the CLI's way back
-    started, round_then = time.monotonic(), status().get("round", 0)
+    started, round_then = time.monotonic(), kit.status(port).get("round", 0)
     sh("docker", "start", victim)  # `docker restart` is the two
 
     def joined() -> dict | None:
         history = kit.http("GET", f"{barrier}/v1/history?since={round_then}", timeout=5).json()["rounds"]
-        now = status()
+        now = kit.status(port)
         return now if any(rank in e.get("joined", []) for e in history) and rank in now.get("live", []) else None
     back = kit.wait_until(joined, 120, "the restarted node to rejoin", interval=0.5)
     rejoined = time.monotonic() - started
-    kit.wait_until(lambda: status().get("round", 0) >= back["round"] + 3, 300, "3 rounds after the rejoin",
+    kit.wait_until(lambda: kit.status(port).get("round", 0) >= back["round"] + 3, 300, "3 rounds after the rejoin",
                    interval=1)
     said = said_since(before)
     # the aim is 10 s (its start-up, registration, the next release): a figure, not a bound (a CI host at load 20
@@ -460,13 +454,13 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     rounds_lines = "\n".join(line for line in console_lines([barrier_id])[barrier_id] if ROUND_LINE.search(line))
     assert f"joined [{rank}]" in rounds_lines, rounds_lines[-3000:]  # back before its leave applied: no "left"
 
-    at = kit.wait_until(lambda: (r := status().get("round", 0)) >= 8 and r, 600, "round 8", interval=1)
+    at = kit.wait_until(lambda: (r := kit.status(port).get("round", 0)) >= 8 and r, 600, "round 8", interval=1)
     nodes_now = project("ps", "-q", "node").split()
     before = console_lines(nodes_now)
     project("kill", "barrier")  # SIGKILL: no word to anyone, its journal as it was
     time.sleep(1)
     project("up", "-d", "--no-build", "barrier")
-    kit.wait_until(lambda: status().get("round", 0) >= at + 3, 300, "3 rounds after the barrier's restart",
+    kit.wait_until(lambda: kit.status(port).get("round", 0) >= at + 3, 300, "3 rounds after the barrier's restart",
                    interval=1)
     said = said_since(before)
     assert not said, said  # the barrier's own "resumed with" line is the one line of that event
@@ -474,7 +468,7 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     resumed = re.search(r"resumed with (\d+) of (\d+) rounds done, from the journal in /results/", barrier_logs)
     assert resumed and int(resumed[1]) >= at and int(resumed[2]) == rounds, barrier_logs[-3000:]
 
-    down_at = kit.wait_until(lambda: (r := status().get("round", 0)) >= 16 and r, 600, "round 16", interval=1)
+    down_at = kit.wait_until(lambda: (r := kit.status(port).get("round", 0)) >= 16 and r, 600, "round 16", interval=1)
     project("down", timeout=300)  # no -v: the nodes' slots (ports, checkpoints) and the secret stay
     summary = final_summary(kit, results)
     assert summary["status"] == "interrupted" and summary["error"].startswith("interrupted ("), summary.get("error")
@@ -824,15 +818,9 @@ def test_compose_with_two_nodes_per_container_runs_simulates_models_and_a_restar
     project("up", "-d", "--no-build", "--scale", f"node={nodes // per}")
     barrier = f"http://127.0.0.1:{port}"
 
-    def status_now() -> dict:
-        try:
-            return kit.http("GET", f"{barrier}/v1/status", timeout=5).json()
-        except OSError:
-            return {}
-
-    kit.wait_until(lambda: status_now().get("round", 0) >= 2, 300, "round 2", interval=0.5)
+    kit.wait_until(lambda: kit.status(port).get("round", 0) >= 2, 300, "round 2", interval=0.5)
     victim = project("ps", "-q", "node").split()[0]
-    ranks, round_then = member_ranks(kit, barrier, victim, per), status_now()["round"]
+    ranks, round_then = member_ranks(kit, barrier, victim, per), kit.status(port)["round"]
     sh("docker", "stop", victim)  # SIGTERM: each member leaves and exits; `docker restart` is this and `start`
     assert container_states([victim]) == [("exited", 0)], console_lines([victim])[victim][-20:]
     sh("docker", "start", victim)
@@ -840,7 +828,7 @@ def test_compose_with_two_nodes_per_container_runs_simulates_models_and_a_restar
     def rejoined() -> bool:
         history = kit.http("GET", f"{barrier}/v1/history?since={round_then}", timeout=5).json()["rounds"]
         joined = {rank for e in history for rank in e.get("joined", [])}
-        return set(ranks) <= joined and set(ranks) <= set(status_now().get("live", []))
+        return set(ranks) <= joined and set(ranks) <= set(kit.status(port).get("live", []))
     kit.wait_until(rejoined, 120, "both members of the restarted container to rejoin", interval=0.5)
     status = kit.wait_until(lambda: barrier_finished(kit, barrier), timeout=300, what="the second run to finish",
                             interval=1)
