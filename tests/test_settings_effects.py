@@ -58,7 +58,7 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     # asynchronous runs (--sync async): barrier-only settings, and what pairwise averaging (AD-PSGD) leaves out
     "round_deadline": (60.0, {"sync": "async"}, {}),
     "checkpoint_rounds": (5, {"sync": "async", "eval_every": 0}, {}),
-    "max_norm": (3.0, {"sync": "async"}, {}),
+    "max_norm": (3.0, {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
     "exchange": ("pairwise", {}, {"sync": "async"}),
     "async_send": ("aggregated", {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),
     "fragments": (2, {"sync": "async", "exchange": "pairwise"}, {"sync": "async"}),

@@ -35,7 +35,7 @@ from .attacks import Attack
 from .compression import Compressor
 from .fragmentation import Fragmentation
 from .robust import Aggregator
-from .round import RoundReport
+from .round import RoundReport, fragment_norms, over_norm
 from .sampling import PeerSampler
 from .wire import FragmentBatch
 
@@ -97,6 +97,7 @@ class AsyncOutcome(StrEnum):
     TAKEN = "taken"  # a message's fragments are in the inbox
     STALE = "stale"  # every fragment in it is older than the copy the inbox holds from its sender
     REFUSED = "refused"  # not this run's, not a member's, or not planned for this node
+    OUT_OF_RANGE = "out_of_range"  # a fragment's norm is over --max-norm times the node's own fragment's
     IGNORED = "ignored"  # the node is finished: what comes is of no use to it
     NOTED = "noted"
     IDLE = "idle"  # nothing to send
@@ -108,7 +109,8 @@ _ANY_MESSAGE = {In.SEND: {Out.NOTED: None, Out.IDLE: None}, In.AVERAGED: {Out.NO
 # keeps the average of the pair it asked for in its last iteration
 ASYNC_TRANSITIONS: dict[AsyncPhase, dict[AsyncInput, dict[AsyncOutcome, AsyncPhase | None]]] = {
     S.TRAINING: {In.TRAINED: {Out.ITERATED: None, Out.DONE: S.FINISHED},
-                 In.RECEIVED: {Out.TAKEN: None, Out.STALE: None, Out.REFUSED: None},
+                 In.RECEIVED: {Out.TAKEN: None, Out.STALE: None, Out.REFUSED: None,
+                               Out.OUT_OF_RANGE: None},
                  In.PAIRED: {Out.NOTED: None}, **_ANY_MESSAGE},
     S.FINISHED: {In.RECEIVED: {Out.IGNORED: None}, In.PAIRED: {Out.IGNORED: None}, **_ANY_MESSAGE},
 }
@@ -246,7 +248,8 @@ class AsyncNodeStatus:
     queue_fragments: int  # fragments in them
     superseded: int  # fragments dropped unsent for a newer copy (since the start)
     stale: int  # fragments received older than the copy held (since the start)
-    refused: int
+    refused: int  # messages refused (out_of_range among them)
+    out_of_range: int  # ... by --max-norm
     ignored: int
     averaged: int  # pairwise averages kept
     last_aggregation: Staleness | None
@@ -264,15 +267,22 @@ class AsyncNodeState:
 
     `sampler`: whose plan for (step, node) names each fragment's receivers (pairwise: a sampler of fanout 1, whose
     one receiver of fragment 0 is the peer asked); `planned_only`: refuse fragments the sender's plan does not send
-    here (a driver whose messages are all honest may skip the check)."""
+    here (a driver whose messages are all honest may skip the check); `max_norm` (--max-norm, push only): refuse a
+    message with a fragment whose L2 norm is over max_norm times that fragment's of the node's model when it comes
+    (the barrier round's check, `round.over_norm`)."""
 
     def __init__(self, rank: int, members: Sequence[int], fragmentation: Fragmentation, sampler: PeerSampler,
                  iterations: int, vector: np.ndarray, *, run_id: str = "mosaic", budget_s: float | None = None,
                  exchange: Exchange = Exchange.PUSH,
                  send: AsyncSend = AsyncSend.TRAINED, aggregator: Aggregator | None = None,
-                 compressor: Compressor | None = None, attack: Attack | None = None, planned_only: bool = True) -> None:
+                 compressor: Compressor | None = None, attack: Attack | None = None, planned_only: bool = True,
+                 max_norm: float | None = None) -> None:
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
+        if max_norm is not None and not max_norm > 0:
+            raise ValueError(f"max_norm must be > 0, got {max_norm}")
+        if max_norm is not None and Exchange(exchange) is Exchange.PAIRWISE:
+            raise ValueError("max_norm needs exchange push: a pairwise exchange averages whole models atomically")
         if budget_s is not None and not budget_s > 0:
             raise ValueError(f"budget_s must be > 0, got {budget_s}")
         self.rank, self.members = rank, tuple(sorted(members))
@@ -281,7 +291,7 @@ class AsyncNodeState:
             raise ValueError(f"node {rank} is not among the members")
         self.fragmentation, self.sampler, self.iterations, self.run_id = fragmentation, sampler, iterations, run_id
         self.exchange, self.send, self.aggregator = Exchange(exchange), AsyncSend(send), aggregator or Aggregator()
-        self.compressor, self.attack, self.planned_only = compressor, attack, planned_only
+        self.compressor, self.attack, self.planned_only, self.max_norm = compressor, attack, planned_only, max_norm
         self.codec = compressor.compression.codec if compressor is not None else "none"
         self.phases = AsyncPhases()
         self.budget_s = budget_s
@@ -290,12 +300,14 @@ class AsyncNodeState:
         self.step = 0  # iterations done
         self.vector = np.ascontiguousarray(vector, dtype=np.float32)  # the node's model now
         self.start = self.vector  # what the iteration in training started from
+        self._own_norms = self._norms(self.vector)  # --max-norm's measure: the model's fragments' norms
         self._moved = False  # a pairwise average replaced the model during the iteration's training
         # sender -> fragment -> (step, values, arrived at)
         self._inbox: dict[int, dict[int, tuple[int, object, float]]] = {}
         self.queue = SendQueue()
-        self.counts: Counter[str] = Counter()  # stale, refused, ignored, averaged: since the start
+        self.counts: Counter[str] = Counter()  # stale, refused, out_of_range, ignored, averaged: since the start
         self._arrived = [0, 0, 0]  # messages, fragments, bytes taken since the last aggregation
+        self._refused: Counter[str] = Counter()  # messages refused by --max-norm since then, by reason
         self._staleness: Staleness | None = None  # of the last aggregation
 
     phase = property(lambda self: self.phases.phase)
@@ -319,7 +331,8 @@ class AsyncNodeState:
             inbox=len(arrivals), inbox_per_fragment=tuple(per_fragment),
             inbox_oldest_s=now - min(arrivals) if arrivals else None, queue=len(self.queue),
             queue_fragments=self.queue.fragments(), superseded=self.queue.superseded, stale=self.counts["stale"],
-            refused=self.counts["refused"], ignored=self.counts["ignored"], averaged=self.counts["averaged"],
+            refused=self.counts["refused"], out_of_range=self.counts["out_of_range"], ignored=self.counts["ignored"],
+            averaged=self.counts["averaged"],
             last_aggregation=self._staleness)
 
     def started(self, now: float) -> None:
@@ -342,7 +355,7 @@ class AsyncNodeState:
             raise AsyncStateError(f"node {self.rank}: cannot resume at step {step} after {self.step} of "
                                   f"{self.iterations} iterations")
         self.step, self.vector = step, np.ascontiguousarray(vector, dtype=np.float32)
-        self.start = self.vector
+        self.start, self._own_norms = self.vector, self._norms(self.vector)
 
     # -- the node's own loop -----------------------------------------------------------------------------------
     def trained(self, local: np.ndarray, now: float) -> Iteration:
@@ -367,15 +380,22 @@ class AsyncNodeState:
             vector, cut = self._aggregated(local, step, now)
             out = self._queue_fragments(vector, step)
         (messages_in, fragments_in, bytes_in), self._arrived = self._arrived, [0, 0, 0]
+        refused, self._refused = self._refused, Counter()
         report = RoundReport(round=step, messages_out=out[0], fragments_out=out[1], bytes_out=out[2],
-                             messages_in=messages_in, fragments_in=fragments_in, bytes_in=bytes_in, cut=cut)
+                             messages_in=messages_in, fragments_in=fragments_in, bytes_in=bytes_in, refused=refused,
+                             cut=cut)
         stop = StopReason.ITERATIONS if step + 1 >= self.iterations else \
             StopReason.BUDGET if self.over_budget(now) else None
         outcome = Out.ITERATED if stop is None else Out.DONE
         self.phases.fire(In.TRAINED, outcome, self.rank)
         self.stopped_by = stop
         self.step, self.vector, self.start, self._moved = step + 1, vector, vector, False
+        self._own_norms = self._norms(vector)
         return Iteration(outcome, vector, report, partner)
+
+    def _norms(self, vector: np.ndarray) -> list[float] | None:
+        """What --max-norm measures received fragments against: the norms of `vector`'s fragments (None without)."""
+        return None if self.max_norm is None else fragment_norms(self.fragmentation.views(vector))
 
     def _aggregated(self, local: np.ndarray, step: int, now: float) -> tuple[np.ndarray, Counter]:
         """The inbox's newest copies (one per sender and fragment) averaged with `local` by the run's rule, in
@@ -427,7 +447,9 @@ class AsyncNodeState:
         """A fragment message: each fragment kept in the inbox if it is newer than the copy held from its sender
         (TAKEN), else dropped (STALE); REFUSED if it is not this run's, not from another member (or not from
         `sender`, the member its transport proved), or (with `planned_only`) not what the sender's plan of its step
-        sends here; IGNORED once the node is finished."""
+        sends here; OUT_OF_RANGE (--max-norm) if a fragment's norm is over max_norm times that fragment's of the
+        node's model now (the message is refused whole, as in a barrier round); IGNORED once the node is
+        finished."""
         if self.phases.finished:
             outcome = Out.IGNORED
         elif (batch.run_id != self.run_id or batch.sender == self.rank or batch.sender not in self._member_set
@@ -435,6 +457,10 @@ class AsyncNodeState:
               or batch.k != self.fragmentation.k or batch.fingerprint != self.fragmentation.fingerprint
               or batch.codec != self.codec or not self._planned(batch)):
             outcome = Out.REFUSED
+        elif self._own_norms is not None and self.max_norm is not None \
+                and over_norm(batch.sender, batch.fragments, self._own_norms, self.max_norm) is not None:
+            outcome = Out.OUT_OF_RANGE
+            self._refused[outcome.value] += 1
         else:
             held = self._inbox.setdefault(batch.sender, {})
             fresh = {f: v for f, v in batch.fragments.items() if f not in held or held[f][0] < batch.round}
@@ -447,8 +473,10 @@ class AsyncNodeState:
                 arrived[0], arrived[1] = arrived[0] + 1, arrived[1] + len(fresh)
                 arrived[2] += sum(int(getattr(v, "nbytes", 0)) for v in fresh.values())
         self.phases.fire(In.RECEIVED, outcome, self.rank)
-        if outcome in (Out.REFUSED, Out.IGNORED):
+        if outcome in (Out.REFUSED, Out.IGNORED, Out.OUT_OF_RANGE):
             self.counts[outcome.value] += 1
+        if outcome is Out.OUT_OF_RANGE:
+            self.counts["refused"] += 1
         return outcome
 
     def _planned(self, batch: FragmentBatch) -> bool:

@@ -13,7 +13,7 @@ The daemon (or the in-memory network) feeds it bytes and gets bytes and decision
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import NamedTuple
@@ -156,6 +156,26 @@ def decoded(state: RoundState, data: bytes | bytearray | memoryview) -> Fragment
         return exc
 
 
+def fragment_norms(fragments: Sequence[np.ndarray]) -> list[float]:
+    """Each fragment's L2 norm (in float64): what --max-norm measures a received fragment against."""
+    return [float(np.linalg.norm(f.astype(np.float64))) for f in fragments]
+
+
+def over_norm(sender: int, fragments: Mapping[int, np.ndarray | Compressed], own_norms: Sequence[float],
+              max_norm: float) -> WireError | None:
+    """--max-norm, the one check a barrier round and an asynchronous node make: why a message is refused where one
+    of its fragments has an L2 norm over max_norm times the receiver's own fragment's (`own_norms`), else None. A
+    sparse fragment's norm is that of the values it carries."""
+    for f, part in fragments.items():
+        values = part.values if isinstance(part, Compressed) else part
+        limit = max_norm * max(own_norms[f], 1e-6)
+        norm = float(np.linalg.norm(values.astype(np.float64)))
+        if norm > limit:
+            return WireError(Reason.OUT_OF_RANGE, f"sender {sender}'s fragment {f} has norm {norm:.3g}, more than "
+                             f"max_norm {max_norm:g} x this node's own ({own_norms[f]:.3g})")
+    return None
+
+
 class RoundState:
     def __init__(self, *, node: int, round: int, members: Sequence[int], fragmentation: Fragmentation,
                  sampler: PeerSampler, run_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -267,7 +287,7 @@ class RoundState:
         fragments = self.fragmentation.views(local)  # a contiguous fragment is encoded from `local` directly
         self._local, self._own_fragments = local, fragments  # finish() sums from these: no second gather
         if self.max_norm is not None:
-            self._own_norms = [float(np.linalg.norm(f.astype(np.float64))) for f in fragments]
+            self._own_norms = fragment_norms(fragments)
             for sender in sorted(self._received):  # what came in while this node was still training
                 try:
                     self._check_norms(sender, self._received[sender])
@@ -304,15 +324,9 @@ class RoundState:
             self._on_refused(reason, count)
 
     def _check_norms(self, sender: int, fragments: dict[int, np.ndarray | Compressed]) -> None:
-        """A sparse fragment's norm is that of the values it carries."""
         assert self._own_norms is not None and self.max_norm is not None
-        for f, part in fragments.items():
-            values = part.values if isinstance(part, Compressed) else part
-            limit = self.max_norm * max(self._own_norms[f], 1e-6)
-            norm = float(np.linalg.norm(values.astype(np.float64)))
-            if norm > limit:
-                raise WireError(Reason.OUT_OF_RANGE, f"sender {sender}'s fragment {f} has norm {norm:.3g}, more than "
-                                f"max_norm {self.max_norm:g} x this node's own ({self._own_norms[f]:.3g})")
+        if (refused := over_norm(sender, fragments, self._own_norms, self.max_norm)) is not None:
+            raise refused
 
     def mark_unsent(self, message: OutgoingMessage) -> None:
         """The transport gave up on a message: keep the report honest."""

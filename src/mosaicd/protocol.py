@@ -59,14 +59,16 @@ def nominal_iterations(run: RunConfig) -> int:
     return min(run.rounds, max(1, math.ceil(run.time_budget / compute_s - 1e-9)))
 
 
-def async_node_state(run: RunConfig, task: Any, rank: int, planned_only: bool = True) -> AsyncNodeState:
+def async_node_state(run: RunConfig, task: Any, rank: int, planned_only: bool = True,
+                     max_norm: float | None = None) -> AsyncNodeState:
     """Node `rank`'s state at the start of an asynchronous run, the same in `simulate --sync async` and in the
     daemons (pairwise: one fragment, a sampler of fanout 1). `planned_only`: refuse what the sender's plan does not
-    send here (the daemons; the simulator's messages are all honest)."""
+    send here (the daemons; the simulator's messages are all honest); `max_norm`: --max-norm (a node's option, not
+    the run's)."""
     pairwise = run.exchange is Exchange.PAIRWISE
     fragmentation = Fragmentation.build(task.layout, 1 if pairwise else run.fragments, run.seed, run.strategy)
     sampler = PeerSampler("local", 1, run.seed) if pairwise else PeerSampler(run.sampler, run.fanout, run.seed)
     return AsyncNodeState(rank, tuple(range(run.nodes)), fragmentation, sampler, run.rounds, task.initial(rank),
                           run_id=run.run_id, budget_s=run.time_budget, exchange=run.exchange, send=run.async_send,
                           aggregator=aggregator_rule(run), compressor=compressor_of(run, rank),
-                          attack=attack_of(run, rank), planned_only=planned_only)
+                          attack=attack_of(run, rank), planned_only=planned_only, max_norm=max_norm)

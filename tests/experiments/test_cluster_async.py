@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mosaic_proto.wire import encode
+from mosaic_proto.wire import FragmentBatch, encode
 from mosaicd.cli import main
 from mosaicd.daemon.http.auth import Secret
 from mosaicd.daemon.node.async_member import AsyncNode
@@ -101,6 +101,34 @@ def test_a_replayed_or_misattributed_message_is_refused(tmp_path: Path) -> None:
     assert receiver.receive(body, 1) == ({"outcome": "taken"}, 200)
     answer, status = receiver.receive(body, 1)  # the same message again: refused, whatever the nonce
     assert status == 409 and answer["reason"] == "replayed_step"
+
+
+def test_a_node_with_max_norm_refuses_a_fragment_over_it_and_counts_it(tmp_path: Path) -> None:
+    """--max-norm in the daemon: the state's check (`AsyncNodeState.receive`), answered 400 `out_of_range` as a
+    barrier node answers it, counted in /metrics as a barrier node counts it, in its status and its report."""
+    settings = Settings.load(**RUN, nodes=4, rounds=3, max_norm=10.0, out=tmp_path / "n")
+    task = build_task(settings.run_config())
+    addresses = [f"127.0.0.1:{9000 + i}" for i in range(4)]
+    sender, receiver = AsyncNode(settings, task, 1, addresses, Secret(None)), AsyncNode(settings, task, 0, addresses,
+                                                                                  Secret(None))
+    assert receiver.state.max_norm == 10.0
+    messages: list = []
+    for step in range(3):  # the first step whose plan sends node 0 something from node 1
+        sender.state.trained(sender.state.start, float(step))
+        messages = [m for m in iter(lambda: sender.state.next_send(0.0), None) if m.peer == 0]
+        if messages:
+            break
+    honest = messages[0].batch
+    scaled = FragmentBatch(honest.run_id, honest.round, honest.sender, honest.k, honest.fingerprint,
+                           {f: 1000 * np.asarray(v) for f, v in honest.fragments.items()})
+    answer, status = receiver.receive(encode(scaled), 1)
+    assert status == 400 and answer["reason"] == "out_of_range" and "--max-norm 10" in answer["detail"]
+    assert receiver.state.inbox_depth() == 0
+    assert receiver.receive(encode(honest), 1) == ({"outcome": "taken"}, 200)  # the same step, within the bound
+    refused = receiver.metrics.registry.get_sample_value("mosaic_refused_messages_total", {"reason": "out_of_range"})
+    view = receiver.status()
+    assert refused == 1 and (view["refused"], view["out_of_range"]) == (1, 1)
+    assert receiver.report()["out_of_range"] == 1
 
 
 @pytest.mark.parametrize("send", ["trained", "aggregated"])

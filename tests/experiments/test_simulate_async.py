@@ -93,6 +93,7 @@ def test_async_send_aggregated_sends_the_aggregate_and_gives_other_models(tmp_pa
     (["--async-send", "aggregated"], "--async-send needs --sync async"),
     (["--sync", "async", "--exchange", "pairwise", "--async-send", "aggregated"],
      "--async-send needs --exchange push"),
+    (["--sync", "async", "--exchange", "pairwise", "--max-norm", "3"], "--max-norm needs --exchange push"),
 ])
 def test_a_setting_void_in_the_mode_is_refused_before_any_folder_is_made(
         flags: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,3 +130,20 @@ def test_codecs_robust_rules_and_attackers_work_as_in_the_barrier_mode(tmp_path:
     table = rows(tmp_path / "a")
     assert [r["round"] for r in table] == ["2", "5"]
     assert float(table[1]["node_average"]) < float(table[0]["node_average"])  # it learns (honest nodes only)
+
+
+def test_max_norm_keeps_the_models_under_a_large_bound_and_refuses_a_scaling_attacker(tmp_path: Path) -> None:
+    """--max-norm in `simulate --sync async`: a bound nothing is over changes no model; against an attacker that
+    sends its fragments scaled 1000x, the honest nodes refuse its messages (counted in summary.json and nodes.csv)
+    and keep learning, where without the guard they do not."""
+    plain, loose = simulated(tmp_path, "plain", eval_every=3), simulated(tmp_path, "loose", eval_every=3,
+                                                                          max_norm=1e6)
+    assert plain["models_sha256"] == loose["models_sha256"] and loose["asynchronous"]["refused_out_of_range"] == 0
+    attack = {"byzantine": 1, "attack": "scale", "attack_scale": 1000.0}
+    attacked = simulated(tmp_path, "attacked", eval_every=3, **attack)
+    guarded = simulated(tmp_path, "guarded", eval_every=3, max_norm=10.0, **attack)
+    assert guarded["models_sha256"] != attacked["models_sha256"]
+    refused = guarded["asynchronous"]["refused_out_of_range"]
+    counted = [part for r in rows(tmp_path / "guarded", "nodes.csv") for part in r["refused_by_reason"].split()]
+    assert refused > 0 and sum(int(p.split("=")[1]) for p in counted if p.startswith("out_of_range=")) == refused
+    assert guarded["final"]["node_average"] < plain["final"]["node_average"] * 2 < attacked["final"]["node_average"]

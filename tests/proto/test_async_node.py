@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mosaic_proto import Fragmentation, FragmentBatch, Layout, PeerSampler, Quadratic, consensus_distance
+from mosaic_proto import Attack, Fragmentation, FragmentBatch, Layout, PeerSampler, Quadratic, consensus_distance
 from mosaic_proto.async_network import AsyncNetwork
 from mosaic_proto.async_node import (
     ASYNC_TRANSITIONS,
@@ -231,3 +231,54 @@ def test_sending_the_trained_model_compresses_it_and_aggregates_with_the_stand_i
     assert sorted(float(v.values[0]) for v in queued) == [-3.0, 2.0]
     # fragment 0: own [1, -3] and the copy [8, stand-in -3] -> [4.5, -3]; fragment 1 heard nothing: its own
     assert done.vector.tolist() == [4.5, -3.0, 0.5, 2.0]
+
+
+def test_max_norm_refuses_a_message_with_a_fragment_over_the_bound_and_takes_one_under() -> None:
+    """--max-norm acts on the inbox as on a barrier round: a message with a fragment whose norm is over max_norm times
+    that fragment's of the node's model now is refused whole (OUT_OF_RANGE), counted, and never averaged."""
+    state = AsyncNodeState(0, range(3), FOUR, PeerSampler("local", 1, 0), 3, np.ones(4, np.float32),
+                           planned_only=False, max_norm=10.0)  # each fragment's own norm: sqrt(2); bound 14.1
+    assert state.receive(batch(1, 0, {0: [9, 9]}), now=0.1) is AsyncOutcome.TAKEN  # norm 12.7: under
+    assert state.receive(batch(2, 0, {0: [1, 1], 1: [15, 0]}), now=0.2) is AsyncOutcome.OUT_OF_RANGE  # 15: over
+    assert state.inbox_depth() == 1 and state.counts["out_of_range"] == state.counts["refused"] == 1
+    view = state.status(0.3)
+    assert (view.refused, view.out_of_range) == (1, 1)
+    done = state.trained(np.ones(4, np.float32), now=1.0)
+    assert done.vector.tolist() == [5.0, 5.0, 1.0, 1.0]  # sender 2's fragments, the one under the bound too, left out
+    assert done.report.refused == {"out_of_range": 1} and done.report.messages_in == 1
+    # the bound follows the node's model: fragment 0 is now of norm 7.07, so 15 is under it, and 100 is over
+    assert state.receive(batch(2, 1, {0: [15, 0]}), now=1.1) is AsyncOutcome.TAKEN
+    assert state.receive(batch(1, 1, {0: [100, 0]}), now=1.2) is AsyncOutcome.OUT_OF_RANGE
+    assert state.trained(done.vector, now=2.0).report.refused == {"out_of_range": 1}
+    unguarded = node()
+    assert unguarded.receive(batch(2, 0, {1: [1e9, 0]}), now=0.0) is AsyncOutcome.TAKEN  # none: nothing refused
+    with pytest.raises(ValueError, match="max_norm needs exchange push"):
+        AsyncNodeState(0, range(2), Fragmentation.build(Layout.flat(1), 1, 0), PeerSampler("local", 1, 0), 2,
+                       np.zeros(1, np.float32), exchange=Exchange.PAIRWISE, max_norm=10.0)
+
+
+def guarded_network(max_norm: float | None, attack: bool) -> AsyncNetwork:
+    """10 nodes on the quadratic, node 3 sending its fragments scaled 1000x (with `attack`), each node's --max-norm."""
+    q = Quadratic.build(10, 16, "correlated", 0)
+    fr, sampler = Fragmentation.build(Layout.flat(16), 4, 0), PeerSampler("local", 2, 0)
+    liar = Attack.of("scale", 0, 3, 10, 1, 1000.0) if attack else None
+    states = [AsyncNodeState(i, range(10), fr, sampler, 6, q.initial(i), max_norm=max_norm,
+                             attack=liar if i == 3 else None) for i in range(10)]
+    network = AsyncNetwork(states, q.train, [NodeProfile(latency=0.05), NodeProfile(slowdown=1.5)], 1.0)
+    network.run()
+    return network
+
+
+def test_max_norm_keeps_the_models_where_nothing_is_over_it_and_guards_them_against_a_scaling_attacker() -> None:
+    def models(network: AsyncNetwork) -> list[bytes]:
+        return [v.tobytes() for v in network.vectors]
+
+    plain, loose = guarded_network(None, False), guarded_network(1e6, False)
+    assert models(plain) == models(loose) and sum(s.counts["out_of_range"] for s in loose.states) == 0
+    attacked, guarded, again = guarded_network(None, True), guarded_network(10.0, True), guarded_network(10.0, True)
+    assert models(guarded) == models(again)  # deterministic, bit for bit
+    refused = [s.counts["out_of_range"] for s in guarded.states]
+    assert refused[3] == 0 and sum(refused) > 0  # the honest nodes refused the attacker's messages
+    honest = [i for i in range(10) if i != 3]
+    spread = [consensus_distance(np.stack([n.vectors[i] for i in honest])) for n in (plain, attacked, guarded)]
+    assert spread[1] > 100 * spread[0] and spread[2] < 2 * spread[0]  # what the guard kept out moved the others

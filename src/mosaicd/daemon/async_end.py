@@ -104,6 +104,7 @@ def summarize(out: Path, settings: Settings, recorder: RunRecorder, reports: dic
                                                                      for n in per_node.values()),
                                          "pairs_averaged": sum(n["averaged"] for n in per_node.values()),
                                          "fragments_stale": sum(n["fragments_stale"] for n in per_node.values()),
+                                         "refused_out_of_range": sum(n["out_of_range"] for n in per_node.values()),
                                          **({"resumed": resumed, "resume_exact": False,
                                              "resume_note": "nodes started again went on from their checkpoints "
                                              "(`resumed`: the step each went on from): what they had received or "

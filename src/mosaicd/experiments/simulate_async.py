@@ -51,7 +51,8 @@ from mosaicd.settings import Settings, SettingsError
 def async_states(settings: Settings, task: Task) -> list[AsyncNodeState]:
     """Every node's state at the start of an asynchronous run (pairwise: one fragment, a sampler of fanout 1)."""
     run = settings.run_config()
-    return [async_node_state(run, task, i, planned_only=False) for i in range(run.nodes)]  # honest: none refused
+    # the simulator's messages are all honest: none is refused as unplanned
+    return [async_node_state(run, task, i, planned_only=False, max_norm=settings.max_norm) for i in range(run.nodes)]
 
 
 class _Iterations:
@@ -134,13 +135,15 @@ def simulate_async(settings: Settings, recorder: RunRecorder, progress: bool, on
                                          **stopped_summary({i: s.stopped_by for i, s in enumerate(states)}, listed),
                                          "messages_delivered": network.delivered,
                                          "fragments_superseded": sum(s.queue.superseded for s in states),
-                                         "fragments_stale": sum(s.counts["stale"] for s in states)},
+                                         "fragments_stale": sum(s.counts["stale"] for s in states),
+                                         "refused_out_of_range": sum(s.counts["out_of_range"] for s in states)},
                            **robustness_summary(run))
 
 
 # -- checkpoints: Ctrl-C then --resume ends with the uninterrupted run's models, bit for bit ----------------------
 
-VERSION = 3  # 2: a node keeps --async-send (`AsyncNodeState.send`); 3: its --time-budget and what stopped it
+VERSION = 4  # 2: a node keeps --async-send (`AsyncNodeState.send`); 3: its --time-budget and what stopped it;
+# 4: its --max-norm and what it refused by it
 CSV_FILES = ("rounds.csv", "nodes.csv")
 
 

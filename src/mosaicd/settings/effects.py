@@ -75,7 +75,7 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
     "strategy": (Need("--fragments 2 or more", lambda s: s.fragments > 1,
                       "with one fragment the whole model travels as one, however it is cut"), PUSH),
     # asynchronous runs (--sync async): what only a barrier's rounds use, and what pairwise averaging leaves out
-    "round_deadline": (BARRIER,), "max_norm": (BARRIER,),
+    "round_deadline": (BARRIER,), "max_norm": (PUSH,),
     "checkpoint_rounds": (Need("--eval-every 1 or more, or --sync barrier",
                                lambda s: str(getattr(s, "sync", "barrier")) == "barrier" or s.eval_every > 0,
                                "simulate --sync async checkpoints at the points of its evaluation grid, and "

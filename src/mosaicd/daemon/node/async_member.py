@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mosaic_proto import CONTENT_TYPE, WireError
+from mosaic_proto import CONTENT_TYPE, Reason, WireError
 from mosaic_proto.async_node import AsyncOutcome, Exchange, SyncMode
 from mosaic_proto.compression import Compression
 from mosaic_proto.profiles import DEFAULT_COMPUTE_S
@@ -74,7 +74,7 @@ class AsyncNode:
         self.collector = "0" if barrier_url is None else "barrier"  # the signed sender that fetches and ends
         self.run = settings.run_config()
         self.options = settings.daemon_options()
-        self.state = async_node_state(self.run, task, rank, planned_only=True)
+        self.state = async_node_state(self.run, task, rank, planned_only=True, max_norm=self.options.max_norm)
         self.compression = Compression.parse(self.run.compress)
         self.max_bytes = max_message_bytes(self.state.fragmentation, self.compression)
         spec = profile_spec(self.run)
@@ -145,6 +145,10 @@ class AsyncNode:
         if outcome is AsyncOutcome.REFUSED:
             return {"reason": "refused", "detail": "not this run's, not from its proved sender, or not planned "
                     "for this node"}, 403
+        if outcome is AsyncOutcome.OUT_OF_RANGE:
+            self.metrics.refused(Reason.OUT_OF_RANGE)
+            return {"reason": Reason.OUT_OF_RANGE.value, "detail": f"a fragment's norm is over --max-norm "
+                    f"{self.options.max_norm:g} times that of this node's model"}, 400
         if outcome in (AsyncOutcome.TAKEN, AsyncOutcome.STALE):
             self._newest[batch.sender] = batch.round
         return {"outcome": outcome.value}, 200
@@ -311,4 +315,5 @@ class AsyncNode:
                 "sent_bytes": self.sent_bytes, "link_s": round(self.link_s, 6),
                 "signed": self.keyring is not None, "eval_period_s": self.eval_period_s,
                 "fragments_superseded": s.queue.superseded, "fragments_stale": s.counts["stale"],
-                "refused": s.counts["refused"], "ignored": s.counts["ignored"], "averaged": s.counts["averaged"]}
+                "refused": s.counts["refused"], "out_of_range": s.counts["out_of_range"],
+                "ignored": s.counts["ignored"], "averaged": s.counts["averaged"]}
