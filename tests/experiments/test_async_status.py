@@ -20,14 +20,20 @@ from mosaicd.status import cluster_view, folder_view, render_async
 # ~0.1 s an iteration (the profile's compute_s): 120 iterations are about 12 s of training, so that a status read
 # mid-run sees the fields move even on a loaded host
 RUN = dict(sync="async", task="quadratic", nodes=3, rounds=120, fragments=4, fanout=2, eval_every=10, seed=1)
+PROFILE = "compute_s = 0.1\n"
+# nodes 0 and 1 do their 120 iterations in about 12 s; node 2, 4x slower, about 62 before the 25 s budget ends them:
+# for about 13 s the first two are finished by their iterations while node 2 trains on
+UNEVEN = {"profile": PROFILE + "[nodes.2]\nslowdown = 4\n", "time_budget": 25.0}
 
 
 @pytest.fixture
-def running(tmp_path: Path, kit: Any) -> Iterator[str]:
-    """An asynchronous cluster running in a background thread: node 0's URL once it answers."""
-    (tmp_path / "profile.toml").write_text("compute_s = 0.1\n")
-    cluster = AsyncCluster(Settings.load(**RUN, node_profile=tmp_path / "profile.toml", out=tmp_path / "run"),
-                           progress=False)
+def running(request: pytest.FixtureRequest, tmp_path: Path, kit: Any) -> Iterator[str]:
+    """An asynchronous cluster running in a background thread: node 0's URL once it answers (indirect parameter:
+    {"profile": its --node-profile, other settings over RUN})."""
+    given = dict(getattr(request, "param", {}))
+    (tmp_path / "profile.toml").write_text(given.pop("profile", PROFILE))
+    cluster = AsyncCluster(Settings.load(**{**RUN, **given}, node_profile=tmp_path / "profile.toml",
+                                         out=tmp_path / "run"), progress=False)
     thread, result = kit.run_in_thread(cluster, timeout=240)
     roster = tmp_path / "run" / "roster.json"
 
@@ -115,9 +121,11 @@ return {rows: table.tBodies[0].rows.length, ranks: [...table.tBodies[0].rows].ma
 
 
 @pytest.mark.browser
-@pytest.mark.slow  # a 4-process loopback run and a browser: ~20 s on 2 busy cores
+@pytest.mark.slow  # a 4-process loopback run of 25 s and a browser: ~35 s on 2 busy cores
+@pytest.mark.parametrize("running", [UNEVEN], indirect=True, ids=["uneven"])
 def test_the_dashboard_of_an_asynchronous_node_shows_every_node(browser: Any, running: str, kit: Any) -> None:
-    """Node 0 serves the page; the page reads every member's /v1/status (another origin: another port)."""
+    """Node 0 serves the page; the page reads every member's /v1/status (another origin: another port), and shows
+    what ended a finished node's iterations as `mosaicd status` does."""
     browser.get(f"{running}/")
     assert browser.title == "Mosaic run"
 
@@ -134,5 +142,11 @@ def test_the_dashboard_of_an_asynchronous_node_shows_every_node(browser: Any, ru
                            and v, 120, "the page to follow the nodes' steps", interval=0.2)
     assert later["depths"] == later["lag"] == later["steps"]
     assert all(c[7] != "–" for c in later["cells"]), later["cells"]  # each node's last aggregation's copies
+    assert later["header"][-1] == "refused (max-norm)" and {c[-1] for c in later["cells"]} == {"0 (0)"}
+    ended = kit.wait_until(lambda: (v := page()) and [c[2] for c in v["cells"][:2]] == ["finished (iterations)"] * 2
+                           and v, 120, "nodes 0 and 1 shown finished by their iterations", interval=0.2)
+    assert [c[3] for c in ended["cells"][:2]] == ["120 / 120"] * 2
+    # node 2 trains on until the budget ends it (the run ends soon after: the page may not see it finished)
+    assert ended["cells"][2][2] in ("training", "finished (budget)"), ended["cells"]
     errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE" and e.get("source") == "javascript"]
     assert not errors, errors

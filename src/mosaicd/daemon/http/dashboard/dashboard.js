@@ -244,7 +244,13 @@ function renderAsync() {
 }
 
 const ASYNC_COLUMNS = ["rank", "address", "state", "steps", "steps/s", "inbox (oldest)", "queue (fragments)",
-                       "copies", "lag mean / max", "wait mean / max", "sent", "stale", "superseded"];
+                       "copies", "lag mean / max", "wait mean / max", "sent", "stale", "superseded",
+                       "refused (max-norm)"];
+
+// a node's state as `mosaicd status` says it: a finished node's says what ended its iterations ("finished (budget)")
+function asyncState(n) {
+  return n.stopped_by ? `${n.phase} (${n.stopped_by})` : n.phase;
+}
 
 function renderAsyncNodes(s) {
   const header = $("node-header");
@@ -262,11 +268,12 @@ function renderAsyncNodes(s) {
     tr.dataset.rank = rank;
     if (!n) tr.className = "dropped";
     const cells = !n ? [rank, address, "unreachable", ...ASYNC_COLUMNS.slice(3).map(() => "–")] : [
-      rank, address, n.phase, `${n.steps} / ${n.iterations}`, fmt(n.steps_per_s, 3),
+      rank, address, asyncState(n), `${n.steps} / ${n.iterations}`, fmt(n.steps_per_s, 3),
       n.inbox + (n.inbox_oldest_s === null ? "" : ` (${fmt(n.inbox_oldest_s, 2)} s)`),
       `${n.queue} (${n.queue_fragments})`, last ? last.copies : "–",
       last ? `${fmt(last.lag_steps_mean, 2)} / ${fmt(last.lag_steps_max)}` : "–",
       last ? `${fmt(last.wait_s_mean, 2)} / ${fmt(last.wait_s_max, 2)}` : "–", n.sent, n.stale, n.superseded,
+      `${n.refused} (${n.out_of_range ?? 0})`,
     ];
     return withCells(tr, cells);
   });
