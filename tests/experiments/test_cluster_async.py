@@ -75,6 +75,21 @@ def test_ad_psgd_runs_in_the_daemons_from_the_same_flag(tmp_path: Path, secret: 
     assert block["replays_refused"] == 0 and summary["final"]["consensus_distance"] < 1.0
 
 
+@pytest.mark.slow  # a 6-process loopback run: ~10 s on 2 busy cores
+def test_max_norm_guards_the_daemons_against_a_scaling_attacker(tmp_path: Path) -> None:
+    """--max-norm reaches every node process of `cluster --sync async`: the honest nodes refuse the attacker's
+    messages (its fragments scaled 1000x), count them in summary.json, and keep learning."""
+    summary = clustered(tmp_path, "guarded", "compute_s = 0.05\n", nodes=5, rounds=15, eval_every=5, byzantine=1,
+                        attack="scale", attack_scale=1000.0, max_norm=10.0)
+    block = summary["asynchronous"]
+    assert summary["status"] == "finished" and block["steps"] == {str(i): 15 for i in range(5)}
+    assert block["refused_out_of_range"] > 0 and summary["byzantine_ranks"] and summary["honest_only"] is True
+    run = Settings.load(**RUN, nodes=5, rounds=15).run_config()
+    task = build_task(run)
+    start = network_metrics(task, [task.initial(i) for i in range(5) if i not in summary["byzantine_ranks"]])
+    assert summary["final"]["node_average"] < start["node_average"] / 2  # the honest nodes learned, unharmed
+
+
 def test_resume_is_refused_in_the_daemons_naming_the_flag(tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     for flags, said in ((["--resume"], "--resume: an asynchronous cluster is not resumed as a whole"),):
