@@ -10,7 +10,7 @@ import pytest
 
 from mosaicd.cli import main
 from mosaicd.experiments.simulate import run_simulation
-from mosaicd.settings import Settings
+from mosaicd.settings import Settings, SettingsError
 
 # a quarter of the nodes on a link too slow for what they send (their queues supersede), and latency for all
 PROFILE = "compute_s = 0.5\n[default]\nlatency = 0.02\n[[draw]]\nshare = 0.25\nbandwidth = 64\n"
@@ -147,3 +147,27 @@ def test_max_norm_keeps_the_models_under_a_large_bound_and_refuses_a_scaling_att
     counted = [part for r in rows(tmp_path / "guarded", "nodes.csv") for part in r["refused_by_reason"].split()]
     assert refused > 0 and sum(int(p.split("=")[1]) for p in counted if p.startswith("out_of_range=")) == refused
     assert guarded["final"]["node_average"] < plain["final"]["node_average"] * 2 < attacked["final"]["node_average"]
+
+
+def test_ctrl_c_then_resume_with_max_norm_gives_the_uninterrupted_models_and_another_bound_is_refused(
+        tmp_path: Path) -> None:
+    """A checkpoint holds each node's --max-norm and what it refused by it; a resume with another bound is another
+    run, refused naming the flag."""
+    run = {**RUN, "rounds": 12, "checkpoint_rounds": 2, "byzantine": 1, "attack": "scale", "attack_scale": 1000.0,
+           "max_norm": 10.0}
+    whole = simulated(tmp_path, "whole", **run)
+    settings = Settings.load(**run, out=tmp_path / "stopped")
+
+    def stop(done: object) -> None:  # Ctrl-C lands in the main thread as this does, between two events
+        if getattr(done, "round", None) == 7:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        run_simulation(settings, progress=False, on_round=stop, advise=False)
+    assert (tmp_path / "stopped" / "simulate-checkpoint.npz").exists()
+    with pytest.raises(SettingsError, match="--max-norm 20.0"):
+        run_simulation(Settings.load(**{**run, "max_norm": 20.0}, out=tmp_path / "stopped"), progress=False,
+                       resume=True)
+    resumed = run_simulation(settings, progress=False, resume=True)
+    assert resumed["models_sha256"] == whole["models_sha256"] and resumed["asynchronous"] == whole["asynchronous"]
+    assert whole["asynchronous"]["refused_out_of_range"] > 0
+    assert (tmp_path / "stopped" / "nodes.csv").read_text() == (tmp_path / "whole" / "nodes.csv").read_text()

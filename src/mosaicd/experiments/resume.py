@@ -33,8 +33,9 @@ from mosaicd.settings import OPTION_TABLES, RunConfig, Settings, SettingsError
 
 VERSION = 1
 CSV_FILES = ("rounds.csv", "nodes.csv")
-# the settings a resumed run must share with the run it continues: those that change its results
-RESULT_FIELDS = (*RunConfig.model_fields, "batched")
+# the settings a resumed run must share with the run it continues: those that change its results (--max-norm: a
+# node's option, not the run's, but the bound its messages are refused by)
+RESULT_FIELDS = (*RunConfig.model_fields, "batched", "max_norm")
 
 
 @dataclass(frozen=True)
