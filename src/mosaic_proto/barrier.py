@@ -579,9 +579,10 @@ class BarrierState:
         """The clock moved: the open round's release at its deadline (`due`: the timer's; late: `LateClock`), or the
         run's failure at the registration's."""
         if (deadline := self.registration_deadline) is not None and now >= deadline:
-            self.failure = self.registration.failure(self.pending, self.expected, self.awaited, self.phases.rebinding)
+            why = self.registration.failure(self.pending, self.expected, self.awaited, self.phases.rebinding)
             self.phases.fire(In.TICK, Out.FAILED)
-            return Failure(self.failure, self.round, registration=True)
+            self.failure = why
+            return Failure(why, self.round, registration=True)
         if (deadline := self.deadline) is None or now < deadline or self._open.clock.woke_late(now, due):
             return None
         release, outcome = self._release(now)
