@@ -749,7 +749,6 @@ def innermost_callers(tree: ast.AST, names: set[str]) -> set[tuple[str, str]]:
 # asyncio.sleep in daemon/barrier that decides nothing: the node count read every moment while nodes register (the
 # state settles it), the --register-deadline of the registration's long polls, the process lingering after the end
 SLEEPS_THAT_DECIDE_NOTHING = {("mosaicd.daemon.barrier.registration", "count_nodes"),
-                              ("mosaicd.daemon.barrier.registration", "_deadline"),
                               ("mosaicd.daemon.barrier.run", "serve_barrier")}
 
 
@@ -912,3 +911,43 @@ def test_the_async_node_state_fires_once_per_call_and_is_handed_the_clock() -> N
         names = {a.name for n in ast.walk(ast.parse((SRC / "mosaic_proto" / module).read_text()))
                  if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
         assert not {"time", "monotonic", "perf_counter"} & names, (module, names)
+
+
+# -- the registration's deadline is the barrier state's (issue 57): registration.py waits, and decides nothing by it
+REGISTRATION = "mosaicd.daemon.barrier.registration"
+ENDS_THE_RUN = {"_fail", "fail_registration", "fail", "end_failed", "decide"}
+
+
+def waits_that_decide(tree: ast.Module) -> set[str]:
+    """The functions of `tree` that sleep or wait_for and also end the run or feed the state (`ENDS_THE_RUN`): a
+    wait that decides the run's fate when it gives up, which is the state's to decide from the clock (`tick`)."""
+    waiting = {fn for fn, _ in innermost_callers(tree, {"sleep", "wait_for"})}
+    deciding = {fn for fn, _ in innermost_callers(tree, ENDS_THE_RUN)}
+    return waiting & deciding
+
+
+def test_the_registrations_deadline_is_the_states_and_its_waits_decide_nothing() -> None:
+    """The registration failing at --register-deadline (and a resumed run's members not coming back in time) is
+    decided by `BarrierState.tick` at `registration_deadline`, which one of the runner's timers feeds (step 2 of
+    `apply`); registration.py only waits on what the runner publishes: its one wait (`waited`, a long poll's own
+    limit) ends nothing, and it sleeps only to read the node count (`count_nodes`), which ends nothing either."""
+    tree = TREES[REGISTRATION]
+    assert not waits_that_decide(tree), waits_that_decide(tree)
+    assert {fn for fn, _ in innermost_callers(tree, {"wait_for"})} == {"waited"}
+    assert {fn for fn, _ in innermost_callers(tree, {"sleep"})} == {"count_nodes"}
+    assert not any(f.name == "_deadline" for f in _functions(tree))
+    runner = next(f for f in _functions(TREES["mosaicd.daemon.barrier.runner"]) if f.name == "_arm_timers")
+    assert "state.registration_deadline" in ast.unparse(runner)
+    state = next(n for n in ast.walk(TREES["mosaic_proto.barrier"]) if isinstance(n, ast.ClassDef)
+                 and n.name == "BarrierState")
+    tick = next(f for f in state.body if isinstance(f, ast.FunctionDef) and f.name == "tick")
+    assert "registration_deadline" in ast.unparse(tick)
+
+
+@pytest.mark.parametrize("snippet", [
+    "async def _deadline(self):\n    await asyncio.sleep(9)\n    self._fail('passed', 503)",
+    "async def poll(self):\n    try:\n        await asyncio.wait_for(e.wait(), 9)\n    except TimeoutError:\n"
+    "        self.host.fail_registration('gone')",
+])
+def test_the_deciding_wait_check_catches_a_wait_that_ends_the_run(snippet: str) -> None:
+    assert waits_that_decide(ast.parse(snippet))

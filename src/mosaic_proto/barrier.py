@@ -28,9 +28,12 @@ dropped ends, failed.
 
 Every policy of the run is here, fed by the daemon: the clock (`tick`, and `held.until` for the leaves of members
 told to stop, `stop`), the node count read while nodes register (`count`, settled by its `CountRule`), the layouts
-the arrivals claim (`claim_layout`), and the rounds a resumed run can go on from (`resume_point`). Each decision says
-whether it is journaled (`journaled`: saved before anyone hears of it), and the timers it calls for are the state's
-values (`deadline`, `held.until`), so the daemon runs decisions and decides nothing.
+the arrivals claim (`claim_layout`), the rounds a resumed run can go on from (`resume_point`), and when the
+registration (or a resumed run's members coming back) gives up (`registration`, a `RegistrationWait`: begun, the
+peer list's names, the members back and the requests refused fed in as they happen; `tick` fails the run at its
+`registration_deadline`, saying them). Each decision says whether it is journaled (`journaled`: saved before anyone
+hears of it), and the timers it calls for are the state's values (`deadline`, `registration_deadline`, `held.until`),
+so the daemon runs decisions and decides nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from .barrier_rules import (
     LateClock,
     LayoutClaim,
     NodeCount,
+    RegistrationWait,
     RunTask,
     TaskClaim,
     ended_line,
@@ -80,7 +84,7 @@ class BarrierInput(StrEnum):
     RESTART = "restart"  # a resumed run's members start again at new addresses: it waits for them
     REBIND = "rebind"  # one of them is back
     ARRIVE = "arrive"
-    TICK = "tick"  # the open round's deadline passed
+    TICK = "tick"  # the clock: the open round's deadline passed, or the registration's (`registration_deadline`)
     JOIN = "join"
     LEAVE = "leave"
     STOP = "stop"  # a member was told to stop (a signal): its leave is held, or the run is interrupted
@@ -108,8 +112,9 @@ _RELEASING = {Out.NOTED: P.RUNNING, Out.RELEASED: P.RUNNING, Out.FINISHED: P.FIN
 BARRIER_TRANSITIONS: dict[BarrierPhase, dict[BarrierInput, dict[BarrierOutcome, BarrierPhase]]] = {
     P.REGISTERING: {In.REGISTER: {Out.NOTED: P.REGISTERING}, In.WITHDRAW: {Out.NOTED: P.REGISTERING},
                     In.COUNT: {Out.NOTED: P.REGISTERING}, In.CLOSE: {Out.CLOSED: P.RUNNING},
-                    In.FAIL: {Out.FAILED: P.FAILED}},
-    P.REBINDING: {In.REBIND: {Out.NOTED: P.REBINDING, Out.REOPENED: P.RUNNING}, In.FAIL: {Out.FAILED: P.FAILED}},
+                    In.TICK: {Out.FAILED: P.FAILED}, In.FAIL: {Out.FAILED: P.FAILED}},
+    P.REBINDING: {In.REBIND: {Out.NOTED: P.REBINDING, Out.REOPENED: P.RUNNING}, In.TICK: {Out.FAILED: P.FAILED},
+                  In.FAIL: {Out.FAILED: P.FAILED}},
     P.RUNNING: {In.ARRIVE: _RELEASING, In.TICK: {o: p for o, p in _RELEASING.items() if o is not Out.NOTED},
                 In.JOIN: _RELEASING, In.LEAVE: _RELEASING, In.RESTART: {Out.AWAITING: P.REBINDING},
                 In.STOP: {Out.NOTED: P.RUNNING, Out.FAILED: P.FAILED},
@@ -310,8 +315,9 @@ class Left:
 @dataclass(frozen=True)
 class Failure:
     """The run ended, failed, at `round`, for `reason`; `registration`: the registration (or a resumed run's members
-    coming back) could not complete; `stopped`: the members whose stop interrupted the run (`BarrierState.stop`).
-    Never journaled: the run resumes from its last decision before it."""
+    coming back) could not complete (its deadline passed, `BarrierState.tick`, or the daemon said why, `fail`: the
+    reason says the requests refused meanwhile); `stopped`: the members whose stop interrupted the run
+    (`BarrierState.stop`). Never journaled: the run resumes from its last decision before it."""
 
     reason: str
     round: int
@@ -383,10 +389,16 @@ class BarrierState:
         self.held = HeldStops()  # the leaves of members told to stop (`stop`), until `held.until`
         self._layout = LayoutClaim()  # the model every member must build
         self.task = task or RunTask("", own_loop=False, evaluates=False)
+        self.registration = RegistrationWait()  # when the registration gives up, and what its failure line says
 
     phase = property(lambda self: self.phases.phase, doc="the barrier's phase (`BarrierPhases`)")
 
     # -- registration ------------------------------------------------------------------------------
+    @property
+    def registration_deadline(self) -> float | None:
+        """When the registration, or a resumed run's members coming back with their checkpoints, fails (`tick`)."""
+        return self.registration.due if self.phases.registering or self.phases.rebinding else None
+
     @property
     def complete(self) -> bool:
         """Every expected node has registered and the roster is not made yet: call close()."""
@@ -437,10 +449,7 @@ class BarrierState:
     def rebind(self, rank: int, address: str, now: float) -> Rebound:
         """A member of a resumed run started again at another address: it keeps its rank (ranks never move). Once
         every awaited member is back, the open round starts again now: its deadline counts from now."""
-        if rank not in self.awaited:
-            raise BarrierError(BarrierReason.REGISTRATION_CLOSED, f"rank {rank} is not a member the resumed run waits "
-                               f"for (it waits for {sorted(self.awaited)})")
-        _checked(address)
+        _check_rebind(self, rank, address)
         self.phases.expect(In.REBIND)
         self.addresses = tuple(address if r == rank else a for r, a in enumerate(self.addresses))
         self.members[rank].address, self.members[rank].last_contact = address, now
@@ -454,12 +463,7 @@ class BarrierState:
         """A member that lost its round (it restarted) or, with `allow_new`, a new node: its rank, and the release if
         nobody else is awaited now. It sits out the open round and is a member again from the next round on; new
         nodes get the next free rank, so no member's rank moves."""
-        _checked(address)
-        if not self.phases.allows(In.JOIN) or self.round + 1 >= self.rounds:
-            raise BarrierError(BarrierReason.RUN_NOT_JOINABLE, f"the run is {self.phase.value}, at round {self.round} "
-                               f"of {self.rounds}: no round is left to join")
-        if address not in self.addresses and not allow_new:
-            raise _closed_to(address)
+        _check_join(self, address, allow_new)
         rank = self.addresses.index(address) if address in self.addresses else len(self.addresses)
         incarnation = rank < len(self.addresses) and _new_incarnation(self, rank)
         if rank == len(self.addresses):
@@ -478,10 +482,10 @@ class BarrierState:
         return Joined(rank, address, round, release, incarnation)
 
     def fail(self, reason: str, registration: bool = False) -> Failure:
-        """The run ends now, failed, for `reason` (`registration`: the registration could not complete)."""
+        """The run ends now, failed, for `reason` (`registration`: the registration could not complete; said so)."""
         self.phases.fire(In.FAIL, Out.FAILED)
-        self.failure = reason
-        return Failure(reason, self.round, registration)
+        self.failure = self.registration.said(reason) if registration else reason
+        return Failure(self.failure, self.round, registration)
 
     def end(self, reason: str) -> Failure:
         """The run ends now for `reason` (a write failed, a stop): failed, or, failed already, recorded so."""
@@ -528,11 +532,7 @@ class BarrierState:
     def leave(self, rank: int, now: float, reason: str = "") -> Left:
         """`rank` leaves the run (it was told to stop, or it failed): nobody waits for it from now on and it is
         not sampled from the next round; the release if the open round needed only it (or if too few are left)."""
-        if not self.members or rank not in self.members:
-            raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
-        if not self.phases.allows(In.LEAVE):
-            raise BarrierError(BarrierReason.RUN_FAILED if self.phases.failed
-                               else BarrierReason.BAD_ROUND, f"the run is {self.phase.value}")
+        _check_leave(self, rank)
         release, outcome = None, Out.NOTED
         if rank not in self.left and rank not in self.dropped:
             self.live, self.joining = [r for r in self.live if r != rank], [r for r in self.joining if r != rank]
@@ -575,8 +575,14 @@ class BarrierState:
         stale `round` claims nothing, a changed claim is not that member's (BarrierError layout_changed)."""
         return _layout_claimed(self._layout, rank, claim, round is not None and round < self.round)
 
-    def tick(self, now: float, due: float | None = None) -> Release | None:
-        """The clock moved: the release if the open round's deadline passed (`due`: the timer's; late: `LateClock`)."""
+    def tick(self, now: float, due: float | None = None) -> Release | Failure | None:
+        """The clock moved: the open round's release at its deadline (`due`: the timer's; late: `LateClock`), or the
+        run's failure at the registration's."""
+        if (deadline := self.registration_deadline) is not None and now >= deadline:
+            why = self.registration.failure(self.pending, self.expected, self.awaited, self.phases.rebinding)
+            self.phases.fire(In.TICK, Out.FAILED)
+            self.failure = why
+            return Failure(why, self.round, registration=True)
         if (deadline := self.deadline) is None or now < deadline or self._open.clock.woke_late(now, due):
             return None
         release, outcome = self._release(now)
@@ -705,6 +711,33 @@ def _check_arrival(state: BarrierState, rank: int, round: int) -> None:
     if round < state.round and round not in state.released:
         raise BarrierError(BarrierReason.STALE_ROUND,
                            f"round {round} was released long ago (the barrier is at {state.round})")
+
+
+def _check_rebind(state: BarrierState, rank: int, address: str) -> None:
+    """The BarrierError a rebind of `rank` at `address` gets now (`BarrierState.rebind`: reads it, writes nothing)."""
+    if rank not in state.awaited:
+        raise BarrierError(BarrierReason.REGISTRATION_CLOSED, f"rank {rank} is not a member the resumed run waits "
+                           f"for (it waits for {sorted(state.awaited)})")
+    _checked(address)
+
+
+def _check_join(state: BarrierState, address: str, allow_new: bool) -> None:
+    """The BarrierError a join of `address` gets now (`BarrierState.join`: reads it, writes nothing)."""
+    _checked(address)
+    if not state.phases.allows(In.JOIN) or state.round + 1 >= state.rounds:
+        raise BarrierError(BarrierReason.RUN_NOT_JOINABLE, f"the run is {state.phase.value}, at round {state.round} "
+                           f"of {state.rounds}: no round is left to join")
+    if address not in state.addresses and not allow_new:
+        raise _closed_to(address)
+
+
+def _check_leave(state: BarrierState, rank: int) -> None:
+    """The BarrierError a leave of `rank` gets now (`BarrierState.leave`: reads it, writes nothing)."""
+    if not state.members or rank not in state.members:
+        raise BarrierError(BarrierReason.UNKNOWN_RANK, f"rank {rank} is not registered")
+    if not state.phases.allows(In.LEAVE):
+        raise BarrierError(BarrierReason.RUN_FAILED if state.phases.failed
+                           else BarrierReason.BAD_ROUND, f"the run is {state.phase.value}")
 
 
 def _layout_claimed(layout: LayoutClaim, rank: int, claim: tuple[int, str] | None, stale: bool) -> str | None:

@@ -1,7 +1,8 @@
 """The barrier's policies beside its phase table, each a small pure class that `BarrierState` holds and feeds (the
 daemon feeds the state: the clock, the node count it reads, the layouts the arrivals claim, the checkpoints its members
-hold), or a pure function: when a node count has settled, the leaves of members told to stop (held, or the run
-interrupted), a layout that differs, the round an exact resume goes on at. No I/O, no clock of their own."""
+hold), or a pure function: when a node count has settled, when the registration gives up and what it says then, the
+leaves of members told to stop (held, or the run interrupted), a layout that differs, the round an exact resume goes on
+at. No I/O, no clock of their own."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["LATE_GRACE_S", "LATE_TICK_S", "STOP_HOLD_S", "CountRule", "HeldStops", "LateClock", "LayoutClaim",
-           "NodeCount", "RunTask", "TaskClaim", "ended_line", "ended_status", "resume_point", "too_few_reason"]
+           "NodeCount", "RegistrationWait", "RunTask", "TaskClaim", "ended_line", "ended_status", "resume_point",
+           "too_few_reason"]
 
 OWN_LOOP = "own loop"  # what an own loop's run is called where it gives no name
 
@@ -72,6 +74,62 @@ class NodeCount:
                 self._longest = max(self._longest, now - self._changed)
             self._read, self._changed = reading, now
         return reading if reading and now - self._changed >= self.rule.settle(reading, self._longest) else 0
+
+
+class RegistrationWait:
+    """When the waits that end the run if they give up do (--register-deadline): the registration, from when it opened
+    (`begin`), and a resumed run's members coming back with their checkpoints, from the first one back (`came_back`);
+    and what the run's failure line says then, from what was fed in as it happened: the addresses a peer list names
+    (those that did not register are named), the members back, the requests refused meanwhile (`saw_refused`).
+    `BarrierState` holds it (`registration`) and fails the run at its `due` (`BarrierState.tick`)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # when the wait began (None: it has not)
+        self.seconds = 0.0  # --register-deadline
+        self.listed: tuple[str, ...] = ()  # the addresses a peer list names, in rank order
+        self.back: set[int] = set()  # a resumed run's members back so far
+        self.refused = ""  # the requests refused so far, in one line ("" none)
+
+    def begin(self, now: float, seconds: float, listed: Iterable[str] = ()) -> None:
+        """The wait begins `now` for `seconds`, unless it began before (`listed`: a peer list's addresses)."""
+        if self.since is None:
+            self.since, self.seconds = now, seconds
+        self.listed = tuple(listed) or self.listed
+
+    def came_back(self, rank: int, now: float, seconds: float, withdrew: bool = False) -> None:
+        """A member of a resumed run is back (`withdrew`: it withdrew since): the wait began with the first one."""
+        self.begin(now, seconds)
+        if withdrew:
+            self.back.discard(rank)
+        else:
+            self.back.add(rank)
+
+    def saw_refused(self, said: str) -> None:
+        """The requests refused so far, in one line (the daemon counts them)."""
+        self.refused = said
+
+    @property
+    def due(self) -> float | None:
+        """When it gives up (None: it has not begun)."""
+        return None if self.since is None else self.since + self.seconds
+
+    def unregistered(self, registered: Collection[str]) -> list[str]:
+        """The addresses the peer list names that have not registered (without a list, no names are known)."""
+        return [a for a in self.listed if a not in registered]
+
+    def failure(self, registered: Collection[str], expected: int, awaited: Collection[int], rebinding: bool) -> str:
+        """Why the run fails at `due`: too few nodes `registered` of `expected` (the listed ones that did not are
+        named), or, `rebinding`, the members `awaited` that did not come back; with the requests refused meanwhile."""
+        if rebinding:
+            return self.said(f"members {sorted(set(awaited) - self.back)} did not come back within --register-deadline "
+                             f"{self.seconds:g}s")
+        missing = self.unregistered(registered)
+        return self.said(f"registration deadline ({self.seconds:g}s) passed with {len(registered)} of "
+                         f"{expected or '?'} nodes" + (f"; not registered: {', '.join(missing)}" if missing else ""))
+
+    def said(self, reason: str) -> str:
+        """A registration's failure line: `reason`, with the requests refused meanwhile."""
+        return f"{reason}; {self.refused}" if self.refused else reason
 
 
 class HeldStops:

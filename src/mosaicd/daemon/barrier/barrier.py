@@ -29,6 +29,7 @@ from mosaic_proto import (
     BarrierReason,
     BarrierState,
     CountRule,
+    Failure,
     Left,
     NodeReport,
     Rebound,
@@ -41,7 +42,7 @@ from mosaicd.daemon.barrier.comeback import Comeback
 from mosaicd.daemon.barrier.ending import RunEnd
 from mosaicd.daemon.barrier.evaluator import NetworkEvaluation
 from mosaicd.daemon.barrier.refusals import WHY, Refusals
-from mosaicd.daemon.barrier.registration import Registrar
+from mosaicd.daemon.barrier.registration import Registrar, peer_list_names
 from mosaicd.daemon.barrier.runner import DecisionRunner
 from mosaicd.daemon.deadlines import release_wait
 from mosaicd.daemon.errors import OutputError
@@ -93,6 +94,8 @@ class Barrier(DecisionRunner):
             return self.registrar.roster_made()
         if self.resumed:
             return self._resume()
+        seconds, listed = self.options.register_deadline, peer_list_names(self.options)  # the failure line's names
+        self.decide(lambda state, now: state.registration.begin(now, seconds, listed))  # the runner's timer fires it
         for task in self.registrar.tasks():
             self._spawn(task)
 
@@ -158,11 +161,14 @@ class Barrier(DecisionRunner):
         return await self.registrar.withdraw(address, reason)
 
     def heard(self, decision: BarrierDecision) -> None:
-        """The registration's long polls hear that the roster is made, or that every member is back."""
+        """The registration's long polls hear that the roster is made, that every member is back, or that the
+        registration failed."""
         if isinstance(decision, Roster):
             self.registrar.roster_made()
         elif isinstance(decision, Rebound) and decision.all_back:
             self.registrar.all_back()
+        elif isinstance(decision, Failure) and decision.registration:
+            self.registrar.failed()
 
     async def await_roster(self) -> None:
         """Until the roster is made, or the registration failed (the registration's long polls hear the same)."""
@@ -182,12 +188,12 @@ class Barrier(DecisionRunner):
         from its source said in a line, and kept in summary.json (what the node was told, never the secret)."""
         if self.refusals.note(reason, source, path):
             self.log.warning("refused", reason=reason, source=source, path=path, detail=WHY.get(reason, ""))
+        said = self.refusals.text()
+        self.decide(lambda state, now: state.registration.saw_refused(said))  # a registration that fails says them
         self.recorder.note("refused", self.refusals.as_json())
 
     def fail_registration(self, reason: str) -> None:
-        """Registration cannot complete (`reason`, with what was refused meanwhile): the run ends."""
-        if self.refusals.total:
-            reason = f"{reason}; {self.refusals.text()}"
+        """Registration cannot complete (`reason`; the state adds what was refused meanwhile): the run ends."""
         self.decide(lambda state, now: state.fail(reason, registration=True))
 
     # -- rounds (runner.py runs what they decide) ----------------------------------------------------------

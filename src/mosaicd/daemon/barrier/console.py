@@ -7,7 +7,6 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from mosaicd.daemon.barrier.registration import unregistered
 from mosaicd.daemon.http.membership import is_wildcard
 from mosaicd.progress import ProgressPrinter, RoundProgress, clock, metrics_text
 
@@ -41,7 +40,7 @@ def where_lines(barrier: Barrier, url: str) -> list[str]:
 def waiting_line(barrier: Barrier) -> str:
     state = barrier.state
     of = f" of {state.expected}" if state.expected else ""
-    missing = unregistered(barrier.options, state.pending)
+    missing = state.registration.unregistered(state.pending)
     refused = barrier.refusals.text()
     return f"waiting for nodes: {len(state.pending)}{of} registered" + (
         f"; not yet: {', '.join(missing)}" if missing else "") + (f"; {refused}" if refused else "")

@@ -1,16 +1,18 @@
 """Registration at the barrier: the long polls of the nodes that register (until the roster is made), come back
 (join), come back at new addresses (a resumed run: rebind), come back with their checkpoints to a run resumed where
-they all start again (rank 0 of a peer list: comeback.py) or withdraw; how the node count is learned where it is
+they all start again (rank 0 of a peer list: comeback.py) or withdraw; and how the node count is learned where it is
 not given (it reads the addresses a DNS name resolves to, or the nodes registered, and the state takes the count
-once it holds still: `BarrierState.count`); and the run failing at --register-deadline. The long polls ask the state
-(`Host.decide`: `register`, `close`, `join`, `rebind`, `withdraw`, `count`) and wait; they write nothing of it: the
-barrier runs what each decision calls for (`DecisionRunner.apply`: journal, timers, records, notices) and tells them
-(`roster_made`, `all_back`)."""
+once it holds still: `BarrierState.count`). The long polls ask the state (`Host.decide`: `register`, `close`, `join`,
+`rebind`, `registration.came_back`, `withdraw`, `count`) and wait; they write nothing of it and decide nothing by
+waiting: the run failing at --register-deadline is the state's (`BarrierState.registration_deadline`, which the
+runner's timer feeds to `tick`), and the barrier runs what each decision calls for (`DecisionRunner.apply`:
+journal, timers, records, notices) and tells them (`roster_made`, `all_back`, `failed`). A long poll's own limit
+only ends that request."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from mosaic_proto import BarrierError, BarrierReason, BarrierState, Joined, Registration, TaskClaim
@@ -56,10 +58,10 @@ class Registrar:
         self.registered, self.rebound = asyncio.Event(), asyncio.Event()
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
-        """What runs while nodes register: the deadline, and the node count where it is not given."""
+        """What runs while nodes register: the node count, where it is not given (the deadline is the state's)."""
         host = self.host
-        return [self._deadline(), count_nodes(host.options, lambda: host.state.phases.registering,
-                                              lambda: len(host.state.pending), self._counted)]
+        return [count_nodes(host.options, lambda: host.state.phases.registering, lambda: len(host.state.pending),
+                            self._counted)]
 
     def roster_made(self) -> None:
         """The roster is made (`Barrier.apply`; or by the barrier this one resumes the run of): every registration
@@ -72,6 +74,12 @@ class Registrar:
 
     def all_back(self) -> None:
         """Every member of a resumed run is back (`Barrier.apply`): each waiting hears the run goes on."""
+        self.rebound.set()
+
+    def failed(self) -> None:
+        """The registration (or a resumed run's members coming back) failed (`Barrier.apply`): each waiting hears
+        why (`BarrierState.failure`)."""
+        self.registered.set()
         self.rebound.set()
 
     async def register(self, address: str, rank: int | None = None, held: list[int] | None = None,
@@ -99,12 +107,10 @@ class Registrar:
         if given is None:
             host.metrics.registered.set(len(state.pending))
             host.log.info("registered", address=address, registered=len(state.pending), expected=state.expected,
-                          **({"not_yet": missing} if (missing := unregistered(host.options, state.pending)) else {}))
+                          **({"not_yet": missing} if (missing := state.registration.unregistered(state.pending))
+                             else {}))
             self._close_if_complete()
-            try:
-                await asyncio.wait_for(self.registered.wait(), timeout=host.options.register_deadline)
-            except TimeoutError:
-                pass
+            await waited(self.registered, host.options.register_deadline)  # the state's deadline ends it before
             if (given := host.decide(lambda s, now: s.register(address, now, waited=True))) is None:
                 raise BarrierError(BarrierReason.REGISTRATION_FAILED, state.failure or "registration did not complete")
         return self._reply(given, 0, state.live)
@@ -142,19 +148,15 @@ class Registrar:
         await self._all_back(lambda: sorted(state.awaited))
         return self._reply(rank, state.round, state.live)
 
-    async def _all_back(self, missing: Callable[[], list[int]], ends_run: bool = False) -> None:
-        """Until every member of a resumed run is back (or it failed); BarrierError at --register-deadline, naming
-        the `missing` ones (`ends_run`: the run ends then, and every member waiting hears it at once)."""
+    async def _all_back(self, missing: Callable[[], list[int]]) -> None:
+        """Until every member of a resumed run is back (or it failed: where every member starts again, the state
+        ends the run at --register-deadline, `RegistrationWait.came_back`); this request alone is refused after
+        --register-deadline, naming the `missing` ones."""
         host = self.host
-        try:
-            await asyncio.wait_for(self.rebound.wait(), timeout=host.options.register_deadline)
-        except TimeoutError:
+        if not await waited(self.rebound, host.options.register_deadline):
             deadline = host.options.register_deadline
-            why = f"members {missing()} did not come back within --register-deadline {deadline:g}s"
-            if ends_run and host.state.phases.rebinding:
-                self._fail(why, 503)
-                self.rebound.set()
-            raise BarrierError(BarrierReason.REGISTRATION_FAILED, why) from None
+            raise BarrierError(BarrierReason.REGISTRATION_FAILED, host.state.failure if host.state.phases.failed else
+                               f"members {missing()} did not come back within --register-deadline {deadline:g}s")
 
     async def _come_back(self, comeback: Comeback, address: str, held: list[int]) -> dict[str, Any]:
         """A member of a run resumed where every member starts again, with the rounds of its checkpoints (`held`).
@@ -164,11 +166,12 @@ class Registrar:
         host = self.host
         if host.state.phases.rebinding:
             rank = comeback.back(host.state, address, held)
+            host.decide(lambda s, now: s.registration.came_back(rank, now, host.options.register_deadline))
             host.log.info("back", rank=rank, address=address, checkpoints=sorted(held, reverse=True),
                           waiting_for=comeback.missing(host.state))
             if not comeback.missing(host.state):
                 self._resume_chosen(comeback)
-        await self._all_back(lambda: comeback.missing(host.state), ends_run=True)
+        await self._all_back(lambda: comeback.missing(host.state))
         state = host.state
         if state.phases.failed:
             raise BarrierError(BarrierReason.REGISTRATION_FAILED, state.failure or "the run failed")
@@ -181,8 +184,7 @@ class Registrar:
         try:
             round = comeback.choose()
         except NotExact as exc:
-            self._fail(str(exc), 422)
-            self.rebound.set()
+            self._fail(str(exc), 422)  # every member waiting hears it (`failed`)
             return
         host.resume_at(round)
         try:  # the last one back is saved (`Barrier.apply`); the others wait for it, or hear that the run failed
@@ -196,6 +198,8 @@ class Registrar:
         node that does not come cannot be waited for a round). Once the roster is made, it leaves as a member."""
         host, state, comeback = self.host, self.host.state, self.comeback
         if comeback is not None and state.phases.rebinding and comeback.forget(address):
+            host.decide(lambda s, now: s.registration.came_back(state.addresses.index(address), now,
+                                                                 host.options.register_deadline, withdrew=True))
             host.log.warning("withdrew", address=address, reason=reason, back=len(comeback.addresses))
             return {"withdrawn": address, "registered": len(comeback.addresses)}
         withdrawal = host.decide(lambda s, now: s.withdraw(address, reason))
@@ -228,30 +232,31 @@ class Registrar:
             return self._fail(invalid_count(count, host.options, exc), 422)
         host.close_roster(run)
 
-    async def _deadline(self) -> None:
-        """Fail the registration if it is not complete by --register-deadline."""
-        host = self.host
-        await asyncio.sleep(host.options.register_deadline)
-        if host.state.phases.registering:
-            self._fail(deadline_passed(host.options, host.state.pending, host.state.expected), 503)
-
     def _fail(self, reason: str, status: int) -> None:
-        """Registration cannot complete: every waiting node hears `reason` (`status`), and the run ends."""
+        """Registration cannot complete: the run ends, and every waiting node hears `reason` (`status`; `failed`)."""
         self.status = status
         self.host.fail_registration(reason)
-        self.registered.set()
 
 
-def unregistered(options: DaemonOptions, registered: Iterable[str]) -> list[str]:
-    """The members a peer list names that have not registered yet (without a list, the barrier knows no names)."""
-    if getattr(options, "peer_list", None) is None:
-        return []
+async def waited(event: asyncio.Event, limit: float) -> bool:
+    """Whether `event` was set within `limit` seconds: a long poll's own limit, which ends that request only."""
     try:
-        listed = listed_addresses(options)
-    except (OSError, ValueError):  # the list changed under the run: say nothing rather than something wrong
-        return []
-    registered = set(registered)
-    return [a for a in listed if a not in registered]
+        await asyncio.wait_for(event.wait(), timeout=limit)
+    except TimeoutError:
+        return False
+    return True
+
+
+def peer_list_names(options: DaemonOptions) -> tuple[str, ...]:
+    """The members a peer list names, in rank order, read as the registration opens (`RegistrationWait.begin`: its
+    failure line names those that did not register); none without a list, or where it cannot be read (say nothing
+    rather than something wrong)."""
+    if getattr(options, "peer_list", None) is None:
+        return ()
+    try:
+        return tuple(listed_addresses(options))
+    except (OSError, ValueError):
+        return ()
 
 
 def invalid_count(count: int, options: DaemonOptions, exc: ValueError) -> str:
@@ -260,14 +265,6 @@ def invalid_count(count: int, options: DaemonOptions, exc: ValueError) -> str:
     counted = (f" ({dns} resolved to that many addresses)" if dns else
                f" (none new came for --expect-settle {settle:g}s)" if settle else "")
     return f"{count} nodes registered{counted}, but the run is invalid with them: {exc}"
-
-
-def deadline_passed(options: DaemonOptions, registered: Iterable[str], expected: int) -> str:
-    """Why the registration failed at --register-deadline: how many came, and which listed ones did not."""
-    registered = list(registered)
-    missing = unregistered(options, registered)
-    return (f"registration deadline ({options.register_deadline:g}s) passed with {len(registered)} of "
-            f"{expected or '?'} nodes" + (f"; not registered: {', '.join(missing)}" if missing else ""))
 
 
 async def count_nodes(options: DaemonOptions, registering: Callable[[], bool], registered: Callable[[], int],

@@ -4,10 +4,10 @@ notices (as hyper-h2's connection runs one side effect per transition of its tab
 `DecisionRunner.decide` is the one way in: it feeds the state one input (a request, the clock, the daemon) and `apply`
 runs the decision it returns: save it where the decision says it is `journaled` (journal.py, before anyone hears of
 it: a restarted barrier never takes back what a node heard), re-arm the timers at the times the state says (the open
-round's `deadline`, the held leaves' `held.until`), record it (logs, metrics, nodes.csv, the collections of
-evaluation rounds), then tell whoever waits for it (`Notices`, the registration's long polls). A failure is never
-saved: the run resumes from the last decision before it. `Barrier` (barrier.py) is this runner with the barrier's
-requests around it; it decides nothing.
+round's `deadline`, the registration's `registration_deadline`, the held leaves' `held.until`), record it (logs,
+metrics, nodes.csv, the collections of evaluation rounds), then tell whoever waits for it (`Notices`, the
+registration's long polls). A failure is never saved: the run resumes from the last decision before it. `Barrier`
+(barrier.py) is this runner with the barrier's requests around it; it decides nothing.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class DecisionRunner:
         self._collections: dict[int, asyncio.Task] = {}
         self.recollect: list[int] = []  # evaluations a resumed run collects with its first release (`collect_again`)
         self._deadline = _Timer(self._on_deadline)  # at the open round's deadline
+        self._registration = _Timer(self._on_deadline)  # at the registration's (or a resumed run's members')
         self._held = _Timer(self._on_held)  # when the leaves of members told to stop apply
         self._tasks: set[asyncio.Task] = set()
         self._ending: Release | None = None  # the last release, while its evaluations drain
@@ -83,7 +84,8 @@ class DecisionRunner:
         self.recollect = missing
 
     def heard(self, decision: BarrierDecision) -> None:
-        """Those waiting for a `Roster` or every member back hear it (the registration's long polls: `Barrier`)."""
+        """Those waiting for a `Roster`, every member back or the registration's `Failure` hear it (the registration's
+        long polls: `Barrier`)."""
 
     @staticmethod
     def now() -> float:
@@ -138,9 +140,11 @@ class DecisionRunner:
 
     def _arm_timers(self) -> None:
         """Step 2 of `apply`: the timers at the times the state says (the open round's deadline: every wait ends,
-        whether or not anyone arrives; when the held leaves apply), none once the barrier stops. An asynchronous
-        run (--sync async) opens no round: its roster is the membership only, and no deadline runs."""
+        whether or not anyone arrives; the registration's, which ends the run unless it completed; when the held
+        leaves apply), none once the barrier stops. An asynchronous run (--sync async) opens no round: its roster is
+        the membership only, and no round's deadline runs."""
         self._deadline.at(None if self.stopping or str(self.run.sync) == "async" else self.state.deadline)
+        self._registration.at(None if self.stopping else self.state.registration_deadline)
         self._held.at(None if self.stopping else self.state.held.until)
 
     def _record(self, decision: BarrierDecision) -> None:
@@ -196,6 +200,7 @@ class DecisionRunner:
         elif isinstance(decision, Failure):
             if decision.registration:
                 self.done.set()
+                self.heard(decision)
             self.notices.wake()
 
     def _tell_release(self, release: Release) -> None:
@@ -252,7 +257,8 @@ class DecisionRunner:
 
     def _on_deadline(self, due: float) -> None:
         """The clock reached the open round's deadline (the timer was `due` then): the state releases it (or, early,
-        or taken late by a barrier that was frozen, `apply` re-arms: `BarrierState.tick`)."""
+        or taken late by a barrier that was frozen, `apply` re-arms: `BarrierState.tick`); or the registration's:
+        the run fails unless it completed."""
         with _nobody_waits():
             self.decide(lambda state, now: state.tick(now, due))
 
@@ -306,6 +312,7 @@ class DecisionRunner:
         stays where the console says (as after a SIGKILL): the nodes retry against the barrier started again."""
         self.stopping = True
         self._deadline.at(None)
+        self._registration.at(None)
         self._held.at(None)
         for task in list(self._tasks):
             task.cancel()
