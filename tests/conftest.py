@@ -188,6 +188,26 @@ async def served_barrier(run: dict[str, Any], out: Path, **barrier_kwargs: Any) 
     return barrier, runner, Settings(**run, barrier_url=barrier_url)
 
 
+async def barrier_run_stopped(run: dict[str, Any], out: Path, rounds: int) -> list[str]:
+    """A served barrier's run to `out`, its members gossiping `rounds` rounds of ones, then everything closed as a
+    host's restart would: the members' addresses by rank, for a barrier started again on the journal left there."""
+    import asyncio
+
+    from mosaicd import Peer
+
+    _, runner, settings = await served_barrier(run, out)
+    peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
+        peers.sort(key=lambda p: p.rank)
+        for _ in range(rounds):
+            await asyncio.wait_for(asyncio.gather(*(p.gossip(np.ones(settings.dim, np.float32)) for p in peers)), 30)
+        return [p.address for p in peers]
+    finally:
+        await asyncio.gather(*(p.close() for p in peers))
+        await runner.cleanup()
+
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -257,6 +277,7 @@ class Kit:
     wait_lingering = staticmethod(wait_lingering)
     serve_on_loopback = staticmethod(serve_on_loopback)
     served_barrier = staticmethod(served_barrier)
+    barrier_run_stopped = staticmethod(barrier_run_stopped)
     wait_until = staticmethod(wait_until)
     measured = staticmethod(measured)
     stop_all = staticmethod(stop_all)

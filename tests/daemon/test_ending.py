@@ -306,17 +306,7 @@ async def test_members_back_with_their_checkpoints_go_on_at_the_newest_round_all
     run = dict(nodes=3, rounds=20, fragments=2, fanout=1, dim=8, seed=3, train=False, eval_every=0,
                host="127.0.0.1", port=0, round_deadline=30, register_deadline=30, request_timeout=10, insecure=True)
     out = tmp_path / "barrier"
-    _, runner, settings = await kit.served_barrier(run, out)
-    peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
-    try:
-        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
-        peers.sort(key=lambda p: p.rank)
-        for _ in range(4):
-            await asyncio.wait_for(asyncio.gather(*(p.gossip(np.ones(settings.dim, np.float32)) for p in peers)), 30)
-        addresses = [p.address for p in peers]
-    finally:
-        await asyncio.gather(*(p.close() for p in peers))
-        await runner.cleanup()
+    addresses = await kit.barrier_run_stopped(run, out, rounds=4)
     assert json.loads((out / "barrier-state.json").read_text())["state"]["round"] == 4
     again, runner, settings = await kit.served_barrier(run, out, members_return=True)
     held = {0: [4, 3, 2], 1: [3, 2, 1], 2: [4, 3, 2]}

@@ -11,10 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
-
-from mosaic_proto import Layout
-from mosaicd import Peer
 
 RUN = dict(nodes=3, rounds=20, fragments=2, fanout=1, dim=8, seed=3, train=False, eval_every=0, host="127.0.0.1",
            port=0, round_deadline=30, register_deadline=30, request_timeout=10, insecure=True)
@@ -50,17 +46,7 @@ async def test_members_not_all_back_in_time_fail_the_resumed_run_and_those_waiti
     """Rank 0's barrier started again (`members_return`): two of three members come back with their checkpoints;
     --register-deadline after the first one back, the run fails naming the third, and both hear it at once."""
     out = tmp_path / "barrier"
-    _, runner, settings = await kit.served_barrier(RUN, out)
-    peers = [Peer(settings, Layout.flat(settings.dim)) for _ in range(settings.nodes)]
-    try:
-        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
-        peers.sort(key=lambda p: p.rank)
-        for _ in range(2):
-            await asyncio.wait_for(asyncio.gather(*(p.gossip(np.ones(settings.dim, np.float32)) for p in peers)), 30)
-        addresses = [p.address for p in peers]
-    finally:
-        await asyncio.gather(*(p.close() for p in peers))
-        await runner.cleanup()
+    addresses = await kit.barrier_run_stopped(RUN, out, rounds=2)
     again, runner, settings = await kit.served_barrier({**RUN, "register_deadline": 1}, out, members_return=True)
     try:
         async with aiohttp.ClientSession() as session:
