@@ -370,7 +370,8 @@ def test_a_stand_alone_barrier_whose_members_are_stopped_says_interrupted_and_ex
     so a person stopped the run. The barrier counts every member stopped (the third after the interruption too),
     says so at warning (`interrupted`, no `run_failed` error), and exits 130 as docs/faults.md says, not 1 with
     "error: interrupted"; so does the member that was not told to stop, which hears it (no `error` line)."""
-    run = dict(nodes=4, rounds=40, fanout=2, dim=8, round_deadline=60)
+    # rounds: far more than a fast host runs before the members are told to stop (~200 such rounds a second)
+    run = dict(nodes=4, rounds=20_000, fanout=2, dim=8, round_deadline=60)
     barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
     try:
         spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"))

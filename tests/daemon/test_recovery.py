@@ -689,8 +689,9 @@ def test_every_evaluation_round_has_its_row_once_whatever_stops_it(tmp_path: Pat
     compose down`) and started again, `after` rounds past an evaluation round (its models released, being
     collected, being evaluated...): every evaluation round has its row in rounds.csv exactly once, simulate's row, or
     (its models gone) a row saying why, named by the barrier's `resumed` warning; the models are the reference's."""
+    # 0.02 s a round's training at least (kit.pace): the stop comes `after` rounds past round 24, not at the end
     run = {**RUN, "rounds": 60, "round_deadline": 20, "request_timeout": 5, "retries": 1, "barrier_grace": 60,
-           "eval_every": 5}
+           "eval_every": 5, "node_profile": kit.pace(tmp_path, 0.02)}
     lab = Lab(tmp_path, kit, run)
     try:
         lab.start()
