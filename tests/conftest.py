@@ -208,6 +208,16 @@ async def barrier_run_stopped(run: dict[str, Any], out: Path, rounds: int) -> li
         await runner.cleanup()
 
 
+def pace(folder: Path, seconds: float) -> str:
+    """A --node-profile (its path) under which a round's training takes `seconds` at least: N rounds last N x
+    `seconds` whatever the host's speed, so that a test that acts on a run mid-way (a signal, a kill, a read of it
+    running) acts before its end on a fast host too, and a run it lets end stays short. The models are the same: a
+    profile only delays."""
+    path = folder / f"pace-{seconds:g}.toml"
+    path.write_text(f"compute_s = {seconds}\n")
+    return str(path)
+
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -285,6 +295,7 @@ class Kit:
     bench_module = staticmethod(bench_module)
     reference_vectors = staticmethod(reference_vectors)
     reference_hashes = staticmethod(reference_hashes)
+    pace = staticmethod(pace)
 
 
 @pytest.fixture(scope="session")

@@ -449,9 +449,11 @@ def test_an_honest_run_goes_on_under_slow_and_idle_connections(tmp_path: Path, k
     deadline, header_timeout, request_timeout = 3.0, 2.0, 2.0
     # --insecure: no cluster secret, so that the slow body reaches the body limits (with one, an unsigned request is
     # answered 401 from its head, before its body is waited for)
-    settings = Settings(nodes=4, rounds=1500, fragments=4, fanout=2, eval_every=0, round_deadline=deadline,
+    # 0.01 s a round's training at least (kit.pace), 10 s in all: the abuse (a few seconds) ends mid-run on a
+    # fast host too (~5 ms a bare round there: 1,500 of them took ~8 s)
+    settings = Settings(nodes=4, rounds=1000, fragments=4, fanout=2, eval_every=0, round_deadline=deadline,
                         header_timeout=header_timeout, request_timeout=request_timeout, insecure=True,
-                        out=tmp_path / "run")
+                        node_profile=kit.pace(tmp_path, 0.01), out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
     thread, result = kit.run_in_thread(cluster, timeout=120)
     try:

@@ -83,9 +83,10 @@ def scrape(kit: Any, port: int) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_status_and_metrics_move_during_a_run(tmp_path: Path, kit: Any) -> None:
-    # protocol-only rounds of a 500k-float model: each round moves ~4 MB per node, so a run takes seconds
+    # protocol-only rounds of a 500k-float model: each round moves ~4 MB per node; and 0.05 s at least
+    # (kit.pace), so that both scrapes come during the run on a fast host too
     settings = Settings(nodes=4, rounds=40, fragments=4, fanout=2, dim=500_000, train=False, eval_every=0,
-                        out=tmp_path / "run")
+                        node_profile=kit.pace(tmp_path, 0.05), out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
     thread, result = kit.run_in_thread(cluster, timeout=120)
     try:

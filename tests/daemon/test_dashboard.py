@@ -30,9 +30,10 @@ from mosaicd.experiments.cluster import Cluster
 ROOT = Path(__file__).resolve().parents[2]
 # read at import: the autouse fixture `_no_mosaic_env` clears MOSAIC_* variables before each test
 SCREENSHOT = os.environ.get("MOSAIC_SCREENSHOT") == "1"
-# ~0.1 s a round on loopback once the processes are up (a small d: the barrier builds the d x d curvature before
-# its first evaluation); heterogeneous optima keep consensus distance and node spread above zero, so every chart
-# has something to draw
+# 0.05 s a round's training at least (PACE_S, kit.pace: 150 bare rounds took 2 s on 2 shared cores, less on a fast
+# host, which could end the run before the browser has the page); heterogeneous optima keep consensus distance and
+# node spread above zero, so every chart has something to draw
+PACE_S = 0.05
 QUADRATIC = dict(nodes=4, rounds=150, fragments=4, fanout=2, dim=256, eval_every=3, heterogeneous=True, seed=1)
 # the README's picture (MOSAIC_SCREENSHOT=1): a digits run on non-iid data (the `learning` extra), so that the page
 # shows accuracy and a spread between nodes
@@ -44,7 +45,7 @@ RUN: dict[str, Any] = DIGITS if SCREENSHOT else QUADRATIC
 @pytest.fixture
 def cluster(tmp_path: Path, kit: Any) -> Iterator[Cluster]:
     """A loopback run in a background thread; the test reads `cluster.barrier_port`."""
-    cluster = Cluster(Settings(**RUN, out=tmp_path / "run"), progress=False)
+    cluster = Cluster(Settings(**RUN, node_profile=kit.pace(tmp_path, PACE_S), out=tmp_path / "run"), progress=False)
     thread, result = kit.run_in_thread(cluster, timeout=300)
 
     def barrier_up() -> bool:

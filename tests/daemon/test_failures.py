@@ -65,8 +65,10 @@ def launcher(tmp_path: Path, kit: Any, run: dict[str, Any]) -> tuple[int, list[i
 
 @pytest.mark.slow
 def test_killed_node_is_a_straggler_then_dropped_and_the_others_finish(tmp_path: Path, kit: Any) -> None:
+    # 0.05 s a round at least (kit.pace): the kill comes mid-run, within a round of the status read that
+    # triggers it, on a fast host too
     run = dict(nodes=6, rounds=40, fragments=4, fanout=2, round_deadline=2, drop_after=2, eval_every=10,
-               request_timeout=5, retries=1)
+               request_timeout=5, retries=1, node_profile=kit.pace(tmp_path, 0.05))
     barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
 
     try:
@@ -330,10 +332,11 @@ def test_a_node_told_to_stop_while_it_waits_for_the_roster_withdraws(tmp_path: P
 def test_a_node_stopped_past_the_end_learns_it_and_exits_within_seconds(tmp_path: Path, kit: Any) -> None:
     """SIGSTOP a node mid-run; the others finish, the barrier and the nodes exit; SIGCONT: the node finds the
     barrier and every peer gone (connections refused, not cut off) and ends, saying so, well within 15 s of
-    resuming, instead of retrying the barrier for --barrier-grace (120 s). Rounds here take ~10 ms: the node is
-    stopped a third of the way in, so that it cannot have finished its part of the last round before the signal."""
+    resuming, instead of retrying the barrier for --barrier-grace (120 s). Rounds here take 0.05 s at least
+    (kit.pace; ~10 ms bare, less on a fast host): the node is stopped a third of the way in, so that it cannot have
+    finished its part of the last round before the signal."""
     run = dict(nodes=4, rounds=24, fragments=2, fanout=2, round_deadline=2, drop_after=1, eval_every=6,
-               request_timeout=5, retries=1)
+               request_timeout=5, retries=1, node_profile=kit.pace(tmp_path, 0.05))
     barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
     try:
         spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"), "--linger", "0")
@@ -367,7 +370,8 @@ def test_a_stand_alone_barrier_whose_members_are_stopped_says_interrupted_and_ex
     so a person stopped the run. The barrier counts every member stopped (the third after the interruption too),
     says so at warning (`interrupted`, no `run_failed` error), and exits 130 as docs/faults.md says, not 1 with
     "error: interrupted"; so does the member that was not told to stop, which hears it (no `error` line)."""
-    run = dict(nodes=4, rounds=40, fanout=2, dim=8, round_deadline=60)
+    # rounds: far more than a fast host runs before the members are told to stop (~200 such rounds a second)
+    run = dict(nodes=4, rounds=20_000, fanout=2, dim=8, round_deadline=60)
     barrier_port, node_ports, procs, spawn = launcher(tmp_path, kit, run)
     try:
         spawn("barrier", barrier_port, "barrier", "--out", str(tmp_path / "run"))

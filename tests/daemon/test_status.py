@@ -17,8 +17,10 @@ from mosaicd.status import cluster_view, render
 
 @pytest.mark.slow
 def test_status_of_a_live_cluster_from_barrier_and_node(tmp_path: Path, kit: Any) -> None:
-    settings = Settings(nodes=4, rounds=300, fragments=4, fanout=2, train=True, eval_every=2,
-                        out=tmp_path / "run")
+    # 0.05 s a round at least (kit.pace), 10 s in all: the reads below (a `mosaicd status` process among
+    # them) see the run going, on a fast host too, which ran 300 bare rounds in about 2 s
+    settings = Settings(nodes=4, rounds=200, fragments=4, fanout=2, train=True, eval_every=2,
+                        node_profile=kit.pace(tmp_path, 0.05), out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
     thread, result = kit.run_in_thread(cluster, timeout=120)
     try:

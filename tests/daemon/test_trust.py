@@ -60,7 +60,9 @@ def test_outsiders_are_refused_and_the_run_equals_simulate(tmp_path: Path, kit: 
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET + b"\n")
     run = dict(nodes=5, rounds=300, fragments=4, fanout=2, dim=64, seed=7, eval_every=50)
-    settings = Settings(**run, secret_file=secret, out=tmp_path / "run")
+    # 0.02 s a round at least (kit.pace; the models are the same), 6 s in all: the requests below reach
+    # members still running, on a fast host too
+    settings = Settings(**run, secret_file=secret, node_profile=kit.pace(tmp_path, 0.02), out=tmp_path / "run")
     cluster = Cluster(settings, progress=False)
     thread, result = kit.run_in_thread(cluster, timeout=180)
     answers: dict[str, tuple[int, Any]] = {}

@@ -60,7 +60,8 @@ def test_sigterm_to_the_launcher_ends_the_run_as_ctrl_c_does(tmp_path: Path, kit
     _, err = proc.communicate(timeout=60)
     took = time.monotonic() - told
     assert proc.returncode == 130, err[-2000:]
-    assert took < 2.0, f"the launcher took {took:.1f} s to exit after SIGTERM"
+    # within seconds (a loaded host's), not after a deadline: its barrier and nodes stopped with it
+    assert took < 15, f"the launcher took {took:.1f} s to exit after SIGTERM"
     ended = summary(out)
     assert ended["status"] == "interrupted" and "interrupted" in ended["error"], ended
     stopped = [line for line in err.splitlines() if "the same command with --resume continues it" in line]

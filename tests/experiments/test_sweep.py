@@ -196,8 +196,9 @@ def test_an_interrupted_cluster_sweep_leaves_the_advice_to_the_sweep(tmp_path: P
     """The cluster's own "--resume continues it" is wrong inside a sweep, which redoes the run: it is not printed."""
     out = tmp_path / "o"
     text = TINY.format(out=out).replace('mode = "simulate"', 'mode = "cluster"').replace("seed = [0, 1]", "")
-    # rounds enough that the run is still going when it is interrupted at round 1 (status is polled every 0.2 s)
-    text = text.replace("fragments = [1, 4]", "fragments = [2]").replace("rounds = 3", "rounds = 1000")
+    # rounds enough that the run is still going when it is interrupted at round 1 (status is polled every 0.2 s;
+    # a fast host runs ~500 such rounds a second)
+    text = text.replace("fragments = [1, 4]", "fragments = [2]").replace("rounds = 3", "rounds = 20000")
     spec = load_spec(write(tmp_path, text))
 
     def interrupting(run: sweep.Run, p: RoundProgress) -> None:

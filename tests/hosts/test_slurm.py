@@ -164,11 +164,11 @@ def test_scancel_ends_the_run_with_an_interrupted_summary(slurm: SlurmLab, tmp_p
         listening = subprocess.run(["ss", "-Htln"], capture_output=True, text=True).stdout
         return [line for line in listening.splitlines() if any(f"127.0.0.1:{p} " in line for p in ports)]
     # Slurm calls the job CANCELLED at once; its tasks exit moments later: rank 0 once every member has heard
-    # that the run failed (not after its 5 s at most, nor KillWait's 20 s)
-    deadline = time.monotonic() + 3
+    # that the run failed (it waits 5 s at most), well before KillWait's 20 s (seconds more on a loaded host)
+    deadline = time.monotonic() + 15
     while open_ports() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not open_ports(), job_log(out)
+    assert not open_ports(), f"the job's tasks still listen 15 s after scancel: {open_ports()}\n{job_log(out)}"
 
 
 # ---------------------------------------------------------------------------------------------- sweeps
@@ -212,7 +212,9 @@ def without_wall_times(report: str) -> list[list[str]]:
 def test_a_sweep_as_a_job_array_equals_the_local_sweep_and_reruns_only_a_cancelled_task(
         kit, slurm: SlurmLab, tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
-    spec.write_text(SWEEP.format(mode="simulate", out="array", nodes=5, rounds=3000, seeds="[0, 1]"))
+    # 10,000 rounds (~0.5-1 ms each): the victim still runs at its scancel, after the dry run below (a process
+    # that imports mosaicd), on a fast host too (3,000 took 2.7 s on 2 shared cores)
+    spec.write_text(SWEEP.format(mode="simulate", out="array", nodes=5, rounds=10000, seeds="[0, 1]"))
     out = tmp_path / "array"
     submitted = mosaicd(slurm, tmp_path, "sweep", str(spec), "--slurm", "--no-wait")
     assert submitted.returncode == 0, submitted.stderr[-3000:]
