@@ -169,6 +169,28 @@ def test_a_deploy_file_runs_asynchronously_given_only_mosaic_sync(file: str, mon
         barrier(MOSAIC_SYNC="async", MOSAIC_ROUND_DEADLINE="60")
 
 
+@pytest.mark.parametrize(("file", "service", "field"), [
+    ("compose.yaml", "node", "nodes_per_process"), ("deploy/stack.yaml", "node", "nodes_per_process"),
+    ("deploy/stack.yaml", "barrier", "nodes_per_address"),
+    ("deploy/multihost/nodes.yaml", "node", "nodes_per_process")])
+def test_a_deploy_file_runs_several_nodes_per_container_given_only_their_number(
+        file: str, service: str, field: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MOSAIC_NODES_PER_CONTAINER=N: each container's `mosaicd node` forks N members, and Swarm's barrier counts each
+    address of `tasks.node` as N nodes; unset, one node per container, as before."""
+    def deployed(**given: str) -> Settings:
+        for key in [k for k in os.environ if k.startswith("MOSAIC_")]:
+            monkeypatch.delenv(key)
+        required = {"MOSAIC_BARRIER_URL": "http://barrier:8000", "MOSAIC_SECRET_PATH": "/dev/null"}
+        for key, value in deployed_environment(file, service, {**required, **given}).items():
+            monkeypatch.setenv(key, value)
+        return settings_of([service])
+
+    assert getattr(deployed(), field) == 1
+    assert getattr(deployed(MOSAIC_NODES_PER_CONTAINER="4"), field) == 4
+    if service == "barrier":
+        assert deployed(MOSAIC_NODES_PER_CONTAINER="4").expect_dns == "tasks.node"
+
+
 def test_deployment_defaults_apply_where_nothing_else_gives_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """MOSAIC_DEFAULTS: below flags, variables and --config, and left out where it has no effect; an empty MOSAIC_*
     variable is no value; a malformed or unknown default is refused, naming MOSAIC_DEFAULTS."""

@@ -50,6 +50,7 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "batched": (True, {"train": False}, {}),
     "dns_settle": (5.0, {}, {"expect_dns": "nodes.example"}),
     "expect_settle": (2.0, {"expect_dns": "nodes.example"}, {}),
+    "nodes_per_address": (4, {}, {"expect_dns": "nodes.example"}),
     "tls_client_auth": (True, {"tls_cert": "c.pem", "tls_key": "k.pem"},
                         {"tls_cert": "c.pem", "tls_key": "k.pem", "tls_ca": "ca.pem"}),
     "tls_ca": ("ca.pem", {}, {"tls_cert": "c.pem", "tls_key": "k.pem"}),

@@ -12,6 +12,8 @@ from typing import Any
 from aiohttp import web
 
 from mosaicd import Settings
+from mosaicd.daemon.barrier.registration import count_nodes, invalid_count
+from mosaicd.daemon.http.membership import resolve_all
 from mosaicd.daemon.http.server import serve
 from mosaicd.experiments.cluster import free_ports
 
@@ -66,3 +68,13 @@ async def test_a_process_started_again_takes_its_port_back(tmp_path: Path) -> No
         await taken.cleanup()
     finally:
         await runner.cleanup()
+
+
+async def test_a_dns_count_is_the_addresses_times_the_nodes_behind_each() -> None:
+    """--expect-dns counts addresses; a task of Swarm's stack holding 4 nodes is one address of 4 nodes."""
+    options = Settings.load(expect_dns="localhost", nodes_per_address=4).daemon_options()
+    readings: list[int] = []
+    await count_nodes(options, lambda: not readings, lambda: 0, readings.append)
+    assert readings == [len(resolve_all("localhost")) * 4] and readings[0] > 0
+    options = Settings.load(expect_dns="tasks.node", nodes_per_address=4).daemon_options()
+    assert "(tasks.node resolved to 2 addresses of 4 nodes each)" in invalid_count(8, options, ValueError("x"))

@@ -179,3 +179,30 @@ def test_a_group_of_four_is_an_asynchronous_barriers_four_nodes(tmp_path: Path, 
     assert codes == {"barrier": 0, "group": 0}, errors
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and sorted(summary["model_sha256"], key=int) == ["0", "1", "2", "3"]
+
+
+@pytest.mark.slow
+def test_a_barrier_counting_by_dns_counts_each_address_times_its_nodes(tmp_path: Path, kit: Any) -> None:
+    """Swarm's stack of several nodes per task: --expect-dns counts addresses (localhost: one), --nodes-per-address 3
+    makes them 3 nodes, the 3 members of one process; the run has 3 nodes and the reference's models."""
+    (port,) = free_ports(1)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        procs["barrier"] = subprocess.Popen(
+            [*kit.by_hand, "barrier", *kit.flags(RUN), "--nodes", "99", "--expect-dns", "localhost",
+             "--nodes-per-address", "3", "--dns-settle", "1", "--host", "127.0.0.1", "--port", str(port),
+             "--out", str(tmp_path / "run"), "--no-log-json"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
+        procs["group"] = subprocess.Popen(group_command(kit, port, tmp_path / "group", 3), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        codes = {name: proc.wait(timeout=120) for name, proc in procs.items()}
+        console = procs["barrier"].stdout.read().decode() if procs["barrier"].stdout else ""
+        errors = procs["group"].stderr.read().decode() if procs["group"].stderr else ""
+    finally:
+        kit.stop_all(procs)
+    assert codes == dict.fromkeys(procs, 0), (console[-3000:], errors[-3000:])
+    assert "over the nodes localhost resolves to (3 per address)" in console
+    assert "registration closed: 3 nodes" in console
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["settings"]["nodes"] == 3  # --nodes 99 is not the count: one address of 3 nodes is
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**RUN, nodes=3))

@@ -1,6 +1,7 @@
 """deploy/stack.yaml on a swarm of three engines (tests/hosts/hostlab.py): engine 0 inits it, 1 and 2 join.
 
 - the nodes spread over all three hosts (placement read from Swarm's tasks), the models equal `mosaicd simulate`'s;
+  the same with 2 nodes per task (MOSAIC_NODES_PER_CONTAINER: the barrier counts each address of tasks.node twice);
 - a worker engine stopped mid-run: its nodes straggle and are dropped, the others finish, summary.json says who;
 - the barrier's engine restarted mid-run (the barrier pinned to it by a node label, MOSAIC_BARRIER_PLACEMENT; its
   results and journal a bind mount there): the barrier comes back, resumes from OUT/barrier-state.json, and the
@@ -44,18 +45,27 @@ def finished_with_every_node(summary: dict, nodes: int, run: StackRun) -> None:
     assert sorted(summary["model_sha256"], key=int) == [str(i) for i in range(nodes)]
 
 
-def test_stack_spreads_over_three_engines_and_equals_simulate(swarm: Swarm, host_image: str, tmp_path: Path,
-                                                              stack: list[StackRun]) -> None:
+@pytest.mark.parametrize("per_task", [1, 2])
+def test_stack_spreads_over_three_engines_and_equals_simulate(per_task: int, swarm: Swarm, host_image: str,
+                                                              tmp_path: Path, stack: list[StackRun]) -> None:
     nodes = 6
-    run = StackRun(swarm, tmp_path, host_image, nodes, {**SETTINGS, "MOSAIC_ROUNDS": "8"}).deploy()
+    tasks = nodes // per_task
+    settings = {**SETTINGS, "MOSAIC_ROUNDS": "8"}
+    if per_task > 1:
+        settings["MOSAIC_NODES_PER_CONTAINER"] = str(per_task)
+    run = StackRun(swarm, tmp_path, host_image, tasks, settings).deploy()
     stack.append(run)
     run.wait_released(0, timeout=300)
     placed = Counter(run.tasks("node", ended_too=True).values())  # 8 quadratic rounds: they may have ended
-    assert set(placed) == {0, 1, 2} and sum(placed.values()) == nodes, placed  # Swarm spread them over all three
+    assert set(placed) == {0, 1, 2} and sum(placed.values()) == tasks, placed  # Swarm spread them over all three
     assert run.barrier_host(ended_too=True) == 0  # a manager, by default
     summary = run.wait_final(timeout=300)
     finished_with_every_node(summary, nodes, run)
     assert summary["dropped"] == []
+    # each task's members at its own overlay address, on ports 8000 + I
+    per_address = Counter(address.rsplit(":", 1)[0] for address in summary["addresses"])
+    assert sorted(per_address.values()) == [per_task] * tasks, summary["addresses"]
+    assert {int(a.rsplit(":", 1)[1]) for a in summary["addresses"]} == set(range(8000, 8000 + per_task))
     assert summary["model_sha256"] == simulated_hashes(summary, tmp_path / "simulated")
 
 

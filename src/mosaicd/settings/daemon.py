@@ -46,6 +46,10 @@ class DaemonOptions(BaseModel):
     dns_settle: float = Field(3.0, gt=0, description="barrier with --expect-dns: seconds the DNS answer must hold "
                               "still before it counts (raise it when many replicas start slowly)",
                               **cli("network", "barrier"))
+    nodes_per_address: int = Field(1, ge=1, le=256, description="barrier with --expect-dns: nodes behind each "
+                                   "address the name resolves to (a container of `mosaicd node --nodes-per-process "
+                                   "N` is one address): the run counts the addresses times this",
+                                   **cli("network", "barrier"))
     expect_settle: float | None = Field(None, gt=0, description="barrier: count nodes as those registered once "
                                         "none new has registered for this many seconds, or for twice the longest "
                                         "pause between registrations so far (replicas whose number the barrier is "

@@ -112,6 +112,8 @@ EFFECTS: dict[str, tuple[Need, ...]] = {
     # processes
     "dns_settle": (Need("--expect-dns", lambda s: bool(s.expect_dns),
                         "how long --expect-dns's answer must hold still"),),
+    "nodes_per_address": (Need("--expect-dns", lambda s: bool(s.expect_dns),
+                               "it multiplies the addresses --expect-dns resolves to"),),
     "expect_settle": (Need("no --expect-dns", lambda s: not s.expect_dns, "--expect-dns counts the nodes"),),
     "tls_client_auth": (Need("--tls-ca", lambda s: s.tls_ca is not None,
                              "the CA that signed the clients' certificates"),),

@@ -27,10 +27,11 @@ def local_url(host: str, port: int, scheme: str) -> str:
 
 def where_lines(barrier: Barrier, url: str) -> list[str]:
     run = barrier.run
-    how = (f"the nodes that register until none new comes for {barrier.options.expect_settle:g}s (or twice the "
-           "longest pause between them)"
-           if barrier.options.expect_settle else f"the nodes {barrier.options.expect_dns} resolves to"
-           if barrier.options.expect_dns else f"{run.nodes} nodes")
+    options = barrier.options
+    per_address = f" ({options.nodes_per_address} per address)" if options.nodes_per_address > 1 else ""
+    how = (f"the nodes that register until none new comes for {options.expect_settle:g}s (or twice the longest "
+           "pause between them)" if options.expect_settle else
+           f"the nodes {options.expect_dns} resolves to{per_address}" if options.expect_dns else f"{run.nodes} nodes")
     rounds = f"{run.rounds} rounds" if str(run.sync) == "barrier" else f"{run.rounds} iterations each, asynchronous"
     return [f"mosaic barrier: run {run.run_id}: {str(run.task)}, {rounds}, K={run.fragments} "
             f"fragments, s={run.fanout} peers each, over {how}",

@@ -262,7 +262,9 @@ def peer_list_names(options: DaemonOptions) -> tuple[str, ...]:
 def invalid_count(count: int, options: DaemonOptions, exc: ValueError) -> str:
     """Why the run cannot go on with the `count` nodes that registered (422: retrying cannot help)."""
     dns, settle = options.expect_dns, options.expect_settle
-    counted = (f" ({dns} resolved to that many addresses)" if dns else
+    per = options.nodes_per_address
+    counted = (f" ({dns} resolved to {count // per} addresses of {per} nodes each)" if dns and per > 1 else
+               f" ({dns} resolved to that many addresses)" if dns else
                f" (none new came for --expect-settle {settle:g}s)" if settle else "")
     return f"{count} nodes registered{counted}, but the run is invalid with them: {exc}"
 
@@ -271,10 +273,11 @@ async def count_nodes(options: DaemonOptions, registering: Callable[[], bool], r
                       counted: Callable[[int], None]) -> None:
     """Where the barrier is not told the node count, read it while nodes register (`counted(reading)`; the state
     takes it once it holds still: `BarrierState.count`, its `CountRule`): --expect-dns reads the addresses the name
-    resolves to every half second, --expect-settle the nodes registered every quarter second."""
+    resolves to every half second (times --nodes-per-address: a container of several nodes is one address),
+    --expect-settle the nodes registered every quarter second."""
     if options.expect_dns:
         async def read() -> int:
-            return len(await asyncio.to_thread(resolve_all, options.expect_dns))
+            return len(await asyncio.to_thread(resolve_all, options.expect_dns)) * options.nodes_per_address
         every = 0.5
     elif options.expect_settle:
         async def read() -> int:
