@@ -20,6 +20,17 @@ DIGITS = ["--task", "digits", "--nodes", "4", "--rounds", "6", "--local-steps", 
           "0"]
 
 
+# The runs a test stops or kills mid-run: PACED_ROUNDS rounds of PACE_S at least (kit.pace: a floor on a round's
+# training; the models are the same, and simulate runs without it), so that the signal, sent as soon as round 10 is
+# seen, comes 2 s at least before the end on a fast host too: CI's ran 400 bare rounds in 2 s, and ended such a run
+# between the look at round 20 and the signal
+PACED_ROUNDS, PACE_S = 80, 0.03
+
+
+def paced(kit: Any, folder: Path) -> list[str]:
+    return ["--node-profile", kit.pace(folder, PACE_S)]
+
+
 def start(kit: Any, out: Path, run: list[str]) -> subprocess.Popen:
     """The command in its own process group, with SIGINT at its default (a background job's is ignored)."""
     return subprocess.Popen([*kit.mosaicd, "cluster", *run, "--out", str(out), "--quiet"], start_new_session=True,
@@ -52,9 +63,9 @@ def resume(kit: Any, out: Path, run: list[str]) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_sigterm_to_the_launcher_ends_the_run_as_ctrl_c_does(tmp_path: Path, kit: Any) -> None:
-    run, out = [*QUADRATIC, "--rounds", "400"], tmp_path / "run"
-    proc = start(kit, out, run)
-    kit.wait_until(lambda: nodes_rows(out) >= 4 * 20, 90, "round 20 in nodes.csv")
+    run, out, pace = [*QUADRATIC, "--rounds", str(PACED_ROUNDS)], tmp_path / "run", paced(kit, tmp_path)
+    proc = start(kit, out, [*run, *pace])
+    kit.wait_until(lambda: nodes_rows(out) >= 4 * 10, 90, "round 10 in nodes.csv")
     proc.send_signal(signal.SIGTERM)  # the launcher alone: what `timeout`, systemd or a job scheduler sends
     told = time.monotonic()
     _, err = proc.communicate(timeout=60)
@@ -71,7 +82,7 @@ def test_sigterm_to_the_launcher_ends_the_run_as_ctrl_c_does(tmp_path: Path, kit
     whole = subprocess.run([*kit.mosaicd, "simulate", *run, "--out", str(tmp_path / "whole"), "--quiet"],
                            capture_output=True, text=True, timeout=120)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    assert resume(kit, out, run)["model_sha256"] == summary(tmp_path / "whole")["model_sha256"]
+    assert resume(kit, out, [*run, *pace])["model_sha256"] == summary(tmp_path / "whole")["model_sha256"]
 
 
 @pytest.mark.slow
@@ -116,17 +127,23 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def family(kit: Any, launcher: subprocess.Popen) -> list[int]:
+    """The launcher's barrier (the warm fork server) and its 4 nodes (QUADRATIC's), once all are started."""
+    barrier = kit.wait_until(lambda: next(iter(children_of(launcher.pid)), None), 60, "the barrier's process")
+    return [barrier, *kit.wait_until(lambda: (found := children_of(barrier)) and len(found) >= 4 and found, 60,
+                                     "the nodes' processes")]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_node_killed_alone_leaves_at_once_and_the_others_finish(tmp_path: Path, kit: Any,
                                                                   signum: signal.Signals) -> None:
     """A cluster's nodes do not leave on a signal (Ctrl-C of the whole cluster is resumed as it was), so one node
     killed by itself (`kill PID`, the OOM killer) used to stall its peers --round-deadline x --drop-after (4 min by
     default): the launcher, which sees it end, tells the barrier it left, and says so."""
-    run, out = [*QUADRATIC, "--rounds", "300"], tmp_path / "run"
+    run, out = [*QUADRATIC, "--rounds", str(PACED_ROUNDS), *paced(kit, tmp_path)], tmp_path / "run"
     proc = start(kit, out, run)
-    kit.wait_until(lambda: nodes_rows(out) >= 4 * 20, 90, "round 20 in nodes.csv")
-    barrier = kit.wait_until(lambda: next(iter(children_of(proc.pid)), None), 10, "the barrier's process")
-    nodes = kit.wait_until(lambda: children_of(barrier), 10, "the nodes' processes")
+    nodes = family(kit, proc)[1:]  # found before round 10, killed at once
+    kit.wait_until(lambda: nodes_rows(out) >= 4 * 10, 90, "round 10 in nodes.csv")
     os.kill(nodes[0], signum)
     _, err = proc.communicate(timeout=120)  # without the leave: 2 x 120 s before it is dropped
     ended = summary(out)
@@ -143,11 +160,10 @@ def test_the_launcher_killed_takes_its_processes_with_it_and_leaves_a_resumable_
     """SIGKILL to `mosaicd cluster` (it cannot clean up): its barrier hears it (PDEATHSIG: SIGTERM), ends as Ctrl-C
     does (summary.json: interrupted, not "running") and stops its nodes; no process is left, and --resume ends
     with the uninterrupted run's models."""
-    run, out = [*QUADRATIC, "--rounds", "300"], tmp_path / "run"
-    proc = start(kit, out, run)
-    kit.wait_until(lambda: nodes_rows(out) >= 4 * 20, 90, "round 20 in nodes.csv")
-    barrier = kit.wait_until(lambda: next(iter(children_of(proc.pid)), None), 10, "the barrier's process")
-    family = [barrier, *kit.wait_until(lambda: children_of(barrier), 10, "the nodes' processes")]
+    run, out, pace = [*QUADRATIC, "--rounds", str(PACED_ROUNDS)], tmp_path / "run", paced(kit, tmp_path)
+    proc = start(kit, out, [*run, *pace])
+    processes = family(kit, proc)  # found before round 10, killed at once
+    kit.wait_until(lambda: nodes_rows(out) >= 4 * 10, 90, "round 10 in nodes.csv")
     proc.kill()
     proc.communicate(timeout=30)
 
@@ -156,10 +172,10 @@ def test_the_launcher_killed_takes_its_processes_with_it_and_leaves_a_resumable_
             return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
         except OSError:
             return False
-    kit.wait_until(lambda: not any(running(pid) for pid in family), 20, "the barrier and its nodes to end")
+    kit.wait_until(lambda: not any(running(pid) for pid in processes), 20, "the barrier and its nodes to end")
     stopped = summary(out)
     assert stopped["status"] == "interrupted" and stopped["error"] == "interrupted (SIGTERM)", stopped
     whole = subprocess.run([*kit.mosaicd, "simulate", *run, "--out", str(tmp_path / "whole"), "--quiet"],
                            capture_output=True, text=True, timeout=120)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    assert resume(kit, out, run)["model_sha256"] == summary(tmp_path / "whole")["model_sha256"]
+    assert resume(kit, out, [*run, *pace])["model_sha256"] == summary(tmp_path / "whole")["model_sha256"]

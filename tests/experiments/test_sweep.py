@@ -216,8 +216,10 @@ def test_an_interrupted_cluster_sweep_leaves_the_advice_to_the_sweep(tmp_path: P
 def test_a_second_sweep_of_the_same_out_is_refused_while_the_first_goes_on(tmp_path: Path, kit: Any) -> None:
     """Two sweeps of one spec at once would redo and write the same runs' folders: the second is refused."""
     out = tmp_path / "o"
+    # rounds: far more than a fast host simulates before the second sweep is refused (the test stops the first);
+    # a --node-profile would not slow simulate, whose clock it plays
     spec = write(tmp_path, TINY.format(out=out).replace('task = "quadratic"', 'task = "digits"')
-                 .replace("rounds = 3", "rounds = 400").replace("nodes = 5\ndim = 8", "nodes = 4"))
+                 .replace("rounds = 3", "rounds = 20000").replace("nodes = 5\ndim = 8", "nodes = 4"))
     first = subprocess.Popen([sys.executable, "-m", "mosaicd", "sweep", str(spec), "--quiet"], cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
