@@ -191,6 +191,22 @@ def test_a_deploy_file_runs_several_nodes_per_container_given_only_their_number(
         assert deployed(MOSAIC_NODES_PER_CONTAINER="4").expect_dns == "tasks.node"
 
 
+
+@pytest.mark.parametrize("file", ["compose.yaml", "deploy/stack.yaml", "deploy/multihost/barrier.yaml"])
+def test_a_deploy_file_slows_its_nodes_given_only_a_profile(file: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MOSAIC_NODE_PROFILE, a profile's JSON: the barrier's run carries it (the nodes get it as they register); unset,
+    the file's empty default is no profile."""
+    def barrier(**given: str) -> Settings:
+        for key in [k for k in os.environ if k.startswith("MOSAIC_")]:
+            monkeypatch.delenv(key)
+        for key, value in deployed_environment(file, "barrier", {"MOSAIC_NODES": "8", **given}).items():
+            monkeypatch.setenv(key, value)
+        return settings_of(["barrier"])
+
+    assert barrier().node_profile is None
+    slowed = barrier(MOSAIC_NODE_PROFILE='{"compute_s": 1, "draw": [{"share": 0.25, "slowdown": 5}]}').node_profile
+    assert slowed is not None and slowed["compute_s"] == 1 and slowed["draw"] == [{"share": 0.25, "slowdown": 5}]
+
 def test_deployment_defaults_apply_where_nothing_else_gives_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """MOSAIC_DEFAULTS: below flags, variables and --config, and left out where it has no effect; an empty MOSAIC_*
     variable is no value; a malformed or unknown default is refused, naming MOSAIC_DEFAULTS."""
