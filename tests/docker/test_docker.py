@@ -45,6 +45,11 @@ IMAGE = os.environ.get("MOSAIC_TEST_IMAGE", "mosaic:test")
 BASE = os.environ.get("MOSAIC_BASE", "mosaic-base:bookworm")
 RUN = {"MOSAIC_TASK": "digits", "MOSAIC_FRAGMENTS": "4", "MOSAIC_FANOUT": "4", "MOSAIC_EVAL_EVERY": "3",
        "MOSAIC_EXPECT_SETTLE": "5", "MOSAIC_SEED": "0", "MOSAIC_BARRIER_LINGER": "60"}
+# A run that must outlast what a test does to it mid-run (a container stopped, started and rejoined; the barrier
+# killed and started again), on a fast host too, where a digits round takes ~0.1-0.3 s: each round's training takes
+# 0.5 s at least (compose.yaml's MOSAIC_NODE_PROFILE: only a delay, the models are the same). Under CI load, where a
+# round takes 1-2 s and the training part of it much of that, it adds a fraction of that 0.5 s a round.
+PACED = {"MOSAIC_NODE_PROFILE": json.dumps({"compute_s": 0.5})}
 
 
 def sh(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
@@ -405,11 +410,13 @@ def test_compose_an_operators_day(kit, image: str, compose: list[str], results: 
     run is recorded interrupted, not failed, and resumes from the nodes' checkpoints on their volume to its end. Each
     event costs at most one line on the console; every container ends 0; results are root's again after the
     kill; a barrier started again on the finished run refuses to wait."""
-    # 80 rounds: the run must outlast the steps before the barrier's kill (docker commands at load 20+ took longer
-    # than 40 rounds once: the barrier was killed and started again on a finished run)
+    # 80 rounds: the run must outlast the steps before the barrier's kill and `down` (docker commands at load 20+
+    # took longer than 40 rounds once: the barrier was killed and started again on a finished run); PACED: 38 s at
+    # least from round 3 on a fast host, where those steps (a node's stop, start and rejoin, docker-compose v1's
+    # commands, the logs of 17 containers read twice) take ~30 s of rounds; the barrier's restart stalls the rounds
     nodes, rounds, port = 16, 80, free_ports(1)[0]
     project = Project(compose, f"mosaictestday{os.getpid()}", "compose.yaml", environment(
-        MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS=str(rounds),
+        **PACED, MOSAIC_RESULTS=str(results), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS=str(rounds),
         MOSAIC_EVAL_EVERY="10", MOSAIC_EXPECT_SETTLE="10", MOSAIC_BARRIER_LINGER="3", MOSAIC_ROUND_DEADLINE="60",
         MOSAIC_NODE_LOG_LEVEL="warning"))
     projects.append(project)
@@ -810,9 +817,11 @@ def test_compose_with_two_nodes_per_container_runs_simulates_models_and_a_restar
     assert said[0].endswith("ended: killed by SIGKILL; 1 other member goes on"), said
     project.down()
 
+    # PACED: 19 s at least from round 2 on a fast host, for the container's stop and start and its members' torch
+    # imports and rejoin (~5-8 s there), before the run ends
     port = free_ports(1)[0]
     project = Project(compose, f"mosaictestregroup{os.getpid()}", "compose.yaml", environment(
-        **run, MOSAIC_RESULTS=str(second), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS="40"))
+        **run, **PACED, MOSAIC_RESULTS=str(second), MOSAIC_BARRIER_PORT=str(port), MOSAIC_ROUNDS="40"))
     projects.append(project)
     second.mkdir()
     project("up", "-d", "--no-build", "--scale", f"node={nodes // per}")
