@@ -55,7 +55,10 @@ def mosaicd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_sigint_then_the_same_command_is_refused_and_resume_ends_as_the_uninterrupted_run(tmp_path: Path) -> None:
-    settings = dict(QUICK, rounds=400, checkpoint_rounds=5)
+    # 1,000 rounds: their progress lines (~140 bytes each) overfill the pipe's 64 KiB ~470 rounds in, where the run
+    # holds still until the test reads on; so it cannot end before the SIGINT, on a fast host either (400 rounds took
+    # ~0.3 s on 2 loaded cores: they could all be done between the line of round 12 and the signal)
+    settings = dict(QUICK, rounds=1000, checkpoint_rounds=5)
     out = tmp_path / "run"
     command = [sys.executable, "-m", "mosaicd", "simulate", *[f"--{k.replace('_', '-')}" if v is True else
                                                               f"--{k.replace('_', '-')}={v}"
@@ -63,7 +66,7 @@ def test_sigint_then_the_same_command_is_refused_and_resume_ends_as_the_uninterr
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     seen = []
-    for line in proc.stderr:  # plain progress lines (a pipe): "round 11 (12/400 done) | ..."
+    for line in proc.stderr:  # plain progress lines (a pipe): "round 11 (12/1000 done) | ..."
         seen.append(line)
         match = re.match(r"round (\d+) \(", line)
         if match and int(match.group(1)) >= 12:
@@ -86,7 +89,7 @@ def test_sigint_then_the_same_command_is_refused_and_resume_ends_as_the_uninterr
 
     resumed = mosaicd(*command[3:], "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert re.search(r"resuming with (1[05]|[2-9]\d|\d{3}) of 400 rounds done", resumed.stderr), resumed.stderr
+    assert re.search(r"resuming with (1[05]|[2-9]\d|\d{3}) of 1000 rounds done", resumed.stderr), resumed.stderr
     finished = read_summary(out)
     assert finished is not None and finished["status"] == "finished"
     assert not (out / SIMULATE_CHECKPOINT).exists()
@@ -103,7 +106,9 @@ def test_a_run_going_on_in_a_folder_is_not_resumed_or_replaced_beside_it(tmp_pat
     while a run's process holds its folder, --resume and --replace are refused (they would write the same files at
     once: rows twice, a folder emptied under a running process); once it has ended, the usual refusal names them."""
     out = tmp_path / "run"
-    command = ["simulate", "--task", "digits", "--nodes", "4", "--rounds", "400", "--out", str(out), "--quiet"]
+    # rounds: far more than a fast host simulates during the two refusals (the test stops the run; a --node-profile
+    # would not slow simulate, whose clock it plays)
+    command = ["simulate", "--task", "digits", "--nodes", "4", "--rounds", "20000", "--out", str(out), "--quiet"]
     proc = subprocess.Popen([sys.executable, "-m", "mosaicd", *command], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
