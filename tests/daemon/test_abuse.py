@@ -131,7 +131,8 @@ async def test_bodies_beyond_the_caps_get_503_busy_at_once_and_slow_ones_408(ech
     refused = [await partial_post(port, source="127.0.0.1")]
     status, headers, body = await answer(refused[-1][0])
     assert status == 503 and body["reason"] == "busy" and set(body) == {"reason", "detail"}
-    assert headers["retry-after"] == "1" and 0.9 < time.monotonic() - started < 1.5
+    # after its 1 s wait for a slot (more on a loaded host), not at --request-timeout (4 s)
+    assert headers["retry-after"] == "1" and 0.9 < time.monotonic() - started < 3
     conns["b2"] = await partial_post(port, source="127.0.0.2")
     await asyncio.sleep(0.2)
     assert limits.slots.count == 4

@@ -56,7 +56,8 @@ def test_a_command_told_to_stop_exits_in_time_whatever_its_threads_do(tmp_path) 
                "print('left the run', flush=False)\n")
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0 and done.stdout == "left the run\n" and time.monotonic() - started < 5
+    # within seconds (a loaded host's interpreter start and imports among them), not after the thread's 30 s
+    assert done.returncode == 0 and done.stdout == "left the run\n" and time.monotonic() - started < 20
 
 
 def test_a_log_line_goes_out_with_its_end_in_one_write() -> None:

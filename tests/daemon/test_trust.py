@@ -183,7 +183,7 @@ def test_a_barrier_started_by_hand_without_a_secret_makes_one_and_refuses_unsign
             sent = time.monotonic()
             resp = kit.http("POST", f"http://127.0.0.1:{port}/v1/register", b"{}", "application/json")
             assert (resp.status, resp.json()["reason"]) == (401, "unsigned")
-            assert time.monotonic() - sent < 1.0
+            assert time.monotonic() - sent < 10  # at once (a loaded host's), not held until --register-deadline 60
             if start == 0:
                 secret = secret_path.read_bytes()
             assert secret_path.stat().st_mode & 0o777 == 0o600 and secret_path.read_bytes() == secret
@@ -228,7 +228,7 @@ async def test_an_unsigned_request_to_a_node_that_does_not_know_its_run_yet_is_r
     from mosaicd.daemon.node.routes import node_app
     from mosaicd.settings import DaemonOptions
 
-    options = DaemonOptions(host="127.0.0.1", port=0, request_timeout=8)
+    options = DaemonOptions(host="127.0.0.1", port=0, request_timeout=30)
     runner, port = await serve(node_app(Inbox(NodeState(), options, Keyring(SECRET))), options)
     try:
         loop = asyncio.get_running_loop()
@@ -238,6 +238,6 @@ async def test_an_unsigned_request_to_a_node_that_does_not_know_its_run_yet_is_r
                 async with session.request(method, f"http://127.0.0.1:{port}{path}", data=b"x" * 64,
                                            headers={"Content-Type": CONTENT_TYPE}) as resp:
                     assert (resp.status, (await resp.json())["reason"]) == (401, "unsigned"), path
-                assert loop.time() - sent < 4, path
+                assert loop.time() - sent < 10, path  # at once (a loaded host's), not at --request-timeout 30
     finally:
         await runner.cleanup()
