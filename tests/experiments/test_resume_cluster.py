@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from runs import checkpoints as checkpoints_of
 from runs import interrupt_when_checkpointed, journal_rounds, rounds_done
 
