@@ -73,20 +73,31 @@ def measured(line: str) -> None:
 
 
 HEAVY = ("slow", "docker", "browser", "netns", "slurm")  # what the quick set leaves out
+ENGINES = ("docker", "netns", "slurm")  # the host's one Docker engine, its namespaces and its Slurm: one at a time
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that carries none of the HEAVY markers is `quick`: `pytest -m quick -n auto` is the set a person
-    runs before each commit (every module's fast tests, ~2 minutes on 2 cores)."""
+    runs before each commit (every module's fast tests, ~2 minutes on 2 cores). The tests of the host's engines are
+    one xdist group (`--dist loadgroup`: one worker runs them in turn), so that the rest may run beside them."""
     for item in items:
         if not any(item.get_closest_marker(name) for name in HEAVY):
             item.add_marker(pytest.mark.quick)
+        if any(item.get_closest_marker(name) for name in ENGINES):
+            item.add_marker(pytest.mark.xdist_group("engines"))
+
+
+FIGURES: list[str] = []  # what every test measured, as the reports carried it (from xdist's workers too)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    FIGURES.extend(value for name, value in report.user_properties if name == "measured")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if MEASURED:
+    if FIGURES:
         terminalreporter.section("figures the tests measured")
-        for line in MEASURED:
+        for line in FIGURES:
             terminalreporter.write_line(line)
 
 
@@ -305,10 +316,13 @@ def kit() -> type[Kit]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
-    """Keep each phase's report on the test item, so fixtures can tell whether the test failed (rep_call)."""
+    """Keep each phase's report on the test item, so fixtures can tell whether the test failed (rep_call), and hand
+    it the figures measured meanwhile."""
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+    report.user_properties.extend(("measured", line) for line in MEASURED)  # the figures travel with the report
+    MEASURED.clear()
 
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
