@@ -150,17 +150,22 @@ def deployed_environment(file: str, service: str, given: dict[str, str]) -> dict
     return {k: re.sub(r"\$\{(\w+)(:-|:\?)([^}]*)\}", value, str(v)) for k, v in environment.items()}
 
 
+def deployed_settings(monkeypatch: pytest.MonkeyPatch, file: str, service: str, given: dict[str, str]) -> Settings:
+    """The settings `service` of a deploy file runs with, given the shell variables `given` and no other MOSAIC_*."""
+    for key in [k for k in os.environ if k.startswith("MOSAIC_")]:
+        monkeypatch.delenv(key)
+    for key, value in deployed_environment(file, service, given).items():
+        monkeypatch.setenv(key, value)
+    return settings_of([service])
+
+
 @pytest.mark.parametrize("file", ["compose.yaml", "deploy/stack.yaml", "deploy/multihost/barrier.yaml"])
 def test_a_deploy_file_runs_asynchronously_given_only_mosaic_sync(file: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """MOSAIC_SYNC=async alone: the file's own round deadline (300 s, for dozens of containers on few cores) is a
     default (MOSAIC_DEFAULTS), left out of a run without rounds; in a barrier run it applies; a deadline a person
     sets applies in a barrier run and is refused, naming the flag, in an asynchronous one."""
     def barrier(**given: str) -> Settings:
-        for key in [k for k in os.environ if k.startswith("MOSAIC_")]:
-            monkeypatch.delenv(key)
-        for key, value in deployed_environment(file, "barrier", {"MOSAIC_NODES": "8", **given}).items():
-            monkeypatch.setenv(key, value)
-        return settings_of(["barrier"])
+        return deployed_settings(monkeypatch, file, "barrier", {"MOSAIC_NODES": "8", **given})
 
     assert (barrier(MOSAIC_SYNC="async").sync.value, barrier(MOSAIC_SYNC="async").round_deadline) == ("async", 120)
     assert (barrier().sync.value, barrier().round_deadline) == ("barrier", 300)
@@ -178,12 +183,8 @@ def test_a_deploy_file_runs_several_nodes_per_container_given_only_their_number(
     """MOSAIC_NODES_PER_CONTAINER=N: each container's `mosaicd node` forks N members, and Swarm's barrier counts each
     address of `tasks.node` as N nodes; unset, one node per container, as before."""
     def deployed(**given: str) -> Settings:
-        for key in [k for k in os.environ if k.startswith("MOSAIC_")]:
-            monkeypatch.delenv(key)
         required = {"MOSAIC_BARRIER_URL": "http://barrier:8000", "MOSAIC_SECRET_PATH": "/dev/null"}
-        for key, value in deployed_environment(file, service, {**required, **given}).items():
-            monkeypatch.setenv(key, value)
-        return settings_of([service])
+        return deployed_settings(monkeypatch, file, service, {**required, **given})
 
     assert getattr(deployed(), field) == 1
     assert getattr(deployed(MOSAIC_NODES_PER_CONTAINER="4"), field) == 4
@@ -191,21 +192,17 @@ def test_a_deploy_file_runs_several_nodes_per_container_given_only_their_number(
         assert deployed(MOSAIC_NODES_PER_CONTAINER="4").expect_dns == "tasks.node"
 
 
-
 @pytest.mark.parametrize("file", ["compose.yaml", "deploy/stack.yaml", "deploy/multihost/barrier.yaml"])
 def test_a_deploy_file_slows_its_nodes_given_only_a_profile(file: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """MOSAIC_NODE_PROFILE, a profile's JSON: the barrier's run carries it (the nodes get it as they register); unset,
     the file's empty default is no profile."""
     def barrier(**given: str) -> Settings:
-        for key in [k for k in os.environ if k.startswith("MOSAIC_")]:
-            monkeypatch.delenv(key)
-        for key, value in deployed_environment(file, "barrier", {"MOSAIC_NODES": "8", **given}).items():
-            monkeypatch.setenv(key, value)
-        return settings_of(["barrier"])
+        return deployed_settings(monkeypatch, file, "barrier", {"MOSAIC_NODES": "8", **given})
 
     assert barrier().node_profile is None
     slowed = barrier(MOSAIC_NODE_PROFILE='{"compute_s": 1, "draw": [{"share": 0.25, "slowdown": 5}]}').node_profile
     assert slowed is not None and slowed["compute_s"] == 1 and slowed["draw"] == [{"share": 0.25, "slowdown": 5}]
+
 
 def test_deployment_defaults_apply_where_nothing_else_gives_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """MOSAIC_DEFAULTS: below flags, variables and --config, and left out where it has no effect; an empty MOSAIC_*
