@@ -314,9 +314,9 @@ def test_node_killed_and_restarted_at_the_default_deadline_costs_its_round_secon
     for their send budget. Rounds take ~2 s (a profile), so the others send while it is starting again. Without
     checkpoints (--checkpoint-every 0) the node knows it came back from the note its registration left in its state
     directory, and goes on from a live peer's model."""
-    (tmp_path / "slow.toml").write_text("compute_s = 2.0\n")
+    profile = kit.pace(tmp_path, 2.0)
     secret = write_new_secret(tmp_path / "secret")
-    run = {**RUN, "rounds": 14, "eval_every": 0, "node_profile": str(tmp_path / "slow.toml"),
+    run = {**RUN, "rounds": 14, "eval_every": 0, "node_profile": profile,
            "secret_file": str(secret), **({"checkpoint_every": 0} if checkpoint_every == 0 else {})}
     assert "round_deadline" not in run and "request_timeout" not in run and "retries" not in run  # the defaults
     lab = Lab(tmp_path, kit, run)
@@ -807,8 +807,8 @@ def test_node_killed_in_round_0_and_restarted_at_the_default_deadline_costs_its_
     they give them up at once, so round 0 costs seconds, not the deadline. `note`: its state directory holds the note
     its registration left (member.json); `none`: it comes back with no state at all (its state directory gone, as a
     container's without a volume, or a `--port 0` node's, which has none)."""
-    (tmp_path / "slow.toml").write_text("compute_s = 2.0\n")
-    run = {**RUN, "rounds": 8, "eval_every": 0, "node_profile": str(tmp_path / "slow.toml"), "checkpoint_every": 0}
+    profile = kit.pace(tmp_path, 2.0)
+    run = {**RUN, "rounds": 8, "eval_every": 0, "node_profile": profile, "checkpoint_every": 0}
     assert "round_deadline" not in run and "request_timeout" not in run and "retries" not in run  # the defaults
     lab = Lab(tmp_path, kit, run)
     try:

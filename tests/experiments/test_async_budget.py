@@ -120,12 +120,13 @@ def test_ctrl_c_then_resume_with_a_budget_gives_the_uninterrupted_models_bit_for
     assert (tmp_path / "stopped" / "nodes.csv").read_text() == (tmp_path / "whole" / "nodes.csv").read_text()
 
 
-async def test_a_daemon_started_again_counts_its_budget_from_the_run_s_start_not_its_own(tmp_path: Path) -> None:
+async def test_a_daemon_started_again_counts_its_budget_from_the_run_s_start_not_its_own(tmp_path: Path,
+                                                                                         kit: Any) -> None:
     """A node's first process trains until its 0.4 s are spent (checkpointing each iteration); started again with
     the same state directory, it goes on from its checkpoint with the budget already spent: one iteration (the
     least a node does), not another 0.4 s of them."""
-    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
-    settings = Settings.load(**{**RUN, "nodes": 3}, rounds=1000, time_budget=0.4, node_profile=tmp_path / "p.toml",
+    profile = kit.pace(tmp_path, 0.05)
+    settings = Settings.load(**{**RUN, "nodes": 3}, rounds=1000, time_budget=0.4, node_profile=profile,
                              state_dir=tmp_path / "state", out=tmp_path / "n")
     addresses = [f"127.0.0.1:{9000 + i}" for i in range(3)]
     first = AsyncNode(settings, build_task(settings.run_config()), 0, addresses, Secret(None))
@@ -141,13 +142,13 @@ async def test_a_daemon_started_again_counts_its_budget_from_the_run_s_start_not
 
 
 @pytest.mark.slow
-def test_a_cluster_s_nodes_stop_at_the_budget_when_their_rounds_are_out_of_reach(tmp_path: Path) -> None:
+def test_a_cluster_s_nodes_stop_at_the_budget_when_their_rounds_are_out_of_reach(tmp_path: Path, kit: Any) -> None:
     """3 s of training at 0.2 s an iteration at least: about 15 iterations, far from --rounds 1000. Each node stops
     by the budget, within a generous margin of it (a loaded host slows the last iteration and the report), and the
     grid ends with it."""
-    (tmp_path / "p.toml").write_text("compute_s = 0.2\n")
+    profile = kit.pace(tmp_path, 0.2)
     summary = run_cluster_async(Settings.load(**{**RUN, "nodes": 4}, rounds=1000, time_budget=3.0,
-                                              node_profile=tmp_path / "p.toml", out=tmp_path / "run"),
+                                              node_profile=profile, out=tmp_path / "run"),
                                 progress=False, timeout=240)
     block = summary["asynchronous"]
     assert summary["status"] == "finished" and block["stopped"] == "budget", block

@@ -66,10 +66,10 @@ def wait_all(tmp_path: Path, procs: dict[int, subprocess.Popen], within: float, 
 @pytest.mark.parametrize("shared", [False, True])
 def test_a_peer_list_runs_asynchronously_and_rank_0_writes_the_summary(tmp_path: Path, kit: Any,
                                                                         shared: bool) -> None:
-    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    profile = kit.pace(tmp_path, 0.05)
     ports = sorted(free_ports(4))
     (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
-    run = {**ASYNC, "nodes": 4, "rounds": 15, "eval_every": 5, "node_profile": tmp_path / "p.toml",
+    run = {**ASYNC, "nodes": 4, "rounds": 15, "eval_every": 5, "node_profile": profile,
            "secret_file": write_new_secret(tmp_path / "run.secret")}
     wait_all(tmp_path, start_peer_list(kit, tmp_path, run, ports, shared), 120)
     rank0 = tmp_path / ("out" if shared else f"out-{ports[0]}")
@@ -91,10 +91,10 @@ def test_a_peer_list_runs_asynchronously_and_rank_0_writes_the_summary(tmp_path:
 @pytest.mark.slow  # about 10 s on 2 idle cores
 def test_a_peer_list_member_killed_and_started_again_goes_on_from_its_checkpoint(tmp_path: Path, kit: Any) -> None:
     """The same `mosaicd node` command again: the member resumes from its checkpoint, rank 0 waits for its report."""
-    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    profile = kit.pace(tmp_path, 0.05)
     ports = sorted(free_ports(4))
     (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
-    run = {**ASYNC, "rounds": 40, "eval_every": 10, "node_profile": tmp_path / "p.toml",
+    run = {**ASYNC, "rounds": 40, "eval_every": 10, "node_profile": profile,
            "secret_file": write_new_secret(tmp_path / "run.secret")}
     procs = start_peer_list(kit, tmp_path, run, ports)
     try:
@@ -119,10 +119,10 @@ def test_rank_0_of_an_asynchronous_peer_list_told_to_stop_records_the_run_interr
     failed with an exception's name; it exits 130. It tells the other members, which stop training at once, say so
     and exit 130 too (not 1 after --register-deadline); the same commands started again resume the run from their
     checkpoints."""
-    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+    profile = kit.pace(tmp_path, 0.05)
     ports = sorted(free_ports(3))
     (tmp_path / "peers.txt").write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
-    run = {**ASYNC, "nodes": 3, "rounds": 150, "eval_every": 5, "node_profile": tmp_path / "p.toml",
+    run = {**ASYNC, "nodes": 3, "rounds": 150, "eval_every": 5, "node_profile": profile,
            "register_deadline": 120, "secret_file": write_new_secret(tmp_path / "run.secret")}
     procs = start_peer_list(kit, tmp_path, run, ports)
     try:
@@ -201,9 +201,9 @@ def test_an_asynchronous_peer_list_runs_over_mutual_tls(tmp_path: Path, kit: Any
         blob.write_to_path(str(tmp_path / "member.crt"), append=i > 0)
     ports = sorted(free_ports(3))
     (tmp_path / "peers.txt").write_text("".join(f"https://127.0.0.1:{p}\n" for p in ports))
-    (tmp_path / "p.toml").write_text("compute_s = 0.1\n")
+    profile = kit.pace(tmp_path, 0.1)
     run = {**ASYNC, "rounds": 30, "fanout": 1, "eval_every": 10, "secret_file": write_new_secret(tmp_path / "s"),
-           "node_profile": tmp_path / "p.toml", "tls_cert": tmp_path / "member.crt", "tls_key": tmp_path /
+           "node_profile": profile, "tls_cert": tmp_path / "member.crt", "tls_key": tmp_path /
            "member.key", "tls_ca": tmp_path / "ca.crt", "tls_client_auth": True}
     procs = start_peer_list(kit, tmp_path, run, ports)
     member_tls = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
@@ -254,13 +254,13 @@ def _when(predicate: Any, within: float, what: str) -> None:
 
 
 @pytest.fixture
-def faults(tmp_path: Path) -> tuple[dict[str, Any], float]:
+def faults(tmp_path: Path, kit: Any) -> tuple[dict[str, Any], float]:
     """The settings of the fault tests (4 nodes of 40 iterations of 0.1 s, long enough that a restarted process's
     start, which takes the others' CPU on a small host, weighs little; a send not answered in 2 s is dropped), and
     the mean step rate of nodes 0-2 in such a cluster where nothing happens to node 3 (measured just before the
     test's own run: a loaded host's pace drifts)."""
-    (tmp_path / "p.toml").write_text("compute_s = 0.1\n")
-    run = {**ASYNC, "nodes": 4, "rounds": 40, "eval_every": 10, "node_profile": tmp_path / "p.toml",
+    profile = kit.pace(tmp_path, 0.1)
+    run = {**ASYNC, "nodes": 4, "rounds": 40, "eval_every": 10, "node_profile": profile,
            "request_timeout": 2}
     alike = run_cluster_async(Settings.load(**run, out=tmp_path / "alike"), progress=False,
                               timeout=120)["asynchronous"]

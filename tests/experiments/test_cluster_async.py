@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,10 +65,10 @@ def test_a_node_slowed_ten_times_does_not_slow_the_others(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 @pytest.mark.parametrize("secret", [True, False])
-def test_ad_psgd_runs_in_the_daemons_from_the_same_flag(tmp_path: Path, secret: bool) -> None:
-    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
+def test_ad_psgd_runs_in_the_daemons_from_the_same_flag(tmp_path: Path, kit: Any, secret: bool) -> None:
+    profile = kit.pace(tmp_path, 0.05)
     summary = run_cluster_async(Settings.load(sync="async", task="quadratic", exchange="pairwise", nodes=4, rounds=15,
-                                              eval_every=5, insecure=not secret, node_profile=tmp_path / "p.toml",
+                                              eval_every=5, insecure=not secret, node_profile=profile,
                                               out=tmp_path / "adpsgd"), progress=False, timeout=120)
     block = summary["asynchronous"]
     assert summary["status"] == "finished" and block["steps"] == {str(i): 15 for i in range(4)}
@@ -172,16 +173,16 @@ def test_a_daemon_s_node_sends_what_async_send_says(tmp_path: Path, send: str) -
 
 
 @pytest.mark.slow
-def test_a_node_killed_mid_run_costs_the_others_nothing(tmp_path: Path) -> None:
+def test_a_node_killed_mid_run_costs_the_others_nothing(tmp_path: Path, kit: Any) -> None:
     """Node 3 is SIGKILLed once it has trained a few iterations: the others finish at their pace, as without it."""
     import json
     import threading
     import urllib.request
 
-    (tmp_path / "p.toml").write_text("compute_s = 0.05\n")
-    alike = run_cluster_async(Settings.load(**RUN, nodes=4, rounds=40, eval_every=10, node_profile=tmp_path / "p.toml",
+    profile = kit.pace(tmp_path, 0.05)
+    alike = run_cluster_async(Settings.load(**RUN, nodes=4, rounds=40, eval_every=10, node_profile=profile,
                                             out=tmp_path / "alike"), progress=False, timeout=120)["asynchronous"]
-    settings = Settings.load(**RUN, nodes=4, rounds=40, eval_every=10, node_profile=tmp_path / "p.toml",
+    settings = Settings.load(**RUN, nodes=4, rounds=40, eval_every=10, node_profile=profile,
                              out=tmp_path / "killed")
     cluster = AsyncCluster(settings, progress=False)
     done: dict = {}

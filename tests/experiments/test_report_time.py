@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,10 +53,10 @@ def test_a_run_without_a_clock_leaves_the_time_figures_out(tmp_path: Path) -> No
 
 
 @pytest.mark.slow  # a 4-process loopback run (~10 s on 2 idle cores) and two simulations
-def test_barrier_and_asynchronous_runs_share_the_time_figures_each_on_its_clock(tmp_path: Path) -> None:
+def test_barrier_and_asynchronous_runs_share_the_time_figures_each_on_its_clock(tmp_path: Path, kit: Any) -> None:
     pytest.importorskip("matplotlib")
-    (tmp_path / "profile.toml").write_text("compute_s = 0.05\n")
-    profiled = dict(RUN, nodes=3, node_profile=tmp_path / "profile.toml")
+    profile = kit.pace(tmp_path, 0.05)
+    profiled = dict(RUN, nodes=3, node_profile=profile)
     run_cluster_async(Settings.load(**profiled, sync="async", out=tmp_path / "cluster-async"), progress=False,
                       timeout=120)
     run_simulation(Settings.load(**profiled, sync="async", out=tmp_path / "sim-async"), progress=False)
