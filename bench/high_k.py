@@ -68,5 +68,6 @@ def main() -> None:
                                    "ratio": {str(k): ratio["messages"][str(k)] for k in ks[1:]}},
                       "sha256": hashes["batched"]}))
 
+
 if __name__ == "__main__":
     main()

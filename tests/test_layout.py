@@ -163,6 +163,7 @@ def test_no_class_is_over_300_lines() -> None:
            and n.end_lineno - n.lineno + 1 > 300]
     assert not big, big
 
+
 # -- who writes a class's fields -------------------------------------------------------------------------------------
 def class_fields() -> dict[str, dict[str, set[str]]]:
     """module -> class -> the attributes the class gives itself (`self.x = ...` in its methods, fields in its body)."""
@@ -287,8 +288,6 @@ def test_a_class_owns_its_fields() -> None:
     bad = [w for p in FILES for w in foreign_writes(p, classes, held)
            if not any(f" writes {allowed}," in w for allowed in THIRD_PARTY_WRITES.get(module_name(p), ()))]
     assert not bad, "\n".join(bad)
-
-
 
 
 FIGURE = re.compile(r"\b20\d\d-\d\d-\d\d\b|~?\b\d+(\.\d+)? ?(us|µs|ms)\b|\b\d+(\.\d+)? -> \d")
@@ -778,8 +777,6 @@ def test_the_barriers_journal_is_written_only_by_the_runner() -> None:
     runner = TREES["mosaicd.daemon.barrier.runner"]
     assert {fn for fn, _ in innermost_callers(runner, {"save_journal"})} == {"apply"}
     assert not any(isinstance(n, ast.FunctionDef) and n.name == "journaled" for n in ast.walk(runner))
-
-
 
 
 # -- the node's core, like the barrier's (issue 57): inputs apart from outcomes, one fire per call, decisions as values

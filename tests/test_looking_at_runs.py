@@ -157,7 +157,6 @@ def test_log_shows_the_barrier_and_a_node(runs: Path) -> None:
     assert ended.returncode == 0 and "the run ended (finished)" in ended.stderr
 
 
-
 def test_log_into_a_reader_that_goes_away_ends_quietly(runs: Path, tmp_path: Path) -> None:
     """`mosaicd log RUN | head -1`: no "Broken pipe" error once the reader has what it wanted."""
     run = tmp_path / "cluster"

@@ -39,6 +39,8 @@ def _stacked_on_the_cpu_too(monkeypatch: pytest.MonkeyPatch) -> None:
     from mosaicd.learning.tasks.torch_task import TorchTask
 
     monkeypatch.setattr(TorchTask, "stacked_train", True)
+
+
 LOSS_TOL = 1e-4
 METRICS = ("node_average", "average_model", "node_average_test_loss", "average_model_test_loss", "train_loss")
 

@@ -41,7 +41,6 @@ def test_the_same_seed_gives_the_same_models_and_another_seed_others(tmp_path: P
     assert len(rows(tmp_path / "a", "nodes.csv")) == 8 * 6  # one row per node and iteration
 
 
-
 def test_training_converges_and_an_unprofiled_run_is_numbered_as_a_barrier_run(tmp_path: Path) -> None:
     summary = simulated(tmp_path, "plain", eval_every=1)
     table = rows(tmp_path / "plain")

@@ -392,6 +392,8 @@ INTERESTING = [0x00, 0x01, 0x17, 0x18, 0x19, 0x1A, 0x1B, 0x1C, 0x1F, 0x20, 0x3B,
 RAW_SNIPPETS = [b"\xd8\x1c\x81\xd8\x1d\x00",  # a shared array holding itself
                 b"\x9f\x9f\xff\xff", b"\x5f\x41\x00\xff", b"\xd9\x01\x02\x82\x01\x02", b"\xc4\x82\x21\x19\x01\x00",
                 b"\xd8\x1e\x82\x01\x00", b"\xd8\x23\x61\x28", b"\xc1\xfb\x7f\xf0\x00\x00\x00\x00\x00\x00"]
+
+
 def random_object(rng: np.random.Generator, depth: int = 0) -> Any:
     kind = int(rng.integers(14 if depth < 3 else 9))
     if kind == 0:

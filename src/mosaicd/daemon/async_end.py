@@ -155,7 +155,6 @@ async def collect_reports(client: Client, url: Callable[[int, str], str], ranks:
     return reports, sorted(lost)
 
 
-
 async def tell_end(client: Client, url: Callable[[int, str], str], ranks: list[int], reason: str | None = None,
                    timeout: float = 5.0, retries: int = 1) -> None:
     """POST /v1/async/end to the members `ranks` at once: the run ended, its summary written (no `reason`), or it
@@ -163,6 +162,7 @@ async def tell_end(client: Client, url: Callable[[int, str], str], ranks: list[i
     body = None if reason is None else {"interrupted": reason}
     await asyncio.gather(*(client.request("POST", url(r, "/v1/async/end"), json_body=body, retries=retries,
                                           timeout=timeout) for r in ranks), return_exceptions=True)
+
 
 def run_deadline(settings: Settings) -> float:
     """How long the collector waits for the last report at most: every iteration at the slowest node's pace with a

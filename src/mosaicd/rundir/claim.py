@@ -49,6 +49,7 @@ def keep_earlier_run(out: Path | str) -> Path | None:
         os.replace(out / file, kept / file)
     return kept
 
+
 def fresh_folder(run_id: str, root: Path | str = DEFAULT_ROOT) -> Path:
     """A new folder ROOT/<run id>-<UTC time, YYYYmmdd-HHMMSS> (with -2, -3, ... where taken), made now, so that
     two runs started in the same second never share one."""

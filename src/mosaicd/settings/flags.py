@@ -23,7 +23,6 @@ class SettingsError(ValueError):
     """A settings problem, worded for the person who typed the flag."""
 
 
-
 OPTION_TABLES = {"task_options": "--task-option", "optimizer_options": "--optimizer-option",
                  "lr_schedule_options": "--lr-schedule-option"}  # tables given as repeated KEY=VALUE flags
 

@@ -37,7 +37,6 @@ class _TomlSource(PydanticBaseSettingsSource):
         return {k.replace("-", "_"): v for k, v in data.items()}
 
 
-
 DEFAULTS_ENV = "MOSAIC_DEFAULTS"  # a deployment file's defaults, as TOML: `round_deadline = 300`
 
 

@@ -260,7 +260,6 @@ class Barrier(DecisionRunner):
         return True
 
 
-
 def run_task(run: RunConfig, evaluates: bool) -> RunTask:
     """What the barrier runs (`RunTask`): its task, or its nodes' own loops; `evaluates`: it evaluates the average
     model with the run's task (a `NetworkEvaluation`; a function of a program's own, `mosaicd.Barrier(evaluate=)`,

@@ -97,7 +97,6 @@ class RowFile:
             done += got
 
 
-
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles CIFAR batches: plain containers and numpy arrays only, nothing executable."""
 
