@@ -188,8 +188,9 @@ class Barrier(DecisionRunner):
         from its source said in a line, and kept in summary.json (what the node was told, never the secret)."""
         if self.refusals.note(reason, source, path):
             self.log.warning("refused", reason=reason, source=source, path=path, detail=WHY.get(reason, ""))
-        said = self.refusals.text()
-        self.decide(lambda state, now: state.registration.saw_refused(said))  # a registration that fails says them
+        if self.state.phases.registering or self.state.phases.rebinding:  # a registration that fails says them
+            said = self.refusals.text()
+            self.decide(lambda state, now: state.registration.saw_refused(said))
         self.recorder.note("refused", self.refusals.as_json())
 
     def fail_registration(self, reason: str) -> None:
