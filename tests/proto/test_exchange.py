@@ -4,6 +4,7 @@ reports, losses and barrier decisions; and the parts that make it: the plans' ta
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,6 +83,17 @@ def test_many_senders_per_node_are_averaged_node_by_node_with_the_same_bits(kind
     nodes absent: every rank's add in the same float64 order as `aggregate`."""
     absent = data.draw(st.lists(st.sets(st.integers(0, 29), max_size=5).map(tuple), min_size=1, max_size=3))
     batched, messages = (network(m, 30, 400, 4, kind, fanout) for m in (False, True))
+    assert rounds(batched, absent) == rounds(messages, absent)
+    assert np.array_equal(batched.matrix(), messages.matrix())
+
+
+@pytest.mark.parametrize(("k", "strategy"), [(1, "random"), (4, "contiguous"), (2, "random")])
+def test_fragments_that_are_ranges_are_averaged_as_slices_with_the_same_bits(k: int, strategy: str) -> None:
+    """The per-node path where each fragment is one contiguous range (K=1, the contiguous strategy: read and written
+    as slices of the models, not gathered through the index arrays), and where none is (K=2 random), a node absent."""
+    absent = [(), (2,), ()]
+    batched, messages = (network(m, 9, 600, k, "local", 3, strategy) for m in (False, True))
+    assert batched.fragmentation.spans[0] is not None or strategy == "random" and k > 1
     assert rounds(batched, absent) == rounds(messages, absent)
     assert np.array_equal(batched.matrix(), messages.matrix())
 
