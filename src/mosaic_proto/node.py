@@ -44,7 +44,7 @@ __all__ = ["GONE", "NODE_TRANSITIONS", "REASON_FINISHED", "REASON_REJOINING", "S
            "WAITS_FOR_MODEL", "Advance", "NodeInput", "NodeOutcome", "NodePhase", "NodePhases", "NodeRefused",
            "NodeState", "NodeStateError", "Sending", "Snapshots", "rejoining_refusal"]
 
-SNAPSHOTS_KEPT = 3  # models after the last rounds a node keeps for the barrier's evaluation (and a rejoining peer)
+SNAPSHOTS_KEPT = 3  # the last rounds whose models a node keeps: its newest, and the barrier's evaluation rounds
 
 
 class NodePhase(StrEnum):
@@ -181,22 +181,35 @@ REASON_REJOINING = "rejoining"  # the reason of `rejoining_refusal`, which a sen
 REASON_FINISHED = "finished"  # a node whose run is over (or that is leaving) refuses fragments for good
 
 
+def _every_round(round: int) -> bool:
+    return True
+
+
 class Snapshots(dict[int, np.ndarray]):
-    """round -> this node's model after that round: the last `SNAPSHOTS_KEPT`, for the barrier's evaluations (and
-    peers that rejoin); `metrics`: round -> the node's metrics of that round (its own evaluation of the model after
-    it, or what a training loop reported), served with the snapshot and dropped with it."""
+    """round -> this node's model after that round: the newest (the node's model: no copy), and, of the last
+    `SNAPSHOTS_KEPT` rounds, those someone will ask for after a newer one exists (`evaluated`: the barrier's
+    evaluation rounds, which it pulls; every round where not told); a peer that rejoins asks for the newest only.
+    `metrics`: round -> the node's metrics of that round (its own evaluation of the model after it, or what a
+    training loop reported), served with the snapshot and dropped with it."""
 
     def __init__(self, kept: int = SNAPSHOTS_KEPT) -> None:
         super().__init__()
         self.kept = kept  # 0: none (nobody asks for them: the in-memory network)
         self.metrics: dict[int, dict[str, Any]] = {}
+        self._evaluated: Callable[[int], bool] = _every_round
+
+    def evaluating(self, evaluated: Callable[[int], bool]) -> None:
+        """The rounds whose models are asked for once older than the newest (the run's evaluation rounds): the
+        only older ones kept from now on."""
+        self._evaluated = evaluated
 
     def keep(self, round: int, vector: np.ndarray) -> None:
         if not self.kept:
             return
+        for old in [r for r in self if r <= round - self.kept or (r < round and not self._evaluated(r))]:
+            del self[old]
         self[round] = vector
-        self.pop(round - self.kept, None)
-        for old in [r for r in self.metrics if r <= round - self.kept]:
+        for old in [r for r in self.metrics if r <= round - self.kept or (r < round and not self._evaluated(r))]:
             del self.metrics[old]
 
     def keep_metrics(self, round: int, metrics: dict[str, Any]) -> None:
@@ -205,7 +218,7 @@ class Snapshots(dict[int, np.ndarray]):
 
     def resumed(self, round: int, vector: np.ndarray, before: np.ndarray | None) -> None:
         """A resumed run's checkpoint: its model after `round`, and `before` after the round before (where kept)."""
-        kept = {round: vector, round - 1: before}
+        kept = {round: vector, round - 1: before if self._evaluated(round - 1) else None}
         self.update({t: v for t, v in kept.items() if t >= 0 and v is not None})
 
     def model(self, round: int | None, newest: np.ndarray | None) -> tuple[int, np.ndarray] | None:
@@ -361,15 +374,19 @@ class NodeState:
 
     def start(self, fragmentation: Fragmentation, sampler: PeerSampler, vector: np.ndarray | None = None, *,
               aggregator: Aggregator | None = None, attack: Attack | None = None,
-              compressor: Compressor | None = None) -> None:
+              compressor: Compressor | None = None, evaluated: Callable[[int], bool] | None = None) -> None:
         """The model's fragmentation is known (and its starting vector, where known): from now on fragments are
         taken. `aggregator`: the run's rule (None: mean); `attack`: how this node lies, if it is an attacker;
-        `compressor`: the run's codec with this node's error feedback (None: --compress none)."""
+        `compressor`: the run's codec with this node's error feedback (None: --compress none); `evaluated`: the
+        rounds the barrier evaluates, the only ones whose models it keeps once a newer one exists (None: every
+        round's, for `SNAPSHOTS_KEPT` rounds)."""
         if self.rank < 0:
             raise NodeStateError("start() before registered()")
         self.phases.fire(In.STARTED, Out.NOTED, self.rank)
         self.fragmentation, self.sampler, self.aggregator, self.attack = fragmentation, sampler, aggregator, attack
         self.compressor = compressor
+        if evaluated is not None:
+            self.snapshots.evaluating(evaluated)
         if self.own_rounds:
             self._open_round(())
         if vector is not None:

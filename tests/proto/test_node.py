@@ -291,3 +291,28 @@ def test_node_states_and_a_barrier_in_memory_give_the_reference_models() -> None
         assert np.array_equal(vectors[i], reference.vectors[i]), i
     assert all(barrier.arrive(i, ROUNDS, 0.0) is None for i in range(N - 1))
     assert barrier.arrive(N - 1, ROUNDS, 0.0).finished
+
+
+def test_older_snapshots_are_kept_only_for_the_evaluated_rounds_and_their_metrics_go_with_them() -> None:
+    evaluated = {1, 4}
+    state = NodeState()
+    state.registered(0, [f"h:{i + 1}" for i in range(N)], range(N), 0, "node-test", 0.0)
+    state.start(FR, SAMPLER, Q.initial(0), evaluated=evaluated.__contains__)
+    for t in range(6):
+        state.outgoing(state.vector, 0.0)
+        state.sent({}, [], 0.0)
+        state.keep_metrics(t, {"values": {"loss": float(t)}})
+        state.released(range(N), {}, [], 0.0)
+        expected = sorted({t, *(e for e in evaluated if t - SNAPSHOTS_KEPT < e < t)})
+        assert sorted(state.snapshots) == sorted(state.snapshots.metrics) == expected
+        assert state.model()[1] is state.vector  # the newest: the node's model, no copy
+    resumed = NodeState(rejoining=True)
+    resumed.registered(0, [f"h:{i + 1}" for i in range(N)], range(N), 3, "node-test", 0.0)
+    resumed.start(FR, SAMPLER, evaluated=evaluated.__contains__)
+    resumed.begin(Q.initial(0), kept_as=2, before=Q.initial(1))  # round 1's model: evaluated, kept
+    assert sorted(resumed.snapshots) == [1, 2]
+    again = NodeState(rejoining=True)
+    again.registered(0, [f"h:{i + 1}" for i in range(N)], range(N), 4, "node-test", 0.0)
+    again.start(FR, SAMPLER, evaluated=evaluated.__contains__)
+    again.begin(Q.initial(0), kept_as=3, before=Q.initial(1))  # round 2's model: nobody asks for it
+    assert sorted(again.snapshots) == [3]

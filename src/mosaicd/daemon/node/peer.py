@@ -25,6 +25,7 @@ import asyncio
 import json
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,7 @@ from mosaicd.daemon.node.inbox import Inbox
 from mosaicd.daemon.node.outbound import Link, arrival, arrive, leave, live_model, read_release, send_all
 from mosaicd.daemon.node.routes import node_app
 from mosaicd.logs import get_logger
-from mosaicd.outputs import higher_is_better_by_name
+from mosaicd.outputs import higher_is_better_by_name, is_eval_round
 from mosaicd.protocol import aggregator_rule, attack_of, compressor_of, profile_spec
 from mosaicd.settings import DaemonOptions, RunConfig, SettingsError
 
@@ -235,7 +236,7 @@ class Peer:
         fragmentation = Fragmentation.build(model, run.fragments, run.seed, run.strategy)
         self.state.start(fragmentation, PeerSampler(run.sampler, run.fanout, run.seed), vector,
                          aggregator=aggregator_rule(run), attack=attack_of(run, self.rank),
-                         compressor=compressor_of(run, self.rank))
+                         compressor=compressor_of(run, self.rank), evaluated=partial(is_eval_round, run=run))
         self.inbox.model_known(model)
         self.log.info("ready", dim=model.dim, fingerprint=fragmentation.fingerprint.hex())
 

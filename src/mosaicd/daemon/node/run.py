@@ -48,6 +48,7 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
     if options.resume_round is None and directory is not None:
         held = checkpoint.rounds_of(kept, run.run_id if run is not None else None)
     came_back = saved is not None or checkpoint.was_member(directory)  # a run's member before, started again
+    del kept  # its models: the one to go on from is `saved`, which the rounds drop once begun
     peer = Peer(options, run=run, host=host, rejoining=came_back, resume_rank=resume_rank, checkpoints=held,
                 runs_task=True)
     registering = asyncio.ensure_future(peer.__aenter__())
@@ -67,6 +68,7 @@ async def run_node(settings: Settings, task: Any = None, host: BarrierHost | Non
             peer.log.warning("member_note_unwritten", state_dir=str(directory), error=str(exc))
     try:
         rounds = asyncio.ensure_future(train_and_gossip(peer, settings, task, saved, prefetched))
+        del saved
         stopped = on_signals(rounds, 0 if peer.barrier is None else 130) if options.leave_on_signal else None
         try:
             await rounds
@@ -148,15 +150,8 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
         print(f"mosaicd node: run {run.run_id} goes on with {peer.round} of {run.rounds} rounds done, the newest point "
               f"every member holds a checkpoint of: this node resumes from its checkpoint of round {saved.round}",
               file=sys.stderr, flush=True)
-    if resume_round:  # its models after the two rounds before, for the barrier's evaluations
-        before = model_before(peer, options, resume_round)
-        peer.begin(vector, kept_as=peer.round - 1, before=before)
-        kept = [(r, v) for r, v in ((peer.round - 1, vector), (peer.round - 2, before))
-                if v is not None and r >= 0 and is_eval_round(r, run)]
-        for r, _ in kept:  # and its metrics of them: the barrier may collect them again (its rows cut short)
-            peer.evaluating(r)
-        for r, v in kept:
-            peer.evaluated(r, await evaluate_own(task, v, peer, r))
+    if resume_round:
+        await begin_resumed(peer, task, vector, options, resume_round)
     else:
         peer.begin(vector)
     data_rank = peer.rank % run.nodes  # a node that joined late trains on the data of this rank
@@ -165,19 +160,34 @@ async def train_and_gossip(peer: Peer, settings: Settings, task: Any, saved: che
     if saved is not None and vector is saved.vector and run.train:  # its model from the checkpoint, and its optimizer
         task.load_node_state(data_rank, saved.trained)
     saving = Checkpoints(options, peer, lambda: task.node_state(data_rank) if run.train else {})
+    del vector, saved  # the peer holds the model from now on (`peer.vector`): no frame keeps the first one alive
     with NodeConsole(f"rank {peer.rank}", run.rounds, enabled=not json_logs(settings.log_json)) as console:
-        await rounds_of(peer, task, vector, options, saving, data_rank, console)
+        await rounds_of(peer, task, options, saving, data_rank, console)
     await saving.drain()
     await peer.finish()
     if peer.barrier is not None:
         await peer.barrier.wait_done()
 
 
-async def rounds_of(peer: Peer, task: Any, vector: np.ndarray, options: DaemonOptions, saving: Checkpoints,
-                    data_rank: int, console: NodeConsole) -> None:
-    """This node's rounds, from the one it is in to the run's last: train, gossip, evaluate, checkpoint; each round
-    done is a line on its `console`."""
+async def begin_resumed(peer: Peer, task: Any, vector: np.ndarray, options: DaemonOptions, resume_round: int) -> None:
+    """A resumed node starts from `vector`, its checkpoint's model; its models after the two rounds before are its
+    snapshots where the barrier evaluates them (it may collect them again: its rows cut short), with its metrics."""
     run = peer.run
+    before = model_before(peer, options, resume_round)
+    peer.begin(vector, kept_as=peer.round - 1, before=before)
+    kept = [(r, v) for r, v in ((peer.round - 1, vector), (peer.round - 2, before))
+            if v is not None and r >= 0 and is_eval_round(r, run)]
+    for r, _ in kept:
+        peer.evaluating(r)
+    for r, v in kept:
+        peer.evaluated(r, await evaluate_own(task, v, peer, r))
+
+
+async def rounds_of(peer: Peer, task: Any, options: DaemonOptions, saving: Checkpoints, data_rank: int,
+                    console: NodeConsole) -> None:
+    """This node's rounds, from the one it is in to the run's last, from the model it began with (`peer.vector`):
+    train, gossip, evaluate, checkpoint; each round done is a line on its `console`."""
+    run, vector = peer.run, peer.vector
     log = get_logger(role="node", run=run.run_id, node=peer.rank)
     spec = profile_spec(run)
     profile = spec.of(peer.rank, run.seed, run.nodes) if spec is not None else None
