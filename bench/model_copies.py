@@ -29,7 +29,7 @@ from functools import cache
 from pathlib import Path
 
 PROBE = "COPIES_PROBE_DIR"  # not MOSAIC_*: the cluster passes its environment on to the nodes but those
-INDEX = {"build", "positions"}  # the fragmentation's index arrays: not copies of the model
+INDEX = {"build", "positions", "_assignment", "_indices"}  # the fragmentation's index arrays: not copies of the model
 
 
 def install_probe() -> None:

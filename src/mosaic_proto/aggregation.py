@@ -39,32 +39,33 @@ def aggregate(own: np.ndarray, fragmentation: Fragmentation,
     """
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
-    if own_fragments is not None and [len(v) for v in own_fragments] != [len(ix) for ix in fragmentation.indices]:
+    if own_fragments is not None and [len(v) for v in own_fragments] != list(fragmentation.sizes):
         raise ValueError("own_fragments must be own's K fragments, in fragment order")
     own = np.asarray(own)
     if any(isinstance(values, Compressed) for frags in received.values() for values in frags.values()):
         return _sparse(own, fragmentation, received, own_fragments, stand_in)
     if fragmentation.dim < SCATTER_BELOW * fragmentation.k:
         return scattered(own, fragmentation, received)
-    parts_of: list[list[np.ndarray]] = [[] for _ in fragmentation.indices]
+    parts_of: list[list[np.ndarray]] = [[] for _ in range(fragmentation.k)]
     for sender in sorted(received):  # one pass over what came, in ascending sender order
         for f, values in received[sender].items():
             parts_of[f].append(values)
-    plan = list(zip(range(fragmentation.k), fragmentation.indices, parts_of, strict=True))
+    plan = list(enumerate(parts_of))
     if fragmentation.k > 1 and fragmentation.dim >= PACK_FROM and all(span is None for span in fragmentation.spans):
         return _packed(own, fragmentation, plan, own_fragments, block)  # random fragments, a large model
-    if all(parts for _, _, parts in plan):
+    if all(parts for _, parts in plan):
         out = np.empty(own.shape, dtype=np.float32)  # every coordinate is written below
     else:
         out = np.array(own, dtype=np.float32, copy=True)
-    acc = np.empty(min(block, max((len(ix) for ix in fragmentation.indices), default=0)), dtype=np.float64)
-    for f, ix, parts in plan:
+    acc = np.empty(min(block, max(fragmentation.sizes, default=0)), dtype=np.float64)
+    for f, parts in plan:
         if not parts:
             continue
         span = fragmentation.spans[f]
         if span is not None:
             mine, target = own[span[0]:span[1]], out[span[0]:span[1]]
         else:
+            ix = fragmentation.indices[f]
             mine = own[ix] if own_fragments is None else own_fragments[f]
             target = np.empty(len(ix), dtype=np.float32)
         _average(mine, parts, target, acc, block)
@@ -97,7 +98,7 @@ def _packed(own: np.ndarray, fragmentation: Fragmentation, plan: list, own_fragm
     mine_all = fragmentation.packed(own) if own_fragments is None else None
     averaged = np.empty(fragmentation.dim, dtype=np.float32)
     acc = np.empty(min(block, max(fragmentation.sizes, default=0)), dtype=np.float64)
-    for f, _, parts in plan:
+    for f, parts in plan:
         target = averaged[starts[f]:starts[f + 1]]
         mine = mine_all[starts[f]:starts[f + 1]] if own_fragments is None else own_fragments[f]
         if parts:

@@ -132,9 +132,9 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
     pair, sender = np.divmod(key, count)
     receiver, fragment = np.divmod(pair, fragmentation.k)
     result = np.empty_like(models)
-    for f, ix in enumerate(fragmentation.indices):
-        span = fragmentation.spans[f]
-        part = models[:, ix] if span is None else models[:, span[0]:span[1]]
+    for f, span in enumerate(fragmentation.spans):
+        ix = fragmentation.indices[f] if span is None else slice(*span)
+        part = models[:, ix]
         mine = fragment == f
         to, frm = receiver[mine], sender[mine]
         rank = np.arange(len(to)) - np.searchsorted(to, to)  # rows of one receiver are adjacent
@@ -149,8 +149,5 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
             acc[:m] += part[received[row:row + m]]
             row += m
         acc /= (1 + degree[by_degree])[:, None]
-        if span is None:
-            result[:, ix] = acc[position]
-        else:
-            result[:, span[0]:span[1]] = acc[position]
+        result[:, ix] = acc[position]
     return result

@@ -77,17 +77,64 @@ def _deal(n: int, k: int) -> np.ndarray:
     return (np.arange(n, dtype=np.int64) * k // max(n, 1)).astype(np.int32) if n else np.zeros(0, np.int32)
 
 
+def _assignment(layout: Layout, k: int, seed: int, strategy: Strategy) -> np.ndarray:
+    """C as one int32 per coordinate (read-only). At K=1 every coordinate is fragment 0 whatever the permutations,
+    so none is drawn."""
+    d = layout.dim
+    if strategy is Strategy.CONTIGUOUS or k == 1:
+        assignment = _deal(d, k)
+    else:
+        assignment = np.empty(d, dtype=np.int32)
+        for t, (lo, size) in enumerate(zip(layout.offsets[:-1], layout.sizes, strict=True)):
+            perm = keyed_rng(seed, Purpose.FRAGMENTATION, node=t).permutation(size)
+            assignment[lo + perm] = _deal(size, k)
+    assignment.flags.writeable = False
+    return assignment
+
+
+def _indices(assignment: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+    """Each fragment's coordinates, ascending (read-only int64 slices of one array laid out fragment after
+    fragment)."""
+    order = np.argsort(assignment, kind="stable")
+    counts = np.bincount(assignment, minlength=k)
+    indices = tuple(np.split(order.astype(np.int64), np.cumsum(counts)[:-1]))
+    for ix in indices:
+        ix.flags.writeable = False
+    return indices
+
+
+def _spans(indices: Sequence[np.ndarray]) -> tuple[tuple[int, int] | None, ...]:
+    out: list[tuple[int, int] | None] = []
+    for ix in indices:
+        if len(ix) == 0:
+            out.append((0, 0))
+        elif int(ix[-1]) - int(ix[0]) == len(ix) - 1:  # indices are strictly increasing: no gaps
+            out.append((int(ix[0]), int(ix[-1]) + 1))
+        else:
+            out.append(None)
+    return tuple(out)
+
+
 @dataclass(frozen=True, eq=False)
 class Fragmentation:
-    """C for one run. Derived from (layout, K, seed, strategy); only its fingerprint is ever sent."""
+    """C for one run. Derived from (layout, K, seed, strategy); only its fingerprint is ever sent.
+
+    `sizes` and `spans` are all a round reads where every fragment is one contiguous range (K=1, the contiguous
+    strategy): there `assignment` and `indices` (12 bytes a coordinate, three times a float32 model) are dropped
+    once the fingerprint is made, and made again only where something asks for them (an analysis, --compress
+    topk, a robust rule). Random fragments keep `indices`, through which every round gathers, and drop
+    `assignment` (an analysis' only)."""
 
     layout: Layout
     k: int
     seed: int
     strategy: Strategy
-    assignment: np.ndarray = field(repr=False)
-    indices: tuple[np.ndarray, ...] = field(repr=False)
     fingerprint: bytes
+    sizes: tuple[int, ...]
+    spans: tuple[tuple[int, int] | None, ...] = field(repr=False)
+    """Per fragment, (start, stop) where its coordinates are one contiguous range (always for K=1 and the
+    contiguous strategy), else None: such a fragment is a slice of the vector, read and written in place instead
+    of gathered and scattered through its index array."""
 
     @classmethod
     def build(cls, layout: Layout, k: int, seed: int, strategy: Strategy | str = Strategy.RANDOM) -> Fragmentation:
@@ -97,47 +144,31 @@ class Fragmentation:
             raise ValueError(f"K (fragments) must be >= 1, got {k}")
         if d > 0 and k > d:
             raise ValueError(f"K={k} fragments is more than the model's {d} coordinates")
-        if strategy is Strategy.CONTIGUOUS:
-            assignment = _deal(d, k)
-        else:
-            assignment = np.empty(d, dtype=np.int32)
-            for t, (lo, size) in enumerate(zip(layout.offsets[:-1], layout.sizes, strict=True)):
-                perm = keyed_rng(seed, Purpose.FRAGMENTATION, node=t).permutation(size)
-                assignment[lo + perm] = _deal(size, k)
-        order = np.argsort(assignment, kind="stable")
-        counts = np.bincount(assignment, minlength=k)
-        indices = tuple(np.split(order.astype(np.int64), np.cumsum(counts)[:-1]))
-        for ix in indices:
-            ix.flags.writeable = False
-        assignment.flags.writeable = False
+        assignment = _assignment(layout, k, seed, strategy)
+        indices = _indices(assignment, k)
         h = hashlib.sha256()
         h.update(f"mosaic-fragmentation/v1 k={k} d={d} strategy={strategy.value}".encode())
         h.update(layout.digest())
         h.update(assignment.astype("<i4").tobytes())
-        return cls(layout, k, seed, strategy, assignment, indices, h.digest()[:8])
+        spans = _spans(indices)
+        fragmentation = cls(layout, k, seed, strategy, h.digest()[:8], tuple(len(ix) for ix in indices), spans)
+        if any(span is None for span in spans):  # kept: `cached_property` reads it from here
+            fragmentation.__dict__["indices"] = indices
+        return fragmentation
+
+    @cached_property
+    def assignment(self) -> np.ndarray:
+        """C: each coordinate's fragment (int32, read-only)."""
+        return _assignment(self.layout, self.k, self.seed, self.strategy)
+
+    @cached_property
+    def indices(self) -> tuple[np.ndarray, ...]:
+        """Each fragment's coordinates, ascending (int64, read-only)."""
+        return _indices(self.assignment, self.k)
 
     @property
     def dim(self) -> int:
         return self.layout.dim
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(len(ix) for ix in self.indices)
-
-    @cached_property
-    def spans(self) -> tuple[tuple[int, int] | None, ...]:
-        """Per fragment, (start, stop) where its coordinates are one contiguous range (always for K=1 and the
-        contiguous strategy), else None: such a fragment is a slice of the vector, read and written in place
-        instead of gathered and scattered through its index array."""
-        out: list[tuple[int, int] | None] = []
-        for ix in self.indices:
-            if len(ix) == 0:
-                out.append((0, 0))
-            elif int(ix[-1]) - int(ix[0]) == len(ix) - 1:  # indices are strictly increasing: no gaps
-                out.append((int(ix[0]), int(ix[-1]) + 1))
-            else:
-                out.append(None)
-        return tuple(out)
 
     @cached_property
     def order(self) -> np.ndarray:
@@ -201,9 +232,9 @@ class Fragmentation:
             self.positions  # noqa: B018 (made now, at a node's first send, not in its first aggregation)
             return [packed[starts[f]:starts[f + 1]] for f in range(self.k)]
         out = []
-        for ix, span in zip(self.indices, self.spans, strict=True):
+        for f, span in enumerate(self.spans):
             if span is None:
-                out.append(vector[ix])
+                out.append(vector[self.indices[f]])
             else:
                 view = vector[span[0]:span[1]]
                 view.flags.writeable = False

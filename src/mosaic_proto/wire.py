@@ -241,7 +241,7 @@ def _run(fragmentation: Fragmentation, compression: Compression) -> tuple[int, t
     before its values' bytes (the values' tag and byte string's head) and how many values it carries (topk: those
     it keeps)."""
     tag, itemsize = _CODEC_TAG[compression.codec], _CODEC_NUMPY[compression.codec].itemsize
-    counts = [compression.kept(len(coordinates)) for coordinates in fragmentation.indices]
+    counts = [compression.kept(size) for size in fragmentation.sizes]
     heads = tuple((_head(6, tag) + _head(2, itemsize * count), count) for count in counts)
     return max_message_bytes(fragmentation, compression), heads
 
@@ -370,7 +370,7 @@ class _Reader:
         """The message's fragments: every item's form read to the message's end (BAD_FRAGMENT), then each item's
         index (BAD_FRAGMENT) and values (`_fragment`). `heads`: each fragment's heads as `encode` writes
         them (`_run`)."""
-        codec, k, coordinates = compression.codec, fragmentation.k, fragmentation.indices
+        codec, k, sizes = compression.codec, fragmentation.k, fragmentation.sizes
         count = self.head(4, Reason.BAD_FRAGMENT, "frags must be a list of {lo} to {hi} fragments", 1, k)
         items, tag, dtype, shape = _CODEC_ITEMS[codec], _CODEC_TAG[codec], _CODEC_NUMPY[codec], _SHAPE[codec]
         read = []
@@ -394,7 +394,7 @@ class _Reader:
             if index <= last:  # encode writes them in ascending order
                 twice = "appears twice in the message" if index in fragments else "comes after a higher index"
                 raise WireError(Reason.BAD_FRAGMENT, f"fragment {index} {twice}")
-            fragments[index], last = _fragment(codec, len(coordinates[index]), values, extra, index), index
+            fragments[index], last = _fragment(codec, sizes[index], values, extra, index), index
         return fragments
 
     def typed(self, heads: tuple[bytes, int], number: int, dtype: np.dtype, index: int, what: str) -> np.ndarray:

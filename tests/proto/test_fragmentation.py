@@ -231,3 +231,24 @@ def test_a_large_random_fragmentation_gathers_its_fragments_in_one_pass(layout: 
         assert np.array_equal(packed[fr.starts[f]:fr.starts[f + 1]], piece)
     assert np.array_equal(fr.unpack(packed), vector)
     assert np.array_equal(fr.order[fr.positions], np.arange(fr.dim)) and not fr.positions.flags.writeable
+
+
+@pytest.mark.parametrize(("k", "strategy", "kept"), [(1, "random", False), (4, "contiguous", False),
+                                                     (4, "random", True)])
+def test_index_arrays_are_held_only_where_a_round_gathers_through_them(k: int, strategy: str, kept: bool) -> None:
+    """Where every fragment is a range (K=1, contiguous) a round reads `sizes` and `spans` only: a node holds no
+    index arrays (12 bytes a coordinate) through its rounds, and one that asks for them gets what a kept map has."""
+    from mosaic_proto import FragmentBatch, aggregate, decode, encode
+
+    layout = Layout.from_pairs([("w", (300, 40)), ("b", (40,))])
+    fr = Fragmentation.build(layout, k, 7, strategy)
+    own = np.arange(fr.dim, dtype=np.float32)
+    views = fr.views(own)
+    batch = decode(encode(FragmentBatch("run", 0, 1, k, fr.fingerprint, dict(enumerate(views)))), fr)
+    averaged = aggregate(own, fr, {1: batch.fragments})
+    assert np.array_equal(averaged, own)
+    assert ("indices" in vars(fr), "assignment" in vars(fr)) == (kept, False)
+    twin = Fragmentation.build(layout, k, 7, strategy)
+    assert [ix.tolist() for ix in fr.indices] == [ix.tolist() for ix in twin.indices]
+    assert np.array_equal(fr.assignment, twin.assignment) and not fr.assignment.flags.writeable
+    assert fr.sizes == tuple(len(ix) for ix in fr.indices) and fr.fingerprint == twin.fingerprint
