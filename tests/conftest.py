@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.util
 import json
@@ -249,6 +250,31 @@ def sha256_f32(vector: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(vector, dtype="<f4").tobytes()).hexdigest()
 
 
+async def peers_gossip(barrier: Any, runner: Any, served: Any,
+                       each_round: Callable[[int, list[Any]], None] | None = None) -> dict[int, np.ndarray]:
+    """Every node of `served_barrier`'s run a `mosaicd.Peer` in this event loop, from the reference's first models
+    through every round (`each_round(t, peers)` after round t), then finished and the barrier done; the runner
+    cleaned up. rank -> the model its loop ends with."""
+    from mosaicd import Peer
+
+    peers = [Peer(served, Layout.flat(served.dim)) for _ in range(served.nodes)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
+        initial = reference_vectors(served.model_copy(update={"rounds": 0}))
+        vectors = {p.rank: initial[p.rank] for p in peers}
+        for t in range(served.rounds):
+            results = await asyncio.wait_for(asyncio.gather(*(p.gossip(vectors[p.rank]) for p in peers)), 30)
+            vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
+            if each_round is not None:
+                each_round(t, peers)
+        await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 30)
+        await asyncio.wait_for(barrier.done.wait(), 10)
+    finally:
+        await asyncio.gather(*(p.close() for p in peers))
+        await runner.cleanup()
+    return vectors
+
+
 def reference_vectors(settings: Any) -> list[np.ndarray]:
     """The run of `settings` (quadratic task) by mosaic_proto's InMemoryNetwork, built here from its parts."""
     s = settings
@@ -298,6 +324,7 @@ class Kit:
     wait_lingering = staticmethod(wait_lingering)
     serve_on_loopback = staticmethod(serve_on_loopback)
     served_barrier = staticmethod(served_barrier)
+    peers_gossip = staticmethod(peers_gossip)
     barrier_run_stopped = staticmethod(barrier_run_stopped)
     wait_until = staticmethod(wait_until)
     measured = staticmethod(measured)

@@ -3,7 +3,6 @@ run `NodeState`, so a node rule changed in that one place changes both, and they
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -11,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mosaic_proto import Layout, NodeState
+from mosaic_proto import NodeState
 from mosaic_proto.round import RoundOutcome
-from mosaicd import Peer, Settings
+from mosaicd import Settings
 from mosaicd.experiments.simulate import run_simulation
 
 RUN = dict(nodes=5, rounds=4, fragments=3, fanout=2, dim=30, seed=11, train=False, eval_every=2)
@@ -30,19 +29,7 @@ async def peers_on_loopback(settings: Settings, kit: Any, out: Path) -> tuple[di
     barrier, runner, served = await kit.served_barrier({**settings.model_dump(include=set(RUN)), "host": "127.0.0.1",
                                                         "port": 0, "round_deadline": 30, "register_deadline": 30,
                                                         "request_timeout": 10}, out)
-    peers = [Peer(served, Layout.flat(served.dim)) for _ in range(served.nodes)]
-    try:
-        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
-        initial = kit.reference_vectors(served.model_copy(update={"rounds": 0}))
-        vectors = {p.rank: initial[p.rank] for p in peers}
-        for _ in range(served.rounds):
-            results = await asyncio.wait_for(asyncio.gather(*(p.gossip(vectors[p.rank]) for p in peers)), 30)
-            vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
-        await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 30)
-        await asyncio.wait_for(barrier.done.wait(), 10)
-    finally:
-        await asyncio.gather(*(p.close() for p in peers))
-        await runner.cleanup()
+    vectors = await kit.peers_gossip(barrier, runner, served)
     summary = json.loads((out / "summary.json").read_text())
     return {r: kit.sha256_f32(v) for r, v in vectors.items()}, summary["model_sha256"]
 

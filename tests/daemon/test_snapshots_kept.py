@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import csv
 from pathlib import Path
 from typing import Any
 
-from mosaic_proto import SNAPSHOTS_KEPT, Layout
+from mosaic_proto import SNAPSHOTS_KEPT
 from mosaicd import Peer
 from mosaicd.outputs import is_eval_round
 from mosaicd.settings import Settings
@@ -20,25 +19,16 @@ RUN = dict(nodes=4, rounds=7, fragments=2, fanout=2, dim=24, seed=3, train=False
 async def test_a_daemon_node_keeps_its_newest_model_and_the_evaluated_rounds_only(tmp_path: Path, kit: Any) -> None:
     barrier, runner, served = await kit.served_barrier(RUN, tmp_path / "out")
     run = Settings(**RUN).run_config()
-    peers = [Peer(served, Layout.flat(served.dim)) for _ in range(served.nodes)]
     kept: list[list[int]] = []
-    try:
-        await asyncio.wait_for(asyncio.gather(*(p.__aenter__() for p in peers)), 30)
-        initial = kit.reference_vectors(served.model_copy(update={"rounds": 0}))
-        vectors = {p.rank: initial[p.rank] for p in peers}
-        for t in range(served.rounds):
-            results = await asyncio.wait_for(asyncio.gather(*(p.gossip(vectors[p.rank]) for p in peers)), 30)
-            vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
-            for p in peers:
-                assert p.state.snapshots[t] is p.vector  # the newest is the node's model itself: no copy
-                assert p.state.model()[0] == t  # what a rejoining peer asks for
-            kept.append(sorted(peers[0].state.snapshots))
-            assert all(sorted(p.state.snapshots) == kept[-1] for p in peers)
-        await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 30)
-        await asyncio.wait_for(barrier.done.wait(), 10)
-    finally:
-        await asyncio.gather(*(p.close() for p in peers))
-        await runner.cleanup()
+
+    def after(t: int, peers: list[Peer]) -> None:
+        for p in peers:
+            assert p.state.snapshots[t] is p.vector  # the newest is the node's model itself: no copy
+            assert p.state.model()[0] == t  # what a rejoining peer asks for
+        kept.append(sorted(peers[0].state.snapshots))
+        assert all(sorted(p.state.snapshots) == kept[-1] for p in peers)
+
+    await kit.peers_gossip(barrier, runner, served, after)
     evaluated = [t for t in range(run.rounds) if is_eval_round(t, run)]
     assert evaluated == [2, 5, 6]
     assert kept == [sorted({t, *(e for e in evaluated if t - SNAPSHOTS_KEPT < e < t)}) for t in range(run.rounds)]
