@@ -260,12 +260,18 @@ class _Reader:
 
     __slots__ = ("data", "view", "end", "pos")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | memoryview) -> None:
         self.data, self.view, self.end, self.pos = data, memoryview(data), len(data), 0
+
+    def comes(self, expected: bytes) -> bool:
+        """Whether `expected` comes next (`bytes.startswith`, for a read-only view too)."""
+        if type(self.data) is bytes:
+            return self.data.startswith(expected, self.pos)
+        return self.view[self.pos:self.pos + len(expected)] == expected
 
     def skip(self, expected: bytes) -> bool:
         """Whether `expected` comes next (then read past it)."""
-        if self.data.startswith(expected, self.pos):
+        if self.comes(expected):
             self.pos += len(expected)
             return True
         return False
@@ -403,7 +409,7 @@ class _Reader:
         expected, count = heads
         size = count * dtype.itemsize
         start = self.pos + len(expected)
-        if not self.data.startswith(expected, self.pos) or start + size > self.end:
+        if not self.comes(expected) or start + size > self.end:
             what = f"fragment {index}'s {what}"
             self.head(6, Reason.BAD_FRAGMENT, f"{what} must be a tag-{number} typed array", number, number)
             raw = self.string(2, Reason.BAD_FRAGMENT, f"{what} must be a tag-{number} typed array")
@@ -460,9 +466,10 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
     """Parse and validate one message against this run's fragmentation and codec (`compression`).
 
     The returned fragments are read-only float32 arrays (topk: `Compressed`); for `bytes` input of an uncompressed
-    run they are views into `data` (no copy), any other buffer is copied once first so that they never alias memory
-    the caller may reuse. A body over `max_bytes`, or over any message of the run (`max_message_bytes`), is
-    TOO_LARGE before it is read.
+    run, or a read-only buffer (its owner changes it no more while anything views it: a daemon's body buffer, reused
+    only once nothing refers to it), they are views into `data` (no copy); a writable buffer is copied once first
+    so that they never alias memory the caller may reuse. A body over `max_bytes`, or over any message of the run
+    (`max_message_bytes`), is TOO_LARGE before it is read.
     """
     if not isinstance(data, bytes):
         try:
@@ -471,7 +478,7 @@ def decode(data: bytes | bytearray | memoryview, fragmentation: Fragmentation, *
             raise WireError(Reason.MALFORMED, f"expected a bytes-like object, got {type(data).__name__}") from None
         if view.nbytes > max_bytes:
             raise WireError(Reason.TOO_LARGE, f"{view.nbytes} bytes is over the {max_bytes}-byte limit")
-        data = view.tobytes()
+        data = view.cast("B") if view.readonly and view.c_contiguous else view.tobytes()
     size = len(data)
     if size > max_bytes:
         raise WireError(Reason.TOO_LARGE, f"{size} bytes is over the {max_bytes}-byte limit")

@@ -7,10 +7,12 @@ import hashlib
 import os
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from mosaic_proto import CONTENT_TYPE
 from mosaic_proto.auth import body_digest
 from mosaicd.daemon.http import body
 from mosaicd.daemon.http.auth import Keyring, auth_middleware, signer
@@ -39,6 +41,57 @@ async def test_the_body_is_hashed_while_read_and_kept_once(aiohttp_client: Any, 
     resp = await client.post("/echo", data=data)
     assert resp.status == 200 and await resp.read() == hashlib.sha256(data).digest()
     assert seen == [(True, body_digest(data), size)]
+
+
+@pytest.mark.parametrize(("size", "content_type", "kept"), [
+    (body.ARRAY_FROM, CONTENT_TYPE, True), (body.ARRAY_FROM - 1, CONTENT_TYPE, False),
+    (body.ARRAY_FROM, "application/octet-stream", False)])
+async def test_a_large_fragments_message_is_read_into_a_kept_buffer(aiohttp_client: Any, size: int,
+                                                                    content_type: str, kept: bool) -> None:
+    """A fragments message of ARRAY_FROM bytes or more goes into a buffer the process keeps for the next rounds,
+    handed on as a read-only view with the same bytes and digest; smaller ones and other bodies stay `bytes`."""
+    seen: list[Any] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        got = await body.read_body(request, digest=True)
+        seen.append((got, body.body_digest_of(request)))
+        return web.Response(body=hashlib.sha256(got).digest())
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/echo", handler)
+    client = await aiohttp_client(app)
+    data = os.urandom(size)
+    resp = await client.post("/echo", data=data, headers={"Content-Type": content_type})
+    assert resp.status == 200 and await resp.read() == hashlib.sha256(data).digest()
+    got, digest = seen[0]
+    assert isinstance(got, memoryview) is kept and bytes(got) == data and digest == body_digest(data)
+    if kept:
+        assert got.readonly
+
+
+def test_a_kept_buffer_is_handed_out_again_only_when_nothing_views_it() -> None:
+    """The pool's one rule: a buffer is written over only where nothing refers to it (a fragment decoded from an
+    earlier message is a view of its buffer); a full pool replaces a free buffer; past its bytes it keeps none."""
+    def at(array: np.ndarray) -> int:
+        return array.__array_interface__["data"][0]
+
+    pool = body.BodyBuffers(kept=2, kept_bytes=12 << 20)
+    first = pool.take(5 << 20)
+    place = at(first)
+    fragment = np.frombuffer(memoryview(first[:64].view()).toreadonly()[8:48], np.float32)  # as `wire.decode` does
+    del first
+    second = pool.take(5 << 20)
+    assert at(second) != place and pool.held == 10 << 20  # the first is still viewed: a new one, kept
+    del second
+    del fragment
+    again = pool.take(5 << 20)
+    assert at(again) == place  # nothing views it any more
+    small = pool.take(1 << 20)  # the pool is full, the second buffer free and of another size: replaced
+    assert pool.held == 6 << 20 and len(small) == 1 << 20
+    large = pool.take(8 << 20)  # none free: handed out, not kept
+    assert pool.held == 6 << 20 and len(large) == 8 << 20
+    del small, large
+    assert pool.take(1 << 20).__array_interface__["data"][0] != place  # the small one, free again
 
 
 async def test_signed_bodies_pass_and_a_changed_body_is_refused(aiohttp_client: Any) -> None:

@@ -73,8 +73,8 @@ async def test_healthz_and_a_small_message_are_served_while_a_large_one_decodes(
     assert SAMPLER.share(0, 1, K, [0, 1, 2], 0) == tuple(range(K))
     large, small = message(1, list(range(K))), message(2, [3])
     assert len(large) >= OFF_LOOP_BYTES > len(small)
-    # The loop's worker threads: one, held busy until released, so the large message's work (its buffer allocated
-    # and zeroed, then, once the body is in, its decoding) stays pending in the pool for as long as this test looks
+    # The loop's worker threads: one, held busy until released, so the large message's work (once the body is in,
+    # its decoding) stays pending in the pool for as long as this test looks
     # at the node; work done on the loop would not wait for it.
     loop, release, pool = asyncio.get_running_loop(), threading.Event(), CountingPool(1)
     loop.set_default_executor(pool)
@@ -97,7 +97,7 @@ async def test_healthz_and_a_small_message_are_served_while_a_large_one_decodes(
         release.set()
         await held
     assert inbox.state.taking().report.fragments_in == K + 1 and inbox.decoding.count == 0
-    assert pool.submitted == 3  # held, then the large body's buffer and its decode: neither on the loop
+    assert pool.submitted == 2  # held, then the large body's decode, not on the loop (its buffer is a kept one)
 
 
 async def test_a_large_body_that_cannot_be_a_message_is_refused_from_its_heads(node: tuple[str, Inbox]) -> None:

@@ -126,6 +126,21 @@ def test_fragments_never_alias_a_mutable_input() -> None:
     assert all(np.array_equal(before[f], batch.fragments[f]) for f in before)
 
 
+def test_a_read_only_view_is_decoded_without_a_copy_and_a_writable_one_is_copied() -> None:
+    """A daemon reads a large body into a buffer it writes over only once nothing views it, and hands on a read-only
+    view: its fragments are views of that buffer; a writable view may change under them, so it is copied first."""
+    array = np.frombuffer(GOOD, np.uint8).copy()
+    array.flags.writeable = False
+    batch = decode(memoryview(array), FR, run_id=RUN)
+    assert same_batch(batch, decode(GOOD, FR, run_id=RUN))
+    assert all(np.shares_memory(v, array) and not v.flags.writeable for v in batch.fragments.values())
+    writable = np.frombuffer(GOOD, np.uint8).copy()
+    assert not any(np.shares_memory(v, writable) for v in decode(memoryview(writable), FR).fragments.values())
+    with pytest.raises(WireError) as info:  # a read-only view is read as strictly as bytes: cut short
+        decode(memoryview(array[:-1]), FR)
+    assert info.value.reason is Reason.MALFORMED
+
+
 @pytest.mark.parametrize("n", [10, 1 << 16])  # floats: a small message, a large one
 def test_messages_are_decoded_without_copying_the_fragments(n: int) -> None:
     fr = Fragmentation.build(Layout.flat(n), 1, 0)

@@ -8,15 +8,24 @@ goes to a worker thread: the hasher releases the GIL for large buffers). The buf
 Content-Length where there is one, whose `getvalue()` hands over its own `bytes` without a copy: a body of N
 bytes holds N bytes (plus at most `QUEUED_BYTES` x 2 waiting in the socket's queue), never the 2N of pieces kept
 and then joined, so --max-body-bytes bounds what bodies hold (docs/security.md).
+
+A fragments message of `ARRAY_FROM` bytes or more with a declared length goes into a buffer the process keeps for
+the next rounds (`BodyBuffers`), handed on as a read-only view (`wire.decode` takes its fragments as views of it):
+a fresh buffer of a real-size model's message faults in every page again each round (44 MB: 10.7k pages the kernel
+zeroes), a kept one has them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import mmap
+import sys
 
+import numpy as np
 from aiohttp import web
 
+from mosaic_proto import CONTENT_TYPE
 from mosaic_proto.auth import body_digest, body_hasher
 from mosaicd.daemon.http.server import MMAP_BELOW
 
@@ -29,12 +38,52 @@ OFF_LOOP_BYTES = 8 << 20
 QUEUED_BYTES = 4 << 20
 RESERVE_AFTER = 1 << 20  # a chunked body past this many bytes gets a buffer of its own mapping
 _BODY_DIGEST = web.RequestKey("mosaic_body_digest", str)
+ARRAY_FROM = 4 << 20  # a fragments message declared this large or larger is read into a kept buffer
+BUFFERS_KEPT = 16  # buffers a process keeps: a round's messages, s of them at K=1, at most K x s
+# and their bytes at most (--max-body-bytes' default): past it a buffer is not kept. An 11M-value model's round
+# (4 x 44 MB at K=1) fits; what bodies may hold while received is --max-body-bytes, these stay after (docs/security.md)
+KEPT_BYTES = 256 << 20
 
 
-async def read_body(request: web.Request, *, digest: bool = False, limit: int | None = None) -> bytes:
-    """The request's body as one `bytes`, held once: each piece copied into one buffer as it comes, then dropped.
+class BodyBuffers:
+    """Buffers for large fragments messages, kept across rounds: anonymous mappings, each handed out as a numpy
+    array over it. One is handed out again only where nothing but this pool refers to it (its reference count: a
+    fragment decoded from it, the request that read it, any view of it refers to the mapping), so no view of an
+    earlier message is ever written over. A full pool replaces a buffer nothing refers to."""
 
-    The result is immutable, so `wire.decode` takes its fragments as views without a further copy. With
+    def __init__(self, kept: int = BUFFERS_KEPT, kept_bytes: int = KEPT_BYTES) -> None:
+        self.kept, self.kept_bytes = kept, kept_bytes
+        self._buffers: list[mmap.mmap] = []
+
+    def take(self, size: int) -> np.ndarray:
+        """A writable array of at least `size` bytes (at most a quarter more) over a buffer nothing refers to."""
+        free = None
+        for at in range(len(self._buffers)):  # the list and getrefcount's argument: 2 where nothing else holds it
+            if sys.getrefcount(self._buffers[at]) == 2:
+                if size <= len(self._buffers[at]) <= size + size // 4:
+                    return np.frombuffer(self._buffers[at], dtype=np.uint8)
+                free = at if free is None else free
+        buffer = mmap.mmap(-1, size)
+        if len(self._buffers) < self.kept and self.held + size <= self.kept_bytes:
+            self._buffers.append(buffer)
+        elif free is not None and self.held - len(self._buffers[free]) + size <= self.kept_bytes:
+            self._buffers[free] = buffer
+        return np.frombuffer(buffer, dtype=np.uint8)
+
+    @property
+    def held(self) -> int:
+        """Bytes kept, in use or not."""
+        return sum(len(kept) for kept in self._buffers)
+
+
+_BUFFERS = BodyBuffers()  # this process's
+
+
+async def read_body(request: web.Request, *, digest: bool = False, limit: int | None = None) -> bytes | memoryview:
+    """The request's body, held once: each piece copied into one buffer as it comes, then dropped.
+
+    The result is immutable (`bytes`, or for a fragments message of `ARRAY_FROM` bytes or more a read-only view of
+    a kept buffer), so `wire.decode` takes its fragments as views without a further copy. With
     `digest`, the body's digest is computed while it arrives (`body_digest_of` gives it) and the body is kept as
     aiohttp's own cache for the handler (`request.read()` returns it; `release_body` drops it). A body already
     read comes from that cache. Bodies over the app's limit, or over `limit` where that is lower (what the
@@ -56,8 +105,11 @@ async def read_body(request: web.Request, *, digest: bool = False, limit: int | 
     hasher = body_hasher() if digest else None
     buffer = io.BytesIO()
     reserved = expected > 0 and (not limit or expected <= limit)
-    if reserved:
+    kept = _BUFFERS.take(expected) if reserved and expected >= ARRAY_FROM and request.content_type == CONTENT_TYPE \
+        else None
+    if reserved and kept is None:
         await _reserve(buffer, expected)  # one allocation of the declared size
+    into = memoryview(kept)[:expected] if kept is not None else None
     size = 0
     while True:
         chunk, http_chunk_end = await content.readchunk()  # one piece as it came (readany() joins what is queued)
@@ -65,13 +117,19 @@ async def read_body(request: web.Request, *, digest: bool = False, limit: int | 
             if http_chunk_end:  # a chunked body's chunk boundary, not its end
                 continue
             break
-        size += len(chunk)
+        start, size = size, size + len(chunk)
         if limit and size > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
         if not reserved and size > RESERVE_AFTER:  # a chunked body that is not small: a mapping of its own
             reserved = True
             await _reserve(buffer, MMAP_BELOW)
-        buffer.write(chunk)
+        if into is not None and size <= len(into):
+            into[start:size] = chunk
+        else:  # more than it declared (the parser refuses those; a guard all the same): as bytes from here
+            if into is not None:
+                buffer.write(into[:start])
+                into = kept = None
+            buffer.write(chunk)
         if hasher is not None:
             if len(chunk) < OFF_LOOP_BYTES:
                 hasher.update(chunk)
@@ -80,8 +138,14 @@ async def read_body(request: web.Request, *, digest: bool = False, limit: int | 
         del chunk
     if hasher is not None:
         request[_BODY_DIGEST] = hasher.hexdigest()
-    buffer.truncate(size)  # a body shorter than it declared (the parser refuses those; a guard all the same)
-    body = buffer.getvalue()  # the buffer's own bytes object, shrunk to size: no copy
+    if kept is not None:
+        del into
+        view = kept[:size]  # a body shorter than it declared (the parser refuses those; a guard all the same)
+        view.flags.writeable = False
+        body: bytes | memoryview = memoryview(view)
+    else:
+        buffer.truncate(size)  # a body shorter than it declared (the parser refuses those; a guard all the same)
+        body = buffer.getvalue()  # the buffer's own bytes object, shrunk to size: no copy
     del buffer
     if digest:  # read ahead of the handler (the secret's check): request.read() returns it from now on
         request._read_bytes = body  # aiohttp's own cache; `release_body` drops it once the handler is done

@@ -129,7 +129,7 @@ class AsyncNode:
                            "steps_per_s": self.state.step / elapsed if elapsed else None,
                            "settings": self.run.model_dump(mode="json")})
 
-    def receive(self, body: bytes, proved: int | str | None) -> tuple[dict[str, Any], int]:
+    def receive(self, body: bytes | memoryview, proved: int | str | None) -> tuple[dict[str, Any], int]:
         """One fragment message: (JSON answer, HTTP status)."""
         sender = None if proved is None else int(proved)
         try:

@@ -107,7 +107,7 @@ class Inbox:
                 return None
         return self.run.run_id if self.run else None
 
-    async def receive(self, body: bytes, sender: str | None = None) -> tuple[int, dict[str, Any]]:
+    async def receive(self, body: bytes | memoryview, sender: str | None = None) -> tuple[int, dict[str, Any]]:
         """One fragment message: (HTTP status, JSON answer). `sender`: the member the request's signature proved
         (None without a cluster secret)."""
         state = self.state
@@ -149,7 +149,7 @@ class Inbox:
         self.metrics.refused(Reason.TOO_LARGE)
         return f"{'more than ' if passed else ''}{size} bytes: no message of this run is over {limit} bytes"
 
-    async def _decode(self, body: bytes) -> FragmentBatch | WireError:
+    async def _decode(self, body: bytes | memoryview) -> FragmentBatch | WireError:
         """`body` decoded in a worker thread once a decoding slot is free, or why it is refused."""
         round_state = self.state.taking()
         if not await self.decoding.admit("decode", len(body), self.options.request_timeout):

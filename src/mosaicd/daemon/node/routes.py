@@ -21,7 +21,7 @@ from mosaicd.daemon.node.inbox import Inbox
 _ROUND = re.compile(r"-?[0-9]{1,18}")
 
 
-async def read_body(request: web.Request, limit: int | None = None) -> bytes:
+async def read_body(request: web.Request, limit: int | None = None) -> bytes | memoryview:
     """The request's body as one `bytes`, held once (`http.body.read_body`), read up to `limit` bytes at most; a
     body the cluster secret's check read and hashed already comes from aiohttp's cache, not copied again."""
     return await _read_body(request, limit=limit)
