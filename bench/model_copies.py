@@ -4,7 +4,9 @@ It runs `mosaicd`'s `Cluster` (n node processes forked from the warm barrier; qu
 evaluation at the end only, as `round.py`) with a probe in every node process: `tracemalloc` from the node's
 start and, at each `NodeState.settled` (the round aggregated, its received messages still held), the live
 allocations of 1 MB or more with where they were made, and the traced peak since the last round (the peak is
-inside the aggregation, with its transient arrays). A model-sized allocation made anywhere but the fragmentation's
+inside the aggregation, with its transient arrays). The received messages' buffers that a node keeps across rounds
+(`body.BodyBuffers`: mappings, which tracemalloc does not see) are added from the pool, in use ones only: they count
+as copies, but not in the traced peak. A model-sized allocation made anywhere but the fragmentation's
 index arrays (`Fragmentation.build`, `.positions`) counts as a copy of the model. The reference, measured in the
 same terms: the copies the algorithm needs, 1 + s + 1 (the model, the s messages it receives, the aggregate).
 
@@ -37,6 +39,7 @@ def install_probe() -> None:
     import tracemalloc
 
     from mosaic_proto import node
+    from mosaicd.daemon.http import body
 
     folder, init, settled = os.environ[PROBE], node.NodeState.__init__, node.NodeState.settled
 
@@ -50,6 +53,8 @@ def install_probe() -> None:
         current, peak = tracemalloc.get_traced_memory()
         big = [(size, [(f[0], f[1]) for f in frames])  # (filename, line), the newest frame first
                for _, size, frames, _ in tracemalloc.take_snapshot().traces._traces if size >= 1_000_000]
+        # the received messages' kept buffers are mappings, which tracemalloc does not see
+        big += [(size, [(body.__file__, 0)]) for size in body.kept_buffers().in_use() if size >= 1_000_000]
         with open(Path(folder) / f"{os.getpid()}-{self.round}.json", "w") as f:
             json.dump({"rank": self.rank, "round": self.round, "current": current, "peak": peak, "big": big}, f)
         tracemalloc.reset_peak()
@@ -73,7 +78,7 @@ def made_by(frames: list[tuple[str, int]]) -> str:
     for filename, line in frames:
         if "/mosaic_proto/" in filename or "/mosaicd/" in filename:
             inner = [(lo, name) for lo, hi, name in functions(filename) if lo <= line <= hi]
-            return f"{Path(filename).stem}.{max(inner)[1] if inner else line}"
+            return f"{Path(filename).stem}.{max(inner)[1] if inner else 'kept buffer'}"
     return Path(frames[0][0]).stem if frames else "?"
 
 

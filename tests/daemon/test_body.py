@@ -82,8 +82,10 @@ def test_a_kept_buffer_is_handed_out_again_only_when_nothing_views_it() -> None:
     del first
     second = pool.take(5 << 20)
     assert at(second) != place and pool.held == 10 << 20  # the first is still viewed: a new one, kept
+    assert pool.in_use() == [5 << 20, 5 << 20]
     del second
     del fragment
+    assert pool.in_use() == []
     again = pool.take(5 << 20)
     assert at(again) == place  # nothing views it any more
     small = pool.take(1 << 20)  # the pool is full, the second buffer free and of another size: replaced

@@ -75,6 +75,15 @@ class BodyBuffers:
         """Bytes kept, in use or not."""
         return sum(len(kept) for kept in self._buffers)
 
+    def in_use(self) -> list[int]:
+        """The sizes of the kept buffers something refers to now (a message being read, or its fragments)."""
+        return [len(kept) for kept in self._buffers if sys.getrefcount(kept) > 3]  # the list, `kept`, the argument
+
+
+def kept_buffers() -> BodyBuffers:
+    """This process's pool (what a probe reads: `bench/model_copies.py`)."""
+    return _BUFFERS
+
 
 _BUFFERS = BodyBuffers()  # this process's
 
