@@ -54,7 +54,7 @@ def install_probe() -> None:
         big = [(size, [(f[0], f[1]) for f in frames])  # (filename, line), the newest frame first
                for _, size, frames, _ in tracemalloc.take_snapshot().traces._traces if size >= 1_000_000]
         # the received messages' kept buffers are mappings, which tracemalloc does not see
-        big += [(size, [(body.__file__, 0)]) for size in body.kept_buffers().in_use() if size >= 1_000_000]
+        big += [(size, [("<kept buffer>", 0)]) for size in body.kept_buffers().in_use() if size >= 1_000_000]
         with open(Path(folder) / f"{os.getpid()}-{self.round}.json", "w") as f:
             json.dump({"rank": self.rank, "round": self.round, "current": current, "peak": peak, "big": big}, f)
         tracemalloc.reset_peak()
@@ -78,7 +78,7 @@ def made_by(frames: list[tuple[str, int]]) -> str:
     for filename, line in frames:
         if "/mosaic_proto/" in filename or "/mosaicd/" in filename:
             inner = [(lo, name) for lo, hi, name in functions(filename) if lo <= line <= hi]
-            return f"{Path(filename).stem}.{max(inner)[1] if inner else 'kept buffer'}"
+            return f"{Path(filename).stem}.{max(inner)[1] if inner else line}"
     return Path(frames[0][0]).stem if frames else "?"
 
 

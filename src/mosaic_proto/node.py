@@ -206,11 +206,15 @@ class Snapshots(dict[int, np.ndarray]):
     def keep(self, round: int, vector: np.ndarray) -> None:
         if not self.kept:
             return
-        for old in [r for r in self if r <= round - self.kept or (r < round and not self._evaluated(r))]:
+        for old in [r for r in self if self._dropped(r, round)]:
             del self[old]
         self[round] = vector
-        for old in [r for r in self.metrics if r <= round - self.kept or (r < round and not self._evaluated(r))]:
+        for old in [r for r in self.metrics if self._dropped(r, round)]:
             del self.metrics[old]
+
+    def _dropped(self, old: int, round: int) -> bool:
+        """Whether round `old`'s model (and metrics) go once `round`'s is kept: too old, or older and not evaluated."""
+        return old <= round - self.kept or (old < round and not self._evaluated(old))
 
     def keep_metrics(self, round: int, metrics: dict[str, Any]) -> None:
         """The node's metrics of `round` (kept until its snapshot is dropped)."""

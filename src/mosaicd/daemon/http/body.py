@@ -55,11 +55,15 @@ class BodyBuffers:
         self.kept, self.kept_bytes = kept, kept_bytes
         self._buffers: list[mmap.mmap] = []
 
+    def _viewed(self, at: int) -> bool:
+        """Whether anything but the pool refers to buffer `at` (the list and getrefcount's argument: 2 where not)."""
+        return sys.getrefcount(self._buffers[at]) > 2
+
     def take(self, size: int) -> np.ndarray:
         """A writable array of at least `size` bytes (at most a quarter more) over a buffer nothing refers to."""
         free = None
-        for at in range(len(self._buffers)):  # the list and getrefcount's argument: 2 where nothing else holds it
-            if sys.getrefcount(self._buffers[at]) == 2:
+        for at in range(len(self._buffers)):
+            if not self._viewed(at):
                 if size <= len(self._buffers[at]) <= size + size // 4:
                     return np.frombuffer(self._buffers[at], dtype=np.uint8)
                 free = at if free is None else free
@@ -77,7 +81,7 @@ class BodyBuffers:
 
     def in_use(self) -> list[int]:
         """The sizes of the kept buffers something refers to now (a message being read, or its fragments)."""
-        return [len(kept) for kept in self._buffers if sys.getrefcount(kept) > 3]  # the list, `kept`, the argument
+        return [len(self._buffers[at]) for at in range(len(self._buffers)) if self._viewed(at)]
 
 
 def kept_buffers() -> BodyBuffers:

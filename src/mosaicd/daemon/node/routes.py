@@ -22,8 +22,9 @@ _ROUND = re.compile(r"-?[0-9]{1,18}")
 
 
 async def read_body(request: web.Request, limit: int | None = None) -> bytes | memoryview:
-    """The request's body as one `bytes`, held once (`http.body.read_body`), read up to `limit` bytes at most; a
-    body the cluster secret's check read and hashed already comes from aiohttp's cache, not copied again."""
+    """The request's body, held once (`http.body.read_body`: `bytes`, or a read-only view of a large message's kept
+    buffer), read up to `limit` bytes at most; a body the cluster secret's check read and hashed already comes from
+    aiohttp's cache, not copied again."""
     return await _read_body(request, limit=limit)
 
 
