@@ -49,39 +49,52 @@ class BodyBuffers:
     """Buffers for large fragments messages, kept across rounds: anonymous mappings, each handed out as a numpy
     array over it. One is handed out again only where nothing but this pool refers to it (its reference count: a
     fragment decoded from it, the request that read it, any view of it refers to the mapping), so no view of an
-    earlier message is ever written over. A full pool replaces a buffer nothing refers to."""
+    earlier message is ever written over.
+
+    A buffer spans the largest message it may have to hold (`take`'s `room`) but only the pages written into it are
+    memory: a mapping's page is faulted in (and zeroed) the first time it is written. So one buffer serves messages
+    of every size, as a K > 1 round's are (each peer gets the fragments drawn for it: 1 to K of them), and what a
+    buffer holds, and the pool counts against its bytes, is the largest message written into it."""
 
     def __init__(self, kept: int = BUFFERS_KEPT, kept_bytes: int = KEPT_BYTES) -> None:
         self.kept, self.kept_bytes = kept, kept_bytes
         self._buffers: list[mmap.mmap] = []
+        self._written: list[int] = []  # the bytes of each buffer's pages faulted in: its largest message so far
 
     def _viewed(self, at: int) -> bool:
         """Whether anything but the pool refers to buffer `at` (the list and getrefcount's argument: 2 where not)."""
         return sys.getrefcount(self._buffers[at]) > 2
 
-    def take(self, size: int) -> np.ndarray:
-        """A writable array of at least `size` bytes (at most a quarter more) over a buffer nothing refers to."""
-        free = None
-        for at in range(len(self._buffers)):
-            if not self._viewed(at):
-                if size <= len(self._buffers[at]) <= size + size // 4:
-                    return np.frombuffer(self._buffers[at], dtype=np.uint8)
-                free = at if free is None else free
-        buffer = mmap.mmap(-1, size)
+    def take(self, size: int, room: int = 0) -> np.ndarray:
+        """A writable array of at least `size` bytes over a buffer nothing refers to: of the free ones, the smallest
+        already written as far as `size` (no page to fault in), else the one written furthest; a new one spans
+        `room` bytes (at most the pool's) where that is more than `size`."""
+        free = [at for at in range(len(self._buffers)) if not self._viewed(at)]
+        fits = [at for at in free if len(self._buffers[at]) >= size
+                and self.held - self._written[at] + max(self._written[at], size) <= self.kept_bytes]
+        if fits:
+            at = min(fits, key=lambda at: (0, self._written[at]) if self._written[at] >= size
+                     else (1, -self._written[at]))
+            self._written[at] = max(self._written[at], size)
+            return np.frombuffer(self._buffers[at], dtype=np.uint8)
+        buffer = mmap.mmap(-1, max(size, min(room, self.kept_bytes)))
         if len(self._buffers) < self.kept and self.held + size <= self.kept_bytes:
             self._buffers.append(buffer)
-        elif free is not None and self.held - len(self._buffers[free]) + size <= self.kept_bytes:
-            self._buffers[free] = buffer
+            self._written.append(size)
+        elif free:  # the pool is full: a free buffer too small for this message makes way for it
+            at = min(free, key=lambda at: self._written[at])
+            if self.held - self._written[at] + size <= self.kept_bytes:
+                self._buffers[at], self._written[at] = buffer, size
         return np.frombuffer(buffer, dtype=np.uint8)
 
     @property
     def held(self) -> int:
-        """Bytes kept, in use or not."""
-        return sum(len(kept) for kept in self._buffers)
+        """Bytes kept (the pages written), in use or not."""
+        return sum(self._written)
 
     def in_use(self) -> list[int]:
-        """The sizes of the kept buffers something refers to now (a message being read, or its fragments)."""
-        return [len(self._buffers[at]) for at in range(len(self._buffers)) if self._viewed(at)]
+        """The bytes held by the kept buffers something refers to now (a message being read, or its fragments)."""
+        return [self._written[at] for at in range(len(self._buffers)) if self._viewed(at)]
 
 
 def kept_buffers() -> BodyBuffers:
@@ -118,8 +131,8 @@ async def read_body(request: web.Request, *, digest: bool = False, limit: int | 
     hasher = body_hasher() if digest else None
     buffer = io.BytesIO()
     reserved = expected > 0 and (not limit or expected <= limit)
-    kept = _BUFFERS.take(expected) if reserved and expected >= ARRAY_FROM and request.content_type == CONTENT_TYPE \
-        else None
+    kept = _BUFFERS.take(expected, room=limit or expected) \
+        if reserved and expected >= ARRAY_FROM and request.content_type == CONTENT_TYPE else None
     if reserved and kept is None:
         await _reserve(buffer, expected)  # one allocation of the declared size
     into = memoryview(kept)[:expected] if kept is not None else None
