@@ -104,10 +104,11 @@ def write_port(path: os.PathLike[str], port: int) -> None:
     write_whole(path, f"{port}\n")
 
 
-# glibc malloc: blocks below MMAP_BELOW come from the heap, and up to KEEP_FREED bytes freed at its top stay there
+# glibc malloc: blocks below MMAP_BELOW come from the heap, and up to KEEP_FREED bytes freed at its top stay there;
+# a node's blocks of any size come from the heap (MMAP_MAX 0), where glibc would map those above MMAP_BELOW anew
 MMAP_BELOW = 32 << 20  # glibc's own largest automatic value
 KEEP_FREED = 128 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
 
 
 def keep_freed_memory() -> bool:
@@ -116,15 +117,19 @@ def keep_freed_memory() -> bool:
 
     A round allocates and frees every message it sends and receives (s * d * 4 bytes each way, in pieces the
     socket reads come in); glibc returns freed memory above 2x its largest freed block at once, so each round
-    pays page faults for all of it, a third of a receiving node's CPU time at d=1e6 (bench/round.py). The
-    peak memory is the same; between rounds up to KEEP_FREED bytes stay mapped. MALLOC_TRIM_THRESHOLD_ or
-    MALLOC_MMAP_THRESHOLD_ in the environment win.
+    pays page faults for all of it, a third of a receiving node's CPU time at d=1e6 (bench/round.py). And glibc
+    maps every block above 32 MiB on its own and unmaps it when freed: a model of 8M values or more (its trained
+    vector, the fragments gathered to send, the averages) was faulted in afresh every round, 12% of an 11M-value
+    round's CPU at K=16 (bench/README.md); from the heap it is the last round's memory, reused. The peak memory
+    is about the same (+5% at 11M values); between rounds the freed blocks stay mapped, at most KEEP_FREED at
+    the heap's top. MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_ or MALLOC_MMAP_MAX_ in the environment win.
     """
-    if any(k in os.environ for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")):
+    if any(k in os.environ for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_")):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (or no C library symbols): nothing to tune
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_BELOW)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED))
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_BELOW)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED)) \
+        and bool(mallopt(_M_MMAP_MAX, 0))
