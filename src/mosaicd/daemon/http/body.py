@@ -69,21 +69,27 @@ class BodyBuffers:
         """A writable array of at least `size` bytes over a buffer nothing refers to: of the free ones, the smallest
         already written as far as `size` (no page to fault in), else the one written furthest; a new one spans
         `room` bytes (at most the pool's) where that is more than `size`."""
+        held = self.held
+
+        def within(at: int | None, written: int) -> bool:
+            """Whether the pool stays within its bytes with buffer `at` (None: a new one) written `written` far."""
+            return held - (self._written[at] if at is not None else 0) + written <= self.kept_bytes
+
         free = [at for at in range(len(self._buffers)) if not self._viewed(at)]
-        fits = [at for at in free if len(self._buffers[at]) >= size
-                and self.held - self._written[at] + max(self._written[at], size) <= self.kept_bytes]
+        fits = [at for at in free
+                if len(self._buffers[at]) >= size and within(at, max(self._written[at], size))]
         if fits:
             at = min(fits, key=lambda at: (0, self._written[at]) if self._written[at] >= size
                      else (1, -self._written[at]))
             self._written[at] = max(self._written[at], size)
             return np.frombuffer(self._buffers[at], dtype=np.uint8)
         buffer = mmap.mmap(-1, max(size, min(room, self.kept_bytes)))
-        if len(self._buffers) < self.kept and self.held + size <= self.kept_bytes:
+        if len(self._buffers) < self.kept and within(None, size):
             self._buffers.append(buffer)
             self._written.append(size)
         elif free:  # the pool is full: a free buffer too small for this message makes way for it
             at = min(free, key=lambda at: self._written[at])
-            if self.held - self._written[at] + size <= self.kept_bytes:
+            if within(at, size):
                 self._buffers[at], self._written[at] = buffer, size
         return np.frombuffer(buffer, dtype=np.uint8)
 

@@ -109,6 +109,7 @@ def write_port(path: os.PathLike[str], port: int) -> None:
 MMAP_BELOW = 32 << 20  # glibc's own largest automatic value
 KEEP_FREED = 128 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
+_NODE_MALLOC = ((_M_MMAP_THRESHOLD, MMAP_BELOW), (_M_TRIM_THRESHOLD, KEEP_FREED), (_M_MMAP_MAX, 0))
 
 
 def keep_freed_memory() -> bool:
@@ -131,5 +132,4 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (or no C library symbols): nothing to tune
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_BELOW)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED)) \
-        and bool(mallopt(_M_MMAP_MAX, 0))
+    return all(mallopt(option, value) for option, value in _NODE_MALLOC)
