@@ -22,6 +22,10 @@ cluster's wall against it. With --repeat the variants and simulate run in turn (
 and each ratio is the median of the ratios of runs made side by side (`ratios_to_bound`, `ratios_wall`): this
 host's speed drifts by tens of percent over minutes.
 
+`--unpinned`: the warm cluster also with `--pin-nodes off`, in turn with the others: `pinned_to_unpinned_wall`
+and `pinned_to_unpinned_cpu` (the default, `auto`, pins the nodes where they outnumber the cores), and
+`unpinned_ratio_to_bound`.
+
 `--plain`: the warm cluster also without a secret (`--insecure`), in turn with the others: `secret_to_plain_wall`
 and `secret_to_plain_cpu`, the median of side-by-side ratios of the default (signed) run to the plain one.
 
@@ -171,10 +175,10 @@ class ThreadCpuSampler(Sampler):
 
 def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str = "auto") -> dict[str, Any]:
     # each run afresh: a repeat in the same folder would find the last run's checkpoints and journal
-    warm = name.startswith("warm") or name == "plain"
+    warm = name.startswith("warm") or name in ("plain", "unpinned")
     out = claim_out(workdir / name, "cluster", replace=True)
     settings = tutorial_settings(out, rounds, nodes, event_loop, insecure=name == "plain")
-    cluster = Cluster(settings, progress=False, warm=warm)
+    cluster = Cluster(settings, progress=False, warm=warm, pin="off" if name == "unpinned" else "auto")
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     before_self = resource.getrusage(resource.RUSAGE_SELF)
     started, host_before, load_before = time.perf_counter(), host_cpu(), os.getloadavg()[0]
@@ -207,6 +211,7 @@ def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str 
         "pss_samples": sampler.samples, "accuracy": final.get("average_model"),
         **split, "node_loop_ms_per_round": round(1000 * split["node_loop_s"] / (nodes * rounds), 2),
         "model_sha256": summary.get("model_sha256"), "event_loop": event_loop,
+        "pinned_nodes": len(cluster.processes.cores),
     }
 
 
@@ -280,6 +285,8 @@ def main() -> None:
     parser.add_argument("--no-simulate", action="store_true", help="skip simulate's CPU-seconds reference")
     parser.add_argument("--plain", action="store_true",
                         help="also the warm cluster without a secret (--insecure), in turn: the secret / plain ratios")
+    parser.add_argument("--unpinned", action="store_true",
+                        help="also the warm cluster with --pin-nodes off, in turn: the pinned / unpinned ratios")
     parser.add_argument("--workdir", type=Path, default=None, help="where runs go [default: a temporary folder]")
     parser.add_argument("--event-loop", default="auto", metavar="LOOP[,LOOP]",
                         help="the cluster's --event-loop (auto, uvloop, asyncio); several (uvloop,asyncio): the warm "
@@ -297,6 +304,8 @@ def main() -> None:
         variants["cold"] = loops[0]
     if args.plain:
         variants["plain"] = loops[0]
+    if args.unpinned:
+        variants["unpinned"] = loops[0]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     if not args.no_simulate:
         runs["simulate"] = []
@@ -375,6 +384,20 @@ def main() -> None:
               f"{', '.join(map(str, report['secrets_to_plain_cpu']))}), nodes' event loops' CPU "
               f"{report['secret_to_plain_node_loop']}; target <= {SECRET_TARGET}x (issue 59): "
               f"{'met' if report['secret_to_plain_wall'] <= SECRET_TARGET else 'not met'}")
+    if "unpinned" in results:
+        pinned = runs[warms[0]]
+        for figure in ("wall", "cpu"):
+            key = "wall_s" if figure == "wall" else "cpu_s"
+            report[f"pinned_to_unpinned_{figure}"], report[f"pinneds_to_unpinned_{figure}"] = side_by_side(
+                [r[key] for r in pinned], [r[key] for r in runs["unpinned"]])
+        if "simulate" in results:
+            report["unpinned_ratio_to_bound"], report["unpinned_ratios_to_bound"] = side_by_side(
+                [r["wall_s"] for r in runs["unpinned"]], [s["cpu_s"] / cores for s in runs["simulate"]])
+        walls, cpus = (", ".join(map(str, report[f"pinneds_to_unpinned_{f}"])) for f in ("wall", "cpu"))
+        print(f"pinned ({pinned[-1]['pinned_nodes']} nodes; --pin-nodes auto) / unpinned (off): wall "
+              f"{report['pinned_to_unpinned_wall']} (each run: {walls}), CPU {report['pinned_to_unpinned_cpu']} "
+              f"(each run: {cpus})"
+              + (f"; unpinned {report['unpinned_ratio_to_bound']}x the bound" if "simulate" in results else ""))
     if "cold" in results:
         warm, cold = results[warms[0]], results["cold"]
         report["ratio_wall"], report["ratios_wall"] = side_by_side(

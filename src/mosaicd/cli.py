@@ -189,8 +189,14 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
                            "with its settings (cluster: the barrier's journal and the nodes' checkpoints, at any "
                            "ports; simulate: its last checkpoint)")
         if name == "cluster":
+            from mosaicd.experiments.processes import PIN_CHOICES
+
             p.add_argument("--fail-fast", action="store_true", help="end the run when a node process dies (by "
                            "default it is reported, and the others go on without it)")
+            p.add_argument("--pin-nodes", choices=PIN_CHOICES, default="auto",
+                           help="run each node process on one core, alternating over the cores this command may "
+                           "use: on; auto (the default) where the nodes outnumber those cores; off: the kernel "
+                           "places them (two runs on the same cores: give each its own with taskset, or off)")
     data = sub.add_parser("data", help=DATA_HELP, description=DATA_HELP)
     if wanted("data"):
         from mosaicd.settings import TaskName
@@ -426,7 +432,7 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
         from mosaicd.experiments.cluster_async import run_cluster_async
         try:
             _print_final(run_cluster_async(settings, progress=not args.quiet, replace=settings.replace,
-                                           fail_fast=args.fail_fast))
+                                           fail_fast=args.fail_fast, pin=args.pin_nodes))
         except ClusterFailed as exc:
             print(f"mosaicd cluster: error: {exc}", file=sys.stderr)
             return 1
@@ -435,7 +441,7 @@ def run_command(args: argparse.Namespace, settings: Settings, task: Any = None) 
         from mosaicd.experiments.cluster import ClusterFailed, run_cluster
         try:
             _print_final(run_cluster(settings, progress=not args.quiet, fail_fast=args.fail_fast,
-                                     resume=args.resume, replace=settings.replace))
+                                     resume=args.resume, replace=settings.replace, pin=args.pin_nodes))
         except ClusterFailed as exc:
             print(f"mosaicd cluster: error: {exc}", file=sys.stderr)
             return 1

@@ -8,6 +8,8 @@ cluster against simulate: tests/experiments/test_task_runs.py.)
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +18,9 @@ from typing import Any
 import psutil
 import pytest
 
+from mosaicd.cli import main
 from mosaicd.experiments.cluster import Cluster
-from mosaicd.experiments.processes import ForkedProcess
+from mosaicd.experiments.processes import ForkedProcess, node_cores
 from mosaicd.experiments.simulate import run_simulation
 from mosaicd.progress import RoundProgress
 from mosaicd.rundir import read_rounds
@@ -171,3 +174,64 @@ def test_the_warm_parent_computes_what_every_node_computes_alike_before_the_fork
     task = prebuild(Settings(task="quadratic", nodes=3, fragments=2, out=tmp_path / "run"))
     assert task is not None
     assert keyed_choice.matches_numpy.cache_info().currsize == 1
+
+
+def test_node_cores_alternate_over_the_allowed_cores_where_the_nodes_outnumber_them() -> None:
+    names = [f"node-{i}" for i in range(5)]
+    assert node_cores(names, "off", 5, cores=[0, 1]) == {}
+    assert node_cores(names[:2], "auto", 2, cores=[0, 1]) == {}  # no more nodes than cores: the kernel places them
+    pinned = node_cores(names, "auto", 5, key="runs/a", cores=[5, 2])
+    assert list(pinned) == names and {len(c) for c in pinned.values()} == {1}
+    order = [pinned[name][0] for name in names]
+    assert set(order) == {2, 5} and all(a != b for a, b in zip(order, order[1:], strict=False))  # alternating
+    assert node_cores(["node-3"], "auto", 5, key="runs/a", cores=[2, 5]) == {"node-3": pinned["node-3"]}  # again
+    spread = node_cores(names[:3], "on", 3, key="runs/b", cores=range(4))
+    assert len({c for c in spread.values()}) == 3  # one core each
+    starts = {node_cores(["node-0"], "on", 1, key=f"runs/{i}", cores=range(4))["node-0"] for i in range(20)}
+    assert len(starts) > 1  # runs launched side by side do not all start on the first core
+    with pytest.raises(ValueError, match="--pin-nodes: expected one of auto, on, off, got 'always'"):
+        node_cores(names, "always", 5, cores=[0])
+
+
+@pytest.mark.slow  # about 10 s on 2 busy cores
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_pinned_nodes_run_on_one_core_each_and_end_with_the_reference_models(tmp_path: Path, kit: Any,
+                                                                              warm: bool) -> None:
+    """--pin-nodes on: every node process (forked from the warm barrier, or a fresh interpreter) runs on the one
+    core `node_cores` gives it, its threads too; the barrier keeps the launcher's cores; the models are the
+    reference's (where a process runs changes no bit)."""
+    run = dict(nodes=3, rounds=4, fragments=2, fanout=1, seed=3)
+    cluster = Cluster(Settings(**run, linger=3, out=tmp_path / "run"), progress=False, warm=warm, pin="on")
+    seen: dict[str, set[frozenset[int]]] = {}
+
+    def on_round(p: RoundProgress) -> None:
+        if p.round == 0:
+            for name, proc in cluster.procs.items():
+                threads = psutil.Process(proc.pid).threads()
+                seen[name] = {frozenset(os.sched_getaffinity(thread.id)) for thread in threads}
+
+    cluster.on_round = on_round
+    summary = cluster.run(timeout=120)
+    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
+    launcher = frozenset(os.sched_getaffinity(0))
+    expected = node_cores([f"node-{i}" for i in range(3)], "on", 3, key=str(tmp_path / "run"))
+    assert expected and seen == {"barrier": {launcher}, **{n: {frozenset(cores)} for n, cores in expected.items()}}
+
+
+@pytest.mark.slow  # about 12 s: four runs of 3 nodes
+@pytest.mark.parametrize("sync", ["barrier", "async"])
+def test_the_cluster_command_pins_its_nodes_as_told_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                sync: str) -> None:
+    for pin in ("on", "off"):
+        with pytest.raises(SystemExit) as ended:
+            main(["cluster", "--sync", sync, "--pin-nodes", pin, "--nodes", "3", "--rounds", "2", "--fanout", "1",
+                  "--out", str(tmp_path / pin)])
+        out = capsys.readouterr().err  # the console's lines; the summary is on stdout
+        assert ended.value.code == 0, out
+        said = re.search(r"nodes pinned to cores \((\d) on core (\d), (\d) on core (\d); --pin-nodes on: off lets "
+                         r"the kernel place them\)", out)
+        assert (said is not None) == (pin == "on"), out
+        if said is not None:
+            expected = node_cores([f"node-{i}" for i in range(3)], "on", 3, key=str(tmp_path / pin))
+            counts = {int(said[2]): int(said[1]), int(said[4]): int(said[3])}
+            assert counts == {core: sum(c == (core,) for c in expected.values()) for core in counts}, out

@@ -33,7 +33,15 @@ from typing import Any
 from mosaicd.daemon.deadlines import RELEASE_PADDING_S
 from mosaicd.daemon.errors import OutputError
 from mosaicd.experiments import barrier_client, cluster_resume
-from mosaicd.experiments.processes import STOP_GRACE_S, Processes, exit_reason, exit_text, last_error
+from mosaicd.experiments.processes import (
+    STOP_GRACE_S,
+    Processes,
+    cores_text,
+    exit_reason,
+    exit_text,
+    last_error,
+    node_cores,
+)
 from mosaicd.experiments.run_secret import RunSecret
 from mosaicd.learning.tasks import check_requirements, require_task
 from mosaicd.outputs import MODE_ENV, failure_text, mark_failed, remove_summary
@@ -80,11 +88,13 @@ def run_deadline(settings: Settings) -> float:
 
 class Cluster:
     def __init__(self, settings: Settings, progress: bool = True, on_round: OnRound | None = None,
-                 fail_fast: bool = False, warm: bool = True, resume: bool = False) -> None:
+                 fail_fast: bool = False, warm: bool = True, resume: bool = False, pin: str = "auto") -> None:
         """`fail_fast`: end the run when any node process dies; by default a dead node is reported and the run
         goes on without it, as a run started by hand does (the barrier drops it). `warm`: fork the nodes from a
-        warmed-up barrier (see the module's docstring), else start fresh interpreters."""
+        warmed-up barrier (see the module's docstring), else start fresh interpreters. `pin`: `--pin-nodes`
+        (`processes.node_cores`)."""
         self.settings, self.progress, self.on_round, self.fail_fast = settings, progress, on_round, fail_fast
+        self.pin = pin
         self.resume = resume  # go on with the interrupted run of OUT (`cluster_resume`; claim_out checked it is one)
         self.resumed_at: int | None = None
         self.warm = warm and str(getattr(settings, "device", "cpu")) == "cpu"  # CUDA does not survive fork()
@@ -170,6 +180,7 @@ class Cluster:
                                         advertise=f"127.0.0.1:{port}", state_dir=str(self.out / "state" / name),
                                         checkpoint_every=every, leave_on_signal=False, **secret, **resume)
                      for name, port in zip(names, node_ports, strict=False)}
+        self.processes.cores = node_cores(list(node_envs), self.pin, s.nodes, key=str(self.out))
         if self.warm:
             self.processes.spawn_warm(barrier_env, node_envs)
         else:
@@ -188,6 +199,9 @@ class Cluster:
                 printer.message(f"resuming {self.out} with {self.resumed_at} of {s.rounds} rounds done (from the "
                                 "barrier's journal and the nodes' checkpoints)", always=True)
             printer.message(f"barrier {url}: dashboard in a browser, or `mosaicd status {url}`")
+            if self.processes.cores:
+                printer.message(f"nodes pinned to cores ({cores_text(self.processes.cores)}; --pin-nodes "
+                                f"{self.pin}: off lets the kernel place them)")
             printer.start_run("", s.rounds)
             reported = _Reported(s.rounds, [printer.on_round] + ([self.on_round] if self.on_round else []),
                                  done=self.resumed_at or 0)
@@ -291,7 +305,7 @@ class _Reported:
 
 def run_cluster(settings: Settings, progress: bool = True, timeout: float | None = None,
                 on_round: OnRound | None = None, fail_fast: bool = False, warm: bool = True, *,
-                resume: bool = False, replace: bool = False, advise: bool = True) -> dict:
+                resume: bool = False, replace: bool = False, advise: bool = True, pin: str = "auto") -> dict:
     """Run a cluster to its end; summary.json's content. The folder is claimed first (`rundir.claim_out`: a fresh
     one without --out; another run's is refused unless `resume` or `replace` says what to do with it); `resume`:
     go on with the interrupted run in --out, exactly (its journal and the nodes' checkpoints). `advise`: a run that
@@ -306,7 +320,7 @@ def run_cluster(settings: Settings, progress: bool = True, timeout: float | None
         if resume:  # ResumeError naming the run settings that differ (--nodes too: given here), before any change
             cluster_resume.check(Path(out), settings)
         settings = settings.model_copy(update={"out": out})
-        return Cluster(settings, progress, on_round, fail_fast, warm, resume).run(timeout)
+        return Cluster(settings, progress, on_round, fail_fast, warm, resume, pin).run(timeout)
     except (KeyboardInterrupt, ClusterFailed, OutputError) as exc:
         if advise and (step := cluster_resume.next_step(Path(out), settings, exc)):
             print(f"mosaicd cluster: {out}: {step}", file=sys.stderr)

@@ -23,7 +23,7 @@ from typing import Any
 from mosaicd.daemon.async_end import node_folder, read_report, run_deadline, summarize
 from mosaicd.daemon.node.async_run import ROSTER_ENV
 from mosaicd.experiments.cluster import POLL_S, ClusterFailed, free_ports, settings_env
-from mosaicd.experiments.processes import Processes, exit_reason
+from mosaicd.experiments.processes import Processes, cores_text, exit_reason, node_cores
 from mosaicd.experiments.run_secret import RunSecret
 from mosaicd.files import write_whole
 from mosaicd.learning.tasks import check_requirements, require_task
@@ -51,13 +51,14 @@ class NodeHost:
 
 class AsyncCluster:
     def __init__(self, settings: Settings, progress: bool = True, fail_fast: bool = False,
-                 hosts: Sequence[NodeHost] | None = None) -> None:
+                 hosts: Sequence[NodeHost] | None = None, pin: str = "auto") -> None:
         """`fail_fast`: a node process that dies fails the run; by default the others go on without it, and the
         run ends when every other node has reported. `hosts`: node i runs at hosts[i] (rank = roster order; by
-        default every node on 127.0.0.1, at a free port)."""
+        default every node on 127.0.0.1, at a free port). `pin`: `--pin-nodes` (`processes.node_cores`), for
+        nodes on this host (not given `hosts`)."""
         if hosts is not None and len(hosts) != settings.nodes:
             raise ValueError(f"{len(hosts)} hosts for {settings.nodes} nodes")
-        self.settings, self.progress, self.fail_fast, self.hosts = settings, progress, fail_fast, hosts
+        self.settings, self.progress, self.fail_fast, self.hosts, self.pin = settings, progress, fail_fast, hosts, pin
         self.lost: list[int] = []  # the ranks whose process died before they reported (and was not restarted)
         self.envs: dict[int, dict[str, str]] = {}  # each node's process environment, for `restart`
         self.out = Path(settings.out)
@@ -88,6 +89,9 @@ class AsyncCluster:
         roster = self.out / "roster.json"
         write_whole(roster, json.dumps({"addresses": addresses}))
         secret = self.secret.make()
+        if self.hosts is None:
+            self.processes.cores = node_cores([f"node-{rank}" for rank in range(s.nodes)], self.pin, s.nodes,
+                                              key=str(self.out))
         for rank, host in enumerate(hosts):
             ip, port = host.address.rsplit(":", 1)
             env = {**settings_env(s, host=ip, port=int(port), advertise=host.address, log_json=True,
@@ -102,6 +106,9 @@ class AsyncCluster:
             budget = f" or {s.time_budget:g} s of training" if s.time_budget is not None else ""
             printer.message(f"run folder {self.out}: {s.nodes} asynchronous nodes, {s.rounds} iterations each"
                             f"{budget}")
+            if self.processes.cores:
+                printer.message(f"nodes pinned to cores ({cores_text(self.processes.cores)}; --pin-nodes "
+                                f"{self.pin}: off lets the kernel place them)")
             while len(reports) + len(self.lost) < s.nodes:
                 _, new = self.processes.failures()
                 for name in new:  # a node that dies costs the others nothing: they go on without it
@@ -147,7 +154,7 @@ class AsyncCluster:
 
 
 def run_cluster_async(settings: Settings, progress: bool = True, timeout: float | None = None, *,
-                      replace: bool = False, fail_fast: bool = False) -> dict[str, Any]:
+                      replace: bool = False, fail_fast: bool = False, pin: str = "auto") -> dict[str, Any]:
     """`run_cluster` for --sync async: summary.json's content. The folder is claimed as `run_cluster` claims it
     (`rundir.claim_out`); ClusterFailed where the run fails or the settings are not run yet (`refusal`)."""
     if (refused := refusal(settings)) is not None:
@@ -156,7 +163,7 @@ def run_cluster_async(settings: Settings, progress: bool = True, timeout: float 
     check_requirements(settings.task, settings.data_dir)  # before any folder is made or process starts
     out = claim_out(given, "cluster", replace=replace, run_id=settings.run_id)
     try:
-        return AsyncCluster(settings.model_copy(update={"out": out}), progress, fail_fast).run(timeout)
+        return AsyncCluster(settings.model_copy(update={"out": out}), progress, fail_fast, pin=pin).run(timeout)
     finally:
         release(out)
 

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -40,6 +41,36 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
     except OSError:
         pass
+
+
+PIN_CHOICES = ("auto", "on", "off")
+
+
+def node_cores(names: Sequence[str], pin: str, nodes: int, key: str = "",
+               cores: Iterable[int] | None = None) -> dict[str, tuple[int, ...]]:
+    """The core each of `names` ("node-I") runs on (`--pin-nodes`): node-I on the (I + offset)-th of the cores this
+    process may use (its affinity: a `taskset` or a container's cpuset narrows them), where `pin` is "on", or
+    "auto" and the run's `nodes` outnumber those cores. Nodes that share cores anyway then stay on one each: a
+    trainer keeps its core's caches instead of the scheduler moving it between cores (bench/README.md: the
+    tutorial job, 16 nodes on 2 cores). `key` (the run's folder) shifts where the alternation starts, so that runs
+    launched side by side spread over the cores instead of all starting on the first; a node started again gets
+    the same core. Empty: the kernel places them."""
+    if pin not in PIN_CHOICES:
+        raise ValueError(f"--pin-nodes: expected one of {', '.join(PIN_CHOICES)}, got {pin!r}")
+    allowed = sorted(os.sched_getaffinity(0) if cores is None else cores)
+    if pin == "off" or not allowed or (pin == "auto" and nodes <= len(allowed)):
+        return {}
+    offset = zlib.crc32(key.encode()) % len(allowed)
+    return {name: (allowed[(int(name.rpartition("-")[2]) + offset) % len(allowed)],) for name in names}
+
+
+def cores_text(pinned: dict[str, tuple[int, ...]]) -> str:
+    """What the console says of a run's pinned nodes: how many share each core."""
+    per_core: dict[int, int] = {}
+    for cores in pinned.values():
+        for core in cores:
+            per_core[core] = per_core.get(core, 0) + 1
+    return ", ".join(f"{n} on core {core}" for core, n in sorted(per_core.items()))
 
 
 def last_error(out: Path, name: str) -> str:
@@ -157,6 +188,7 @@ class Processes:
         self.dead: dict[str, int] = {}
         self.said: dict[str, str] = {}
         self._reports: threading.Thread | None = None
+        self.cores: dict[str, tuple[int, ...]] = {}  # name -> the cores it runs on (`node_cores`); absent: any
 
     def _log(self, name: str) -> Path:
         logs = self.out / "logs"
@@ -169,9 +201,16 @@ class Processes:
         the command that runs it elsewhere (`ip netns exec NS`: a lab's host)."""
         log = open(self._log(name), "ab" if self.append else "wb")
         argv = ["-m", "mosaicd", command] if module is None else ["-m", module]
+        cores = self.cores.get(name)
+
+        def before_exec() -> None:
+            die_with_parent()
+            if cores is not None:
+                os.sched_setaffinity(0, cores)
+
         self.procs[name] = subprocess.Popen([*prefix, sys.executable, *argv], env=env, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            preexec_fn=die_with_parent)
+                                            preexec_fn=before_exec)
         log.close()
 
     def respawn(self, name: str, command: str, env: dict[str, str], module: str | None = None,
@@ -188,7 +227,8 @@ class Processes:
         """The barrier as the warm fork server, told the nodes to fork on its stdin; their pids and exit statuses
         come back on a pipe (read by a thread into `ForkedProcess` handles)."""
         children = [{"name": name, "log": str(self._log(name)), "append": self.append,
-                     "env": {k: v for k, v in env.items() if k.startswith("MOSAIC_")}}
+                     "env": {k: v for k, v in env.items() if k.startswith("MOSAIC_")},
+                     **({"cores": list(self.cores[name])} if name in self.cores else {})}
                     for name, env in node_envs.items()]
         handles = {name: ForkedProcess(name) for name in node_envs}
         read, write = os.pipe()

@@ -3,15 +3,16 @@ the nodes from that state.
 
 `mosaicd cluster` starts `python -m mosaicd.experiments.warm` as the barrier (its MOSAIC_* environment is the
 barrier's) and writes the nodes to start on its stdin, one JSON object: {"children": [{"name", "log", "env"}]}
-(`env`: each node's MOSAIC_* variables). This process then
+(`env`: each node's MOSAIC_* variables; `cores`, where given: the cores it runs on). This process then
 
 1. builds the run's task (data loaded and partitioned, model built: nothing in it depends on the rank) and warms
    torch up with one thread (`daemon.warmup`: no OpenMP pool exists at the fork), freezes the GC's objects so
    that the children's collections do not copy the shared pages;
-2. forks one child per node: it dies with this process (PDEATHSIG), writes to its own log, takes its own
-   MOSAIC_* environment, sets the run's torch threads and runs `run_node` as `mosaicd node` does, with the
-   prebuilt task (`run_node` uses it only if the registered run is the one it was built for); it makes its own
-   event loop, thread pool and sockets, so the nodes are separate processes talking HTTP as before;
+2. forks one child per node: it dies with this process (PDEATHSIG), writes to its own log, runs on the cores it
+   is given (`--pin-nodes`: `processes.node_cores`), takes its own MOSAIC_* environment, sets the run's torch
+   threads and runs `run_node` as `mosaicd node` does, with the prebuilt task (`run_node` uses it only if the
+   registered run is the one it was built for); it makes its own event loop, thread pool and sockets, so the nodes
+   are separate processes talking HTTP as before;
 3. runs the barrier (`run_barrier`, evaluating with the same prebuilt task), reaps the nodes and reports each
    one's pid and exit status as JSON lines on the file descriptor named by MOSAIC_WARM_REPORT_FD; on SIGTERM it
    passes the signal to the nodes, reaps them, and dies of it.
@@ -85,6 +86,8 @@ def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, pa
             os._exit(1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # not a node group's parent's
+        if "cores" in child:  # before any thread starts: every thread of the node inherits it
+            os.sched_setaffinity(0, child["cores"])
         if "log" in child:
             mode = os.O_APPEND if child.get("append") else os.O_TRUNC  # a resumed run's log goes on
             log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
