@@ -193,6 +193,16 @@ def test_node_cores_alternate_over_the_allowed_cores_where_the_nodes_outnumber_t
         node_cores(names, "always", 5, cores=[0])
 
 
+def test_a_core_a_node_cannot_be_put_on_leaves_it_where_it_was() -> None:
+    """A cpuset narrowed after the cores were chosen: the node runs unpinned rather than failing (in a child: the
+    test's own process keeps its cores)."""
+    code = ("import os; from mosaicd.experiments.processes import pin_to; before = os.sched_getaffinity(0); "
+            "pin_to([os.cpu_count() + 64]); assert os.sched_getaffinity(0) == before; "
+            "pin_to([min(before)]); assert os.sched_getaffinity(0) == {min(before)}; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
+
+
 @pytest.mark.slow  # about 10 s on 2 busy cores
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_pinned_nodes_run_on_one_core_each_and_end_with_the_reference_models(tmp_path: Path, kit: Any,

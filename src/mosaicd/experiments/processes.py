@@ -64,6 +64,15 @@ def node_cores(names: Sequence[str], pin: str, nodes: int, key: str = "",
     return {name: (allowed[(int(name.rpartition("-")[2]) + offset) % len(allowed)],) for name in names}
 
 
+def pin_to(cores: Sequence[int]) -> None:
+    """This process on `cores` (`node_cores`); where it cannot be put there (a cpuset narrowed since the cores were
+    chosen), it runs where the kernel puts it: pinning only makes a run faster, never one that can go on fail."""
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError:
+        pass
+
+
 def cores_text(pinned: dict[str, tuple[int, ...]]) -> str:
     """What the console says of a run's pinned nodes: how many share each core."""
     per_core: dict[int, int] = {}
@@ -206,7 +215,7 @@ class Processes:
         def before_exec() -> None:
             die_with_parent()
             if cores is not None:
-                os.sched_setaffinity(0, cores)
+                pin_to(cores)
 
         self.procs[name] = subprocess.Popen([*prefix, sys.executable, *argv], env=env, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

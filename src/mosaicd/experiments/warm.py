@@ -44,7 +44,7 @@ from typing import Any, NoReturn
 from mosaicd.daemon.entry import run_entry
 from mosaicd.daemon.loop import loop_factory, run
 from mosaicd.daemon.node.warmup import imports_done, set_threads, warm_up
-from mosaicd.experiments.processes import REPORT_FD, STOP_GRACE_S, Children, die_with_parent, exit_text
+from mosaicd.experiments.processes import REPORT_FD, STOP_GRACE_S, Children, die_with_parent, exit_text, pin_to
 from mosaicd.logs import configure_logging, get_logger
 from mosaicd.settings import Settings, SettingsError
 
@@ -87,7 +87,7 @@ def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, pa
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # not a node group's parent's
         if "cores" in child:  # before any thread starts: every thread of the node inherits it
-            os.sched_setaffinity(0, child["cores"])
+            pin_to(child["cores"])
         if "log" in child:
             mode = os.O_APPEND if child.get("append") else os.O_TRUNC  # a resumed run's log goes on
             log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
