@@ -180,7 +180,7 @@ class Cluster:
                                         advertise=f"127.0.0.1:{port}", state_dir=str(self.out / "state" / name),
                                         checkpoint_every=every, leave_on_signal=False, **secret, **resume)
                      for name, port in zip(names, node_ports, strict=False)}
-        self.processes.cores = node_cores(list(node_envs), self.pin, s.nodes, key=str(self.out))
+        self.processes.place(node_cores(list(node_envs), self.pin, s.nodes, key=str(self.out)))
         if self.warm:
             self.processes.spawn_warm(barrier_env, node_envs)
         else:

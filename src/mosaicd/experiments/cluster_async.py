@@ -90,8 +90,8 @@ class AsyncCluster:
         write_whole(roster, json.dumps({"addresses": addresses}))
         secret = self.secret.make()
         if self.hosts is None:
-            self.processes.cores = node_cores([f"node-{rank}" for rank in range(s.nodes)], self.pin, s.nodes,
-                                              key=str(self.out))
+            self.processes.place(node_cores([f"node-{rank}" for rank in range(s.nodes)], self.pin, s.nodes,
+                                            key=str(self.out)))
         for rank, host in enumerate(hosts):
             ip, port = host.address.rsplit(":", 1)
             env = {**settings_env(s, host=ip, port=int(port), advertise=host.address, log_json=True,

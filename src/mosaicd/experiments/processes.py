@@ -204,6 +204,10 @@ class Processes:
         logs.mkdir(parents=True, exist_ok=True)
         return logs / f"{name}.log"
 
+    def place(self, cores: dict[str, tuple[int, ...]]) -> None:
+        """The cores each node process runs on from its next start (`node_cores`; empty: the kernel places them)."""
+        self.cores = dict(cores)
+
     def spawn(self, name: str, command: str, env: dict[str, str], module: str | None = None,
               prefix: Sequence[str] = ()) -> None:
         """`mosaicd COMMAND` as a fresh interpreter, with `env` (`module`: `python -m MODULE` instead); `prefix`:
