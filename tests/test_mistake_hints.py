@@ -24,6 +24,10 @@ MOSAICD = [sys.executable, "-m", "mosaicd"]
     (["simulate", "--host", "0.0.0.0"], "mosaicd simulate: error: --host does not apply to `mosaicd simulate` (it is "
                                         "a setting of: node, barrier)"),
     (["runs", "--jsn"], "mosaicd runs: error: unrecognized argument: --jsn (did you mean --json?)"),
+    (["cluster", "--pin-nodes", "sometimes"], "mosaicd cluster: error: --pin-nodes: expected one of auto, on, off, "
+                                              "got 'sometimes'"),
+    (["simulate", "--pin-nodes", "on"], "mosaicd simulate: error: unrecognized argument: --pin-nodes (did you mean "
+                                        "--nodes?)"),
 ])
 def test_a_mistyped_flag_is_named_first_with_its_suggestion_not_under_the_usage(
         argv: list[str], first: str, capsys: pytest.CaptureFixture[str]) -> None:

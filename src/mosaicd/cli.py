@@ -193,7 +193,7 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
 
             p.add_argument("--fail-fast", action="store_true", help="end the run when a node process dies (by "
                            "default it is reported, and the others go on without it)")
-            p.add_argument("--pin-nodes", choices=PIN_CHOICES, default="auto",
+            p.add_argument("--pin-nodes", default="auto", metavar="{" + ",".join(PIN_CHOICES) + "}",
                            help="run each node process on one core, alternating over the cores this command may "
                            "use: on; auto (the default) where the nodes outnumber those cores; off: the kernel "
                            "places them (two runs on the same cores: give each its own with taskset, or off)")
@@ -276,6 +276,12 @@ def _main(argv: list[str] | None) -> None:
     args, extra = parser.parse_known_args(argv)
     if extra:
         refuse_unknown(parser, args.command, extra)
+    if args.command == "cluster":
+        from mosaicd.experiments.processes import PIN_CHOICES
+
+        if args.pin_nodes not in PIN_CHOICES:  # one line naming the flag, as a setting's bad value; not the usage
+            refuse_flag(subparsers(parser)["cluster"], f"--pin-nodes: expected one of {', '.join(PIN_CHOICES)}, "
+                        f"got {args.pin_nodes!r}")
     if args.command is None:
         parser.print_help()
         raise SystemExit(2)
