@@ -277,11 +277,10 @@ def _main(argv: list[str] | None) -> None:
     if extra:
         refuse_unknown(parser, args.command, extra)
     if args.command == "cluster":
-        from mosaicd.experiments.processes import PIN_CHOICES
+        from mosaicd.experiments.processes import pin_refusal
 
-        if args.pin_nodes not in PIN_CHOICES:  # one line naming the flag, as a setting's bad value; not the usage
-            refuse_flag(subparsers(parser)["cluster"], f"--pin-nodes: expected one of {', '.join(PIN_CHOICES)}, "
-                        f"got {args.pin_nodes!r}")
+        if (refused := pin_refusal(args.pin_nodes)) is not None:  # one line, as a setting's bad value; not the usage
+            refuse_flag(subparsers(parser)["cluster"], refused)
     if args.command is None:
         parser.print_help()
         raise SystemExit(2)

@@ -36,11 +36,11 @@ from mosaicd.experiments import barrier_client, cluster_resume
 from mosaicd.experiments.processes import (
     STOP_GRACE_S,
     Processes,
-    cores_text,
     exit_reason,
     exit_text,
     last_error,
     node_cores,
+    pinned_line,
 )
 from mosaicd.experiments.run_secret import RunSecret
 from mosaicd.learning.tasks import check_requirements, require_task
@@ -199,9 +199,8 @@ class Cluster:
                 printer.message(f"resuming {self.out} with {self.resumed_at} of {s.rounds} rounds done (from the "
                                 "barrier's journal and the nodes' checkpoints)", always=True)
             printer.message(f"barrier {url}: dashboard in a browser, or `mosaicd status {url}`")
-            if self.processes.cores:
-                printer.message(f"nodes pinned to cores ({cores_text(self.processes.cores)}; --pin-nodes "
-                                f"{self.pin}: off lets the kernel place them)")
+            if (pinned := pinned_line(self.processes.cores, self.pin)) is not None:
+                printer.message(pinned)
             printer.start_run("", s.rounds)
             reported = _Reported(s.rounds, [printer.on_round] + ([self.on_round] if self.on_round else []),
                                  done=self.resumed_at or 0)

@@ -23,7 +23,7 @@ from typing import Any
 from mosaicd.daemon.async_end import node_folder, read_report, run_deadline, summarize
 from mosaicd.daemon.node.async_run import ROSTER_ENV
 from mosaicd.experiments.cluster import POLL_S, ClusterFailed, free_ports, settings_env
-from mosaicd.experiments.processes import Processes, cores_text, exit_reason, node_cores
+from mosaicd.experiments.processes import Processes, exit_reason, node_cores, pinned_line
 from mosaicd.experiments.run_secret import RunSecret
 from mosaicd.files import write_whole
 from mosaicd.learning.tasks import check_requirements, require_task
@@ -106,9 +106,8 @@ class AsyncCluster:
             budget = f" or {s.time_budget:g} s of training" if s.time_budget is not None else ""
             printer.message(f"run folder {self.out}: {s.nodes} asynchronous nodes, {s.rounds} iterations each"
                             f"{budget}")
-            if self.processes.cores:
-                printer.message(f"nodes pinned to cores ({cores_text(self.processes.cores)}; --pin-nodes "
-                                f"{self.pin}: off lets the kernel place them)")
+            if (pinned := pinned_line(self.processes.cores, self.pin)) is not None:
+                printer.message(pinned)
             while len(reports) + len(self.lost) < s.nodes:
                 _, new = self.processes.failures()
                 for name in new:  # a node that dies costs the others nothing: they go on without it

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -46,6 +47,11 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
 PIN_CHOICES = ("auto", "on", "off")
 
 
+def pin_refusal(pin: str) -> str | None:
+    """Why `pin` is no --pin-nodes value, in one line naming the flag; None where it is one."""
+    return None if pin in PIN_CHOICES else f"--pin-nodes: expected one of {', '.join(PIN_CHOICES)}, got {pin!r}"
+
+
 def node_cores(names: Sequence[str], pin: str, nodes: int, key: str = "",
                cores: Iterable[int] | None = None) -> dict[str, tuple[int, ...]]:
     """The core each of `names` ("node-I") runs on (`--pin-nodes`): node-I on the (I + offset)-th of the cores this
@@ -55,8 +61,8 @@ def node_cores(names: Sequence[str], pin: str, nodes: int, key: str = "",
     tutorial job, 16 nodes on 2 cores). `key` (the run's folder) shifts where the alternation starts, so that runs
     launched side by side spread over the cores instead of all starting on the first; a node started again gets
     the same core. Empty: the kernel places them."""
-    if pin not in PIN_CHOICES:
-        raise ValueError(f"--pin-nodes: expected one of {', '.join(PIN_CHOICES)}, got {pin!r}")
+    if (refused := pin_refusal(pin)) is not None:
+        raise ValueError(refused)
     allowed = sorted(os.sched_getaffinity(0) if cores is None else cores)
     if pin == "off" or not allowed or (pin == "auto" and nodes <= len(allowed)):
         return {}
@@ -73,13 +79,14 @@ def pin_to(cores: Sequence[int]) -> None:
         pass
 
 
-def cores_text(pinned: dict[str, tuple[int, ...]]) -> str:
-    """What the console says of a run's pinned nodes: how many share each core."""
-    per_core: dict[int, int] = {}
-    for cores in pinned.values():
-        for core in cores:
-            per_core[core] = per_core.get(core, 0) + 1
-    return ", ".join(f"{n} on core {core}" for core, n in sorted(per_core.items()))
+def pinned_line(pinned: dict[str, tuple[int, ...]], pin: str) -> str | None:
+    """What the console says of a run's pinned nodes (`node_cores`): how many share each core; None where none is
+    pinned."""
+    if not pinned:
+        return None
+    per_core = Counter(core for cores in pinned.values() for core in cores)
+    shares = ", ".join(f"{n} on core {core}" for core, n in sorted(per_core.items()))
+    return f"nodes pinned to cores ({shares}; --pin-nodes {pin}: off lets the kernel place them)"
 
 
 def last_error(out: Path, name: str) -> str:
