@@ -195,8 +195,9 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
                            "default it is reported, and the others go on without it)")
             p.add_argument("--pin-nodes", default="auto", metavar="{" + ",".join(PIN_CHOICES) + "}",
                            help="run each node process on one core, alternating over the cores this command may "
-                           "use: on; auto (the default) where the nodes outnumber those cores; off: the kernel "
-                           "places them (two runs on the same cores: give each its own with taskset, or off)")
+                           "use, the nodes of a core training one at a time: on; auto (the default) where the nodes "
+                           "outnumber those cores; off: the kernel places them (two runs on the same cores: give "
+                           "each its own with taskset, or off)")
     data = sub.add_parser("data", help=DATA_HELP, description=DATA_HELP)
     if wanted("data"):
         from mosaicd.settings import TaskName

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -213,12 +214,14 @@ def test_pinned_nodes_run_on_one_core_each_and_end_with_the_reference_models(tmp
     run = dict(nodes=3, rounds=4, fragments=2, fanout=1, seed=3)
     cluster = Cluster(Settings(**run, linger=3, out=tmp_path / "run"), progress=False, warm=warm, pin="on")
     seen: dict[str, set[frozenset[int]]] = {}
+    turns: dict[str, set[int]] = {}
 
     def on_round(p: RoundProgress) -> None:
         if p.round == 0:
             for name, proc in cluster.procs.items():
                 threads = psutil.Process(proc.pid).threads()
                 seen[name] = {frozenset(os.sched_getaffinity(thread.id)) for thread in threads}
+                turns[name] = turn_files(proc.pid)
 
     cluster.on_round = on_round
     summary = cluster.run(timeout=120)
@@ -226,6 +229,28 @@ def test_pinned_nodes_run_on_one_core_each_and_end_with_the_reference_models(tmp
     launcher = frozenset(os.sched_getaffinity(0))
     expected = node_cores([f"node-{i}" for i in range(3)], "on", 3, key=str(tmp_path / "run"))
     assert expected and seen == {"barrier": {launcher}, **{n: {frozenset(cores)} for n, cores in expected.items()}}
+    # forked nodes that share a core take turns on one file of that core's (the warm start's), nodes alone on theirs
+    # and fresh interpreters on none (daemon/node/core_turn.py)
+    sharing = {n: warm and sum(c == cores for c in expected.values()) > 1 for n, cores in expected.items()}
+    assert turns["barrier"] == set() and all(len(turns[n]) == int(shares) for n, shares in sharing.items()), turns
+    for n, m in [(n, m) for n in expected for m in expected if n < m and sharing[n]]:
+        assert (turns[n] == turns[m]) == (expected[n] == expected[m]), (n, m, turns)
+
+
+def turn_files(pid: int) -> set[int]:
+    """The inodes of the deleted temporary files process `pid` opened itself, read-only (not the warm parent's
+    descriptions, read-write, that a fork inherits): a pinned node's core turn."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+            if target.endswith(" (deleted)") and target.startswith(tempfile.gettempdir()) \
+                    and flags & os.O_ACCMODE == os.O_RDONLY:
+                inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except (OSError, IndexError, ValueError):
+            continue
+    return inodes
 
 
 @pytest.mark.slow  # about 12 s: four runs of 3 nodes

@@ -18,6 +18,7 @@ from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.daemon.node import checkpoint
 from mosaicd.daemon.node.console import NodeConsole
+from mosaicd.daemon.node.core_turn import on_core
 from mosaicd.daemon.node.outbound import SAME_COMMANDS
 from mosaicd.daemon.node.peer import Peer
 from mosaicd.daemon.node.warmup import prefetch_in_background
@@ -195,7 +196,7 @@ async def rounds_of(peer: Peer, task: Any, options: DaemonOptions, saving: Check
         t = peer.round
         started = time.perf_counter()
         if run.train:
-            local, loss = await asyncio.to_thread(task.train, data_rank, t, vector)
+            local, loss = await asyncio.to_thread(on_core, task.train, data_rank, t, vector)
         else:
             local, loss = vector, math.nan
         if profile is not None and spec is not None:  # --node-profile: train as slowly as such a node would
@@ -229,7 +230,7 @@ async def evaluate_own(task: Any, vector: np.ndarray, peer: Peer, t: int) -> dic
     from mosaicd.learning.evaluation import node_evaluation
 
     try:
-        return await asyncio.to_thread(node_evaluation, task, vector)
+        return await asyncio.to_thread(on_core, node_evaluation, task, vector)
     except Exception as exc:
         peer.log.warning("evaluation_failed", round=t, error=f"{type(exc).__name__}: {exc}")
         return None
