@@ -7,13 +7,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+
+from mosaicd.cli import build_parser, load_settings
+from mosaicd.experiments.cluster_resume import next_step
 
 QUADRATIC = ["--task", "quadratic", "--nodes", "4", "--fanout", "2", "--dim", "16", "--seed", "5", "--eval-every", "0"]
 DIGITS = ["--task", "digits", "--nodes", "4", "--rounds", "6", "--local-steps", "2", "--fanout", "2", "--eval-every",
@@ -49,12 +54,14 @@ def nodes_rows(out: Path) -> int:
         return 0
 
 
-def resume(kit: Any, out: Path, run: list[str]) -> dict[str, Any]:
-    """`--resume`, whose console reports the rounds from where it resumed, not those done before."""
+def resume(kit: Any, out: Path, run: list[str], at_round: int | None = None) -> dict[str, Any]:
+    """`--resume`, whose console reports the rounds from where it resumed (`at_round`, where given), not those done
+    before."""
     done = subprocess.run([*kit.mosaicd, "cluster", *run, "--out", str(out), "--resume"], capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     at = int(re.search(r"resuming .* with (\d+) of \d+ rounds done", done.stderr).group(1))  # type: ignore[union-attr]
+    assert at_round is None or at == at_round, (at, at_round)
     reported = [int(m) for m in re.findall(r"^round (\d+) \(", done.stderr, re.MULTILINE)]
     assert all(r >= at for r in reported) and len(reported) == len(set(reported)), (at, reported[:5])
     assert max(reported, default=at - 1) == at - 1 + len(reported)  # each round from there once (none: at the end)
@@ -79,10 +86,27 @@ def test_sigterm_to_the_launcher_ends_the_run_as_ctrl_c_does(tmp_path: Path, kit
     assert stopped and str(out) in stopped[0], err[-2000:]
     at = int(stopped[0].split("stopped with ")[1].split()[0])
     assert ended["progress"]["rounds_done"] == at  # the summary and the console name the same round
+    # where a node had not yet checkpointed that round, the line names the round the resume goes on from
+    earlier = re.search(r"continues it from (\d+) rounds done \(the newest round every node has a checkpoint of\)",
+                        stopped[0])
+    goes_on = int(earlier[1]) if earlier else at
+    assert goes_on < at if earlier else True, stopped[0]
+    # and for certain, in a copy where node 0 lacks that round's checkpoint (killed as it wrote it)
+    cut = tmp_path / "cut"
+    shutil.copytree(out, cut)
+    for slot in (cut / "state" / "node-0").glob("checkpoint-*.npz"):
+        with np.load(slot) as saved:
+            newest = json.loads(str(saved["meta"]))["round"] == at
+        if newest:
+            slot.unlink()
+    settings = load_settings(build_parser("cluster").parse_args(["cluster", *run, *pace, "--out", str(cut)]))
+    assert next_step(cut, settings, KeyboardInterrupt()) == (
+        f"the run stopped with {at} of {PACED_ROUNDS} rounds done; the same command with --resume continues it from "
+        f"{at - 1} rounds done (the newest round every node has a checkpoint of) (--out {cut})")
     whole = subprocess.run([*kit.mosaicd, "simulate", *run, "--out", str(tmp_path / "whole"), "--quiet"],
                            capture_output=True, text=True, timeout=120)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    assert resume(kit, out, [*run, *pace])["model_sha256"] == summary(tmp_path / "whole")["model_sha256"]
+    assert resume(kit, out, [*run, *pace], goes_on)["model_sha256"] == summary(tmp_path / "whole")["model_sha256"]
 
 
 @pytest.mark.slow

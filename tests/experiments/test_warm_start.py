@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -214,14 +213,14 @@ def test_pinned_nodes_run_on_one_core_each_and_end_with_the_reference_models(tmp
     run = dict(nodes=3, rounds=4, fragments=2, fanout=1, seed=3)
     cluster = Cluster(Settings(**run, linger=3, out=tmp_path / "run"), progress=False, warm=warm, pin="on")
     seen: dict[str, set[frozenset[int]]] = {}
-    turns: dict[str, set[int]] = {}
+    turns: dict[str, set[str]] = {}
 
     def on_round(p: RoundProgress) -> None:
         if p.round == 0:
             for name, proc in cluster.procs.items():
                 threads = psutil.Process(proc.pid).threads()
                 seen[name] = {frozenset(os.sched_getaffinity(thread.id)) for thread in threads}
-                turns[name] = turn_files(proc.pid)
+                turns[name] = turn_pipes(proc.pid)
 
     cluster.on_round = on_round
     summary = cluster.run(timeout=120)
@@ -229,28 +228,34 @@ def test_pinned_nodes_run_on_one_core_each_and_end_with_the_reference_models(tmp
     launcher = frozenset(os.sched_getaffinity(0))
     expected = node_cores([f"node-{i}" for i in range(3)], "on", 3, key=str(tmp_path / "run"))
     assert expected and seen == {"barrier": {launcher}, **{n: {frozenset(cores)} for n, cores in expected.items()}}
-    # forked nodes that share a core take turns on one file of that core's (the warm start's), nodes alone on theirs
-    # and fresh interpreters on none (daemon/node/core_turn.py)
-    sharing = {n: warm and sum(c == cores for c in expected.values()) > 1 for n, cores in expected.items()}
-    assert turns["barrier"] == set() and all(len(turns[n]) == int(shares) for n, shares in sharing.items()), turns
-    for n, m in [(n, m) for n in expected for m in expected if n < m and sharing[n]]:
-        assert (turns[n] == turns[m]) == (expected[n] == expected[m]), (n, m, turns)
+    # forked nodes that share a core take turns through one pipe of that core's (the warm start's), nodes alone on
+    # theirs and fresh interpreters through none (daemon/node/core_turn.py)
+    holders: dict[str, set[str]] = {}
+    for name, pipes in turns.items():
+        for pipe in pipes:
+            holders.setdefault(pipe, set()).add(name)
+    shared = sorted(sorted(names) for names in holders.values() if len(names) > 1)  # a process's own pipes aside
+    by_core: dict[tuple[int, ...], list[str]] = {}
+    for name, cores in expected.items():
+        by_core.setdefault(cores, []).append(name)
+    assert shared == (sorted(names for names in by_core.values() if len(names) > 1) if warm else []), turns
 
 
-def turn_files(pid: int) -> set[int]:
-    """The inodes of the deleted temporary files process `pid` opened itself, read-only (not the warm parent's
-    descriptions, read-write, that a fork inherits): a pinned node's core turn."""
-    inodes = set()
+def turn_pipes(pid: int) -> set[str]:
+    """The pipes process `pid` holds both ends of, the read end non-blocking: its event loop's own, and a pinned
+    node's core turn (`CoreTurn` made it so), which the other nodes of its core hold too (the report pipe to the
+    warm parent it only writes to)."""
+    ends: dict[str, set[int]] = {}
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
             flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
-            if target.endswith(" (deleted)") and target.startswith(tempfile.gettempdir()) \
-                    and flags & os.O_ACCMODE == os.O_RDONLY:
-                inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
         except (OSError, IndexError, ValueError):
             continue
-    return inodes
+        if target.startswith("pipe:"):
+            mode = flags & os.O_ACCMODE
+            ends.setdefault(target, set()).add(-1 if mode == os.O_RDONLY and not flags & os.O_NONBLOCK else mode)
+    return {pipe for pipe, modes in ends.items() if modes == {os.O_RDONLY, os.O_WRONLY}}
 
 
 @pytest.mark.slow  # about 12 s: four runs of 3 nodes

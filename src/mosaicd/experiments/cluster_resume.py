@@ -71,9 +71,11 @@ def next_step(out: Path, settings: Settings, exc: BaseException) -> str | None:
     if (read_summary(out) or {}).get("status") == "finished":
         return "the run had finished before it was interrupted: its results are there"
     kept = barrier_journal.rounds(out)
-    if kept and _resumable(out, settings, kept):
+    if kept and (at := _resumes_at(out, settings, kept)) is not None:
+        # a node may not have checkpointed the newest round yet: the resume goes on from the one before
+        where = "" if at == kept[0] else f" from {at} rounds done (the newest round every node has a checkpoint of)"
         return f"the run stopped with {kept[0]} of {settings.rounds} rounds done; the same command with --resume " \
-            f"continues it (--out {out})"
+            f"continues it{where} (--out {out})"
     if kept:
         return f"the run stopped with {kept[0]} of {settings.rounds} rounds done, before every node had a checkpoint " \
             f"of a round its journal keeps, so it cannot be resumed exactly; --replace starts it again (--out {out})"
@@ -82,8 +84,10 @@ def next_step(out: Path, settings: Settings, exc: BaseException) -> str | None:
     return None
 
 
-def _resumable(out: Path, settings: Settings, kept: list[int]) -> bool:
+def _resumes_at(out: Path, settings: Settings, kept: list[int]) -> int | None:
+    """The round `--resume` goes on from (`resume_point`), None where it cannot resume exactly."""
     try:
-        return resume_point(out, settings, kept) is not None
+        point = resume_point(out, settings, kept)
     except (OSError, ValueError, KeyError):  # ResumeError is a ValueError
-        return False
+        return None
+    return None if point is None else point[0]

@@ -9,8 +9,8 @@ barrier's) and writes the nodes to start on its stdin, one JSON object: {"childr
    torch up with one thread (`daemon.warmup`: no OpenMP pool exists at the fork), freezes the GC's objects so
    that the children's collections do not copy the shared pages;
 2. forks one child per node: it dies with this process (PDEATHSIG), writes to its own log, runs on the cores it
-   is given (`--pin-nodes`: `processes.node_cores`; nodes that share a core train one at a time, on a file of that
-   core's opened here: `core_turns`), takes its own MOSAIC_* environment, sets the run's torch
+   is given (`--pin-nodes`: `processes.node_cores`; nodes that share a core train one at a time, passing a token
+   in a pipe of that core's made here: `core_turns`), takes its own MOSAIC_* environment, sets the run's torch
    threads and runs `run_node` as `mosaicd node` does, with the prebuilt task (`run_node` uses it only if the
    registered run is the one it was built for); it makes its own event loop, thread pool and sockets, so the nodes
    are separate processes talking HTTP as before;
@@ -36,7 +36,6 @@ import select
 import signal
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from collections import Counter
@@ -46,7 +45,7 @@ from typing import Any, NoReturn
 
 from mosaicd.daemon.entry import run_entry
 from mosaicd.daemon.loop import loop_factory, run
-from mosaicd.daemon.node.core_turn import take_turns
+from mosaicd.daemon.node.core_turn import TOKEN, take_turns
 from mosaicd.daemon.node.warmup import imports_done, set_threads, warm_up
 from mosaicd.experiments.processes import REPORT_FD, STOP_GRACE_S, Children, die_with_parent, exit_text, pin_to
 from mosaicd.logs import configure_logging, get_logger
@@ -82,11 +81,11 @@ def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, pa
            turns: Collection[int] = ()) -> NoReturn:
     """A forked node: never returns into the barrier's code. `child`: a cluster's node (its log and MOSAIC_*
     environment) or a node group's member (its `settings`; it writes to the group's console). `turns`: the cores'
-    turn files (`core_turns`), of which it keeps its own core's ("turn_fd")."""
+    turn pipes' ends (`core_turns`), of which it keeps its own core's ("turn": its ends and how many nodes share it)."""
     if listening is not None:
         listening.close()  # the barrier's
     for fd in turns:
-        if fd != child.get("turn_fd"):
+        if fd not in child.get("turn", ())[:2]:
             os.close(fd)
     code = 1
     try:
@@ -97,8 +96,8 @@ def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, pa
         signal.signal(signal.SIGINT, signal.default_int_handler)  # not a node group's parent's
         if "cores" in child:  # before any thread starts: every thread of the node inherits it
             pin_to(child["cores"])
-        if "turn_fd" in child:  # its core's, shared with the nodes pinned to it
-            take_turns(child["turn_fd"])
+        if "turn" in child:  # its core's, shared with the nodes pinned to it
+            take_turns(*child["turn"])
         if "log" in child:
             mode = os.O_APPEND if child.get("append") else os.O_TRUNC  # a resumed run's log goes on
             log = os.open(child["log"], os.O_WRONLY | os.O_CREAT | mode, 0o644)
@@ -162,15 +161,16 @@ def warm_protocol(run: Any, layout: Any) -> None:
     matches_numpy()
 
 
-def core_turns(children: list[dict[str, Any]]) -> dict[tuple[int, ...], int]:
-    """(core,) -> a file the nodes pinned to that one core take turns on (`daemon/node/core_turn.py`), where
-    two or more are: opened and unlinked at once, so that it is gone with the last process holding it."""
+def core_turns(children: list[dict[str, Any]]) -> dict[tuple[int, ...], tuple[int, int, int]]:
+    """(core,) -> (the read and write ends of a pipe holding one token, how many nodes share that one core), where
+    two or more do: the turn they take computing (`daemon/node/core_turn.py`)."""
     shared = Counter(tuple(child["cores"]) for child in children if len(child.get("cores", ())) == 1)
     turns = {}
     for cores, count in shared.items():
         if count > 1:
-            with tempfile.TemporaryFile() as file:
-                turns[cores] = os.dup(file.fileno())
+            read, write = os.pipe()
+            os.write(write, TOKEN)
+            turns[cores] = (read, write, count)
     return turns
 
 
@@ -282,11 +282,12 @@ def main() -> NoReturn:
     turns = core_turns(spec.get("children", []))
     gc.collect()
     gc.freeze()  # the objects made so far stay where they are: shared with the nodes, not copied by their GC
+    pipes = [fd for read, write, _ in turns.values() for fd in (read, write)]
     for child in spec.get("children", []):
-        fd = turns.get(tuple(child.get("cores", ())))
-        children.fork(child["name"], partial(_child, {**child, "turn_fd": fd} if fd is not None else child, task,
-                                             listening, turns=list(turns.values())))
-    for fd in turns.values():
+        turn = turns.get(tuple(child.get("cores", ())))
+        children.fork(child["name"], partial(_child, {**child, "turn": turn} if turn is not None else child, task,
+                                             listening, turns=pipes))
+    for fd in pipes:
         os.close(fd)
     children.start_reaping()
 

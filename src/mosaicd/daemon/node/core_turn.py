@@ -2,61 +2,83 @@
 at a time instead of the kernel slicing the core among all their trainers.
 
 Eight trainers sliced on one core every millisecond or so each find the core's caches holding another's model and
-batches: the tutorial job's trainers took ~10% more CPU than the same training in `simulate`, and one at a time
-they take that much less (bench/README.md, issue 59 item 3). A node's event loop is not in a turn: its requests
-are answered while another node of its core trains.
+batches: the tutorial job's trainers took ~17% more CPU than the same training in `simulate`, and one at a time
+most of that goes (bench/README.md, issue 59 item 3). A node's event loop is not in a turn: its requests are
+answered while another node of its core trains.
 
-A turn is an exclusive `flock` on a file the nodes of a core share, each through an open file description of its
-own (flock's locks belong to those): the kernel releases it when its holder exits, however it ends, so a turn
-waits at most for the train or evaluation call of the node holding it. The file is the warm start's (`experiments/
-warm.py`): opened and unlinked before the fork, so no run leaves one behind.
+A core's turn is a token, one byte in a pipe its nodes share (the warm start's, `experiments/warm.py`: made before
+the fork, so nothing is left behind): a node takes it by reading the byte and gives it back by writing one. A turn
+is a hint, never a reason to stop: a node waits for it at most two turns of every node of its core (as long as its
+own last computation took, `WAIT_ROUNDS` times per node) or `WAIT_MIN_S`, then computes without it and writes a
+byte all the same. So a holder frozen (SIGSTOP, a debugger) or killed in its turn holds the others once, for that
+wait, and the token it took is replaced; should the frozen one come back, two tokens go round, and the turns are
+looser from then on, the models the same.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
+import select
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 
+WAIT_MIN_S = 1.0
+WAIT_ROUNDS = 2
+TOKEN = b"t"
+
 
 class CoreTurn:
-    """One core's turn among the node processes pinned to it."""
+    """One core's turn among the `sharing` node processes pinned to it: the ends of its pipe."""
 
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
+    def __init__(self, read_fd: int, write_fd: int, sharing: int) -> None:
+        os.set_blocking(read_fd, False)  # a token another node read first is not waited for here, but in select
+        self._read, self._write, self._sharing = read_fd, write_fd, sharing
+        self._last_s = 0.0
+        self._holding = False
 
-    @classmethod
-    def opened(cls, shared_fd: int) -> CoreTurn | None:
-        """This process's own open file description of the file behind `shared_fd` (inherited at the fork, whose
-        description, and so whose lock, every sibling shares); None where it cannot be reopened (no /proc): the
-        node then computes without turns."""
-        try:
-            fd = os.open(f"/proc/self/fd/{shared_fd}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        os.close(shared_fd)
-        return cls(fd)
+    def wait_s(self) -> float:
+        """How long a node waits for its turn before it computes without."""
+        return max(WAIT_MIN_S, WAIT_ROUNDS * self._sharing * self._last_s)
+
+    def held(self) -> bool:
+        """Whether this process computes in its core's turn now (for tests)."""
+        return self._holding
 
     def run(self, work: Callable[..., T], *args: object) -> T:
-        """`work(*args)` within this core's turn: it waits while another node of the core holds it."""
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        """`work(*args)` in this core's turn: it waits while another node of the core holds it (`wait_s` at most)."""
+        self._holding = self._take(time.monotonic() + self.wait_s())
+        started = time.perf_counter()
         try:
             return work(*args)
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self._last_s = time.perf_counter() - started
+            self._holding = False
+            os.write(self._write, TOKEN)  # the token taken back, or a new one for the one a holder kept
+
+    def _take(self, deadline: float) -> bool:
+        while True:
+            try:
+                if os.read(self._read, 1):
+                    return True
+            except BlockingIOError:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([self._read], [], [], left)
 
 
 _turn: CoreTurn | None = None
 
 
-def take_turns(shared_fd: int) -> None:
-    """From now on this process computes in its core's turn (a forked node, before it starts: process-wide, as its
-    pinning to the core is)."""
+def take_turns(read_fd: int, write_fd: int, sharing: int) -> None:
+    """From now on this process computes in its core's turn, through the ends of the core's pipe, shared with
+    `sharing` node processes in all (a forked node, before it starts: process-wide, as its pinning to the core is)."""
     global _turn
-    _turn = CoreTurn.opened(shared_fd)
+    _turn = CoreTurn(read_fd, write_fd, sharing)
 
 
 def on_core(work: Callable[..., T], *args: object) -> T:
