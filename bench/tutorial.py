@@ -128,7 +128,7 @@ class PssSampler(Sampler):
 
     def __init__(self, cluster: Cluster, every: float = 0.5) -> None:
         super().__init__(cluster, every)
-        self.peak: dict[str, int] = {}
+        self.taken: dict[str, int] = {}
         self.samples = 0
         self._half = cluster.settings.rounds // 2
         self._due = threading.Event()
@@ -147,7 +147,7 @@ class PssSampler(Sampler):
                 sample[name] = value
         if len(sample) == self.cluster.settings.nodes + 1:  # every process up; else again `every` s later
             self.samples += 1
-            self.peak = sample
+            self.taken = sample
 
 
 class ThreadCpuSampler(Sampler):
@@ -203,8 +203,8 @@ def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str 
     switches = (after_children.ru_nvcsw - before_children.ru_nvcsw,
                 after_children.ru_nivcsw - before_children.ru_nivcsw)
     own = (after_self.ru_utime - before_self.ru_utime) + (after_self.ru_stime - before_self.ru_stime)
-    peak, split = sampler.peak, threads.split()
-    node_pss = sorted(v for k, v in peak.items() if k != "barrier")
+    taken, split = sampler.taken, threads.split()
+    node_pss = sorted(v for k, v in taken.items() if k != "barrier")
     final = summary.get("final") or {}
     return {
         "wall_s": summary.get("wall_s"), "launch_wall_s": round(launch_wall, 3), "cpu_s": round(cpu, 2),
@@ -214,10 +214,10 @@ def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str 
         # the rest of the host meanwhile (other jobs): on a shared host the wall grows with it, the CPU seconds not
         "others_cpu_s": round(host_after[0] - host_before[0] - cpu - own, 1),
         "host_idle_s": round(host_after[1] - host_before[1], 1), "load_before": round(load_before, 1),
-        "pss_total_mib": round(sum(peak.values()) / MIB, 1) if peak else None,
+        "pss_total_mib": round(sum(taken.values()) / MIB, 1) if taken else None,
         "pss_node_median_mib": round(statistics.median(node_pss) / MIB, 1) if node_pss else None,
         "pss_node_max_mib": round(node_pss[-1] / MIB, 1) if node_pss else None,
-        "pss_barrier_mib": round(peak["barrier"] / MIB, 1) if "barrier" in peak else None,
+        "pss_barrier_mib": round(taken["barrier"] / MIB, 1) if "barrier" in taken else None,
         "pss_samples": sampler.samples, "accuracy": final.get("average_model"),
         **split, "node_loop_ms_per_round": round(1000 * split["node_loop_s"] / (nodes * rounds), 2),
         "model_sha256": summary.get("model_sha256"), "event_loop": event_loop,
