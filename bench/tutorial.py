@@ -14,6 +14,9 @@ cold (`warm=False`: every process a fresh interpreter, as before). Figures per v
 - memory: /proc/PID/smaps_rollup's Pss of every cluster process, sampled once, when half the rounds are done (at
   nice 19): the total (`pss_total_mib`), the median and largest node (`pss_node_median_mib`, `pss_node_max_mib`)
   and the barrier (`pss_barrier_mib`);
+- `cpu_per_round_s`: the CPU seconds of every cluster process per round from round 1 to the last but one, read as the
+  rounds are reported (no warm-up, forks, round 0 or end); simulate's the same way, and `round_cpu_to_simulate`,
+  their ratio, side by side: where the wall's ratio comes from. Both drift with this host's state, run by run;
 - the final models' hashes (cluster == cluster: both variants must agree bit for bit).
 
 And the reference the cluster is held to: the same job through `mosaicd simulate` (one process), whose CPU
@@ -182,6 +185,39 @@ class ThreadCpuSampler(Sampler):
         return {k: round(v, 2) for k, v in parts.items()}
 
 
+class RoundCpu:
+    """The CPU seconds of every cluster process (all their threads) as the rounds are reported (`due`, the cluster's
+    `on_round`): the cluster's CPU per round between its second round and its last but one, without the warm-up,
+    the forks, round 0 and the end. Against simulate's per round over the same rounds it says whether the wall's
+    excess is in the rounds or around them."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.marks: list[tuple[float, int, float]] = []  # (when, round reported, CPU-s of the cluster's processes)
+
+    def due(self, progress: Any) -> None:
+        if not 1 <= progress.round <= self.cluster.settings.rounds - 2:
+            return
+        total = 0.0
+        for proc in list(self.cluster.procs.values()):
+            fields = stat_fields(f"/proc/{proc.pid}/stat") if proc.pid is not None else None
+            total += cpu_seconds(fields) if fields is not None else 0.0
+        self.marks.append((time.monotonic(), progress.round, total))
+
+    def per_round(self) -> float | None:
+        """CPU-s per round between the first mark and the last. Rounds the launcher's poll saw released together
+        are reported together: of those, only the last is the round the CPU seconds were read at."""
+        kept = [m for i, m in enumerate(self.marks) if i + 1 == len(self.marks) or self.marks[i + 1][0] - m[0] > 0.02]
+        return slope([(r, cpu) for _, r, cpu in kept])
+
+
+def slope(marks: list[tuple[int, float]]) -> float | None:
+    """(CPU-s at the last mark - at the first) / (rounds between), or None with fewer than 10 rounds between."""
+    if len(marks) < 2 or marks[-1][0] - marks[0][0] < 10:
+        return None
+    return (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+
+
 def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str = "auto") -> dict[str, Any]:
     # each run afresh: a repeat in the same folder would find the last run's checkpoints and journal
     warm = name.startswith("warm") or name in ("plain", "unpinned")
@@ -191,8 +227,13 @@ def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str 
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     before_self = resource.getrusage(resource.RUSAGE_SELF)
     started, host_before, load_before = time.perf_counter(), host_cpu(), os.getloadavg()[0]
+    rounds_cpu = RoundCpu(cluster)
     with PssSampler(cluster) as sampler, ThreadCpuSampler(cluster) as threads:
-        cluster.on_round = sampler.due
+        def on_round(progress: Any) -> None:
+            sampler.due(progress)
+            rounds_cpu.due(progress)
+
+        cluster.on_round = on_round
         summary = cluster.run(timeout=900)
     launch_wall = time.perf_counter() - started
     host_after = host_cpu()
@@ -221,8 +262,12 @@ def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str 
         "pss_samples": sampler.samples, "accuracy": final.get("average_model"),
         **split, "node_loop_ms_per_round": round(1000 * split["node_loop_s"] / (nodes * rounds), 2),
         "model_sha256": summary.get("model_sha256"), "event_loop": event_loop,
-        "pinned_nodes": len(cluster.processes.cores),
+        "pinned_nodes": len(cluster.processes.cores), "cpu_per_round_s": _rounded(rounds_cpu.per_round(), 4),
     }
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _simulate_child(settings: Settings, conn: Any) -> None:
@@ -230,12 +275,20 @@ def _simulate_child(settings: Settings, conn: Any) -> None:
     evaluation, in-memory gossip, outputs), its wall and its final models' hash go back on `conn`."""
     from mosaicd.experiments.simulate import run_simulation
 
+    marks: list[tuple[int, float]] = []
+
+    def on_round(progress: Any) -> None:  # the same rounds as RoundCpu's
+        if 1 <= progress.round <= settings.rounds - 2:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            marks.append((progress.round, usage.ru_utime + usage.ru_stime))
+
     before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    summary = run_simulation(settings, progress=False, replace=True)  # --repeat: the same folder again
+    summary = run_simulation(settings, progress=False, on_round=on_round, replace=True)  # --repeat: the same folder
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    conn.send({"cpu_s": round(cpu, 2), "wall_s": round(wall, 3), "model_sha256": summary.get("model_sha256")})
+    conn.send({"cpu_s": round(cpu, 2), "wall_s": round(wall, 3), "model_sha256": summary.get("model_sha256"),
+               "cpu_per_round_s": _rounded(slope(marks), 4)})
 
 
 def run_simulate(rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
@@ -361,6 +414,17 @@ def main() -> None:
             print(f"cluster{key} CPU / simulate's CPU: {by_cpu}x (each run: {', '.join(map(str, cpus))}): the ratio "
                   "the wall comes to on idle cores where the cluster keeps both busy; other jobs on the host stretch "
                   "the wall, not this")
+            pairs = [(r["cpu_per_round_s"], s["cpu_per_round_s"]) for r, s in zip(runs[name], runs["simulate"],
+                                                                                 strict=True)
+                     if r.get("cpu_per_round_s") and s.get("cpu_per_round_s")]
+            if pairs:
+                per_round, per_rounds = side_by_side([a for a, _ in pairs], [b for _, b in pairs])
+                report.setdefault("round_cpu_to_simulate", {})[variants[name]] = per_round
+                report.setdefault("round_cpus_to_simulate", {})[variants[name]] = per_rounds
+                print(f"cluster{key} CPU per round / simulate's, rounds 1 to {args.rounds - 2} (no start, no end): "
+                      f"{per_round}x (each run: {', '.join(map(str, per_rounds))}; cluster "
+                      f"{1000 * warm['cpu_per_round_s']:.0f} ms, simulate {1000 * sim['cpu_per_round_s']:.0f} ms a "
+                      "round): the wall's ratio in those rounds, were both cores kept busy")
             workers = warm["node_threads_s"] / sim["cpu_s"]
             report.setdefault("workers_to_bound", {})[variants[name]] = round(workers, 3)
             print(f"cluster{key}: its nodes' worker threads alone (training, checkpoints, their own evaluations) "
