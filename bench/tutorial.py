@@ -196,7 +196,7 @@ class RoundCpu:
         self.marks: list[tuple[float, int, float]] = []  # (when, round reported, CPU-s of the cluster's processes)
 
     def due(self, progress: Any) -> None:
-        if not 1 <= progress.round <= self.cluster.settings.rounds - 2:
+        if not measured_round(progress.round, self.cluster.settings.rounds):
             return
         total = 0.0
         for proc in list(self.cluster.procs.values()):
@@ -209,6 +209,11 @@ class RoundCpu:
         are reported together: of those, only the last is the round the CPU seconds were read at."""
         kept = [m for i, m in enumerate(self.marks) if i + 1 == len(self.marks) or self.marks[i + 1][0] - m[0] > 0.02]
         return slope([(r, cpu) for _, r, cpu in kept])
+
+
+def measured_round(round: int, rounds: int) -> bool:
+    """Whether the CPU per round reads its seconds as `round` is reported: from round 1 to the last but one."""
+    return 1 <= round <= rounds - 2
 
 
 def slope(marks: list[tuple[int, float]]) -> float | None:
@@ -278,7 +283,7 @@ def _simulate_child(settings: Settings, conn: Any) -> None:
     marks: list[tuple[int, float]] = []
 
     def on_round(progress: Any) -> None:  # the same rounds as RoundCpu's
-        if 1 <= progress.round <= settings.rounds - 2:
+        if measured_round(progress.round, settings.rounds):
             usage = resource.getrusage(resource.RUSAGE_SELF)
             marks.append((progress.round, usage.ru_utime + usage.ru_stime))
 
@@ -423,8 +428,9 @@ def main() -> None:
                 report.setdefault("round_cpus_to_simulate", {})[variants[name]] = per_rounds
                 print(f"cluster{key} CPU per round / simulate's, rounds 1 to {args.rounds - 2} (no start, no end): "
                       f"{per_round}x (each run: {', '.join(map(str, per_rounds))}; cluster "
-                      f"{1000 * warm['cpu_per_round_s']:.0f} ms, simulate {1000 * sim['cpu_per_round_s']:.0f} ms a "
-                      "round): the wall's ratio in those rounds, were both cores kept busy")
+                      f"{1000 * statistics.median(a for a, _ in pairs):.0f} ms, simulate "
+                      f"{1000 * statistics.median(b for _, b in pairs):.0f} ms a round, medians of those runs): the "
+                      "wall's ratio in those rounds, were both cores kept busy")
             workers = warm["node_threads_s"] / sim["cpu_s"]
             report.setdefault("workers_to_bound", {})[variants[name]] = round(workers, 3)
             print(f"cluster{key}: its nodes' worker threads alone (training, checkpoints, their own evaluations) "
