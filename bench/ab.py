@@ -57,7 +57,8 @@ def source_of(version: str, into: Path) -> Path:
         raise SystemExit(f"ab.py: {version!r} is no revision of this repository: {done.stderr.decode().strip()}")
     folder = into / version.replace("/", "_")
     with tarfile.open(fileobj=BytesIO(done.stdout)) as archive:
-        archive.extractall(folder, filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python 3.11.4 and later
+        archive.extractall(folder, **safe)
     return folder / "src"
 
 
