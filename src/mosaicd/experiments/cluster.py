@@ -32,6 +32,7 @@ from typing import Any
 
 from mosaicd.daemon.deadlines import RELEASE_PADDING_S
 from mosaicd.daemon.errors import OutputError
+from mosaicd.daemon.http.server import BACKLOG, LISTEN_FD
 from mosaicd.experiments import barrier_client, cluster_resume
 from mosaicd.experiments.processes import (
     STOP_GRACE_S,
@@ -67,6 +68,21 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def listening_sockets(count: int, host: str = "127.0.0.1") -> list[socket.socket]:
+    """`count` sockets listening on free ports of `host`, in the order of their ports: each is handed to the
+    process that serves on it (`http.server.LISTEN_FD`), which so never meets its port taken by another process,
+    as it could between a port's choice and its bind (`free_ports`)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            socks.append(socket.create_server((host, 0), backlog=BACKLOG))
+    except OSError:
+        for s in socks:
+            s.close()
+        raise
+    return sorted(socks, key=lambda s: s.getsockname()[1])
 
 
 def settings_env(settings: Settings, **override: Any) -> dict[str, str]:
@@ -164,30 +180,43 @@ class Cluster:
         """Spawn the barrier and the nodes (warm or cold); the barrier's URL."""
         s = self.settings
         require_task(s.task)  # the one-line error here, not one per node log
-        ports = free_ports(s.nodes + 1)
-        barrier_port, node_ports = ports[0], sorted(ports[1:])  # ranks follow address order: node-i is rank i
-        self.barrier_port, self.node_ports = barrier_port, node_ports
-        url = barrier_client.barrier_url(s, barrier_port)
+        socks = listening_sockets(s.nodes + 1)  # held from now on: no other process can take their ports
+        try:
+            self._spawn(s, socks)
+        finally:
+            for sock in socks:  # the processes hold them now
+                sock.close()
+        return barrier_client.barrier_url(s, self.barrier_port or 0)
+
+    def _spawn(self, s: Settings, socks: list[socket.socket]) -> None:
+        """`_start`'s processes, each handed its listening socket (`socks`: the barrier's, then the nodes' in the
+        order of their ports: ranks follow address order, node-i is rank i)."""
+        barrier_sock, node_socks = socks[0], socks[1:]
+        self.barrier_port = barrier_sock.getsockname()[1]
+        self.node_ports = [sock.getsockname()[1] for sock in node_socks]
+        url = barrier_client.barrier_url(s, self.barrier_port)
         secret = self.secret.make()
         resume, names = ({}, [f"node-{i}" for i in range(s.nodes)]) if not self.resume else self._resume_point()
-        barrier_env = {**settings_env(s, host="127.0.0.1", port=barrier_port, log_json=True, **secret, **resume),
-                       MODE_ENV: "cluster"}
+        held = dict(zip(names, node_socks, strict=False))  # the nodes started (a resumed run's), each with its own
+        barrier_env = {**settings_env(s, host="127.0.0.1", port=self.barrier_port, log_json=True, **secret, **resume),
+                       MODE_ENV: "cluster", LISTEN_FD: str(barrier_sock.fileno())}
         # every node checkpoints every round (unless told otherwise), in OUT/state/node-<i>: what --resume needs
         every = s.checkpoint_every if "checkpoint_every" in s.model_fields_set else 1
-        self.addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, node_ports, strict=False)}
-        node_envs = {name: settings_env(s, host="127.0.0.1", port=port, barrier_url=url, log_json=True,
-                                        out=str(self.out / "nodes" / name.removeprefix("node-")),
-                                        advertise=f"127.0.0.1:{port}", state_dir=str(self.out / "state" / name),
-                                        checkpoint_every=every, leave_on_signal=False, **secret, **resume)
-                     for name, port in zip(names, node_ports, strict=False)}
+        ports = {name: sock.getsockname()[1] for name, sock in held.items()}
+        self.addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+        node_envs = {name: {**settings_env(s, host="127.0.0.1", port=port, barrier_url=url, log_json=True,
+                                           out=str(self.out / "nodes" / name.removeprefix("node-")),
+                                           advertise=f"127.0.0.1:{port}", state_dir=str(self.out / "state" / name),
+                                           checkpoint_every=every, leave_on_signal=False, **secret, **resume),
+                            LISTEN_FD: str(held[name].fileno())}
+                     for name, port in ports.items()}
         self.processes.place(node_cores(list(node_envs), self.pin, s.nodes, key=str(self.out)))
         if self.warm:
-            self.processes.spawn_warm(barrier_env, node_envs)
+            self.processes.spawn_warm(barrier_env, node_envs, pass_fds=[sock.fileno() for sock in socks])
         else:
-            self.processes.spawn("barrier", "barrier", barrier_env)
+            self.processes.spawn("barrier", "barrier", barrier_env, pass_fds=[barrier_sock.fileno()])
             for name, env in node_envs.items():
-                self.processes.spawn(name, "node", env)
-        return url
+                self.processes.spawn(name, "node", env, pass_fds=[held[name].fileno()])
 
     def _run(self, timeout: float | None) -> dict:
         s = self.settings

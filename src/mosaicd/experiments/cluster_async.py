@@ -14,6 +14,7 @@ one started again (`restart`) goes on from its checkpoint and is waited for agai
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from mosaicd.daemon.async_end import node_folder, read_report, run_deadline, summarize
+from mosaicd.daemon.http.server import LISTEN_FD
 from mosaicd.daemon.node.async_run import ROSTER_ENV
-from mosaicd.experiments.cluster import POLL_S, ClusterFailed, free_ports, settings_env
+from mosaicd.experiments.cluster import POLL_S, ClusterFailed, listening_sockets, settings_env
 from mosaicd.experiments.processes import Processes, exit_reason, node_cores, pinned_line
 from mosaicd.experiments.run_secret import RunSecret
 from mosaicd.files import write_whole
@@ -84,22 +86,12 @@ class AsyncCluster:
     def _run(self, timeout: float) -> dict[int, dict[str, Any]]:
         s = self.settings
         require_task(s.task)
-        hosts = self.hosts or [NodeHost(f"127.0.0.1:{p}") for p in sorted(free_ports(s.nodes))]
-        addresses = [h.address for h in hosts]  # rank i is address i, as the barrier's roster orders them
-        roster = self.out / "roster.json"
-        write_whole(roster, json.dumps({"addresses": addresses}))
-        secret = self.secret.make()
-        if self.hosts is None:
-            self.processes.place(node_cores([f"node-{rank}" for rank in range(s.nodes)], self.pin, s.nodes,
-                                            key=str(self.out)))
-        for rank, host in enumerate(hosts):
-            ip, port = host.address.rsplit(":", 1)
-            env = {**settings_env(s, host=ip, port=int(port), advertise=host.address, log_json=True,
-                                  out=str(node_folder(self.out, rank)), **secret),
-                   MODE_ENV: "cluster", ROSTER_ENV: str(roster)}
-            self.envs[rank] = env
-            self.processes.spawn(f"node-{rank}", "node", env, module="mosaicd.daemon.node.async_run",
-                                 prefix=host.prefix)
+        socks = listening_sockets(s.nodes) if self.hosts is None else []  # handed to the nodes: held from now on
+        try:
+            self._spawn(s, socks)
+        finally:
+            for sock in socks:  # the nodes hold them now
+                sock.close()
         deadline = time.monotonic() + timeout
         reports: dict[int, dict[str, Any]] = {}
         with ProgressPrinter(enabled=self.progress) as printer:
@@ -133,6 +125,27 @@ class AsyncCluster:
                                         f"{reports[rank]['elapsed_s']:.2f} s")
                 time.sleep(POLL_S)
         return reports
+
+    def _spawn(self, s: Settings, socks: list[socket.socket]) -> None:
+        """The nodes' processes, at `self.hosts` or, on this host's loopback, each handed its listening socket
+        (`socks`, in the order of their ports: rank i is address i)."""
+        hosts = self.hosts or [NodeHost(f"127.0.0.1:{sock.getsockname()[1]}") for sock in socks]
+        addresses = [h.address for h in hosts]  # rank i is address i, as the barrier's roster orders them
+        roster = self.out / "roster.json"
+        write_whole(roster, json.dumps({"addresses": addresses}))
+        secret = self.secret.make()
+        if self.hosts is None:
+            self.processes.place(node_cores([f"node-{rank}" for rank in range(s.nodes)], self.pin, s.nodes,
+                                            key=str(self.out)))
+        for rank, host in enumerate(hosts):
+            ip, port = host.address.rsplit(":", 1)
+            env = {**settings_env(s, host=ip, port=int(port), advertise=host.address, log_json=True,
+                                  out=str(node_folder(self.out, rank)), **secret),
+                   MODE_ENV: "cluster", ROSTER_ENV: str(roster)}
+            self.envs[rank] = env  # a restart binds the port itself: the socket handed down is gone with the process
+            handed = [socks[rank].fileno()] if socks else []
+            self.processes.spawn(f"node-{rank}", "node", {**env, **({LISTEN_FD: str(handed[0])} if handed else {})},
+                                 module="mosaicd.daemon.node.async_run", prefix=host.prefix, pass_fds=handed)
 
     def restart(self, rank: int) -> None:
         """Start node `rank`'s process again, the same member (address, --out, state directory): it goes on from its

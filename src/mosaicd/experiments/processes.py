@@ -216,9 +216,10 @@ class Processes:
         self.cores = dict(cores)
 
     def spawn(self, name: str, command: str, env: dict[str, str], module: str | None = None,
-              prefix: Sequence[str] = ()) -> None:
+              prefix: Sequence[str] = (), pass_fds: Sequence[int] = ()) -> None:
         """`mosaicd COMMAND` as a fresh interpreter, with `env` (`module`: `python -m MODULE` instead); `prefix`:
-        the command that runs it elsewhere (`ip netns exec NS`: a lab's host)."""
+        the command that runs it elsewhere (`ip netns exec NS`: a lab's host); `pass_fds`: descriptors it inherits
+        (its listening socket, which `env` names)."""
         log = open(self._log(name), "ab" if self.append else "wb")
         argv = ["-m", "mosaicd", command] if module is None else ["-m", module]
         cores = self.cores.get(name)
@@ -230,7 +231,7 @@ class Processes:
 
         self.procs[name] = subprocess.Popen([*prefix, sys.executable, *argv], env=env, stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            preexec_fn=before_exec)
+                                            preexec_fn=before_exec, pass_fds=tuple(pass_fds))
         log.close()
 
     def respawn(self, name: str, command: str, env: dict[str, str], module: str | None = None,
@@ -243,9 +244,11 @@ class Processes:
         finally:
             self.append = append
 
-    def spawn_warm(self, barrier_env: dict[str, str], node_envs: dict[str, dict[str, str]]) -> None:
+    def spawn_warm(self, barrier_env: dict[str, str], node_envs: dict[str, dict[str, str]],
+                   pass_fds: Sequence[int] = ()) -> None:
         """The barrier as the warm fork server, told the nodes to fork on its stdin; their pids and exit statuses
-        come back on a pipe (read by a thread into `ForkedProcess` handles)."""
+        come back on a pipe (read by a thread into `ForkedProcess` handles). `pass_fds`: descriptors the barrier
+        inherits (its own listening socket and its nodes', which the environments name), to hand on."""
         children = [{"name": name, "log": str(self._log(name)), "append": self.append,
                      "env": {k: v for k, v in env.items() if k.startswith("MOSAIC_")},
                      **({"cores": list(self.cores[name])} if name in self.cores else {})}
@@ -256,7 +259,8 @@ class Processes:
             with open(self._log("barrier"), "ab" if self.append else "wb") as log:
                 barrier = subprocess.Popen([sys.executable, "-m", "mosaicd.experiments.warm"],
                                            env={**barrier_env, REPORT_FD: str(write)}, stdout=log,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.PIPE, pass_fds=(write,),
+                                           stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                                           pass_fds=(write, *pass_fds),
                                            preexec_fn=die_with_parent)
         finally:
             os.close(write)

@@ -44,6 +44,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 from mosaicd.daemon.entry import run_entry
+from mosaicd.daemon.http.server import LISTEN_FD, ListenError, handed_socket
 from mosaicd.daemon.loop import loop_factory, run
 from mosaicd.daemon.node.core_turn import TOKEN, take_turns
 from mosaicd.daemon.node.warmup import imports_done, set_threads, warm_up
@@ -78,14 +79,19 @@ def run_role(command: str, task: Any = None, sock: socket.socket | None = None,
 
 
 def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, parent: int, report: int, *,
-           turns: Collection[int] = ()) -> NoReturn:
+           turns: Collection[int] = (), handed: Collection[int] = ()) -> NoReturn:
     """A forked node: never returns into the barrier's code. `child`: a cluster's node (its log and MOSAIC_*
     environment) or a node group's member (its `settings`; it writes to the group's console). `turns`: the cores'
-    turn pipes' ends (`core_turns`), of which it keeps its own core's ("turn": its ends and how many nodes share it)."""
+    turn pipes' ends (`core_turns`), of which it keeps its own core's ("turn": its ends and how many nodes share it).
+    `handed`: the nodes' listening sockets the launcher handed down, of which it keeps its own (its `LISTEN_FD`)."""
     if listening is not None:
         listening.close()  # the barrier's
     for fd in turns:
         if fd not in child.get("turn", ())[:2]:
+            os.close(fd)
+    own = child.get("env", {}).get(LISTEN_FD)
+    for fd in handed:
+        if str(fd) != own:
             os.close(fd)
     code = 1
     try:
@@ -278,16 +284,21 @@ def main() -> NoReturn:
     import mosaicd.daemon.node.run  # noqa: F401
     loop_factory(settings.event_loop)  # uvloop too, where it runs the roles
 
-    listening = listen(settings)
+    try:
+        listening = handed_socket(settings.daemon_options()) or listen(settings)
+    except ListenError as exc:
+        print(f"mosaicd barrier: error: {exc}", file=sys.stderr)
+        os._exit(1)
     turns = core_turns(spec.get("children", []))
     gc.collect()
     gc.freeze()  # the objects made so far stay where they are: shared with the nodes, not copied by their GC
     pipes = [fd for read, write, _ in turns.values() for fd in (read, write)]
+    handed = [int(child["env"][LISTEN_FD]) for child in spec.get("children", []) if LISTEN_FD in child.get("env", {})]
     for child in spec.get("children", []):
         turn = turns.get(tuple(child.get("cores", ())))
         children.fork(child["name"], partial(_child, {**child, "turn": turn} if turn is not None else child, task,
-                                             listening, turns=pipes))
-    for fd in pipes:
+                                             listening, turns=pipes, handed=handed))
+    for fd in [*pipes, *handed]:  # the nodes' own: a node that ended leaves no backlog here to connect to
         os.close(fd)
     children.start_reaping()
 

@@ -16,7 +16,7 @@ from mosaicd.daemon.barrier.routes import barrier_app
 from mosaicd.daemon.entry import EXIT_WITHIN_S, exit_within
 from mosaicd.daemon.errors import RunEnded
 from mosaicd.daemon.http.auth import Secret, check_listen, own_secret_file
-from mosaicd.daemon.http.server import check_port, serve
+from mosaicd.daemon.http.server import check_port, handed_socket, serve
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import loop_name
 from mosaicd.logs import also_log_to, get_logger, json_logs, say
@@ -39,6 +39,8 @@ async def run_barrier(settings: Settings, task: Any = None, sock: Any = None) ->
     secret = Secret.of(settings)  # resolved once, here: the Barrier and its checks get this value
     # where it cannot listen, say so before the Barrier opens its outputs (keeping an earlier run aside...)
     check_listen(settings, secret.keyring())
+    if sock is None:
+        sock = handed_socket(settings.daemon_options())  # its launcher's: the port is held already
     if sock is None:
         check_port(settings.daemon_options())
     stopped: list[str] = []  # SIGTERM (`docker stop`, `kill`) ends the barrier as Ctrl-C does: resumable, said so

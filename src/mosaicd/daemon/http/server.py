@@ -23,6 +23,12 @@ BACKLOG = 1024
 SHUTDOWN_S = 2.0
 
 
+# the file descriptor of a socket listening already, that a launcher bound and handed down (`mosaicd cluster`):
+# served on instead of binding --port here, which another process could take between the launcher's choice of the
+# port and this process's start (seconds: the imports); the launcher's own `listening_sockets`
+LISTEN_FD = "MOSAIC_LISTEN_FD"
+
+
 class ListenError(RuntimeError):
     """This process cannot listen where it was told to; the message names the flag to change."""
 
@@ -46,12 +52,13 @@ async def serve(app: web.Application, options: DaemonOptions,
     """Listen on --host/--port (TLS with --tls-cert); the runner (cleanup() stops it) and the port really bound.
     `sock`: a socket listening already (a warm start binds it before forking the nodes, who connect at once)."""
     context = server_context(options)  # before anything listens: a bad certificate or key is a usage error
+    sock = sock if sock is not None else handed_socket(options)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S,
                            **handler_options(options))
     await runner.setup()
     guard_connections(runner, options, app)  # connection caps, under the open-file limit (daemon/limits.py)
     if sock is not None:
-        await web.SockSite(runner, sock, ssl_context=context).start()
+        await web.SockSite(runner, sock, ssl_context=context, backlog=BACKLOG).start()
     else:
         port = earlier_port(options)
         try:
@@ -69,6 +76,26 @@ async def serve(app: web.Application, options: DaemonOptions,
     if options.port_file is not None:
         write_port(options.port_file, bound)
     return runner, bound
+
+
+def handed_socket(options: DaemonOptions) -> socket.socket | None:
+    """The listening socket this process was handed (`LISTEN_FD`), None where it was handed none. The variable is
+    taken out of the environment: a process this one starts inherits no claim to it. ListenError where the
+    descriptor is no socket listening on --host/--port (a launcher's mistake, said before anything is served)."""
+    fd = os.environ.pop(LISTEN_FD, None)
+    if fd is None:
+        return None
+    try:
+        sock = socket.socket(fileno=int(fd))
+    except (OSError, ValueError) as exc:
+        raise ListenError(f"{LISTEN_FD}={fd}: no socket handed down ({exc})") from None
+    host, port = sock.getsockname()[:2]
+    if sock.type != socket.SOCK_STREAM or port != options.port or options.host not in (host, "localhost"):
+        sock.close()
+        raise ListenError(f"{LISTEN_FD}={fd}: the socket handed down is bound to {host}:{port}, not --host "
+                          f"{options.host} --port {options.port}")
+    sock.setblocking(False)
+    return sock
 
 
 def check_port(options: DaemonOptions) -> None:

@@ -43,13 +43,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from mosaicd.daemon.async_end import collect_reports, node_folder, summarize, tell_end
 from mosaicd.daemon.entry import on_signals, told_to_stop
 from mosaicd.daemon.http.auth import Secret, check_listen, signer
 from mosaicd.daemon.http.client import Client, HttpError
-from mosaicd.daemon.http.tls import client_context, server_context
+from mosaicd.daemon.http.server import serve
+from mosaicd.daemon.http.tls import client_context
 from mosaicd.daemon.node.async_member import AsyncNode
 from mosaicd.daemon.node.async_routes import async_app
 from mosaicd.outputs import MODE_ENV, RunRecorder, failure_text, remove_summary
@@ -92,9 +91,7 @@ async def run_async_node(settings: Settings, addresses: list[str], rank: int, fo
     node = AsyncNode(settings, task, rank, addresses, secret, barrier_url)
     await asyncio.to_thread(node.restore)
     recorder = open_recorder(settings) if peer_list and rank == 0 and barrier_url is None else None
-    runner = web.AppRunner(async_app(node), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port, ssl_context=server_context(node.options)).start()
+    runner, _ = await serve(async_app(node), options)  # the one way a member listens (its caps, a handed socket)
     code = 0
     # a command's member told to stop (SIGTERM, as `scancel` and `docker stop` send; Ctrl-C) leaves at once, its run
     # record saying so, and its process ends within `entry.EXIT_WITHIN_S` whatever it still waits for
