@@ -58,6 +58,8 @@ class ClusterFailed(RuntimeError):
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` ports free now, for processes started by hand with --port (the tests' daemons): another process
+    may take one before they bind it. The launcher does not use them: it hands sockets down (`listening_sockets`)."""
     socks = []
     try:
         for _ in range(count):
