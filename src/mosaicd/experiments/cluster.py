@@ -57,19 +57,6 @@ class ClusterFailed(RuntimeError):
     pass
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` ports free now, for processes started by hand with --port (the tests' daemons): another process
-    may take one before they bind it. The launcher does not use them: it hands sockets down (`listening_sockets`)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def listening_sockets(count: int, host: str = "127.0.0.1") -> list[socket.socket]:
@@ -85,6 +72,16 @@ def listening_sockets(count: int, host: str = "127.0.0.1") -> list[socket.socket
             s.close()
         raise
     return sorted(socks, key=lambda s: s.getsockname()[1])
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` ports free now, in order, for processes started by hand with --port (the tests' daemons): another
+    process may take one before they bind it. The launcher does not use them: it hands sockets down."""
+    socks = listening_sockets(count, host)
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    return ports
 
 
 def settings_env(settings: Settings, **override: Any) -> dict[str, str]:
@@ -184,15 +181,14 @@ class Cluster:
         require_task(s.task)  # the one-line error here, not one per node log
         socks = listening_sockets(s.nodes + 1)  # held from now on: no other process can take their ports
         try:
-            self._spawn(s, socks)
+            return self._spawn(s, socks)
         finally:
             for sock in socks:  # the processes hold them now
                 sock.close()
-        return barrier_client.barrier_url(s, self.barrier_port or 0)
 
-    def _spawn(self, s: Settings, socks: list[socket.socket]) -> None:
+    def _spawn(self, s: Settings, socks: list[socket.socket]) -> str:
         """`_start`'s processes, each handed its listening socket (`socks`: the barrier's, then the nodes' in the
-        order of their ports: ranks follow address order, node-i is rank i)."""
+        order of their ports: ranks follow address order, node-i is rank i); the barrier's URL."""
         barrier_sock, node_socks = socks[0], socks[1:]
         self.barrier_port = barrier_sock.getsockname()[1]
         self.node_ports = [sock.getsockname()[1] for sock in node_socks]
@@ -219,6 +215,7 @@ class Cluster:
             self.processes.spawn("barrier", "barrier", barrier_env, pass_fds=[barrier_sock.fileno()])
             for name, env in node_envs.items():
                 self.processes.spawn(name, "node", env, pass_fds=[held[name].fileno()])
+        return url
 
     def _run(self, timeout: float | None) -> dict:
         s = self.settings

@@ -143,9 +143,10 @@ class AsyncCluster:
                                   out=str(node_folder(self.out, rank)), **secret),
                    MODE_ENV: "cluster", ROSTER_ENV: str(roster)}
             self.envs[rank] = env  # a restart binds the port itself: the socket handed down is gone with the process
-            handed = [socks[rank].fileno()] if socks else []
-            self.processes.spawn(f"node-{rank}", "node", {**env, **({LISTEN_FD: str(handed[0])} if handed else {})},
-                                 module="mosaicd.daemon.node.async_run", prefix=host.prefix, pass_fds=handed)
+            fds = [socks[rank].fileno()] if socks else []
+            handed = {LISTEN_FD: str(fds[0])} if fds else {}
+            self.processes.spawn(f"node-{rank}", "node", {**env, **handed}, module="mosaicd.daemon.node.async_run",
+                                 prefix=host.prefix, pass_fds=fds)
 
     def restart(self, rank: int) -> None:
         """Start node `rank`'s process again, the same member (address, --out, state directory): it goes on from its

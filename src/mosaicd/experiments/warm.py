@@ -13,7 +13,8 @@ barrier's) and writes the nodes to start on its stdin, one JSON object: {"childr
    in a pipe of that core's made here: `core_turns`), takes its own MOSAIC_* environment, sets the run's torch
    threads and runs `run_node` as `mosaicd node` does, with the prebuilt task (`run_node` uses it only if the
    registered run is the one it was built for); it makes its own event loop, thread pool and sockets, so the nodes
-   are separate processes talking HTTP as before;
+   are separate processes talking HTTP as before. Each keeps the listening socket the launcher handed down for it
+   (`http.server.LISTEN_FD`, in its `env`) and closes the others'; this process keeps only the barrier's;
 3. runs the barrier (`run_barrier`, evaluating with the same prebuilt task), reaps the nodes and reports each
    one's pid and exit status as JSON lines on the file descriptor named by MOSAIC_WARM_REPORT_FD; on SIGTERM it
    passes the signal to the nodes, reaps them, and dies of it.
@@ -29,7 +30,6 @@ the first error's status (0 where none), as one node would.
 from __future__ import annotations
 
 import gc
-import ipaddress
 import json
 import os
 import select
@@ -180,21 +180,6 @@ def core_turns(children: list[dict[str, Any]]) -> dict[tuple[int, ...], tuple[in
     return turns
 
 
-def listen(settings: Settings) -> socket.socket | None:
-    """The barrier's socket, listening before the nodes are forked: their registrations wait in its backlog
-    instead of being refused and retried with backoff while the barrier starts. None: let serve() bind (and
-    check first, off loopback, that it may listen there)."""
-    try:
-        if not ipaddress.ip_address(settings.host).is_loopback:
-            return None
-        sock = socket.create_server((settings.host, settings.port), family=socket.AF_INET, backlog=4096,
-                                    reuse_port=False)
-    except (OSError, ValueError):
-        return None
-    sock.setblocking(False)
-    return sock
-
-
 def run_group(settings: Settings) -> int:
     """`mosaicd node --nodes-per-process N`: the node's imports paid here once, then N members forked (see the
     module's docstring); the exit status one node would have had."""
@@ -284,8 +269,8 @@ def main() -> NoReturn:
     import mosaicd.daemon.node.run  # noqa: F401
     loop_factory(settings.event_loop)  # uvloop too, where it runs the roles
 
-    try:
-        listening = handed_socket(settings.daemon_options()) or listen(settings)
+    try:  # the launcher's, listening already: the nodes' registrations wait in its backlog while the barrier starts
+        listening = handed_socket(settings.daemon_options())
     except ListenError as exc:
         print(f"mosaicd barrier: error: {exc}", file=sys.stderr)
         os._exit(1)
