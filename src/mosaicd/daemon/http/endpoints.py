@@ -42,12 +42,15 @@ def metrics_handler(registry: CollectorRegistry) -> Handler:
     return metrics
 
 
-def openapi_handler(document: Path | bytes) -> Handler:
-    """GET /openapi.json: the API's OpenAPI 3 document (package data beside the role's routes, or its bytes)."""
-    body = document if isinstance(document, bytes) else document.read_bytes()
+def openapi_handler(document: Path | Callable[[], bytes]) -> Handler:
+    """GET /openapi.json: the API's OpenAPI 3 document (package data beside the role's routes, or what makes its
+    bytes), read or made at the first request: a cluster's every node would pay for it at its start otherwise."""
+    made: list[bytes] = []
 
     async def openapi(request: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="application/json")
+        if not made:
+            made.append(document.read_bytes() if isinstance(document, Path) else document())
+        return web.Response(body=made[0], content_type="application/json")
     return openapi
 
 
@@ -57,7 +60,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 def member_app(routes: list[web.RouteDef], *, options: DaemonOptions, keyring: Keyring | None,
                run_of: Callable[[web.Request], Awaitable[str | None]], registry: CollectorRegistry, limits: Limits,
-               max_body: int, openapi: Path | bytes,
+               max_body: int, openapi: Path | Callable[[], bytes],
                on_refused: Callable[[str, web.Request], None] | None = None) -> web.Application:
     """A member's application: its `routes` and the endpoints every member serves, behind the middlewares in
     their order: errors as JSON, then the limits (bodies, before the guard reads them), then the cluster secret's

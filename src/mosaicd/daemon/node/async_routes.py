@@ -4,6 +4,7 @@ came in and answer what it decided; the node's state is never written here."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 from aiohttp import web
 
@@ -70,7 +71,7 @@ def async_app(node: AsyncNode) -> web.Application:
                        web.post("/v1/async/end", end), *dashboard_routes()],
                       options=node.options, keyring=node.keyring, run_of=run_of, registry=node.metrics.registry,
                       limits=Limits(node.options, node.metrics.registry), max_body=node.options.max_body_bytes,
-                      openapi=node_document(SyncMode.ASYNC))
+                      openapi=partial(node_document, SyncMode.ASYNC))
 
 
 def interruption_of(body: bytes) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from pathlib import Path
 
 from aiohttp import web
@@ -79,4 +80,4 @@ def node_app(inbox: Inbox) -> web.Application:
                        web.get("/v1/model", model)],
                       options=inbox.options, keyring=inbox.keyring, run_of=run_of, registry=inbox.metrics.registry,
                       limits=Limits(inbox.options, inbox.metrics.registry), max_body=inbox.options.max_body_bytes,
-                      openapi=node_document(SyncMode.BARRIER))
+                      openapi=partial(node_document, SyncMode.BARRIER))
