@@ -53,6 +53,7 @@ HERE = Path(__file__).resolve()
 MIB = 1024 * 1024
 WIDE = 2048  # WideTeacher's width for ResNet-18's size; --small uses SMALL_WIDE
 SMALL_WIDE = 64
+LOOK_S = 0.2  # how often `mosaicd cluster`'s launcher looks at the barrier (experiments/cluster.py's POLL_S)
 
 
 class WideTeacher(TeacherTask):
@@ -196,19 +197,31 @@ def run_case(command: str, settings: dict[str, Any], out: Path, timeout: float) 
     if got["status"] != "finished":
         raise CaseFailed(f"the run ended {got['status']}: {stderr[-3000:]}")
     rounds, nodes = int(settings["rounds"]), int(settings["nodes"])
-    times = [t for _, t in sorted(got.pop("marks"))]
-    between = [b - a for a, b in zip(times[:-1], times[1:], strict=True)][:-1]  # rounds 1 .. R-2
-    # a cluster's rounds are marked as its launcher sees them, several at one look where it looks late (0 s apart):
-    # there the round's figure is the run's wall time over its rounds (start-up included), and says so
-    if between and min(between) > 0:
-        per_round, per_round_from = statistics.median(between), "median between rounds"
+    marks = sorted(got.pop("marks"))
+    if command == "cluster":
+        per_round, per_round_from = cluster_per_round(marks, got["wall_s"], rounds)
     else:
-        per_round, per_round_from = got["wall_s"] / rounds, "wall time / rounds"
+        times = [t for _, t in marks]
+        between = [b - a for a, b in zip(times[:-1], times[1:], strict=True)][:-1]  # rounds 1 .. R-2
+        per_round, per_round_from = statistics.median(between), "median between rounds"
     return {**got, "wall_s": round(got["wall_s"], 3), "s_per_round": round(per_round, 6),
             "s_per_round_from": per_round_from,
             "us_per_node_round": round(1e6 * per_round / nodes, 1), "rss_peak_mib": round(sampler.rss_mib, 1),
             "gpu_mib": None if sampler.gpu_mib is None else round(sampler.gpu_mib, 1),
             "torch_peak_mib": None if got["torch_peak_mib"] is None else round(got["torch_peak_mib"], 1)}
+
+
+def cluster_per_round(marks: list[tuple[int, float]], wall_s: float, rounds: int) -> tuple[float, str]:
+    """A cluster's seconds a round, and how they were had. Its rounds are marked as its launcher sees them, every
+    `LOOK_S` or so: the rounds one look finds are marked microseconds apart, so only each look's last round keeps
+    its time, and the figure is the slope between the first look and the last. The last round is left out: it is
+    reported once the run's final evaluation and summary are written. With fewer than two looks, the run's wall
+    time over its rounds (start-up and end included)."""
+    marks = [m for m in marks if m[0] < rounds - 1]
+    looks = [m for i, m in enumerate(marks) if i + 1 == len(marks) or marks[i + 1][1] - m[1] > LOOK_S / 4]
+    if len(looks) >= 2 and looks[-1][0] > looks[0][0]:
+        return (looks[-1][1] - looks[0][1]) / (looks[-1][0] - looks[0][0]), f"slope over {len(looks)} looks"
+    return wall_s / rounds, "wall time / rounds"
 
 
 def model_values(small: bool) -> int:
