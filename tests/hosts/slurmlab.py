@@ -23,6 +23,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from mosaicd.experiments.cluster import free_ports
+
 TOOLS = {"munged": "munge", "munge": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm",
          "sbatch": "slurm-wlm", "scontrol": "slurm-wlm", "scancel": "slurm-wlm", "sinfo": "slurm-wlm"}
 
@@ -48,19 +50,6 @@ def require_slurm() -> None:
     why = missing()
     if why:
         lacking("SLURM", why)
-
-
-def free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def free_port_range(count: int, low: int = 20000, high: int = 30000) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import sys
 import time
@@ -51,6 +52,8 @@ from mosaicd.rundir import claim_out, read_summary, release
 from mosaicd.settings import Settings
 
 POLL_S = 0.2  # how often the run's loop looks at the processes and the barrier's status
+PORTS_FROM = 10000  # free_ports draws from here up to the ephemeral range
+FREE_PORT_TRIES = 2000
 
 
 class ClusterFailed(RuntimeError):
@@ -75,13 +78,37 @@ def listening_sockets(count: int, host: str = "127.0.0.1") -> list[socket.socket
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` ports free now, in order, for processes started by hand with --port (the tests' daemons): another
-    process may take one before they bind it. The launcher does not use them: it hands sockets down."""
-    socks = listening_sockets(count, host)
-    ports = [sock.getsockname()[1] for sock in socks]
-    for sock in socks:
-        sock.close()
-    return ports
+    """`count` ports free now, in order, for processes started by hand with --port (the tests' daemons). They are
+    drawn below the host's ephemeral range, where the kernel takes the ports of outgoing connections: any client on
+    the host could otherwise take one before its daemon binds it. Another process choosing ports the same way still
+    could, at one chance in ~20,000 a port. The launcher does not use them: it hands sockets down."""
+    low = max(PORTS_FROM + count, ephemeral_range()[0])
+    chooser = random.SystemRandom()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(FREE_PORT_TRIES):
+            if len(socks) == count:
+                break
+            try:
+                socks.append(socket.create_server((host, chooser.randrange(PORTS_FROM, low))))
+            except OSError:  # taken: another
+                continue
+        if len(socks) < count:
+            raise OSError(f"no {count} free ports on {host} between {PORTS_FROM} and {low} in {FREE_PORT_TRIES} "
+                          "tries")
+        return sorted(sock.getsockname()[1] for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The host's range of ports for outgoing connections (Linux's ip_local_port_range; its default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def settings_env(settings: Settings, **override: Any) -> dict[str, str]:
