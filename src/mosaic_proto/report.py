@@ -41,8 +41,8 @@ class NodeReport:
     def of_traffic(cls, traffic: RoundReport, **fields_: Any) -> NodeReport:
         """A report from a round state's traffic counts and refusals, and the node's own `fields_` (loss, phase
         seconds...; `refused` replaces the round state's)."""
-        return cls(**{"round": traffic.round, "traffic": traffic.counts(),
-                      "refused": dict(traffic.refused + traffic.cut), **fields_})
+        refused = dict(traffic.refused + traffic.cut) if traffic.refused or traffic.cut else {}
+        return cls(**{"round": traffic.round, "traffic": traffic.counts(), "refused": refused, **fields_})
 
     def with_release(self, wait_s: float, stragglers: tuple[int, ...], **traffic_in: int) -> NodeReport:
         """The same round once it is released: the wait, the stragglers and the incoming traffic counted then."""
@@ -66,10 +66,13 @@ class NodeReport:
     def row(self, node: int) -> dict[str, Any]:
         """This report as a nodes.csv row (refusals summed): `to_json`'s values, read directly (a simulation writes
         a row per node and round)."""
-        traffic, refused = self.traffic, self.refused
-        own = {"node": node, "refused": sum(refused.values()),
-               "refused_by_reason": " ".join(f"{k}={v}" for k, v in sorted(refused.items()) if v)}
-        return {c: own[c] if c in own else getattr(traffic if c in TRAFFIC else self, c) for c in NODE_COLUMNS}
+        t, refused = self.traffic, self.refused
+        return {"round": self.round, "node": node, "loss": self.loss, "bytes_out": t.bytes_out, "bytes_in": t.bytes_in,
+                "fragments_out": t.fragments_out, "fragments_in": t.fragments_in, "messages_out": t.messages_out,
+                "messages_in": t.messages_in, "fragments_unsent": t.fragments_unsent, "raw_bytes_out": t.raw_bytes_out,
+                "refused": sum(refused.values()) if refused else 0, "train_s": self.train_s, "send_s": self.send_s,
+                "wait_s": self.wait_s, "aggregate_s": self.aggregate_s,
+                "refused_by_reason": " ".join(f"{k}={v}" for k, v in sorted(refused.items()) if v) if refused else ""}
 
     @classmethod
     def from_json(cls, data: Any, round: int) -> NodeReport:
