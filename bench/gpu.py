@@ -47,13 +47,13 @@ from typing import Any
 
 from torch import nn
 
+from mosaicd.experiments.cluster import POLL_S
 from mosaicd.learning.tasks.teacher import CLASSES, DIM, TeacherTask
 
 HERE = Path(__file__).resolve()
 MIB = 1024 * 1024
 WIDE = 2048  # WideTeacher's width for ResNet-18's size; --small uses SMALL_WIDE
 SMALL_WIDE = 64
-LOOK_S = 0.2  # how often `mosaicd cluster`'s launcher looks at the barrier (experiments/cluster.py's POLL_S)
 
 
 class WideTeacher(TeacherTask):
@@ -213,12 +213,12 @@ def run_case(command: str, settings: dict[str, Any], out: Path, timeout: float) 
 
 def cluster_per_round(marks: list[tuple[int, float]], wall_s: float, rounds: int) -> tuple[float, str]:
     """A cluster's seconds a round, and how they were had. Its rounds are marked as its launcher sees them, every
-    `LOOK_S` or so: the rounds one look finds are marked microseconds apart, so only each look's last round keeps
+    `POLL_S` or so: the rounds one look finds are marked microseconds apart, so only each look's last round keeps
     its time, and the figure is the slope between the first look and the last. The last round is left out: it is
     reported once the run's final evaluation and summary are written. With fewer than two looks, the run's wall
     time over its rounds (start-up and end included)."""
     marks = [m for m in marks if m[0] < rounds - 1]
-    looks = [m for i, m in enumerate(marks) if i + 1 == len(marks) or marks[i + 1][1] - m[1] > LOOK_S / 4]
+    looks = [m for i, m in enumerate(marks) if i + 1 == len(marks) or marks[i + 1][1] - m[1] > POLL_S / 4]
     if len(looks) >= 2 and looks[-1][0] > looks[0][0]:
         return (looks[-1][1] - looks[0][1]) / (looks[-1][0] - looks[0][0]), f"slope over {len(looks)} looks"
     return wall_s / rounds, "wall time / rounds"

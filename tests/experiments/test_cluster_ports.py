@@ -124,11 +124,11 @@ def test_a_socket_handed_down_is_taken_once_and_a_wrong_one_is_named(monkeypatch
 def test_ports_for_daemons_started_by_hand_lie_below_the_range_outgoing_connections_take() -> None:
     """`free_ports` (the tests' daemons, which bind their --port seconds later): a client connecting meanwhile gets
     its port from the ephemeral range, so a port drawn there could be taken before its daemon binds it."""
-    from mosaicd.experiments.cluster import PORTS_FROM, ephemeral_range, free_ports
+    from mosaicd.experiments.cluster import PORTS_FROM, ephemeral_start, free_ports
 
     ports = free_ports(6)
     assert ports == sorted(set(ports)) and len(ports) == 6
-    assert all(PORTS_FROM <= port < ephemeral_range()[0] for port in ports), ports
+    assert all(PORTS_FROM <= port < ephemeral_start() for port in ports), ports
     for port in ports:  # free now
         socket.create_server(("127.0.0.1", port)).close()
     with socket.create_server(("127.0.0.1", 0)) as server:

@@ -60,8 +60,6 @@ class ClusterFailed(RuntimeError):
     pass
 
 
-
-
 def listening_sockets(count: int, host: str = "127.0.0.1") -> list[socket.socket]:
     """`count` sockets listening on free ports of `host`, in the order of their ports: each is handed to the
     process that serves on it (`http.server.LISTEN_FD`), which so never meets its port taken by another process,
@@ -82,7 +80,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     drawn below the host's ephemeral range, where the kernel takes the ports of outgoing connections: any client on
     the host could otherwise take one before its daemon binds it. Another process choosing ports the same way still
     could, at one chance in ~20,000 a port. The launcher does not use them: it hands sockets down."""
-    low = max(PORTS_FROM + count, ephemeral_range()[0])
+    low = max(PORTS_FROM + count, ephemeral_start())
     chooser = random.SystemRandom()
     socks: list[socket.socket] = []
     try:
@@ -102,13 +100,12 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
-def ephemeral_range() -> tuple[int, int]:
-    """The host's range of ports for outgoing connections (Linux's ip_local_port_range; its default elsewhere)."""
+def ephemeral_start() -> int:
+    """The lowest port the host gives outgoing connections (Linux's ip_local_port_range; its default elsewhere)."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def settings_env(settings: Settings, **override: Any) -> dict[str, str]:
