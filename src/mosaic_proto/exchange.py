@@ -24,6 +24,11 @@ from .wire import encoded_sizes
 # per value; the threshold is where the two cross (bench/scale.py; bench/README.md, "Figures behind design choices").
 SCATTER_BELOW_FRAGMENT = 96
 SCATTER_CHUNK = 1 << 20  # values (own and received) in one bincount: bounds the index arrays' memory
+# `_per_node` averages a band of a fragment's coordinates at a time, all nodes' float64 accumulators of the band
+# within PER_NODE_BAND_BYTES, which stay in the CPU's cache while every rank is added; but a band is never narrower
+# than PER_NODE_MIN_BAND coordinates, where numpy's cost per call would outweigh the cache's gain (1,000 nodes)
+PER_NODE_BAND_BYTES = 1 << 20
+PER_NODE_MIN_BAND = 1024
 
 
 def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.ndarray],
@@ -123,24 +128,23 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
     each (receiver, fragment) ranked by ascending sender, then for rank 0, 1, ... one vectorised add of every
     receiver's rank-th values into its float64 accumulator (own + r_1 + r_2 ...: the same bits), divided by its count.
     The accumulators are kept most-received first, so the receivers of rank r are the first ones: each add is one
-    contiguous slice, not a gather and scatter. Each fragment's coordinates are first copied out as one contiguous
-    array, so that every gather copies whole rows; a fragment that is one contiguous range (`Fragmentation.spans`:
-    K=1, the contiguous strategy) is read and written as a slice of the models instead (the same values: at K=1 and
-    11M values, the two whole-model gathers and the scatter were most of a round's averaging). Rows are gathered with
-    `np.take` into one reused buffer, and each mean is cast to float32 before it is put back in node order (at K=1
-    straight into the result): -18% at 1,000 nodes of 2,762 values, K=4; -39% at 8 nodes of 11M values, K=1."""
+    contiguous slice, not a gather and scatter. A wide fragment is averaged a band of its coordinates at a time
+    (`PER_NODE_BAND_BYTES`), as `aggregate` does a block at a time, so that the accumulators stay in the cache: at
+    8 nodes of 11M values, K=1, a round's averaging went from 0.77 to 0.21 s. Each band's coordinates are copied
+    out as one contiguous array, so that every gather copies whole rows; one that is a contiguous range
+    (`Fragmentation.spans`: K=1, the contiguous strategy) is read and written as a slice of the models. Rows are
+    gathered with `np.take` into one reused buffer, and each mean is cast to float32 before it is put back in node
+    order."""
     count = len(models)
     key = np.unique((receiver * fragmentation.k + fragment) * count + sender)  # sorted: receiver, fragment, sender
     pair, sender = np.divmod(key, count)
     receiver, fragment = np.divmod(pair, fragmentation.k)
     result = np.empty_like(models)
-    # each rank's received rows are gathered into one buffer, contiguous at every fragment's width
-    buffer = np.empty(count * max(len(ix) for ix in fragmentation.indices), dtype=models.dtype)
+    band = max(PER_NODE_MIN_BAND, PER_NODE_BAND_BYTES // (8 * count))
+    width = min(band, max(fragmentation.sizes))
+    gathered_buffer = np.empty(count * width, dtype=models.dtype)  # each rank's received rows, then the band's mean
+    acc_buffer = np.empty(count * width, dtype=np.float64)
     for f, span in enumerate(fragmentation.spans):
-        ix = fragmentation.indices[f] if span is None else slice(*span)
-        part = models[:, ix] if span is not None else np.take(models, ix, axis=1)
-        rowwise = part.flags.c_contiguous  # np.take copies a strided one (a range at K>1) whole, at every call
-        gathered = buffer[:part.size].reshape(part.shape)
         mine = fragment == f
         to, frm = receiver[mine], sender[mine]
         rank = np.arange(len(to)) - np.searchsorted(to, to)  # rows of one receiver are adjacent
@@ -149,20 +153,38 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
         position = np.empty(count, dtype=np.int64)
         position[by_degree] = np.arange(count)
         received = frm[np.argsort(rank * count + position[to])]  # senders by rank, then accumulator
-        acc = (np.take(part, by_degree, axis=0) if rowwise else part[by_degree]).astype(np.float64)
-        row = 0
-        for m in np.bincount(rank).tolist():  # the m receivers of rank r are accumulators 0..m-1
-            if rowwise:
-                np.take(part, received[row:row + m], axis=0, out=gathered[:m])
-                np.add(acc[:m], gathered[:m], out=acc[:m])
+        per_rank = np.bincount(rank).tolist()  # the m receivers of rank r are accumulators 0..m-1
+        divisor = (1 + degree[by_degree])[:, None]
+        size = fragmentation.sizes[f]
+        for lo in range(0, size, band):
+            hi = min(size, lo + band)
+            if span is not None:
+                ix: slice | np.ndarray = slice(span[0] + lo, span[0] + hi)
+                part = models[:, ix]
             else:
-                acc[:m] += part[received[row:row + m]]
-            row += m
-        acc /= (1 + degree[by_degree])[:, None]
-        mean = acc.astype(models.dtype)  # cast first: half the bytes to move
-        del acc
-        if span is not None and rowwise:  # K=1: written in place, no copy between
-            np.take(mean, position, axis=0, out=result[:, ix])
-        else:
-            result[:, ix] = np.take(mean, position, axis=0)
+                ix = fragmentation.indices[f][lo:hi]
+                part = np.take(models, ix, axis=1)
+            gathered = gathered_buffer[:part.size].reshape(part.shape)
+            acc = acc_buffer[:part.size].reshape(part.shape)
+            if part.flags.c_contiguous:  # np.take copies a strided one (a range at K>1) whole, at every call
+                np.take(part, by_degree, axis=0, out=gathered)
+                acc[...] = gathered
+                row = 0
+                for m in per_rank:
+                    np.take(part, received[row:row + m], axis=0, out=gathered[:m])
+                    np.add(acc[:m], gathered[:m], out=acc[:m])
+                    row += m
+            else:
+                acc[...] = part[by_degree]
+                row = 0
+                for m in per_rank:
+                    acc[:m] += part[received[row:row + m]]
+                    row += m
+            acc /= divisor
+            mean = gathered
+            mean[...] = acc  # cast first: half the bytes to move
+            if span is not None and part.flags.c_contiguous:  # K=1: written in place, no copy between
+                np.take(mean, position, axis=0, out=result[:, ix])
+            else:
+                result[:, ix] = np.take(mean, position, axis=0)
     return result

@@ -98,6 +98,21 @@ def test_fragments_that_are_ranges_are_averaged_as_slices_with_the_same_bits(k: 
     assert np.array_equal(batched.matrix(), messages.matrix())
 
 
+@pytest.mark.parametrize(("k", "strategy"), [(1, "random"), (4, "contiguous"), (2, "random"), (3, "random")])
+def test_wide_fragments_are_averaged_a_band_of_coordinates_at_a_time_with_the_same_bits(monkeypatch, k: int,
+                                                                                          strategy: str) -> None:
+    """The per-node path with every fragment cut into bands of 37 coordinates (as a fragment too wide for the cache
+    is): ranges and index arrays alike, the last band shorter, a node absent."""
+    from mosaic_proto import exchange
+
+    monkeypatch.setattr(exchange, "PER_NODE_BAND_BYTES", 8 * 9 * 37)
+    monkeypatch.setattr(exchange, "PER_NODE_MIN_BAND", 1)
+    absent = [(), (2,), ()]
+    batched, messages = (network(m, 9, 600, k, "local", 3, strategy) for m in (False, True))
+    assert rounds(batched, absent) == rounds(messages, absent)
+    assert np.array_equal(batched.matrix(), messages.matrix())
+
+
 def test_small_fragments_are_averaged_in_groups_of_receivers_with_the_same_bits(monkeypatch) -> None:
     """The all-at-once path in many groups (a tiny SCATTER_CHUNK: a group is a node or a few), a node absent."""
     from mosaic_proto import exchange
