@@ -26,7 +26,8 @@ SCATTER_BELOW_FRAGMENT = 96
 SCATTER_CHUNK = 1 << 20  # values (own and received) in one bincount: bounds the index arrays' memory
 # `_per_node` averages a band of a fragment's coordinates at a time, all nodes' float64 accumulators of the band
 # within PER_NODE_BAND_BYTES, which stay in the CPU's cache while every rank is added; but a band is never narrower
-# than PER_NODE_MIN_BAND coordinates, where numpy's cost per call would outweigh the cache's gain (1,000 nodes)
+# than PER_NODE_MIN_BAND coordinates, where numpy's cost per call would outweigh the cache's gain (1,000 nodes;
+# bench/exchange.py; bench/README.md, "Figures behind design choices")
 PER_NODE_BAND_BYTES = 1 << 20
 PER_NODE_MIN_BAND = 1024
 
