@@ -167,7 +167,8 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
                 part = np.take(models, ix, axis=1)
             gathered = gathered_buffer[:part.size].reshape(part.shape)
             acc = acc_buffer[:part.size].reshape(part.shape)
-            if part.flags.c_contiguous:  # np.take copies a strided one (a range at K>1) whole, at every call
+            rowwise = part.flags.c_contiguous  # np.take copies a strided one (a band of a range) whole, every call
+            if rowwise:
                 np.take(part, by_degree, axis=0, out=gathered)
                 acc[...] = gathered
                 row = 0
@@ -184,7 +185,7 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
             acc /= divisor
             mean = gathered
             mean[...] = acc  # cast first: half the bytes to move
-            if span is not None and part.flags.c_contiguous:  # K=1: written in place, no copy between
+            if span is not None and rowwise:  # whole rows (K=1 in one band): written in place, no copy between
                 np.take(mean, position, axis=0, out=result[:, ix])
             else:
                 result[:, ix] = np.take(mean, position, axis=0)

@@ -16,6 +16,7 @@ munged (TERM, then KILL) — always, as a context manager.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -23,7 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from mosaicd.experiments.cluster import free_ports
+from mosaicd.experiments.cluster import ephemeral_start, free_ports
 
 TOOLS = {"munged": "munge", "munge": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm",
          "sbatch": "slurm-wlm", "scontrol": "slurm-wlm", "scancel": "slurm-wlm", "sinfo": "slurm-wlm"}
@@ -52,10 +53,10 @@ def require_slurm() -> None:
         lacking("SLURM", why)
 
 
-def free_port_range(count: int, low: int = 20000, high: int = 30000) -> int:
-    """A base port b in [low, high) with b .. b+count-1 all free on 127.0.0.1 now (below the ephemeral range)."""
-    import random
-
+def free_port_range(count: int, low: int = 20000, high: int | None = None) -> int:
+    """A base port b in [low, high) with b .. b+count-1 all free on 127.0.0.1 now: below the ephemeral range, where
+    outgoing connections take their ports (`high`: 30000, or the host's ephemeral start where that is lower)."""
+    high = min(30000, ephemeral_start()) if high is None else high
     for _ in range(200):
         base = random.randrange(low, high - count)
         try:
