@@ -188,6 +188,20 @@ PartitionName=lab Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubs
                 return field.split("=", 1)[1]
         return "UNKNOWN"
 
+    def job_end(self, job: str, timeout: float = 60) -> tuple[str, str]:
+        """The job's final state and exit code ("143:0"). A cancelled job is CANCELLED at once but COMPLETING, with
+        exit code 0:0, until its batch script has ended (and `sbatch --wait` may poll in that moment)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.run("scontrol", "show", "job", job, check=False).stdout
+            fields = dict(f.split("=", 1) for f in text.split() if f.startswith(("JobState=", "ExitCode=")))
+            state = fields.get("JobState", "UNKNOWN")
+            if state not in ("PENDING", "RUNNING", "COMPLETING", "UNKNOWN"):
+                return state, fields.get("ExitCode", "")
+            if time.monotonic() > deadline:
+                raise SlurmError(f"job {job} still {state} {timeout:.0f} s on: {text[-1500:]}")
+            time.sleep(0.1)
+
     def jobs(self) -> list[str]:
         return self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
 
