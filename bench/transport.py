@@ -9,6 +9,9 @@ another and getting an answer, with nothing of ours in between:
   signing or decoding);
 - `thin`: the same server, the client `mosaicd.daemon.http.connections.Connections` (the nodes' client since
   then: kept-alive HTTP/1.1, httptools), so `client_cpu_s` against `http`'s is what the client change saves;
+- `node`: the thin client, and a server that reads the body as a node's fragments route does
+  (`mosaicd.daemon.http.body.read_body`, the message's content type: a body of 4 MB or more goes into a kept
+  buffer, copied once off aiohttp's pieces), so `node` against `framed` is what HTTP still costs a node;
 - `framed`: one asyncio connection carries length-prefixed messages, and the server answers each with 4 bytes
   (a `BufferedProtocol` reading straight into a buffer: what a transport below HTTP would do).
 
@@ -18,8 +21,8 @@ the best counts. `--event-loop uvloop`: both processes on uvloop, as the daemons
 
 Usage: .venv/bin/python bench/transport.py [--messages 4000] [--size 59000] [--concurrency 4] [--repeat 3]
                                            [--event-loop asyncio|uvloop]
-Last line of stdout: a JSON object {"http": {...}, "thin": {...}, "framed": {...}, "ratio_cpu": http / framed,
-"ratio_cpu_thin": thin / framed}.
+Last line of stdout: a JSON object {"http": {...}, "thin": {...}, "node": {...}, "framed": {...}, "ratio_cpu":
+http / framed, "ratio_cpu_thin": thin / framed, "ratio_cpu_node": node / framed}.
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ from typing import Any
 
 from aiohttp import ClientSession, TCPConnector, web
 
+from mosaic_proto import CONTENT_TYPE
+from mosaicd.daemon.http.body import read_body
 from mosaicd.daemon.http.connections import Connections
 from mosaicd.daemon.loop import run
 
 HEAD = struct.Struct("!I")
 LOOP = ["asyncio"]  # --event-loop, for the forked server too
+KINDS = ("http", "thin", "node", "framed")
 
 
 class FramedServer(asyncio.BufferedProtocol):
@@ -74,9 +80,9 @@ class FramedServer(asyncio.BufferedProtocol):
 
 
 async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
-    if kind in ("http", "thin"):
+    if kind != "framed":
         async def fragments(request: web.Request) -> web.Response:
-            body = await request.read()
+            body = await (read_body(request) if kind == "node" else request.read())
             return web.json_response({"accepted": len(body)})
         app = web.Application(client_max_size=1 << 26)
         app.router.add_post("/v1/fragments", fragments)
@@ -89,7 +95,7 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
     ready.send(True)
     await asyncio.get_running_loop().run_in_executor(None, done.recv)
     ready.send(time.process_time() - started)
-    if kind in ("http", "thin"):
+    if kind != "framed":
         await runner.cleanup()
     else:
         server.close()
@@ -110,16 +116,21 @@ async def http_client(port: int, body: bytes, messages: int, concurrency: int) -
         await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
 
 
-async def thin_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
+async def thin_client(port: int, body: bytes, messages: int, concurrency: int,
+                      content_type: str = "application/octet-stream") -> None:
     connections = Connections()
     url = f"http://127.0.0.1:{port}/v1/fragments"
 
     async def worker(n: int) -> None:
         for _ in range(n):
-            answer = await connections.request("POST", url, {"Content-Type": "application/octet-stream"}, body)
+            answer = await connections.request("POST", url, {"Content-Type": content_type}, body)
             assert answer.status == 200
     await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
     connections.close()
+
+
+async def node_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
+    await thin_client(port, body, messages, concurrency, CONTENT_TYPE)
 
 
 async def framed_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
@@ -148,7 +159,7 @@ def measure(kind: str, messages: int, size: int, concurrency: int) -> dict[str, 
             raise SystemExit(f"the {kind} server did not start within 30 s")
         ready_recv.recv()
         body = os.urandom(size)
-        client = {"framed": framed_client, "http": http_client, "thin": thin_client}[kind]
+        client = {"framed": framed_client, "http": http_client, "thin": thin_client, "node": node_client}[kind]
         started_cpu, started = time.process_time(), time.perf_counter()
         run(client(port, body, messages, concurrency), LOOP[0])
         wall, client_cpu = time.perf_counter() - started, time.process_time() - started_cpu
@@ -179,7 +190,7 @@ def main() -> None:
     LOOP[0] = args.event_loop
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.repeat):
-        for kind in ("http", "thin", "framed"):
+        for kind in KINDS:
             result = measure(kind, args.messages, args.size, args.concurrency)
             client_us, server_us = (1e6 * result[f"{side}_cpu_s"] / args.messages for side in ("client", "server"))
             print(f"{kind:7s} {result['cpu_us_per_message']:8.1f} us CPU per message (client + server: "
@@ -189,12 +200,14 @@ def main() -> None:
                 best[kind] = result
     ratio = best["http"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
     thin = best["thin"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
+    node = best["node"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
     print(f"{args.messages} messages of {args.size} bytes, {args.concurrency} in flight, {args.event_loop}, best of "
           f"{args.repeat}: http {best['http']['cpu_us_per_message']} us ({ratio:.2f}x framed), thin "
-          f"{best['thin']['cpu_us_per_message']} us ({thin:.2f}x), framed {best['framed']['cpu_us_per_message']} us "
-          "CPU per message")
+          f"{best['thin']['cpu_us_per_message']} us ({thin:.2f}x), node {best['node']['cpu_us_per_message']} us "
+          f"({node:.2f}x), framed {best['framed']['cpu_us_per_message']} us CPU per message")
     print(json.dumps({"messages": args.messages, "size": args.size, "concurrency": args.concurrency, **best,
-                      "event_loop": args.event_loop, "ratio_cpu": round(ratio, 3), "ratio_cpu_thin": round(thin, 3)}))
+                      "event_loop": args.event_loop, "ratio_cpu": round(ratio, 3), "ratio_cpu_thin": round(thin, 3),
+                      "ratio_cpu_node": round(node, 3)}))
 
 
 if __name__ == "__main__":
