@@ -1,0 +1,29 @@
+"""bench/transport.py: every variant moves messages of the size a node reads into a kept buffer, and the last line
+gives each one's CPU per message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mosaicd.daemon.http.body import ARRAY_FROM
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_each_variant_moves_a_message_past_the_kept_buffers_size() -> None:
+    size = ARRAY_FROM + 12_345  # over the size a node reads into a kept buffer, and no round number
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "transport.py"), "--messages", "4", "--size",
+                           str(size), "--concurrency", "1", "--repeat", "1"],
+                          capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["size"] == size and report["messages"] == 4
+    for kind in ("http", "thin", "node", "framed"):
+        assert report[kind]["cpu_us_per_message"] > 0 and report[kind]["wall_s"] > 0, report
+    assert report["ratio_cpu_node"] == round(report["node"]["cpu_us_per_message"]
+                                             / report["framed"]["cpu_us_per_message"], 3)
