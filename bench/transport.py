@@ -47,7 +47,6 @@ from mosaicd.daemon.loop import run
 
 HEAD = struct.Struct("!I")
 LOOP = ["asyncio"]  # --event-loop, for the forked server too
-KINDS = ("http", "thin", "node", "framed")
 
 
 class FramedServer(asyncio.BufferedProtocol):
@@ -145,6 +144,9 @@ async def framed_client(port: int, body: bytes, messages: int, concurrency: int)
     await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
 
 
+CLIENTS = {"http": http_client, "thin": thin_client, "node": node_client, "framed": framed_client}  # run in turn
+
+
 def measure(kind: str, messages: int, size: int, concurrency: int) -> dict[str, float]:
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -159,7 +161,7 @@ def measure(kind: str, messages: int, size: int, concurrency: int) -> dict[str, 
             raise SystemExit(f"the {kind} server did not start within 30 s")
         ready_recv.recv()
         body = os.urandom(size)
-        client = {"framed": framed_client, "http": http_client, "thin": thin_client, "node": node_client}[kind]
+        client = CLIENTS[kind]
         started_cpu, started = time.process_time(), time.perf_counter()
         run(client(port, body, messages, concurrency), LOOP[0])
         wall, client_cpu = time.perf_counter() - started, time.process_time() - started_cpu
@@ -190,7 +192,7 @@ def main() -> None:
     LOOP[0] = args.event_loop
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.repeat):
-        for kind in KINDS:
+        for kind in CLIENTS:
             result = measure(kind, args.messages, args.size, args.concurrency)
             client_us, server_us = (1e6 * result[f"{side}_cpu_s"] / args.messages for side in ("client", "server"))
             print(f"{kind:7s} {result['cpu_us_per_message']:8.1f} us CPU per message (client + server: "

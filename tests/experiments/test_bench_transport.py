@@ -4,7 +4,6 @@ gives each one's CPU per message."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_each_variant_moves_a_message_past_the_kept_buffers_size() -> None:
     size = ARRAY_FROM + 12_345  # over the size a node reads into a kept buffer, and no round number
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "transport.py"), "--messages", "4", "--size",
                            str(size), "--concurrency", "1", "--repeat", "1"],
-                          capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["size"] == size and report["messages"] == 4

@@ -182,19 +182,19 @@ PartitionName=lab Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubs
 
     def job_state(self, job: str) -> str:
         """The job's state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...)."""
+        return self._job_fields(job)[0].get("JobState", "UNKNOWN")
+
+    def _job_fields(self, job: str) -> tuple[dict[str, str], str]:
+        """`scontrol show job`'s JobState and ExitCode fields, and its whole text (for an error)."""
         text = self.run("scontrol", "show", "job", job, check=False).stdout
-        for field in text.split():
-            if field.startswith("JobState="):
-                return field.split("=", 1)[1]
-        return "UNKNOWN"
+        return dict(f.split("=", 1) for f in text.split() if f.startswith(("JobState=", "ExitCode="))), text
 
     def job_end(self, job: str, timeout: float = 60) -> tuple[str, str]:
         """The job's final state and exit code ("143:0"). A cancelled job is CANCELLED at once but COMPLETING, with
         exit code 0:0, until its batch script has ended (and `sbatch --wait` may poll in that moment)."""
         deadline = time.monotonic() + timeout
         while True:
-            text = self.run("scontrol", "show", "job", job, check=False).stdout
-            fields = dict(f.split("=", 1) for f in text.split() if f.startswith(("JobState=", "ExitCode=")))
+            fields, text = self._job_fields(job)
             state = fields.get("JobState", "UNKNOWN")
             if state not in ("PENDING", "RUNNING", "COMPLETING", "UNKNOWN"):
                 return state, fields.get("ExitCode", "")
