@@ -214,9 +214,10 @@ def without_wall_times(report: str) -> list[list[str]]:
 def test_a_sweep_as_a_job_array_equals_the_local_sweep_and_reruns_only_a_cancelled_task(
         kit, slurm: SlurmLab, tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
-    # 10,000 rounds (~0.5-1 ms each): the victim still runs at its scancel, after the dry run below (a process
-    # that imports mosaicd), on a fast host too (3,000 took 2.7 s on 2 shared cores)
-    spec.write_text(SWEEP.format(mode="simulate", out="array", nodes=5, rounds=10000, seeds="[0, 1]"))
+    # 30,000 rounds (~0.5-2 ms each): the victim still runs at its scancel, after the dry run below (a process
+    # that imports mosaicd while the four runs hold the cores), on a fast host too: 3,000 took 2.7 s on 2 shared
+    # cores; 10,000 took 19 s in CI, where the victim had finished by the time the dry run was done
+    spec.write_text(SWEEP.format(mode="simulate", out="array", nodes=5, rounds=30000, seeds="[0, 1]"))
     out = tmp_path / "array"
     submitted = mosaicd(slurm, tmp_path, "sweep", str(spec), "--slurm", "--no-wait")
     assert submitted.returncode == 0, submitted.stderr[-3000:]
