@@ -69,6 +69,39 @@ async def test_a_large_fragments_message_is_read_into_a_kept_buffer(aiohttp_clie
         assert got.readonly
 
 
+@pytest.mark.parametrize(("size", "content_type", "viewed"), [
+    (body.RESERVE_AFTER + 1, CONTENT_TYPE, True), (body.RESERVE_AFTER + 1, "application/octet-stream", True),
+    (body.RESERVE_AFTER + 1, "application/json", False), (body.RESERVE_AFTER, CONTENT_TYPE, False)])
+async def test_a_large_chunked_binary_body_is_read_into_a_mapping_of_its_own(aiohttp_client: Any, size: int,
+                                                                           content_type: str, viewed: bool) -> None:
+    """A chunked body (its size unknown until its end) past RESERVE_AFTER, of a type its handler takes as any buffer,
+    is read into a mapping and handed on as a read-only view of it, with the same bytes and digest; a JSON one and
+    a small one stay `bytes`."""
+    seen: list[Any] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        got = await body.read_body(request, digest=True)
+        seen.append((got, body.body_digest_of(request), request.content_length))
+        return web.Response(body=hashlib.sha256(got).digest())
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/echo", handler)
+    client = await aiohttp_client(app)
+    data = os.urandom(size)
+
+    async def pieces() -> Any:
+        for at in range(0, size, 100_000):
+            yield data[at:at + 100_000]
+
+    resp = await client.post("/echo", data=pieces(), headers={"Content-Type": content_type})
+    assert resp.status == 200 and await resp.read() == hashlib.sha256(data).digest()
+    got, digest, declared = seen[0]
+    assert declared is None  # sent chunked
+    assert isinstance(got, memoryview) is viewed and bytes(got) == data and digest == body_digest(data)
+    if viewed:
+        assert got.readonly
+
+
 def test_a_kept_buffer_is_handed_out_again_only_when_nothing_views_it() -> None:
     """The pool's one rule: a buffer is written over only where nothing refers to it (a fragment decoded from an
     earlier message is a view of its buffer); a full pool replaces a free buffer; past its bytes it keeps none."""
