@@ -180,6 +180,9 @@ async def test_a_member_told_by_its_collector_that_the_run_is_interrupted_stops_
                          {"interrupted": reason, "x": 1}):
                 async with session.post(f"{base}/v1/async/end", json=body) as answer:
                     assert answer.status == 400 and (await answer.json())["reason"] == "malformed", body
+            async with session.post(f"{base}/v1/async/end", json={"interrupted": "interrupted " + "x" * 8192}) \
+                    as answer:  # longer than any reason: refused as it passes END_BODY_BYTES, not read whole
+                assert answer.status == 413 and (await answer.json())["reason"] == "too_large"
             assert node.stop.reason is None and not running.done()
             async with session.post(f"{base}/v1/async/end", json={"interrupted": reason}) as answer:
                 assert answer.status == 200 and await answer.json() == {"interrupted": True}

@@ -18,6 +18,10 @@ from mosaicd.daemon.http.pages import dashboard_routes
 from mosaicd.daemon.node.async_member import PAIR_SENDER, PAIR_STEP, AsyncNode
 from mosaicd.daemon.node.routes import node_document, read_body
 
+# POST /v1/async/end's body is at most {"interrupted": reason}: a longer one is refused (413) as it passes this, not
+# read whole up to --max-body-bytes
+END_BODY_BYTES = 4 << 10
+
 
 def async_app(node: AsyncNode) -> web.Application:
     """The node's server: POST /v1/fragments, /v1/pair, /v1/async/result, /v1/async/end, GET /v1/status and the
@@ -59,7 +63,7 @@ def async_app(node: AsyncNode) -> web.Application:
             return web.json_response({"reason": "refused", "detail": f"only {node.collector_name} ends the "
                                       "run"}, status=403)
         try:
-            reason = interruption_of(await request.read())
+            reason = interruption_of(await read_body(request, END_BODY_BYTES))
         except ValueError as exc:
             return web.json_response({"reason": "malformed", "detail": str(exc)}, status=400)
         return web.json_response(node.stop.told(reason, node.ended))
@@ -74,7 +78,7 @@ def async_app(node: AsyncNode) -> web.Application:
                       openapi=partial(node_document, SyncMode.ASYNC))
 
 
-def interruption_of(body: bytes) -> str | None:
+def interruption_of(body: bytes | memoryview) -> str | None:
     """POST /v1/async/end's body: none (the run ended), or {"interrupted": reason} (ValueError: anything else)."""
     try:
         told = json.loads(body) if body else {}
