@@ -13,7 +13,11 @@ another and getting an answer, with nothing of ours in between:
   (`mosaicd.daemon.http.body.read_body`, the message's content type: a body of 4 MB or more goes into a kept
   buffer, copied once off aiohttp's pieces), so `node` against `framed` is what HTTP still costs a node;
 - `framed`: one asyncio connection carries length-prefixed messages, and the server answers each with 4 bytes
-  (a `BufferedProtocol` reading straight into a buffer: what a transport below HTTP would do).
+  (a `BufferedProtocol` reading straight into a buffer: what a transport below HTTP would do);
+- `upgraded`: the same messages and answers on a connection an aiohttp server upgraded (GET with `Upgrade`, 101,
+  then aiohttp's `set_parser` hands each piece the socket read to our frame reader, as its websockets do): a framed
+  transport inside the nodes' server, on its port, behind its TLS and connection caps, against `framed`'s own
+  server. aiohttp hands over each piece as `bytes`, so it copies once more than `framed`.
 
 Each runs `--messages` round trips with `--concurrency` in flight; the figure is CPU seconds (user + system) of
 client and server together per message (and each side's), and the wall. The variants alternate `--repeat` times;
@@ -21,8 +25,9 @@ the best counts. `--event-loop uvloop`: both processes on uvloop, as the daemons
 
 Usage: .venv/bin/python bench/transport.py [--messages 4000] [--size 59000] [--concurrency 4] [--repeat 3]
                                            [--event-loop asyncio|uvloop]
-Last line of stdout: a JSON object {"http": {...}, "thin": {...}, "node": {...}, "framed": {...}, "ratio_cpu":
-http / framed, "ratio_cpu_thin": thin / framed, "ratio_cpu_node": node / framed}.
+Last line of stdout: a JSON object {"http": {...}, "thin": {...}, "node": {...}, "framed": {...}, "upgraded": {...},
+"ratio_cpu": http / framed, "ratio_cpu_thin": thin / framed, "ratio_cpu_node": node / framed, "ratio_cpu_upgraded":
+upgraded / framed}.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from mosaicd.daemon.http.connections import Connections
 from mosaicd.daemon.loop import run
 
 HEAD = struct.Struct("!I")
+UPGRADE = b"GET /v1/stream HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: mosaic-frames\r\n\r\n"
 LOOP = ["asyncio"]  # --event-loop, for the forked server too
 
 
@@ -78,6 +84,35 @@ class FramedServer(asyncio.BufferedProtocol):
             self.filled -= start
 
 
+class UpgradedFrames(FramedServer):
+    """The same reader on a connection aiohttp upgraded: aiohttp feeds it what the socket read (`set_parser`)."""
+
+    def __init__(self, transport: Any, closed: asyncio.Future) -> None:
+        super().__init__()
+        self.transport, self.closed = transport, closed
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        while len(self.buffer) - self.filled < len(data):
+            self.buffer.extend(bytes(len(self.buffer)))
+        self.buffer[self.filled:self.filled + len(data)] = data
+        self.buffer_updated(len(data))
+        return False, b""
+
+    def feed_eof(self) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    """GET /v1/stream with `Upgrade`: 101, then the connection carries frames until the client closes it."""
+    answer = web.StreamResponse(status=101, headers={"Connection": "Upgrade", "Upgrade": "mosaic-frames"})
+    await answer.prepare(request)
+    closed = asyncio.get_running_loop().create_future()
+    request.protocol.set_parser(UpgradedFrames(request.transport, closed))
+    await closed
+    return answer
+
+
 async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
     if kind != "framed":
         async def fragments(request: web.Request) -> web.Response:
@@ -85,6 +120,7 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
             return web.json_response({"accepted": len(body)})
         app = web.Application(client_max_size=1 << 26)
         app.router.add_post("/v1/fragments", fragments)
+        app.router.add_get("/v1/stream", stream)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.SockSite(runner, sock).start()
@@ -132,9 +168,13 @@ async def node_client(port: int, body: bytes, messages: int, concurrency: int) -
     await thin_client(port, body, messages, concurrency, CONTENT_TYPE)
 
 
-async def framed_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
+async def framed_client(port: int, body: bytes, messages: int, concurrency: int, upgrade: bool = False) -> None:
     async def worker(n: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if upgrade:
+            writer.write(UPGRADE % f"127.0.0.1:{port}".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 101 "), head
         for _ in range(n):
             writer.writelines([HEAD.pack(len(body)), body])
             (length,) = HEAD.unpack(await reader.readexactly(HEAD.size))
@@ -144,7 +184,12 @@ async def framed_client(port: int, body: bytes, messages: int, concurrency: int)
     await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
 
 
-CLIENTS = {"http": http_client, "thin": thin_client, "node": node_client, "framed": framed_client}  # run in turn
+async def upgraded_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
+    await framed_client(port, body, messages, concurrency, upgrade=True)
+
+
+CLIENTS = {"http": http_client, "thin": thin_client, "node": node_client, "framed": framed_client,
+           "upgraded": upgraded_client}  # run in turn
 
 
 def measure(kind: str, messages: int, size: int, concurrency: int) -> dict[str, float]:
@@ -203,13 +248,15 @@ def main() -> None:
     ratio = best["http"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
     thin = best["thin"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
     node = best["node"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
+    upgraded = best["upgraded"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
     print(f"{args.messages} messages of {args.size} bytes, {args.concurrency} in flight, {args.event_loop}, best of "
           f"{args.repeat}: http {best['http']['cpu_us_per_message']} us ({ratio:.2f}x framed), thin "
           f"{best['thin']['cpu_us_per_message']} us ({thin:.2f}x), node {best['node']['cpu_us_per_message']} us "
-          f"({node:.2f}x), framed {best['framed']['cpu_us_per_message']} us CPU per message")
+          f"({node:.2f}x), upgraded {best['upgraded']['cpu_us_per_message']} us ({upgraded:.2f}x), framed "
+          f"{best['framed']['cpu_us_per_message']} us CPU per message")
     print(json.dumps({"messages": args.messages, "size": args.size, "concurrency": args.concurrency, **best,
                       "event_loop": args.event_loop, "ratio_cpu": round(ratio, 3), "ratio_cpu_thin": round(thin, 3),
-                      "ratio_cpu_node": round(node, 3)}))
+                      "ratio_cpu_node": round(node, 3), "ratio_cpu_upgraded": round(upgraded, 3)}))
 
 
 if __name__ == "__main__":
