@@ -21,10 +21,11 @@ another and getting an answer, with nothing of ours in between:
 
 Each runs `--messages` round trips with `--concurrency` in flight; the figure is CPU seconds (user + system) of
 client and server together per message (and each side's), and the wall. The variants alternate `--repeat` times;
-the best counts. `--event-loop uvloop`: both processes on uvloop, as the daemons run.
+the best counts. `--event-loop uvloop`: both processes on uvloop, as the daemons run; `--tls`: every variant over
+TLS, as a run with --tls-cert sends.
 
 Usage: .venv/bin/python bench/transport.py [--messages 4000] [--size 59000] [--concurrency 4] [--repeat 3]
-                                           [--event-loop asyncio|uvloop]
+                                           [--event-loop asyncio|uvloop] [--tls]
 Last line of stdout: a JSON object {"http": {...}, "thin": {...}, "node": {...}, "framed": {...}, "upgraded": {...},
 "ratio_cpu": http / framed, "ratio_cpu_thin": thin / framed, "ratio_cpu_node": node / framed, "ratio_cpu_upgraded":
 upgraded / framed}.
@@ -39,6 +40,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import ssl
 import struct
 import time
 from typing import Any
@@ -53,6 +55,21 @@ from mosaicd.daemon.loop import run
 HEAD = struct.Struct("!I")
 UPGRADE = b"GET /v1/stream HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: mosaic-frames\r\n\r\n"
 LOOP = ["asyncio"]  # --event-loop, for the forked server too
+TLS: list[Any] = [None]  # --tls: (the server's context, the client's), made before the server is forked
+
+
+def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context with a certificate for 127.0.0.1 from a throwaway CA (trustme), and a client trusting it."""
+    import trustme
+    ca = trustme.CA()
+    server, client = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), ssl.create_default_context()
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca.configure_trust(client)
+    return server, client
+
+
+def scheme() -> str:
+    return "https" if TLS[0] else "http"
 
 
 class FramedServer(asyncio.BufferedProtocol):
@@ -123,9 +140,9 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
         app.router.add_get("/v1/stream", stream)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock, ssl_context=TLS[0] and TLS[0][0]).start()
     else:
-        server = await asyncio.get_running_loop().create_server(FramedServer, sock=sock)
+        server = await asyncio.get_running_loop().create_server(FramedServer, sock=sock, ssl=TLS[0] and TLS[0][0])
     started = time.process_time()
     ready.send(True)
     await asyncio.get_running_loop().run_in_executor(None, done.recv)
@@ -142,10 +159,10 @@ def server_main(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
 
 
 async def http_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
-    async with ClientSession(connector=TCPConnector(limit=concurrency)) as session:
+    async with ClientSession(connector=TCPConnector(limit=concurrency, ssl=TLS[0][1] if TLS[0] else True)) as session:
         async def worker(n: int) -> None:
             for _ in range(n):
-                async with session.post(f"http://127.0.0.1:{port}/v1/fragments", data=body) as resp:
+                async with session.post(f"{scheme()}://127.0.0.1:{port}/v1/fragments", data=body) as resp:
                     await resp.read()
                     assert resp.status == 200
         await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
@@ -153,8 +170,8 @@ async def http_client(port: int, body: bytes, messages: int, concurrency: int) -
 
 async def thin_client(port: int, body: bytes, messages: int, concurrency: int,
                       content_type: str = "application/octet-stream") -> None:
-    connections = Connections()
-    url = f"http://127.0.0.1:{port}/v1/fragments"
+    connections = Connections(TLS[0] and TLS[0][1])
+    url = f"{scheme()}://127.0.0.1:{port}/v1/fragments"
 
     async def worker(n: int) -> None:
         for _ in range(n):
@@ -170,7 +187,7 @@ async def node_client(port: int, body: bytes, messages: int, concurrency: int) -
 
 async def framed_client(port: int, body: bytes, messages: int, concurrency: int, upgrade: bool = False) -> None:
     async def worker(n: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=TLS[0] and TLS[0][1])
         if upgrade:
             writer.write(UPGRADE % f"127.0.0.1:{port}".encode())
             head = await reader.readuntil(b"\r\n\r\n")
@@ -231,10 +248,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=59000, help="bytes per message (the tutorial job's: ~59 kB)")
     parser.add_argument("--concurrency", type=int, default=4, help="messages in flight")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tls", action="store_true",
+                        help="every variant over TLS (a throwaway CA's certificate for 127.0.0.1: trustme)")
     parser.add_argument("--event-loop", default="asyncio", choices=("asyncio", "uvloop"),
                         help="both processes' loop (the daemons run on uvloop where it is installed)")
     args = parser.parse_args()
     LOOP[0] = args.event_loop
+    if args.tls:
+        TLS[0] = tls_contexts()
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.repeat):
         for kind in CLIENTS:
@@ -254,7 +275,8 @@ def main() -> None:
           f"{best['thin']['cpu_us_per_message']} us ({thin:.2f}x), node {best['node']['cpu_us_per_message']} us "
           f"({node:.2f}x), upgraded {best['upgraded']['cpu_us_per_message']} us ({upgraded:.2f}x), framed "
           f"{best['framed']['cpu_us_per_message']} us CPU per message")
-    print(json.dumps({"messages": args.messages, "size": args.size, "concurrency": args.concurrency, **best,
+    print(json.dumps({"messages": args.messages, "size": args.size, "concurrency": args.concurrency, "tls": args.tls,
+                      **best,
                       "event_loop": args.event_loop, "ratio_cpu": round(ratio, 3), "ratio_cpu_thin": round(thin, 3),
                       "ratio_cpu_node": round(node, 3), "ratio_cpu_upgraded": round(upgraded, 3)}))
 
