@@ -81,7 +81,7 @@ def async_app(node: AsyncNode) -> web.Application:
 def interruption_of(body: bytes | memoryview) -> str | None:
     """POST /v1/async/end's body: none (the run ended), or {"interrupted": reason} (ValueError: anything else)."""
     try:
-        told = json.loads(body) if body else {}
+        told = json.loads(bytes(body)) if body else {}  # bytes: json.loads takes no memoryview
     except ValueError:
         told = None
     if told == {}:
