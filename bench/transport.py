@@ -55,7 +55,8 @@ from mosaicd.daemon.loop import run
 HEAD = struct.Struct("!I")
 UPGRADE = b"GET /v1/stream HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: mosaic-frames\r\n\r\n"
 LOOP = ["asyncio"]  # --event-loop, for the forked server too
-TLS: list[Any] = [None]  # --tls: (the server's context, the client's), made before the server is forked
+# --tls: the server's context and the client's (None, None: plain TCP), made before the server is forked
+TLS: list[ssl.SSLContext | None] = [None, None]
 
 
 def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
@@ -69,7 +70,7 @@ def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
 
 
 def scheme() -> str:
-    return "https" if TLS[0] else "http"
+    return "https" if TLS[1] else "http"
 
 
 class FramedServer(asyncio.BufferedProtocol):
@@ -140,9 +141,9 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
         app.router.add_get("/v1/stream", stream)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.SockSite(runner, sock, ssl_context=TLS[0] and TLS[0][0]).start()
+        await web.SockSite(runner, sock, ssl_context=TLS[0]).start()
     else:
-        server = await asyncio.get_running_loop().create_server(FramedServer, sock=sock, ssl=TLS[0] and TLS[0][0])
+        server = await asyncio.get_running_loop().create_server(FramedServer, sock=sock, ssl=TLS[0])
     started = time.process_time()
     ready.send(True)
     await asyncio.get_running_loop().run_in_executor(None, done.recv)
@@ -159,7 +160,7 @@ def server_main(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
 
 
 async def http_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
-    async with ClientSession(connector=TCPConnector(limit=concurrency, ssl=TLS[0][1] if TLS[0] else True)) as session:
+    async with ClientSession(connector=TCPConnector(limit=concurrency, ssl=TLS[1] or True)) as session:
         async def worker(n: int) -> None:
             for _ in range(n):
                 async with session.post(f"{scheme()}://127.0.0.1:{port}/v1/fragments", data=body) as resp:
@@ -170,7 +171,7 @@ async def http_client(port: int, body: bytes, messages: int, concurrency: int) -
 
 async def thin_client(port: int, body: bytes, messages: int, concurrency: int,
                       content_type: str = "application/octet-stream") -> None:
-    connections = Connections(TLS[0] and TLS[0][1])
+    connections = Connections(TLS[1])
     url = f"{scheme()}://127.0.0.1:{port}/v1/fragments"
 
     async def worker(n: int) -> None:
@@ -187,7 +188,7 @@ async def node_client(port: int, body: bytes, messages: int, concurrency: int) -
 
 async def framed_client(port: int, body: bytes, messages: int, concurrency: int, upgrade: bool = False) -> None:
     async def worker(n: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=TLS[0] and TLS[0][1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=TLS[1])
         if upgrade:
             writer.write(UPGRADE % f"127.0.0.1:{port}".encode())
             head = await reader.readuntil(b"\r\n\r\n")
@@ -255,7 +256,7 @@ def main() -> None:
     args = parser.parse_args()
     LOOP[0] = args.event_loop
     if args.tls:
-        TLS[0] = tls_contexts()
+        TLS[:] = tls_contexts()
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.repeat):
         for kind in CLIENTS:
