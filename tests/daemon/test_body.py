@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from mosaic_proto import CONTENT_TYPE
 from mosaic_proto.auth import body_digest
 from mosaicd.daemon.http import body
-from mosaicd.daemon.http.auth import Keyring, auth_middleware, signer
+from mosaicd.daemon.http.auth import Authenticator, Keyring, auth_middleware, signer
 from mosaicd.daemon.http.client import Client, HttpError
 
 
@@ -159,7 +159,8 @@ async def test_signed_bodies_pass_and_a_changed_body_is_refused(aiohttp_client: 
         return "run"
 
     seen: list[Any] = []
-    server = await aiohttp_client(echo_app(seen, [auth_middleware(keyring, run_of, 60.0, CollectorRegistry())]))
+    guard = auth_middleware(Authenticator(keyring, run_of, 60.0, CollectorRegistry()))
+    server = await aiohttp_client(echo_app(seen, [guard]))
     url = str(server.make_url("/echo"))
     sign = signer(lambda: keyring.credentials("run"), lambda: "3")
     data = os.urandom(3 << 20)

@@ -148,10 +148,15 @@ async def test_python_api_peers_match_in_memory_network(tmp_path: Path, kit: Any
         reference = kit.reference_vectors(settings)
         initial = kit.reference_vectors(settings.model_copy(update={"rounds": 0}))
         vectors = {p.rank: initial[p.rank] for p in peers}
+        received = 0
         for t in range(settings.rounds):
             results = await asyncio.wait_for(asyncio.gather(*(p.gossip(vectors[p.rank]) for p in peers)), 30)
             vectors = {p.rank: v for p, v in zip(peers, results, strict=True)}
             assert all(p.round == t + 1 and p.last_report.round == t for p in peers)
+            received += sum(p.last_report.messages_in for p in peers)
+        frames = sum(p.inbox.metrics.registry.get_sample_value("mosaic_fragment_frames_total", {"status": "200"})
+                     or 0 for p in peers)
+        assert frames == received > 0  # every message went as a frame on a fragments stream (http/stream.py)
         await asyncio.wait_for(asyncio.gather(*(p.finish() for p in peers)), 30)
         for rank, vector in vectors.items():
             assert kit.sha256_f32(vector) == kit.sha256_f32(reference[rank]), rank

@@ -12,7 +12,7 @@ import functools
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from mosaic_proto import NodeRefused
 from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, SignedHeaders, check_digest, run_key, verify
+from mosaic_proto.frames import STREAM_PATH
 from mosaicd.daemon.http.body import body_digest_of, read_body, release_body
 from mosaicd.daemon.http.errors import Handler, json_error
 from mosaicd.logs import get_logger
@@ -168,15 +169,60 @@ def check_listen(options: Any, keyring: Keyring | None, barrier: bool = False) -
             "send fragments for this run; give --secret-file (MOSAIC_SECRET_FILE), as `mosaicd cluster` does")
 
 
-def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[str | None]], window: float,
-                    registry: CollectorRegistry, on_refused: Callable[[str, web.Request], None] | None = None) -> Any:
-    """Check every request but the read-only views (GET or HEAD) and those the router answers itself (a path or a
-    method the app does not have: 404, 405, as without a secret); `run_of(request)` says which run's key applies
-    (None: the app is not ready to tell, 503; it may raise `NodeRefused` to answer at once why not, 503 where the
-    sender may try again, else 409); `on_refused(reason, request)` hears of each request refused."""
-    guard = ReplayGuard(window)
-    refused = Counter("mosaic_auth_refused", "requests refused for want of a valid tag", ["reason"],
-                      registry=registry)
+class Refusal(Exception):
+    """A request the cluster secret's check refuses: its status, reason and detail (the JSON error's)."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(f"{status} {reason}: {detail}")
+        self.status, self.reason, self.detail = status, reason, detail
+
+
+class Authenticator:
+    """The cluster secret's check of one request by its method, path and headers, against one replay guard: a
+    request's (`auth_middleware`) or a fragments frame's (`http/stream.py`), so that a nonce taken by one is
+    refused to the other. `run_of(request)` says which run's key applies (None: the app is not ready to tell, 503;
+    it may raise `NodeRefused` to answer at once why not, 503 where the sender may try again, else 409);
+    `on_refused(reason, request)` hears of each request refused."""
+
+    def __init__(self, keyring: Keyring, run_of: Callable[[web.Request], Awaitable[str | None]], window: float,
+                 registry: CollectorRegistry, on_refused: Callable[[str, web.Request], None] | None = None) -> None:
+        self.keyring, self.run_of, self.on_refused = keyring, run_of, on_refused
+        self.guard = ReplayGuard(window)
+        self.refused = Counter("mosaic_auth_refused", "requests refused for want of a valid tag", ["reason"],
+                               registry=registry)
+
+    async def check(self, request: web.Request, method: str, path: str,
+                    headers: Mapping[str, str]) -> SignedHeaders:
+        """The signed fields of a request with these headers, checked but for its body (`check_digest`, once it
+        is read); `Refusal` if it is refused."""
+        try:
+            signed, tag = SignedHeaders.from_headers(headers)  # unsigned: refused before the run is known
+            try:
+                run_id = await self.run_of(request)
+            except NodeRefused as exc:
+                raise Refusal(503 if exc.retry else 409, exc.reason, exc.detail) from None
+            if run_id is None:
+                raise Refusal(503, "not_ready", "this peer does not know its run yet")
+            return verify(self.keyring.key(run_id), method, path, signed, tag, run_id, self.guard, time.time())
+        except AuthError as exc:
+            raise self.refusal(exc, request) from None
+
+    def refusal(self, exc: AuthError, request: web.Request) -> Refusal:
+        """`exc` counted and told, as the 401 it is answered with."""
+        self.refused.labels(exc.reason).inc()
+        if self.on_refused is not None:
+            self.on_refused(exc.reason, request)
+        return Refusal(401, exc.reason, exc.detail)
+
+
+AUTHENTICATOR = web.AppKey("mosaic_authenticator", Authenticator)  # a member app's, where it has a secret
+
+
+def auth_middleware(authenticator: Authenticator) -> Any:
+    """Check every request but the read-only views (GET or HEAD), those the router answers itself (a path or a
+    method the app does not have: 404, 405, as without a secret) and the upgrade to a fragments stream (each of
+    its frames is checked as the POST it stands for: `http/stream.py`), before its handler runs and its body is
+    read whole; the body is hashed as it is read and checked against its signed digest."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -186,23 +232,18 @@ def auth_middleware(keyring: Keyring, run_of: Callable[[web.Request], Awaitable[
         if request.method in _READS and (path in OPEN or path.startswith("/dashboard/")
                                          or path.endswith(_OPEN_TAILS)):
             return await handler(request)
+        if request.method == "GET" and path == STREAM_PATH:
+            return await handler(request)
         try:
-            signed, tag = SignedHeaders.from_headers(request.headers)  # unsigned: refused before the run is known
-            try:
-                run_id = await run_of(request)
-            except NodeRefused as exc:
-                return json_error(503 if exc.retry else 409, exc.reason, exc.detail)
-            if run_id is None:
-                return json_error(503, "not_ready", "this peer does not know its run yet")
-            signed = verify(keyring.key(run_id), request.method, path, signed, tag, run_id, guard, time.time())
+            signed = await authenticator.check(request, request.method, path, request.headers)
             if request.body_exists:  # hashed while it is read, once; the handler gets the same bytes
                 await read_body(request, digest=True)
-                check_digest(signed, body_digest_of(request))
-        except AuthError as exc:
-            refused.labels(exc.reason).inc()
-            if on_refused is not None:
-                on_refused(exc.reason, request)
-            return json_error(401, exc.reason, exc.detail)
+                try:
+                    check_digest(signed, body_digest_of(request))
+                except AuthError as exc:
+                    raise authenticator.refusal(exc, request) from None
+        except Refusal as exc:
+            return json_error(exc.status, exc.reason, exc.detail)
         request[SENDER] = signed.sender
         try:
             return await handler(request)

@@ -93,10 +93,11 @@ class Client:
     async def request(self, method: str, url: str, *, timeout: float | None = None, retries: int | None = None,
                       round: int = 0, data: Body = b"", json_body: Any = None,
                       headers: dict[str, str] | None = None, digest: str | None = None,
-                      give_up: frozenset[str] = frozenset()) -> tuple[int, bytes, str]:
+                      give_up: frozenset[str] = frozenset(), stream: bool = False) -> tuple[int, bytes, str]:
         """`data`: the body, one buffer or pieces sent one after the other (`connections.Body`, never joined);
         `digest`: `data`'s body digest where the caller has it (one body sent to several peers is hashed once);
-        `give_up`: the reasons of 5xx answers not retried (raised at once as `Refused`)."""
+        `give_up`: the reasons of 5xx answers not retried (raised at once as `Refused`); `stream`: a POST of
+        fragments, sent as a frame on the peer's fragments stream where it serves one (`Connections.request`)."""
         assert self._connections is not None, "Client used outside 'async with'"
         headers = dict(headers or {})
         if json_body is not None:
@@ -116,7 +117,7 @@ class Client:
             signed = {**headers, **self.signer(method, url, data, round, digest)} if self.signer else headers
             try:
                 async with asyncio.timeout(timeout or self.timeout):
-                    answer = await self._connections.request(method, url, signed, data)
+                    answer = await self._connections.request(method, url, signed, data, stream=stream)
             except (TimeoutError, OSError, ValueError) as exc:  # ValueError: a URL or certificate it cannot use
                 last, refused = f"{type(exc).__name__}: {str(exc) or 'no answer in time'}", None
                 closed = isinstance(exc, ConnectionRefusedError)

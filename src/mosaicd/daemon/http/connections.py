@@ -16,16 +16,18 @@ import asyncio
 import functools
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httptools
 
+from mosaic_proto.frames import FRAGMENTS_PATH, STREAM_PATH, UPGRADE, AnswerReader, FrameError, request_head
 from mosaicd.logs import get_logger
 
 MAX_CONNECTIONS = 256  # connections open at once, to all peers (aiohttp's TCPConnector limit before)
 IDLE_KEPT = 16  # idle connections kept per peer
 JOIN_BELOW = 1 << 18  # a body up to this size is sent in one piece with its head (a copy), a larger one after it
+_FRAGMENTS, _STREAM = FRAGMENTS_PATH.encode(), STREAM_PATH.encode()
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # Content-Length: 0 when sent without a body
 
 
@@ -69,25 +71,62 @@ def _header_bytes(headers: dict[str, str]) -> bytes:
     return "".join(lines).encode("latin-1")
 
 
-class _Connection(asyncio.Protocol):
-    """One kept-alive connection; `exchange` sends a request and waits for its whole answer."""
+def _send(transport: asyncio.Transport, head: bytes, body: Body, size: int) -> None:
+    """`head`, then `body` of `size` bytes as it is, pieces in turn (no copy of a large one)."""
+    if size <= JOIN_BELOW:  # one write, one system call: the copy costs less
+        transport.write(b"".join((head, *body)) if type(body) is tuple else head + body if body else head)
+    else:  # the transport keeps the pieces it could not write at once, not a copy of them (uvloop)
+        transport.writelines((head, *body) if type(body) is tuple else (head, body))
+
+
+class _Kept(asyncio.Protocol):
+    """What a kept connection of either kind has: its transport, the answer awaited, whether a byte of it came."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self._parser = httptools.HttpResponseParser(self)
         self._answer: asyncio.Future[Answer] | None = None
+        self._started = False  # a byte of the answer came
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    @property
+    def answered_nothing(self) -> bool:
+        """Whether no byte of an answer came: a reused connection closed by its server as the request left."""
+        return not self._started
+
+    def _fail(self, exc: BaseException) -> None:
+        answer, self._answer = self._answer, None
+        if answer is not None and not answer.done():
+            answer.set_exception(exc)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Close at once, dropping what is not written yet: a request that failed leaves no body behind, whose
+        pieces may be views of arrays the caller goes on with."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _Connection(_Kept):
+    """One kept-alive connection; `exchange` sends a request and waits for its whole answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parser = httptools.HttpResponseParser(self)
         self._chunks: list[bytes] = []
         self._content_type = b""
         self._keep = True
-        self._started = False  # a byte of the answer came
         self._framed = False  # the answer's length is known (Content-Length, chunked), not "until the server closes"
         self._headed = False  # the answer's head came whole
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
     def data_received(self, data: bytes) -> None:
         self._started = True
         try:
@@ -143,33 +182,84 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None and self._answer is None
         self._answer = asyncio.get_running_loop().create_future()
         self._started, self._content_type, self._chunks, self._framed, self._headed = False, b"", [], False, False
-        if size <= JOIN_BELOW:  # one write, one system call: the copy costs less
-            self.transport.write(b"".join((head, *body)) if type(body) is tuple else head + body if body else head)
-        else:  # the transport keeps the pieces it could not write at once, not a copy of them (uvloop)
-            self.transport.writelines((head, *body) if type(body) is tuple else (head, body))
+        _send(self.transport, head, body, size)
         return await self._answer
 
+
+
+class _Stream(_Kept):
+    """One connection upgraded to a peer's fragments stream (`mosaic_proto.frames`): `upgraded` is the status the
+    upgrade was answered with (101: frames from now on); `exchange` sends one frame and waits for its answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.upgraded: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
+        self._answers = AnswerReader()
+
+    def data_received(self, data: bytes) -> None:
+        if self._parser is not None:  # the upgrade's answer
+            try:
+                self._parser.feed_data(data)
+            except httptools.HttpParserUpgrade as exc:
+                self._parser = None
+                if not self.upgraded.done():
+                    self.upgraded.set_result(101)
+                data = data[exc.args[0]:]
+            except httptools.HttpParserError as exc:
+                self._fail(ConnectionError(f"malformed HTTP answer to the upgrade: {exc}"))
+                self.close()
+                return
+            if self._parser is not None or not data:
+                return
+        self._started = True
+        try:
+            answers = self._answers.feed(data)
+        except FrameError as exc:
+            self._fail(ConnectionError(f"malformed answer frame: {exc}"))
+            self.close()
+            return
+        for status, body in answers:
+            answer, self._answer = self._answer, None
+            if answer is None:  # an answer to no frame
+                self._fail(ConnectionError("an answer frame came with no frame sent"))
+                self.close()
+                return
+            if not answer.done():
+                answer.set_result(Answer(status, body, "application/json"))
+
+    def on_headers_complete(self) -> None:  # httptools': the upgrade's answer
+        assert self._parser is not None
+        status = self._parser.get_status_code()
+        if status != 101 and not self.upgraded.done():  # no stream: its body is of no use
+            self.upgraded.set_result(status)
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(exc or ConnectionResetError("the peer closed the fragments stream before it answered"))
+
     @property
-    def answered_nothing(self) -> bool:
-        """Whether no byte of an answer came: a reused connection closed by its server as the request left."""
-        return not self._started
+    def reusable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    async def exchange(self, headers: dict[str, str], body: Body, size: int) -> Answer:
+        assert self.transport is not None and self._answer is None
+        self._answer = asyncio.get_running_loop().create_future()
+        self._started = False
+        _send(self.transport, request_head(headers, size), body, size)
+        return await self._answer
 
     def _fail(self, exc: BaseException) -> None:
-        answer, self._answer = self._answer, None
-        if answer is not None and not answer.done():
-            answer.set_exception(exc)
+        if not self.upgraded.done():
+            self.upgraded.set_exception(exc)
+        super()._fail(exc)
 
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
 
-    def abort(self) -> None:
-        """Close at once, dropping what is not written yet: a request that failed leaves no body behind, whose
-        pieces may be views of arrays the caller goes on with."""
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
+_Kind = TypeVar("_Kind", _Connection, _Stream)
 
 
 class Connections:
@@ -184,13 +274,22 @@ class Connections:
         self.on_connect = on_connect
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
-        self._open: set[_Connection] = set()
+        self._open: set[_Connection | _Stream] = set()
+        self._streams: dict[tuple[str, int, bool], list[_Stream]] = {}  # idle fragments streams per peer
+        self._posted: set[tuple[str, int, bool]] = set()  # peers that serve no fragments stream: POSTs
 
-    async def request(self, method: str, url: str, headers: dict[str, str], body: Body) -> Answer:
+    async def request(self, method: str, url: str, headers: dict[str, str], body: Body, *,
+                      stream: bool = False) -> Answer:
         """One request and its answer. A connection that fails is closed; a kept-alive one that its server closed
-        before it answered is replaced by a new one once (the request had not reached the server's handler)."""
+        before it answered is replaced by a new one once (the request had not reached the server's handler).
+        `stream`: a POST of fragments goes as a frame on a fragments stream to its peer (one per message in
+        flight, kept between messages like a connection), and as a POST to a peer that serves none."""
         peer, target, host = _target(url)
         length = body_size(body)
+        if stream and method == "POST" and peer not in self._posted and target.endswith(_FRAGMENTS):
+            answer = await self._framed(peer, target[:-len(_FRAGMENTS)] + _STREAM, host, headers, body, length)
+            if answer is not None:
+                return answer
         head = b"".join((method.encode("ascii"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n",
                          (b"Content-Length: %d\r\n" % length) if length or method in _BODY_METHODS else b"",
                          _header_bytes(headers), b"\r\n"))
@@ -216,6 +315,56 @@ class Connections:
             self._open.discard(conn)
             return answer
 
+    async def _framed(self, peer: tuple[str, int, bool], target: bytes, host: bytes, headers: dict[str, str],
+                      body: Body, length: int) -> Answer | None:
+        """The message sent as a frame and its answer; None where the peer does not upgrade (then it is POSTed)."""
+        async with self._slots:
+            idle = self._streams.get(peer)
+            while idle and not idle[-1].reusable:
+                self._open.discard(idle.pop())
+            conn, reused = (idle.pop(), True) if idle else (await self._open_stream(peer, target, host), False)
+            while True:
+                if conn is None:
+                    return None
+                try:
+                    answer = await conn.exchange(headers, body, length)
+                except BaseException as exc:
+                    conn.abort()
+                    self._open.discard(conn)
+                    if reused and isinstance(exc, ConnectionError) and conn.answered_nothing:
+                        conn, reused = await self._open_stream(peer, target, host), False
+                        continue
+                    raise
+                break
+            idle = self._streams.setdefault(peer, [])
+            if conn.reusable and len(idle) < IDLE_KEPT:
+                idle.append(conn)
+            else:
+                conn.close()
+                self._open.discard(conn)
+            return answer
+
+    async def _open_stream(self, peer: tuple[str, int, bool], target: bytes, host: bytes) -> _Stream | None:
+        """A new connection upgraded to the peer's fragments stream; None where the peer answered otherwise (a
+        peer without the route, 404 or 405, or that refuses the upgrade, 426, is POSTed to from now on)."""
+        conn = await self._connect(peer, _Stream)
+        assert conn.transport is not None
+        conn.transport.write(b"".join((b"GET ", target, b" HTTP/1.1\r\nHost: ", host,
+                                       b"\r\nConnection: Upgrade\r\nUpgrade: ", UPGRADE.encode(), b"\r\n\r\n")))
+        try:
+            status = await conn.upgraded
+        except BaseException:
+            conn.abort()
+            self._open.discard(conn)
+            raise
+        if status == 101:
+            return conn
+        conn.close()
+        self._open.discard(conn)
+        if status in (404, 405, 426):
+            self._posted.add(peer)
+        return None
+
     async def _take(self, peer: tuple[str, int, bool]) -> tuple[_Connection, bool]:
         idle = self._idle.get(peer)
         while idle:
@@ -226,14 +375,16 @@ class Connections:
         return await self._open_one(peer), False
 
     async def _open_one(self, peer: tuple[str, int, bool]) -> _Connection:
+        return await self._connect(peer, _Connection)
+
+    async def _connect(self, peer: tuple[str, int, bool], kind: type[_Kind]) -> _Kind:
         host, port, tls = peer
         loop = asyncio.get_running_loop()
         context: ssl.SSLContext | None = None
         if tls:
             context = self.ssl_context or ssl.create_default_context()
         started = loop.time()
-        _, conn = await loop.create_connection(_Connection, host, port, ssl=context,
-                                               server_hostname=host if tls else None)
+        _, conn = await loop.create_connection(kind, host, port, ssl=context, server_hostname=host if tls else None)
         self._open.add(conn)
         if self.on_connect is not None:
             self.on_connect(f"{host}:{port}", loop.time() - started)
@@ -245,6 +396,7 @@ class Connections:
             conn.close()
         self._open.clear()
         self._idle.clear()
+        self._streams.clear()
 
 
 class SlowConnects:

@@ -10,7 +10,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from mosaicd.daemon.http.auth import Keyring, auth_middleware, auth_window
+from mosaicd.daemon.http.auth import AUTHENTICATOR, Authenticator, Keyring, auth_middleware, auth_window
 from mosaicd.daemon.http.errors import Handler, json_errors
 from mosaicd.daemon.http.limits import LIMITS, Limits
 
@@ -65,9 +65,12 @@ def member_app(routes: list[web.RouteDef], *, options: DaemonOptions, keyring: K
     """A member's application: its `routes` and the endpoints every member serves, behind the middlewares in
     their order: errors as JSON, then the limits (bodies, before the guard reads them), then the cluster secret's
     guard (with a `keyring`: http/auth.py)."""
-    guard = [auth_middleware(keyring, run_of, auth_window(options), registry, on_refused)] if keyring else []
+    authenticator = Authenticator(keyring, run_of, auth_window(options), registry, on_refused) if keyring else None
+    guard = [auth_middleware(authenticator)] if authenticator else []
     app = web.Application(middlewares=[json_errors, *limits.middlewares, *guard], client_max_size=max_body)
     app[LIMITS] = limits
+    if authenticator is not None:
+        app[AUTHENTICATOR] = authenticator
     app.add_routes([*routes, web.get("/metrics", metrics_handler(registry)), web.get("/healthz", healthz),
                     web.get("/openapi.json", openapi_handler(openapi))])
     return app

@@ -83,7 +83,7 @@ async def send_all(client: Client, round: int, messages: Sequence[OutgoingMessag
             try:
                 await client.request("POST", url, data=message.body.parts, round=round,
                                      headers={"Content-Type": CONTENT_TYPE}, digest=digest,
-                                     give_up=REJOINING)
+                                     give_up=REJOINING, stream=True)
                 return
             except Refused as exc:
                 busy = exc.reason == REASON_BUSY  # the receiver takes no more large bodies now: later, it will
