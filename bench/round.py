@@ -2,7 +2,9 @@
 
 For every configuration (n nodes, K fragments, fanout s, quadratic task with d coordinates, training off,
 evaluation only at the end) it runs `mosaicd`'s `Cluster` (one barrier and n node processes on 127.0.0.1)
-for --rounds rounds and reports, over the rounds after the --warmup first ones:
+for --rounds rounds and reports, over the rounds after the --warmup first ones (4: the bound below is measured
+warm, and a node's first three checkpoints each create one of its three slot files, `daemon/node/checkpoint.py`,
+which later rounds rewrite in place; those first rounds are reported apart, `warmup_seconds_per_round`):
 
 - seconds per round: the mean interval between the barrier's successive round releases (from the barrier's
   log timestamps); the last release of a run (the final model collection) is never counted;
@@ -39,7 +41,7 @@ ratio to the last loop named (uvloop / asyncio: below 1, uvloop is faster).
 s is capped at n - 1 (a node has n - 1 possible receivers; the settings refuse s >= n).
 
 Usage: .venv/bin/python bench/round.py [--nodes 8,16,32] [--fragments 1,16] [--fanout 8] [--dim 1000000]
-                                       [--rounds 6] [--warmup 1] [--keep DIR]
+                                       [--rounds 9] [--warmup 4] [--keep DIR]
                                        [--secret-file PATH] [--tls] [--compare [--repeats 3]]
                                        [--event-loop auto|uvloop|asyncio[,...]]
 The last line of stdout is a JSON list with one row per configuration.
@@ -291,6 +293,7 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
     releases = release_times(out / "logs" / "barrier.log")
     measured = [r for r in range(max(warmup, 1), rounds) if r in releases and r - 1 in releases]
     intervals = [releases[r] - releases[r - 1] for r in measured]
+    warming = [releases[r] - releases[r - 1] for r in range(1, max(warmup, 1)) if r in releases and r - 1 in releases]
     cpu_per_round = (cpu.at(releases[measured[-1]]) - cpu.at(releases[measured[0] - 1])) / len(measured)
 
     with open(out / "nodes.csv", newline="") as f:
@@ -312,6 +315,7 @@ def run_config(n: int, k: int, s: int, d: int, rounds: int, warmup: int, out: Pa
         "rounds_measured": len(intervals),
         "seconds_per_round": statistics.fmean(intervals),
         "seconds_per_round_max": max(intervals),
+        "warmup_seconds_per_round": statistics.fmean(warming) if warming else None,
         "cpu_s_per_round": cpu_per_round,
         "node_round_s": node_round,
         "bytes_per_node_round": bytes_node,
@@ -332,8 +336,9 @@ def main() -> None:
     parser.add_argument("--fragments", type=_ints, default=[1, 16], help="comma-separated K values")
     parser.add_argument("--fanout", type=int, default=8, help="s (capped at n - 1)")
     parser.add_argument("--dim", type=int, default=1_000_000, help="d of the quadratic task")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds per run (the first --warmup not counted)")
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=9, help="rounds per run (the first --warmup not counted)")
+    parser.add_argument("--warmup", type=int, default=4, help="rounds not counted: round 0, and the rounds whose "
+                        "checkpoints create the nodes' slot files (reported apart)")
     parser.add_argument("--socket-repeats", type=int, default=5, help="socket transfers timed (best counts)")
     parser.add_argument("--keep", type=Path, help="keep every run's outputs under this directory")
     parser.add_argument("--secret-file", type=Path, help="sign every request with this cluster secret")
@@ -394,7 +399,10 @@ def main() -> None:
                     rows.append(row)
                     flag = "" if row["bytes_rows_off"] == 0 else f"  !! {row['bytes_rows_off']} rows off by >1%"
                     note = f"  (s capped at n-1={s})" if s != args.fanout else ""
-                    print(f"  done n={n:>3} K={k:>3} s={s} {mode} {loop}: {row['seconds_per_round']:.3f} s/round, "
+                    warm = row["warmup_seconds_per_round"]
+                    warm_note = f" (rounds 1-{args.warmup - 1}: {warm:.3f})" if warm is not None else ""
+                    print(f"  done n={n:>3} K={k:>3} s={s} {mode} {loop}: {row['seconds_per_round']:.3f} s/round"
+                          f"{warm_note}, "
                           f"{row['cpu_s_per_round']:.3f} CPU-s/round, cluster "
                           f"wall {row['cluster_wall_s']:.0f} s, load before {row['load1']:.1f}, models_sha256 "
                           f"{str(row['models_sha256'])[:12]}{note}{flag}",
