@@ -17,7 +17,10 @@ another and getting an answer, with nothing of ours in between:
 - `upgraded`: the same messages and answers on a connection an aiohttp server upgraded (GET with `Upgrade`, 101,
   then aiohttp's `set_parser` hands each piece the socket read to our frame reader, as its websockets do): a framed
   transport inside the nodes' server, on its port, behind its TLS and connection caps, against `framed`'s own
-  server. aiohttp hands over each piece as `bytes`, so it copies once more than `framed`.
+  server. aiohttp hands over each piece as `bytes`, so it copies once more than `framed`;
+- `stream`: the nodes' own fragments stream (`http/stream.py` behind a node's limits, its client
+  `Connections.request(..., stream=True)`): `upgraded` with our framing and a frame's checks in place (size, content
+  type, body slot, deadline; no secret, as `node`), the body copied into a kept buffer as a node reads it.
 
 Each runs `--messages` round trips with `--concurrency` in flight; the figure is CPU seconds (user + system) of
 client and server together per message (and each side's), and the wall. The variants alternate `--repeat` times;
@@ -27,8 +30,8 @@ TLS, as a run with --tls-cert sends.
 Usage: .venv/bin/python bench/transport.py [--messages 4000] [--size 59000] [--concurrency 4] [--repeat 3]
                                            [--event-loop asyncio|uvloop] [--tls]
 Last line of stdout: a JSON object {"http": {...}, "thin": {...}, "node": {...}, "framed": {...}, "upgraded": {...},
-"ratio_cpu": http / framed, "ratio_cpu_thin": thin / framed, "ratio_cpu_node": node / framed, "ratio_cpu_upgraded":
-upgraded / framed}.
+"stream": {...}, "ratio_cpu": http / framed, "ratio_cpu_thin": thin / framed, "ratio_cpu_node": node / framed,
+"ratio_cpu_upgraded": upgraded / framed, "ratio_cpu_stream": stream / framed}.
 """
 
 from __future__ import annotations
@@ -46,11 +49,16 @@ import time
 from typing import Any
 
 from aiohttp import ClientSession, TCPConnector, web
+from prometheus_client import CollectorRegistry
 
 from mosaic_proto import CONTENT_TYPE
+from mosaic_proto.frames import STREAM_PATH
 from mosaicd.daemon.http.body import read_body
 from mosaicd.daemon.http.connections import Connections
+from mosaicd.daemon.http.limits import LIMITS, Limits
+from mosaicd.daemon.http.stream import fragments_stream
 from mosaicd.daemon.loop import run
+from mosaicd.settings import DaemonOptions
 
 HEAD = struct.Struct("!I")
 UPGRADE = b"GET /v1/stream HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: mosaic-frames\r\n\r\n"
@@ -139,6 +147,13 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
         app = web.Application(client_max_size=1 << 26)
         app.router.add_post("/v1/fragments", fragments)
         app.router.add_get("/v1/stream", stream)
+        if kind == "stream":
+            async def receive(body: memoryview, sender: str | None) -> tuple[int, dict[str, Any]]:
+                return 200, {"accepted": len(body)}
+            options = DaemonOptions(max_body_bytes=1 << 26)
+            app[LIMITS] = Limits(options, CollectorRegistry())
+            app.router.add_get(STREAM_PATH, fragments_stream(receive, lambda size: None, options.header_timeout,
+                                                             CollectorRegistry()))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.SockSite(runner, sock, ssl_context=TLS[0]).start()
@@ -206,8 +221,20 @@ async def upgraded_client(port: int, body: bytes, messages: int, concurrency: in
     await framed_client(port, body, messages, concurrency, upgrade=True)
 
 
+async def stream_client(port: int, body: bytes, messages: int, concurrency: int) -> None:
+    connections = Connections(TLS[1])
+    url = f"{scheme()}://127.0.0.1:{port}/v1/fragments"
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            answer = await connections.request("POST", url, {"Content-Type": CONTENT_TYPE}, body, stream=True)
+            assert answer.status == 200
+    await asyncio.gather(*(worker(messages // concurrency) for _ in range(concurrency)))
+    connections.close()
+
+
 CLIENTS = {"http": http_client, "thin": thin_client, "node": node_client, "framed": framed_client,
-           "upgraded": upgraded_client}  # run in turn
+           "upgraded": upgraded_client, "stream": stream_client}  # run in turn
 
 
 def measure(kind: str, messages: int, size: int, concurrency: int) -> dict[str, float]:
@@ -271,15 +298,18 @@ def main() -> None:
     thin = best["thin"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
     node = best["node"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
     upgraded = best["upgraded"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
+    stream = best["stream"]["cpu_us_per_message"] / best["framed"]["cpu_us_per_message"]
     print(f"{args.messages} messages of {args.size} bytes, {args.concurrency} in flight, {args.event_loop}, best of "
           f"{args.repeat}: http {best['http']['cpu_us_per_message']} us ({ratio:.2f}x framed), thin "
           f"{best['thin']['cpu_us_per_message']} us ({thin:.2f}x), node {best['node']['cpu_us_per_message']} us "
-          f"({node:.2f}x), upgraded {best['upgraded']['cpu_us_per_message']} us ({upgraded:.2f}x), framed "
+          f"({node:.2f}x), upgraded {best['upgraded']['cpu_us_per_message']} us ({upgraded:.2f}x), stream "
+          f"{best['stream']['cpu_us_per_message']} us ({stream:.2f}x), framed "
           f"{best['framed']['cpu_us_per_message']} us CPU per message")
     print(json.dumps({"messages": args.messages, "size": args.size, "concurrency": args.concurrency, "tls": args.tls,
                       **best,
                       "event_loop": args.event_loop, "ratio_cpu": round(ratio, 3), "ratio_cpu_thin": round(thin, 3),
-                      "ratio_cpu_node": round(node, 3), "ratio_cpu_upgraded": round(upgraded, 3)}))
+                      "ratio_cpu_node": round(node, 3), "ratio_cpu_upgraded": round(upgraded, 3),
+                      "ratio_cpu_stream": round(stream, 3)}))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ needs no signature: it grants nothing but the carrying of frames, and a connecti
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -55,7 +56,8 @@ class _Frames:
     def __init__(self, transport: Any) -> None:
         self.transport = transport
         self.reader = RequestReader()
-        self.heads: asyncio.Queue[Head | None] = asyncio.Queue()  # None: the connection is done
+        self._head: asyncio.Future[Head | None] | None = None  # awaited by the handler (None: the connection ended)
+        self._heads: list[Head | None] = []  # come before the handler awaited them (None: the connection ended)
         self.done: asyncio.Future[bool] | None = None  # the current body is complete (False: the connection ended)
         self.hasher: Any = None
         self._into: memoryview | None = None  # where the current body goes (None: not accepted yet)
@@ -74,7 +76,7 @@ class _Frames:
             return True, b""
         for event in events:
             if isinstance(event, Head):
-                self.heads.put_nowait(event)
+                self._put(event)
             elif isinstance(event, Piece):
                 if self._into is None:
                     self._waiting.append(event.data)
@@ -91,7 +93,21 @@ class _Frames:
     def feed_eof(self) -> None:
         self._end(None)
 
+    def _put(self, head: Head | None) -> None:
+        waiter, self._head = self._head, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(head)
+        else:
+            self._heads.append(head)
+
     # -- the handler's side
+    async def head(self) -> Head | None:
+        """The next frame's head, once it came (None: the connection ended)."""
+        if self._heads:
+            return self._heads.pop(0)
+        self._head = asyncio.get_running_loop().create_future()
+        return await self._head
+
     def accept(self, into: memoryview, hashed: bool) -> asyncio.Future[bool]:
         """The current frame's body goes into `into` (hashed as it comes where `hashed`); the future is done when
         it is complete."""
@@ -128,7 +144,7 @@ class _Frames:
     def _end(self, error: str | None) -> None:
         self.error = self.error or error
         self._complete(False)
-        self.heads.put_nowait(None)
+        self._put(None)
 
 
 def fragments_stream(receive: Receive, oversized: Callable[[int], str | None], header_timeout: float,
@@ -136,8 +152,9 @@ def fragments_stream(receive: Receive, oversized: Callable[[int], str | None], h
     """The handler of GET /v1/fragments/stream: `receive(body, sender)` takes one message, as the POST's handler
     does (its status and JSON answer); `oversized(size)` says why a body of `size` bytes cannot be a message of the
     run (None where it can). Frames answered are counted in `mosaic_fragment_frames_total{status}`."""
-    answered = Counter("mosaic_fragment_frames", "fragment messages received as frames on a fragments stream, by "
-                       "the status they were answered with", ["status"], registry=registry)
+    counter = Counter("mosaic_fragment_frames", "fragment messages received as frames on a fragments stream, by "
+                      "the status they were answered with", ["status"], registry=registry)
+    answered = functools.lru_cache(maxsize=None)(lambda status: counter.labels(str(status)))
 
     async def stream(request: web.Request) -> web.StreamResponse:
         if request.method != "GET" or request.headers.get("Upgrade", "").lower() != UPGRADE or \
@@ -160,7 +177,7 @@ def fragments_stream(receive: Receive, oversized: Callable[[int], str | None], h
 
 
 async def _serve(request: web.Request, frames: _Frames, receive: Receive, oversized: Callable[[int], str | None],
-                 header_timeout: float, answered: Counter) -> None:
+                 header_timeout: float, answered: Callable[[int], Any]) -> None:
     """Frames one after the other until the client closes, stays idle past `header_timeout`, or is refused in a
     way that leaves the connection unusable (its body not read)."""
     app, transport = request.app, request.transport
@@ -171,15 +188,16 @@ async def _serve(request: web.Request, frames: _Frames, receive: Receive, oversi
     max_body = request.client_max_size
 
     def answer(status: int, body: dict[str, Any]) -> None:
-        answered.labels(str(status)).inc()
+        answered(status).inc()
         transport.write(answer_frame(status, json.dumps(body).encode()))
 
     def refuse(status: int, reason: str, detail: str) -> None:
         answer(status, {"reason": reason, "detail": detail})  # as `json_error`'s body
 
     while True:
-        try:
-            head = await asyncio.wait_for(frames.heads.get(), header_timeout)
+        try:  # asyncio.timeout, not wait_for: no task per frame (bench/transport.py, 59 kB messages)
+            async with asyncio.timeout(header_timeout):
+                head = await frames.head()
         except TimeoutError:
             limits.note("idle_closed", peer=peer)
             return
@@ -210,7 +228,8 @@ async def _serve(request: web.Request, frames: _Frames, receive: Receive, oversi
                 np.empty(size, dtype=np.uint8)
             into = memoryview(buffer)[:size]
             try:
-                whole = await asyncio.wait_for(frames.accept(into, signed is not None), limits.body_timeout)
+                async with asyncio.timeout(limits.body_timeout):
+                    whole = await frames.accept(into, signed is not None)
             except TimeoutError:
                 limits.note("slow_body", peer=peer)
                 return refuse(408, "slow_body", f"the body did not arrive within {limits.body_timeout:g} s "
