@@ -56,7 +56,7 @@ from mosaic_proto.frames import STREAM_PATH
 from mosaicd.daemon.http.body import read_body
 from mosaicd.daemon.http.connections import Connections
 from mosaicd.daemon.http.limits import LIMITS, Limits
-from mosaicd.daemon.http.stream import fragments_stream
+from mosaicd.daemon.http.stream import FragmentsStreams
 from mosaicd.daemon.loop import run
 from mosaicd.settings import DaemonOptions
 
@@ -152,8 +152,9 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
                 return 200, {"accepted": len(body)}
             options = DaemonOptions(max_body_bytes=1 << 26)
             app[LIMITS] = Limits(options, CollectorRegistry())
-            app.router.add_get(STREAM_PATH, fragments_stream(receive, lambda size: None, options.header_timeout,
-                                                             CollectorRegistry()))
+            streams = FragmentsStreams(receive, lambda size: None, options.header_timeout, CollectorRegistry())
+            app.router.add_get(STREAM_PATH, streams.handle)
+            app.on_shutdown.append(streams.close)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.SockSite(runner, sock, ssl_context=TLS[0]).start()

@@ -342,3 +342,22 @@ async def test_an_idle_stream_is_closed_at_the_header_timeout_and_garbage_closes
         assert served.inbox.state.taking().report.fragments_in <= 1
     finally:
         await runner.cleanup()
+
+
+async def test_a_server_that_stops_ends_its_streams_instead_of_waiting_out_its_grace() -> None:
+    options = DaemonOptions(host="127.0.0.1", port=0, insecure=True, header_timeout=600)  # an idle stream stays
+    state = NodeState(max_bytes=options.max_body_bytes)
+    state.registered(0, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 1, 2], 0, RUN, 0.0)
+    state.start(FR, SAMPLER, np.zeros(DIM, np.float32))
+    inbox = Inbox(state, options, None)
+    inbox.model_known(FR.layout)
+    runner = web.AppRunner(node_app(inbox), shutdown_timeout=600)  # a grace no test could wait out
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    reader, writer = await upgraded(runner.addresses[0][1])
+    body = message(1, [0])
+    writer.write(request_head({"Content-Type": CONTENT_TYPE}, len(body)) + body)
+    assert await answer_of(reader) == (200, {"status": "accepted", "round": 0})  # a stream waiting for its next
+    await asyncio.wait_for(runner.cleanup(), 60)
+    assert await closed(reader)
+    writer.close()

@@ -93,6 +93,10 @@ class _Frames:
     def feed_eof(self) -> None:
         self._end(None)
 
+    def stop(self) -> None:
+        """The server stops: the stream ends once the frame being answered (if any) is."""
+        self._end(None)
+
     def _put(self, head: Head | None) -> None:
         waiter, self._head = self._head, None
         if waiter is not None and not waiter.done():
@@ -147,16 +151,22 @@ class _Frames:
         self._put(None)
 
 
-def fragments_stream(receive: Receive, oversized: Callable[[int], str | None], header_timeout: float,
-                     registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The handler of GET /v1/fragments/stream: `receive(body, sender)` takes one message, as the POST's handler
-    does (its status and JSON answer); `oversized(size)` says why a body of `size` bytes cannot be a message of the
-    run (None where it can). Frames answered are counted in `mosaic_fragment_frames_total{status}`."""
-    counter = Counter("mosaic_fragment_frames", "fragment messages received as frames on a fragments stream, by "
-                      "the status they were answered with", ["status"], registry=registry)
-    answered = functools.lru_cache(maxsize=None)(lambda status: counter.labels(str(status)))
+class FragmentsStreams:
+    """GET /v1/fragments/stream's handler (`handle`) and the streams it serves: `receive(body, sender)` takes one
+    message, as the POST's handler does (its status and JSON answer); `oversized(size)` says why a body of `size`
+    bytes cannot be a message of the run (None where it can). Frames answered are counted in
+    `mosaic_fragment_frames_total{status}`. `close`, an `on_shutdown` hook, ends every stream when the server
+    stops: a stream waiting for its peer's next frame would otherwise hold the shutdown for its whole grace."""
 
-    async def stream(request: web.Request) -> web.StreamResponse:
+    def __init__(self, receive: Receive, oversized: Callable[[int], str | None], header_timeout: float,
+                 registry: CollectorRegistry) -> None:
+        self.receive, self.oversized, self.header_timeout = receive, oversized, header_timeout
+        counter = Counter("mosaic_fragment_frames", "fragment messages received as frames on a fragments stream, "
+                          "by the status they were answered with", ["status"], registry=registry)
+        self.answered = functools.lru_cache(maxsize=None)(lambda status: counter.labels(str(status)))
+        self._open: set[_Frames] = set()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET" or request.headers.get("Upgrade", "").lower() != UPGRADE or \
                 "upgrade" not in request.headers.get("Connection", "").lower():
             return json_error(426, "upgrade_required", f"GET {STREAM_PATH} upgrades the connection: send "
@@ -167,13 +177,17 @@ def fragments_stream(receive: Receive, oversized: Callable[[int], str | None], h
         assert transport is not None
         frames = _Frames(transport)
         request.protocol.set_parser(frames)
+        self._open.add(frames)
         try:
-            await _serve(request, frames, receive, oversized, header_timeout, answered)
+            await _serve(request, frames, self.receive, self.oversized, self.header_timeout, self.answered)
         finally:
+            self._open.discard(frames)
             transport.close()
         return switched
 
-    return stream
+    async def close(self, app: web.Application) -> None:
+        for frames in list(self._open):
+            frames.stop()
 
 
 async def _serve(request: web.Request, frames: _Frames, receive: Receive, oversized: Callable[[int], str | None],

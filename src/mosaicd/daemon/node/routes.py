@@ -18,7 +18,7 @@ from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.errors import bad_request
 from mosaicd.daemon.http.limits import Limits, refusal
 from mosaicd.daemon.http.model_codec import encode_model
-from mosaicd.daemon.http.stream import fragments_stream
+from mosaicd.daemon.http.stream import FragmentsStreams
 from mosaicd.daemon.node.inbox import Inbox
 
 _ROUND = re.compile(r"-?[0-9]{1,18}")
@@ -78,10 +78,11 @@ def node_app(inbox: Inbox) -> web.Application:
     async def run_of(request: web.Request) -> str | None:
         return REGISTER_RUN if request.path.endswith("/v1/register") else await inbox.run_of()
 
-    stream = fragments_stream(inbox.receive, inbox.oversized, inbox.options.header_timeout,
-                              inbox.metrics.registry)
-    return member_app([web.post("/v1/fragments", fragments), web.get(STREAM_PATH, stream),
-                       web.get("/v1/status", status), web.get("/v1/model", model)],
-                      options=inbox.options, keyring=inbox.keyring, run_of=run_of, registry=inbox.metrics.registry,
-                      limits=Limits(inbox.options, inbox.metrics.registry), max_body=inbox.options.max_body_bytes,
-                      openapi=partial(node_document, SyncMode.BARRIER))
+    streams = FragmentsStreams(inbox.receive, inbox.oversized, inbox.options.header_timeout, inbox.metrics.registry)
+    app = member_app([web.post("/v1/fragments", fragments), web.get(STREAM_PATH, streams.handle),
+                      web.get("/v1/status", status), web.get("/v1/model", model)],
+                     options=inbox.options, keyring=inbox.keyring, run_of=run_of, registry=inbox.metrics.registry,
+                     limits=Limits(inbox.options, inbox.metrics.registry), max_body=inbox.options.max_body_bytes,
+                     openapi=partial(node_document, SyncMode.BARRIER))
+    app.on_shutdown.append(streams.close)
+    return app
