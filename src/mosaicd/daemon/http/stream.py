@@ -65,14 +65,13 @@ class _Frames:
         self._waiting: list[memoryview] = []  # pieces that came before the body was accepted
         self._waiting_bytes = 0
         self._paused = False
-        self.error: str | None = None
 
     # -- aiohttp's side
     def feed_data(self, data: bytes) -> tuple[bool, bytes]:
         try:
             events = self.reader.feed(data)
-        except FrameError as exc:
-            self._end(str(exc))
+        except FrameError:  # not this protocol, or a frame before the last was answered: the connection closes
+            self._end()
             return True, b""
         for event in events:
             if isinstance(event, Head):
@@ -91,11 +90,11 @@ class _Frames:
         return False, b""
 
     def feed_eof(self) -> None:
-        self._end(None)
+        self._end()
 
     def stop(self) -> None:
         """The server stops: the stream ends once the frame being answered (if any) is."""
-        self._end(None)
+        self._end()
 
     def _put(self, head: Head | None) -> None:
         waiter, self._head = self._head, None
@@ -145,8 +144,7 @@ class _Frames:
         if self.done is not None and not self.done.done():
             self.done.set_result(whole)
 
-    def _end(self, error: str | None) -> None:
-        self.error = self.error or error
+    def _end(self) -> None:
         self._complete(False)
         self._put(None)
 
