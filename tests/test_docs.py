@@ -71,12 +71,19 @@ def test_the_reference_lists_every_route_of_the_openapi_documents(site: Path) ->
 
 
 def test_the_reference_lists_every_metric_a_node_and_the_barrier_serve(site: Path) -> None:
+    from mosaic_proto import NodeState
     from mosaicd.daemon.barrier.metrics import EVALUATION_GAUGES, BarrierMetrics
-    from mosaicd.daemon.node.metrics import NodeMetrics
+    from mosaicd.daemon.http.auth import Keyring
+    from mosaicd.daemon.node.inbox import Inbox
+    from mosaicd.daemon.node.routes import node_app
+    from mosaicd.settings import DaemonOptions
 
     barrier = BarrierMetrics()
     barrier.evaluated({key: 0.5 for key in EVALUATION_GAUGES})
-    served = {f.name for r in (NodeMetrics().registry, barrier.registry) for f in r.collect()}
+    inbox = Inbox(NodeState(), DaemonOptions(), Keyring(b"a-secret-of-the-docs-test"))
+    node_app(inbox)  # what a node's app adds: its limits, its secret's check, its fragments streams
+    served = {f.name for r in (inbox.metrics.registry, barrier.registry) for f in r.collect()}
+    assert "mosaic_fragment_frames" in served
     text = page(site, "reference/metrics.html")
     assert served and not [n for n in served if f"<code>{n}</code>" not in text]
 

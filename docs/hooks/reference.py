@@ -174,13 +174,19 @@ def families(registry: Any) -> list[tuple[str, str, str, str]]:
 
 
 def metrics() -> str:
+    from mosaic_proto import NodeState
     from mosaicd.daemon.barrier.metrics import EVALUATION_GAUGES, BarrierMetrics
-    from mosaicd.daemon.node.metrics import NodeMetrics
+    from mosaicd.daemon.http.auth import Keyring
+    from mosaicd.daemon.node.inbox import Inbox
+    from mosaicd.daemon.node.routes import node_app
+    from mosaicd.settings import DaemonOptions
 
     barrier = BarrierMetrics()
     barrier.evaluated({key: 0.0 for key in EVALUATION_GAUGES})  # the evaluation's gauges appear with the first one
+    inbox = Inbox(NodeState(), DaemonOptions(), Keyring(b"0" * 32))
+    node_app(inbox)  # a node's app adds its limits', its secret's and its fragments streams' counters
     header = ("metric", "type", "labels", "what it counts")
-    return (f"## A node's `/metrics`\n\n{table(header, families(NodeMetrics().registry))}\n\n"
+    return (f"## A node's `/metrics`\n\n{table(header, families(inbox.metrics.registry))}\n\n"
             f"## The barrier's `/metrics`\n\n{table(header, families(barrier.registry))}")
 
 
