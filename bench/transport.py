@@ -152,7 +152,8 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
                 return 200, {"accepted": len(body)}
             options = DaemonOptions(max_body_bytes=1 << 26)
             app[LIMITS] = Limits(options, CollectorRegistry())
-            streams = FragmentsStreams(receive, lambda size: None, options.header_timeout, CollectorRegistry())
+            streams = FragmentsStreams(receive, lambda size: None, lambda: None, options.header_timeout,
+                                       CollectorRegistry())
             app.router.add_get(STREAM_PATH, streams.handle)
             app.on_shutdown.append(streams.close)
         runner = web.AppRunner(app, access_log=None)

@@ -8,10 +8,11 @@ upgrade, aiohttp gives every read to
 `_Frames.feed_data`, which copies a body's bytes once, straight into the buffer it is handed on in (a kept one for a
 large message, `body.BodyBuffers`), hashing them as they come; the handler wakes once per frame.
 
-What a POST gets, a frame gets, in the same order (docs/security.md): a declared size over what the node takes,
-413 (`too_large`); the signature checked before the body is read (401), and the body's digest after; the content
-type (415); a body slot (`limits.BodySlots`, shared with the POSTs: 503 `busy`); the body within --request-timeout
-(408 `slow_body`). A refusal before the body is read closes the connection, as the POST's does. The upgrade itself
+What a POST gets, a frame gets, with the same answers (docs/security.md), and every check that needs no body
+before the body slot is taken, so that no unsigned frame holds one: a declared size over what the node takes, 413
+(`too_large`); the signature (401); the content type (415); a body slot (`limits.BodySlots`, shared with the POSTs:
+503 `busy`); the body within --request-timeout (408 `slow_body`); then the body's digest (401 `bad_body`). A
+refusal before the body is read closes the connection, as the POST's does. The upgrade itself
 needs no signature: it grants nothing but the carrying of frames, and a connection that carries none for
 --header-timeout is closed (as an idle keep-alive one is), under the server's connection caps.
 """
@@ -156,9 +157,9 @@ class FragmentsStreams:
     `mosaic_fragment_frames_total{status}`. `close`, an `on_shutdown` hook, ends every stream when the server
     stops: a stream waiting for its peer's next frame would otherwise hold the shutdown for its whole grace."""
 
-    def __init__(self, receive: Receive, oversized: Callable[[int], str | None], header_timeout: float,
-                 registry: CollectorRegistry) -> None:
-        self.receive, self.oversized, self.header_timeout = receive, oversized, header_timeout
+    def __init__(self, receive: Receive, oversized: Callable[[int], str | None], largest: Callable[[], int | None],
+                 header_timeout: float, registry: CollectorRegistry) -> None:
+        self.receive, self.oversized, self.largest, self.header_timeout = receive, oversized, largest, header_timeout
         counter = Counter("mosaic_fragment_frames", "fragment messages received as frames on a fragments stream, "
                           "by the status they were answered with", ["status"], registry=registry)
         self.answered = functools.lru_cache(maxsize=None)(lambda status: counter.labels(str(status)))
@@ -177,7 +178,7 @@ class FragmentsStreams:
         request.protocol.set_parser(frames)
         self._open.add(frames)
         try:
-            await _serve(request, frames, self.receive, self.oversized, self.header_timeout, self.answered)
+            await _serve(request, frames, self)
         finally:
             self._open.discard(frames)
             transport.close()
@@ -188,8 +189,7 @@ class FragmentsStreams:
             frames.stop()
 
 
-async def _serve(request: web.Request, frames: _Frames, receive: Receive, oversized: Callable[[int], str | None],
-                 header_timeout: float, answered: Callable[[int], Any]) -> None:
+async def _serve(request: web.Request, frames: _Frames, streams: FragmentsStreams) -> None:
     """Frames one after the other until the client closes, stays idle past `header_timeout`, or is refused in a
     way that leaves the connection unusable (its body not read)."""
     app, transport = request.app, request.transport
@@ -198,9 +198,10 @@ async def _serve(request: web.Request, frames: _Frames, receive: Receive, oversi
     fragments_path = request.path[:-len(STREAM_PATH)] + FRAGMENTS_PATH
     peer = request.remote or "unknown"
     max_body = request.client_max_size
+    receive, oversized, header_timeout = streams.receive, streams.oversized, streams.header_timeout
 
     def answer(status: int, body: dict[str, Any]) -> None:
-        answered(status).inc()
+        streams.answered(status).inc()
         transport.write(answer_frame(status, json.dumps(body).encode()))
 
     def refuse(status: int, reason: str, detail: str) -> None:
@@ -236,8 +237,8 @@ async def _serve(request: web.Request, frames: _Frames, receive: Receive, oversi
             return refuse(503, "busy", f"{limits.slots.count} request bodies are being received "
                           f"({limits.slots.per[peer]} from {peer}); try again")
         try:
-            buffer = kept_buffers().take(size, room=max_body or size) if size >= ARRAY_FROM else \
-                np.empty(size, dtype=np.uint8)
+            room = min(filter(None, (streams.largest(), max_body)), default=size)  # as `read_body`'s
+            buffer = kept_buffers().take(size, room=room) if size >= ARRAY_FROM else np.empty(size, dtype=np.uint8)
             into = memoryview(buffer)[:size]
             try:
                 async with asyncio.timeout(limits.body_timeout):

@@ -78,7 +78,8 @@ def node_app(inbox: Inbox) -> web.Application:
     async def run_of(request: web.Request) -> str | None:
         return REGISTER_RUN if request.path.endswith("/v1/register") else await inbox.run_of()
 
-    streams = FragmentsStreams(inbox.receive, inbox.oversized, inbox.options.header_timeout, inbox.metrics.registry)
+    streams = FragmentsStreams(inbox.receive, inbox.oversized, inbox.message_limit, inbox.options.header_timeout,
+                               inbox.metrics.registry)
     app = member_app([web.post("/v1/fragments", fragments), web.get(STREAM_PATH, streams.handle),
                       web.get("/v1/status", status), web.get("/v1/model", model)],
                      options=inbox.options, keyring=inbox.keyring, run_of=run_of, registry=inbox.metrics.registry,
