@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -293,56 +293,51 @@ class Connections:
         head = b"".join((method.encode("ascii"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n",
                          (b"Content-Length: %d\r\n" % length) if length or method in _BODY_METHODS else b"",
                          _header_bytes(headers), b"\r\n"))
-        async with self._slots:
-            conn, reused = await self._take(peer)
-            while True:
-                try:
-                    answer = await conn.exchange(head, body, length)
-                except BaseException as exc:  # failed, timed out or cancelled: the connection's state is unknown
-                    conn.abort()
-                    self._open.discard(conn)
-                    if reused and isinstance(exc, ConnectionError) and conn.answered_nothing:
-                        conn, reused = await self._open_one(peer), False
-                        continue
-                    raise
-                break
-            if conn.reusable:
-                idle = self._idle.setdefault(peer, [])
-                if len(idle) < IDLE_KEPT:
-                    idle.append(conn)
-                    return answer
-            conn.close()
-            self._open.discard(conn)
-            return answer
+        answer = await self._exchanged(self._idle, peer, functools.partial(self._connect, peer, _Connection),
+                                       lambda conn: conn.exchange(head, body, length))
+        assert answer is not None  # a connection is always to be had (or its opening raised)
+        return answer
 
     async def _framed(self, peer: tuple[str, int, bool], target: bytes, host: bytes, headers: dict[str, str],
                       body: Body, length: int) -> Answer | None:
         """The message sent as a frame and its answer; None where the peer does not upgrade (then it is POSTed)."""
+        return await self._exchanged(self._streams, peer, functools.partial(self._open_stream, peer, target, host),
+                                     lambda conn: conn.exchange(headers, body, length))
+
+    async def _exchanged(self, kept: dict[tuple[str, int, bool], list[_Kind]], peer: tuple[str, int, bool],
+                         open_one: Callable[[], Awaitable[_Kind | None]],
+                         send: Callable[[_Kind], Awaitable[Answer]]) -> Answer | None:
+        """`send` on one of the peer's `kept` connections, else on a new one (`open_one`; None where it has none to
+        give: then None), which is kept for the next exchange if it stays usable. A connection that fails is
+        closed; a kept one that its peer closed before it answered is replaced by a new one once (the request had
+        not reached the peer's handler)."""
         async with self._slots:
-            idle = self._streams.get(peer)
-            while idle and not idle[-1].reusable:
-                self._open.discard(idle.pop())
-            conn, reused = (idle.pop(), True) if idle else (await self._open_stream(peer, target, host), False)
-            while True:
-                if conn is None:
-                    return None
+            idle, conn, reused = kept.get(peer), None, True
+            while idle and conn is None:
+                conn = idle.pop()
+                if not conn.reusable:
+                    self._open.discard(conn)
+                    conn = None
+            if conn is None:
+                conn, reused = await open_one(), False
+            while conn is not None:
                 try:
-                    answer = await conn.exchange(headers, body, length)
-                except BaseException as exc:
+                    answer = await send(conn)
+                except BaseException as exc:  # failed, timed out or cancelled: the connection's state is unknown
                     conn.abort()
                     self._open.discard(conn)
                     if reused and isinstance(exc, ConnectionError) and conn.answered_nothing:
-                        conn, reused = await self._open_stream(peer, target, host), False
+                        conn, reused = await open_one(), False
                         continue
                     raise
-                break
-            idle = self._streams.setdefault(peer, [])
-            if conn.reusable and len(idle) < IDLE_KEPT:
-                idle.append(conn)
-            else:
-                conn.close()
-                self._open.discard(conn)
-            return answer
+                idle = kept.setdefault(peer, [])
+                if conn.reusable and len(idle) < IDLE_KEPT:
+                    idle.append(conn)
+                else:
+                    conn.close()
+                    self._open.discard(conn)
+                return answer
+            return None
 
     async def _open_stream(self, peer: tuple[str, int, bool], target: bytes, host: bytes) -> _Stream | None:
         """A new connection upgraded to the peer's fragments stream; None where the peer answered otherwise (a
@@ -364,18 +359,6 @@ class Connections:
         if status in (404, 405, 426):
             self._posted.add(peer)
         return None
-
-    async def _take(self, peer: tuple[str, int, bool]) -> tuple[_Connection, bool]:
-        idle = self._idle.get(peer)
-        while idle:
-            conn = idle.pop()
-            if conn.reusable:
-                return conn, True
-            self._open.discard(conn)
-        return await self._open_one(peer), False
-
-    async def _open_one(self, peer: tuple[str, int, bool]) -> _Connection:
-        return await self._connect(peer, _Connection)
 
     async def _connect(self, peer: tuple[str, int, bool], kind: type[_Kind]) -> _Kind:
         host, port, tls = peer
