@@ -83,18 +83,12 @@ class RequestReader:
     pieces are views of the fed bytes, never copied here. `ready()` is called by the reader's owner once a frame's
     `End` has been answered: bytes of a further frame before that are a FrameError (one frame at a time)."""
 
-    def __init__(self, max_head: int = MAX_HEAD) -> None:
-        self.max_head = max_head
+    def __init__(self) -> None:
         self._prefix = bytearray()  # the prefix and head being read
         self._left = 0  # body bytes still to come of the current frame
         self._in_frame = False  # a head was read and its frame not yet answered
         self._head_size: int | None = None
         self._length = 0
-
-    @property
-    def between_frames(self) -> bool:
-        """No byte of a frame has come since the last one was answered."""
-        return not self._in_frame and not self._prefix
 
     def ready(self) -> None:
         """The current frame is answered: the next one may come."""
@@ -122,8 +116,8 @@ class RequestReader:
                 break
             if self._head_size is None:
                 self._head_size, self._length = REQUEST.unpack(self._prefix)
-                if not 2 <= self._head_size <= self.max_head:
-                    raise FrameError(f"a frame's head of {self._head_size} bytes (at most {self.max_head})")
+                if not 2 <= self._head_size <= MAX_HEAD:
+                    raise FrameError(f"a frame's head of {self._head_size} bytes (at most {MAX_HEAD})")
                 continue
             headers = _headers(bytes(self._prefix[REQUEST.size:]))
             self._prefix.clear()

@@ -79,7 +79,8 @@ class Node:
         return self.inbox.metrics.registry.get_sample_value("mosaic_limited_requests_total", {"reason": reason}) or 0
 
 
-async def start(secret: bytes | None, **changes: Any) -> tuple[Node, web.AppRunner]:
+def node_inbox(secret: bytes | None, **changes: Any) -> Inbox:
+    """Node 0 of a 3-member run, in round 0's training phase."""
     options = DaemonOptions(host="127.0.0.1", port=0, **({"insecure": True} if secret is None else {}), **changes)
     state = NodeState(max_bytes=options.max_body_bytes)
     state.registered(0, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 1, 2], 0, RUN, 0.0)
@@ -87,7 +88,12 @@ async def start(secret: bytes | None, **changes: Any) -> tuple[Node, web.AppRunn
     inbox = Inbox(state, options, Keyring(secret) if secret else None)
     inbox.registered_for(RunConfig(run_id=RUN, nodes=3, fragments=K, fanout=2))
     inbox.model_known(FR.layout)
-    runner, port = await serve(node_app(inbox), options)
+    return inbox
+
+
+async def start(secret: bytes | None, **changes: Any) -> tuple[Node, web.AppRunner]:
+    inbox = node_inbox(secret, **changes)
+    runner, port = await serve(node_app(inbox), inbox.options)
     return Node(f"http://127.0.0.1:{port}", port, inbox), runner
 
 
@@ -345,12 +351,7 @@ async def test_an_idle_stream_is_closed_at_the_header_timeout_and_garbage_closes
 
 
 async def test_a_server_that_stops_ends_its_streams_instead_of_waiting_out_its_grace() -> None:
-    options = DaemonOptions(host="127.0.0.1", port=0, insecure=True, header_timeout=600)  # an idle stream stays
-    state = NodeState(max_bytes=options.max_body_bytes)
-    state.registered(0, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 1, 2], 0, RUN, 0.0)
-    state.start(FR, SAMPLER, np.zeros(DIM, np.float32))
-    inbox = Inbox(state, options, None)
-    inbox.model_known(FR.layout)
+    inbox = node_inbox(None, header_timeout=600)  # an idle stream stays
     runner = web.AppRunner(node_app(inbox), shutdown_timeout=600)  # a grace no test could wait out
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

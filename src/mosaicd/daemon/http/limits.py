@@ -232,16 +232,14 @@ class Limits:
             return await handler(request)  # no body, or all of it is here already
         request[_CHECKED] = True
         size, limit = request.content_length, request.client_max_size
-        if size is not None and limit and size > limit:
-            self.note("too_large", size=size)
-            return refusal(413, "too_large", f"the body is {size} bytes, more than this daemon takes ({limit})",
-                           close=True)
+        too_large = self.too_large(size, limit) if size is not None else None
+        if too_large is not None:
+            return refusal(413, "too_large", too_large, close=True)
         declared = size if size is not None else limit  # a chunked body may be as large as the limit
         peer = request.remote or "unknown"
-        if not await self.slots.admit(peer, declared, self.body_wait):
-            self.note("busy", peer=peer)
-            return refusal(503, "busy", f"{self.slots.count} request bodies are being received ({self.slots.per[peer]}"
-                           f" from {peer}); try again", retry_after=1, close=True)
+        busy = await self.admit(peer, declared)
+        if busy is not None:
+            return refusal(503, "busy", busy, retry_after=1, close=True)
         loop = asyncio.get_running_loop()
         timer = loop.call_later(self.body_timeout, self._cut, request, declared)
         arrived = False
@@ -263,11 +261,29 @@ class Limits:
             arrive()
             self.slots.done(declared)  # its bytes: held by the handler until now
 
+    def too_large(self, size: int, limit: int) -> str | None:
+        """Why a body declared `size` bytes is refused at once (noted), or None: over the app's `limit` (0: none)."""
+        if not limit or size <= limit:
+            return None
+        self.note("too_large", size=size)
+        return f"the body is {size} bytes, more than this daemon takes ({limit})"
+
+    async def admit(self, peer: str, declared: int) -> str | None:
+        """A body slot for `declared` bytes from `peer`, waiting up to `body_wait` for one; else why not (noted)."""
+        if await self.slots.admit(peer, declared, self.body_wait):
+            return None
+        self.note("busy", peer=peer)
+        return f"{self.slots.count} request bodies are being received ({self.slots.per[peer]} from {peer}); try again"
+
+    def slow(self, came: int, declared: int) -> str:
+        """What a body cut at its deadline is told (the caller notes `slow_body` where it answers)."""
+        return f"the body did not arrive within {self.body_timeout:g} s (--request-timeout): {came} of {declared} " \
+               "bytes came"
+
     def _cut(self, request: web.Request, declared: int) -> None:
         content = request.content
         if not content.is_eof() and content.exception() is None:
-            content.set_exception(SlowBody(f"the body did not arrive within {self.body_timeout:g} s "
-                                           f"(--request-timeout): {content.total_bytes} of {declared} bytes came"))
+            content.set_exception(SlowBody(self.slow(content.total_bytes, declared)))
 
     @web.middleware
     async def registrations(self, request: web.Request, handler: Handler) -> web.StreamResponse:

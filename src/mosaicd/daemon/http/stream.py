@@ -128,6 +128,11 @@ class _Frames:
             self._complete(True)
         return self.done
 
+    @property
+    def received(self) -> int:
+        """Bytes of the current body received so far."""
+        return self._at + self._waiting_bytes
+
     def answered(self) -> None:
         """The current frame is answered: the next may come."""
         self._into, self.done = None, None
@@ -217,10 +222,7 @@ async def _serve(request: web.Request, frames: _Frames, streams: FragmentsStream
         if head is None:
             return
         size = head.length
-        if max_body and size > max_body:
-            limits.note("too_large", size=size)
-            return refuse(413, "too_large", f"the body is {size} bytes, more than this daemon takes ({max_body})")
-        too_large = oversized(size)
+        too_large = limits.too_large(size, max_body) or oversized(size)
         if too_large is not None:
             return refuse(413, "too_large", too_large)
         signed = None
@@ -232,21 +234,21 @@ async def _serve(request: web.Request, frames: _Frames, streams: FragmentsStream
         kind = head.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
         if kind != CONTENT_TYPE:
             return refuse(415, "unsupported_media_type", f"expected {CONTENT_TYPE}, got {kind}")
-        if not await limits.slots.admit(peer, size, limits.body_wait):
-            limits.note("busy", peer=peer)
-            return refuse(503, "busy", f"{limits.slots.count} request bodies are being received "
-                          f"({limits.slots.per[peer]} from {peer}); try again")
+        busy = await limits.admit(peer, size)
+        if busy is not None:
+            return refuse(503, "busy", busy)
         try:
-            room = min(filter(None, (streams.largest(), max_body)), default=size)  # as `read_body`'s
-            buffer = kept_buffers().take(size, room=room) if size >= ARRAY_FROM else np.empty(size, dtype=np.uint8)
+            if size >= ARRAY_FROM:  # spanning the run's largest message, as `read_body`'s
+                buffer = kept_buffers().take(size, room=min(filter(None, (streams.largest(), max_body)), default=size))
+            else:
+                buffer = np.empty(size, dtype=np.uint8)
             into = memoryview(buffer)[:size]
             try:
                 async with asyncio.timeout(limits.body_timeout):
                     whole = await frames.accept(into, signed is not None)
             except TimeoutError:
                 limits.note("slow_body", peer=peer)
-                return refuse(408, "slow_body", f"the body did not arrive within {limits.body_timeout:g} s "
-                              f"(--request-timeout)")
+                return refuse(408, "slow_body", limits.slow(frames.received, size))
             finally:
                 limits.slots.arrived(peer)
             if not whole:
