@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,65 @@ def test_placed_nodes_need_one_host_each(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="2 hosts for 3 nodes"):
         AsyncCluster(settings, hosts=[NodeHost("10.213.0.1:9000"), NodeHost("10.213.0.2:9000")])
     assert not (tmp_path / "run").exists()
+
+
+
+@pytest.mark.parametrize("secret", [None, b"a-secret-of-the-async-frames-32b"])
+async def test_an_asynchronous_node_s_link_sends_fragments_as_frames(tmp_path: Path, secret: bytes | None) -> None:
+    """The link of an asynchronous node (`AsyncNode.send`) sends its fragments as frames on each peer's stream
+    (`http.stream`), as a barrier node's does: node 0 takes every message node 1 planned for it, each as a frame,
+    signed where the run has a secret; a frame larger than any message of the run is refused 413 unread."""
+    import asyncio
+
+    from mosaic_proto.frames import ANSWER, STREAM_PATH, UPGRADE, request_head
+    from mosaicd.daemon.http.auth import signer
+    from mosaicd.daemon.http.client import Client
+    from mosaicd.daemon.http.server import serve
+    from mosaicd.daemon.node.async_routes import async_app
+
+    settings = Settings.load(**RUN, nodes=4, rounds=3, port=0, host="127.0.0.1", insecure=secret is None,
+                             out=tmp_path / "n")
+    task = build_task(settings.run_config())
+    receiver = AsyncNode(settings, task, 0, ["127.0.0.1:1"] * 4, Secret(secret))
+    runner, port = await serve(async_app(receiver), receiver.options)
+    try:
+        addresses = [f"127.0.0.1:{port}", "127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"]  # only node 0 listens
+        sender, twin = (AsyncNode(settings, task, 1, addresses, Secret(secret)) for _ in range(2))
+        planned = 0
+        for step in range(10):  # the first step whose plan sends node 0 something; the twin says what
+            sender.state.trained(sender.state.start, float(step))
+            twin.state.trained(twin.state.start, float(step))
+            planned = sum(m.peer == 0 for m in iter(lambda: twin.state.next_send(0.0), None))
+            if planned:
+                break
+        assert planned > 0
+
+        def counted(name: str, label: str, value: str) -> float:
+            return receiver.metrics.registry.get_sample_value(name, {label: value}) or 0.0
+
+        sign = None if sender.keyring is None else signer(lambda: sender.keyring.credentials(settings.run_id),
+                                                          lambda: "1")
+        async with Client(5.0, 0, signer=sign) as client:
+            sending = asyncio.ensure_future(sender.send(client))
+            try:
+                async with asyncio.timeout(20):
+                    while counted("mosaic_fragment_frames_total", "status", "200") < planned:
+                        await asyncio.sleep(0.02)
+            finally:
+                sending.cancel()
+        assert counted("mosaic_fragment_frames_total", "status", "200") == planned
+        assert receiver.state.inbox_depth() > 0 and receiver.status()["refused"] == 0
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET {STREAM_PATH} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: {UPGRADE}\r\n\r\n"
+                     .encode())
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 101 ")
+        writer.write(request_head({"Content-Type": "application/cbor"}, receiver.max_bytes + 1))
+        status, length = ANSWER.unpack(await asyncio.wait_for(reader.readexactly(ANSWER.size), 10))
+        answer = json.loads(await reader.readexactly(length))
+        assert (status, answer["reason"]) == (413, "too_large"), answer
+        assert counted("mosaic_refused_messages_total", "reason", "too_large") == 1
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # refused before its body: the stream is closed
+        writer.close()
+    finally:
+        await runner.cleanup()

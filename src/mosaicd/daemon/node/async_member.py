@@ -153,6 +153,19 @@ class AsyncNode:
             self._newest[batch.sender] = batch.round
         return {"outcome": outcome.value}, 200
 
+    def oversized(self, size: int) -> str | None:
+        """Why a frame's body of `size` bytes (declared) cannot be a message of this run (413 before it is read), or
+        None: as `Inbox.oversized` for a node of the barrier."""
+        if size <= self.max_bytes:
+            return None
+        self.metrics.refused(Reason.TOO_LARGE)
+        return f"{size} bytes: no message of this run is over {self.max_bytes} bytes"
+
+    async def received(self, body: memoryview, proved: str | None) -> tuple[int, dict[str, Any]]:
+        """`receive` as a fragments stream takes it (`http.stream.Receive`: status first)."""
+        answer, status = self.receive(body, proved)
+        return status, answer
+
     def pair(self, body: bytes, step: str, proved: int | str | None) -> tuple[dict[str, Any] | bytes, int]:
         """--exchange pairwise: a peer's whole model (float32, little-endian) of its step `step`; this node keeps
         the pair's average and answers it (the peer keeps it too): (the average's bytes or a JSON refusal, status)."""
@@ -273,7 +286,7 @@ class AsyncNode:
                     self.state.averaged(np.frombuffer(average, "<f4").astype(np.float32), time.monotonic())
                 else:
                     await client.request("POST", url, data=tuple(encode_parts(message.batch)), round=message.step,
-                                         headers={"Content-Type": CONTENT_TYPE}, retries=0)
+                                         headers={"Content-Type": CONTENT_TYPE}, retries=0, stream=True)
                 self.sent += 1
                 self.sent_bytes += message.nbytes
                 self._silence.pop(message.peer, None)

@@ -11,10 +11,12 @@ from aiohttp import web
 from mosaic_proto import CONTENT_TYPE
 from mosaic_proto.async_node import SyncMode
 from mosaic_proto.barrier_rules import ended_status
+from mosaic_proto.frames import STREAM_PATH
 from mosaicd.daemon.http.auth import SENDER
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.limits import Limits
 from mosaicd.daemon.http.pages import dashboard_routes
+from mosaicd.daemon.http.stream import FragmentsStreams
 from mosaicd.daemon.node.async_member import PAIR_SENDER, PAIR_STEP, AsyncNode
 from mosaicd.daemon.node.routes import node_document, read_body
 
@@ -24,8 +26,9 @@ END_BODY_BYTES = 4 << 10
 
 
 def async_app(node: AsyncNode) -> web.Application:
-    """The node's server: POST /v1/fragments, /v1/pair, /v1/async/result, /v1/async/end, GET /v1/status and the
-    dashboard, behind the member's auth and limits."""
+    """The node's server: POST /v1/fragments (or its messages as frames on GET /v1/fragments/stream, as a barrier
+    node's), /v1/pair, /v1/async/result, /v1/async/end, GET /v1/status and the dashboard, behind the member's auth
+    and limits."""
     async def fragments(request: web.Request) -> web.Response:
         if request.content_type != CONTENT_TYPE:
             return web.json_response({"reason": "unsupported_media_type", "detail": f"expected {CONTENT_TYPE}, "
@@ -70,12 +73,17 @@ def async_app(node: AsyncNode) -> web.Application:
 
     async def run_of(request: web.Request) -> str | None:
         return node.run.run_id
-    return member_app([web.post("/v1/fragments", fragments), web.post("/v1/pair", pair),
-                       web.get("/v1/status", status), web.post("/v1/async/result", result),
-                       web.post("/v1/async/end", end), *dashboard_routes()],
-                      options=node.options, keyring=node.keyring, run_of=run_of, registry=node.metrics.registry,
-                      limits=Limits(node.options, node.metrics.registry), max_body=node.options.max_body_bytes,
-                      openapi=partial(node_document, SyncMode.ASYNC))
+
+    streams = FragmentsStreams(node.received, node.oversized, lambda: node.max_bytes, node.options.header_timeout,
+                               node.metrics.registry)
+    app = member_app([web.post("/v1/fragments", fragments), web.get(STREAM_PATH, streams.handle),
+                      web.post("/v1/pair", pair), web.get("/v1/status", status),
+                      web.post("/v1/async/result", result), web.post("/v1/async/end", end), *dashboard_routes()],
+                     options=node.options, keyring=node.keyring, run_of=run_of, registry=node.metrics.registry,
+                     limits=Limits(node.options, node.metrics.registry), max_body=node.options.max_body_bytes,
+                     openapi=partial(node_document, SyncMode.ASYNC))
+    app.on_shutdown.append(streams.close)
+    return app
 
 
 def interruption_of(body: bytes | memoryview) -> str | None:
