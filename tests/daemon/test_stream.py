@@ -330,6 +330,39 @@ async def test_frames_share_the_posts_body_slots() -> None:
         await runner.cleanup()
 
 
+async def test_a_stream_between_frames_is_closed_for_a_newcomer_at_the_connection_cap() -> None:
+    """Between two frames a stream is idle, as a kept-alive connection between two requests is: at the connection
+    cap the guard closes the oldest idle one for a newcomer instead of refusing the newcomer 503 (a node with more
+    peers than --max-connections would otherwise have every place held by their streams). A stream whose frame is
+    being read is passed over; the client whose stream was closed opens another at its next message."""
+    served, runner = await start(None, max_connections=8)
+    connections, url = Connections(), f"{served.url}/v1/fragments"
+    body = message(1, [0])
+    try:
+        busy, busy_writer = await upgraded(served.port)
+        busy_writer.write(request_head({"Content-Type": CONTENT_TYPE}, len(body)) + body[:1000])  # a frame half sent
+        sent = await connections.request("POST", url, {"Content-Type": CONTENT_TYPE}, message(2, [1]), stream=True)
+        assert sent.status == 200
+        streams = [await upgraded(served.port) for _ in range(6)]  # the cap: 8 connections from this address
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200 "), head  # the client's stream, the oldest idle one, made room
+        assert served.limited("idle_closed") == 1
+        busy_writer.write(body[1000:])  # the stream in the middle of a frame was passed over
+        assert await answer_of(busy) == (200, {"status": "accepted", "round": 0})
+        again = await connections.request("POST", url, {"Content-Type": CONTENT_TYPE}, message(2, [2]), stream=True)
+        assert (again.status, json.loads(again.body)) == (200, {"status": "accepted", "round": 0})
+        other, other_writer = streams[-1]
+        other_writer.write(request_head({"Content-Type": CONTENT_TYPE}, len(body)) + body)
+        assert (await answer_of(other))[0] == 409  # node 1's message again: the other streams still carry frames
+        writer.close()
+    finally:
+        connections.close()
+        await runner.cleanup()
+    assert served.frames() == {"200": 3.0, "409": 1.0}  # the client's second message came as a frame too
+
+
 async def test_an_idle_stream_is_closed_at_the_header_timeout_and_garbage_closes_it_at_once() -> None:
     served, runner = await start(None, header_timeout=0.5)
     try:

@@ -210,6 +210,18 @@ class Limits:
         self.connections = Gauge("mosaic_open_connections", "connections this daemon serves now", registry=registry)
         self.log = get_logger(role="limits")
         self._logged: dict[str, tuple[float, int]] = {}  # reason -> (last log time, refusals since)
+        self._parked: set[Any] = set()  # connections (their aiohttp handlers) that wait for a stream's next frame
+
+    def park(self, connection: Any) -> None:
+        """`connection` (its aiohttp handler) waits for its peer's next frame on a stream (`http/stream.py`): idle,
+        as a kept-alive connection between two requests is, so the connection guard may close it for a newcomer."""
+        self._parked.add(connection)
+
+    def unpark(self, connection: Any) -> None:
+        self._parked.discard(connection)
+
+    def parked(self, connection: Any) -> bool:
+        return connection in self._parked
 
     @property
     def middlewares(self) -> list[Any]:
@@ -356,9 +368,10 @@ class ConnectionGuard:
             self._gauge()
 
     def _evict(self, order: OrderedDict) -> bool:
-        """Close the oldest idle connection among the first EVICT_SCAN of `order` (busy ones go to its end)."""
+        """Close the oldest idle connection among the first EVICT_SCAN of `order` (busy ones go to its end): one
+        between two requests, or a stream between two frames (`Limits.parked`)."""
         for handler in list(islice(order, EVICT_SCAN)):
-            if _idle(handler):
+            if _idle(handler) or (self.limits is not None and self.limits.parked(handler)):
                 peer = self.all.get(handler)
                 self._forget(handler)
                 handler.force_close()

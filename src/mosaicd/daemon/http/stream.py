@@ -14,7 +14,9 @@ before the body slot is taken, so that no unsigned frame holds one: a declared s
 503 `busy`); the body within --request-timeout (408 `slow_body`); then the body's digest (401 `bad_body`). A
 refusal before the body is read closes the connection, as the POST's does. The upgrade itself
 needs no signature: it grants nothing but the carrying of frames, and a connection that carries none for
---header-timeout is closed (as an idle keep-alive one is), under the server's connection caps.
+--header-timeout is closed (as an idle keep-alive one is), under the server's connection caps; between two frames
+a stream is idle as a kept-alive connection between two requests is, and the connection guard may close it for a
+newcomer (`Limits.park`).
 """
 
 from __future__ import annotations
@@ -213,12 +215,15 @@ async def _serve(request: web.Request, frames: _Frames, streams: FragmentsStream
         answer(status, {"reason": reason, "detail": detail})  # as `json_error`'s body
 
     while True:
+        limits.park(request.protocol)  # between frames: the connection guard may close it for a newcomer
         try:  # asyncio.timeout, not wait_for: no task per frame (bench/transport.py, 59 kB messages)
             async with asyncio.timeout(header_timeout):
                 head = await frames.head()
         except TimeoutError:
             limits.note("idle_closed", peer=peer)
             return
+        finally:
+            limits.unpark(request.protocol)
         if head is None:
             return
         size = head.length
