@@ -22,7 +22,9 @@ another and getting an answer, with nothing of ours in between:
   `Connections.request(..., stream=True)`): `upgraded` with our framing and a frame's checks in place (size, content
   type, body slot, deadline; no secret, as `node`), the body copied into a kept buffer as a node reads it.
 
-Each runs `--messages` round trips with `--concurrency` in flight; the figure is CPU seconds (user + system) of
+The server's process keeps the memory it frees, as a node's does (`keep_freed_memory`; before the fourteenth pass in
+bench/README.md it did not, and a large POST's server side paid for memory mapped afresh). Each runs `--messages`
+round trips with `--concurrency` in flight; the figure is CPU seconds (user + system) of
 client and server together per message (and each side's), and the wall. The variants alternate `--repeat` times;
 the best counts. `--event-loop uvloop`: both processes on uvloop, as the daemons run; `--tls`: every variant over
 TLS, as a run with --tls-cert sends.
@@ -56,6 +58,7 @@ from mosaic_proto.frames import STREAM_PATH
 from mosaicd.daemon.http.body import read_body
 from mosaicd.daemon.http.connections import Connections
 from mosaicd.daemon.http.limits import LIMITS, Limits
+from mosaicd.daemon.http.server import keep_freed_memory
 from mosaicd.daemon.http.stream import FragmentsStreams
 from mosaicd.daemon.loop import run
 from mosaicd.settings import DaemonOptions
@@ -173,6 +176,7 @@ async def serve(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
 
 def server_main(kind: str, sock: socket.socket, ready: Any, done: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the client's to handle: it stops this process
+    keep_freed_memory()  # as a node's process: a body freed is the next one's memory, not a new mapping
     run(serve(kind, sock, ready, done), LOOP[0])
 
 
