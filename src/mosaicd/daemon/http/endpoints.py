@@ -10,11 +10,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 
+from mosaic_proto.frames import STREAM_PATH
 from mosaicd.daemon.http.auth import AUTHENTICATOR, Authenticator, Keyring, auth_middleware, auth_window
 from mosaicd.daemon.http.errors import Handler, json_errors
 from mosaicd.daemon.http.limits import LIMITS, Limits
 
 if TYPE_CHECKING:
+    from mosaicd.daemon.http.stream import FragmentsStreams
     from mosaicd.settings import DaemonOptions
 
 
@@ -61,10 +63,11 @@ async def healthz(request: web.Request) -> web.Response:
 def member_app(routes: list[web.RouteDef], *, options: DaemonOptions, keyring: Keyring | None,
                run_of: Callable[[web.Request], Awaitable[str | None]], registry: CollectorRegistry, limits: Limits,
                max_body: int, openapi: Path | Callable[[], bytes],
-               on_refused: Callable[[str, web.Request], None] | None = None) -> web.Application:
+               on_refused: Callable[[str, web.Request], None] | None = None,
+               streams: FragmentsStreams | None = None) -> web.Application:
     """A member's application: its `routes` and the endpoints every member serves, behind the middlewares in
     their order: errors as JSON, then the limits (bodies, before the guard reads them), then the cluster secret's
-    guard (with a `keyring`: http/auth.py)."""
+    guard (with a `keyring`: http/auth.py). A node's `streams`: GET /v1/fragments/stream, ended as the app stops."""
     authenticator = Authenticator(keyring, run_of, auth_window(options), registry, on_refused) if keyring else None
     guard = [auth_middleware(authenticator)] if authenticator else []
     app = web.Application(middlewares=[json_errors, *limits.middlewares, *guard], client_max_size=max_body)
@@ -73,4 +76,7 @@ def member_app(routes: list[web.RouteDef], *, options: DaemonOptions, keyring: K
         app[AUTHENTICATOR] = authenticator
     app.add_routes([*routes, web.get("/metrics", metrics_handler(registry)), web.get("/healthz", healthz),
                     web.get("/openapi.json", openapi_handler(openapi))])
+    if streams is not None:
+        app.router.add_get(STREAM_PATH, streams.handle)
+        app.on_shutdown.append(streams.close)
     return app

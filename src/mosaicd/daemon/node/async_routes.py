@@ -11,7 +11,6 @@ from aiohttp import web
 from mosaic_proto import CONTENT_TYPE
 from mosaic_proto.async_node import SyncMode
 from mosaic_proto.barrier_rules import ended_status
-from mosaic_proto.frames import STREAM_PATH
 from mosaicd.daemon.http.auth import SENDER
 from mosaicd.daemon.http.endpoints import member_app
 from mosaicd.daemon.http.limits import Limits
@@ -76,14 +75,12 @@ def async_app(node: AsyncNode) -> web.Application:
 
     streams = FragmentsStreams(node.received, node.oversized, lambda: node.max_bytes, node.options.header_timeout,
                                node.metrics.registry)
-    app = member_app([web.post("/v1/fragments", fragments), web.get(STREAM_PATH, streams.handle),
-                      web.post("/v1/pair", pair), web.get("/v1/status", status),
-                      web.post("/v1/async/result", result), web.post("/v1/async/end", end), *dashboard_routes()],
-                     options=node.options, keyring=node.keyring, run_of=run_of, registry=node.metrics.registry,
-                     limits=Limits(node.options, node.metrics.registry), max_body=node.options.max_body_bytes,
-                     openapi=partial(node_document, SyncMode.ASYNC))
-    app.on_shutdown.append(streams.close)
-    return app
+    return member_app([web.post("/v1/fragments", fragments), web.post("/v1/pair", pair),
+                       web.get("/v1/status", status), web.post("/v1/async/result", result),
+                       web.post("/v1/async/end", end), *dashboard_routes()],
+                      options=node.options, keyring=node.keyring, run_of=run_of, registry=node.metrics.registry,
+                      limits=Limits(node.options, node.metrics.registry), max_body=node.options.max_body_bytes,
+                      openapi=partial(node_document, SyncMode.ASYNC), streams=streams)
 
 
 def interruption_of(body: bytes | memoryview) -> str | None:

@@ -11,7 +11,6 @@ from aiohttp import web
 
 from mosaic_proto import CONTENT_TYPE
 from mosaic_proto.async_node import SyncMode
-from mosaic_proto.frames import STREAM_PATH
 from mosaicd.daemon.http.auth import REGISTER_RUN, SENDER
 from mosaicd.daemon.http.body import read_body as _read_body
 from mosaicd.daemon.http.endpoints import member_app
@@ -80,10 +79,8 @@ def node_app(inbox: Inbox) -> web.Application:
 
     streams = FragmentsStreams(inbox.receive, inbox.oversized, inbox.message_limit, inbox.options.header_timeout,
                                inbox.metrics.registry)
-    app = member_app([web.post("/v1/fragments", fragments), web.get(STREAM_PATH, streams.handle),
-                      web.get("/v1/status", status), web.get("/v1/model", model)],
-                     options=inbox.options, keyring=inbox.keyring, run_of=run_of, registry=inbox.metrics.registry,
-                     limits=Limits(inbox.options, inbox.metrics.registry), max_body=inbox.options.max_body_bytes,
-                     openapi=partial(node_document, SyncMode.BARRIER))
-    app.on_shutdown.append(streams.close)
-    return app
+    return member_app([web.post("/v1/fragments", fragments), web.get("/v1/status", status),
+                       web.get("/v1/model", model)],
+                      options=inbox.options, keyring=inbox.keyring, run_of=run_of, registry=inbox.metrics.registry,
+                      limits=Limits(inbox.options, inbox.metrics.registry), max_body=inbox.options.max_body_bytes,
+                      openapi=partial(node_document, SyncMode.BARRIER), streams=streams)
