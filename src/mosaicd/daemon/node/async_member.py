@@ -25,6 +25,7 @@ from mosaicd.daemon.http.client import Client, HttpError, Refused
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import sleep_at_least
 from mosaicd.daemon.node import checkpoint
+from mosaicd.daemon.node.inbox import oversized
 from mosaicd.daemon.node.metrics import NodeMetrics
 from mosaicd.daemon.node.outbound import Link
 from mosaicd.logs import get_logger
@@ -156,10 +157,7 @@ class AsyncNode:
     def oversized(self, size: int) -> str | None:
         """Why a frame's body of `size` bytes (declared) cannot be a message of this run (413 before it is read), or
         None: as `Inbox.oversized` for a node of the barrier."""
-        if size <= self.max_bytes:
-            return None
-        self.metrics.refused(Reason.TOO_LARGE)
-        return f"{size} bytes: no message of this run is over {self.max_bytes} bytes"
+        return oversized(size, self.max_bytes, self.metrics)
 
     async def received(self, body: memoryview, proved: str | None) -> tuple[int, dict[str, Any]]:
         """`receive` as a fragments stream takes it (`http.stream.Receive`: status first)."""

@@ -36,6 +36,16 @@ STATUS_OF_REASON = {Reason.TOO_LARGE: 413, Reason.STALE_ROUND: 409, Reason.FUTUR
 DECODES_AT_ONCE = 2  # large messages decoded in worker threads at once (the machine's cores serve the rounds too)
 
 
+def oversized(size: int | None, limit: int | None, metrics: NodeMetrics, *, passed: bool = False) -> str | None:
+    """Why a body of `size` bytes (declared; `passed`: read until it passed `size`) cannot be a message of a run
+    whose messages are at most `limit` bytes (counted as refused `too_large`), or None (also where either is
+    unknown): the one check of a node's routes and streams, of either kind."""
+    if size is None or limit is None or (size <= limit and not passed):
+        return None
+    metrics.refused(Reason.TOO_LARGE)
+    return f"{'more than ' if passed else ''}{size} bytes: no message of this run is over {limit} bytes"
+
+
 class Inbox:
     def __init__(self, state: NodeState, options: DaemonOptions, keyring: Keyring | None) -> None:
         self.state, self.options, self.keyring = state, options, keyring
@@ -143,11 +153,7 @@ class Inbox:
     def oversized(self, size: int | None, *, passed: bool = False) -> str | None:
         """Why a body of `size` bytes (declared; `passed`: read until it passed `size`) cannot be a message of this
         run (answered 413 before it is read whole: nothing more of it is held or decoded), or None."""
-        limit = self.message_limit()
-        if size is None or limit is None or (size <= limit and not passed):
-            return None
-        self.metrics.refused(Reason.TOO_LARGE)
-        return f"{'more than ' if passed else ''}{size} bytes: no message of this run is over {limit} bytes"
+        return oversized(size, self.message_limit(), self.metrics, passed=passed)
 
     async def _decode(self, body: bytes | memoryview) -> FragmentBatch | WireError:
         """`body` decoded in a worker thread once a decoding slot is free, or why it is refused."""
