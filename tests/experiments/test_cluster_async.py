@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import time
@@ -12,10 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mosaic_proto.frames import ANSWER, STREAM_PATH, UPGRADE, request_head
 from mosaic_proto.wire import FragmentBatch, encode
 from mosaicd.cli import main
-from mosaicd.daemon.http.auth import Secret
+from mosaicd.daemon.http.auth import Secret, signer
+from mosaicd.daemon.http.client import Client
+from mosaicd.daemon.http.server import serve
 from mosaicd.daemon.node.async_member import AsyncNode
+from mosaicd.daemon.node.async_routes import async_app
 from mosaicd.experiments.cluster_async import AsyncCluster, NodeHost, run_cluster_async
 from mosaicd.learning.evaluation import network_metrics
 from mosaicd.learning.tasks import build_task
@@ -222,20 +227,11 @@ def test_placed_nodes_need_one_host_each(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-
 @pytest.mark.parametrize("secret", [None, b"a-secret-of-the-async-frames-32b"])
 async def test_an_asynchronous_node_s_link_sends_fragments_as_frames(tmp_path: Path, secret: bytes | None) -> None:
     """The link of an asynchronous node (`AsyncNode.send`) sends its fragments as frames on each peer's stream
     (`http.stream`), as a barrier node's does: node 0 takes every message node 1 planned for it, each as a frame,
     signed where the run has a secret; a frame larger than any message of the run is refused 413 unread."""
-    import asyncio
-
-    from mosaic_proto.frames import ANSWER, STREAM_PATH, UPGRADE, request_head
-    from mosaicd.daemon.http.auth import signer
-    from mosaicd.daemon.http.client import Client
-    from mosaicd.daemon.http.server import serve
-    from mosaicd.daemon.node.async_routes import async_app
-
     settings = Settings.load(**RUN, nodes=4, rounds=3, port=0, host="127.0.0.1", insecure=secret is None,
                              out=tmp_path / "n")
     task = build_task(settings.run_config())
