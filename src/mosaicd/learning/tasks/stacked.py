@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -220,7 +221,7 @@ def sequential_grads(task: TorchModelTask, model: nn.Sequential, params: dict[st
             inputs.append(x)
             if isinstance(layer, nn.Linear):
                 bias = params.get(f"{i}.bias")
-                x = torch.bmm(params[f"{i}.weight"], x)  # then the bias: baddbmm is slower on the CPU
+                x = products(params[f"{i}.weight"], x)  # then the bias: baddbmm is slower on the CPU
                 x = x if bias is None else x.add_(bias.unsqueeze(-1))
             elif isinstance(layer, nn.ReLU) and i > 0 and isinstance(model[i - 1], nn.Linear):
                 x = x.clamp_min_(0)  # in place: a Linear's own output, which ReLU's gradient does not read
@@ -235,14 +236,24 @@ def sequential_grads(task: TorchModelTask, model: nn.Sequential, params: dict[st
             (i, layer), before = layers[k], inputs[k]
             after = inputs[k + 1] if k + 1 < len(layers) else x
             if isinstance(layer, nn.Linear):
-                grads[f"{i}.weight"] = torch.bmm(g, before.transpose(1, 2))
+                grads[f"{i}.weight"] = products(g, before.transpose(1, 2))
                 if layer.bias is not None:
                     grads[f"{i}.bias"] = g.sum(dim=2)
                 if k > first:
-                    g = torch.bmm(params[f"{i}.weight"].transpose(1, 2), g)
+                    g = products(params[f"{i}.weight"].transpose(1, 2), g)
             elif not isinstance(layer, nn.Flatten):
                 g = _elementwise_grad(layer, g, before, after)
     return grads, losses
+
+
+def products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for stacks of matrices (m, p, q) @ (m, q, r): on the CPU in float32 numpy's matmul (its OpenBLAS, one
+    product per model; `_train_group` holds it to the run's --threads), elsewhere torch.bmm. The teacher's 1,000
+    products of a step took 7.7 ms through numpy against 10.7 through torch.bmm on a 2-core AMD EPYC (bench/README.md,
+    issue 59). Each product's values are one thread's whatever the threads: the same bits at any --threads."""
+    if a.device.type == "cpu" and a.dtype == b.dtype == torch.float32:
+        return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
+    return torch.bmm(a, b)
 
 
 def _elementwise_grad(layer: nn.Module, g: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -275,27 +286,30 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
         return task.loss(functional_call(model, p, (x,)), y)
 
     if stackable_sequential(model):  # batched matrix products, the backward pass written out: no vmap, no autograd
+        blas_threads = s.threads  # numpy's `products`, on the threads torch has (None: as they are)
+
         def step(p: dict[str, torch.Tensor], x: torch.Tensor,
                  y: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
             return sequential_grads(task, model, p, x, y, counts)
     else:
         if counts is not None:
             raise ValueError("vmap's stacked training takes nodes of one batch size")
-        step = vmap(grad_and_value(node_loss))
+        step, blas_threads = vmap(grad_and_value(node_loss)), None
     names = list(params)
     leaves = [params[name].requires_grad_(True) for name in names]
     optimizer = task.optimizers.stacked(nodes, leaves, states)
     losses = []
-    for h in range(s.local_steps):
-        flat = rows[:, h].reshape(-1)  # one transfer per step; the same rows and values as node by node
-        x = task.x(np.take(split.x_train, flat, axis=0))  # take: a few times faster than indexing with `flat`
-        x = x.reshape(len(nodes), rows.shape[2], *x.shape[1:])
-        y = task.y(np.take(split.y_train, flat, axis=0))
-        y = y.reshape(len(nodes), rows.shape[2], *y.shape[1:])
-        grads, loss = step({name: p.detach() for name, p in params.items()}, x, y)
-        losses.append(loss.detach())
-        optimizer.step([grads[name] for name in names], s.clip_grad_norm,
-                       task.schedule.factor(round * s.local_steps + h))
+    with threadpool_limits(blas_threads, user_api="blas"):
+        for h in range(s.local_steps):
+            flat = rows[:, h].reshape(-1)  # one transfer per step; the same rows and values as node by node
+            x = task.x(np.take(split.x_train, flat, axis=0))  # take: a few times faster than indexing with `flat`
+            x = x.reshape(len(nodes), rows.shape[2], *x.shape[1:])
+            y = task.y(np.take(split.y_train, flat, axis=0))
+            y = y.reshape(len(nodes), rows.shape[2], *y.shape[1:])
+            grads, loss = step({name: p.detach() for name, p in params.items()}, x, y)
+            losses.append(loss.detach())
+            optimizer.step([grads[name] for name in names], s.clip_grad_norm,
+                           task.schedule.factor(round * s.local_steps + h))
     optimizer.keep()
     mean_loss = torch.stack(losses).double().cpu().numpy().mean(axis=0)
     return restack(model, {name: p.detach() for name, p in params.items()}), [float(x) for x in mean_loss]
