@@ -1,3 +1,5 @@
+import hashlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -103,6 +105,20 @@ def test_dirichlet_rebalances_when_redraws_fail():
     parts = partition(labels, 10, "dirichlet", 3, alpha=0.001, min_samples=10, max_attempts=1)
     _check_cover(parts, 100)
     assert [len(p) for p in parts] == [10] * 10
+
+
+@pytest.mark.parametrize(("alpha", "min_samples", "digest"), [
+    (0.3, 1, "3bdef1c00056ce16"),  # the first draw kept
+    (0.3, 8, "c3175fcefc9b3fcd"),  # redrawn ten times, the eleventh kept
+    (0.01, 30, "2c18d7d6eb71de66"),  # every draw short: the last one rebalanced
+])
+def test_dirichlet_partition_is_the_seed_s_own(alpha: float, min_samples: int, digest: str) -> None:
+    """The same seed gives the same nodes' samples from one version to the next (the models depend on it): these
+    digests are the partitions as drawn before redraws stopped placing the samples of the draws they reject."""
+    labels = np.random.default_rng(0).integers(0, 10, 3200)
+    parts = partition(labels, 100, "dirichlet", 7, alpha=alpha, min_samples=min_samples, max_attempts=20)
+    got = hashlib.sha256(b"".join(p.astype("<i8").tobytes() + b"|" for p in parts)).hexdigest()[:16]
+    assert got == digest
 
 
 def test_dirichlet_small_alpha_is_skewed_large_alpha_is_not():

@@ -10,7 +10,7 @@ Every random draw comes from `keyed_rng(seed, Purpose.DATA, round=attempt, fragm
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from enum import IntEnum
 
 import numpy as np
@@ -94,24 +94,35 @@ def _dirichlet(labels: np.ndarray, n: int, seed: int, alpha: float, min_samples:
                              f"--min-samples {min_samples}")
     classes, inverse = np.unique(labels, return_inverse=True)
     members = _by_node(inverse.reshape(-1), len(classes))  # sample indices of every class
-    node_of = np.zeros(total, dtype=np.int64)
-    for attempt in range(max(1, max_attempts)):
-        rng = data_rng(seed, DataStream.DIRICHLET, attempt)
-        for idx in members:
-            idx = rng.permutation(idx)
-            p = rng.dirichlet(np.full(n, float(alpha)))
-            p = np.nan_to_num(p, nan=0.0)
-            if p.sum() <= 0:  # tiny alpha can underflow every component: give the class to one node
-                p = np.eye(n)[rng.integers(n)]
-            bounds = np.floor(np.cumsum(p) / p.sum() * len(idx)).astype(np.int64)
-            bounds[-1] = len(idx)
-            # node of position j: the number of cumulative bounds <= j
-            node_of[idx] = np.searchsorted(bounds, np.arange(len(idx)), side="right")
-        sizes = np.bincount(node_of, minlength=n)
+    attempts = max(1, max_attempts)
+    for attempt in range(attempts):  # a draw's sizes only: most draws of many small nodes are redrawn
+        sizes = sum((np.diff(bounds, prepend=0) for _, bounds in _dirichlet_draw(members, n, seed, alpha, attempt)),
+                    np.zeros(n, dtype=np.int64))
         if sizes.min() >= min_samples:
-            return _by_node(node_of, n)
-    _rebalance(node_of, n, min_samples)
+            break
+    node_of = np.zeros(total, dtype=np.int64)
+    for idx, bounds in _dirichlet_draw(members, n, seed, alpha, attempt):  # the kept draw again, placed this time
+        # node of position j: the number of cumulative bounds <= j
+        node_of[idx] = np.searchsorted(bounds, np.arange(len(idx)), side="right")
+    if sizes.min() < min_samples:
+        _rebalance(node_of, n, min_samples)
     return _by_node(node_of, n)
+
+
+def _dirichlet_draw(members: list[np.ndarray], n: int, seed: int, alpha: float,
+                    attempt: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Attempt `attempt`'s draw, class by class: the class's samples shuffled, and the cumulative bounds of each
+    node's share of them (Dirichlet(alpha) proportions)."""
+    rng = data_rng(seed, DataStream.DIRICHLET, attempt)
+    for idx in members:
+        idx = rng.permutation(idx)
+        p = rng.dirichlet(np.full(n, float(alpha)))
+        p = np.nan_to_num(p, nan=0.0)
+        if p.sum() <= 0:  # tiny alpha can underflow every component: give the class to one node
+            p = np.eye(n)[rng.integers(n)]
+        bounds = np.floor(np.cumsum(p) / p.sum() * len(idx)).astype(np.int64)
+        bounds[-1] = len(idx)
+        yield idx, bounds
 
 
 def _rebalance(node_of: np.ndarray, n: int, min_samples: int) -> None:
