@@ -81,7 +81,8 @@ class Node:
 
 def node_inbox(secret: bytes | None, **changes: Any) -> Inbox:
     """Node 0 of a 3-member run, in round 0's training phase."""
-    options = DaemonOptions(host="127.0.0.1", port=0, **({"insecure": True} if secret is None else {}), **changes)
+    options = DaemonOptions(**{"host": "127.0.0.1", "port": 0, **({"insecure": True} if secret is None else {}),
+                               **changes})
     state = NodeState(max_bytes=options.max_body_bytes)
     state.registered(0, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 1, 2], 0, RUN, 0.0)
     state.start(FR, SAMPLER, np.zeros(DIM, np.float32))
@@ -233,6 +234,45 @@ async def test_a_peer_without_streams_is_posted_to() -> None:
         connections.close()
         await runner.cleanup()
     assert seen == ["POST /v1/fragments 3", "POST /v1/fragments 3"]  # the upgrade was asked for once (404)
+
+
+async def test_a_peer_restarted_with_streams_gets_frames_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer that served no stream is POSTed to for POSTED_FOR_S, then asked again: a node restarted at the same
+    address with the stream (a newer version) is sent frames, not POSTs for the rest of the run."""
+    from mosaicd.daemon.http import connections as module
+
+    monkeypatch.setattr(module, "POSTED_FOR_S", 2.0)
+    seen: list[str] = []
+
+    async def fragments(request: web.Request) -> web.Response:
+        seen.append(f"{request.method} {request.path} {len(await request.read())}")
+        return web.json_response({"status": "accepted", "round": 0})
+
+    app = web.Application(client_max_size=64 << 20)  # a message of one fragment: 3 MiB
+    app.router.add_post("/v1/fragments", fragments)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    connections = Connections()
+    body = message(1, [0])
+    url = f"http://127.0.0.1:{port}/v1/fragments"
+    try:
+        answer = await connections.request("POST", url, {"Content-Type": CONTENT_TYPE}, body, stream=True)
+        assert answer.status == 200 and seen == [f"POST /v1/fragments {len(body)}"]  # no stream there (404)
+        connections.close()  # its kept-alive connection, which the server's shutdown would wait for
+        await runner.cleanup()
+        served, runner = await start(None, port=port)  # the peer again, now a node that serves the stream
+        answer = await connections.request("POST", url, {"Content-Type": CONTENT_TYPE}, body, stream=True)
+        assert answer.status == 200 and served.frames() == {}  # within POSTED_FOR_S: still POSTed
+        await asyncio.sleep(2.1)
+        answer = await connections.request("POST", url, {"Content-Type": CONTENT_TYPE}, message(1, [1]),
+                                           stream=True)
+        assert (answer.status, json.loads(answer.body)) == (200, {"status": "accepted", "round": 0})
+        assert served.frames() == {"200": 1.0}  # then asked for the stream again, and sent the message as a frame
+    finally:
+        connections.close()
+        await runner.cleanup()
 
 
 async def test_a_get_without_the_upgrade_is_426(node: Node) -> None:

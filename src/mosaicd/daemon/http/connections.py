@@ -26,6 +26,7 @@ from mosaicd.logs import get_logger
 
 MAX_CONNECTIONS = 256  # connections open at once, to all peers (aiohttp's TCPConnector limit before)
 IDLE_KEPT = 16  # idle connections kept per peer
+POSTED_FOR_S = 60.0  # a peer that served no fragments stream is POSTed to this long, then asked for the stream again
 JOIN_BELOW = 1 << 18  # a body up to this size is sent in one piece with its head (a copy), a larger one after it
 _FRAGMENTS, _STREAM = FRAGMENTS_PATH.encode(), STREAM_PATH.encode()
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # Content-Length: 0 when sent without a body
@@ -276,7 +277,7 @@ class Connections:
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._open: set[_Connection | _Stream] = set()
         self._streams: dict[tuple[str, int, bool], list[_Stream]] = {}  # idle fragments streams per peer
-        self._posted: set[tuple[str, int, bool]] = set()  # peers that serve no fragments stream: POSTs
+        self._posted: dict[tuple[str, int, bool], float] = {}  # peer -> until when it is POSTed to (no stream)
 
     async def request(self, method: str, url: str, headers: dict[str, str], body: Body, *,
                       stream: bool = False) -> Answer:
@@ -286,7 +287,7 @@ class Connections:
         flight, kept between messages like a connection), and as a POST to a peer that serves none."""
         peer, target, host = _target(url)
         length = body_size(body)
-        if stream and method == "POST" and peer not in self._posted and target.endswith(_FRAGMENTS):
+        if stream and method == "POST" and target.endswith(_FRAGMENTS) and not self._posting(peer):
             answer = await self._framed(peer, target[:-len(_FRAGMENTS)] + _STREAM, host, headers, body, length)
             if answer is not None:
                 return answer
@@ -297,6 +298,17 @@ class Connections:
                                        lambda conn: conn.exchange(head, body, length))
         assert answer is not None  # a connection is always to be had (or its opening raised)
         return answer
+
+    def _posting(self, peer: tuple[str, int, bool]) -> bool:
+        """Whether `peer` served no fragments stream within POSTED_FOR_S: a peer restarted with the stream (a newer
+        version, or `mosaicd` after another server at its address) gets frames again."""
+        until = self._posted.get(peer)
+        if until is None:
+            return False
+        if asyncio.get_running_loop().time() < until:
+            return True
+        del self._posted[peer]
+        return False
 
     async def _framed(self, peer: tuple[str, int, bool], target: bytes, host: bytes, headers: dict[str, str],
                       body: Body, length: int) -> Answer | None:
@@ -341,7 +353,7 @@ class Connections:
 
     async def _open_stream(self, peer: tuple[str, int, bool], target: bytes, host: bytes) -> _Stream | None:
         """A new connection upgraded to the peer's fragments stream; None where the peer answered otherwise (a
-        peer without the route, 404 or 405, or that refuses the upgrade, 426, is POSTed to from now on)."""
+        peer without the route, 404 or 405, or that refuses the upgrade, 426, is POSTed to for POSTED_FOR_S)."""
         conn = await self._connect(peer, _Stream)
         assert conn.transport is not None
         conn.transport.write(b"".join((b"GET ", target, b" HTTP/1.1\r\nHost: ", host,
@@ -357,7 +369,9 @@ class Connections:
         conn.close()
         self._open.discard(conn)
         if status in (404, 405, 426):
-            self._posted.add(peer)
+            now = asyncio.get_running_loop().time()
+            self._posted = {p: until for p, until in self._posted.items() if until > now}  # none kept past its time
+            self._posted[peer] = now + POSTED_FOR_S
         return None
 
     async def _connect(self, peer: tuple[str, int, bool], kind: type[_Kind]) -> _Kind:
