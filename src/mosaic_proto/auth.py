@@ -29,6 +29,8 @@ SCHEME = "Mosaic-HMAC-SHA256"
 HEADERS = ("x-mosaic-run", "x-mosaic-sender", "x-mosaic-round", "x-mosaic-time", "x-mosaic-nonce",
            "x-mosaic-body-blake3")
 MIN_SECRET_BYTES = 16
+REASONS = ("unsigned", "malformed_auth", "stale_tag", "replayed", "wrong_run", "bad_tag", "bad_body")
+"""Every `AuthError.reason`: a receiver counts each from the start (a rate or an alert sees the first one)."""
 
 
 class AuthError(Exception):

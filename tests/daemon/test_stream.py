@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import ssl
 import struct
 import time
@@ -26,7 +27,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mosaic_proto import CONTENT_TYPE, Fragmentation, FragmentBatch, Layout, NodeState, PeerSampler, encode
-from mosaic_proto.auth import Credentials, run_key
+from mosaic_proto import auth as auth_module
+from mosaic_proto.auth import REASONS, Credentials, run_key
 from mosaic_proto.frames import (
     ANSWER,
     REQUEST,
@@ -264,7 +266,7 @@ async def test_a_peer_restarted_with_streams_gets_frames_again(monkeypatch: pyte
         await runner.cleanup()
         served, runner = await start(None, port=port)  # the peer again, now a node that serves the stream
         answer = await connections.request("POST", url, {"Content-Type": CONTENT_TYPE}, body, stream=True)
-        assert answer.status == 200 and served.frames() == {}  # within POSTED_FOR_S: still POSTed
+        assert answer.status == 200 and served.frames() == {"200": 0.0}  # within POSTED_FOR_S: still POSTed
         await asyncio.sleep(2.1)
         answer = await connections.request("POST", url, {"Content-Type": CONTENT_TYPE}, message(1, [1]),
                                            stream=True)
@@ -273,6 +275,25 @@ async def test_a_peer_restarted_with_streams_gets_frames_again(monkeypatch: pyte
     finally:
         connections.close()
         await runner.cleanup()
+
+
+async def test_a_fresh_node_serves_the_frames_and_auth_refusal_series_at_zero() -> None:
+    """The series a rate or an alert reads exist before their first event: the accepted frames', and each reason a
+    signed node refuses a request for (every reason `mosaic_proto.auth` raises an AuthError with)."""
+    raised = set(re.findall(r'AuthError\("([a-z_]+)"', Path(auth_module.__file__).read_text()))
+    assert raised == set(REASONS)
+    served, runner = await start(SECRET)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        text = (await asyncio.wait_for(reader.read(), 10)).decode()
+        writer.close()
+    finally:
+        await runner.cleanup()
+    assert text.startswith("HTTP/1.1 200 ")
+    assert 'mosaic_fragment_frames_total{status="200"} 0.0' in text
+    for reason in REASONS:
+        assert f'mosaic_auth_refused_total{{reason="{reason}"}} 0.0' in text, reason
 
 
 async def test_a_get_without_the_upgrade_is_426(node: Node) -> None:

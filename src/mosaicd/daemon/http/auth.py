@@ -21,7 +21,16 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from mosaic_proto import NodeRefused
-from mosaic_proto.auth import AuthError, Credentials, ReplayGuard, SignedHeaders, check_digest, run_key, verify
+from mosaic_proto.auth import (
+    REASONS,
+    AuthError,
+    Credentials,
+    ReplayGuard,
+    SignedHeaders,
+    check_digest,
+    run_key,
+    verify,
+)
 from mosaic_proto.frames import STREAM_PATH
 from mosaicd.daemon.http.body import body_digest_of, read_body, release_body
 from mosaicd.daemon.http.errors import Handler, json_error
@@ -190,6 +199,8 @@ class Authenticator:
         self.guard = ReplayGuard(window)
         self.refused = Counter("mosaic_auth_refused", "requests refused for want of a valid tag", ["reason"],
                                registry=registry)
+        for reason in REASONS:  # every series from the start, as the refused messages'
+            self.refused.labels(reason)
 
     async def check(self, request: web.Request, method: str, path: str,
                     headers: Mapping[str, str]) -> SignedHeaders:

@@ -170,6 +170,7 @@ class FragmentsStreams:
         counter = Counter("mosaic_fragment_frames", "fragment messages received as frames on a fragments stream, "
                           "by the status they were answered with", ["status"], registry=registry)
         self.answered = functools.lru_cache(maxsize=None)(lambda status: counter.labels(str(status)))
+        self.answered(200)  # the accepted frames' series from the start; a refusal's from its first
         self._open: set[_Frames] = set()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

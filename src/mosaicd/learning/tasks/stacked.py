@@ -248,9 +248,9 @@ def sequential_grads(task: TorchModelTask, model: nn.Sequential, params: dict[st
 
 def products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for stacks of matrices (m, p, q) @ (m, q, r): on the CPU in float32 numpy's matmul (its OpenBLAS, one
-    product per model; `_train_group` holds it to the run's --threads), elsewhere torch.bmm. The teacher's 1,000
-    products of a step took 7.7 ms through numpy against 10.7 through torch.bmm on a 2-core AMD EPYC (bench/README.md,
-    issue 59). Each product's values are one thread's whatever the threads: the same bits at any --threads."""
+    product per model; `_train_group` holds it to the run's --threads), elsewhere torch.bmm. numpy's took a third less
+    time for the teacher's small products than torch.bmm on the CPU (bench/scale.py; bench/README.md, issue 59).
+    Each product's values are one thread's whatever the threads: the same bits at any --threads."""
     if a.device.type == "cpu" and a.dtype == b.dtype == torch.float32:
         return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
     return torch.bmm(a, b)
