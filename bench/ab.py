@@ -8,7 +8,8 @@ and the figure given is the median of the pairs' ratios, each pair's runs side b
 
 A version is a git revision (its `src`, `git archive`d into a temporary folder) or `.` (this checkout's `src`);
 it is put first on PYTHONPATH, which the command's own subprocesses (a cluster's nodes) inherit. The command is
-any bench script that prints one JSON object as its last line; `--key` names figures in it by their dotted path.
+any bench script that prints one JSON object as its last line; `--key` names figures in it by their dotted path
+(a list's item by its index: `batched.0.batched_s`).
 
     .venv/bin/python bench/ab.py --before HEAD~1 --key warm.node_loop_ms_per_round --key warm.cpu_per_round_s \\
         -- bench/tutorial.py --no-cold --no-simulate
@@ -38,6 +39,11 @@ def figure(report: dict[str, Any], key: str) -> float:
     """The number at `key` (dotted: `warm.wall_s`) of a bench's JSON report; ValueError naming what is missing."""
     value: Any = report
     for part in key.split("."):
+        if isinstance(value, list):  # a list's item by its index: `batched.0.batched_s`
+            if not part.isdigit() or int(part) >= len(value):
+                raise ValueError(f"--key {key}: {part!r} is no index of a list of {len(value)} there")
+            value = value[int(part)]
+            continue
         if not isinstance(value, dict) or part not in value:
             raise ValueError(f"--key {key}: the report has no {part!r} there (it has {sorted(value)[:12]})"
                              if isinstance(value, dict) else f"--key {key}: {part!r} is below a number")

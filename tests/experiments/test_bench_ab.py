@@ -27,10 +27,12 @@ def test_the_pairs_alternate_their_order(kit: Any) -> None:
 
 def test_a_figure_is_read_by_its_dotted_path_and_a_wrong_one_is_named(kit: Any) -> None:
     ab = kit.bench_module("ab")
-    report = {"warm": {"wall_s": 7.5, "runs": 2, "ok": True, "event_loop": "auto"}}
+    report = {"warm": {"wall_s": 7.5, "runs": 2, "ok": True, "event_loop": "auto"}, "batched": [{"s": 3.5}]}
     assert ab.figure(report, "warm.wall_s") == 7.5 and ab.figure(report, "warm.runs") == 2.0
+    assert ab.figure(report, "batched.0.s") == 3.5  # a list's item by its index
     for key, words in (("warm.cpu_s", "no 'cpu_s'"), ("cold.wall_s", "no 'cold'"), ("warm.ok", "not a number"),
-                       ("warm.event_loop", "not a number"), ("warm.wall_s.x", "below a number")):
+                       ("warm.event_loop", "not a number"), ("warm.wall_s.x", "below a number"),
+                       ("batched.1.s", "no index of a list of 1"), ("batched.s", "no index")):
         with pytest.raises(ValueError, match=f"--key {key}: .*{words}"):
             ab.figure(report, key)
 
