@@ -100,7 +100,9 @@ def test_a_worker_engine_stopped_mid_run_its_nodes_leave_and_the_rest_finish(
 
 def test_the_barriers_engine_restarted_mid_run_resumes_from_its_journal(
         swarm: Swarm, host_image: str, tmp_path: Path, stack: list[StackRun]) -> None:
-    nodes, rounds = 5, 150  # the crash comes mid-run on a fast host too (as the engine's stop above)
+    # 1,000 rounds: the crash comes mid-run on a fast host too. Killing the engine's containers takes `docker` calls
+    # first (seconds on a loaded host), and at 150 rounds, ~4 s of them once, a run ended before its crash came
+    nodes, rounds = 5, 1000
     swarm.label(1, "mosaic.barrier=true")
     # the engine's restart and Swarm's rescheduling took over 120 s once on a loaded 2-core CI machine
     settings = {**SETTINGS, "MOSAIC_ROUNDS": str(rounds), "MOSAIC_ROUND_DEADLINE": "120", "MOSAIC_BARRIER_GRACE": "300",
@@ -114,7 +116,7 @@ def test_the_barriers_engine_restarted_mid_run_resumes_from_its_journal(
     engine = swarm.lab.engines[1]
     engine.crash()  # its barrier with it: nothing of that host survives
     engine.start()
-    summary = run.wait_final(timeout=300)
+    summary = run.wait_final(timeout=600)  # the restart and rescheduling (120 s and more), then the rounds left
     assert summary.get("resumed_at", 0) >= 3, f"{summary}\n{run.logs()[-6000:]}"  # it went on from its journal
     finished_with_every_node(summary, nodes, run)
     assert summary["dropped"] == []
