@@ -248,7 +248,7 @@ def sequential_grads(task: TorchModelTask, model: nn.Sequential, params: dict[st
 
 def products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for stacks of matrices (m, p, q) @ (m, q, r): on the CPU in float32 at one thread through numpy's matmul
-    (its OpenBLAS, one call per product; `_train_group` holds it to one thread), else torch.bmm. For the teacher's
+    (its OpenBLAS, one call per product; `_train_group` holds it to --threads: one), else torch.bmm. For the teacher's
     small products numpy took a third less time than torch.bmm at one thread, while at two torch.bmm, on its own
     threads, was faster than numpy's parts on threads of ours (bench/scale.py; bench/README.md, issue 59)."""
     if a.device.type == "cpu" and a.dtype == b.dtype == torch.float32 and torch.get_num_threads() == 1:
@@ -286,7 +286,7 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
         return task.loss(functional_call(model, p, (x,)), y)
 
     if stackable_sequential(model):  # batched matrix products, the backward pass written out: no vmap, no autograd
-        blas_threads = 1  # numpy's `products`, at one thread as torch is (torch.bmm's at more)
+        blas_threads = s.threads  # numpy's BLAS (`products` at one thread) on the threads torch has
 
         def step(p: dict[str, torch.Tensor], x: torch.Tensor,
                  y: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
