@@ -71,8 +71,9 @@ def test_stack_spreads_over_three_engines_and_equals_simulate(per_task: int, swa
 
 def test_a_worker_engine_stopped_mid_run_its_nodes_leave_and_the_rest_finish(
         swarm: Swarm, host_image: str, tmp_path: Path, stack: list[StackRun]) -> None:
-    # 150 rounds: the engine stops mid-run on a fast host too (bare quadratic rounds take ~5 ms on loopback there)
-    nodes, rounds = 6, 150
+    # 400 rounds: the engine stops mid-run on a fast host too (bare quadratic rounds take ~5 ms on loopback there, ~27
+    # ms over Swarm's overlay here; the crash below once came after 150 had ended)
+    nodes, rounds = 6, 400
     settings = {**SETTINGS, "MOSAIC_ROUNDS": str(rounds), "MOSAIC_ROUND_DEADLINE": "6", "MOSAIC_DROP_AFTER": "2",
                 "MOSAIC_REQUEST_TIMEOUT": "3"}
     run = StackRun(swarm, tmp_path, host_image, nodes, settings).deploy()
