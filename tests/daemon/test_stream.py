@@ -212,20 +212,24 @@ async def test_frames_go_over_tls(tmp_path: Path) -> None:
     assert served.frames() == {"200": 1.0}
 
 
-async def test_a_peer_without_streams_is_posted_to() -> None:
-    seen: list[str] = []
-
+async def posts_only(seen: list[str]) -> tuple[web.AppRunner, int]:
+    """A peer on loopback that takes POST /v1/fragments (each noted in `seen`: method, path, body size) and serves no
+    fragments stream; its runner and port."""
     async def fragments(request: web.Request) -> web.Response:
         seen.append(f"{request.method} {request.path} {len(await request.read())}")
         return web.json_response({"status": "accepted", "round": 0})
 
-    app = web.Application()
+    app = web.Application(client_max_size=64 << 20)  # a message of one fragment: 3 MiB
     app.router.add_post("/v1/fragments", fragments)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
+
+
+async def test_a_peer_without_streams_is_posted_to() -> None:
+    seen: list[str] = []
+    runner, port = await posts_only(seen)
     connections = Connections()
     try:
         for _ in range(2):
@@ -245,17 +249,7 @@ async def test_a_peer_restarted_with_streams_gets_frames_again(monkeypatch: pyte
 
     monkeypatch.setattr(module, "POSTED_FOR_S", 2.0)
     seen: list[str] = []
-
-    async def fragments(request: web.Request) -> web.Response:
-        seen.append(f"{request.method} {request.path} {len(await request.read())}")
-        return web.json_response({"status": "accepted", "round": 0})
-
-    app = web.Application(client_max_size=64 << 20)  # a message of one fragment: 3 MiB
-    app.router.add_post("/v1/fragments", fragments)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
+    runner, port = await posts_only(seen)
     connections = Connections()
     body = message(1, [0])
     url = f"http://127.0.0.1:{port}/v1/fragments"
