@@ -172,8 +172,8 @@ def test_sequential_grads_name_samples_of_more_than_one_dimension() -> None:
 
 def test_stacked_products_at_one_thread_hold_numpy_s_blas_to_one_thread() -> None:
     """At --threads 1 a stack of MLPs multiplies through numpy's BLAS (`stacked.products`), which runs on one thread
-    inside training, as torch does (seen from a loss of the user's own, which runs inside the step), its own count
-    restored after."""
+    inside training and evaluation, as torch does (seen from a loss of the user's own, which runs inside the step and
+    scores each evaluated model), its own count restored after."""
     from threadpoolctl import threadpool_info
     from torch import nn
 
@@ -191,7 +191,7 @@ def test_stacked_products_at_one_thread_hold_numpy_s_blas_to_one_thread() -> Non
     before = blas_threads()
     rng = np.random.default_rng(0)
     train = (rng.standard_normal((64, 8)).astype(np.float32), rng.integers(0, 3, 64))
-    task = TorchTask(Settings.load(task="teacher", nodes=4, threads=1, local_steps=2).run_config(),
+    task = TorchTask(Settings.load(task="teacher", nodes=4, threads=1, local_steps=2, batched=True),
                      model=lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), train=train,
                      test=train, loss=loss)
     vectors = [task.initial(0)] * 4
@@ -199,6 +199,10 @@ def test_stacked_products_at_one_thread_hold_numpy_s_blas_to_one_thread() -> Non
     assert len(trained) == 4 and not np.array_equal(trained[0][0], vectors[0])
     assert seen and all(pools == {1} for pools in seen), seen
     assert blas_threads() == before
+    trained_count = len(seen)
+    scores = task.evaluate_many([v for v, _ in trained])  # stacked: a --batched run's MLP
+    assert len(scores) == 4 and len(seen) > trained_count and all(pools == {1} for pools in seen), seen[trained_count:]
+    assert blas_threads() == before and before != {1}  # numpy's own count here: more than one
 
 
 def test_batched_gnlenet_with_small_shards_matches(tmp_path: Path) -> None:

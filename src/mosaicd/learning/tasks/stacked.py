@@ -22,13 +22,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from . import draws
 from .optim import state_signature
-from .torch_util import TorchModelTask, float_state, train_seeds
+from .torch_util import TorchModelTask, blas_threads, float_state, train_seeds
 
 __all__ = ["STACK_SAMPLES", "chunks", "has_buffers", "restack", "train_stacked", "unstack"]
 
@@ -186,11 +185,8 @@ def _features_first(layers: list[tuple[int, nn.Module]], params: dict[str, torch
         if isinstance(layer, nn.Linear):
             weight, bias = params[f"{i}.weight"], params.get(f"{i}.bias")
             m, out = weight.shape[:2]
-            if x.dim() == 2:
-                flat = weight.reshape(m * out, -1)
-                x = (flat @ x if bias is None else torch.addmm(bias.reshape(m * out, 1), flat, x)).view(m, out, -1)
-            else:
-                x = torch.bmm(weight, x) if bias is None else torch.baddbmm(bias.unsqueeze(-1), weight, x)
+            x = products(weight.reshape(m * out, -1), x).view(m, out, -1) if x.dim() == 2 else products(weight, x)
+            x = x if bias is None else x.add_(bias.unsqueeze(-1))
         elif isinstance(layer, nn.ReLU) and x is not given:
             x = x.clamp_min_(0)  # in place: no gradient reads this output (a 1,001-model evaluation ~25% faster)
         elif not isinstance(layer, nn.Flatten):  # a sample's features are one dimension: flattening keeps them
@@ -247,13 +243,14 @@ def sequential_grads(task: TorchModelTask, model: nn.Sequential, params: dict[st
 
 
 def products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b for stacks of matrices (m, p, q) @ (m, q, r): on the CPU in float32 at one thread through numpy's matmul
-    (its OpenBLAS, one call per product; `_train_group` holds it to --threads: one), else torch.bmm. For the teacher's
-    small products numpy took a third less time than torch.bmm at one thread, while at two torch.bmm, on its own
-    threads, was faster than numpy's parts on threads of ours (bench/scale.py; bench/README.md, issue 59)."""
+    """a @ b for matrices (p, q) @ (q, r) or stacks of them (m, p, q) @ (m, q, r): on the CPU in float32 at one thread
+    through numpy's matmul (its OpenBLAS; `_train_group` and `evaluate_stacked` hold it to one thread there), else
+    torch.matmul. For the teacher's small products numpy took a third less time than torch.bmm at one thread, while
+    at two torch.bmm, on its own threads, was faster than numpy's parts on threads of ours (bench/scale.py;
+    bench/README.md, issue 59)."""
     if a.device.type == "cpu" and a.dtype == b.dtype == torch.float32 and torch.get_num_threads() == 1:
         return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
-    return torch.bmm(a, b)
+    return torch.matmul(a, b)
 
 
 def _elementwise_grad(layer: nn.Module, g: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -286,7 +283,7 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
         return task.loss(functional_call(model, p, (x,)), y)
 
     if stackable_sequential(model):  # batched matrix products, the backward pass written out: no vmap, no autograd
-        blas_threads = s.threads  # numpy's BLAS (`products` at one thread) on the threads torch has
+        blas = s.threads  # numpy's BLAS (`products` at one thread) on the threads torch has
 
         def step(p: dict[str, torch.Tensor], x: torch.Tensor,
                  y: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -294,12 +291,12 @@ def _train_group(task: TorchModelTask, nodes: list[int], round: int, vectors: li
     else:
         if counts is not None:
             raise ValueError("vmap's stacked training takes nodes of one batch size")
-        step, blas_threads = vmap(grad_and_value(node_loss)), None
+        step, blas = vmap(grad_and_value(node_loss)), None
     names = list(params)
     leaves = [params[name].requires_grad_(True) for name in names]
     optimizer = task.optimizers.stacked(nodes, leaves, states)
     losses = []
-    with threadpool_limits(blas_threads, user_api="blas"):
+    with blas_threads(blas):
         for h in range(s.local_steps):
             flat = rows[:, h].reshape(-1)  # one transfer per step; the same rows and values as node by node
             x = task.x(np.take(split.x_train, flat, axis=0))  # take: a few times faster than indexing with `flat`

@@ -12,13 +12,13 @@ alone overfits its own at ~31% test accuracy; 16 nodes (Dirichlet 0.3, s=4) reac
 from __future__ import annotations
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 from torch import nn
 
 from mosaic_proto import Purpose, keyed_rng
 from mosaicd.learning.data import Split
 
 from .torch_task import TorchTask
+from .torch_util import blas_threads
 
 __all__ = ["TeacherTask"]
 
@@ -33,7 +33,7 @@ def teacher_split(seed: int, train: int) -> Split:
     numpy's BLAS on one thread, whatever --threads: its products here are small (milliseconds for 64,000 samples),
     and its other threads spun past them, ~0.1-0.3 CPU-s of a 1,000-node run on 2 loaded cores (bench/README.md,
     issue 59). The same values on any number of threads (its rows split among threads, each summed alike)."""
-    with threadpool_limits(1, user_api="blas"):
+    with blas_threads(1):
         return _split(seed, train)
 
 

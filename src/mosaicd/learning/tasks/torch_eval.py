@@ -15,7 +15,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from .stacked import chunks, sequential_forward, stackable_sequential, unstack
-from .torch_util import TorchModelTask, load_vector
+from .torch_util import TorchModelTask, blas_threads, load_vector
 
 __all__ = ["EVAL_STACK_SAMPLES", "evaluate_one", "evaluate_stacked", "test_rows"]
 
@@ -65,7 +65,7 @@ def evaluate_stacked(task: TorchModelTask, vectors: list[np.ndarray],
             return sequential_forward(model, p, x, shared=True)
     else:
         forward = vmap(lambda p, x: functional_call(model, p, (x,)), in_dims=(0, None))
-    with torch.no_grad():
+    with torch.no_grad(), blas_threads(task.run.threads if stackable_sequential(model) else None):
         stacks = [unstack(model, chunk, task.device) for chunk in chunks(vectors, per_call)]
         sums: list[dict[str, torch.Tensor]] = [{} for _ in stacks]
         for start in range(0, count, batch):

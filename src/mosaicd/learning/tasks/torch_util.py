@@ -5,16 +5,30 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+from threadpoolctl import ThreadpoolController
 from torch import nn
 
 from mosaic_proto import Layout, Purpose, keyed_raws, keyed_rng
 
-__all__ = ["SGD", "Adam", "AdamW", "PlainOptimizer", "check_device", "deterministic_cuda", "float_state", "layout_of",
-           "load_vector", "to_vector", "train_generator", "train_seed", "train_seeds"]
+__all__ = ["SGD", "Adam", "AdamW", "PlainOptimizer", "blas_threads", "check_device", "deterministic_cuda",
+           "float_state", "layout_of", "load_vector", "to_vector", "train_generator", "train_seed", "train_seeds"]
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
+def blas_threads(threads: int | None) -> AbstractContextManager[Any]:
+    """A context that holds numpy's BLAS to `threads` (None: leaves it): the run's --threads where products go through
+    numpy (`stacked.products`). One controller per process: `threadpool_limits` looks the libraries up again at each
+    call, a scan of the process's shared objects."""
+    return _blas().limit(limits=threads, user_api="blas")
 
 
 def float_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
