@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from mosaicd import Settings
 from mosaicd.daemon.barrier.barrier import Barrier
 from mosaicd.daemon.http.auth import Secret
 from mosaicd.experiments.cluster import Cluster, ClusterFailed
-from mosaicd.experiments.simulate import run_simulation
+from mosaicd.experiments.simulate import YOUNG_OBJECTS, run_simulation
 from mosaicd.learning.data import DataMissing
 from mosaicd.outputs import RunRecorder, mark_failed, read_rounds, remove_summary
 from mosaicd.progress import RoundProgress
@@ -69,6 +70,28 @@ def test_a_run_failing_midway_keeps_its_rounds(tmp_path: Path) -> None:
     assert summary["progress"] == {"rounds_done": 3, "rounds": 10}
     assert [int(r["round"]) for r in rows(tmp_path / "rounds.csv")] == [0, 1, 2]
     assert len(rows(tmp_path / "nodes.csv")) == 3 * QUICK["nodes"]
+
+
+def test_a_run_collects_less_often_and_sets_the_collector_back_however_it_ends(tmp_path: Path) -> None:
+    """While a simulation runs, the cyclic collector's young threshold is YOUNG_OBJECTS; after it, finished or failed,
+    the process's own thresholds are back."""
+    before = gc.get_threshold()
+    seen: list[int] = []
+
+    def look(p: RoundProgress) -> None:
+        seen.append(gc.get_threshold()[0])
+
+    run_simulation(Settings.load(**QUICK, rounds=2, out=tmp_path / "done"), progress=False, on_round=look)
+    assert seen == [YOUNG_OBJECTS] * 2 and gc.get_threshold() == before
+
+    def failing(p: RoundProgress) -> None:
+        seen.append(gc.get_threshold()[0])
+        raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        run_simulation(Settings.load(**QUICK, rounds=2, out=tmp_path / "failed"), progress=False, on_round=failing)
+    assert seen[2:] == [YOUNG_OBJECTS] and gc.get_threshold() == before
+    assert before[0] < YOUNG_OBJECTS  # CPython's default: the run's setting is one it changed
 
 
 def test_a_cluster_timeout_leaves_a_failed_summary(tmp_path: Path) -> None:

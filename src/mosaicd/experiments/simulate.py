@@ -18,9 +18,12 @@ a resumed one ends with the same models, bit for bit, as if it had never stopped
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +56,28 @@ def run_simulation(settings: Settings, progress: bool = True, on_round: OnRound 
     given = settings.out if "out" in settings.model_fields_set else None
     out = claim_out(given, "simulate", resume=resume, replace=replace, run_id=settings.run_id)
     try:
-        return _run(settings.model_copy(update={"out": out}), progress, on_round, resume, advise, task)
+        with _fewer_collections():
+            return _run(settings.model_copy(update={"out": out}), progress, on_round, resume, advise, task)
     finally:
         release(out)
+
+
+# new container objects between two young collections while a simulation runs (CPython's default is 700)
+YOUNG_OBJECTS = 10_000
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """The cyclic collector's young threshold raised to YOUNG_OBJECTS for the run, then set back. Torch's import makes
+    a few hundred thousand objects that live as long as the process, and with CPython's default each older collection
+    scanned them again: several percent of a `--batched` run's CPU (bench/README.md, issue 59). A run's garbage is
+    acyclic but for a few objects, which wait a little longer."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(YOUNG_OBJECTS, before[0]), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def _run(settings: Settings, progress: bool, on_round: OnRound | None, resume: bool, advise: bool,
