@@ -14,7 +14,9 @@ Usage: python bench/scale.py [--sizes 1000,10000,100000] [--rounds 20] [--no-bat
 (--repeat: each batched case N times, exact and batched alternating; the medians and their ratio are printed.
 --threads: the runs' --threads; without it each run takes the setting's default, what a user's run gets. Every run
 reports the threads its summary.json records, and its CPU seconds beside its wall: on a loaded machine the CPU ratio
-moves less than the wall ratio.) The last line printed is JSON.
+moves less than the wall ratio. Each case also names the kernels numpy's BLAS ran (threadpoolctl): `--batched`
+multiplies through it at one thread, and an environment that sets OPENBLAS_CORETYPE picks older ones.) The last line
+printed is JSON.
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ wall, cpu = time.perf_counter() - started, time.process_time() - cpu
 peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
 size = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
 final = summary["final"]
+from threadpoolctl import threadpool_info
+blas = sorted({f"{p['internal_api']} {p.get('architecture')}" for p in threadpool_info() if p["user_api"] == "blas"})
 print(json.dumps({"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "threads": summary["settings"]["threads"],
+                  "blas": ", ".join(blas),
                   "peak_mb": round(peak, 1), "folder_bytes": size,
                   "node_average": final.get("node_average"), "average_model": final.get("average_model")}))
 """
@@ -99,9 +104,10 @@ def batched(root: Path, rounds: int, repeat: int, cases: list[str], threads: int
         walls = {kind: [got["wall_s"] for got in each] for kind, each in runs.items()}
         cpus = {kind: [got["cpu_s"] for got in each] for kind, each in runs.items()}
         used = sorted({got["threads"] for each in runs.values() for got in each})
+        kernels = sorted({got["blas"] for each in runs.values() for got in each})
         exact_s, batched_s = statistics.median(walls["exact"]), statistics.median(walls["batched"])
         cpu_ratio = statistics.median(cpus["exact"]) / statistics.median(cpus["batched"])
-        row = {"case": name, "threads": used, "exact_s": exact_s, "batched_s": batched_s,
+        row = {"case": name, "threads": used, "blas": kernels, "exact_s": exact_s, "batched_s": batched_s,
                "ratio": round(exact_s / batched_s, 2), "cpu_ratio": round(cpu_ratio, 2),
                "exact_walls": walls["exact"], "batched_walls": walls["batched"], "exact_cpus": cpus["exact"],
                "batched_cpus": cpus["batched"],
@@ -112,6 +118,7 @@ def batched(root: Path, rounds: int, repeat: int, cases: list[str], threads: int
         print(f"{name:<16} {','.join(map(str, used)):>7} {exact_s:>7.1f}s {batched_s:>7.1f}s {row['ratio']:>13.2f}x "
               f"{row['cpu_ratio']:>9.2f}x {row['gap_node_average']:>13.2e} {row['gap_average_model']:>14.2e}{each}",
               flush=True)
+        print(f"{'':<16} numpy's BLAS: {'; '.join(kernels)}", flush=True)
     return rows
 
 
