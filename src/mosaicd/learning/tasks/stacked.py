@@ -88,7 +88,7 @@ def train_stacked(task: TorchModelTask, nodes: list[int], round: int,
             trained, losses = _train_group(task, [nodes[k] for k in chunk], round, [vectors[k] for k in chunk],
                                            [states[k] for k in chunk], [shards[nodes[k]] for k in chunk])
             for j, k in enumerate(chunk):
-                results[k] = (trained[j].copy(), losses[j])
+                results[k] = (trained[j], losses[j])  # a row of the chunk's array: no node's row overlaps another's
     return [results[k] for k in range(len(nodes))]
 
 
