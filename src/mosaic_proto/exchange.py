@@ -30,6 +30,12 @@ SCATTER_CHUNK = 1 << 20  # values (own and received) in one bincount: bounds the
 # bench/exchange.py; bench/README.md, "Figures behind design choices")
 PER_NODE_BAND_BYTES = 1 << 20
 PER_NODE_MIN_BAND = 1024
+# ... and, within a band, a block of accumulators at a time (receivers, most-received first): every rank's adds, the
+# division and the cast of PER_NODE_BLOCK_BYTES of them while they are in the cache, a block never fewer than
+# PER_NODE_MIN_BLOCK receivers (a thousand nodes' bands are wider than the cache: bench/README.md, issue 59)
+PER_NODE_BLOCK_BYTES = 1 << 18
+PER_NODE_MIN_BLOCK = 16
+PER_NODE_STAGED_ROW_BYTES = 1 << 17  # models of rows up to this size put their index-array fragments back at once
 
 
 def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.ndarray],
@@ -133,16 +139,24 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
     (`PER_NODE_BAND_BYTES`), as `aggregate` does a block at a time, so that the accumulators stay in the cache: at
     8 nodes of 11M values, K=1, a round's averaging went from 0.77 to 0.21 s. Each band's coordinates are copied
     out as one contiguous array, so that every gather copies whole rows; one that is a contiguous range
-    (`Fragmentation.spans`: K=1, the contiguous strategy) is read and written as a slice of the models. Rows are
-    gathered with `np.take` into one reused buffer, and each mean is cast to float32 before it is put back in node
-    order."""
+    (`Fragmentation.spans`: K=1, the contiguous strategy) is read and written as a slice of the models. Within a
+    band the accumulators go a block of receivers at a time (`PER_NODE_BLOCK_BYTES`), each block's adds, division
+    and cast while it stays in the cache. Rows are gathered with `np.take` into one reused buffer, and each mean is
+    cast to float32 before it is put back in node order: in short rows (`PER_NODE_STAGED_ROW_BYTES`), fragments of
+    index arrays as blocks of columns in fragment order, then all coordinates at once, one gather."""
     count = len(models)
     key = np.unique((receiver * fragmentation.k + fragment) * count + sender)  # sorted: receiver, fragment, sender
     pair, sender = np.divmod(key, count)
     receiver, fragment = np.divmod(pair, fragmentation.k)
     result = np.empty_like(models)
+    # fragments of index arrays in models of short rows: each mean written as a block of columns in fragment order,
+    # then one gather puts every coordinate in its place (a scatter of columns per fragment cost more; in long rows,
+    # which leave the cache, the gather costs more)
+    staged = None in fragmentation.spans and models.shape[1] * models.itemsize <= PER_NODE_STAGED_ROW_BYTES
+    start = 0
     band = max(PER_NODE_MIN_BAND, PER_NODE_BAND_BYTES // (8 * count))
     width = min(band, max(fragmentation.sizes))
+    block = max(PER_NODE_MIN_BLOCK, PER_NODE_BLOCK_BYTES // (8 * width))
     gathered_buffer = np.empty(count * width, dtype=models.dtype)  # each rank's received rows, then the band's mean
     acc_buffer = np.empty(count * width, dtype=np.float64)
     for f, span in enumerate(fragmentation.spans):
@@ -169,24 +183,38 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
             acc = acc_buffer[:part.size].reshape(part.shape)
             rowwise = part.flags.c_contiguous  # np.take copies a strided one (a band of a range) whole, every call
             if rowwise:
-                np.take(part, by_degree, axis=0, out=gathered)
-                acc[...] = gathered
-                row = 0
-                for m in per_rank:
-                    np.take(part, received[row:row + m], axis=0, out=gathered[:m])
-                    np.add(acc[:m], gathered[:m], out=acc[:m])
-                    row += m
+                for a in range(0, count, block):  # a block of accumulators at a time: it stays in the cache
+                    b = min(count, a + block)
+                    np.take(part, by_degree[a:b], axis=0, out=gathered[a:b])
+                    acc[a:b] = gathered[a:b]
+                    row = 0
+                    for m in per_rank:  # m does not grow with the rank: the block's receivers of this rank
+                        if m <= a:
+                            break
+                        end = min(m, b)
+                        np.take(part, received[row + a:row + end], axis=0, out=gathered[a:end])
+                        np.add(acc[a:end], gathered[a:end], out=acc[a:end])
+                        row += m
+                    acc[a:b] /= divisor[a:b]
+                    gathered[a:b] = acc[a:b]  # the block's mean, cast first: half the bytes to move
             else:
                 acc[...] = part[by_degree]
                 row = 0
                 for m in per_rank:
                     acc[:m] += part[received[row:row + m]]
                     row += m
-            acc /= divisor
+                acc /= divisor
+                gathered[...] = acc
             mean = gathered
-            mean[...] = acc  # cast first: half the bytes to move
-            if span is not None and rowwise:  # whole rows (K=1 in one band): written in place, no copy between
+            if staged:
+                result[:, start + lo:start + hi] = np.take(mean, position, axis=0)
+            elif span is not None and rowwise:  # whole rows (K=1 in one band): written in place, no copy between
                 np.take(mean, position, axis=0, out=result[:, ix])
             else:
                 result[:, ix] = np.take(mean, position, axis=0)
+        start += size
+    if staged:
+        where = np.empty(fragmentation.dim, dtype=np.int64)
+        where[np.concatenate(fragmentation.indices)] = np.arange(fragmentation.dim)
+        return result[:, where]
     return result

@@ -102,11 +102,27 @@ def test_fragments_that_are_ranges_are_averaged_as_slices_with_the_same_bits(k: 
 def test_wide_fragments_are_averaged_a_band_of_coordinates_at_a_time_with_the_same_bits(monkeypatch, k: int,
                                                                                           strategy: str) -> None:
     """The per-node path with every fragment cut into bands of 37 coordinates (as a fragment too wide for the cache
-    is): ranges and index arrays alike, the last band shorter, a node absent."""
+    is): ranges and index arrays alike, the last band shorter, a node absent; each band put back in place, as in
+    models of long rows (the other tests' short rows put fragments of index arrays back all at once)."""
     from mosaic_proto import exchange
 
     monkeypatch.setattr(exchange, "PER_NODE_BAND_BYTES", 8 * 9 * 37)
     monkeypatch.setattr(exchange, "PER_NODE_MIN_BAND", 1)
+    monkeypatch.setattr(exchange, "PER_NODE_STAGED_ROW_BYTES", 0)
+    absent = [(), (2,), ()]
+    batched, messages = (network(m, 9, 600, k, "local", 3, strategy) for m in (False, True))
+    assert rounds(batched, absent) == rounds(messages, absent)
+    assert np.array_equal(batched.matrix(), messages.matrix())
+
+
+@pytest.mark.parametrize(("k", "strategy"), [(1, "random"), (4, "contiguous"), (2, "random")])
+def test_receivers_are_averaged_a_block_at_a_time_with_the_same_bits(monkeypatch, k: int, strategy: str) -> None:
+    """The per-node path with its accumulators a block of two receivers at a time (as a thousand nodes' are, each
+    block small enough for the cache): the last block shorter, ranks that end inside a block, a node absent."""
+    from mosaic_proto import exchange
+
+    monkeypatch.setattr(exchange, "PER_NODE_BLOCK_BYTES", 1)
+    monkeypatch.setattr(exchange, "PER_NODE_MIN_BLOCK", 2)
     absent = [(), (2,), ()]
     batched, messages = (network(m, 9, 600, k, "local", 3, strategy) for m in (False, True))
     assert rounds(batched, absent) == rounds(messages, absent)
