@@ -35,7 +35,10 @@ PER_NODE_MIN_BAND = 1024
 # PER_NODE_MIN_BLOCK receivers (a thousand nodes' bands are wider than the cache: bench/README.md, issue 59)
 PER_NODE_BLOCK_BYTES = 1 << 18
 PER_NODE_MIN_BLOCK = 16
-PER_NODE_STAGED_ROW_BYTES = 1 << 17  # models of rows up to this size put their index-array fragments back at once
+# models of rows up to PER_NODE_STAGED_ROW_BYTES put their index-array fragments back at once, through a copy of
+# the models: only models of up to PER_NODE_STAGED_BYTES (a simulation of 100,000 nodes keeps its memory)
+PER_NODE_STAGED_ROW_BYTES = 1 << 17
+PER_NODE_STAGED_BYTES = 1 << 27
 
 
 def exchange_round(round: int, members: Sequence[int], trained: Mapping[int, np.ndarray],
@@ -142,8 +145,9 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
     (`Fragmentation.spans`: K=1, the contiguous strategy) is read and written as a slice of the models. Within a
     band the accumulators go a block of receivers at a time (`PER_NODE_BLOCK_BYTES`), each block's adds, division
     and cast while it stays in the cache. Rows are gathered with `np.take` into one reused buffer, and each mean is
-    cast to float32 before it is put back in node order: in short rows (`PER_NODE_STAGED_ROW_BYTES`), fragments of
-    index arrays as blocks of columns in fragment order, then all coordinates at once, one gather."""
+    cast to float32 before it is put back in node order: in short rows of models that are not too large
+    (`PER_NODE_STAGED_ROW_BYTES`), fragments of index arrays as blocks of columns in fragment order, then all
+    coordinates at once, one gather."""
     count = len(models)
     key = np.unique((receiver * fragmentation.k + fragment) * count + sender)  # sorted: receiver, fragment, sender
     pair, sender = np.divmod(key, count)
@@ -152,7 +156,8 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
     # fragments of index arrays in models of short rows: each mean written as a block of columns in fragment order,
     # then one gather puts every coordinate in its place (a scatter of columns per fragment cost more; in long rows,
     # which leave the cache, the gather costs more)
-    staged = None in fragmentation.spans and models.shape[1] * models.itemsize <= PER_NODE_STAGED_ROW_BYTES
+    staged = None in fragmentation.spans and models.shape[1] * models.itemsize <= PER_NODE_STAGED_ROW_BYTES \
+        and models.nbytes <= PER_NODE_STAGED_BYTES
     start = 0
     band = max(PER_NODE_MIN_BAND, PER_NODE_BAND_BYTES // (8 * count))
     width = min(band, max(fragmentation.sizes))

@@ -103,12 +103,12 @@ def test_wide_fragments_are_averaged_a_band_of_coordinates_at_a_time_with_the_sa
                                                                                           strategy: str) -> None:
     """The per-node path with every fragment cut into bands of 37 coordinates (as a fragment too wide for the cache
     is): ranges and index arrays alike, the last band shorter, a node absent; each band put back in place, as in
-    models of long rows (the other tests' short rows put fragments of index arrays back all at once)."""
+    large models (the other tests' small ones put fragments of index arrays back all at once)."""
     from mosaic_proto import exchange
 
     monkeypatch.setattr(exchange, "PER_NODE_BAND_BYTES", 8 * 9 * 37)
     monkeypatch.setattr(exchange, "PER_NODE_MIN_BAND", 1)
-    monkeypatch.setattr(exchange, "PER_NODE_STAGED_ROW_BYTES", 0)
+    monkeypatch.setattr(exchange, "PER_NODE_STAGED_BYTES", 0)
     absent = [(), (2,), ()]
     batched, messages = (network(m, 9, 600, k, "local", 3, strategy) for m in (False, True))
     assert rounds(batched, absent) == rounds(messages, absent)
