@@ -108,8 +108,8 @@ def _scattered(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndar
     (1 + the values received)."""
     count, dim = models.shape
     sizes = np.asarray(fragmentation.sizes, dtype=np.int64)
-    order = np.concatenate(fragmentation.indices)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    order = fragmentation.order
+    starts = np.asarray(fragmentation.starts[:-1], dtype=np.int64)
     by_receiver = np.argsort(receiver, kind="stable")  # a receiver's rows stay in ascending sender order
     sender, receiver, fragment = sender[by_receiver], receiver[by_receiver], fragment[by_receiver]
     row_end = np.searchsorted(receiver, np.arange(count), side="right")  # rows of receivers < r + 1
@@ -158,7 +158,6 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
     # which leave the cache, the gather costs more)
     staged = None in fragmentation.spans and models.shape[1] * models.itemsize <= PER_NODE_STAGED_ROW_BYTES \
         and models.nbytes <= PER_NODE_STAGED_BYTES
-    start = 0
     band = max(PER_NODE_MIN_BAND, PER_NODE_BAND_BYTES // (8 * count))
     width = min(band, max(fragmentation.sizes))
     block = max(PER_NODE_MIN_BLOCK, PER_NODE_BLOCK_BYTES // (8 * width))
@@ -212,14 +211,12 @@ def _per_node(models: np.ndarray, fragmentation: Fragmentation, sender: np.ndarr
                 gathered[...] = acc
             mean = gathered
             if staged:
-                result[:, start + lo:start + hi] = np.take(mean, position, axis=0)
+                at = fragmentation.starts[f]  # the fragment's place in `order`
+                result[:, at + lo:at + hi] = np.take(mean, position, axis=0)
             elif span is not None and rowwise:  # whole rows (K=1 in one band): written in place, no copy between
                 np.take(mean, position, axis=0, out=result[:, ix])
             else:
                 result[:, ix] = np.take(mean, position, axis=0)
-        start += size
-    if staged:
-        where = np.empty(fragmentation.dim, dtype=np.int64)
-        where[np.concatenate(fragmentation.indices)] = np.arange(fragmentation.dim)
-        return result[:, where]
+    if staged:  # laid out as `order`: back in coordinate order by its inverse
+        return result[:, fragmentation.positions]
     return result
