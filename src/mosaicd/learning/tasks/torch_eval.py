@@ -61,11 +61,13 @@ def evaluate_stacked(task: TorchModelTask, vectors: list[np.ndarray],
     batch = min(task.eval_batch_size, count)
     per_call = EVAL_STACK_SAMPLES.get(task.device.type, EVAL_STACK_DEFAULT) // batch
     if stackable_sequential(model):  # matrix products of the stacked weights, the first one with the shared batch
+        blas = task.run.threads  # numpy's BLAS (`stacked.products` at one thread) on the threads torch has
+
         def forward(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
             return sequential_forward(model, p, x, shared=True)
     else:
-        forward = vmap(lambda p, x: functional_call(model, p, (x,)), in_dims=(0, None))
-    with torch.no_grad(), blas_threads(task.run.threads if stackable_sequential(model) else None):
+        forward, blas = vmap(lambda p, x: functional_call(model, p, (x,)), in_dims=(0, None)), None
+    with torch.no_grad(), blas_threads(blas):
         stacks = [unstack(model, chunk, task.device) for chunk in chunks(vectors, per_call)]
         sums: list[dict[str, torch.Tensor]] = [{} for _ in stacks]
         for start in range(0, count, batch):
