@@ -184,31 +184,18 @@ out = "{out}"
 task = "quadratic"
 nodes = {nodes}
 dim = 16
-rounds = {rounds}
 eval_every = 50
 threads = 1
 checkpoint_rounds = 20
+{run}
 [grid]
-fragments = [1, 2]
-seed = {seeds}
+{grid}
 """
 
 # Three short runs and a longer one, the run cancelled: it is held (`held`) from its first checkpoint to its
 # scancel, so it still runs then however fast the host; its rounds only outlast the moment it takes to hold it.
-ARRAY_SWEEP = """
-mode = "simulate"
-out = "array"
-[run]
-task = "quadratic"
-nodes = 5
-dim = 16
-fragments = 2
-eval_every = 50
-threads = 1
-checkpoint_rounds = 20
-[grid]
-rounds = [300, 600, 900, 10000]
-"""
+ARRAY_SWEEP = SWEEP.format(mode="simulate", out="array", nodes=5, run="fragments = 2",
+                           grid="rounds = [300, 600, 900, 10000]")
 
 
 def mosaicd(slurm: SlurmLab, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -317,7 +304,8 @@ def test_a_sweep_as_a_job_array_equals_the_local_sweep_and_reruns_only_a_cancell
 
 def test_a_cluster_sweep_runs_a_multi_task_job_per_run(slurm: SlurmLab, tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
-    spec.write_text(SWEEP.format(mode="cluster", out="jobs", nodes=3, rounds=6, seeds="[3]"))
+    spec.write_text(SWEEP.format(mode="cluster", out="jobs", nodes=3, run="rounds = 6",
+                                 grid="fragments = [1, 2]\nseed = [3]"))
     done = mosaicd(slurm, tmp_path, "sweep", str(spec), "--slurm", "--slurm-option", "cpus_per_task=1")
     assert done.returncode == 0, done.stderr[-3000:] + job_log(tmp_path / "jobs")
     made = submissions(tmp_path / "jobs")
