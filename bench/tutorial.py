@@ -189,26 +189,55 @@ class RoundCpu:
     """The CPU seconds of every cluster process (all their threads) as the rounds are reported (`due`, the cluster's
     `on_round`): the cluster's CPU per round between its second round and its last but one, without the warm-up,
     the forks, round 0 and the end. Against simulate's per round over the same rounds it says whether the wall's
-    excess is in the rounds or around them."""
+    excess is in the rounds or around them; `split_per_round` says which part of the cluster it is in (the
+    barrier's event loop and its other threads, the nodes' event loops and their other threads)."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.marks: list[tuple[float, int, float]] = []  # (when, round reported, CPU-s of the cluster's processes)
+        self.parts: list[dict[str, float]] = []  # per mark: CPU-s by role and thread, as ThreadCpuSampler.split
 
     def due(self, progress: Any) -> None:
         if not measured_round(progress.round, self.cluster.settings.rounds):
             return
-        total = 0.0
-        for proc in list(self.cluster.procs.values()):
+        total, parts = 0.0, dict.fromkeys(PARTS, 0.0)
+        for name, proc in list(self.cluster.procs.items()):
             fields = stat_fields(f"/proc/{proc.pid}/stat") if proc.pid is not None else None
             total += cpu_seconds(fields) if fields is not None else 0.0
+            role = "barrier" if name == "barrier" else "node"
+            try:
+                tids = os.listdir(f"/proc/{proc.pid}/task") if proc.pid is not None else []
+            except OSError:
+                tids = []
+            for tid in tids:
+                thread = stat_fields(f"/proc/{proc.pid}/task/{tid}/stat")
+                if thread is not None:
+                    parts[f"{role}_{'loop' if int(tid) == proc.pid else 'threads'}_s"] += cpu_seconds(thread)
         self.marks.append((time.monotonic(), progress.round, total))
+        self.parts.append(parts)
+
+    def _kept(self) -> list[int]:
+        """Rounds the launcher's poll saw released together are reported together: of those, only the last is the
+        round the CPU seconds were read at."""
+        marks = self.marks
+        return [i for i in range(len(marks)) if i + 1 == len(marks) or marks[i + 1][0] - marks[i][0] > 0.02]
 
     def per_round(self) -> float | None:
-        """CPU-s per round between the first mark and the last. Rounds the launcher's poll saw released together
-        are reported together: of those, only the last is the round the CPU seconds were read at."""
-        kept = [m for i, m in enumerate(self.marks) if i + 1 == len(self.marks) or self.marks[i + 1][0] - m[0] > 0.02]
-        return slope([(r, cpu) for _, r, cpu in kept])
+        """CPU-s per round between the first mark and the last."""
+        return slope([(self.marks[i][1], self.marks[i][2]) for i in self._kept()])
+
+    def split_per_round(self) -> dict[str, float]:
+        """CPU ms per round of each part (PARTS), between the first mark and the last."""
+        kept = self._kept()
+        split = {}
+        for part in PARTS:
+            value = slope([(self.marks[i][1], self.parts[i][part]) for i in kept])
+            if value is not None:
+                split[part.replace("_s", "_ms_per_round")] = round(1000 * value, 1)
+        return split
+
+
+PARTS = ("barrier_loop_s", "barrier_threads_s", "node_loop_s", "node_threads_s")
 
 
 def measured_round(round: int, rounds: int) -> bool:
@@ -268,6 +297,7 @@ def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str 
         **split, "node_loop_ms_per_round": round(1000 * split["node_loop_s"] / (nodes * rounds), 2),
         "model_sha256": summary.get("model_sha256"), "event_loop": event_loop,
         "pinned_nodes": len(cluster.processes.cores), "cpu_per_round_s": _rounded(rounds_cpu.per_round(), 4),
+        "split_per_round": rounds_cpu.split_per_round(),
     }
 
 
@@ -341,6 +371,10 @@ def print_variant(name: str, r: dict[str, Any]) -> None:
     print(f"      CPU-s by thread: nodes' event loops {r['node_loop_s']} ({r['node_loop_ms_per_round']} ms per "
           f"node and round), nodes' other threads {r['node_threads_s']}, barrier's loop {r['barrier_loop_s']}, "
           f"its other threads {r['barrier_threads_s']}")
+    split = r.get("split_per_round") or {}
+    if split:
+        print("      CPU ms per round, rounds 1 to the last but one: " + ", ".join(
+            f"{k.replace('_ms_per_round', '').replace('_', ' ')} {v}" for k, v in split.items()))
 
 
 def main() -> None:
