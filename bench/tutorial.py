@@ -17,6 +17,8 @@ cold (`warm=False`: every process a fresh interpreter, as before). Figures per v
 - `cpu_per_round_s`: the CPU seconds of every cluster process per round from round 1 to the last but one, read as the
   rounds are reported (no warm-up, forks, round 0 or end); simulate's the same way, and `round_cpu_to_simulate`,
   their ratio, side by side: where the wall's ratio comes from. Both drift with this host's state, run by run;
+  `split_per_round` divides the cluster's into the barrier's event loop and its other threads and the nodes'
+  event loops and their other threads (training, evaluation and checkpoints run there), in ms per round;
 - the final models' hashes (cluster == cluster: both variants must agree bit for bit).
 
 And the reference the cluster is held to: the same job through `mosaicd simulate` (one process), whose CPU

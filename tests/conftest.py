@@ -77,10 +77,13 @@ HEAVY = ("slow", "docker", "browser", "netns", "slurm")  # what the quick set le
 ENGINES = ("docker", "netns", "slurm")  # the host's one Docker engine, its namespaces and its Slurm: one at a time
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that carries none of the HEAVY markers is `quick`: `pytest -m quick -n auto` is the set a person
     runs before each commit (every module's fast tests, ~2 minutes on 2 cores). The tests of the host's engines are
-    one xdist group (`--dist loadgroup`: one worker runs them in turn), so that the rest may run beside them."""
+    one xdist group (`--dist loadgroup`: one worker runs them in turn), so that the rest may run beside them. First
+    of the hook's implementations: xdist's worker reads the group's marker in its own, which runs before a
+    conftest's otherwise (it is registered later), and then no test was grouped."""
     for item in items:
         if not any(item.get_closest_marker(name) for name in HEAVY):
             item.add_marker(pytest.mark.quick)
