@@ -16,8 +16,8 @@ TWO_ENGINE_TESTS = ["tests/docker/test_docker.py::test_the_secret_one_liners_are
 
 
 def test_the_engines_tests_run_in_turn_on_one_worker() -> None:
-    """Twice they ran two at a time with nothing said: a conftest hook that marked them after xdist's worker had
-    read the marks, and pytest 9.2, under which xdist 3.8 cannot group (pytest-dev/pytest-xdist#1386)."""
+    """They ran two at a time with nothing said, for two reasons: a conftest hook that marked them after xdist's
+    worker had read the marks, and pytest 9.2, under which xdist 3.8 cannot group (pytest-dev/pytest-xdist#1386)."""
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
                            "-v", "-o", "addopts=", *TWO_ENGINE_TESTS], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")})
