@@ -34,6 +34,12 @@ and `pinned_to_unpinned_cpu` (the default, `auto`, pins the nodes where they out
 `--plain`: the warm cluster also without a secret (`--insecure`), in turn with the others: `secret_to_plain_wall`
 and `secret_to_plain_cpu`, the median of side-by-side ratios of the default (signed) run to the plain one.
 
+`--phases`: every process of the warm cluster and simulate's also times its phases on its thread's CPU clock
+(`phase_hook/sitecustomize.py`, put first on the cluster's PYTHONPATH): training (`TorchTask.train`), each model's
+evaluation (`TorchTask.evaluate_one`) and the nodes' checkpoints (`Slots.save`), as calls, CPU ms a call and CPU
+ms a round over the whole run; `phases` in the JSON, and a line setting the nodes' beside simulate's. What the
+nodes' threads spend beyond those is the thread hops; their event loops and the barrier are in `split_per_round`.
+
 `--event-loop uvloop,asyncio`: the warm cluster once per loop named (variants `warm-uvloop`, `warm-asyncio`), in
 turn with the others; `ratio_to_bound` and `ratios_to_bound` per loop, and `loop_ratio_wall` / `loop_ratio_cpu`:
 the first loop's wall (CPU seconds) over the last's, side by side (below 1: the first is faster).
@@ -42,6 +48,7 @@ the first loop's wall (CPU seconds) over the last's, side by side (below 1: the 
     .venv/bin/python bench/tutorial.py --repeat 3     # 3 of each, interleaved; medians
     .venv/bin/python bench/tutorial.py --no-cold --rounds 20   # a quick look
     .venv/bin/python bench/tutorial.py --no-cold --plain --repeat 3   # the secret's cost
+    .venv/bin/python bench/tutorial.py --no-cold --phases --repeat 3  # training, evaluation, checkpoints: per call
     .venv/bin/python bench/tutorial.py --no-cold --event-loop uvloop,asyncio --repeat 3
 
 Last line of stdout: a JSON object {"warm": {...}, "cold": {...}, "simulate": {...}, "ratio_wall": warm/cold
@@ -51,14 +58,18 @@ launch_wall_s, "ratio_to_bound": ..., ...}.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import multiprocessing
 import os
 import resource
+import shutil
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +81,8 @@ from mosaicd.rundir import claim_out
 from mosaicd.settings import EventLoop, Settings
 
 MIB = 1024 * 1024
+PHASE_HOOK = Path(__file__).resolve().parent / "phase_hook"  # its sitecustomize times the phases (--phases)
+PHASES_VARIABLE = "BENCH_PHASES_DIR"
 TARGET = 1.5  # issue 59 "Speed 5" item 3: the cluster's wall within 1.5x of simulate's CPU seconds over the cores
 SECRET_TARGET = 1.15  # issue 59 item 3: the warm cluster with its secret against the same without (--plain)
 
@@ -254,12 +267,24 @@ def slope(marks: list[tuple[int, float]]) -> float | None:
     return (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
 
 
-def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str = "auto") -> dict[str, Any]:
+def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str = "auto",
+             phases: bool = False) -> dict[str, Any]:
     # each run afresh: a repeat in the same folder would find the last run's checkpoints and journal
     warm = name.startswith("warm") or name in ("plain", "unpinned")
     out = claim_out(workdir / name, "cluster", replace=True)
     settings = tutorial_settings(out, rounds, nodes, event_loop, insecure=name == "plain")
     cluster = Cluster(settings, progress=False, warm=warm, pin="off" if name == "unpinned" else "auto")
+    timed = fresh_folder(workdir / f"phases-{name}") if phases else None
+    with phase_hook(timed):
+        result = _measured_run(cluster, nodes, rounds, event_loop)
+    if timed is not None:
+        pids = {role: [p.pid for n, p in cluster.procs.items() if (n == "barrier") == (role == "barrier")]
+                for role in ("node", "barrier")}
+        result["phases"] = {role: phase_figures(timed, pids[role], rounds) for role in pids}
+    return result
+
+
+def _measured_run(cluster: Cluster, nodes: int, rounds: int, event_loop: str) -> dict[str, Any]:
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     before_self = resource.getrusage(resource.RUSAGE_SELF)
     started, host_before, load_before = time.perf_counter(), host_cpu(), os.getloadavg()[0]
@@ -303,14 +328,64 @@ def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str 
     }
 
 
+def fresh_folder(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+@contextlib.contextmanager
+def phase_hook(folder: Path | None) -> Iterator[None]:
+    """The cluster's processes started meanwhile time their phases into `folder` (`phase_hook/sitecustomize.py`)."""
+    if folder is None:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", PHASES_VARIABLE)}
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(PHASE_HOOK), saved["PYTHONPATH"]) if p)
+    os.environ[PHASES_VARIABLE] = str(folder)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def phase_figures(folder: Path, pids: list[int | None], rounds: int) -> dict[str, dict[str, float]]:
+    """phase -> its calls, CPU ms per call and CPU ms per round (the whole run's over its rounds), summed over the
+    processes `pids`, from what they wrote into `folder`."""
+    totals: dict[str, list[float]] = {}
+    for pid in pids:
+        path = folder / f"{pid}.json"
+        if pid is None or not path.exists():
+            continue
+        for phase, (calls, cpu) in json.loads(path.read_text()).items():
+            total = totals.setdefault(phase, [0, 0.0])
+            total[0] += calls
+            total[1] += cpu
+    return {phase: {"calls": int(calls), "cpu_ms_per_call": round(1000 * cpu / calls, 3) if calls else None,
+                    "cpu_ms_per_round": round(1000 * cpu / rounds, 2)}
+            for phase, (calls, cpu) in sorted(totals.items())}
+
+
 def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _simulate_child(settings: Settings, conn: Any) -> None:
+def _simulate_child(settings: Settings, conn: Any, timed: Path | None = None) -> None:
     """In a forked child: `mosaicd simulate`'s run of the same job; its CPU seconds (task built, training,
-    evaluation, in-memory gossip, outputs), its wall and its final models' hash go back on `conn`."""
+    evaluation, in-memory gossip, outputs), its wall and its final models' hash go back on `conn`. `timed`: its
+    phases timed into that folder, as the cluster's processes time theirs."""
     from mosaicd.experiments.simulate import run_simulation
+
+    if timed is not None:
+        os.environ[PHASES_VARIABLE] = str(timed)
+        spec = importlib.util.spec_from_file_location("phase_hook", PHASE_HOOK / "sitecustomize.py")
+        assert spec is not None and spec.loader is not None
+        hook = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(hook)  # installs itself: the variable is set
 
     marks: list[tuple[int, float]] = []
 
@@ -324,17 +399,21 @@ def _simulate_child(settings: Settings, conn: Any) -> None:
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    conn.send({"cpu_s": round(cpu, 2), "wall_s": round(wall, 3), "model_sha256": summary.get("model_sha256"),
-               "cpu_per_round_s": _rounded(slope(marks), 4)})
+    result = {"cpu_s": round(cpu, 2), "wall_s": round(wall, 3), "model_sha256": summary.get("model_sha256"),
+              "cpu_per_round_s": _rounded(slope(marks), 4)}
+    if timed is not None:
+        result["phases"] = {"simulate": phase_figures(timed, [os.getpid()], settings.rounds)}
+    conn.send(result)
 
 
-def run_simulate(rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
+def run_simulate(rounds: int, nodes: int, workdir: Path, phases: bool = False) -> dict[str, Any]:
     """The reference: the same job through `mosaicd simulate` (one process, one torch thread), in a child
     process so that its CPU seconds are its own."""
     settings = tutorial_settings(workdir / "simulate", rounds, nodes)
+    timed = fresh_folder(workdir / "phases-simulate") if phases else None
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_simulate_child, args=(settings, send))
+    child = ctx.Process(target=_simulate_child, args=(settings, send, timed))
     child.start()
     send.close()  # the child's end only: a child that fails closes it, and recv raises EOFError
     try:
@@ -345,6 +424,33 @@ def run_simulate(rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
     if result is None:
         raise SystemExit(f"the simulate reference failed (exit status {child.exitcode}); see above")
     return result
+
+
+def phases_side_by_side(cluster: list[dict[str, Any]], simulate: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each phase's CPU ms per call and per round, medians over the runs: the cluster's nodes, its barrier and
+    simulate, and the nodes' per call against simulate's (printed as one line)."""
+    def medians(runs: list[dict[str, Any]], role: str) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for phase in sorted({p for r in runs for p in r["phases"][role]}):
+            got = [r["phases"][role][phase] for r in runs if phase in r["phases"][role]]
+            out[phase] = {k: round(statistics.median(g[k] for g in got), 3) for k in ("cpu_ms_per_call",
+                                                                                      "cpu_ms_per_round")}
+        return out
+
+    nodes, barrier, sim = medians(cluster, "node"), medians(cluster, "barrier"), medians(simulate, "simulate")
+    parts = []
+    for phase, figures in nodes.items():
+        ours = f"{figures['cpu_ms_per_call']:.2f} ({figures['cpu_ms_per_round']:.1f})"
+        theirs = sim.get(phase)
+        if theirs is None:
+            parts.append(f"{phase} {ours} | none")
+            continue
+        ratio = figures["cpu_ms_per_call"] / theirs["cpu_ms_per_call"]
+        parts.append(f"{phase} {ours} | {theirs['cpu_ms_per_call']:.2f} ({theirs['cpu_ms_per_round']:.1f}): "
+                     f"{ratio:.2f}x a call")
+    print("phases, CPU ms a call (a round), the cluster's nodes | simulate: " + "; ".join(parts) + "; the barrier: "
+          + ", ".join(f"{p} {f['cpu_ms_per_call']:.2f} ({f['cpu_ms_per_round']:.1f})" for p, f in barrier.items()))
+    return {"node": nodes, "barrier": barrier, "simulate": sim}
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -391,6 +497,10 @@ def main() -> None:
                         help="also the warm cluster without a secret (--insecure), in turn: the secret / plain ratios")
     parser.add_argument("--unpinned", action="store_true",
                         help="also the warm cluster with --pin-nodes off, in turn: the pinned / unpinned ratios")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time each process's phases (training, each model's evaluation, checkpoints) on "
+                        "its thread's CPU clock, in the cluster's nodes and barrier and in simulate: where the "
+                        "nodes' threads spend theirs against simulate's")
     parser.add_argument("--workdir", type=Path, default=None, help="where runs go [default: a temporary folder]")
     parser.add_argument("--event-loop", default="auto", metavar="LOOP[,LOOP]",
                         help="the cluster's --event-loop (auto, uvloop, asyncio); several (uvloop,asyncio): the warm "
@@ -417,8 +527,8 @@ def main() -> None:
         workdir = args.workdir or Path(tmp)
         for i in range(args.repeat):
             for name in runs:
-                runs[name].append(run_simulate(args.rounds, args.nodes, workdir) if name == "simulate"
-                                  else run_once(name, args.rounds, args.nodes, workdir, variants[name]))
+                runs[name].append(run_simulate(args.rounds, args.nodes, workdir, args.phases) if name == "simulate"
+                                  else run_once(name, args.rounds, args.nodes, workdir, variants[name], args.phases))
             if args.repeat > 1:
                 done = ", ".join(f"{name} cpu {r[-1]['cpu_s']:.1f} s" if name == "simulate"
                                  else f"{name} wall {r[-1]['wall_s']:.1f} s" for name, r in runs.items())
@@ -475,6 +585,8 @@ def main() -> None:
         report["same_models_simulate"] = all(s["model_sha256"] == w["model_sha256"] for name in warms
                                              for s, w in zip(runs["simulate"], runs[name], strict=True))
         print(f"same models as simulate: {report['same_models_simulate']}")
+        if args.phases:
+            report["phases"] = phases_side_by_side(runs[warms[0]], runs["simulate"])
     if len(warms) > 1:
         first, last = warms[0], warms[-1]
         report["loop_ratio_wall"], report["loop_ratios_wall"] = side_by_side(

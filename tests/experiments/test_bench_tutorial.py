@@ -1,0 +1,36 @@
+"""bench/tutorial.py --phases: every process of the cluster and simulate's times its phases, and the script sets the
+nodes' per call beside simulate's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TUTORIAL = ROOT / "bench" / "tutorial.py"
+
+
+@pytest.mark.slow
+def test_phases_are_counted_in_every_node_and_in_simulate(tmp_path: Path) -> None:
+    nodes, rounds = 6, 12
+    done = subprocess.run([sys.executable, str(TUTORIAL), "--nodes", str(nodes), "--rounds", str(rounds), "--no-cold",
+                           "--phases", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["same_models_simulate"] is True
+    nodes_, simulate = report["warm"]["phases"]["node"], report["simulate"]["phases"]["simulate"]
+    assert nodes_["train"]["calls"] == simulate["train"]["calls"] == nodes * rounds  # every node, every round
+    # eval every 10 rounds and at the end: rounds 9 and 11; each node its own model, simulate every node's and the
+    # average model
+    assert nodes_["evaluate"]["calls"] == 2 * nodes and simulate["evaluate"]["calls"] == 2 * (nodes + 1)
+    assert report["warm"]["phases"]["barrier"]["evaluate"]["calls"] == 2  # the average model's
+    assert nodes_["checkpoint"]["calls"] >= nodes * (rounds - 1) and "checkpoint" not in simulate
+    assert all(f["cpu_ms_per_call"] > 0 for f in (*nodes_.values(), *simulate.values()))
+    assert report["phases"]["node"]["train"]["cpu_ms_per_call"] == nodes_["train"]["cpu_ms_per_call"]
+    assert "phases, CPU ms a call (a round), the cluster's nodes | simulate: checkpoint" in done.stdout
+    assert not any(tmp_path.glob("phases-*/*.tmp"))
