@@ -69,9 +69,9 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from procstat import cpu_seconds, host_cpu, stat_fields
 
@@ -82,7 +82,6 @@ from mosaicd.settings import EventLoop, Settings
 
 MIB = 1024 * 1024
 PHASE_HOOK = Path(__file__).resolve().parent / "phase_hook"  # its sitecustomize times the phases (--phases)
-PHASES_VARIABLE = "BENCH_PHASES_DIR"
 TARGET = 1.5  # issue 59 "Speed 5" item 3: the cluster's wall within 1.5x of simulate's CPU seconds over the cores
 SECRET_TARGET = 1.15  # issue 59 item 3: the warm cluster with its secret against the same without (--plain)
 
@@ -278,9 +277,10 @@ def run_once(name: str, rounds: int, nodes: int, workdir: Path, event_loop: str 
     with phase_hook(timed):
         result = _measured_run(cluster, nodes, rounds, event_loop)
     if timed is not None:
-        pids = {role: [p.pid for n, p in cluster.procs.items() if (n == "barrier") == (role == "barrier")]
-                for role in ("node", "barrier")}
-        result["phases"] = {role: phase_figures(timed, pids[role], rounds) for role in pids}
+        procs = cluster.procs
+        result["phases"] = {
+            "node": phase_figures(timed, [p.pid for n, p in procs.items() if n != "barrier"], rounds),
+            "barrier": phase_figures(timed, [procs["barrier"].pid] if "barrier" in procs else [], rounds)}
     return result
 
 
@@ -334,23 +334,22 @@ def fresh_folder(path: Path) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def phase_hook(folder: Path | None) -> Iterator[None]:
-    """The cluster's processes started meanwhile time their phases into `folder` (`phase_hook/sitecustomize.py`)."""
+def phase_hook_module() -> Any:
+    """`phase_hook/sitecustomize.py`, loaded by its path (it installs nothing where its variable is not set)."""
+    spec = importlib.util.spec_from_file_location("phase_hook", PHASE_HOOK / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def phase_hook(folder: Path | None) -> contextlib.AbstractContextManager[Any]:
+    """The cluster's processes started meanwhile time their phases into `folder` (`phase_hook/sitecustomize.py`,
+    first on their PYTHONPATH); the environment as it was afterwards."""
     if folder is None:
-        yield
-        return
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", PHASES_VARIABLE)}
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(PHASE_HOOK), saved["PYTHONPATH"]) if p)
-    os.environ[PHASES_VARIABLE] = str(folder)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        return contextlib.nullcontext()
+    path = os.pathsep.join(p for p in (str(PHASE_HOOK), os.environ.get("PYTHONPATH")) if p)
+    return mock.patch.dict(os.environ, {"PYTHONPATH": path, phase_hook_module().DIR_VARIABLE: str(folder)})
 
 
 def phase_figures(folder: Path, pids: list[int | None], rounds: int) -> dict[str, dict[str, float]]:
@@ -365,7 +364,7 @@ def phase_figures(folder: Path, pids: list[int | None], rounds: int) -> dict[str
             total = totals.setdefault(phase, [0, 0.0])
             total[0] += calls
             total[1] += cpu
-    return {phase: {"calls": int(calls), "cpu_ms_per_call": round(1000 * cpu / calls, 3) if calls else None,
+    return {phase: {"calls": int(calls), "cpu_ms_per_call": round(1000 * cpu / calls, 3),
                     "cpu_ms_per_round": round(1000 * cpu / rounds, 2)}
             for phase, (calls, cpu) in sorted(totals.items())}
 
@@ -381,11 +380,9 @@ def _simulate_child(settings: Settings, conn: Any, timed: Path | None = None) ->
     from mosaicd.experiments.simulate import run_simulation
 
     if timed is not None:
-        os.environ[PHASES_VARIABLE] = str(timed)
-        spec = importlib.util.spec_from_file_location("phase_hook", PHASE_HOOK / "sitecustomize.py")
-        assert spec is not None and spec.loader is not None
-        hook = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(hook)  # installs itself: the variable is set
+        hook = phase_hook_module()
+        os.environ[hook.DIR_VARIABLE] = str(timed)
+        hook.install()
 
     marks: list[tuple[int, float]] = []
 
