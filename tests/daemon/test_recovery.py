@@ -246,6 +246,27 @@ def test_a_barrier_that_cannot_write_its_out_says_so_in_one_line(tmp_path: Path,
     assert json.loads((tmp_path / "summary.json").read_text())["settings"]["run_id"] == "old"
 
 
+def test_a_node_that_cannot_write_its_checkpoint_ends_the_run_saying_so(tmp_path: Path, kit: Any) -> None:
+    """A node's checkpoint is written in the worker call that trains its next round (one hand-off a round): a write
+    that fails there still ends the run, failed, with the path and why, before the node arrives at that round."""
+    lab = Lab(tmp_path, kit, {**RUN, "rounds": 20})
+    (tmp_path / "a-file").write_text("not a folder")
+    try:
+        lab.barrier()
+        for i in range(lab.run["nodes"]):
+            lab.node(i, *(["--state-dir", str(tmp_path / "a-file" / "state")] if i == 1 else []))
+        summary = lab.summary()
+        assert lab.procs["node-1"].wait(timeout=30) != 0
+    finally:
+        lab.stop()
+    said = [e for e in lab.log("node-1") if "cannot write the checkpoint" in json.dumps(e)]
+    assert said and str(tmp_path / "a-file") in json.dumps(said[0]), lab.log("node-1")[-5:]
+    assert summary["status"] == "failed", summary
+    assert "cannot write the checkpoint" in json.dumps(summary), summary
+    assert summary["progress"]["rounds_done"] == 1, summary  # its first checkpoint (after round 0) failed as round 1
+    # trained: the node never arrived at round 1
+
+
 def test_a_barrier_that_cannot_listen_leaves_its_out_untouched(tmp_path: Path, kit: Any) -> None:
     """Its port in use: one line naming --port, exit 1, before the run in --out is kept aside or a file written."""
     (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "settings": {"run_id": "old"}}))

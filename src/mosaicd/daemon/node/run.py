@@ -7,7 +7,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from mosaicd.logs import get_logger, json_logs
 from mosaicd.outputs import is_eval_round
 from mosaicd.protocol import profile_spec
 from mosaicd.settings import DaemonOptions, Settings
+
+T = TypeVar("T")
 
 
 async def run_node(settings: Settings, task: Any = None, host: BarrierHost | None = None) -> int:
@@ -195,8 +197,8 @@ async def rounds_of(peer: Peer, task: Any, options: DaemonOptions, saving: Check
     while peer.round < run.rounds:
         t = peer.round
         started = time.perf_counter()
-        if run.train:
-            local, loss = await asyncio.to_thread(on_core, task.train, data_rank, t, vector)
+        if run.train:  # the last round's checkpoint is written first, in the same worker call: one hand-off
+            local, loss = await asyncio.to_thread(saving.before(on_core), task.train, data_rank, t, vector)
         else:
             local, loss = vector, math.nan
         if profile is not None and spec is not None:  # --node-profile: train as slowly as such a node would
@@ -330,29 +332,51 @@ async def rejoin_model(peer: Peer, kept: np.ndarray | None, kept_round: int | No
 
 
 class Checkpoints:
-    """Writes the model every --checkpoint-every rounds, in a thread while the next round goes on."""
+    """Writes the model every --checkpoint-every rounds, off the event loop: in the worker call that trains the next
+    round, before it trains (`before`), or, where no training comes before the node arrives, in a thread of its own
+    (`drain`). One hand-off to a worker thread a round, not two (bench/README.md, issue 59 item 3)."""
 
     def __init__(self, options: DaemonOptions, peer: Peer, trained: Callable[[], dict[str, np.ndarray]]) -> None:
         self.every, self.peer, self.trained = options.checkpoint_every, peer, trained
         self.directory = checkpoint.state_dir(options)
         self.slots = checkpoint.Slots(self.directory) if self.directory is not None else None
-        self._writing: asyncio.Future | None = None
+        self._pending: checkpoint.Checkpoint | None = None  # taken after a round, not written yet
+        self._failed: OSError | None = None  # a write that failed in a worker call, raised by `drain`
 
     async def after(self, t: int, vector: np.ndarray) -> None:
         if not self.every or self.slots is None or (t + 1) % self.every:
             return
         await self.drain()
-        saved = checkpoint.Checkpoint(self.peer.run.run_id, self.peer.rank, self.peer.address, t + 1, vector,
-                                      self.peer.compression_state(), self.trained())  # before round t + 1 trains
-        self._writing = asyncio.ensure_future(asyncio.to_thread(self.slots.save, saved))
+        self._pending = checkpoint.Checkpoint(self.peer.run.run_id, self.peer.rank, self.peer.address, t + 1, vector,
+                                              self.peer.compression_state(), self.trained())  # before t + 1 trains
+
+    def before(self, work: Callable[..., T]) -> Callable[..., T]:
+        """`work` (a worker thread's call) after the pending checkpoint is written; a write that fails is kept for
+        `drain` to raise, and `work` runs all the same."""
+        saved, self._pending = self._pending, None
+        if saved is None:
+            return work
+
+        def written_then(*args: Any) -> T:
+            self._write(saved)
+            return work(*args)
+        return written_then
 
     async def drain(self) -> None:
-        """Wait for the checkpoint being written. One that cannot be written ends the run (OutputError), at its
-        last saved decision: a run whose checkpoints cannot be trusted could not be resumed exactly."""
-        if self._writing is not None:
-            writing, self._writing = self._writing, None
-            try:
-                await writing
-            except OSError as exc:
-                path = exc.filename or self.directory
-                raise OutputError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+        """Write the pending checkpoint, if no worker call did. One that cannot be written ends the run
+        (OutputError), at its last saved decision: a run whose checkpoints cannot be trusted could not be resumed
+        exactly."""
+        saved, self._pending = self._pending, None
+        if saved is not None:
+            await asyncio.to_thread(self._write, saved)
+        if self._failed is not None:
+            exc, self._failed = self._failed, None
+            path = exc.filename or self.directory
+            raise OutputError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+
+    def _write(self, saved: checkpoint.Checkpoint) -> None:
+        assert self.slots is not None
+        try:
+            self.slots.save(saved)
+        except OSError as exc:
+            self._failed = exc
