@@ -207,7 +207,7 @@ async def rounds_of(peer: Peer, task: Any, options: DaemonOptions, saving: Check
         evaluates = is_eval_round(t, run)
         if evaluates:  # the barrier's collection of round t waits for this node's metrics of it
             peer.evaluating(t)
-        try:  # the checkpoint of round t is on disk before this node arrives at t: written while it sends
+        try:  # the checkpoint of round t is on disk before this node arrives at t (`Checkpoints.drain`)
             vector = await peer.gossip(local, loss=loss, train_s=time.perf_counter() - started,
                                        before_arrival=saving.drain)
         except PeerDropped as exc:
