@@ -91,16 +91,18 @@ class SignedHeaders:
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> tuple[SignedHeaders, str]:
         """The signed fields and the tag; AuthError("unsigned" / "malformed_auth") if they are not all there."""
-        auth = headers.get("Authorization", "")
+        fields: dict[str, str] = {}
+        for name, value in headers.items():  # names in any case, the first of a name: as HTTP reads them (a
+            fields.setdefault(name.lower(), value)  # fragments frame's head is a plain dict)
+        auth = fields.get("authorization", "")
         if not auth.startswith(SCHEME + " "):
             raise AuthError("unsigned", f"no '{SCHEME}' Authorization header: this cluster needs its secret")
-        present = {k.lower() for k in headers}  # once, not once per header looked for
-        missing = [h for h in HEADERS if h not in present]
+        missing = [h for h in HEADERS if h not in fields]
         if missing:
             raise AuthError("malformed_auth", f"missing headers: {', '.join(missing)}")
         try:
-            signed = cls(headers["X-Mosaic-Run"], headers["X-Mosaic-Sender"], int(headers["X-Mosaic-Round"]),
-                         float(headers["X-Mosaic-Time"]), headers["X-Mosaic-Nonce"], headers["X-Mosaic-Body-BLAKE3"])
+            signed = cls(fields["x-mosaic-run"], fields["x-mosaic-sender"], int(fields["x-mosaic-round"]),
+                         float(fields["x-mosaic-time"]), fields["x-mosaic-nonce"], fields["x-mosaic-body-blake3"])
         except ValueError:
             raise AuthError("malformed_auth", "X-Mosaic-Round and X-Mosaic-Time must be numbers") from None
         if not (8 <= len(signed.nonce) <= 64 and len(signed.body_blake3) == 64):
@@ -110,8 +112,7 @@ class SignedHeaders:
 
 def sign(key: bytes, method: str, path: str, signed: SignedHeaders) -> dict[str, str]:
     """The headers that authenticate this request."""
-    tag = hmac.new(key, signed.message(method, path), hashlib.sha256).hexdigest()
-    return signed.to_headers(tag)
+    return signed.to_headers(hmac.digest(key, signed.message(method, path), "sha256").hex())
 
 
 class ReplayGuard:
@@ -139,7 +140,7 @@ def verify(key: bytes, method: str, path: str, signed: SignedHeaders, tag: str, 
     apart: `check_body`); AuthError if not."""
     if signed.run != run_id:
         raise AuthError("wrong_run", f"signed for run {signed.run!r}, this is run {run_id!r}")
-    expected = hmac.new(key, signed.message(method, path), hashlib.sha256).hexdigest()
+    expected = hmac.digest(key, signed.message(method, path), "sha256").hex()  # one call into OpenSSL
     if not hmac.compare_digest(expected, tag):
         raise AuthError("bad_tag", "the tag does not match: not signed with this cluster's secret")
     guard.check(signed.nonce, signed.time, now)

@@ -36,6 +36,10 @@ class Head:
     headers: dict[str, str]
     length: int
 
+    def header(self, name: str) -> str:
+        """The header `name` (lower case) of this frame's head, its name in any case as HTTP's; "" if none."""
+        return next((v for k, v in self.headers.items() if k.lower() == name), "")
+
 
 @dataclass(frozen=True)
 class Piece:

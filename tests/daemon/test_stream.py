@@ -347,6 +347,32 @@ async def test_a_frame_is_checked_as_its_post_and_refused_before_its_body_with_t
         await runner.cleanup()
 
 
+async def test_a_frames_header_names_are_read_in_any_case_as_a_posts() -> None:
+    """HTTP's header names are read in any case, and so are a frame's: its head in lower case is the same request,
+    and one without a signed header is refused as the POST is (401), never an error inside the node."""
+    served, runner = await start(SECRET)
+    try:
+        reader, writer = await upgraded(served.port)
+        body = message(1, [0])
+        writer.write(request_head({k.lower(): v for k, v in signed(body).items()}, len(body)) + body)
+        assert await answer_of(reader) == (200, {"status": "accepted", "round": 0})
+        writer.write(request_head({k.upper(): v for k, v in signed(body, "2").items()}, len(body)) + body)
+        assert (await answer_of(reader))[1]["reason"] == "sender_mismatch"  # read, then refused by the node
+        writer.close()
+        reader, writer = await upgraded(served.port)
+        other = message(2, [1])
+        headers = {k if k == "Authorization" else k.lower(): v for k, v in signed(other, "2").items()}
+        del headers["x-mosaic-nonce"]
+        writer.write(request_head(headers, len(other)))
+        status, answer = await answer_of(reader)
+        assert (status, answer["reason"]) == (401, "malformed_auth"), answer
+        assert "x-mosaic-nonce" in answer["detail"] and await closed(reader)
+        writer.close()
+        assert served.inbox.state.taking().report.fragments_in == 1
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_frame_larger_than_any_message_is_413_unread_and_a_slow_one_408() -> None:
     served, runner = await start(None, request_timeout=1.0)
     try:

@@ -63,9 +63,12 @@ async def hash_body(body: Body) -> str:
     thread when it is large."""
     if type(body) is not tuple:
         return await hash_bytes(body)
-    if body_size(body) < OFF_LOOP_BYTES:
-        return parts_digest(body)
-    return await asyncio.to_thread(parts_digest, body)
+    return digest_on_loop(body) or await asyncio.to_thread(parts_digest, body)
+
+
+def digest_on_loop(body: tuple[bytes | bytearray | memoryview, ...]) -> str | None:
+    """`hash_body` of a body in pieces where it is small enough to hash on the event loop, else None."""
+    return parts_digest(body) if body_size(body) < OFF_LOOP_BYTES else None
 
 
 class Client:

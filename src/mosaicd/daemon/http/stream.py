@@ -237,7 +237,7 @@ async def _serve(request: web.Request, frames: _Frames, streams: FragmentsStream
                 signed = await authenticator.check(request, "POST", fragments_path, head.headers)
             except Refusal as exc:
                 return refuse(exc.status, exc.reason, exc.detail)
-        kind = head.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        kind = head.header("content-type").split(";", 1)[0].strip().lower()
         if kind != CONTENT_TYPE:
             return refuse(415, "unsupported_media_type", f"expected {CONTENT_TYPE}, got {kind}")
         busy = await limits.admit(peer, size)

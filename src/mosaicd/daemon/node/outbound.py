@@ -27,7 +27,7 @@ from mosaic_proto.node import REASON_FINISHED, REASON_REJOINING
 from mosaic_proto.profiles import NodeProfile, TokenBucket
 from mosaicd.daemon.deadlines import arrival_timeout
 from mosaicd.daemon.errors import PeerDropped, RunEnded, run_ended
-from mosaicd.daemon.http.client import Abandoned, Client, HttpError, Refused, hash_body
+from mosaicd.daemon.http.client import Abandoned, Client, HttpError, Refused, digest_on_loop, hash_body
 from mosaicd.daemon.http.model_codec import decode_model
 from mosaicd.daemon.http.tls import scheme
 from mosaicd.daemon.loop import sleep_at_least
@@ -69,15 +69,18 @@ async def send_all(client: Client, round: int, messages: Sequence[OutgoingMessag
     members (`NodeState.starting`), which take part once up: those are tried again within the budget."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    digests: dict[int, asyncio.Future[str]] = {}  # by body: peers sent the same fragments share its bytes
+    digests: dict[int, str | asyncio.Future[str]] = {}  # by body: peers sent the same fragments share its bytes
 
     async def post(message: OutgoingMessage, url: str) -> None:
         """POST `message`, again while its peer is one of the `starting` that answers `rejoining`, or answers
         `busy` after the client's retries (its bodies' or decodes' budget is taken by other large messages: at a
         50M-value model, one 200 MB message at a time)."""
-        if client.signer is not None and id(message.body) not in digests:
-            digests[id(message.body)] = asyncio.ensure_future(hash_body(message.body.parts))
-        digest = await asyncio.shield(digests[id(message.body)]) if client.signer is not None else None
+        digest = None
+        if client.signer is not None:  # a small body hashed at once, a large one in a thread, each body once
+            if (known := digests.get(id(message.body))) is None:
+                parts = message.body.parts
+                known = digests[id(message.body)] = digest_on_loop(parts) or asyncio.ensure_future(hash_body(parts))
+            digest = known if isinstance(known, str) else await asyncio.shield(known)
         delay = STARTING_RETRY_S
         while True:
             try:
