@@ -250,8 +250,12 @@ async def _serve(request: web.Request, frames: _Frames, streams: FragmentsStream
                 buffer = np.empty(size, dtype=np.uint8)
             into = memoryview(buffer)[:size]
             try:
-                async with asyncio.timeout(limits.body_timeout):
-                    whole = await frames.accept(into, signed is not None)
+                complete = frames.accept(into, signed is not None)
+                if complete.done():  # it came with its head (a message of a few reads): no deadline to arm
+                    whole = complete.result()
+                else:
+                    async with asyncio.timeout(limits.body_timeout):
+                        whole = await complete
             except TimeoutError:
                 limits.note("slow_body", peer=peer)
                 return refuse(408, "slow_body", limits.slow(frames.received, size))
