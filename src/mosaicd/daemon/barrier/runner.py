@@ -379,8 +379,9 @@ class Notices:
         while round not in self.heard:
             if (refused := refusal()) is not None:
                 raise refused
-            try:
-                await asyncio.wait_for(self._event.wait(), timeout=max(end - now(), 0))
+            try:  # asyncio.timeout, not wait_for: no task per long poll
+                async with asyncio.timeout(max(end - now(), 0)):
+                    await self._event.wait()
             except TimeoutError:
                 raise BarrierError(BarrierReason.BARRIER_TIMEOUT, f"round {round} was not released in time") from None
         return self.heard[round]
