@@ -358,9 +358,12 @@ async def test_a_frames_header_names_are_read_in_any_case_as_a_posts() -> None:
         assert await answer_of(reader) == (200, {"status": "accepted", "round": 0})
         writer.write(request_head({k.upper(): v for k, v in signed(body, "2").items()}, len(body)) + body)
         assert (await answer_of(reader))[1]["reason"] == "sender_mismatch"  # read, then refused by the node
+        other = message(2, [1])  # names in mixed case (a KeyError inside the node before the fix)
+        mixed = {k if k == "Authorization" else k.lower(): v for k, v in signed(other, "2").items()}
+        writer.write(request_head(mixed, len(other)) + other)
+        assert await answer_of(reader) == (200, {"status": "accepted", "round": 0})
         writer.close()
         reader, writer = await upgraded(served.port)
-        other = message(2, [1])
         headers = {k if k == "Authorization" else k.lower(): v for k, v in signed(other, "2").items()}
         del headers["x-mosaic-nonce"]
         writer.write(request_head(headers, len(other)))
@@ -368,7 +371,7 @@ async def test_a_frames_header_names_are_read_in_any_case_as_a_posts() -> None:
         assert (status, answer["reason"]) == (401, "malformed_auth"), answer
         assert "x-mosaic-nonce" in answer["detail"] and await closed(reader)
         writer.close()
-        assert served.inbox.state.taking().report.fragments_in == 1
+        assert served.inbox.state.taking().report.fragments_in == 2
     finally:
         await runner.cleanup()
 
