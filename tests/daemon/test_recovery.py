@@ -263,8 +263,8 @@ def test_a_node_that_cannot_write_its_checkpoint_ends_the_run_saying_so(tmp_path
     assert said and str(tmp_path / "a-file") in json.dumps(said[0]), lab.log("node-1")[-5:]
     assert summary["status"] == "failed", summary
     assert "cannot write the checkpoint" in json.dumps(summary), summary
-    assert summary["progress"]["rounds_done"] == 1, summary  # its first checkpoint (after round 0) failed as round 1
-    # trained: the node never arrived at round 1
+    # its first checkpoint (after round 0) failed as round 1 trained: the node never arrived at round 1
+    assert summary["progress"]["rounds_done"] == 1, summary
 
 
 def test_a_barrier_that_cannot_listen_leaves_its_out_untouched(tmp_path: Path, kit: Any) -> None:
