@@ -467,6 +467,21 @@ async def test_an_idle_stream_is_closed_at_the_header_timeout_and_garbage_closes
         await runner.cleanup()
 
 
+async def test_a_stream_idle_after_a_frame_expires_without_a_word_as_a_kept_alive_connection() -> None:
+    """A stream idle past the header timeout after it carried a frame is a kept-alive connection expiring (rounds
+    stall that long while a barrier restarts): closed, but neither counted nor logged as a refusal."""
+    served, runner = await start(None, header_timeout=0.5)
+    body = message(1, [0])
+    try:
+        reader, writer = await upgraded(served.port)
+        writer.write(request_head({"Content-Type": CONTENT_TYPE}, len(body)) + body)
+        assert await answer_of(reader) == (200, {"status": "accepted", "round": 0})
+        assert await closed(reader)
+        assert served.limited("idle_closed") == 0
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_server_that_stops_ends_its_streams_instead_of_waiting_out_its_grace() -> None:
     inbox = node_inbox(None, header_timeout=600)  # an idle stream stays
     runner = web.AppRunner(node_app(inbox), shutdown_timeout=600)  # a grace no test could wait out

@@ -215,13 +215,17 @@ async def _serve(request: web.Request, frames: _Frames, streams: FragmentsStream
     def refuse(status: int, reason: str, detail: str) -> None:
         answer(status, {"reason": reason, "detail": detail})  # as `json_error`'s body
 
+    carried = False
     while True:
         limits.park(request.protocol)  # between frames: the connection guard may close it for a newcomer
         try:  # asyncio.timeout, not wait_for: no task per frame (bench/transport.py, 59 kB messages)
             async with asyncio.timeout(header_timeout):
                 head = await frames.head()
         except TimeoutError:
-            limits.note("idle_closed", peer=peer)
+            # idle after a frame: a kept-alive connection expiring (closed without a word, as aiohttp closes one
+            # between requests; rounds stall that long when the barrier restarts); idle before any: a refusal
+            if not carried:
+                limits.note("idle_closed", peer=peer)
             return
         finally:
             limits.unpark(request.protocol)
@@ -279,5 +283,6 @@ async def _serve(request: web.Request, frames: _Frames, streams: FragmentsStream
             del body, buffer
             answer(status, reply)
             frames.answered()
+            carried = True
         finally:
             limits.slots.done(size)
