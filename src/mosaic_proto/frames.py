@@ -56,9 +56,13 @@ class End:
 Event = Head | Piece | End
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # one encoder: `json.dumps` with separators builds one a call
+_STRINGS = frozenset({str})
+
+
 def request_head(headers: Mapping[str, str], length: int) -> bytes:
     """A request frame's prefix and head; its body of `length` bytes follows."""
-    head = json.dumps(dict(headers), separators=(",", ":")).encode()
+    head = _COMPACT.encode(headers if type(headers) is dict else dict(headers)).encode()
     if len(head) > MAX_HEAD:
         raise ValueError(f"a frame's headers are {len(head)} bytes, more than {MAX_HEAD}")
     return REQUEST.pack(len(head), length) + head
@@ -76,8 +80,7 @@ def _headers(raw: bytes) -> dict[str, str]:
         headers = json.loads(raw)
     except ValueError:
         raise FrameError("a frame's head is not JSON") from None
-    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                for k, v in headers.items()):
+    if type(headers) is not dict or not _STRINGS.issuperset(map(type, headers.values())):  # a key is a string
         raise FrameError("a frame's head is not a JSON object of strings")
     return headers
 

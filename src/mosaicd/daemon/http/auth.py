@@ -126,6 +126,7 @@ class Keyring:
     def __init__(self, secret: bytes) -> None:
         self.secret = secret
         self._keys: dict[str, bytes] = {}
+        self._credentials: dict[str, Credentials] = {}  # one per run: asked for at every request a member signs
 
     def key(self, run_id: str) -> bytes:
         if run_id not in self._keys:
@@ -133,7 +134,9 @@ class Keyring:
         return self._keys[run_id]
 
     def credentials(self, run_id: str) -> Credentials:
-        return Credentials(self.key(run_id), run_id)
+        if (known := self._credentials.get(run_id)) is None:
+            known = self._credentials[run_id] = Credentials(self.key(run_id), run_id)
+        return known
 
 
 def signer(credentials: Callable[[], Credentials], sender: Callable[[], str]) -> Callable[..., dict[str, str]]:

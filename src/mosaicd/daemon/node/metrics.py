@@ -9,34 +9,58 @@ registry also holds the `process_*` metrics (`daemon/http/metrics.py`) and serve
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from mosaic_proto import NodeReport, Reason, RoundReport
 from mosaic_proto.rules import cut_labels
 from mosaicd.daemon.http.metrics import SECONDS_BUCKETS, member_registry
 
 PHASES = ("train", "send", "wait", "aggregate")
+TRAFFIC_COUNTERS = {  # NodeMetrics' field -> (counter, help)
+    "bytes_out": ("mosaic_sent_bytes", "fragment message bytes sent"),
+    "raw_bytes_out": ("mosaic_sent_uncompressed_bytes", "the float32 bytes of the fragments sent, before --compress "
+                      "(4 per coordinate)"),
+    "bytes_in": ("mosaic_received_bytes", "fragment message bytes accepted"),
+    "msgs_out": ("mosaic_sent_messages", "fragment messages sent"),
+    "frags_out": ("mosaic_sent_fragments", "fragments sent"),
+    "frags_in": ("mosaic_received_fragments", "fragments accepted"),
+    "msgs_in": ("mosaic_received_messages", "fragment messages accepted"),
+    "unsent": ("mosaic_unsent_fragments", "fragments the transport gave up on"),
+}
+
+
+class _Traffic(Collector):
+    """The traffic counters, kept as plain numbers and read at each scrape: a `Counter.inc` is several Python calls
+    and a lock, three per message received, which showed in a node's event loop (bench/README.md, issue 59)."""
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(TRAFFIC_COUNTERS, 0)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        counts = self.counts
+        for field, (name, help) in TRAFFIC_COUNTERS.items():
+            yield CounterMetricFamily(name, help, value=counts[field])
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        for name, help in TRAFFIC_COUNTERS.values():
+            yield CounterMetricFamily(name, help)
 
 
 class NodeMetrics:
     def __init__(self) -> None:
         r = self.registry = member_registry()
         self.round = Gauge("mosaic_round", "rounds this node has finished (the round it is in)", registry=r)
-        self.bytes_out = Counter("mosaic_sent_bytes", "fragment message bytes sent", registry=r)
-        self.raw_bytes_out = Counter("mosaic_sent_uncompressed_bytes", "the float32 bytes of the fragments sent, "
-                                     "before --compress (4 per coordinate)", registry=r)
-        self.bytes_in = Counter("mosaic_received_bytes", "fragment message bytes accepted", registry=r)
-        self.msgs_out = Counter("mosaic_sent_messages", "fragment messages sent", registry=r)
-        self.frags_out = Counter("mosaic_sent_fragments", "fragments sent", registry=r)
-        self.frags_in = Counter("mosaic_received_fragments", "fragments accepted", registry=r)
-        self.msgs_in = Counter("mosaic_received_messages", "fragment messages accepted", registry=r)
+        self._traffic = _Traffic()
+        r.register(self._traffic)
         self.refusals = Counter("mosaic_refused_messages", "fragment messages refused, by reason", ["reason"],
                                 registry=r)
         self.cut = Counter("mosaic_aggregator_cut_fragments", "received fragments the aggregator's rule cut, by "
                            "what it counts (mosaic_proto.rules: clipped, trimmed in most coordinates)", ["rule"],
                            registry=r)
-        self.unsent = Counter("mosaic_unsent_fragments", "fragments the transport gave up on", registry=r)
         self.phase = Histogram("mosaic_round_phase_seconds", "seconds per round phase: train, send (fragments), "
                                "wait (at the barrier), aggregate", ["phase"], buckets=SECONDS_BUCKETS, registry=r)
         self.loss = Gauge("mosaic_train_loss", "training loss of the last round (NaN before the first)", registry=r)
@@ -50,16 +74,15 @@ class NodeMetrics:
 
     def taken(self, report: RoundReport) -> None:
         """A new round state took the messages buffered for it: count them like live ones."""
-        self.msgs_in.inc(report.messages_in)
-        self.bytes_in.inc(report.bytes_in)
-        self.frags_in.inc(report.fragments_in)
+        self.accepted(report.bytes_in, report.fragments_in, report.messages_in)
         for reason, count in report.refused.items():
             self.refusals.labels(reason).inc(count)
 
-    def accepted(self, nbytes: int, fragments: int) -> None:
-        self.msgs_in.inc()
-        self.bytes_in.inc(nbytes)
-        self.frags_in.inc(fragments)
+    def accepted(self, nbytes: int, fragments: int, messages: int = 1) -> None:
+        counts = self._traffic.counts
+        counts["msgs_in"] += messages
+        counts["bytes_in"] += nbytes
+        counts["frags_in"] += fragments
 
     def refused(self, reason: Reason) -> None:
         self.refusals.labels(reason.value).inc()
@@ -73,11 +96,12 @@ class NodeMetrics:
             self.refusals.labels(reason).inc(count)
 
     def sent(self, report: RoundReport) -> None:
-        self.bytes_out.inc(report.bytes_out)
-        self.raw_bytes_out.inc(report.raw_bytes_out)
-        self.msgs_out.inc(report.messages_out)
-        self.frags_out.inc(report.fragments_out)
-        self.unsent.inc(report.fragments_unsent)
+        counts = self._traffic.counts
+        counts["bytes_out"] += report.bytes_out
+        counts["raw_bytes_out"] += report.raw_bytes_out
+        counts["msgs_out"] += report.messages_out
+        counts["frags_out"] += report.fragments_out
+        counts["unsent"] += report.fragments_unsent
 
     def round_done(self, round: int, loss: float, report: NodeReport) -> None:
         """Round `round - 1` is over: one observation per phase from its report."""

@@ -325,7 +325,8 @@ class Peer:
 
     async def _arrive(self, body: dict[str, Any], final: bool = False) -> dict[str, Any]:
         try:
-            others = [a for m, a in enumerate(self.state.addresses) if m != self.rank and a]
+            rank = self.rank
+            others = [a for m, a in enumerate(self.state.addresses) if m != rank and a]
             return await arrive(self._client, self.inbox.barrier_url or "", body, final, self.run.round_deadline,
                                 self.options, self.log, peers=others)
         except PeerDropped:
