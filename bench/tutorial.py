@@ -19,6 +19,9 @@ cold (`warm=False`: every process a fresh interpreter, as before). Figures per v
   their ratio, side by side: where the wall's ratio comes from. Both drift with this host's state, run by run;
   `split_per_round` divides the cluster's into the barrier's event loop and its other threads and the nodes'
   event loops and their other threads (training, evaluation and checkpoints run there), in ms per round;
+- `switches_per_round`: the context switches of the same four parts per round (a node's per node), voluntary (a
+  thread slept: I/O, the GIL, its core's turn) and involuntary (it was preempted): how often a node's loop wakes in
+  a round, and how often its trainer is cut off by another thread on its core;
 - the final models' hashes (cluster == cluster: both variants must agree bit for bit).
 
 And the reference the cluster is held to: the same job through `mosaicd simulate` (one process), whose CPU
@@ -210,25 +213,51 @@ class RoundCpu:
         self.cluster = cluster
         self.marks: list[tuple[float, int, float]] = []  # (when, round reported, CPU-s of the cluster's processes)
         self.parts: list[dict[str, float]] = []  # per mark: CPU-s by role and thread, as ThreadCpuSampler.split
+        self.switches: list[tuple[int, dict[str, int]]] = []  # (round, `_switches`) at round 1 and the last but one
 
     def due(self, progress: Any) -> None:
         if not measured_round(progress.round, self.cluster.settings.rounds):
             return
         total, parts = 0.0, dict.fromkeys(PARTS, 0.0)
-        for name, proc in list(self.cluster.procs.items()):
+        for proc in list(self.cluster.procs.values()):
             fields = stat_fields(f"/proc/{proc.pid}/stat") if proc.pid is not None else None
             total += cpu_seconds(fields) if fields is not None else 0.0
+        for part, path in self._threads():
+            thread = stat_fields(f"{path}/stat")
+            if thread is not None:
+                parts[part] += cpu_seconds(thread)
+        self.marks.append((time.monotonic(), progress.round, total))
+        self.parts.append(parts)
+        if progress.round in (1, self.cluster.settings.rounds - 2):
+            self.switches.append((progress.round, self._switches()))
+
+    def _threads(self) -> list[tuple[str, str]]:
+        """(part of PARTS, /proc folder) of every thread of every cluster process now."""
+        threads = []
+        for name, proc in list(self.cluster.procs.items()):
             role = "barrier" if name == "barrier" else "node"
             try:
                 tids = os.listdir(f"/proc/{proc.pid}/task") if proc.pid is not None else []
             except OSError:
                 tids = []
-            for tid in tids:
-                thread = stat_fields(f"/proc/{proc.pid}/task/{tid}/stat")
-                if thread is not None:
-                    parts[f"{role}_{'loop' if int(tid) == proc.pid else 'threads'}_s"] += cpu_seconds(thread)
-        self.marks.append((time.monotonic(), progress.round, total))
-        self.parts.append(parts)
+            threads += [(f"{role}_{'loop' if int(tid) == proc.pid else 'threads'}_s", f"/proc/{proc.pid}/task/{tid}")
+                        for tid in tids]
+        return threads
+
+    def _switches(self) -> dict[str, int]:
+        """Context switches so far, voluntary (it slept: a wait for I/O, the GIL, a turn) and involuntary (it was
+        preempted), summed per part (PARTS)."""
+        counts = {f"{part}_{kind}": 0 for part in PARTS for kind in ("voluntary", "involuntary")}
+        for part, path in self._threads():
+            try:
+                status = Path(f"{path}/status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                key, _, value = line.partition(":")
+                if key.endswith("ctxt_switches"):  # voluntary_ctxt_switches, nonvoluntary_ctxt_switches
+                    counts[f"{part}_{'involuntary' if key.startswith('non') else 'voluntary'}"] += int(value)
+        return counts
 
     def _kept(self) -> list[int]:
         """Rounds the launcher's poll saw released together are reported together: of those, only the last is the
@@ -239,6 +268,17 @@ class RoundCpu:
     def per_round(self) -> float | None:
         """CPU-s per round between the first mark and the last."""
         return slope([(self.marks[i][1], self.marks[i][2]) for i in self._kept()])
+
+    def switches_per_round(self) -> dict[str, float]:
+        """Context switches per round of each part's threads (a node's: per node), voluntary and involuntary, from
+        round 1 to the last but one: how often a node's trainer is preempted in a round, and how often its loop
+        wakes."""
+        if len(self.switches) < 2:
+            return {}
+        (first, before), (last, after) = self.switches[0], self.switches[-1]
+        nodes = self.cluster.settings.nodes
+        return {key.replace("_s_", "_"): round((after[key] - before[key]) / (last - first)
+                                               / (1 if key.startswith("barrier") else nodes), 2) for key in after}
 
     def split_per_round(self) -> dict[str, float]:
         """CPU ms per round of each part (PARTS), between the first mark and the last."""
@@ -325,6 +365,7 @@ def _measured_run(cluster: Cluster, nodes: int, rounds: int, event_loop: str) ->
         "model_sha256": summary.get("model_sha256"), "event_loop": event_loop,
         "pinned_nodes": len(cluster.processes.cores), "cpu_per_round_s": _rounded(rounds_cpu.per_round(), 4),
         "split_per_round": rounds_cpu.split_per_round(),
+        "switches_per_round": rounds_cpu.switches_per_round(),
     }
 
 
@@ -480,6 +521,11 @@ def print_variant(name: str, r: dict[str, Any]) -> None:
     if split:
         print("      CPU ms per round, rounds 1 to the last but one: " + ", ".join(
             f"{k.replace('_ms_per_round', '').replace('_', ' ')} {v}" for k, v in split.items()))
+    switches = r.get("switches_per_round") or {}
+    if switches:
+        print("      context switches per round (a node's per node), voluntary/involuntary: " + ", ".join(
+            f"{part.replace('_', ' ')} {switches[f'{part}_voluntary']}/{switches[f'{part}_involuntary']}"
+            for part in ("node_loop", "node_threads", "barrier_loop", "barrier_threads")))
 
 
 def main() -> None:

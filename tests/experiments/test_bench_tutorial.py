@@ -1,5 +1,5 @@
 """bench/tutorial.py --phases: every process of the cluster and simulate's times its phases, and the script sets the
-nodes' per call beside simulate's."""
+nodes' per call beside simulate's; the threads' context switches per round are counted."""
 
 from __future__ import annotations
 
@@ -34,3 +34,7 @@ def test_phases_are_counted_in_every_node_and_in_simulate(tmp_path: Path) -> Non
     assert report["phases"]["node"]["train"]["cpu_ms_per_call"] == nodes_["train"]["cpu_ms_per_call"]
     assert "phases, CPU ms a call (a round), the cluster's nodes | simulate: checkpoint" in done.stdout
     assert not any(tmp_path.glob("phases-*/*.tmp"))
+    switches = report["warm"]["switches_per_round"]  # each node's loop wakes at least for its release, each round,
+    assert switches["node_loop_voluntary"] >= 1 and switches["node_threads_voluntary"] >= 1  # its worker for work
+    assert switches["barrier_loop_voluntary"] >= 1
+    assert "context switches per round (a node's per node), voluntary/involuntary: node loop" in done.stdout
