@@ -19,6 +19,8 @@ cold (`warm=False`: every process a fresh interpreter, as before). Figures per v
   their ratio, side by side: where the wall's ratio comes from. Both drift with this host's state, run by run;
   `split_per_round` divides the cluster's into the barrier's event loop and its other threads and the nodes'
   event loops and their other threads (training, evaluation and checkpoints run there), in ms per round;
+- `wall_ms_per_round` and `idle_core_ms_per_round`: the wall and the host's idle core-time per round over the same
+  rounds: what of the cores the rounds leave unused (the wall's ratio beyond the CPU's);
 - `switches_per_round`: the context switches of the same four parts per round (a node's per node), voluntary (a
   thread slept: I/O, the GIL, its core's turn) and involuntary (it was preempted): how often a node's loop wakes in
   a round, and how often its trainer is cut off by another thread on its core;
@@ -212,6 +214,7 @@ class RoundCpu:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.marks: list[tuple[float, int, float]] = []  # (when, round reported, CPU-s of the cluster's processes)
+        self.idle: list[float] = []  # per mark: the host's idle core-s since boot
         self.parts: list[dict[str, float]] = []  # per mark: CPU-s by role and thread, as ThreadCpuSampler.split
         self.switches: list[tuple[int, dict[str, int]]] = []  # (round, `_switches`) at round 1 and the last but one
 
@@ -228,6 +231,7 @@ class RoundCpu:
                 parts[part] += cpu_seconds(thread)
         self.marks.append((time.monotonic(), progress.round, total))
         self.parts.append(parts)
+        self.idle.append(host_cpu()[1])
         if progress.round in (1, self.cluster.settings.rounds - 2):
             self.switches.append((progress.round, self._switches()))
 
@@ -268,6 +272,16 @@ class RoundCpu:
     def per_round(self) -> float | None:
         """CPU-s per round between the first mark and the last."""
         return slope([(self.marks[i][1], self.marks[i][2]) for i in self._kept()])
+
+    def idle_per_round(self) -> dict[str, float]:
+        """The wall and the host's idle core-time per round, in ms, between the first mark and the last: what of
+        the cores the rounds leave unused (a core whose nodes are done waits for the other's last arrival)."""
+        kept = self._kept()
+        wall = slope([(self.marks[i][1], self.marks[i][0]) for i in kept])
+        idle = slope([(self.marks[i][1], self.idle[i]) for i in kept])
+        if wall is None or idle is None:
+            return {}
+        return {"wall_ms_per_round": round(1000 * wall, 1), "idle_core_ms_per_round": round(1000 * idle, 1)}
 
     def switches_per_round(self) -> dict[str, float]:
         """Context switches per round of each part's threads (a node's: per node), voluntary and involuntary, from
@@ -365,7 +379,7 @@ def _measured_run(cluster: Cluster, nodes: int, rounds: int, event_loop: str) ->
         "model_sha256": summary.get("model_sha256"), "event_loop": event_loop,
         "pinned_nodes": len(cluster.processes.cores), "cpu_per_round_s": _rounded(rounds_cpu.per_round(), 4),
         "split_per_round": rounds_cpu.split_per_round(),
-        "switches_per_round": rounds_cpu.switches_per_round(),
+        "switches_per_round": rounds_cpu.switches_per_round(), **rounds_cpu.idle_per_round(),
     }
 
 
@@ -521,6 +535,9 @@ def print_variant(name: str, r: dict[str, Any]) -> None:
     if split:
         print("      CPU ms per round, rounds 1 to the last but one: " + ", ".join(
             f"{k.replace('_ms_per_round', '').replace('_', ' ')} {v}" for k, v in split.items()))
+    if r.get("wall_ms_per_round"):
+        print(f"      a round took {r['wall_ms_per_round']} ms of wall and left {r['idle_core_ms_per_round']} core-ms "
+              f"of this host idle ({os.cpu_count()} cores), rounds 1 to the last but one")
     switches = r.get("switches_per_round") or {}
     if switches:
         print("      context switches per round (a node's per node), voluntary/involuntary: " + ", ".join(
