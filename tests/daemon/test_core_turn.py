@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mosaicd.daemon.node import core_turn
-from mosaicd.experiments.warm import core_turns, idle_turns
+from mosaicd.experiments.warm import core_turns
 
 pytestmark = pytest.mark.quick
 
@@ -114,113 +114,6 @@ def test_only_cores_that_two_or_more_nodes_share_get_a_turn_holding_one_token() 
         os.set_blocking(read, False)
         assert os.read(read, 16) == core_turn.TOKEN
     finally:
-        for read, write, _ in turns.values():
-            os.close(read)
-            os.close(write)
-
-
-def _two_cores() -> tuple[int, int]:
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("one core: no other core's turn to take")
-    return cpus[0], cpus[1]
-
-
-def _cores(a: int, b: int) -> tuple[dict[int, core_turn.Core], tuple[int, int]]:
-    return {a: core_turn.Core(a, one_token(), os.pipe()), b: core_turn.Core(b, one_token(), os.pipe())}, os.pipe()
-
-
-def _close(cores: dict[int, core_turn.Core], idle: tuple[int, int]) -> None:
-    for fd in [*(fd for core in cores.values() for fd in core.fds()), *idle]:
-        os.close(fd)
-
-
-def _on(core: int, cores: dict[int, core_turn.Core], idle: tuple[int, int]) -> core_turn.CoreTurn:
-    return core_turn.CoreTurn(*cores[core].token, 2, core, cores, idle)
-
-
-def _where() -> set[int]:
-    return os.sched_getaffinity(0)
-
-
-def _tokens(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 16)
-    except BlockingIOError:
-        return b""
-
-
-def test_a_node_waiting_for_its_core_computes_on_a_core_left_idle_and_gives_that_core_its_token_back() -> None:
-    """Core a's last node gives its token back with none of a's waiting: a node of core b, whose turn another
-    holds, takes a's turn and computes on core a, then gives a its token back and comes back to b."""
-    a, b = _two_cores()
-    cores, idle = _cores(a, b)
-    mine: list[Any] = []
-    try:
-        assert _tokens(cores[b].token[0]) == core_turn.TOKEN  # b's turn is held, and stays held
-        last_of_a = _on(a, cores, idle)
-        assert last_of_a.run(lambda: "done") == "done"  # a's token back, nobody of a waiting: a says it is idle
-        os.sched_setaffinity(0, {b})
-        try:
-            waiting = _on(b, cores, idle)
-            started = time.monotonic()
-            ran = threading.Thread(target=lambda: mine.append(waiting.run(lambda: (_where(), waiting.held()))))
-            ran.start()
-            ran.join(10)
-            assert time.monotonic() - started < 0.5  # at once, not after its wait for b's turn
-            assert mine == [({a}, True)]  # on core a, in a's turn
-            assert _where() == {b}
-            assert _tokens(cores[a].token[0]) == core_turn.TOKEN and _tokens(cores[b].token[0]) == b""
-            assert cores[a].waiters() == 0 and cores[b].waiters() == 0
-        finally:
-            os.sched_setaffinity(0, {a, b})
-    finally:
-        _close(cores, idle)
-
-
-def test_a_core_whose_own_node_waits_is_not_taken_and_the_waiting_node_stays_on_its_core() -> None:
-    """Core a said it was idle, but one of its own nodes waits for its turn now: a node of core b leaves a's token
-    to it, and computes on b once b's turn comes."""
-    a, b = _two_cores()
-    cores, idle = _cores(a, b)
-    mine: list[Any] = []
-    try:
-        assert _tokens(cores[b].token[0]) == core_turn.TOKEN
-        os.write(idle[1], core_turn.IDLE.pack(a))
-        os.write(cores[a].waiting[1], core_turn.WAITING)  # a's own node, waiting
-        os.sched_setaffinity(0, {b})
-        try:
-            waiting = _on(b, cores, idle)
-            ran = threading.Thread(target=lambda: mine.append(waiting.run(_where)))
-            ran.start()
-            time.sleep(0.3)
-            assert not mine and cores[b].waiters() == 1  # still waiting, and counted as b's
-            os.write(cores[b].token[1], core_turn.TOKEN)  # b's turn comes
-            ran.join(10)
-            assert mine == [{b}]
-            assert _tokens(cores[a].token[0]) == core_turn.TOKEN  # a's token left where it was
-            assert cores[b].waiters() == 0
-        finally:
-            os.sched_setaffinity(0, {a, b})
-    finally:
-        _close(cores, idle)
-
-
-def test_two_or_more_cores_with_turns_count_their_waiters_and_share_one_idle_pipe() -> None:
-    children = [{"name": f"node-{i}", "cores": [i % 2]} for i in range(4)]
-    turns = core_turns(children)
-    made = idle_turns(turns)
-    try:
-        assert made is not None
-        cores, idle = made
-        assert sorted(cores) == [0, 1] and all(core.waiters() == 0 for core in cores.values())
-        assert [cores[key[0]].token for key in turns] == [turn[:2] for turn in turns.values()]
-        assert idle_turns({(0,): turns[(0,)]}) is None  # one core with turns: no other to take
-    finally:
-        if made is not None:
-            for fd in [*(fd for core in made[0].values() for fd in core.waiting), *made[1]]:
-                os.close(fd)
         for read, write, _ in turns.values():
             os.close(read)
             os.close(write)

@@ -241,30 +241,6 @@ def test_pinned_nodes_run_on_one_core_each_and_end_with_the_reference_models(tmp
     assert shared == (sorted(names for names in by_core.values() if len(names) > 1) if warm else []), turns
 
 
-@pytest.mark.slow  # about 10 s on 2 busy cores
-def test_nodes_of_two_cores_that_may_take_each_others_turns_end_with_the_reference_models(tmp_path: Path,
-                                                                                            kit: Any) -> None:
-    """Two cores with two nodes each: every node holds every core's turn (it may compute on the other core when
-    that one is idle, `CoreTurn`) and the pipe where an idle core says so; where a turn is computed changes no bit."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one core: no other core's turn to take")
-    run = dict(nodes=4, rounds=6, fragments=2, fanout=2, seed=5)
-    cluster = Cluster(Settings(**run, linger=3, out=tmp_path / "run"), progress=False, warm=True, pin="on")
-    turns: dict[str, set[str]] = {}
-
-    def on_round(p: RoundProgress) -> None:
-        if p.round == 0:
-            turns.update({name: turn_pipes(proc.pid) for name, proc in cluster.procs.items() if name != "barrier"})
-
-    cluster.on_round = on_round
-    summary = cluster.run(timeout=120)
-    assert summary["model_sha256"] == kit.reference_hashes(Settings(**run))
-    expected = node_cores([f"node-{i}" for i in range(4)], "on", 4, key=str(tmp_path / "run"))
-    assert sorted(len([n for n in expected if expected[n] == cores]) for cores in set(expected.values())) == [2, 2]
-    held_by_all = set.intersection(*turns.values())
-    assert len(held_by_all) == 3, turns  # both cores' tokens and the idle notices (the waiters' read ends block)
-
-
 def turn_pipes(pid: int) -> set[str]:
     """The pipes process `pid` holds both ends of, the read end non-blocking: its event loop's own, and a pinned
     node's core turn (`CoreTurn` made it so), which the other nodes of its core hold too (the report pipe to the

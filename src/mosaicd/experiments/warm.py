@@ -46,7 +46,7 @@ from typing import Any, NoReturn
 from mosaicd.daemon.entry import run_entry
 from mosaicd.daemon.http.server import LISTEN_FD, ListenError, handed_socket
 from mosaicd.daemon.loop import loop_factory, run
-from mosaicd.daemon.node.core_turn import TOKEN, Core, take_turns
+from mosaicd.daemon.node.core_turn import TOKEN, take_turns
 from mosaicd.daemon.node.warmup import imports_done, set_threads, warm_up
 from mosaicd.experiments.processes import REPORT_FD, STOP_GRACE_S, Children, die_with_parent, exit_text, pin_to
 from mosaicd.logs import configure_logging, get_logger
@@ -86,10 +86,8 @@ def _child(child: dict[str, Any], task: Any, listening: socket.socket | None, pa
     `handed`: the nodes' listening sockets the launcher handed down, of which it keeps its own (its `LISTEN_FD`)."""
     if listening is not None:
         listening.close()  # the barrier's
-    turn = child.get("turn", ())
-    kept = [fd for core in turn[4].values() for fd in core.fds()] + list(turn[5]) if len(turn) > 3 else turn[:2]
     for fd in turns:
-        if fd not in kept:
+        if fd not in child.get("turn", ())[:2]:
             os.close(fd)
     own = child.get("env", {}).get(LISTEN_FD)
     for fd in handed:
@@ -180,16 +178,6 @@ def core_turns(children: list[dict[str, Any]]) -> dict[tuple[int, ...], tuple[in
             os.write(write, TOKEN)
             turns[cores] = (read, write, count)
     return turns
-
-
-def idle_turns(turns: dict[tuple[int, ...], tuple[int, int, int]]) -> tuple[dict[int, Core], tuple[int, int]] | None:
-    """Where two or more cores have turns (`core_turns`): each one's waiters' pipe beside its token's, and one pipe
-    where a core says it is idle, so that a node waiting for its own core's turn takes an idle one's
-    (`CoreTurn`)."""
-    if len(turns) < 2:
-        return None
-    cores = {key[0]: Core(key[0], (read, write), os.pipe()) for key, (read, write, _) in turns.items()}
-    return cores, os.pipe()
 
 
 def run_group(settings: Settings) -> int:
@@ -287,13 +275,9 @@ def main() -> NoReturn:
         print(f"mosaicd barrier: error: {exc}", file=sys.stderr)
         os._exit(1)
     turns = core_turns(spec.get("children", []))
-    idle = idle_turns(turns)
     gc.collect()
     gc.freeze()  # the objects made so far stay where they are: shared with the nodes, not copied by their GC
     pipes = [fd for read, write, _ in turns.values() for fd in (read, write)]
-    if idle is not None:
-        turns = {key: (*turn, key[0], *idle) for key, turn in turns.items()}
-        pipes += [fd for core in idle[0].values() for fd in core.waiting] + list(idle[1])
     handed = [int(child["env"][LISTEN_FD]) for child in spec.get("children", []) if LISTEN_FD in child.get("env", {})]
     for child in spec.get("children", []):
         turn = turns.get(tuple(child.get("cores", ())))
