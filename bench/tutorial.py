@@ -216,7 +216,7 @@ class RoundCpu:
         self.marks: list[tuple[float, int, float]] = []  # (when, round reported, CPU-s of the cluster's processes)
         self.idle: list[float] = []  # per mark: the host's idle core-s since boot
         self.parts: list[dict[str, float]] = []  # per mark: CPU-s by role and thread, as ThreadCpuSampler.split
-        self.switches: list[tuple[int, dict[str, int]]] = []  # (round, `_switches`) at round 1 and the last but one
+        self.switches: list[tuple[int, dict[tuple[str, int, int], tuple[int, int]]]] = []  # per mark: `_switches`
 
     def due(self, progress: Any) -> None:
         if not measured_round(progress.round, self.cluster.settings.rounds):
@@ -225,42 +225,38 @@ class RoundCpu:
         for proc in list(self.cluster.procs.values()):
             fields = stat_fields(f"/proc/{proc.pid}/stat") if proc.pid is not None else None
             total += cpu_seconds(fields) if fields is not None else 0.0
-        for part, path in self._threads():
-            thread = stat_fields(f"{path}/stat")
+        for part, pid, tid in self._threads():
+            thread = stat_fields(f"/proc/{pid}/task/{tid}/stat")
             if thread is not None:
                 parts[part] += cpu_seconds(thread)
         self.marks.append((time.monotonic(), progress.round, total))
         self.parts.append(parts)
         self.idle.append(host_cpu()[1])
-        if progress.round in (1, self.cluster.settings.rounds - 2):
-            self.switches.append((progress.round, self._switches()))
+        self.switches.append((progress.round, self._switches()))
 
-    def _threads(self) -> list[tuple[str, str]]:
-        """(part of PARTS, /proc folder) of every thread of every cluster process now."""
+    def _threads(self) -> list[tuple[str, int, int]]:
+        """(part of PARTS, pid, tid) of every thread of every cluster process now."""
         threads = []
         for name, proc in list(self.cluster.procs.items()):
             role = "barrier" if name == "barrier" else "node"
             try:
-                tids = os.listdir(f"/proc/{proc.pid}/task") if proc.pid is not None else []
+                tids = [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task")] if proc.pid is not None else []
             except OSError:
                 tids = []
-            threads += [(f"{role}_{'loop' if int(tid) == proc.pid else 'threads'}_s", f"/proc/{proc.pid}/task/{tid}")
-                        for tid in tids]
+            threads += [(f"{role}_{'loop' if tid == proc.pid else 'threads'}_s", proc.pid, tid) for tid in tids]
         return threads
 
-    def _switches(self) -> dict[str, int]:
-        """Context switches so far, voluntary (it slept: a wait for I/O, the GIL, a turn) and involuntary (it was
-        preempted), summed per part (PARTS)."""
-        counts = {f"{part}_{kind}": 0 for part in PARTS for kind in ("voluntary", "involuntary")}
-        for part, path in self._threads():
+    def _switches(self) -> dict[tuple[str, int, int], tuple[int, int]]:
+        """Each thread's context switches so far, voluntary (it slept: a wait for I/O, the GIL, a turn) and
+        involuntary (it was preempted), by (part of PARTS, pid, tid)."""
+        counts = {}
+        for thread in self._threads():
             try:
-                status = Path(f"{path}/status").read_text()
+                status = Path(f"/proc/{thread[1]}/task/{thread[2]}/status").read_text()
             except OSError:
                 continue
-            for line in status.splitlines():
-                key, _, value = line.partition(":")
-                if key.endswith("ctxt_switches"):  # voluntary_ctxt_switches, nonvoluntary_ctxt_switches
-                    counts[f"{part}_{'involuntary' if key.startswith('non') else 'voluntary'}"] += int(value)
+            seen = dict(line.split(":", 1) for line in status.splitlines() if "ctxt_switches:" in line)
+            counts[thread] = (int(seen["voluntary_ctxt_switches"]), int(seen["nonvoluntary_ctxt_switches"]))
         return counts
 
     def _kept(self) -> list[int]:
@@ -286,13 +282,22 @@ class RoundCpu:
     def switches_per_round(self) -> dict[str, float]:
         """Context switches per round of each part's threads (a node's: per node), voluntary and involuntary, from
         round 1 to the last but one: how often a node's trainer is preempted in a round, and how often its loop
-        wakes."""
-        if len(self.switches) < 2:
+        wakes. Between the first and the last mark that saw every process (a round reported late, once its nodes
+        exited, is not one), over the threads both saw."""
+        processes = [len({pid for _, pid, _ in seen}) for _, seen in self.switches]
+        full = [mark for mark, count in zip(self.switches, processes, strict=True) if count == max(processes)]
+        if len(full) < 2 or full[-1][0] <= full[0][0]:
             return {}
-        (first, before), (last, after) = self.switches[0], self.switches[-1]
-        nodes = self.cluster.settings.nodes
-        return {key.replace("_s_", "_"): round((after[key] - before[key]) / (last - first)
-                                               / (1 if key.startswith("barrier") else nodes), 2) for key in after}
+        (first, before), (last, after) = full[0], full[-1]
+        both = before.keys() & after.keys()
+        nodes = len({pid for part, pid, _ in both if part == "node_loop_s"}) or 1
+        figures = {}
+        for part in PARTS:
+            for index, kind in enumerate(("voluntary", "involuntary")):
+                total = sum(after[k][index] - before[k][index] for k in both if k[0] == part)
+                figures[f"{part.removesuffix('_s')}_{kind}"] = round(
+                    total / (last - first) / (1 if part.startswith("barrier") else nodes), 2)
+        return figures
 
     def split_per_round(self) -> dict[str, float]:
         """CPU ms per round of each part (PARTS), between the first mark and the last."""
