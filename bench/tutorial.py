@@ -182,26 +182,31 @@ class ThreadCpuSampler(Sampler):
         self.seen: dict[tuple[str, int, int], float] = {}
 
     def sample(self) -> None:
-        for name, proc in list(self.cluster.procs.items()):
-            pid = proc.pid
-            if pid is None:
-                continue
-            try:
-                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-            except OSError:
-                continue
-            for tid in tids:
-                fields = stat_fields(f"/proc/{pid}/task/{tid}/stat")
-                if fields is not None:
-                    self.seen[(name, pid, tid)] = cpu_seconds(fields)
+        for thread in cluster_threads(self.cluster):
+            fields = stat_fields(f"/proc/{thread[1]}/task/{thread[2]}/stat")
+            if fields is not None:
+                self.seen[thread] = cpu_seconds(fields)
 
     def split(self) -> dict[str, float]:
         """CPU seconds of the barrier's event loop and other threads, and of all nodes' event loops and others."""
-        parts = {"barrier_loop_s": 0.0, "barrier_threads_s": 0.0, "node_loop_s": 0.0, "node_threads_s": 0.0}
-        for (name, pid, tid), cpu in self.seen.items():
-            role = "barrier" if name == "barrier" else "node"
-            parts[f"{role}_{'loop' if tid == pid else 'threads'}_s"] += cpu
+        parts = dict.fromkeys(PARTS, 0.0)
+        for (part, _, _), cpu in self.seen.items():
+            parts[part] += cpu
         return {k: round(v, 2) for k, v in parts.items()}
+
+
+def cluster_threads(cluster: Cluster) -> list[tuple[str, int, int]]:
+    """(part of PARTS, pid, tid) of every thread of every cluster process now (the event loop is a process's main
+    thread)."""
+    threads = []
+    for name, proc in list(cluster.procs.items()):
+        role = "barrier" if name == "barrier" else "node"
+        try:
+            tids = [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task")] if proc.pid is not None else []
+        except OSError:
+            tids = []
+        threads += [(f"{role}_{'loop' if tid == proc.pid else 'threads'}_s", proc.pid, tid) for tid in tids]
+    return threads
 
 
 class RoundCpu:
@@ -225,40 +230,15 @@ class RoundCpu:
         for proc in list(self.cluster.procs.values()):
             fields = stat_fields(f"/proc/{proc.pid}/stat") if proc.pid is not None else None
             total += cpu_seconds(fields) if fields is not None else 0.0
-        for part, pid, tid in self._threads():
+        threads = cluster_threads(self.cluster)
+        for part, pid, tid in threads:
             thread = stat_fields(f"/proc/{pid}/task/{tid}/stat")
             if thread is not None:
                 parts[part] += cpu_seconds(thread)
         self.marks.append((time.monotonic(), progress.round, total))
         self.parts.append(parts)
         self.idle.append(host_cpu()[1])
-        self.switches.append((progress.round, self._switches()))
-
-    def _threads(self) -> list[tuple[str, int, int]]:
-        """(part of PARTS, pid, tid) of every thread of every cluster process now."""
-        threads = []
-        for name, proc in list(self.cluster.procs.items()):
-            role = "barrier" if name == "barrier" else "node"
-            try:
-                tids = [int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task")] if proc.pid is not None else []
-            except OSError:
-                tids = []
-            threads += [(f"{role}_{'loop' if tid == proc.pid else 'threads'}_s", proc.pid, tid) for tid in tids]
-        return threads
-
-    def _switches(self) -> dict[tuple[str, int, int], tuple[int, int]]:
-        """Each thread's context switches so far, voluntary (it slept: a wait for I/O, the GIL, a turn) and
-        involuntary (it was preempted), by (part of PARTS, pid, tid)."""
-        counts = {}
-        for thread in self._threads():
-            try:
-                status = Path(f"/proc/{thread[1]}/task/{thread[2]}/status").read_text()
-            except OSError:
-                continue
-            seen = dict(line.split(":", 1) for line in status.splitlines() if "ctxt_switches:" in line)
-            counts[thread] = (int(seen["voluntary_ctxt_switches"]), int(seen["nonvoluntary_ctxt_switches"]))
-        return counts
-
+        self.switches.append((progress.round, _switches(threads)))
     def _kept(self) -> list[int]:
         """Rounds the launcher's poll saw released together are reported together: of those, only the last is the
         round the CPU seconds were read at."""
@@ -308,6 +288,20 @@ class RoundCpu:
             if value is not None:
                 split[part.replace("_s", "_ms_per_round")] = round(1000 * value, 1)
         return split
+
+
+def _switches(threads: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[int, int]]:
+    """Each of `threads`' context switches so far (`cluster_threads`'s), voluntary (it slept: a wait for I/O, the GIL,
+    a turn) and involuntary (it was preempted)."""
+    counts = {}
+    for thread in threads:
+        try:
+            status = Path(f"/proc/{thread[1]}/task/{thread[2]}/status").read_text()
+        except OSError:
+            continue
+        seen = dict(line.split(":", 1) for line in status.splitlines() if "ctxt_switches:" in line)
+        counts[thread] = (int(seen["voluntary_ctxt_switches"]), int(seen["nonvoluntary_ctxt_switches"]))
+    return counts
 
 
 PARTS = ("barrier_loop_s", "barrier_threads_s", "node_loop_s", "node_threads_s")
