@@ -239,6 +239,7 @@ class RoundCpu:
         self.parts.append(parts)
         self.idle.append(host_cpu()[1])
         self.switches.append((progress.round, _switches(threads)))
+
     def _kept(self) -> list[int]:
         """Rounds the launcher's poll saw released together are reported together: of those, only the last is the
         round the CPU seconds were read at."""

@@ -262,7 +262,7 @@ def test_stopped_node_gets_the_barrier_decisions_of_the_in_memory_barrier(tmp_pa
     assert summary["members"] == network.members
 
     # an evaluation's collection of the stopped node's model does not hold the releases back for --request-timeout
-    rows = [r for r in csv.DictReader((tmp_path / "run" / "rounds.csv").open()) if r["elapsed_s"]]
+    rows = [r for r in csv.DictReader((tmp_path / "run" / "rounds.csv").read_text().splitlines()) if r["elapsed_s"]]
     took = max(float(b["elapsed_s"]) - float(a["elapsed_s"]) for a, b in itertools.pairwise(rows))
     if request_timeout > run["round_deadline"]:
         assert took < request_timeout, rows
