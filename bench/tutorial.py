@@ -264,18 +264,18 @@ class RoundCpu:
         """Context switches per round of each part's threads (a node's: per node), voluntary and involuntary, from
         round 1 to the last but one: how often a node's trainer is preempted in a round, and how often its loop
         wakes. Between the first and the last mark that saw every process (a round reported late, once its nodes
-        exited, is not one), over the threads both saw."""
+        exited, is not one), over the threads the last saw: one started since the first (an executor's worker,
+        started when first needed) counts from zero."""
         processes = [len({pid for _, pid, _ in seen}) for _, seen in self.switches]
         full = [mark for mark, count in zip(self.switches, processes, strict=True) if count == max(processes)]
         if len(full) < 2 or full[-1][0] <= full[0][0]:
             return {}
         (first, before), (last, after) = full[0], full[-1]
-        both = before.keys() & after.keys()
-        nodes = len({pid for part, pid, _ in both if part == "node_loop_s"}) or 1
+        nodes = len({pid for part, pid, _ in after if part == "node_loop_s"}) or 1
         figures = {}
         for part in PARTS:
             for index, kind in enumerate(("voluntary", "involuntary")):
-                total = sum(after[k][index] - before[k][index] for k in both if k[0] == part)
+                total = sum(counts[index] - before.get(k, (0, 0))[index] for k, counts in after.items() if k[0] == part)
                 figures[f"{part.removesuffix('_s')}_{kind}"] = round(
                     total / (last - first) / (1 if part.startswith("barrier") else nodes), 2)
         return figures
