@@ -37,5 +37,5 @@ def test_phases_are_counted_in_every_node_and_in_simulate(tmp_path: Path) -> Non
     switches = report["warm"]["switches_per_round"]
     assert switches["node_loop_voluntary"] >= 1, switches  # each node's loop sleeps and wakes for its release
     assert switches["barrier_loop_voluntary"] >= 1 and min(switches.values()) >= 0, switches
-    assert {"node_threads_voluntary", "node_threads_involuntary"} <= switches.keys()
+    assert switches["node_threads_voluntary"] >= 1, switches  # a node's trainer waits for its next round's work
     assert "context switches per round (a node's per node), voluntary/involuntary: node loop" in done.stdout
