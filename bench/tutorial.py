@@ -183,9 +183,9 @@ class ThreadCpuSampler(Sampler):
 
     def sample(self) -> None:
         for thread in cluster_threads(self.cluster):
-            fields = stat_fields(f"/proc/{thread[1]}/task/{thread[2]}/stat")
-            if fields is not None:
-                self.seen[thread] = cpu_seconds(fields)
+            cpu = thread_cpu(thread)
+            if cpu is not None:
+                self.seen[thread] = cpu
 
     def split(self) -> dict[str, float]:
         """CPU seconds of the barrier's event loop and other threads, and of all nodes' event loops and others."""
@@ -207,6 +207,12 @@ def cluster_threads(cluster: Cluster) -> list[tuple[str, int, int]]:
             tids = []
         threads += [(f"{role}_{'loop' if tid == proc.pid else 'threads'}_s", proc.pid, tid) for tid in tids]
     return threads
+
+
+def thread_cpu(thread: tuple[str, int, int]) -> float | None:
+    """The CPU seconds (user + system) of one of `cluster_threads` so far; None once it has exited."""
+    fields = stat_fields(f"/proc/{thread[1]}/task/{thread[2]}/stat")
+    return cpu_seconds(fields) if fields is not None else None
 
 
 class RoundCpu:
@@ -231,10 +237,8 @@ class RoundCpu:
             fields = stat_fields(f"/proc/{proc.pid}/stat") if proc.pid is not None else None
             total += cpu_seconds(fields) if fields is not None else 0.0
         threads = cluster_threads(self.cluster)
-        for part, pid, tid in threads:
-            thread = stat_fields(f"/proc/{pid}/task/{tid}/stat")
-            if thread is not None:
-                parts[part] += cpu_seconds(thread)
+        for thread in threads:
+            parts[thread[0]] += thread_cpu(thread) or 0.0
         self.marks.append((time.monotonic(), progress.round, total))
         self.parts.append(parts)
         self.idle.append(host_cpu()[1])
