@@ -74,6 +74,7 @@ import statistics
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -179,7 +180,7 @@ class ThreadCpuSampler(Sampler):
 
     def __init__(self, cluster: Cluster, every: float = 0.5) -> None:
         super().__init__(cluster, every)
-        self.seen: dict[tuple[str, int, int], float] = {}
+        self.seen: dict[Thread, float] = {}
 
     def sample(self) -> None:
         for thread in cluster_threads(self.cluster):
@@ -195,7 +196,7 @@ class ThreadCpuSampler(Sampler):
         return {k: round(v, 2) for k, v in parts.items()}
 
 
-def cluster_threads(cluster: Cluster) -> list[tuple[str, int, int]]:
+def cluster_threads(cluster: Cluster) -> list[Thread]:
     """(part of PARTS, pid, tid) of every thread of every cluster process now (the event loop is a process's main
     thread)."""
     threads = []
@@ -209,10 +210,22 @@ def cluster_threads(cluster: Cluster) -> list[tuple[str, int, int]]:
     return threads
 
 
-def thread_cpu(thread: tuple[str, int, int]) -> float | None:
+def thread_cpu(thread: Thread) -> float | None:
     """The CPU seconds (user + system) of one of `cluster_threads` so far; None once it has exited."""
     fields = stat_fields(f"/proc/{thread[1]}/task/{thread[2]}/stat")
     return cpu_seconds(fields) if fields is not None else None
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What `RoundCpu` reads as a round is reported."""
+
+    when: float  # time.monotonic()
+    round: int
+    cpu_s: float  # of the cluster's processes, all their threads
+    parts: dict[str, float]  # CPU-s by role and thread, as ThreadCpuSampler.split
+    idle_s: float  # the host's idle core-s since boot
+    switches: dict[Thread, tuple[int, int]]  # `_switches`
 
 
 class RoundCpu:
@@ -224,10 +237,7 @@ class RoundCpu:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.marks: list[tuple[float, int, float]] = []  # (when, round reported, CPU-s of the cluster's processes)
-        self.idle: list[float] = []  # per mark: the host's idle core-s since boot
-        self.parts: list[dict[str, float]] = []  # per mark: CPU-s by role and thread, as ThreadCpuSampler.split
-        self.switches: list[tuple[int, dict[tuple[str, int, int], tuple[int, int]]]] = []  # per mark: `_switches`
+        self.marks: list[Mark] = []
 
     def due(self, progress: Any) -> None:
         if not measured_round(progress.round, self.cluster.settings.rounds):
@@ -239,27 +249,25 @@ class RoundCpu:
         threads = cluster_threads(self.cluster)
         for thread in threads:
             parts[thread[0]] += thread_cpu(thread) or 0.0
-        self.marks.append((time.monotonic(), progress.round, total))
-        self.parts.append(parts)
-        self.idle.append(host_cpu()[1])
-        self.switches.append((progress.round, _switches(threads)))
+        self.marks.append(Mark(time.monotonic(), progress.round, total, parts, host_cpu()[1], _switches(threads)))
 
-    def _kept(self) -> list[int]:
+    def _kept(self) -> list[Mark]:
         """Rounds the launcher's poll saw released together are reported together: of those, only the last is the
         round the CPU seconds were read at."""
         marks = self.marks
-        return [i for i in range(len(marks)) if i + 1 == len(marks) or marks[i + 1][0] - marks[i][0] > 0.02]
+        return [m for m, after in zip(marks, [*marks[1:], None], strict=True)
+                if after is None or after.when - m.when > 0.02]
 
     def per_round(self) -> float | None:
         """CPU-s per round between the first mark and the last."""
-        return slope([(self.marks[i][1], self.marks[i][2]) for i in self._kept()])
+        return slope([(m.round, m.cpu_s) for m in self._kept()])
 
     def idle_per_round(self) -> dict[str, float]:
         """The wall and the host's idle core-time per round, in ms, between the first mark and the last: what of
         the cores the rounds leave unused (a core whose nodes are done waits for the other's last arrival)."""
         kept = self._kept()
-        wall = slope([(self.marks[i][1], self.marks[i][0]) for i in kept])
-        idle = slope([(self.marks[i][1], self.idle[i]) for i in kept])
+        wall = slope([(m.round, m.when) for m in kept])
+        idle = slope([(m.round, m.idle_s) for m in kept])
         if wall is None or idle is None:
             return {}
         return {"wall_ms_per_round": round(1000 * wall, 1), "idle_core_ms_per_round": round(1000 * idle, 1)}
@@ -270,18 +278,19 @@ class RoundCpu:
         wakes. Between the first and the last mark that saw every process (a round reported late, once its nodes
         exited, is not one), over the threads the last saw: one started since the first (an executor's worker,
         started when first needed) counts from zero."""
-        processes = [len({pid for _, pid, _ in seen}) for _, seen in self.switches]
-        full = [mark for mark, count in zip(self.switches, processes, strict=True) if count == max(processes)]
-        if len(full) < 2 or full[-1][0] <= full[0][0]:
+        processes = [len({pid for _, pid, _ in m.switches}) for m in self.marks]
+        full = [m for m, count in zip(self.marks, processes, strict=True) if count == max(processes)]
+        if len(full) < 2 or full[-1].round <= full[0].round:
             return {}
-        (first, before), (last, after) = full[0], full[-1]
-        nodes = len({pid for part, pid, _ in after if part == "node_loop_s"}) or 1
+        first, last = full[0], full[-1]
+        nodes = len({pid for part, pid, _ in last.switches if part == "node_loop_s"}) or 1
         figures = {}
         for part in PARTS:
             for index, kind in enumerate(("voluntary", "involuntary")):
-                total = sum(counts[index] - before.get(k, (0, 0))[index] for k, counts in after.items() if k[0] == part)
+                total = sum(counts[index] - first.switches.get(k, (0, 0))[index]
+                            for k, counts in last.switches.items() if k[0] == part)
                 figures[f"{part.removesuffix('_s')}_{kind}"] = round(
-                    total / (last - first) / (1 if part.startswith("barrier") else nodes), 2)
+                    total / (last.round - first.round) / (1 if part.startswith("barrier") else nodes), 2)
         return figures
 
     def split_per_round(self) -> dict[str, float]:
@@ -289,13 +298,13 @@ class RoundCpu:
         kept = self._kept()
         split = {}
         for part in PARTS:
-            value = slope([(self.marks[i][1], self.parts[i][part]) for i in kept])
+            value = slope([(m.round, m.parts[part]) for m in kept])
             if value is not None:
                 split[part.replace("_s", "_ms_per_round")] = round(1000 * value, 1)
         return split
 
 
-def _switches(threads: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[int, int]]:
+def _switches(threads: list[Thread]) -> dict[Thread, tuple[int, int]]:
     """Each of `threads`' context switches so far (`cluster_threads`'s), voluntary (it slept: a wait for I/O, the GIL,
     a turn) and involuntary (it was preempted)."""
     counts = {}
@@ -310,6 +319,7 @@ def _switches(threads: list[tuple[str, int, int]]) -> dict[tuple[str, int, int],
 
 
 PARTS = ("barrier_loop_s", "barrier_threads_s", "node_loop_s", "node_threads_s")
+Thread = tuple[str, int, int]  # (part of PARTS, pid, tid): `cluster_threads`'s
 
 
 def measured_round(round: int, rounds: int) -> bool:
