@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import json
 import multiprocessing
 import os
@@ -254,9 +255,7 @@ class RoundCpu:
     def _kept(self) -> list[Mark]:
         """Rounds the launcher's poll saw released together are reported together: of those, only the last is the
         round the CPU seconds were read at."""
-        marks = self.marks
-        return [m for m, after in zip(marks, [*marks[1:], None], strict=True)
-                if after is None or after.when - m.when > 0.02]
+        return [m for m, after in itertools.pairwise(self.marks) if after.when - m.when > 0.02] + self.marks[-1:]
 
     def per_round(self) -> float | None:
         """CPU-s per round between the first mark and the last."""
