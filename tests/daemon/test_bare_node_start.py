@@ -111,3 +111,18 @@ async def test_a_node_started_without_collections_resumes_them_once_its_task_is_
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+async def test_a_nodes_task_imports_run_at_its_own_priority(tmp_path: Path) -> None:
+    """What the background import has not done by the roster is on round 0's path (its deadline runs from the
+    roster): at nice 19 a host busy with other work starved it, and every member straggled, then was dropped."""
+    from mosaicd.daemon.node.warmup import prefetch_in_background
+
+    seen = tmp_path / "nice"
+    task = tmp_path / "nice_task.py"
+    task.write_text("import os, threading\n"
+                    f"open({str(seen)!r}, 'w').write(str(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))\n"
+                    "class Task:\n    pass\n")
+    await prefetch_in_background(f"{task}:Task")
+    assert int(seen.read_text()) == os.getpriority(os.PRIO_PROCESS, 0)
+

@@ -1,13 +1,16 @@
 """Start-up work done before a node knows its rank: import the task's modules, pay torch's first-call costs.
 
 `prefetch_in_background` imports a task's modules in a thread while a node registers (registration waits for every
-node anyway), so a node that is told the run is already past the imports; that thread runs at the lowest CPU
-priority (it only), so that where dozens of nodes start at once on few cores (compose) every node registers
-first and the imports fill the wait. `warm_up` is the warm start's (`mosaicd cluster`): one forward and backward
-pass of a built task and one step of the run's optimizer on a dummy parameter (what torch.optim imports,
-torch._dynamo, then lives in the parent's pages, shared), in the process that then forks the nodes. It runs with
-one torch thread, so that no OpenMP pool thread exists at the fork (GNU libgomp's pool does not survive fork(); a child
-that uses it can hang); each forked process sets the run's thread count itself (`set_threads`).
+node anyway), so a node that is told the run is already past the imports. That thread runs at the node's own
+priority: what it has not imported by the roster is on round 0's path, whose deadline runs from the roster. At nice
+19, as it once ran, a host busy with other work starved it (a loaded CI host: every member of a 6-node run with 2 s
+rounds ready ~10 s after the roster, all dropped), and an unprivileged process cannot take nice 19 back.
+
+`warm_up` is the warm start's (`mosaicd cluster`): one forward and backward pass of a built task and one step of the
+run's optimizer on a dummy parameter (what torch.optim imports, torch._dynamo, then lives in the parent's pages,
+shared), in the process that then forks the nodes. It runs with one torch thread, so that no OpenMP pool thread
+exists at the fork (GNU libgomp's pool does not survive fork(); a child that uses it can hang); each forked process
+sets the run's thread count itself (`set_threads`).
 
 `mosaicd node` imports with the cyclic garbage collector off (`collect_after_imports`) until those imports are done: the
 imports make ~200,000 objects that live as long as the process, and the ~470 collections that their allocations
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import sys
 import threading
 import time
@@ -41,16 +43,11 @@ def imports_done() -> None:
 
 
 def prefetch_in_background(task: str) -> asyncio.Future:
-    """The task's imports (`learning.tasks.import_task_modules`) in a thread of its own at nice 19 (Linux sets it
-    per thread); done when they are."""
+    """The task's imports (`learning.tasks.import_task_modules`) in a thread of its own; done when they are."""
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
     def work() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (OSError, AttributeError):  # not Linux: a thread of normal priority
-            pass
         from mosaicd.learning.tasks import import_task_modules
 
         try:
