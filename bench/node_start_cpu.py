@@ -4,8 +4,9 @@
     docker run --rm -e HOLD=0 ...      # the same with the garbage collector on during the imports
 
 It imports what `mosaicd node` imports before it registers, then its task's modules as the node's background
-thread does (`warmup.prefetch("digits")`), builds the task and trains two rounds; prints the CPU seconds of each
-phase (getrusage: the process's own, steadier than wall time on a shared machine) and the collections counted.
+thread does (`learning.tasks.import_task_modules("digits")`), builds the task and trains two rounds; prints the CPU
+seconds of each phase (getrusage: the process's own, steadier than wall time on a shared machine) and the
+collections counted. `tests/daemon/test_bare_node_start.py` runs it outside an image.
 An image older than `warmup.collect_after_imports` runs with the collector on.
 """
 
@@ -34,7 +35,9 @@ def main() -> None:
     import mosaicd.daemon.loop  # noqa: F401
 
     daemon = cpu()
-    warmup.prefetch("digits")
+    from mosaicd.learning.tasks import import_task_modules
+
+    import_task_modules("digits")
     if held:
         warmup.imports_done()
     task_imports = cpu()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ RUN = dict(rounds=2, fragments=2, fanout=1, dim=16, seed=7)
 HELD_TASK = '''
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -126,3 +128,15 @@ async def test_a_nodes_task_imports_run_at_its_own_priority(tmp_path: Path) -> N
     await prefetch_in_background(f"{task}:Task")
     assert int(seen.read_text()) == os.getpriority(os.PRIO_PROCESS, 0)
 
+
+@pytest.mark.slow
+def test_the_start_up_bench_runs_each_phase() -> None:
+    """bench/node_start_cpu.py, outside an image: it imports as a bare node does and says each phase's CPU."""
+    bench = Path(__file__).parents[2] / "bench" / "node_start_cpu.py"
+    done = subprocess.run([sys.executable, str(bench)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    phases = re.fullmatch(r"collector held off True\s+interpreter \+ daemon ([\d.]+)\s+\+ task imports ([\d.]+)\s+"
+                          r"\+ build, 2 rounds ([\d.]+)\s+= ([\d.]+) CPU-s; collections \[.*\]\n", done.stdout)
+    assert phases, done.stdout
+    daemon, imports, rounds, total = map(float, phases.groups())
+    assert imports > 0 and rounds > 0 and abs(daemon + imports + rounds - total) < 0.02
