@@ -105,16 +105,30 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(line)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05,
+               explain: Callable[[], str] | None = None) -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds, with what
+    `explain` says then (a log's tail: what CI's output shows of a wait that failed)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}" + (f"\n{explain()}" if explain else ""))
         time.sleep(interval)
+
+
+def log_tail(path: Path, lines: int = 12) -> Callable[[], str]:
+    """For `wait_until(explain=...)`: the last `lines` lines of the log at `path`, once the wait failed."""
+    def tail() -> str:
+        try:
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            return f"{path.name}: {exc}"
+        return f"the last lines of {path.name}:\n" + "\n".join(text)
+
+    return tail
 
 
 def flags(values: dict[str, Any]) -> list[str]:
@@ -330,6 +344,7 @@ class Kit:
     peers_gossip = staticmethod(peers_gossip)
     barrier_run_stopped = staticmethod(barrier_run_stopped)
     wait_until = staticmethod(wait_until)
+    log_tail = staticmethod(log_tail)
     measured = staticmethod(measured)
     stop_all = staticmethod(stop_all)
     sha256_f32 = staticmethod(sha256_f32)

@@ -78,7 +78,8 @@ def test_killed_node_is_a_straggler_then_dropped_and_the_others_finish(tmp_path:
         for i, port in enumerate(node_ports):
             spawn(f"node-{i}", port, "node", "--barrier-url", f"http://127.0.0.1:{barrier_port}",
                   "--out", str(tmp_path / f"node-{i}"))
-        view = kit.wait_until(lambda: (s := status(kit, barrier_port)) and s["round"] >= 3 and s, 60, "round 3")
+        view = kit.wait_until(lambda: (s := status(kit, barrier_port)) and s["round"] >= 3 and s, 60, "round 3",
+                              explain=kit.log_tail(tmp_path / "barrier.log"))
         victim = 2
         address = next(m["address"] for m in view["members"] if m["rank"] == victim)
         victim_port = int(address.rsplit(":", 1)[1])
