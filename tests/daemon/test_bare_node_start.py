@@ -25,7 +25,6 @@ RUN = dict(rounds=2, fragments=2, fanout=1, dim=16, seed=7)
 HELD_TASK = '''
 import json
 import os
-import re
 import time
 from pathlib import Path
 
