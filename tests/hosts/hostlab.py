@@ -27,6 +27,7 @@ process. `close()` stops every engine (TERM, then KILL after 30 s), then the nam
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import shutil
@@ -389,6 +390,7 @@ def simulated_hashes(summary: dict[str, Any], tmp: Path) -> dict[str, str]:
 # The one-liner of deploy/stack.yaml that makes the Swarm secret.
 SWARM_SECRET_ONE_LINER = "head -c 32 /dev/urandom | base64 | docker secret create mosaic_secret -"
 ADDRESS_POOL = "10.214.0.0/16"  # overlay subnets: away from the lab's 10.213.0.0/24 (Swarm's default is 10.0.0.0/8)
+_STACKS = itertools.count()
 
 
 class Swarm:
@@ -441,7 +443,9 @@ class StackRun(RunResults):
     def __init__(self, swarm: Swarm, tmp: Path, image: str, nodes: int, settings: dict[str, str],
                  name: str = "mosaichosts") -> None:
         self.swarm, self.nodes = swarm, nodes
-        self.name = f"{name}{os.getpid()}"
+        # a name of its own per deploy: a worker drops a removed stack's overlay network lazily, and a new network of
+        # the same name (another subnet) then had its task rejected there ("no configured subnet ... contain the IP")
+        self.name = f"{name}{os.getpid()}n{next(_STACKS)}"
         self.secret_name = f"{self.name}_secret"
         self.results = tmp / "results"
         self.results.mkdir(parents=True)
