@@ -45,6 +45,11 @@ evaluation (`TorchTask.evaluate_one`) and the nodes' checkpoints (`Slots.save`),
 ms a round over the whole run; `phases` in the JSON, and a line setting the nodes' beside simulate's. What the
 nodes' threads spend beyond those is the thread hops; their event loops and the barrier are in `split_per_round`.
 
+`--simulate-pair`: simulate also twice at once, each copy pinned to a core of its own, in turn with the others:
+`simulate_pair`, the copies' CPU per round against simulate's alone (`round_cpu_to_alone`; with `--phases` their
+training per call, `train_to_alone`) and the warm cluster's wall over the bound their CPU would make
+(`ratio_to_busy_bound`). The bound assumes that two busy cores do twice one's work: this says what this host gives.
+
 `--event-loop uvloop,asyncio`: the warm cluster once per loop named (variants `warm-uvloop`, `warm-asyncio`), in
 turn with the others; `ratio_to_bound` and `ratios_to_bound` per loop, and `loop_ratio_wall` / `loop_ratio_cpu`:
 the first loop's wall (CPU seconds) over the last's, side by side (below 1: the first is faster).
@@ -55,6 +60,7 @@ the first loop's wall (CPU seconds) over the last's, side by side (below 1: the 
     .venv/bin/python bench/tutorial.py --no-cold --plain --repeat 3   # the secret's cost
     .venv/bin/python bench/tutorial.py --no-cold --phases --repeat 3  # training, evaluation, checkpoints: per call
     .venv/bin/python bench/tutorial.py --no-cold --event-loop uvloop,asyncio --repeat 3
+    .venv/bin/python bench/tutorial.py --no-cold --simulate-pair --phases --repeat 3  # two busy cores' cost
 
 Last line of stdout: a JSON object {"warm": {...}, "cold": {...}, "simulate": {...}, "ratio_wall": warm/cold
 launch_wall_s, "ratio_to_bound": ..., ...}.
@@ -471,11 +477,12 @@ def _simulate_child(settings: Settings, conn: Any, timed: Path | None = None) ->
     conn.send(result)
 
 
-def run_simulate(rounds: int, nodes: int, workdir: Path, phases: bool = False) -> dict[str, Any]:
+def run_simulate(rounds: int, nodes: int, workdir: Path, phases: bool = False,
+                 name: str = "simulate") -> dict[str, Any]:
     """The reference: the same job through `mosaicd simulate` (one process, one torch thread), in a child
-    process so that its CPU seconds are its own."""
-    settings = tutorial_settings(workdir / "simulate", rounds, nodes)
-    timed = fresh_folder(workdir / "phases-simulate") if phases else None
+    process so that its CPU seconds are its own (`name`: its folders under `workdir`)."""
+    settings = tutorial_settings(workdir / name, rounds, nodes)
+    timed = fresh_folder(workdir / f"phases-{name}") if phases else None
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_simulate_child, args=(settings, send, timed))
@@ -489,6 +496,32 @@ def run_simulate(rounds: int, nodes: int, workdir: Path, phases: bool = False) -
     if result is None:
         raise SystemExit(f"the simulate reference failed (exit status {child.exitcode}); see above")
     return result
+
+
+def run_simulate_pair(rounds: int, nodes: int, workdir: Path, phases: bool = False) -> list[dict[str, Any]]:
+    """`run_simulate` twice at once, each copy pinned to a core of its own (the first two this process may use):
+    the same job's CPU with both cores busy, as the cluster keeps them. The bound (simulate's CPU over the cores)
+    takes two busy cores to do twice one's work; where they share caches or memory bandwidth they do less, and the
+    pair's CPU per round against simulate's alone says by how much on this host."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    results: dict[int, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+
+    def copy(i: int) -> None:
+        try:
+            os.sched_setaffinity(threading.get_native_id(), {cores[i]})  # this thread's: the forked copy inherits it
+            results[i] = run_simulate(rounds, nodes, workdir, phases, name=f"simulate-pair{i}")
+        except BaseException as exc:  # SystemExit of a copy that failed: raised below, on the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=copy, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return [results[0], results[1]]
 
 
 def phases_side_by_side(cluster: list[dict[str, Any]], simulate: list[dict[str, Any]]) -> dict[str, Any]:
@@ -535,6 +568,36 @@ def side_by_side(numerators: list[float], denominators: list[float]) -> tuple[fl
     return round(statistics.median(ratios), 3), ratios
 
 
+def pair_figures(pairs: list[list[dict[str, Any]]], alone: list[dict[str, Any]], warm: list[dict[str, Any]],
+                 cores: int, phases: bool) -> dict[str, Any]:
+    """--simulate-pair's figures, each repeat's pair against the same repeat's simulate alone (and warm cluster),
+    printed and returned: the copies' CPU per round over simulate's alone, each copy's training per call where the
+    phases were timed, and the cluster's wall over the bound the pair's CPU would make (context for item 3, whose
+    bound stays simulate's alone)."""
+    if any(r.get("cpu_per_round_s") is None for r in [*alone, *(c for pair in pairs for c in pair)]):
+        print("simulate twice at once: too few rounds to read a CPU per round (--rounds 12 or more)")
+        return {}
+    per_round = [statistics.mean(c["cpu_per_round_s"] for c in pair) for pair in pairs]
+    ratio, ratios = side_by_side(per_round, [s["cpu_per_round_s"] for s in alone])
+    busy, busies = side_by_side([w["wall_s"] for w in warm], [statistics.mean(c["cpu_s"] for c in pair) / cores
+                                                              for pair in pairs])
+    figures: dict[str, Any] = {"cpu_per_round_s": round(statistics.median(per_round), 4),
+                               "round_cpu_to_alone": ratio, "round_cpus_to_alone": ratios,
+                               "ratio_to_busy_bound": busy, "ratios_to_busy_bound": busies}
+    train = ""
+    if phases:
+        calls = [statistics.mean(c["phases"]["simulate"]["train"]["cpu_ms_per_call"] for c in pair) for pair in pairs]
+        one = [s["phases"]["simulate"]["train"]["cpu_ms_per_call"] for s in alone]
+        figures["train_ms_per_call"] = round(statistics.median(calls), 3)
+        figures["train_to_alone"], _ = side_by_side(calls, one)
+        train = (f"; training {figures['train_ms_per_call']} ms a call, {figures['train_to_alone']}x simulate's "
+                 "alone")
+    print(f"simulate twice at once, a core each: CPU per round {1000 * figures['cpu_per_round_s']:.0f} ms a copy, "
+          f"{ratio}x simulate's alone (each run: {', '.join(map(str, ratios))}){train}; the cluster's wall over "
+          f"the bound such busy cores make: {busy}x (not issue 59's bound, which is simulate's alone)")
+    return figures
+
+
 def print_variant(name: str, r: dict[str, Any]) -> None:
     print(f"{name:5s} wall {r['wall_s']:.1f} s (launch to end {r['launch_wall_s']:.1f} s), cpu {r['cpu_s']:.1f} s,"
           f" PSS total {r['pss_total_mib']} MiB, per node median {r['pss_node_median_mib']} MiB "
@@ -574,6 +637,10 @@ def main() -> None:
                         help="also time each process's phases (training, each model's evaluation, checkpoints) on "
                         "its thread's CPU clock, in the cluster's nodes and barrier and in simulate: where the "
                         "nodes' threads spend theirs against simulate's")
+    parser.add_argument("--simulate-pair", action="store_true",
+                        help="also simulate twice at once, each copy pinned to a core of its own, in turn with the "
+                        "others: the job's CPU per round with both cores busy against simulate's alone (what the "
+                        "bound assumes costs nothing)")
     parser.add_argument("--workdir", type=Path, default=None, help="where runs go [default: a temporary folder]")
     parser.add_argument("--event-loop", default="auto", metavar="LOOP[,LOOP]",
                         help="the cluster's --event-loop (auto, uvloop, asyncio); several (uvloop,asyncio): the warm "
@@ -582,6 +649,9 @@ def main() -> None:
     loops = [x.strip() for x in args.event_loop.split(",") if x.strip()]
     if not loops or any(x not in EventLoop._value2member_map_ for x in loops):
         parser.error(f"--event-loop: expected {', '.join(EventLoop)} (comma-separated), got {args.event_loop!r}")
+    if args.simulate_pair and (args.no_simulate or len(os.sched_getaffinity(0)) < 2):
+        parser.error("--simulate-pair: needs simulate's reference (no --no-simulate) and two cores to pin the copies "
+                     f"to (this process may use {len(os.sched_getaffinity(0))})")
     configure_logging("warning")
     cores = os.cpu_count() or 1
     # variant -> its loop; the first warm one is "warm" for the cold and simulate comparisons
@@ -596,12 +666,15 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     if not args.no_simulate:
         runs["simulate"] = []
+    pair_runs: list[list[dict[str, Any]]] = []  # --simulate-pair: each repeat's two copies
     with tempfile.TemporaryDirectory(prefix="mosaic-tutorial-") as tmp:
         workdir = args.workdir or Path(tmp)
         for i in range(args.repeat):
             for name in runs:
                 runs[name].append(run_simulate(args.rounds, args.nodes, workdir, args.phases) if name == "simulate"
                                   else run_once(name, args.rounds, args.nodes, workdir, variants[name], args.phases))
+            if args.simulate_pair:
+                pair_runs.append(run_simulate_pair(args.rounds, args.nodes, workdir, args.phases))
             if args.repeat > 1:
                 done = ", ".join(f"{name} cpu {r[-1]['cpu_s']:.1f} s" if name == "simulate"
                                  else f"{name} wall {r[-1]['wall_s']:.1f} s" for name, r in runs.items())
@@ -660,6 +733,8 @@ def main() -> None:
         print(f"same models as simulate: {report['same_models_simulate']}")
         if args.phases:
             report["phases"] = phases_side_by_side(runs[warms[0]], runs["simulate"])
+        if pair_runs:
+            report["simulate_pair"] = pair_figures(pair_runs, runs["simulate"], runs[warms[0]], cores, args.phases)
     if len(warms) > 1:
         first, last = warms[0], warms[-1]
         report["loop_ratio_wall"], report["loop_ratios_wall"] = side_by_side(
