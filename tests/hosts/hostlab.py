@@ -518,8 +518,9 @@ class StackRun(RunResults):
             return
         m.docker("stack", "rm", self.name, check=False)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            gone = not m.docker("network", "ls", "-q", "-f", f"name={self.name}_", check=False).stdout.strip()
+        while time.monotonic() < deadline:  # its network gone from every engine, not only the manager's view
+            gone = not any(e.docker("network", "ls", "-q", "-f", f"name={self.name}_", check=False).stdout.strip()
+                           for e in self.swarm.lab.engines if e.running())
             secret = m.docker("secret", "rm", self.secret_name, check=False)
             if gone and (secret.returncode == 0 or "not found" in secret.stderr.lower()):
                 return
